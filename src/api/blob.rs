@@ -1,0 +1,418 @@
+//! Blob endpoints behind signed links: the Azure Blob subset the SDK speaks for uploads
+//! (PROTOCOL.md §3) and plain or ranged downloads (§4). Errors are Azure-style XML.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use axum::body::{to_bytes, Body};
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use futures_util::TryStreamExt;
+use percent_encoding::percent_decode_str;
+
+use super::links::unix_now;
+use super::range::{self, RangeRequest};
+use super::{blocklist, AppState};
+use crate::auth::signing::SignatureError;
+use crate::auth::Purpose;
+use crate::blob::{BlobError, ByteStream};
+use crate::cache::model::BlockId;
+use crate::cache::CacheError;
+
+/// The x-ms-version we answer with; clients ignore the value.
+const API_VERSION: &str = "2025-01-05";
+/// A block list of 50,000 ids of 64 characters, with room to spare.
+const MAX_BLOCK_LIST_BYTES: usize = 8 << 20;
+
+/// An Azure Storage error: XML body plus `x-ms-error-code`.
+#[derive(Debug)]
+pub struct AzureError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl AzureError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn not_found() -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "BlobNotFound",
+            "The specified blob does not exist.",
+        )
+    }
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+impl IntoResponse for AzureError {
+    fn into_response(self) -> Response {
+        let body = format!(
+            "<?xml version=\"1.0\" encoding=\"utf-8\"?><Error><Code>{}</Code><Message>{}</Message></Error>",
+            self.code,
+            xml_escape(&self.message)
+        );
+        let mut response = (self.status, body).into_response();
+        let h = response.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/xml"),
+        );
+        h.insert("x-ms-error-code", HeaderValue::from_static(self.code));
+        h.insert("x-ms-version", HeaderValue::from_static(API_VERSION));
+        h.insert("x-ms-request-id", request_id());
+        response
+    }
+}
+
+impl From<SignatureError> for AzureError {
+    fn from(e: SignatureError) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "AuthenticationFailed", e.to_string())
+    }
+}
+
+impl From<CacheError> for AzureError {
+    fn from(e: CacheError) -> Self {
+        match e {
+            CacheError::UploadNotFound | CacheError::EntryNotFound => Self::not_found(),
+            CacheError::UploadClosed => {
+                Self::new(StatusCode::FORBIDDEN, "AuthorizationFailure", e.to_string())
+            }
+            CacheError::UnknownBlock => {
+                Self::new(StatusCode::BAD_REQUEST, "InvalidBlockList", e.to_string())
+            }
+            CacheError::Invalid(e) => Self::new(
+                StatusCode::BAD_REQUEST,
+                "InvalidQueryParameterValue",
+                e.to_string(),
+            ),
+            CacheError::Blob(BlobError::LengthMismatch { .. }) => {
+                Self::new(StatusCode::BAD_REQUEST, "InvalidInput", e.to_string())
+            }
+            CacheError::Blob(BlobError::Body(_)) => Self::new(
+                StatusCode::BAD_REQUEST,
+                "IncompleteBody",
+                "The request body ended early or failed.",
+            ),
+            CacheError::Blob(BlobError::NotFound(_))
+            | CacheError::Blob(BlobError::Io { .. })
+            | CacheError::Meta(_) => {
+                tracing::error!(error = %e, "blob request failed");
+                Self::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "InternalError",
+                    "The server encountered an internal error.",
+                )
+            }
+            other => Self::new(StatusCode::BAD_REQUEST, "InvalidInput", other.to_string()),
+        }
+    }
+}
+
+fn request_id() -> HeaderValue {
+    let hex = crate::cache::model::BlobName::random();
+    let h = hex.as_str();
+    let uuid = format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    );
+    HeaderValue::from_str(&uuid)
+        .unwrap_or_else(|_| HeaderValue::from_static("00000000-0000-0000-0000-000000000000"))
+}
+
+/// Query parameters, percent-decoded without turning `+` into a space: block ids are base64
+/// and may carry a literal `+` (PROTOCOL.md §12).
+struct Query(Vec<(String, Vec<u8>)>);
+
+impl Query {
+    fn parse(uri: &Uri) -> Self {
+        let pairs = uri
+            .query()
+            .unwrap_or("")
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|pair| {
+                let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+                let key = percent_decode_str(k)
+                    .decode_utf8_lossy()
+                    .to_ascii_lowercase();
+                (key, percent_decode_str(v).collect())
+            })
+            .collect();
+        Self(pairs)
+    }
+
+    fn bytes(&self, name: &str) -> Option<&[u8]> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_slice())
+    }
+
+    fn str(&self, name: &str) -> Option<&str> {
+        self.bytes(name).and_then(|v| std::str::from_utf8(v).ok())
+    }
+}
+
+/// Parses the id segment and checks the link's signature for `purpose`.
+fn authorize(app: &AppState, purpose: Purpose, id: &str, query: &Query) -> Result<i64, AzureError> {
+    let id: i64 = id
+        .parse()
+        .ok()
+        .filter(|id| *id > 0)
+        .ok_or_else(AzureError::not_found)?;
+    app.signer()
+        .verify(purpose, id, query.str("se"), query.str("sig"), unix_now())?;
+    Ok(id)
+}
+
+fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, AzureError> {
+    match headers.get(header::CONTENT_LENGTH) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .map(Some)
+            .ok_or_else(|| {
+                AzureError::new(
+                    StatusCode::BAD_REQUEST,
+                    "InvalidHeaderValue",
+                    "Content-Length is not a number.",
+                )
+            }),
+    }
+}
+
+fn body_stream(body: Body) -> ByteStream {
+    Box::pin(body.into_data_stream().map_err(std::io::Error::other))
+}
+
+fn created(last_modified: bool) -> Response {
+    let mut response = StatusCode::CREATED.into_response();
+    let h = response.headers_mut();
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+    h.insert("x-ms-request-id", request_id());
+    h.insert("x-ms-version", HeaderValue::from_static(API_VERSION));
+    h.insert(
+        "x-ms-request-server-encrypted",
+        HeaderValue::from_static("false"),
+    );
+    if last_modified {
+        let now = httpdate::fmt_http_date(std::time::SystemTime::now());
+        if let Ok(v) = HeaderValue::from_str(&now) {
+            h.insert(header::LAST_MODIFIED, v);
+        }
+        if let Ok(v) =
+            HeaderValue::from_str(&format!("\"0x{:X}\"", crate::cache::model::now_millis()))
+        {
+            h.insert(header::ETAG, v);
+        }
+    }
+    response
+}
+
+/// `PUT /_blob/uploads/{id}`: Put Blob, Put Block (`comp=block`) or Put Block List
+/// (`comp=blocklist`). Every success is exactly `201 Created` (§3.5).
+pub async fn upload(
+    State(app): State<AppState>,
+    method: Method,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    put(app, method, id, uri, headers, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn put(
+    app: AppState,
+    method: Method,
+    id: String,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, AzureError> {
+    if method != Method::PUT {
+        return Err(AzureError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "UnsupportedHttpVerb",
+            format!("{method} is not supported on upload links."),
+        ));
+    }
+    let query = Query::parse(&uri);
+    let upload = authorize(&app, Purpose::Upload, &id, &query)?;
+    let cache = app.cache();
+    match query.str("comp") {
+        None => {
+            let blob_type = headers.get("x-ms-blob-type").and_then(|v| v.to_str().ok());
+            if blob_type.is_some_and(|t| !t.eq_ignore_ascii_case("BlockBlob")) {
+                return Err(AzureError::new(
+                    StatusCode::BAD_REQUEST,
+                    "InvalidHeaderValue",
+                    "Only BlockBlob uploads are supported.",
+                ));
+            }
+            let declared = declared_length(&headers)?;
+            cache.put_whole(upload, body_stream(body), declared).await?;
+            Ok(created(true))
+        }
+        Some("block") => {
+            let raw = query.bytes("blockid").ok_or_else(|| {
+                AzureError::new(
+                    StatusCode::BAD_REQUEST,
+                    "MissingRequiredQueryParameter",
+                    "Put Block needs a blockid.",
+                )
+            })?;
+            let block = BlockId::parse(raw).map_err(CacheError::from)?;
+            let declared = declared_length(&headers)?;
+            cache
+                .stage_block(upload, block, body_stream(body), declared)
+                .await?;
+            Ok(created(false))
+        }
+        Some("blocklist") => {
+            // Refuse early, before reading the body, if the link no longer accepts data.
+            cache.open_upload(upload).await?;
+            let xml = to_bytes(body, MAX_BLOCK_LIST_BYTES).await.map_err(|_| {
+                AzureError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "RequestBodyTooLarge",
+                    format!("Block lists are limited to {MAX_BLOCK_LIST_BYTES} bytes."),
+                )
+            })?;
+            let list = blocklist::parse(&xml).map_err(|e| {
+                AzureError::new(StatusCode::BAD_REQUEST, "InvalidXmlDocument", e.to_string())
+            })?;
+            cache.commit_block_list(upload, &list).await?;
+            Ok(created(true))
+        }
+        Some(other) => Err(AzureError::new(
+            StatusCode::BAD_REQUEST,
+            "InvalidQueryParameterValue",
+            format!("comp={other} is not supported on upload links."),
+        )),
+    }
+}
+
+/// `GET`/`HEAD /_blob/entries/{id}`: the entry's bytes, whole or one range.
+pub async fn download(
+    State(app): State<AppState>,
+    method: Method,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
+    get(app, method, id, uri, headers)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+async fn get(
+    app: AppState,
+    method: Method,
+    id: String,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, AzureError> {
+    if method != Method::GET && method != Method::HEAD {
+        return Err(AzureError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "UnsupportedHttpVerb",
+            format!("{method} is not supported on download links."),
+        ));
+    }
+    let query = Query::parse(&uri);
+    let entry_id = authorize(&app, Purpose::Download, &id, &query)?;
+    let cache = app.cache();
+    let open = cache.open_entry(entry_id).await?;
+    let size = open.entry.size;
+    let etag = format!(
+        "\"0x{:X}{:04X}\"",
+        open.entry.created_at,
+        open.entry.id & 0xFFFF
+    );
+    if let Some(wanted) = header_str(&headers, "if-match") {
+        if wanted.trim() != "*" && !wanted.split(',').any(|t| t.trim() == etag) {
+            return Err(AzureError::new(
+                StatusCode::PRECONDITION_FAILED,
+                "ConditionNotMet",
+                "The condition specified using HTTP conditional header(s) is not met.",
+            ));
+        }
+    }
+    // x-ms-range wins over Range when both are present (§4.3).
+    let range_header = header_str(&headers, "x-ms-range").or_else(|| header_str(&headers, "range"));
+    let (status, start, len) = match range::resolve(range_header, size) {
+        RangeRequest::Full => (StatusCode::OK, 0, size),
+        RangeRequest::Partial { start, len } => (StatusCode::PARTIAL_CONTENT, start, len),
+        RangeRequest::Unsatisfiable => {
+            let mut response = AzureError::new(
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                "InvalidRange",
+                "The range specified is invalid for the current size of the resource.",
+            )
+            .into_response();
+            if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
+                response.headers_mut().insert(header::CONTENT_RANGE, v);
+            }
+            return Ok(response);
+        }
+    };
+    let body = if method == Method::HEAD || len == 0 {
+        Body::empty()
+    } else {
+        Body::from_stream(cache.read(&open, start, len).await?)
+    };
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    let last_modified = httpdate::fmt_http_date(
+        UNIX_EPOCH + Duration::from_millis(open.entry.created_at.max(0) as u64),
+    );
+    let h = response.headers_mut();
+    let mut set = |name: HeaderName, value: String| {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            h.insert(name, v);
+        }
+    };
+    set(header::CONTENT_LENGTH, len.to_string());
+    set(header::ETAG, etag);
+    set(header::LAST_MODIFIED, last_modified);
+    if status == StatusCode::PARTIAL_CONTENT {
+        set(
+            header::CONTENT_RANGE,
+            format!("bytes {start}-{}/{size}", start + len - 1),
+        );
+    }
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    h.insert("x-ms-blob-type", HeaderValue::from_static("BlockBlob"));
+    h.insert("x-ms-version", HeaderValue::from_static(API_VERSION));
+    h.insert("x-ms-request-id", request_id());
+    Ok(response)
+}

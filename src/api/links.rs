@@ -1,0 +1,92 @@
+//! Signed blob links handed to clients (PROTOCOL.md §3.2): `<base>/_blob/<kind>/<id>?se=…&sig=…`.
+//!
+//! Three non-empty path segments satisfy the Azure SDK's URL parser for every host form, and the
+//! query is never empty (sccache needs one, §12). The base is `--public-url` if set, else the
+//! origin the runner used to reach us (`Host`, `X-Forwarded-Proto`), so a server on all
+//! interfaces hands each runner a URL it can reach.
+
+use axum::http::{header, HeaderMap};
+
+use super::twirp::TwirpError;
+use super::AppState;
+use crate::auth::Purpose;
+
+pub const UPLOAD_PREFIX: &str = "/_blob/uploads/";
+pub const DOWNLOAD_PREFIX: &str = "/_blob/entries/";
+
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+pub fn signed(
+    app: &AppState,
+    headers: &HeaderMap,
+    purpose: Purpose,
+    id: i64,
+) -> Result<String, TwirpError> {
+    let base = base_url(app, headers)?;
+    let (prefix, ttl) = match purpose {
+        Purpose::Upload => (UPLOAD_PREFIX, app.config().upload_url_ttl),
+        Purpose::Download => (DOWNLOAD_PREFIX, app.config().download_url_ttl),
+    };
+    let expires = unix_now() + ttl.as_secs().max(1);
+    let sig = app.signer().sign(purpose, id, expires);
+    Ok(format!("{base}{prefix}{id}?se={expires}&sig={sig}"))
+}
+
+/// Scheme and authority (and any path prefix of `--public-url`) without a trailing slash.
+fn base_url(app: &AppState, headers: &HeaderMap) -> Result<String, TwirpError> {
+    if let Some(public) = &app.config().public_url {
+        return Ok(public.as_str().trim_end_matches('/').to_owned());
+    }
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .filter(|h| is_authority(h))
+        .ok_or_else(|| {
+            TwirpError::new(
+                "invalid_argument",
+                "the request has no usable Host header; set --public-url",
+            )
+        })?;
+    let proto = headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .map(|p| {
+            p.split(',')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .filter(|p| p == "http" || p == "https")
+        .unwrap_or_else(|| "http".to_owned());
+    Ok(format!("{proto}://{host}"))
+}
+
+/// A host[:port] with nothing that could change the URL's structure.
+fn is_authority(host: &str) -> bool {
+    !host.is_empty()
+        && host.len() <= 255
+        && host.bytes().all(|b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']' | b'_')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_authority;
+
+    #[test]
+    fn only_plain_authorities_are_used_as_link_hosts() {
+        assert!(is_authority("cache.internal:3000"));
+        assert!(is_authority("10.0.0.5:3000"));
+        assert!(is_authority("[::1]:3000"));
+        assert!(!is_authority("evil.com/path"));
+        assert!(!is_authority("a@b"));
+        assert!(!is_authority(""));
+    }
+}

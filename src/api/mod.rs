@@ -1,0 +1,166 @@
+//! HTTP: turns requests into domain calls and back. No business rules live here.
+//!
+//! Each protocol answers in its own error shape, including for unknown paths: twirp JSON under
+//! `/twirp/`, Azure XML under `/_blob/` (clients retry text errors, PROTOCOL.md §2.4).
+
+mod blob;
+mod blocklist;
+mod links;
+mod proto;
+mod range;
+mod twirp;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{MatchedPath, State};
+use axum::http::{header, HeaderMap, Method, Request, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use axum::{Json, Router};
+use tokio_util::sync::CancellationToken;
+use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
+use tracing::Level;
+use url::Url;
+
+use crate::auth::{TokenReader, UrlSigner};
+use crate::cache::Cache;
+
+/// What the HTTP layer needs to know of the configuration.
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// Base of signed links; `None` means "the origin the request came to".
+    pub public_url: Option<Url>,
+    pub upload_url_ttl: Duration,
+    pub download_url_ttl: Duration,
+    /// Start-up warnings also reported by `/readyz` (e.g. token verification being off).
+    pub warnings: Vec<String>,
+}
+
+/// Shared state of every handler; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AppState(Arc<Inner>);
+
+#[derive(Debug)]
+struct Inner {
+    config: ApiConfig,
+    cache: Cache,
+    signer: UrlSigner,
+    tokens: TokenReader,
+    shutdown: CancellationToken,
+}
+
+impl AppState {
+    pub fn new(
+        config: ApiConfig,
+        cache: Cache,
+        signer: UrlSigner,
+        tokens: TokenReader,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Self(Arc::new(Inner {
+            config,
+            cache,
+            signer,
+            tokens,
+            shutdown,
+        }))
+    }
+    fn config(&self) -> &ApiConfig {
+        &self.0.config
+    }
+    fn cache(&self) -> &Cache {
+        &self.0.cache
+    }
+    fn signer(&self) -> &UrlSigner {
+        &self.0.signer
+    }
+    fn tokens(&self) -> &TokenReader {
+        &self.0.tokens
+    }
+}
+
+pub fn router(state: AppState) -> Router {
+    let service_route = format!("{}{{method}}", twirp::SERVICE_PATH);
+    // Request logs name the route template, never the raw URI: links carry signatures.
+    let trace = TraceLayer::new_for_http()
+        .make_span_with(|req: &Request<Body>| {
+            let route = req
+                .extensions()
+                .get::<MatchedPath>()
+                .map_or("(unmatched)", MatchedPath::as_str);
+            tracing::info_span!("request", method = %req.method(), route)
+        })
+        .on_response(DefaultOnResponse::new().level(Level::INFO))
+        .on_failure(DefaultOnFailure::new().level(Level::ERROR));
+    Router::new()
+        .route(&service_route, any(twirp::call))
+        .route(
+            &format!("{}{{id}}", links::UPLOAD_PREFIX),
+            any(blob::upload),
+        )
+        .route(
+            &format!("{}{{id}}", links::DOWNLOAD_PREFIX),
+            any(blob::download),
+        )
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(fallback)
+        .layer(trace)
+        .with_state(state)
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "status": "ok" }))
+}
+
+/// Ready when the database and storage answer and the server is not shutting down.
+async fn readyz(State(app): State<AppState>) -> Response {
+    let warnings = &app.config().warnings;
+    if app.0.shutdown.is_cancelled() {
+        let body = serde_json::json!({ "status": "shutting down", "warnings": warnings });
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+    }
+    match app.cache().ready().await {
+        Ok(()) => {
+            Json(serde_json::json!({ "status": "ready", "warnings": warnings })).into_response()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "readiness check failed");
+            let body = serde_json::json!({ "status": "unavailable", "error": e.to_string(), "warnings": warnings });
+            (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+        }
+    }
+}
+
+/// Unknown paths, in the shape of the protocol they look like. Clients that keep the path
+/// prefix of `ACTIONS_RESULTS_URL` (buildx, sccache: §2.1, §12) reach the service here.
+async fn fallback(
+    State(app): State<AppState>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let path = uri.path();
+    if let Some(idx) = path.find(twirp::SERVICE_PATH) {
+        let rpc = &path[idx + twirp::SERVICE_PATH.len()..];
+        return twirp::dispatch(&app, rpc, &method, &headers, body)
+            .await
+            .unwrap_or_else(IntoResponse::into_response);
+    }
+    if path.contains("/twirp/") {
+        return twirp::TwirpError::new("bad_route", format!("no such route {path}"))
+            .into_response();
+    }
+    if path.starts_with("/_blob/") {
+        return blob::AzureError::not_found().into_response();
+    }
+    (
+        StatusCode::NOT_FOUND,
+        [(header::CONTENT_TYPE, "application/json")],
+        serde_json::json!({ "message": "not found" }).to_string(),
+    )
+        .into_response()
+}

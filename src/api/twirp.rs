@@ -1,0 +1,292 @@
+//! Twirp `CacheService` v2 (PROTOCOL.md §2): JSON and binary protobuf, errors always twirp JSON.
+
+use axum::body::{to_bytes, Body};
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use prost::Message;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::proto::{
+    CreateCacheEntryRequest, CreateCacheEntryResponse, FinalizeCacheEntryUploadRequest,
+    FinalizeCacheEntryUploadResponse, GetCacheEntryDownloadUrlRequest,
+    GetCacheEntryDownloadUrlResponse,
+};
+use super::{links, AppState};
+use crate::auth::{Identity, Purpose, TokenError};
+use crate::cache::model::Lookup;
+use crate::cache::CacheError;
+
+/// Path of the service, served at the origin root (§2.1).
+pub const SERVICE_PATH: &str = "/twirp/github.actions.results.api.v1.CacheService/";
+/// Twirp requests are small; anything bigger is not a cache call.
+const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+/// A twirp error: `{"code": …, "msg": …}` with the status twirp assigns to the code (§10.1).
+#[derive(Debug)]
+pub struct TwirpError {
+    code: &'static str,
+    msg: String,
+}
+
+impl TwirpError {
+    pub fn new(code: &'static str, msg: impl Into<String>) -> Self {
+        Self {
+            code,
+            msg: msg.into(),
+        }
+    }
+
+    fn status(&self) -> StatusCode {
+        match self.code {
+            "invalid_argument" | "malformed" | "out_of_range" => StatusCode::BAD_REQUEST,
+            "unauthenticated" => StatusCode::UNAUTHORIZED,
+            "permission_denied" => StatusCode::FORBIDDEN,
+            "not_found" | "bad_route" => StatusCode::NOT_FOUND,
+            "already_exists" | "aborted" => StatusCode::CONFLICT,
+            "resource_exhausted" => StatusCode::TOO_MANY_REQUESTS,
+            "unavailable" => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl IntoResponse for TwirpError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({ "code": self.code, "msg": self.msg });
+        (
+            self.status(),
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response()
+    }
+}
+
+impl From<CacheError> for TwirpError {
+    fn from(e: CacheError) -> Self {
+        match e {
+            CacheError::Invalid(e) => Self::new("invalid_argument", e.to_string()),
+            CacheError::Conflict => Self::new("already_exists", e.to_string()),
+            CacheError::ReadDenied => Self::new("permission_denied", e.to_string()),
+            CacheError::WriteDenied => Self::new("permission_denied", e.to_string()),
+            CacheError::Blob(_) | CacheError::Meta(_) => {
+                tracing::error!(error = %e, "cache service call failed");
+                Self::new("internal", "internal error")
+            }
+            other => Self::new("failed_precondition", other.to_string()),
+        }
+    }
+}
+
+impl From<TokenError> for TwirpError {
+    fn from(e: TokenError) -> Self {
+        Self::new("unauthenticated", e.to_string())
+    }
+}
+
+/// The two encodings a twirp client may use.
+#[derive(Debug, Clone, Copy)]
+enum Encoding {
+    Json,
+    Protobuf,
+}
+
+impl Encoding {
+    fn of(headers: &HeaderMap) -> Result<Self, TwirpError> {
+        let ct = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("application/json");
+        let mime = ct
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        match mime.as_str() {
+            "application/json" | "" => Ok(Self::Json),
+            "application/protobuf" | "application/x-protobuf" => Ok(Self::Protobuf),
+            _ => Err(TwirpError::new(
+                "bad_route",
+                format!("unexpected Content-Type {ct:?}"),
+            )),
+        }
+    }
+
+    fn decode<T: Message + Default + DeserializeOwned>(self, body: &[u8]) -> Result<T, TwirpError> {
+        match self {
+            Self::Json => serde_json::from_slice(body).map_err(|e| {
+                TwirpError::new(
+                    "malformed",
+                    format!("the JSON request body is invalid: {e}"),
+                )
+            }),
+            Self::Protobuf => T::decode(body).map_err(|e| {
+                TwirpError::new(
+                    "malformed",
+                    format!("the protobuf request body is invalid: {e}"),
+                )
+            }),
+        }
+    }
+
+    fn reply<T: Message + Serialize>(self, message: &T) -> Response {
+        match self {
+            Self::Json => {
+                let body = serde_json::to_vec(message).unwrap_or_else(|_| b"{}".to_vec());
+                ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+            }
+            Self::Protobuf => (
+                [(header::CONTENT_TYPE, "application/protobuf")],
+                message.encode_to_vec(),
+            )
+                .into_response(),
+        }
+    }
+}
+
+/// `POST /twirp/github.actions.results.api.v1.CacheService/{method}`.
+pub async fn call(
+    State(app): State<AppState>,
+    Path(method): Path<String>,
+    http_method: Method,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    dispatch(&app, &method, &http_method, &headers, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+pub(super) async fn dispatch(
+    app: &AppState,
+    method: &str,
+    http_method: &Method,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, TwirpError> {
+    if http_method != Method::POST {
+        return Err(TwirpError::new(
+            "bad_route",
+            format!("{http_method} is not supported; twirp calls are POST"),
+        ));
+    }
+    let handler = match method {
+        "CreateCacheEntry" => Rpc::Create,
+        "FinalizeCacheEntryUpload" => Rpc::Finalize,
+        "GetCacheEntryDownloadURL" => Rpc::Lookup,
+        other => {
+            return Err(TwirpError::new(
+                "bad_route",
+                format!("no such method {other:?}"),
+            ))
+        }
+    };
+    let encoding = Encoding::of(headers)?;
+    let body = to_bytes(body, MAX_REQUEST_BYTES).await.map_err(|_| {
+        TwirpError::new(
+            "malformed",
+            format!("request bodies are limited to {MAX_REQUEST_BYTES} bytes"),
+        )
+    })?;
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let who = app.tokens().identify(authorization)?;
+    match handler {
+        Rpc::Create => create(app, &who, headers, encoding.decode(&body)?)
+            .await
+            .map(|r| encoding.reply(&r)),
+        Rpc::Finalize => finalize(app, &who, encoding.decode(&body)?)
+            .await
+            .map(|r| encoding.reply(&r)),
+        Rpc::Lookup => lookup(app, &who, headers, encoding.decode(&body)?)
+            .await
+            .map(|r| encoding.reply(&r)),
+    }
+}
+
+enum Rpc {
+    Create,
+    Finalize,
+    Lookup,
+}
+
+async fn create(
+    app: &AppState,
+    who: &Identity,
+    headers: &HeaderMap,
+    req: CreateCacheEntryRequest,
+) -> Result<CreateCacheEntryResponse, TwirpError> {
+    match app.cache().reserve(who, &req.key, &req.version).await {
+        Ok(upload) => Ok(CreateCacheEntryResponse {
+            ok: true,
+            signed_upload_url: links::signed(app, headers, Purpose::Upload, upload)?,
+            message: String::new(),
+        }),
+        // GitHub answers a token without a writable scope with 200 ok:false (§2.4, §12).
+        Err(e @ CacheError::WriteDenied) => Ok(CreateCacheEntryResponse {
+            ok: false,
+            signed_upload_url: String::new(),
+            message: e.to_string(),
+        }),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn finalize(
+    app: &AppState,
+    who: &Identity,
+    req: FinalizeCacheEntryUploadRequest,
+) -> Result<FinalizeCacheEntryUploadResponse, TwirpError> {
+    if req.size_bytes < 0 {
+        return Err(TwirpError::new(
+            "invalid_argument",
+            "size_bytes must not be negative",
+        ));
+    }
+    match app
+        .cache()
+        .finalize(who, &req.key, &req.version, req.size_bytes as u64)
+        .await
+    {
+        Ok(entry) => Ok(FinalizeCacheEntryUploadResponse {
+            ok: true,
+            entry_id: entry,
+            message: String::new(),
+        }),
+        // Outcomes the client reports as a warning with our message (§2.6).
+        Err(
+            e @ (CacheError::WriteDenied
+            | CacheError::NoReservation
+            | CacheError::NothingUploaded
+            | CacheError::SizeMismatch { .. }),
+        ) => Ok(FinalizeCacheEntryUploadResponse {
+            ok: false,
+            entry_id: 0,
+            message: e.to_string(),
+        }),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn lookup(
+    app: &AppState,
+    who: &Identity,
+    headers: &HeaderMap,
+    req: GetCacheEntryDownloadUrlRequest,
+) -> Result<GetCacheEntryDownloadUrlResponse, TwirpError> {
+    let lookup =
+        Lookup::parse(&req.key, &req.restore_keys, &req.version).map_err(CacheError::from)?;
+    match app.cache().lookup(who, &lookup).await? {
+        // A miss is 200 {"ok":false}: a 404 would make the client print a warning (§2.7).
+        None => Ok(GetCacheEntryDownloadUrlResponse::default()),
+        Some(hit) => Ok(GetCacheEntryDownloadUrlResponse {
+            ok: true,
+            signed_download_url: links::signed(app, headers, Purpose::Download, hit.entry)?,
+            matched_key: hit.matched_key,
+        }),
+    }
+}

@@ -1,0 +1,7 @@
+//! Who is calling: runtime tokens turned into an [`Identity`], and signed blob URLs.
+
+pub mod signing;
+pub mod token;
+
+pub use signing::{Purpose, UrlSigner};
+pub use token::{Identity, TokenError, TokenReader};

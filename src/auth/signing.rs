@@ -1,0 +1,204 @@
+//! Signed blob URLs: HMAC-SHA256 over (purpose, id, expiry), compared in constant time.
+//!
+//! Blob endpoints get no `Authorization` header (PROTOCOL.md §1.4), so each URL carries its own
+//! authority: `se` (expiry, Unix seconds) and `sig` (the client masks `sig` in its logs, §3.2).
+//! The purpose is part of the MAC, so an upload signature never opens a download and vice versa.
+
+use std::fs;
+use std::io::{self, Write};
+use std::path::Path;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use hmac::{Hmac, Mac};
+use rand::RngCore;
+use sha2::Sha256;
+
+type HmacSha256 = Hmac<Sha256>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    Upload,
+    Download,
+}
+
+impl Purpose {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Upload => "upload",
+            Self::Download => "download",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SignatureError {
+    #[error("the link's signature is missing or malformed")]
+    Malformed,
+    #[error("the link's signature does not match")]
+    Forged,
+    #[error("the link has expired")]
+    Expired,
+}
+
+#[derive(Clone)]
+pub struct UrlSigner {
+    key: Vec<u8>,
+}
+
+impl std::fmt::Debug for UrlSigner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UrlSigner(***)")
+    }
+}
+
+impl UrlSigner {
+    pub fn new(key: Vec<u8>) -> Self {
+        Self { key }
+    }
+
+    /// Loads the key kept in `path`, or makes one and keeps it there with mode 0600 so that
+    /// links survive restarts (and replicas sharing the file accept each other's links).
+    pub fn load_or_create(path: &Path) -> io::Result<Self> {
+        match fs::read(path) {
+            Ok(key) if key.len() >= 32 => return Ok(Self::new(key)),
+            Ok(_) => {
+                return Err(io::Error::other(format!(
+                    "signing key {} is shorter than 32 bytes",
+                    path.display()
+                )))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let mut key = vec![0u8; 32];
+        rand::thread_rng().fill_bytes(&mut key);
+        let mut options = fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        match options.open(path) {
+            Ok(mut file) => {
+                file.write_all(&key)?;
+                file.sync_all()?;
+                Ok(Self::new(key))
+            }
+            // Another process made it first: use theirs.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Self::load_or_create(path),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn mac(&self, purpose: Purpose, id: i64, expires: u64) -> HmacSha256 {
+        let mut mac = HmacSha256::new_from_slice(&self.key).expect("HMAC takes keys of any length");
+        mac.update(format!("{}\n{id}\n{expires}", purpose.label()).as_bytes());
+        mac
+    }
+
+    /// The `sig` value for a link.
+    pub fn sign(&self, purpose: Purpose, id: i64, expires: u64) -> String {
+        URL_SAFE_NO_PAD.encode(self.mac(purpose, id, expires).finalize().into_bytes())
+    }
+
+    /// Checks a link's `se` and `sig` at time `now` (Unix seconds).
+    pub fn verify(
+        &self,
+        purpose: Purpose,
+        id: i64,
+        expires: Option<&str>,
+        sig: Option<&str>,
+        now: u64,
+    ) -> Result<(), SignatureError> {
+        let expires: u64 = expires
+            .and_then(|e| e.parse().ok())
+            .ok_or(SignatureError::Malformed)?;
+        let sig = sig
+            .and_then(|s| URL_SAFE_NO_PAD.decode(s).ok())
+            .ok_or(SignatureError::Malformed)?;
+        self.mac(purpose, id, expires)
+            .verify_slice(&sig)
+            .map_err(|_| SignatureError::Forged)?;
+        if now >= expires {
+            return Err(SignatureError::Expired);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn signer() -> UrlSigner {
+        UrlSigner::new(vec![7; 32])
+    }
+
+    #[test]
+    fn a_signed_link_verifies_until_it_expires() {
+        let s = signer();
+        let sig = s.sign(Purpose::Upload, 5, 1000);
+        assert_eq!(
+            s.verify(Purpose::Upload, 5, Some("1000"), Some(&sig), 999),
+            Ok(())
+        );
+        assert_eq!(
+            s.verify(Purpose::Upload, 5, Some("1000"), Some(&sig), 1000),
+            Err(SignatureError::Expired)
+        );
+    }
+
+    #[test]
+    fn signatures_bind_purpose_id_and_expiry() {
+        let s = signer();
+        let sig = s.sign(Purpose::Upload, 5, 1000);
+        let forged = Err(SignatureError::Forged);
+        assert_eq!(
+            s.verify(Purpose::Download, 5, Some("1000"), Some(&sig), 0),
+            forged
+        );
+        assert_eq!(
+            s.verify(Purpose::Upload, 6, Some("1000"), Some(&sig), 0),
+            forged
+        );
+        assert_eq!(
+            s.verify(Purpose::Upload, 5, Some("2000"), Some(&sig), 0),
+            forged
+        );
+        let other = UrlSigner::new(vec![8; 32]);
+        assert_eq!(
+            other.verify(Purpose::Upload, 5, Some("1000"), Some(&sig), 0),
+            forged
+        );
+    }
+
+    #[test]
+    fn missing_or_garbled_parameters_are_malformed() {
+        let s = signer();
+        let m = Err(SignatureError::Malformed);
+        assert_eq!(s.verify(Purpose::Upload, 5, None, Some("x"), 0), m);
+        assert_eq!(s.verify(Purpose::Upload, 5, Some("soon"), Some("x"), 0), m);
+        assert_eq!(s.verify(Purpose::Upload, 5, Some("1000"), None, 0), m);
+        assert_eq!(
+            s.verify(Purpose::Upload, 5, Some("1000"), Some("%%%"), 0),
+            m
+        );
+    }
+
+    #[test]
+    fn the_key_is_kept_with_owner_only_permissions() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("signing.key");
+        let a = UrlSigner::load_or_create(&path).unwrap();
+        let b = UrlSigner::load_or_create(&path).unwrap();
+        assert_eq!(
+            a.sign(Purpose::Download, 1, 2),
+            b.sign(Purpose::Download, 1, 2)
+        );
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! Chunk bytes: put a chunk from a stream, read it (or a byte range of it) as a stream, delete.
+//!
+//! # Contract
+//! - `put` is all-or-nothing: after an error or a dropped future no reader can see a partial
+//!   chunk under that name, and the staging space is released.
+//! - `put` counts and hashes what it stores; the returned [`Chunk`] is the truth about the bytes.
+//! - A chunk is immutable once put; names are made by the server ([`BlobName`]) and never reused.
+//! - A reader that opened a chunk keeps reading the same bytes even if it is deleted meanwhile.
+
+mod fs;
+
+use std::io;
+use std::pin::Pin;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::Stream;
+
+pub use fs::FsStore;
+
+use crate::cache::model::{BlobName, Chunk};
+
+/// A stream of body bytes, in either direction.
+pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, io::Error>> + Send>>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BlobError {
+    #[error("chunk {0} does not exist")]
+    NotFound(BlobName),
+    /// The body ended early, failed, or was longer than declared; nothing was stored.
+    #[error("request body: {0}")]
+    Body(io::Error),
+    #[error("body length {actual} does not match the declared {declared}")]
+    LengthMismatch { declared: u64, actual: u64 },
+    #[error("storage I/O on {what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+#[async_trait]
+pub trait BlobStore: Send + Sync + std::fmt::Debug + 'static {
+    /// Stores `body` as `name`. With `declared_len`, a body of any other length is refused.
+    async fn put(
+        &self,
+        name: &BlobName,
+        body: ByteStream,
+        declared_len: Option<u64>,
+    ) -> Result<Chunk, BlobError>;
+
+    /// Streams `len` bytes of `name` from `offset`. The chunk is opened before this returns, so
+    /// a missing chunk is an error here rather than mid-stream.
+    async fn get(&self, name: &BlobName, offset: u64, len: u64) -> Result<ByteStream, BlobError>;
+
+    /// Deletes `name`; deleting a missing chunk is not an error.
+    async fn delete(&self, name: &BlobName) -> Result<(), BlobError>;
+
+    /// Checks that the store can be written.
+    async fn ping(&self) -> Result<(), BlobError>;
+}

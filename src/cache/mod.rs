@@ -1,0 +1,410 @@
+//! The domain: who may reserve, upload, finalize and restore what, and in which order entries
+//! match. Talks only to [`MetaStore`] and [`BlobStore`]; knows nothing of HTTP.
+
+pub mod matching;
+pub mod model;
+pub mod scope;
+pub mod upload;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+
+use crate::auth::Identity;
+use crate::blob::{BlobError, BlobStore, ByteStream};
+use crate::meta::{
+    Committed, EntryChunk, FinalizeRequest, Finalized, MetaError, MetaStore, NewUpload, Reserved,
+    Staged,
+};
+use model::{
+    now_millis, BlobName, BlockId, CacheKey, Entry, EntryId, Lookup, Upload, UploadId, UploadState,
+    Version,
+};
+use upload::BlockRef;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    #[error("{0}")]
+    Invalid(#[from] model::InvalidInput),
+    #[error("cache write denied: token has no writable scopes")]
+    WriteDenied,
+    #[error("cache read denied: token has no readable scopes")]
+    ReadDenied,
+    #[error("cache entry with the same key, version, and scope already exists")]
+    Conflict,
+    #[error("no such upload")]
+    UploadNotFound,
+    #[error("the upload is already finalized or was abandoned")]
+    UploadClosed,
+    #[error("the block list names a block that was not uploaded")]
+    UnknownBlock,
+    #[error("no reservation for this key and version")]
+    NoReservation,
+    #[error("nothing was uploaded for this key and version")]
+    NothingUploaded,
+    #[error("uploaded {stored} bytes but the client declared {declared}")]
+    SizeMismatch { stored: u64, declared: u64 },
+    #[error("no such entry")]
+    EntryNotFound,
+    #[error(transparent)]
+    Blob(#[from] BlobError),
+    #[error(transparent)]
+    Meta(#[from] MetaError),
+}
+
+/// Domain settings.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// How long a reservation may stay open before another job may take the key
+    /// (GitHub: 24 h, PROTOCOL.md §9).
+    pub reservation_ttl: Duration,
+}
+
+/// A restore hit.
+#[derive(Debug, Clone)]
+pub struct Hit {
+    pub entry: EntryId,
+    pub matched_key: String,
+}
+
+/// An entry opened for reading.
+#[derive(Debug, Clone)]
+pub struct OpenEntry {
+    pub entry: Entry,
+    chunks: Vec<EntryChunk>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Cache {
+    meta: Arc<dyn MetaStore>,
+    blobs: Arc<dyn BlobStore>,
+    policy: Policy,
+}
+
+impl Cache {
+    pub fn new(meta: Arc<dyn MetaStore>, blobs: Arc<dyn BlobStore>, policy: Policy) -> Self {
+        Self {
+            meta,
+            blobs,
+            policy,
+        }
+    }
+
+    pub async fn ready(&self) -> Result<(), CacheError> {
+        self.meta.ping().await?;
+        self.blobs.ping().await?;
+        Ok(())
+    }
+
+    /// CreateCacheEntry: reserves (repository, write scope, key, version) for `who`.
+    pub async fn reserve(
+        &self,
+        who: &Identity,
+        key: &str,
+        version: &str,
+    ) -> Result<UploadId, CacheError> {
+        let key = CacheKey::parse(key)?;
+        let version = Version::parse(version)?;
+        let scope = who.write_scope.as_ref().ok_or(CacheError::WriteDenied)?;
+        let now = now_millis();
+        let outcome = self
+            .meta
+            .reserve(NewUpload {
+                repository: &who.repository,
+                scope,
+                key: &key,
+                version: &version,
+                created_by: &who.subject,
+                now,
+                stale_before: now.saturating_sub(self.policy.reservation_ttl.as_millis() as i64),
+            })
+            .await?;
+        match outcome {
+            Reserved::Created { upload, garbage } => {
+                self.collect(garbage).await;
+                tracing::info!(
+                    target: "hoard::audit",
+                    action = "reserve",
+                    repository = %who.repository,
+                    scope = %scope,
+                    key = %key,
+                    version = %version,
+                    subject = %who.subject,
+                    upload,
+                );
+                Ok(upload)
+            }
+            Reserved::Conflict => Err(CacheError::Conflict),
+        }
+    }
+
+    /// The upload a signed URL names, if it can still receive data.
+    pub async fn open_upload(&self, id: UploadId) -> Result<Upload, CacheError> {
+        let upload = self
+            .meta
+            .upload(id)
+            .await?
+            .ok_or(CacheError::UploadNotFound)?;
+        if upload.state != UploadState::Open {
+            return Err(CacheError::UploadClosed);
+        }
+        Ok(upload)
+    }
+
+    /// Put Block: stores one block; a retried block id replaces the earlier copy.
+    pub async fn stage_block(
+        &self,
+        upload: UploadId,
+        block: BlockId,
+        body: ByteStream,
+        declared_len: Option<u64>,
+    ) -> Result<(), CacheError> {
+        self.open_upload(upload).await?;
+        let name = BlobName::random();
+        let chunk = self.blobs.put(&name, body, declared_len).await?;
+        match self
+            .meta
+            .stage_block(upload, &block, &chunk, now_millis())
+            .await
+        {
+            Ok(Staged::Recorded { garbage }) => {
+                self.collect(garbage).await;
+                Ok(())
+            }
+            Ok(Staged::UploadClosed) => {
+                self.collect(vec![name]).await;
+                Err(CacheError::UploadClosed)
+            }
+            Err(e) => {
+                self.collect(vec![name]).await;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Put Blob: the whole body is the upload's one committed chunk.
+    pub async fn put_whole(
+        &self,
+        upload: UploadId,
+        body: ByteStream,
+        declared_len: Option<u64>,
+    ) -> Result<(), CacheError> {
+        let whole = BlockId::whole_blob();
+        self.stage_block(upload, whole.clone(), body, declared_len)
+            .await?;
+        self.commit_block_list(
+            upload,
+            &[BlockRef {
+                id: whole,
+                source: upload::BlockSource::Uncommitted,
+            }],
+        )
+        .await
+    }
+
+    /// Put Block List: the listed blocks, in order, become the upload's content.
+    pub async fn commit_block_list(
+        &self,
+        upload: UploadId,
+        list: &[BlockRef],
+    ) -> Result<(), CacheError> {
+        match self
+            .meta
+            .commit_block_list(upload, list, now_millis())
+            .await?
+        {
+            Committed::Done { garbage } => {
+                self.collect(garbage).await;
+                Ok(())
+            }
+            Committed::UnknownBlock(_) => Err(CacheError::UnknownBlock),
+            Committed::UploadClosed => Err(CacheError::UploadClosed),
+        }
+    }
+
+    /// FinalizeCacheEntryUpload: makes the entry visible if the stored bytes add up to `size`.
+    /// A retry of a finalize that already succeeded returns the same entry.
+    pub async fn finalize(
+        &self,
+        who: &Identity,
+        key: &str,
+        version: &str,
+        size: u64,
+    ) -> Result<EntryId, CacheError> {
+        let key = CacheKey::parse(key)?;
+        let version = Version::parse(version)?;
+        let scope = who.write_scope.as_ref().ok_or(CacheError::WriteDenied)?;
+        let outcome = self
+            .meta
+            .finalize(FinalizeRequest {
+                repository: &who.repository,
+                scope,
+                key: &key,
+                version: &version,
+                size,
+                now: now_millis(),
+            })
+            .await?;
+        match outcome {
+            Finalized::Done { entry, garbage } => {
+                self.collect(garbage).await;
+                tracing::info!(
+                    target: "hoard::audit",
+                    action = "finalize",
+                    repository = %who.repository,
+                    scope = %scope,
+                    key = %key,
+                    version = %version,
+                    subject = %who.subject,
+                    size,
+                    entry,
+                );
+                Ok(entry)
+            }
+            Finalized::NoUpload => Err(CacheError::NoReservation),
+            Finalized::NothingUploaded => Err(CacheError::NothingUploaded),
+            Finalized::SizeMismatch { stored, garbage } => {
+                self.collect(garbage).await;
+                Err(CacheError::SizeMismatch {
+                    stored,
+                    declared: size,
+                })
+            }
+        }
+    }
+
+    /// GetCacheEntryDownloadURL: GitHub's matching over the token's readable scopes. A hit
+    /// counts as a use of the entry (last-used time and hit count).
+    pub async fn lookup(&self, who: &Identity, lookup: &Lookup) -> Result<Option<Hit>, CacheError> {
+        if who.read_scopes.is_empty() {
+            return Err(CacheError::ReadDenied);
+        }
+        let folded: Vec<String> = lookup.keys.iter().map(CacheKey::folded).collect();
+        let candidates = self
+            .meta
+            .find_candidates(&who.repository, &lookup.version, &who.read_scopes, &folded)
+            .await?;
+        let Some(best) = matching::best_match(&who.read_scopes, &folded, &candidates) else {
+            return Ok(None);
+        };
+        self.meta.record_hit(best.id, now_millis()).await?;
+        Ok(Some(Hit {
+            entry: best.id,
+            matched_key: best.key.clone(),
+        }))
+    }
+
+    pub async fn open_entry(&self, id: EntryId) -> Result<OpenEntry, CacheError> {
+        let (entry, chunks) = self
+            .meta
+            .entry(id)
+            .await?
+            .ok_or(CacheError::EntryNotFound)?;
+        Ok(OpenEntry { entry, chunks })
+    }
+
+    /// Streams bytes `[start, start + len)` of an entry, chunk after chunk. The first chunk is
+    /// opened before this returns; later ones as the stream reaches them.
+    pub async fn read(
+        &self,
+        open: &OpenEntry,
+        start: u64,
+        len: u64,
+    ) -> Result<ByteStream, CacheError> {
+        let slices = slices(&open.chunks, start, len);
+        let Some(((first, first_off, first_len), rest)) = slices.split_first() else {
+            return Ok(Box::pin(futures_util::stream::empty()));
+        };
+        let head = self
+            .blobs
+            .get(&open.chunks[*first].chunk.blob, *first_off, *first_len)
+            .await?;
+        let blobs = self.blobs.clone();
+        let names: Vec<(BlobName, u64, u64)> = rest
+            .iter()
+            .map(|(i, off, len)| (open.chunks[*i].chunk.blob.clone(), *off, *len))
+            .collect();
+        let tail = futures_util::stream::iter(names)
+            .then(move |(name, off, len)| {
+                let blobs = blobs.clone();
+                async move {
+                    match blobs.get(&name, off, len).await {
+                        Ok(stream) => stream,
+                        Err(e) => Box::pin(futures_util::stream::once(async move {
+                            Err(std::io::Error::other(e.to_string()))
+                        })) as ByteStream,
+                    }
+                }
+            })
+            .flatten();
+        Ok(Box::pin(head.chain(tail)))
+    }
+
+    /// Deletes blobs no metadata refers to any more. Failures only leave orphans behind.
+    async fn collect(&self, garbage: Vec<BlobName>) {
+        for name in garbage {
+            if let Err(e) = self.blobs.delete(&name).await {
+                tracing::warn!(blob = %name, error = %e, "could not delete an unreferenced chunk");
+            }
+        }
+    }
+}
+
+/// Maps the byte range `[start, start + len)` of an entry onto its chunks:
+/// `(chunk index, offset in chunk, length)` for each chunk the range touches.
+pub fn slices(chunks: &[EntryChunk], start: u64, len: u64) -> Vec<(usize, u64, u64)> {
+    let end = start.saturating_add(len);
+    chunks
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| {
+            let (c_start, c_end) = (c.start, c.start + c.chunk.size);
+            let from = start.max(c_start);
+            let to = end.min(c_end);
+            (from < to).then(|| (i, from - c_start, to - from))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use model::Chunk;
+
+    fn chunks(sizes: &[u64]) -> Vec<EntryChunk> {
+        let mut start = 0;
+        sizes
+            .iter()
+            .map(|&size| {
+                let c = EntryChunk {
+                    start,
+                    chunk: Chunk {
+                        blob: BlobName::random(),
+                        size,
+                        sha256: [0; 32],
+                    },
+                };
+                start += size;
+                c
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_range_maps_onto_the_chunks_it_touches() {
+        let c = chunks(&[10, 10, 5]);
+        assert_eq!(slices(&c, 0, 25), [(0, 0, 10), (1, 0, 10), (2, 0, 5)]);
+        assert_eq!(slices(&c, 5, 10), [(0, 5, 5), (1, 0, 5)]);
+        assert_eq!(slices(&c, 20, 5), [(2, 0, 5)]);
+        assert_eq!(slices(&c, 0, 1), [(0, 0, 1)]);
+        assert_eq!(slices(&c, 24, 100), [(2, 4, 1)]);
+        assert!(slices(&c, 25, 1).is_empty());
+    }
+
+    #[test]
+    fn empty_chunks_are_skipped() {
+        let c = chunks(&[0, 4]);
+        assert_eq!(slices(&c, 0, 4), [(1, 0, 4)]);
+    }
+}

@@ -1,0 +1,338 @@
+//! The domain's vocabulary: validated newtypes for what clients send and what the server makes.
+//!
+//! Every value that crosses the HTTP boundary is parsed into one of these before the domain sees
+//! it, so the rules (PROTOCOL.md §2.5, §9 "Key constraints") live in one place.
+
+use std::fmt;
+
+use rand::RngCore;
+
+/// The most keys a lookup may carry: the primary key plus restore keys (PROTOCOL.md §2.7).
+pub const MAX_LOOKUP_KEYS: usize = 10;
+/// The longest key `@actions/cache` accepts (PROTOCOL.md §9).
+pub const MAX_KEY_CHARS: usize = 512;
+/// Versions are opaque strings (buildx sends its own); this only bounds their size.
+pub const MAX_VERSION_CHARS: usize = 512;
+
+/// Why a client-supplied value was refused. The message is safe to send back.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidInput(pub String);
+
+/// A cache key as the client gave it: 1 to 512 characters, no commas, no control characters.
+/// Stored as given; matched through [`CacheKey::folded`] (case-insensitive, PROTOCOL.md §9).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheKey(String);
+
+impl CacheKey {
+    pub fn parse(raw: &str) -> Result<Self, InvalidInput> {
+        if raw.is_empty() {
+            return Err(InvalidInput("key must not be empty".into()));
+        }
+        if raw.chars().count() > MAX_KEY_CHARS {
+            return Err(InvalidInput(format!(
+                "key is longer than {MAX_KEY_CHARS} characters"
+            )));
+        }
+        if raw.contains(',') {
+            return Err(InvalidInput("key must not contain commas".into()));
+        }
+        if raw.chars().any(char::is_control) {
+            return Err(InvalidInput(
+                "key must not contain control characters".into(),
+            ));
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The form keys are compared in: lower case, so `Linux-x` matches `linux-X`.
+    pub fn folded(&self) -> String {
+        self.0.to_lowercase()
+    }
+}
+
+impl fmt::Display for CacheKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The client's version hash: opaque, compared exactly (PROTOCOL.md §2.8).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Version(String);
+
+impl Version {
+    pub fn parse(raw: &str) -> Result<Self, InvalidInput> {
+        if raw.is_empty() {
+            return Err(InvalidInput("version must not be empty".into()));
+        }
+        if raw.len() > MAX_VERSION_CHARS || raw.chars().any(char::is_control) {
+            return Err(InvalidInput(
+                "version must be at most 512 printable characters".into(),
+            ));
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What a lookup asks for: the primary key first, then restore keys, all for one version.
+#[derive(Debug, Clone)]
+pub struct Lookup {
+    pub keys: Vec<CacheKey>,
+    pub version: Version,
+}
+
+impl Lookup {
+    /// Builds a lookup, dropping repeats of a key (go-actions-cache repeats the primary key among
+    /// its restore keys) and enforcing the 10-key limit.
+    pub fn parse(primary: &str, restore: &[String], version: &str) -> Result<Self, InvalidInput> {
+        let version = Version::parse(version)?;
+        if 1 + restore.len() > MAX_LOOKUP_KEYS * 2 {
+            return Err(InvalidInput(format!(
+                "at most {MAX_LOOKUP_KEYS} keys may be looked up at once"
+            )));
+        }
+        let mut keys: Vec<CacheKey> = Vec::with_capacity(1 + restore.len());
+        for raw in std::iter::once(primary).chain(restore.iter().map(String::as_str)) {
+            let key = CacheKey::parse(raw)?;
+            if !keys.iter().any(|k| k.as_str() == key.as_str()) {
+                keys.push(key);
+            }
+        }
+        if keys.len() > MAX_LOOKUP_KEYS {
+            return Err(InvalidInput(format!(
+                "at most {MAX_LOOKUP_KEYS} keys may be looked up at once"
+            )));
+        }
+        Ok(Self { keys, version })
+    }
+}
+
+/// Repository identity from the runtime token's `repository_id` claim.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RepoId(String);
+
+impl RepoId {
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for RepoId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A cache scope: the git ref an entry belongs to (`refs/heads/main`, `refs/pull/7/merge`, or ""
+/// for forge tokens that carry no ref).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Scope(String);
+
+impl Scope {
+    pub fn new(name: impl Into<String>) -> Self {
+        Self(name.into())
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A block id from Put Block, after URL decoding: opaque bytes, ordered only by the block list
+/// (PROTOCOL.md §3.4, §12). Never empty: the empty id is reserved for single-shot Put Blob.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BlockId(Vec<u8>);
+
+impl BlockId {
+    /// Longest block id Azure accepts once base64-decoded is 64 bytes; encoded forms are longer.
+    const MAX_LEN: usize = 1024;
+
+    pub fn parse(raw: &[u8]) -> Result<Self, InvalidInput> {
+        if raw.is_empty() || raw.len() > Self::MAX_LEN {
+            return Err(InvalidInput("blockid must be 1 to 1024 bytes".into()));
+        }
+        Ok(Self(raw.to_vec()))
+    }
+
+    /// The id under which a single-shot Put Blob stages its one chunk.
+    pub fn whole_blob() -> Self {
+        Self(Vec::new())
+    }
+
+    pub fn from_stored(bytes: Vec<u8>) -> Self {
+        Self(bytes)
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// Name of a stored chunk: 32 lowercase hex characters made by the server, so it never contains
+/// `/`, `.` or NUL and no client string ever becomes a path.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlobName(String);
+
+impl BlobName {
+    pub fn random() -> Self {
+        let mut bytes = [0u8; 16];
+        rand::thread_rng().fill_bytes(&mut bytes);
+        Self(hex::encode(bytes))
+    }
+
+    /// Re-validates a name read back from the metadata store.
+    pub fn parse(raw: &str) -> Option<Self> {
+        let ok = raw.len() == 32
+            && raw
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        ok.then(|| Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for BlobName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// One stored chunk: its name, length and SHA-256, as recorded when it was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chunk {
+    pub blob: BlobName,
+    pub size: u64,
+    pub sha256: [u8; 32],
+}
+
+pub type UploadId = i64;
+pub type EntryId = i64;
+
+/// Milliseconds since the Unix epoch: the one clock unit stored in metadata.
+pub type Millis = i64;
+
+pub fn now_millis() -> Millis {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// A finalized, visible entry.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub id: EntryId,
+    pub repository: RepoId,
+    pub scope: Scope,
+    pub key: String,
+    pub version: String,
+    pub size: u64,
+    pub created_at: Millis,
+}
+
+/// An open or closed reservation for one (repository, scope, key, version).
+#[derive(Debug, Clone)]
+pub struct Upload {
+    pub id: UploadId,
+    pub repository: RepoId,
+    pub scope: Scope,
+    pub key: String,
+    pub version: String,
+    pub state: UploadState,
+    pub created_at: Millis,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UploadState {
+    Open,
+    Finalized,
+    Aborted,
+}
+
+impl UploadState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Open => "open",
+            Self::Finalized => "finalized",
+            Self::Aborted => "aborted",
+        }
+    }
+    pub fn parse(raw: &str) -> Option<Self> {
+        match raw {
+            "open" => Some(Self::Open),
+            "finalized" => Some(Self::Finalized),
+            "aborted" => Some(Self::Aborted),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_follow_the_client_rules() {
+        assert!(CacheKey::parse("npm-Linux-abc").is_ok());
+        assert!(CacheKey::parse("").is_err());
+        assert!(CacheKey::parse("a,b").is_err());
+        assert!(CacheKey::parse("a\nb").is_err());
+        assert!(CacheKey::parse(&"x".repeat(512)).is_ok());
+        assert!(CacheKey::parse(&"x".repeat(513)).is_err());
+        // Path-like keys are plain data.
+        assert!(CacheKey::parse("../../etc/passwd").is_ok());
+    }
+
+    #[test]
+    fn keys_fold_case() {
+        let key = CacheKey::parse("Linux-NPM-Ä").unwrap();
+        assert_eq!(key.as_str(), "Linux-NPM-Ä");
+        assert_eq!(key.folded(), "linux-npm-ä");
+    }
+
+    #[test]
+    fn lookups_deduplicate_and_limit_keys() {
+        let restore: Vec<String> = vec!["p".into(), "p-".into(), "p".into()];
+        let lookup = Lookup::parse("p", &restore, "v").unwrap();
+        let keys: Vec<&str> = lookup.keys.iter().map(CacheKey::as_str).collect();
+        assert_eq!(keys, ["p", "p-"]);
+
+        let many: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+        assert!(Lookup::parse("primary", &many, "v").is_err());
+        assert!(Lookup::parse("primary", &many[..9], "v").is_ok());
+    }
+
+    #[test]
+    fn blob_names_are_server_made_hex() {
+        let name = BlobName::random();
+        assert_eq!(BlobName::parse(name.as_str()), Some(name));
+        assert_eq!(BlobName::parse("../../../../etc/passwd"), None);
+        assert_eq!(BlobName::parse("ABCDEF00112233445566778899aabbcc"), None);
+    }
+}

@@ -1,0 +1,30 @@
+// Drives the real @actions/cache client against a server named by the environment
+// (ACTIONS_RESULTS_URL, ACTIONS_CACHE_SERVICE_V2, ACTIONS_RUNTIME_TOKEN, RUNNER_TEMP).
+//
+//   node client.mjs save    KEY PATH...
+//   node client.mjs restore KEY [--restore-keys K1,K2] [--lookup-only] PATH...
+//
+// The client's own log goes to stdout as in a job; the last line is `RESULT <json>` so the Rust
+// test can read what the call returned: the cache id for save, the matched key (or null) for restore.
+import * as cache from '@actions/cache';
+
+const [command, key, ...rest] = process.argv.slice(2);
+let restoreKeys = [];
+let lookupOnly = false;
+const paths = [];
+for (let i = 0; i < rest.length; i++) {
+  if (rest[i] === '--restore-keys') restoreKeys = rest[++i].split(',').filter(Boolean);
+  else if (rest[i] === '--lookup-only') lookupOnly = true;
+  else paths.push(rest[i]);
+}
+
+let result;
+if (command === 'save') {
+  result = await cache.saveCache(paths, key);
+} else if (command === 'restore') {
+  result = await cache.restoreCache(paths, key, restoreKeys, { lookupOnly }) ?? null;
+} else {
+  console.error(`unknown command ${command}`);
+  process.exit(2);
+}
+console.log(`RESULT ${JSON.stringify(result)}`);
