@@ -6,7 +6,7 @@
 mod blob;
 mod blocklist;
 mod links;
-mod proto;
+pub mod proto;
 mod range;
 mod twirp;
 

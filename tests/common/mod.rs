@@ -1,0 +1,282 @@
+//! Shared test harness: a real hoard server on port 0 with a temporary data directory, and
+//! small helpers to speak its protocols.
+#![allow(dead_code)] // Each test binary uses a different part of this module.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use clap::Parser;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+pub const SERVICE: &str = "/twirp/github.actions.results.api.v1.CacheService/";
+pub const VERSION: &str = "3ad75f27293d65a135214b8c82b296080f911dc107e52f1e7ec871a2eda46e69";
+pub const MAIN: &str = "refs/heads/main";
+
+/// An unsigned runtime token with the given grants (`(scope, permission bits)`).
+pub fn token(repository: &str, grants: &[(&str, u8)]) -> String {
+    let ac: Vec<Value> = grants
+        .iter()
+        .map(|(scope, perm)| serde_json::json!({ "Scope": scope, "Permission": perm }))
+        .collect();
+    let claims = serde_json::json!({
+        "ac": serde_json::to_string(&ac).unwrap(),
+        "repository_id": repository,
+        "sub": "test",
+    });
+    format!(
+        "{}.{}.c2ln",
+        URL_SAFE_NO_PAD.encode(r#"{"alg":"RS256","typ":"JWT"}"#),
+        URL_SAFE_NO_PAD.encode(claims.to_string())
+    )
+}
+
+/// A token that reads and writes `refs/heads/main` of repository 1.
+pub fn main_token() -> String {
+    token("1", &[(MAIN, 3)])
+}
+
+#[derive(clap::Parser)]
+struct Cli {
+    #[command(flatten)]
+    serve: hoard::config::ServeArgs,
+}
+
+/// An in-process server on 127.0.0.1:0.
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub base: String,
+    pub data: tempfile::TempDir,
+    pub http: reqwest::Client,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TestServer {
+    pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    pub async fn start_with(extra: &[&str]) -> Self {
+        let data = tempfile::tempdir().unwrap();
+        let dir = data.path().to_str().unwrap().to_owned();
+        let mut argv = vec!["hoard", "--data-dir", &dir, "--listen", "127.0.0.1:0"];
+        argv.extend_from_slice(extra);
+        let config = Cli::try_parse_from(argv).unwrap().serve.validate().unwrap();
+        let stop = CancellationToken::new();
+        let state = hoard::build_state(&config, stop.clone()).await.unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = {
+            let stop = stop.clone();
+            tokio::spawn(async move { hoard::serve(&config, state, listener, stop).await.unwrap() })
+        };
+        Self {
+            addr,
+            base: format!("http://{addr}"),
+            data,
+            http: reqwest::Client::new(),
+            stop,
+            task,
+        }
+    }
+
+    pub async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// A twirp JSON call; returns the status and the parsed JSON body (every answer must be JSON).
+    pub async fn twirp(&self, method: &str, token: &str, body: Value) -> (u16, Value) {
+        let res = self
+            .http
+            .post(self.url(&format!("{SERVICE}{method}")))
+            .bearer_auth(token)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        json_of(res).await
+    }
+
+    /// CreateCacheEntry for `key`; returns the signed upload URL.
+    pub async fn reserve(&self, token: &str, key: &str, version: &str) -> String {
+        let (status, body) = self
+            .twirp(
+                "CreateCacheEntry",
+                token,
+                serde_json::json!({ "key": key, "version": version }),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["ok"], true, "{body}");
+        body["signed_upload_url"].as_str().unwrap().to_owned()
+    }
+
+    pub async fn finalize(
+        &self,
+        token: &str,
+        key: &str,
+        version: &str,
+        size: usize,
+    ) -> (u16, Value) {
+        self.twirp(
+            "FinalizeCacheEntryUpload",
+            token,
+            serde_json::json!({ "key": key, "version": version, "size_bytes": size.to_string() }),
+        )
+        .await
+    }
+
+    /// Reserve, Put Blob and finalize: a complete save of `data`.
+    pub async fn save(&self, token: &str, key: &str, version: &str, data: &[u8]) -> i64 {
+        let url = self.reserve(token, key, version).await;
+        let res = self.put_blob(&url, data.to_vec()).await;
+        assert_eq!(res.status(), 201);
+        let (status, body) = self.finalize(token, key, version, data.len()).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["ok"], true, "{body}");
+        body["entry_id"].as_str().unwrap().parse().unwrap()
+    }
+
+    /// GetCacheEntryDownloadURL; returns the whole JSON answer.
+    pub async fn lookup(
+        &self,
+        token: &str,
+        key: &str,
+        restore: &[&str],
+        version: &str,
+    ) -> (u16, Value) {
+        let mut req = serde_json::json!({ "key": key, "version": version });
+        if !restore.is_empty() {
+            req["restore_keys"] = serde_json::json!(restore);
+        }
+        self.twirp("GetCacheEntryDownloadURL", token, req).await
+    }
+
+    pub async fn put_blob(&self, url: &str, data: Vec<u8>) -> reqwest::Response {
+        self.http
+            .put(url)
+            .header("x-ms-blob-type", "BlockBlob")
+            .body(data)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn put_block(&self, url: &str, block_id: &str, data: Vec<u8>) -> reqwest::Response {
+        let id = percent_encode(block_id);
+        self.http
+            .put(format!("{url}&comp=block&blockid={id}"))
+            .body(data)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn put_block_list(&self, url: &str, xml: String) -> reqwest::Response {
+        self.http
+            .put(format!("{url}&comp=blocklist"))
+            .header("content-type", "application/xml")
+            .body(xml)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Looks `key` up and downloads the hit in full.
+    pub async fn restore(&self, token: &str, key: &str, version: &str) -> Option<Vec<u8>> {
+        let (status, body) = self.lookup(token, key, &[], version).await;
+        assert_eq!(status, 200, "{body}");
+        if body["ok"] != true {
+            return None;
+        }
+        let res = self
+            .http
+            .get(body["signed_download_url"].as_str().unwrap())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        Some(res.bytes().await.unwrap().to_vec())
+    }
+
+    /// Every chunk file in the store.
+    pub fn chunk_files(&self) -> Vec<PathBuf> {
+        files_under(&self.data.path().join("chunks"))
+    }
+}
+
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(files_under(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+pub async fn json_of(res: reqwest::Response) -> (u16, Value) {
+    let status = res.status().as_u16();
+    let ct = res
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let text = res.text().await.unwrap();
+    let json: Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("status {status}: body is not JSON ({e}): {text:?}"));
+    assert_eq!(ct.as_deref(), Some("application/json"), "{text}");
+    (status, json)
+}
+
+pub fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Deterministic pseudo-random bytes (xorshift), so failures reproduce.
+pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Polls `check` until it returns true or `timeout` passes.
+pub async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while tokio::time::Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    check()
+}

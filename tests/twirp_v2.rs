@@ -1,0 +1,532 @@
+//! The Twirp CacheService v2 as PROTOCOL.md §2 and §10 describe it, over real HTTP.
+
+mod common;
+
+use common::*;
+use hoard::api::proto;
+use prost::Message;
+use serde_json::json;
+
+#[tokio::test]
+async fn a_miss_is_200_ok_false() {
+    let srv = TestServer::start().await;
+    let (status, body) = srv
+        .lookup(&main_token(), "nothing", &["noth"], VERSION)
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(body, json!({ "ok": false }));
+}
+
+#[tokio::test]
+async fn save_then_restore_returns_the_same_bytes() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    let data = random_bytes(300_000, 1);
+    let entry = srv.save(&t, "Linux-npm-abc", VERSION, &data).await;
+    assert!(entry > 0);
+    let (status, body) = srv.lookup(&t, "Linux-npm-abc", &[], VERSION).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["matched_key"], "Linux-npm-abc");
+    assert_eq!(
+        srv.restore(&t, "Linux-npm-abc", VERSION).await.unwrap(),
+        data
+    );
+}
+
+#[tokio::test]
+async fn signed_upload_links_have_three_segments_and_a_sig() {
+    let srv = TestServer::start().await;
+    let url = srv.reserve(&main_token(), "k", VERSION).await;
+    let parsed = url::Url::parse(&url).unwrap();
+    assert_eq!(parsed.host_str(), Some("127.0.0.1"));
+    assert!(
+        parsed
+            .path_segments()
+            .unwrap()
+            .filter(|s| !s.is_empty())
+            .count()
+            >= 3,
+        "{url}"
+    );
+    assert!(
+        parsed
+            .query_pairs()
+            .any(|(k, v)| k == "sig" && !v.is_empty()),
+        "{url}"
+    );
+}
+
+#[tokio::test]
+async fn links_follow_the_request_host_and_forwarded_proto_unless_a_public_url_is_set() {
+    let srv = TestServer::start().await;
+    let res = srv
+        .http
+        .post(srv.url(&format!("{SERVICE}CreateCacheEntry")))
+        .bearer_auth(main_token())
+        .header("host", "cache.internal:8080")
+        .header("x-forwarded-proto", "https")
+        .header("content-type", "application/json")
+        .body(json!({ "key": "k", "version": VERSION }).to_string())
+        .send()
+        .await
+        .unwrap();
+    let (_, body) = json_of(res).await;
+    let url = body["signed_upload_url"].as_str().unwrap();
+    assert!(
+        url.starts_with("https://cache.internal:8080/_blob/"),
+        "{url}"
+    );
+
+    let srv = TestServer::start_with(&["--public-url", "https://hoard.example.com/"]).await;
+    let url = srv.reserve(&main_token(), "k", VERSION).await;
+    assert!(url.starts_with("https://hoard.example.com/_blob/"), "{url}");
+}
+
+#[tokio::test]
+async fn an_existing_or_in_progress_entry_is_409_already_exists() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    srv.reserve(&t, "k", VERSION).await;
+    let (status, body) = srv
+        .twirp(
+            "CreateCacheEntry",
+            &t,
+            json!({ "key": "k", "version": VERSION }),
+        )
+        .await;
+    assert_eq!(status, 409);
+    assert_eq!(body["code"], "already_exists");
+    assert!(body["msg"].as_str().unwrap().contains("already exists"));
+
+    srv.save(&t, "done", VERSION, b"abc").await;
+    let (status, body) = srv
+        .twirp(
+            "CreateCacheEntry",
+            &t,
+            json!({ "key": "DONE", "version": VERSION }),
+        )
+        .await;
+    assert_eq!(status, 409, "keys compare case-insensitively: {body}");
+    // Another version of the same key is another cache.
+    srv.reserve(&t, "done", "other-version").await;
+}
+
+#[tokio::test]
+async fn a_token_without_a_writable_scope_gets_ok_false_with_write_denied() {
+    let srv = TestServer::start().await;
+    let read_only = token("1", &[(MAIN, 1)]);
+    let (status, body) = srv
+        .twirp(
+            "CreateCacheEntry",
+            &read_only,
+            json!({ "key": "k", "version": VERSION }),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(body["ok"], false);
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("cache write denied:"),
+        "{body}"
+    );
+    let (status, body) = srv.finalize(&read_only, "k", VERSION, 3).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["ok"], false);
+}
+
+#[tokio::test]
+async fn a_token_without_a_readable_scope_is_403_read_denied() {
+    let srv = TestServer::start().await;
+    let write_only = token("1", &[(MAIN, 2)]);
+    let (status, body) = srv.lookup(&write_only, "k", &[], VERSION).await;
+    assert_eq!(status, 403);
+    assert_eq!(body["code"], "permission_denied");
+    assert!(
+        body["msg"]
+            .as_str()
+            .unwrap()
+            .starts_with("cache read denied:"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn missing_or_malformed_tokens_are_401_json() {
+    let srv = TestServer::start().await;
+    let res = srv
+        .http
+        .post(srv.url(&format!("{SERVICE}GetCacheEntryDownloadURL")))
+        .body(json!({ "key": "k", "version": VERSION }).to_string())
+        .send()
+        .await
+        .unwrap();
+    let (status, body) = json_of(res).await;
+    assert_eq!(status, 401);
+    assert_eq!(body["code"], "unauthenticated");
+    let (status, _) = srv.lookup("not-a-jwt", "k", &[], VERSION).await;
+    assert_eq!(status, 401);
+}
+
+#[tokio::test]
+async fn every_error_is_twirp_json() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    let (status, body) = srv.twirp("NoSuchMethod", &t, json!({})).await;
+    assert_eq!((status, body["code"].as_str()), (404, Some("bad_route")));
+
+    let res = srv
+        .http
+        .post(srv.url("/twirp/other.Service/Call"))
+        .send()
+        .await
+        .unwrap();
+    let (status, body) = json_of(res).await;
+    assert_eq!((status, body["code"].as_str()), (404, Some("bad_route")));
+
+    let res = srv
+        .http
+        .get(srv.url(&format!("{SERVICE}CreateCacheEntry")))
+        .send()
+        .await
+        .unwrap();
+    let (status, body) = json_of(res).await;
+    assert_eq!((status, body["code"].as_str()), (404, Some("bad_route")));
+
+    let res = srv
+        .http
+        .post(srv.url(&format!("{SERVICE}CreateCacheEntry")))
+        .bearer_auth(&t)
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    let (status, body) = json_of(res).await;
+    assert_eq!((status, body["code"].as_str()), (400, Some("malformed")));
+
+    let res = srv
+        .http
+        .post(srv.url(&format!("{SERVICE}CreateCacheEntry")))
+        .bearer_auth(&t)
+        .header("content-type", "application/json")
+        .body(vec![b' '; 1 << 20])
+        .send()
+        .await
+        .unwrap();
+    let (status, body) = json_of(res).await;
+    assert_eq!((status, body["code"].as_str()), (400, Some("malformed")));
+
+    let (status, body) = srv
+        .twirp(
+            "CreateCacheEntry",
+            &t,
+            json!({ "key": "a,b", "version": VERSION }),
+        )
+        .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (400, Some("invalid_argument"))
+    );
+    let (status, _) = srv
+        .twirp(
+            "CreateCacheEntry",
+            &t,
+            json!({ "key": "x".repeat(513), "version": VERSION }),
+        )
+        .await;
+    assert_eq!(status, 400);
+    let (status, _) = srv
+        .twirp("CreateCacheEntry", &t, json!({ "key": "k" }))
+        .await;
+    assert_eq!(status, 400, "a missing version is invalid");
+    let keys: Vec<String> = (0..10).map(|i| format!("r{i}")).collect();
+    let (status, _) = srv
+        .twirp(
+            "GetCacheEntryDownloadURL",
+            &t,
+            json!({ "key": "k", "restore_keys": keys, "version": VERSION }),
+        )
+        .await;
+    assert_eq!(status, 400, "11 keys are too many");
+}
+
+#[tokio::test]
+async fn requests_are_read_leniently() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    let (status, body) = srv
+        .twirp("CreateCacheEntry", &t, json!({ "key": "camel", "version": VERSION, "metadata": { "repositoryId": "9", "scope": [] }, "future_field": 1 }))
+        .await;
+    assert_eq!((status, body["ok"].as_bool()), (200, Some(true)), "{body}");
+    let url = body["signed_upload_url"].as_str().unwrap();
+    assert_eq!(srv.put_blob(url, b"hello".to_vec()).await.status(), 201);
+    // go-actions-cache sends sizeBytes as a number.
+    let (status, body) = srv
+        .twirp(
+            "FinalizeCacheEntryUpload",
+            &t,
+            json!({ "key": "camel", "version": VERSION, "sizeBytes": 5 }),
+        )
+        .await;
+    assert_eq!((status, body["ok"].as_bool()), (200, Some(true)), "{body}");
+    assert!(body["entry_id"].as_str().unwrap().parse::<i64>().unwrap() > 0);
+    // ... and repeats the primary key among restore keys.
+    let (_, body) = srv
+        .twirp(
+            "GetCacheEntryDownloadURL",
+            &t,
+            json!({ "key": "camel", "restoreKeys": ["camel"], "version": VERSION }),
+        )
+        .await;
+    assert_eq!(body["matched_key"], "camel");
+}
+
+#[tokio::test]
+async fn finalize_checks_the_size_and_is_idempotent() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    let url = srv.reserve(&t, "k", VERSION).await;
+    assert_eq!(srv.put_blob(&url, vec![7; 1000]).await.status(), 201);
+    let (_, first) = srv.finalize(&t, "k", VERSION, 1000).await;
+    assert_eq!(first["ok"], true);
+    let (status, retry) = srv.finalize(&t, "k", VERSION, 1000).await;
+    assert_eq!(status, 200);
+    assert_eq!(retry, first, "a retried finalize sees the same entry");
+
+    let url = srv.reserve(&t, "short", VERSION).await;
+    assert_eq!(srv.put_blob(&url, vec![7; 999]).await.status(), 201);
+    let (status, body) = srv.finalize(&t, "short", VERSION, 1000).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["ok"], false);
+    assert!(body["message"].as_str().unwrap().contains("999"), "{body}");
+    assert!(
+        srv.restore(&t, "short", VERSION).await.is_none(),
+        "a size mismatch never becomes visible"
+    );
+
+    let (_, body) = srv.finalize(&t, "never-reserved", VERSION, 10).await;
+    assert_eq!(body["ok"], false);
+    srv.reserve(&t, "empty", VERSION).await;
+    let (_, body) = srv.finalize(&t, "empty", VERSION, 0).await;
+    assert_eq!(body["ok"], false, "nothing uploaded: {body}");
+}
+
+#[tokio::test]
+async fn an_entry_is_invisible_until_finalized() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    let url = srv.reserve(&t, "k", VERSION).await;
+    assert_eq!(srv.put_blob(&url, b"data".to_vec()).await.status(), 201);
+    assert!(srv.restore(&t, "k", VERSION).await.is_none());
+    srv.finalize(&t, "k", VERSION, 4).await;
+    assert_eq!(srv.restore(&t, "k", VERSION).await.unwrap(), b"data");
+}
+
+#[tokio::test]
+async fn matching_follows_githubs_order() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    srv.save(&t, "npm-Linux-1", VERSION, b"one").await;
+    srv.save(&t, "npm-Linux-2", VERSION, b"two").await;
+    srv.save(&t, "npm-Linux-2-extra", "other-version", b"other")
+        .await;
+
+    let (_, body) = srv
+        .lookup(&t, "npm-Linux-3", &["npm-linux-"], VERSION)
+        .await;
+    assert_eq!(
+        body["matched_key"], "npm-Linux-2",
+        "newest prefix match, case-insensitive: {body}"
+    );
+    let (_, body) = srv.lookup(&t, "npm-linux-1", &["npm-"], VERSION).await;
+    assert_eq!(
+        body["matched_key"], "npm-Linux-1",
+        "exact match first, stored key returned: {body}"
+    );
+    let (_, body) = srv.lookup(&t, "npm-Linux-2-extra", &[], VERSION).await;
+    assert_eq!(
+        body,
+        json!({ "ok": false }),
+        "a different version never matches"
+    );
+    let (_, body) = srv
+        .lookup(&t, "npm-Linux-2-extra", &[], "other-version")
+        .await;
+    assert_eq!(body["matched_key"], "npm-Linux-2-extra");
+}
+
+#[tokio::test]
+async fn branches_and_repositories_are_isolated() {
+    let srv = TestServer::start().await;
+    srv.save(&token("1", &[(MAIN, 3)]), "k", VERSION, b"main")
+        .await;
+    srv.save(
+        &token("1", &[("refs/heads/sibling", 3)]),
+        "k",
+        VERSION,
+        b"sibling",
+    )
+    .await;
+
+    let feature = token("1", &[("refs/heads/feature", 3), (MAIN, 1)]);
+    assert_eq!(
+        srv.restore(&feature, "k", VERSION).await.unwrap(),
+        b"main",
+        "falls back to the default branch"
+    );
+    srv.save(&feature, "k", VERSION, b"feature").await;
+    assert_eq!(
+        srv.restore(&feature, "k", VERSION).await.unwrap(),
+        b"feature",
+        "current branch first"
+    );
+    assert_eq!(
+        srv.restore(&token("1", &[(MAIN, 3)]), "k", VERSION)
+            .await
+            .unwrap(),
+        b"main"
+    );
+    assert!(
+        srv.restore(&token("2", &[(MAIN, 3)]), "k", VERSION)
+            .await
+            .is_none(),
+        "another repository sees nothing"
+    );
+}
+
+#[tokio::test]
+async fn prefixed_service_paths_are_served() {
+    let srv = TestServer::start().await;
+    let res = srv
+        .http
+        .post(srv.url(&format!("/some/prefix{SERVICE}GetCacheEntryDownloadURL")))
+        .bearer_auth(main_token())
+        .header("content-type", "application/json")
+        .body(json!({ "key": "k", "version": VERSION }).to_string())
+        .send()
+        .await
+        .unwrap();
+    let (status, body) = json_of(res).await;
+    assert_eq!((status, body), (200, json!({ "ok": false })));
+}
+
+async fn proto_call<T: Message + Default>(
+    srv: &TestServer,
+    method: &str,
+    req: impl Message,
+) -> (u16, Option<T>) {
+    let res = srv
+        .http
+        .post(srv.url(&format!("{SERVICE}{method}")))
+        .bearer_auth(main_token())
+        .header("content-type", "application/protobuf")
+        .body(req.encode_to_vec())
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    let ct = res.headers()["content-type"].to_str().unwrap().to_owned();
+    let bytes = res.bytes().await.unwrap();
+    if status == 200 {
+        assert_eq!(ct, "application/protobuf");
+        (status, Some(T::decode(bytes.as_ref()).unwrap()))
+    } else {
+        assert_eq!(
+            ct, "application/json",
+            "twirp errors are JSON whatever the request encoding"
+        );
+        (status, None)
+    }
+}
+
+#[tokio::test]
+async fn binary_protobuf_clients_save_and_restore() {
+    let srv = TestServer::start().await;
+    let create = proto::CreateCacheEntryRequest {
+        metadata: None,
+        key: "sccache".into(),
+        version: VERSION.into(),
+    };
+    let (status, created) =
+        proto_call::<proto::CreateCacheEntryResponse>(&srv, "CreateCacheEntry", create.clone())
+            .await;
+    assert_eq!(status, 200);
+    let created = created.unwrap();
+    assert!(created.ok);
+    assert_eq!(
+        srv.put_blob(&created.signed_upload_url, b"compiled".to_vec())
+            .await
+            .status(),
+        201
+    );
+    let (status, _) =
+        proto_call::<proto::CreateCacheEntryResponse>(&srv, "CreateCacheEntry", create).await;
+    assert_eq!(status, 409, "sccache needs a 409 for an existing key");
+    let finalize = proto::FinalizeCacheEntryUploadRequest {
+        metadata: None,
+        key: "sccache".into(),
+        size_bytes: 8,
+        version: VERSION.into(),
+    };
+    let (_, done) = proto_call::<proto::FinalizeCacheEntryUploadResponse>(
+        &srv,
+        "FinalizeCacheEntryUpload",
+        finalize,
+    )
+    .await;
+    assert!(done.unwrap().entry_id > 0);
+    let lookup = proto::GetCacheEntryDownloadUrlRequest {
+        metadata: None,
+        key: "sccache".into(),
+        restore_keys: vec![],
+        version: VERSION.into(),
+    };
+    let (_, hit) = proto_call::<proto::GetCacheEntryDownloadUrlResponse>(
+        &srv,
+        "GetCacheEntryDownloadURL",
+        lookup,
+    )
+    .await;
+    let hit = hit.unwrap();
+    assert_eq!(hit.matched_key, "sccache");
+    let bytes = srv
+        .http
+        .get(&hit.signed_download_url)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(bytes.as_ref(), b"compiled");
+
+    let res = srv
+        .http
+        .post(srv.url(&format!("{SERVICE}CreateCacheEntry")))
+        .bearer_auth(main_token())
+        .header("content-type", "application/protobuf")
+        .body(vec![0xff, 0xff, 0xff])
+        .send()
+        .await
+        .unwrap();
+    let (status, body) = json_of(res).await;
+    assert_eq!((status, body["code"].as_str()), (400, Some("malformed")));
+}
+
+#[tokio::test]
+async fn health_and_readiness() {
+    let srv = TestServer::start().await;
+    let res = srv.http.get(srv.url("/healthz")).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    let (status, body) = json_of(srv.http.get(srv.url("/readyz")).send().await.unwrap()).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["status"], "ready");
+    assert!(body["warnings"][0]
+        .as_str()
+        .unwrap()
+        .contains("without signature verification"));
+    let (status, _) = json_of(srv.http.get(srv.url("/nope")).send().await.unwrap()).await;
+    assert_eq!(status, 404);
+}
