@@ -1,0 +1,433 @@
+//! Blob endpoints behind signed links (PROTOCOL.md §3, §4, §10.3–10.4, §12).
+
+mod common;
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A JS-SDK-style block id: base64(uuid + zero-padded index) (§3.4).
+fn js_block_id(i: usize) -> String {
+    STANDARD.encode(format!("a3d8ea2a-5ac1-47d6-978e-be6d39c9a11a{i:012}"))
+}
+
+fn block_list(ids: &[String], tag: &str) -> String {
+    let items: String = ids
+        .iter()
+        .map(|id| format!("<{tag}>{id}</{tag}>"))
+        .collect();
+    format!(
+        r#"<?xml version="1.0" encoding="UTF-8" standalone="yes"?><BlockList>{items}</BlockList>"#
+    )
+}
+
+async fn assert_azure_error(res: reqwest::Response, status: u16, code: &str) {
+    assert_eq!(res.status().as_u16(), status);
+    assert_eq!(res.headers()["x-ms-error-code"], code);
+    assert_eq!(res.headers()["content-type"], "application/xml");
+    let body = res.text().await.unwrap();
+    assert!(
+        body.starts_with("<?xml") && body.contains(&format!("<Code>{code}</Code>")),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn put_blob_answers_201_with_the_azure_headers() {
+    let srv = TestServer::start().await;
+    let url = srv.reserve(&main_token(), "k", VERSION).await;
+    let res = srv.put_blob(&url, b"abc".to_vec()).await;
+    assert_eq!(res.status(), 201);
+    for h in [
+        "x-ms-request-id",
+        "x-ms-version",
+        "etag",
+        "last-modified",
+        "date",
+    ] {
+        assert!(res.headers().contains_key(h), "missing {h}");
+    }
+    assert_eq!(res.headers()["content-length"], "0");
+    assert!(res.bytes().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn blocks_arrive_concurrently_out_of_order_and_the_list_orders_them() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    let url = srv.reserve(&t, "blocks", VERSION).await;
+    let parts: Vec<Vec<u8>> = (0..5)
+        .map(|i| random_bytes(100_000 + i * 7, i as u64 + 10))
+        .collect();
+    let ids: Vec<String> = (0..5).map(js_block_id).collect();
+    // Last block first, the rest at once.
+    assert_eq!(
+        srv.put_block(&url, &ids[4], parts[4].clone())
+            .await
+            .status(),
+        201
+    );
+    let uploads = (0..4).map(|i| srv.put_block(&url, &ids[i], parts[i].clone()));
+    for res in futures_util::future::join_all(uploads).await {
+        assert_eq!(res.status(), 201);
+    }
+    assert_eq!(
+        srv.put_block_list(&url, block_list(&ids, "Latest"))
+            .await
+            .status(),
+        201
+    );
+    let whole: Vec<u8> = parts.concat();
+    let (_, body) = srv.finalize(&t, "blocks", VERSION, whole.len()).await;
+    assert_eq!(body["ok"], true, "{body}");
+    assert_eq!(srv.restore(&t, "blocks", VERSION).await.unwrap(), whole);
+}
+
+#[tokio::test]
+async fn a_retried_block_replaces_the_earlier_copy() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    let url = srv.reserve(&t, "retry", VERSION).await;
+    let id = js_block_id(0);
+    srv.put_block(&url, &id, b"first attempt, garbled".to_vec())
+        .await;
+    srv.put_block(&url, &id, b"second".to_vec()).await;
+    assert_eq!(
+        srv.put_block_list(&url, block_list(&[id], "Latest"))
+            .await
+            .status(),
+        201
+    );
+    srv.finalize(&t, "retry", VERSION, 6).await;
+    assert_eq!(srv.restore(&t, "retry", VERSION).await.unwrap(), b"second");
+    assert_eq!(srv.chunk_files().len(), 1, "the replaced copy is deleted");
+}
+
+#[tokio::test]
+async fn binary_block_ids_with_plus_slash_and_equals_are_opaque() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    let url = srv.reserve(&t, "sccache", VERSION).await;
+    // 16 raw bytes, as sccache sends them: base64 with '+', '/' and '='.
+    let ids = [
+        STANDARD.encode([0xfb; 16]),
+        STANDARD.encode([0xff; 16]),
+        STANDARD.encode([0x3e; 16]),
+    ];
+    assert!(ids[0].contains('+') && ids[1].contains('/') && ids[0].ends_with('='));
+    srv.put_block(&url, &ids[1], b"BB".to_vec()).await;
+    srv.put_block(&url, &ids[0], b"AA".to_vec()).await;
+    srv.put_block(&url, &ids[2], b"CC".to_vec()).await;
+    let res = srv.put_block_list(&url, block_list(&ids, "Latest")).await;
+    assert_eq!(res.status(), 201);
+    srv.finalize(&t, "sccache", VERSION, 6).await;
+    assert_eq!(
+        srv.restore(&t, "sccache", VERSION).await.unwrap(),
+        b"AABBCC"
+    );
+}
+
+#[tokio::test]
+async fn committed_and_uncommitted_sources_are_honoured() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    let url = srv.reserve(&t, "k", VERSION).await;
+    let (a, b) = (js_block_id(0), js_block_id(1));
+    srv.put_block(&url, &a, b"aa".to_vec()).await;
+    srv.put_block_list(&url, block_list(&[a.clone()], "Uncommitted"))
+        .await;
+    srv.put_block(&url, &b, b"bb".to_vec()).await;
+    let xml =
+        format!("<BlockList><Committed>{a}</Committed><Uncommitted>{b}</Uncommitted></BlockList>");
+    assert_eq!(srv.put_block_list(&url, xml).await.status(), 201);
+    srv.finalize(&t, "k", VERSION, 4).await;
+    assert_eq!(srv.restore(&t, "k", VERSION).await.unwrap(), b"aabb");
+}
+
+#[tokio::test]
+async fn an_unknown_block_id_is_400_invalid_block_list() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    let url = srv.reserve(&t, "k", VERSION).await;
+    srv.put_block(&url, &js_block_id(0), b"aa".to_vec()).await;
+    let res = srv
+        .put_block_list(
+            &url,
+            block_list(&[js_block_id(0), js_block_id(9)], "Latest"),
+        )
+        .await;
+    assert_azure_error(res, 400, "InvalidBlockList").await;
+    let (_, body) = srv.finalize(&t, "k", VERSION, 2).await;
+    assert_eq!(body["ok"], false, "nothing was committed");
+
+    let res = srv.put_block_list(&url, "<BlockList><Latest>".into()).await;
+    assert_azure_error(res, 400, "InvalidXmlDocument").await;
+    let res = srv
+        .http
+        .put(format!("{url}&comp=block"))
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_azure_error(res, 400, "MissingRequiredQueryParameter").await;
+    let res = srv
+        .http
+        .put(format!("{url}&comp=appendblock"))
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_azure_error(res, 400, "InvalidQueryParameterValue").await;
+}
+
+#[tokio::test]
+async fn forged_expired_and_cross_purpose_links_are_403() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    let url = srv.reserve(&t, "k", VERSION).await;
+    let forged = url.replace("sig=", "sig=AAAA");
+    assert_azure_error(
+        srv.put_blob(&forged, b"x".to_vec()).await,
+        403,
+        "AuthenticationFailed",
+    )
+    .await;
+    let unsigned = url.split('?').next().unwrap().to_owned();
+    assert_azure_error(
+        srv.put_blob(&unsigned, b"x".to_vec()).await,
+        403,
+        "AuthenticationFailed",
+    )
+    .await;
+    let other_id = url.replacen("/_blob/uploads/1?", "/_blob/uploads/2?", 1);
+    assert_ne!(other_id, url);
+    assert_azure_error(
+        srv.put_blob(&other_id, b"x".to_vec()).await,
+        403,
+        "AuthenticationFailed",
+    )
+    .await;
+    let as_download = url.replace("/_blob/uploads/", "/_blob/entries/");
+    let res = srv.http.get(&as_download).send().await.unwrap();
+    assert_azure_error(res, 403, "AuthenticationFailed").await;
+    assert!(
+        srv.chunk_files().is_empty(),
+        "nothing stored by refused requests"
+    );
+
+    let srv = TestServer::start_with(&["--upload-url-ttl", "1s"]).await;
+    let url = srv.reserve(&t, "k", VERSION).await;
+    tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
+    assert_azure_error(
+        srv.put_blob(&url, b"x".to_vec()).await,
+        403,
+        "AuthenticationFailed",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn upload_links_stop_working_once_finalized() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    let url = srv.reserve(&t, "k", VERSION).await;
+    srv.put_blob(&url, b"abc".to_vec()).await;
+    srv.finalize(&t, "k", VERSION, 3).await;
+    let res = srv.put_blob(&url, b"evil".to_vec()).await;
+    assert_azure_error(res, 403, "AuthorizationFailure").await;
+    let res = srv.put_block(&url, &js_block_id(0), b"evil".to_vec()).await;
+    assert_azure_error(res, 403, "AuthorizationFailure").await;
+    assert_eq!(srv.restore(&t, "k", VERSION).await.unwrap(), b"abc");
+}
+
+async fn saved_entry(srv: &TestServer, data: &[u8]) -> String {
+    let t = main_token();
+    srv.save(&t, "dl", VERSION, data).await;
+    let (_, body) = srv.lookup(&t, "dl", &[], VERSION).await;
+    body["signed_download_url"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn downloads_serve_whole_entries_with_headers() {
+    let srv = TestServer::start().await;
+    let data = random_bytes(3_000_000, 5);
+    let url = saved_entry(&srv, &data).await;
+    let res = srv.http.get(&url).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    let h = res.headers().clone();
+    assert_eq!(h["content-length"], "3000000");
+    assert_eq!(h["accept-ranges"], "bytes");
+    assert_eq!(h["content-type"], "application/octet-stream");
+    assert!(
+        h.contains_key("etag")
+            && h.contains_key("last-modified")
+            && h.contains_key("x-ms-request-id")
+    );
+    assert_eq!(res.bytes().await.unwrap().as_ref(), data.as_slice());
+
+    let res = srv.http.head(&url).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["content-length"], "3000000");
+    assert_eq!(res.headers()["etag"], h["etag"]);
+}
+
+#[tokio::test]
+async fn ranges_are_served_from_the_right_chunks() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    let upload = srv.reserve(&t, "dl", VERSION).await;
+    let parts: Vec<Vec<u8>> = (0..3).map(|i| random_bytes(1000, i + 50)).collect();
+    let ids: Vec<String> = (0..3).map(js_block_id).collect();
+    for (id, part) in ids.iter().zip(&parts) {
+        srv.put_block(&upload, id, part.clone()).await;
+    }
+    srv.put_block_list(&upload, block_list(&ids, "Latest"))
+        .await;
+    srv.finalize(&t, "dl", VERSION, 3000).await;
+    let whole = parts.concat();
+    let (_, body) = srv.lookup(&t, "dl", &[], VERSION).await;
+    let url = body["signed_download_url"].as_str().unwrap();
+
+    for (header, value, start, end) in [
+        ("range", "bytes=0-0", 0, 0),
+        ("range", "bytes=990-2010", 990, 2010),
+        ("x-ms-range", "bytes=1000-1999", 1000, 1999),
+        ("range", "bytes=2500-", 2500, 2999),
+        ("range", "bytes=-10", 2990, 2999),
+        ("range", "bytes=2990-9999", 2990, 2999),
+    ] {
+        let res = srv
+            .http
+            .get(url)
+            .header(header, value)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 206, "{value}");
+        assert_eq!(
+            res.headers()["content-range"],
+            format!("bytes {start}-{end}/3000")
+        );
+        assert_eq!(
+            res.headers()["content-length"],
+            (end - start + 1).to_string()
+        );
+        assert_eq!(
+            res.bytes().await.unwrap().as_ref(),
+            &whole[start..=end],
+            "{value}"
+        );
+    }
+    // x-ms-range wins over Range.
+    let res = srv
+        .http
+        .get(url)
+        .header("range", "bytes=0-9")
+        .header("x-ms-range", "bytes=10-19")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.bytes().await.unwrap().as_ref(), &whole[10..20]);
+
+    let res = srv
+        .http
+        .get(url)
+        .header("range", "bytes=3000-")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.headers()["content-range"], "bytes */3000");
+    assert_azure_error(res, 416, "InvalidRange").await;
+
+    let res = srv
+        .http
+        .get(url)
+        .header("if-match", "\"other\"")
+        .send()
+        .await
+        .unwrap();
+    assert_azure_error(res, 412, "ConditionNotMet").await;
+}
+
+#[tokio::test]
+async fn unknown_entries_and_paths_get_xml_errors() {
+    let srv = TestServer::start().await;
+    let res = srv
+        .http
+        .get(srv.url("/_blob/entries/notanumber?se=1&sig=x"))
+        .send()
+        .await
+        .unwrap();
+    assert_azure_error(res, 404, "BlobNotFound").await;
+    let res = srv
+        .http
+        .get(srv.url("/_blob/elsewhere/1"))
+        .send()
+        .await
+        .unwrap();
+    assert_azure_error(res, 404, "BlobNotFound").await;
+    let url = saved_entry(&srv, b"abc").await;
+    let res = srv.http.delete(&url).send().await.unwrap();
+    assert_azure_error(res, 405, "UnsupportedHttpVerb").await;
+}
+
+/// Sends raw HTTP/1.1 and returns the response head, or "" if the server closed first.
+async fn raw_exchange(srv: &TestServer, head: String, body: &[u8], close_write: bool) -> String {
+    let mut stream = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(body).await.unwrap();
+    if close_write {
+        stream.shutdown().await.unwrap();
+    }
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        stream.read_to_end(&mut out),
+    )
+    .await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test]
+async fn a_body_shorter_than_its_content_length_stores_nothing() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    let url = srv.reserve(&t, "k", VERSION).await;
+    let path = url.trim_start_matches(&srv.base).to_owned();
+    let head = format!(
+        "PUT {path} HTTP/1.1\r\nhost: {}\r\nx-ms-blob-type: BlockBlob\r\ncontent-length: 1000\r\n\r\n",
+        srv.addr
+    );
+    let answer = raw_exchange(&srv, head, &[1u8; 400], true).await;
+    assert!(!answer.contains(" 201 "), "{answer}");
+    let (_, body) = srv.finalize(&t, "k", VERSION, 400).await;
+    assert_eq!(body["ok"], false);
+    assert!(
+        eventually(std::time::Duration::from_secs(5), || srv
+            .chunk_files()
+            .is_empty())
+        .await
+    );
+    assert!(
+        common::files_under(&srv.data.path().join("tmp")).is_empty(),
+        "staging file removed"
+    );
+}
+
+#[tokio::test]
+async fn a_body_longer_than_its_content_length_stores_only_what_was_declared() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    let url = srv.reserve(&t, "k", VERSION).await;
+    let path = url.trim_start_matches(&srv.base).to_owned();
+    let head = format!(
+        "PUT {path} HTTP/1.1\r\nhost: {}\r\nx-ms-blob-type: BlockBlob\r\ncontent-length: 4\r\nconnection: close\r\n\r\n",
+        srv.addr
+    );
+    let answer = raw_exchange(&srv, head, b"abcdEXTRA", false).await;
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    let (_, body) = srv.finalize(&t, "k", VERSION, 4).await;
+    assert_eq!(body["ok"], true);
+    assert_eq!(srv.restore(&t, "k", VERSION).await.unwrap(), b"abcd");
+}
