@@ -1,0 +1,549 @@
+//! The real `@actions/cache` 6.3.0 client (npm) against the real `hoard` binary.
+//!
+//! Needs `npm ci --prefix tests/e2e` first (scripts/test does it), plus tar and zstd.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{files_under, main_token, random_bytes, token, MAIN, SERVICE};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+const MIB: usize = 1 << 20;
+
+/// The `hoard` binary running as its own process, so it can be measured and killed.
+struct Hoard {
+    child: Child,
+    base: String,
+    data: PathBuf,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Hoard {
+    fn start(data: &Path) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hoard"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start hoard");
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                for line in stderr.lines().map_while(Result::ok) {
+                    if let Some(addr) = line.split("listening on ").nth(1) {
+                        let _ = addr_tx.send(addr.trim().to_owned());
+                    }
+                    log.lock().unwrap().push(line);
+                }
+            });
+        }
+        let addr = addr_rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("hoard did not start: {:?}", log.lock().unwrap()));
+        Self {
+            child,
+            base: format!("http://{addr}"),
+            data: data.to_owned(),
+            log,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Peak resident memory of the server so far, from /proc.
+    fn peak_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap()
+    }
+
+    /// Successful PUTs to upload links so far, from the request log.
+    fn upload_puts(&self) -> usize {
+        let log = self.log.lock().unwrap();
+        log.iter()
+            .filter(|l| {
+                l.contains("method=PUT")
+                    && l.contains("/_blob/uploads/")
+                    && l.contains("status=201")
+            })
+            .count()
+    }
+
+    fn kill_9(mut self) -> PathBuf {
+        self.child.kill().unwrap(); // SIGKILL
+        self.child.wait().unwrap();
+        self.data.clone()
+    }
+}
+
+impl Drop for Hoard {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One job's workspace: a directory with the files to cache and a RUNNER_TEMP.
+struct Workspace {
+    dir: tempfile::TempDir,
+}
+
+impl Workspace {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("runner-temp")).unwrap();
+        Self { dir }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// Writes `len` pseudo-random bytes to `rel` and returns their SHA-256.
+    fn write_random(&self, rel: &str, len: usize, seed: u64) -> String {
+        let path = self.path(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let mut file = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+        let mut written = 0;
+        let mut n = 0;
+        while written < len {
+            let piece = random_bytes((len - written).min(4 * MIB), seed * 1000 + n);
+            file.write_all(&piece).unwrap();
+            written += piece.len();
+            n += 1;
+        }
+        file.flush().unwrap();
+        drop(file);
+        sha256_file(&path)
+    }
+
+    fn remove(&self, rel: &str) {
+        let path = self.path(rel);
+        if path.is_dir() {
+            std::fs::remove_dir_all(path).unwrap();
+        } else if path.exists() {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+
+    /// Spawns the real client: `node client.mjs ARGS…` with the job's environment.
+    fn client(&self, server: &str, token: &str, args: &[&str]) -> Command {
+        let e2e = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e");
+        assert!(
+            e2e.join("node_modules/@actions/cache").exists(),
+            "the real client is not installed: run `npm ci --prefix tests/e2e` (scripts/test does)"
+        );
+        let mut cmd = Command::new("node");
+        cmd.arg(e2e.join("client.mjs"))
+            .args(args)
+            .current_dir(self.dir.path())
+            .env("ACTIONS_RESULTS_URL", format!("{server}/"))
+            .env("ACTIONS_CACHE_SERVICE_V2", "true")
+            .env("ACTIONS_RUNTIME_TOKEN", token)
+            .env("RUNNER_TEMP", self.path("runner-temp"))
+            .env("GITHUB_WORKSPACE", self.dir.path())
+            .env_remove("GITHUB_SERVER_URL")
+            .env_remove("ACTIONS_CACHE_URL")
+            .env_remove("ACTIONS_CACHE_MODE")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    }
+
+    /// Runs the client to completion; returns its `RESULT` value and its whole output.
+    fn run(&self, server: &str, token: &str, args: &[&str]) -> (Value, String) {
+        let out = self.client(server, token, args).output().expect("run node");
+        finish(out)
+    }
+
+    fn save(&self, server: &str, token: &str, key: &str, paths: &[&str]) -> (Value, String) {
+        let args: Vec<&str> = ["save", key].iter().chain(paths).copied().collect();
+        self.run(server, token, &args)
+    }
+
+    fn restore(
+        &self,
+        server: &str,
+        token: &str,
+        key: &str,
+        restore_keys: &[&str],
+        paths: &[&str],
+    ) -> (Value, String) {
+        let joined = restore_keys.join(",");
+        let mut args = vec!["restore", key];
+        if !restore_keys.is_empty() {
+            args.extend(["--restore-keys", joined.as_str()]);
+        }
+        args.extend(paths);
+        self.run(server, token, &args)
+    }
+}
+
+fn finish(out: std::process::Output) -> (Value, String) {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let all = format!("{stdout}\n{stderr}");
+    assert!(out.status.success(), "client failed:\n{all}");
+    let result = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .unwrap_or_else(|| panic!("no RESULT line:\n{all}"));
+    (serde_json::from_str(result).unwrap(), all)
+}
+
+/// Polls `check` for up to 10 s (log lines arrive through a pipe, a moment after the response).
+fn wait_until(check: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !check() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn sha256_file(path: &Path) -> String {
+    let mut file = std::fs::File::open(path).unwrap();
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut file, &mut hasher).unwrap();
+    hex::encode(hasher.finalize())
+}
+
+fn saved_id(result: &Value, output: &str) -> i64 {
+    let id = result.as_i64().unwrap_or(-1);
+    assert!(id > 0, "save failed:\n{output}");
+    id
+}
+
+#[test]
+fn small_entries_round_trip_and_follow_githubs_rules() {
+    let data = tempfile::tempdir().unwrap();
+    let hoard = Hoard::start(data.path());
+    let (srv, t) = (hoard.base.as_str(), main_token());
+    let ws = Workspace::new();
+
+    // 1 KiB and 1 MiB, in a directory.
+    let small = ws.write_random("deps/small.bin", 1024, 1);
+    let medium = ws.write_random("deps/medium.bin", MIB, 2);
+    let (res, out) = ws.save(srv, &t, "deps-Linux-1", &["deps"]);
+    saved_id(&res, &out);
+    ws.remove("deps");
+    let (res, out) = ws.restore(srv, &t, "deps-Linux-1", &[], &["deps"]);
+    assert_eq!(res, "deps-Linux-1", "{out}");
+    assert!(out.contains("Cache hit for: deps-Linux-1"), "{out}");
+    assert_eq!(sha256_file(&ws.path("deps/small.bin")), small);
+    assert_eq!(sha256_file(&ws.path("deps/medium.bin")), medium);
+
+    // A second save of an existing key is refused and the content stays as it was.
+    ws.write_random("deps/small.bin", 1024, 99);
+    let (res, out) = ws.save(srv, &t, "deps-Linux-1", &["deps"]);
+    assert_eq!(res, -1, "{out}");
+    assert!(
+        out.contains("Unable to reserve cache with key deps-Linux-1"),
+        "{out}"
+    );
+    ws.remove("deps");
+    ws.restore(srv, &t, "deps-Linux-1", &[], &["deps"]);
+    assert_eq!(
+        sha256_file(&ws.path("deps/small.bin")),
+        small,
+        "content unchanged"
+    );
+
+    // Restore keys pick the newest prefix match.
+    let newer = ws.write_random("deps/small.bin", 2048, 3);
+    let (res, out) = ws.save(srv, &t, "deps-Linux-2", &["deps"]);
+    saved_id(&res, &out);
+    ws.remove("deps");
+    let (res, out) = ws.restore(
+        srv,
+        &t,
+        "deps-Linux-3",
+        &["deps-Linux-", "deps-"],
+        &["deps"],
+    );
+    assert_eq!(res, "deps-Linux-2", "{out}");
+    assert!(
+        out.contains("Cache hit for restore-key: deps-Linux-2"),
+        "{out}"
+    );
+    assert_eq!(sha256_file(&ws.path("deps/small.bin")), newer);
+
+    // A different version (other paths) misses.
+    let (res, out) = ws.restore(srv, &t, "deps-Linux-2", &["deps-"], &["other-path"]);
+    assert_eq!(res, Value::Null, "{out}");
+
+    // A miss comes back at once: one request, no retries, no warning.
+    let (res, out) = ws.restore(srv, &t, "absent", &["absent-"], &["deps"]);
+    assert_eq!(res, Value::Null, "{out}");
+    assert_eq!(
+        out.matches("[Request] GetCacheEntryDownloadURL").count(),
+        1,
+        "{out}"
+    );
+    assert!(
+        !out.contains("Attempt ") && !out.contains("::warning::"),
+        "{out}"
+    );
+
+    // A read-only token restores but cannot save.
+    let read_only = token("1", &[(MAIN, 1)]);
+    let (res, out) = ws.save(srv, &read_only, "deps-Linux-ro", &["deps"]);
+    assert_eq!(res, -1, "{out}");
+    assert!(out.contains("cache write denied"), "{out}");
+}
+
+#[test]
+fn large_entries_use_single_put_and_block_paths_in_bounded_memory() {
+    let data = tempfile::tempdir().unwrap();
+    let hoard = Hoard::start(data.path());
+    let (srv, t) = (hoard.base.as_str(), main_token());
+    let ws = Workspace::new();
+
+    // ~100 MiB archive: one Put Blob (the SDK sends up to 128 MiB in one request).
+    let hundred = ws.write_random("hundred.bin", 100 * MIB, 4);
+    let (res, out) = ws.save(srv, &t, "hundred", &["hundred.bin"]);
+    saved_id(&res, &out);
+    wait_until(|| hoard.upload_puts() >= 1);
+    assert_eq!(
+        hoard.upload_puts(),
+        1,
+        "one Put Blob expected for a 100 MiB archive"
+    );
+    ws.remove("hundred.bin");
+    let (res, out) = ws.restore(srv, &t, "hundred", &[], &["hundred.bin"]);
+    assert_eq!(res, "hundred", "{out}");
+    assert_eq!(sha256_file(&ws.path("hundred.bin")), hundred);
+
+    // ~300 MiB archive: 64 MiB blocks, 8 in flight, then Put Block List.
+    let big = ws.write_random("big.bin", 300 * MIB, 5);
+    let (res, out) = ws.save(srv, &t, "big", &["big.bin"]);
+    saved_id(&res, &out);
+    let peak_mib = hoard.peak_rss_kib() / 1024;
+    assert!(
+        peak_mib < 100,
+        "peak RSS {peak_mib} MiB while receiving 300 MiB"
+    );
+    ws.remove("big.bin");
+    let (res, out) = ws.restore(srv, &t, "big", &[], &["big.bin"]);
+    assert_eq!(res, "big", "{out}");
+    assert_eq!(sha256_file(&ws.path("big.bin")), big);
+    wait_until(|| hoard.upload_puts() >= 7);
+    let puts = hoard.upload_puts() - 1;
+    assert!(
+        puts >= 6,
+        "5 Put Blocks and a Put Block List expected, saw {puts} PUTs"
+    );
+    let peak_mib = hoard.peak_rss_kib() / 1024;
+    assert!(
+        peak_mib < 100,
+        "peak RSS {peak_mib} MiB after serving 300 MiB"
+    );
+}
+
+#[test]
+fn four_concurrent_saves_of_one_key_have_one_winner() {
+    let data = tempfile::tempdir().unwrap();
+    let hoard = Hoard::start(data.path());
+    let (srv, t) = (hoard.base.as_str(), main_token());
+    let jobs: Vec<(Workspace, String)> = (0..4)
+        .map(|i| {
+            let ws = Workspace::new();
+            let sum = ws.write_random("out.bin", 8 * MIB, 10 + i);
+            (ws, sum)
+        })
+        .collect();
+    let children: Vec<Child> = jobs
+        .iter()
+        .map(|(ws, _)| {
+            ws.client(srv, &t, &["save", "race", "out.bin"])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let results: Vec<Value> = children
+        .into_iter()
+        .map(|c| finish(c.wait_with_output().unwrap()).0)
+        .collect();
+    let winners: Vec<usize> = (0..4)
+        .filter(|&i| results[i].as_i64().unwrap_or(-1) > 0)
+        .collect();
+    assert_eq!(winners.len(), 1, "results: {results:?}");
+    let ws = Workspace::new();
+    let (res, out) = ws.restore(srv, &t, "race", &[], &["out.bin"]);
+    assert_eq!(res, "race", "{out}");
+    assert_eq!(
+        sha256_file(&ws.path("out.bin")),
+        jobs[winners[0]].1,
+        "the winner's bytes, intact"
+    );
+}
+
+/// After a crash and restart, `key` is either a miss or a complete, intact hit.
+fn assert_miss_or_intact(srv: &str, key: &str, rel: &str, expected_sha: &str) {
+    let ws = Workspace::new();
+    let (res, out) = ws.restore(srv, &main_token(), key, &[], &[rel]);
+    if res != Value::Null {
+        assert_eq!(res, key, "{out}");
+        assert_eq!(
+            sha256_file(&ws.path(rel)),
+            expected_sha,
+            "a restored entry must be intact"
+        );
+    }
+    assert!(!out.contains("::warning::"), "{out}");
+}
+
+#[test]
+fn a_crash_during_a_block_upload_never_yields_a_corrupt_hit() {
+    let data = tempfile::tempdir().unwrap();
+    let hoard = Hoard::start(data.path());
+    let ws = Workspace::new();
+    let sha = ws.write_random("big.bin", 200 * MIB, 6);
+    let mut client = ws
+        .client(&hoard.base, &main_token(), &["save", "crash", "big.bin"])
+        .spawn()
+        .unwrap();
+    // Kill once some block is stored and another is still being written.
+    let chunks = data.path().join("chunks");
+    let tmp = data.path().join("tmp");
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !(!files_under(&chunks).is_empty() && !files_under(&tmp).is_empty()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the upload never got going"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let dir = hoard.kill_9();
+    let _ = client.kill();
+    let _ = client.wait();
+
+    let hoard = Hoard::start(&dir);
+    assert!(
+        files_under(&tmp).is_empty(),
+        "staging files are swept at start-up"
+    );
+    assert_miss_or_intact(&hoard.base, "crash", "big.bin", &sha);
+}
+
+async fn twirp(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    method: &str,
+    body: Value,
+) -> Value {
+    let res = http
+        .post(format!("{base}{SERVICE}{method}"))
+        .bearer_auth(token)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    common::json_of(res).await.1
+}
+
+#[tokio::test]
+async fn a_crash_during_finalize_never_yields_a_corrupt_hit() {
+    let data = tempfile::tempdir().unwrap();
+    let mut hoard = Hoard::start(data.path());
+    let http = reqwest::Client::new();
+    let t = main_token();
+    let parts: Vec<Vec<u8>> = (0..4)
+        .map(|i| random_bytes(2 * MIB + i, 40 + i as u64))
+        .collect();
+    let whole = parts.concat();
+    let ws = Workspace::new();
+    let rel = "payload.bin";
+    std::fs::write(ws.path(rel), &whole).unwrap();
+    let expected = sha256_file(&ws.path(rel));
+
+    for round in 0..6u64 {
+        let key = format!("finalize-crash-{round}");
+        let version = "v-crash";
+        let created = twirp(
+            &http,
+            &hoard.base,
+            &t,
+            "CreateCacheEntry",
+            serde_json::json!({ "key": key, "version": version }),
+        )
+        .await;
+        let url = created["signed_upload_url"].as_str().unwrap().to_owned();
+        let mut list = String::from("<BlockList>");
+        for (i, part) in parts.iter().enumerate() {
+            let id = format!("block-{i:04}");
+            let res = http
+                .put(format!("{url}&comp=block&blockid={id}"))
+                .body(part.clone())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status(), 201);
+            list.push_str(&format!("<Latest>{id}</Latest>"));
+        }
+        list.push_str("</BlockList>");
+        assert_eq!(
+            http.put(format!("{url}&comp=blocklist"))
+                .body(list)
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            201
+        );
+
+        // Kill the server while the finalize is in flight, at a different moment each round.
+        let finalize = http
+            .post(format!("{}{SERVICE}FinalizeCacheEntryUpload", hoard.base))
+            .bearer_auth(&t)
+            .header("content-type", "application/json")
+            .body(serde_json::json!({ "key": key, "version": version, "size_bytes": whole.len().to_string() }).to_string())
+            .send();
+        let inflight = tokio::spawn(finalize);
+        tokio::time::sleep(Duration::from_micros(round * 300)).await;
+        let dir = hoard.kill_9();
+        let _ = inflight.await;
+        hoard = Hoard::start(&dir);
+
+        // Check through the protocol: a miss, or exactly the uploaded bytes.
+        let found = twirp(
+            &http,
+            &hoard.base,
+            &t,
+            "GetCacheEntryDownloadURL",
+            serde_json::json!({ "key": key, "version": version }),
+        )
+        .await;
+        if found["ok"] == true {
+            let bytes = http
+                .get(found["signed_download_url"].as_str().unwrap())
+                .send()
+                .await
+                .unwrap()
+                .bytes()
+                .await
+                .unwrap();
+            assert_eq!(
+                hex::encode(Sha256::digest(&bytes)),
+                expected,
+                "round {round}: corrupt hit"
+            );
+        }
+    }
+}
