@@ -1,4 +1,5 @@
 //! Blob endpoints behind signed links (PROTOCOL.md §3, §4, §10.3–10.4, §12).
+#![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
 
 mod common;
 
@@ -135,7 +136,7 @@ async fn committed_and_uncommitted_sources_are_honoured() {
     let url = srv.reserve(&t, "k", VERSION).await;
     let (a, b) = (js_block_id(0), js_block_id(1));
     srv.put_block(&url, &a, b"aa".to_vec()).await;
-    srv.put_block_list(&url, block_list(&[a.clone()], "Uncommitted"))
+    srv.put_block_list(&url, block_list(std::slice::from_ref(&a), "Uncommitted"))
         .await;
     srv.put_block(&url, &b, b"bb".to_vec()).await;
     let xml =

@@ -1,6 +1,7 @@
 //! The real `@actions/cache` 6.3.0 client (npm) against the real `hoard` binary.
 //!
 //! Needs `npm ci --prefix tests/e2e` first (scripts/test does it), plus tar and zstd.
+#![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
 
 mod common;
 

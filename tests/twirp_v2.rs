@@ -1,4 +1,5 @@
 //! The Twirp CacheService v2 as PROTOCOL.md §2 and §10 describe it, over real HTTP.
+#![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
 
 mod common;
 

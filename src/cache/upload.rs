@@ -131,7 +131,7 @@ mod tests {
 
         let out = assemble(&[latest("a")], &staged, &committed).unwrap();
         assert_eq!(out.parts[0].1, new);
-        assert_eq!(out.garbage, [old.blob.clone()]);
+        assert_eq!(out.garbage, std::slice::from_ref(&old.blob));
 
         let out = assemble(
             &[BlockRef {

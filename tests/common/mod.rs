@@ -1,6 +1,7 @@
 //! Shared test harness: a real hoard server on port 0 with a temporary data directory, and
 //! small helpers to speak its protocols.
 #![allow(dead_code)] // Each test binary uses a different part of this module.
+#![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
