@@ -548,3 +548,95 @@ async fn a_crash_during_finalize_never_yields_a_corrupt_hit() {
         }
     }
 }
+
+#[tokio::test]
+async fn sigterm_lets_in_flight_downloads_finish_then_exits() {
+    let data = tempfile::tempdir().unwrap();
+    let hoard = Hoard::start(data.path());
+    let http = reqwest::Client::new();
+    let t = main_token();
+    let payload = random_bytes(64 * MIB, 77);
+    let created = twirp(
+        &http,
+        &hoard.base,
+        &t,
+        "CreateCacheEntry",
+        serde_json::json!({ "key": "drain", "version": "v" }),
+    )
+    .await;
+    let url = created["signed_upload_url"].as_str().unwrap();
+    assert_eq!(
+        http.put(url)
+            .body(payload.clone())
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
+    twirp(
+        &http,
+        &hoard.base,
+        &t,
+        "FinalizeCacheEntryUpload",
+        serde_json::json!({ "key": "drain", "version": "v", "size_bytes": payload.len() }),
+    )
+    .await;
+    let found = twirp(
+        &http,
+        &hoard.base,
+        &t,
+        "GetCacheEntryDownloadURL",
+        serde_json::json!({ "key": "drain", "version": "v" }),
+    )
+    .await;
+
+    // Start a download and read only its first bytes before asking the server to stop.
+    let mut res = http
+        .get(found["signed_download_url"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let mut received = res.chunk().await.unwrap().unwrap().to_vec();
+    let status = Command::new("kill")
+        .args(["-TERM", &hoard.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+
+    // New work is refused while the download drains.
+    let base = hoard.base.clone();
+    assert!(
+        wait_for_refusal(&base).await,
+        "the server kept accepting new connections after SIGTERM"
+    );
+    while let Some(chunk) = res.chunk().await.unwrap() {
+        received.extend_from_slice(&chunk);
+    }
+    assert_eq!(received.len(), payload.len());
+    assert!(
+        received == payload,
+        "the in-flight download completed intact"
+    );
+
+    let mut hoard = hoard;
+    let exit = hoard.child.wait().unwrap();
+    assert!(exit.success(), "exit status {exit:?}");
+}
+
+/// True once new connections to `base` are refused (or readiness fails).
+async fn wait_for_refusal(base: &str) -> bool {
+    let fresh = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    for _ in 0..500 {
+        match fresh.get(format!("{base}/readyz")).send().await {
+            Err(_) => return true,
+            Ok(res) if res.status() == 503 => return true,
+            Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+    false
+}

@@ -531,3 +531,32 @@ async fn health_and_readiness() {
     let (status, _) = json_of(srv.http.get(srv.url("/nope")).send().await.unwrap()).await;
     assert_eq!(status, 404);
 }
+
+#[tokio::test]
+async fn a_restore_counts_as_a_use_of_the_entry() {
+    use sqlx::Connection;
+    let srv = TestServer::start().await;
+    let t = main_token();
+    srv.save(&t, "used", VERSION, b"abc").await;
+    let db = srv.data.path().join("hoard.db");
+    let read = || async {
+        let mut conn =
+            sqlx::SqliteConnection::connect(&format!("sqlite://{}?mode=ro", db.display()))
+                .await
+                .unwrap();
+        let row: (i64, i64, i64) =
+            sqlx::query_as("SELECT hits, last_used_at, created_at FROM entries WHERE key = 'used'")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+        row
+    };
+    let (hits, last_used, created) = read().await;
+    assert_eq!((hits, last_used), (0, created));
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    srv.lookup(&t, "used", &[], VERSION).await;
+    srv.lookup(&t, "use", &["us"], VERSION).await;
+    let (hits, last_used, created) = read().await;
+    assert_eq!(hits, 2);
+    assert!(last_used > created);
+}
