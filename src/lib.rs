@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod bench;
 pub mod blob;
 pub mod cache;
 pub mod config;

@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
+use hoard::bench::BenchArgs;
 use hoard::config::ServeArgs;
 
 /// A self-hosted cache server for GitHub Actions.
@@ -19,6 +20,14 @@ struct Cli {
 enum Command {
     /// Run the cache server.
     Serve(ServeArgs),
+    /// Measure servers with the published benchmark method, side by side.
+    Bench(BenchArgs),
+    /// The null baseline server that `hoard bench --baseline` starts.
+    #[command(hide = true)]
+    NullServer {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: std::net::SocketAddr,
+    },
 }
 
 fn main() -> ExitCode {
@@ -42,6 +51,20 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Serve(args) => runtime.block_on(serve(args)),
+        Command::Bench(args) => match runtime.block_on(hoard::bench::run(args)) {
+            Ok(_) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!("{e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::NullServer { listen } => match runtime.block_on(hoard::bench::null::run(listen)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!("{e}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 

@@ -1,0 +1,483 @@
+//! `hoard bench`: the published benchmark method (BENCHMARKS.md) against any number of servers
+//! side by side, plus a null baseline, alternating targets round by round and reporting medians.
+
+mod client;
+pub mod null;
+mod procstat;
+pub mod report;
+mod scenarios;
+pub mod stats;
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+
+use client::Client;
+use report::{Better, Report, Row};
+use scenarios::{Payloads, Plan, RoundResult};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// A running server to measure, as LABEL=URL (repeatable).
+    #[arg(long = "target", value_name = "LABEL=URL")]
+    pub targets: Vec<String>,
+
+    /// A server to start and measure, as LABEL=COMMAND (run with `sh -c`; repeatable). Needs a
+    /// --health URL; its origin is where the benchmark sends requests.
+    #[arg(long = "spawn", value_name = "LABEL=COMMAND")]
+    pub spawns: Vec<String>,
+
+    /// Health URL of a spawned server, as LABEL=URL (or just URL with a single --spawn).
+    /// Startup is timed until it answers 200.
+    #[arg(long = "health", value_name = "[LABEL=]URL")]
+    pub health: Vec<String>,
+
+    /// Measure memory and CPU of an already running target's process tree, as LABEL=PID.
+    #[arg(long = "pid", value_name = "LABEL=PID")]
+    pub pids: Vec<String>,
+
+    /// Also run the null baseline (a trivial server, started as its own process) as a column.
+    #[arg(long)]
+    pub baseline: bool,
+
+    /// Rounds; targets alternate within each round and the report shows medians.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+
+    /// Multiply every size and count by this factor (e.g. 0.05 for a quick run).
+    #[arg(long, default_value_t = 1.0)]
+    pub scale: f64,
+
+    /// Also write the report as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+
+    /// Runtime token to send [default: an unsigned token that reads and writes refs/heads/main
+    /// of repository "bench"].
+    #[arg(long, env = "HOARD_BENCH_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchFailure {
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Target(String),
+}
+
+fn usage(msg: impl Into<String>) -> BenchFailure {
+    BenchFailure::Usage(msg.into())
+}
+
+/// A target under test.
+struct Target {
+    label: String,
+    base: String,
+    verify_content: bool,
+    /// Process tree to measure, if known.
+    pid: Option<u32>,
+    child: Option<Child>,
+    startup_ms: Option<f64>,
+    idle_rss: Option<u64>,
+    cpu_at_start: f64,
+    rounds: Vec<RoundResult>,
+    client_cpu: f64,
+    /// Keeps a spawned server's data directory alive until the end.
+    _data: Option<tempfile::TempDir>,
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn split_label(raw: &str, what: &str) -> Result<(String, String), BenchFailure> {
+    match raw.split_once('=') {
+        Some((label, value)) if !label.is_empty() && !value.is_empty() => {
+            Ok((label.to_owned(), value.to_owned()))
+        }
+        _ => Err(usage(format!("{what} must be LABEL=VALUE, not {raw:?}"))),
+    }
+}
+
+fn free_port() -> Result<u16, BenchFailure> {
+    let listener =
+        TcpListener::bind("127.0.0.1:0").map_err(|e| usage(format!("no free port: {e}")))?;
+    Ok(listener
+        .local_addr()
+        .map_err(|e| usage(e.to_string()))?
+        .port())
+}
+
+fn origin_of(url: &str) -> Result<String, BenchFailure> {
+    let parsed = url::Url::parse(url).map_err(|e| usage(format!("bad URL {url:?}: {e}")))?;
+    Ok(parsed.origin().ascii_serialization())
+}
+
+/// An unsigned runtime token for repository "bench", branch main, read and write.
+pub fn default_token() -> String {
+    let claims = serde_json::json!({
+        "ac": r#"[{"Scope":"refs/heads/main","Permission":3}]"#,
+        "repository_id": "bench",
+        "sub": "hoard-bench",
+    });
+    format!(
+        "{}.{}.bench",
+        URL_SAFE_NO_PAD.encode(r#"{"alg":"none","typ":"JWT"}"#),
+        URL_SAFE_NO_PAD.encode(claims.to_string())
+    )
+}
+
+/// Starts `command` and waits until `health` answers 200; returns the child and the time taken.
+async fn spawn_server(command: &mut Command, health: &str) -> Result<(Child, f64), BenchFailure> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .map_err(|e| usage(e.to_string()))?;
+    let started = Instant::now();
+    let mut child = command
+        .spawn()
+        .map_err(|e| BenchFailure::Target(format!("cannot start {command:?}: {e}")))?;
+    loop {
+        if let Ok(res) = http.get(health).send().await {
+            if res.status() == 200 {
+                return Ok((child, started.elapsed().as_secs_f64() * 1000.0));
+            }
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(BenchFailure::Target(format!(
+                "{command:?} exited with {status} before {health} was healthy"
+            )));
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            return Err(BenchFailure::Target(format!(
+                "{health} was not healthy within 60 s"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+fn target(label: String, base: String, verify_content: bool) -> Target {
+    Target {
+        label,
+        base,
+        verify_content,
+        pid: None,
+        child: None,
+        startup_ms: None,
+        idle_rss: None,
+        cpu_at_start: 0.0,
+        rounds: Vec::new(),
+        client_cpu: 0.0,
+        _data: None,
+    }
+}
+
+async fn spawned(
+    label: String,
+    mut command: Command,
+    health: &str,
+    verify_content: bool,
+) -> Result<Target, BenchFailure> {
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let (child, startup_ms) = spawn_server(&mut command, health).await?;
+    let mut t = target(label, origin_of(health)?, verify_content);
+    t.pid = Some(child.id());
+    t.child = Some(child);
+    t.startup_ms = Some(startup_ms);
+    Ok(t)
+}
+
+async fn prepare_targets(args: &BenchArgs) -> Result<Vec<Target>, BenchFailure> {
+    let mut targets = Vec::new();
+    let exe =
+        std::env::current_exe().map_err(|e| usage(format!("cannot find the hoard binary: {e}")))?;
+
+    // No target given: measure this hoard binary itself on SQLite and a temporary directory.
+    if args.targets.is_empty() && args.spawns.is_empty() {
+        let dir = tempfile::tempdir().map_err(|e| usage(e.to_string()))?;
+        let port = free_port()?;
+        let mut cmd = Command::new(&exe);
+        cmd.args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(dir.path());
+        cmd.env("RUST_LOG", "warn");
+        let mut t = spawned(
+            "hoard".into(),
+            cmd,
+            &format!("http://127.0.0.1:{port}/healthz"),
+            true,
+        )
+        .await?;
+        t._data = Some(dir);
+        targets.push(t);
+    }
+    for raw in &args.spawns {
+        let (label, command) = split_label(raw, "--spawn")?;
+        let health = args
+            .health
+            .iter()
+            .find_map(|h| h.strip_prefix(&format!("{label}=")).map(str::to_owned))
+            .or_else(|| {
+                (args.spawns.len() == 1 && args.health.len() == 1 && !args.health[0].contains('='))
+                    .then(|| args.health[0].clone())
+            })
+            .ok_or_else(|| usage(format!("--spawn {label} needs --health {label}=URL")))?;
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", &format!("exec {command}")]);
+        targets.push(spawned(label, cmd, &health, true).await?);
+    }
+    for raw in &args.targets {
+        let (label, url) = split_label(raw, "--target")?;
+        targets.push(target(label, url.trim_end_matches('/').to_owned(), true));
+    }
+    for raw in &args.pids {
+        let (label, pid) = split_label(raw, "--pid")?;
+        let pid: u32 = pid
+            .parse()
+            .map_err(|_| usage(format!("--pid {label}: {pid:?} is not a process id")))?;
+        let t = targets
+            .iter_mut()
+            .find(|t| t.label == label)
+            .ok_or_else(|| usage(format!("--pid names {label:?}, which is not a target")))?;
+        t.pid = Some(pid);
+    }
+    if args.baseline {
+        let port = free_port()?;
+        let mut cmd = Command::new(&exe);
+        cmd.args(["null-server", "--listen", &format!("127.0.0.1:{port}")]);
+        targets.push(
+            spawned(
+                "baseline".into(),
+                cmd,
+                &format!("http://127.0.0.1:{port}/healthz"),
+                false,
+            )
+            .await?,
+        );
+    }
+    let mut labels: Vec<&str> = targets.iter().map(|t| t.label.as_str()).collect();
+    labels.sort_unstable();
+    if labels.windows(2).any(|w| w[0] == w[1]) {
+        return Err(usage("target labels must be distinct"));
+    }
+    Ok(targets)
+}
+
+/// Runs the benchmark and prints the report; returns it for callers that want the numbers.
+pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
+    if args.rounds == 0 {
+        return Err(usage("--rounds must be at least 1"));
+    }
+    if !(args.scale > 0.0 && args.scale <= 100.0) {
+        return Err(usage("--scale must be above 0 and at most 100"));
+    }
+    let token = args.token.clone().unwrap_or_else(default_token);
+    let plan = Plan::scaled(args.scale);
+    let mut targets = prepare_targets(&args).await?;
+    if targets.is_empty() {
+        return Err(usage("nothing to measure"));
+    }
+    // Let spawned servers settle, then take their idle footprint and CPU so far.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for t in &mut targets {
+        if let Some(pid) = t.pid {
+            t.idle_rss = Some(procstat::tree_rss_bytes(&procstat::process_tree(pid)));
+            t.cpu_at_start = if t.child.is_some() {
+                0.0
+            } else {
+                procstat::tree_cpu_seconds(pid)
+            };
+        }
+    }
+    let data = Payloads::generate(&plan, 0x686f617264);
+    let run_id = crate::cache::model::BlobName::random().as_str()[..8].to_owned();
+    let sampler = procstat::PeakSampler::start(targets.iter().filter_map(|t| t.pid).collect());
+    let bench_started = Instant::now();
+    let client_cpu_start = procstat::self_cpu_seconds();
+    for round in 0..args.rounds {
+        for t in targets.iter_mut() {
+            let client = Client::new(&t.base, &token, t.verify_content);
+            let cpu_before = procstat::self_cpu_seconds();
+            let result = scenarios::run_round(&client, &plan, &data, &format!("{run_id}-{round}"))
+                .await
+                .map_err(|e| {
+                    BenchFailure::Target(format!("{}: round {}: {e}", t.label, round + 1))
+                })?;
+            t.client_cpu += procstat::self_cpu_seconds() - cpu_before;
+            tracing::info!(target = %t.label, round = round + 1, "{result:?}");
+            t.rounds.push(result);
+        }
+    }
+    let wall = bench_started.elapsed().as_secs_f64();
+    let client_cpu = procstat::self_cpu_seconds() - client_cpu_start;
+    let peaks = sampler.finish();
+    let rounds = args.rounds as f64;
+    let gib_per_round = plan.bytes_per_round() as f64 / (1u64 << 30) as f64;
+
+    let med = |f: fn(&RoundResult) -> f64| -> Vec<Option<f64>> {
+        targets
+            .iter()
+            .map(|t| stats::median(&t.rounds.iter().map(f).collect::<Vec<_>>()))
+            .collect()
+    };
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let cpu: Vec<Option<f64>> = targets
+        .iter()
+        .map(|t| {
+            t.pid
+                .map(|p| (procstat::tree_cpu_seconds(p) - t.cpu_at_start) / rounds)
+        })
+        .collect();
+    let row = |metric, unit, better, values| Row {
+        metric,
+        unit,
+        better,
+        values,
+    };
+    let rows = vec![
+        row(
+            "Startup to healthy",
+            "ms",
+            Better::Lower,
+            targets.iter().map(|t| t.startup_ms).collect(),
+        ),
+        row(
+            "Idle memory",
+            "MiB",
+            Better::Lower,
+            targets.iter().map(|t| t.idle_rss.map(mib)).collect(),
+        ),
+        row(
+            "Peak memory",
+            "MiB",
+            Better::Lower,
+            targets
+                .iter()
+                .map(|t| t.pid.and_then(|p| peaks.get(&p)).map(|b| mib(*b)))
+                .collect(),
+        ),
+        row("Server CPU time per round", "s", Better::Lower, cpu.clone()),
+        row(
+            "Server CPU per GiB moved",
+            "s/GiB",
+            Better::Lower,
+            cpu.iter().map(|c| c.map(|c| c / gib_per_round)).collect(),
+        ),
+        row(
+            "Upload 8 entries in parallel, 32 MiB blocks",
+            "MiB/s",
+            Better::Higher,
+            med(|r| r.upload_published_mib_s),
+        ),
+        row(
+            "Upload 8 entries, @actions/cache layout",
+            "MiB/s",
+            Better::Higher,
+            med(|r| r.upload_sdk_mib_s),
+        ),
+        row(
+            "First download (all 8)",
+            "MiB/s",
+            Better::Higher,
+            med(|r| r.first_download_mib_s),
+        ),
+        row(
+            "Later download (all 8 again)",
+            "MiB/s",
+            Better::Higher,
+            med(|r| r.later_download_mib_s),
+        ),
+        row(
+            "Lookups at 64 concurrent",
+            "/s",
+            Better::Higher,
+            med(|r| r.lookups_per_s),
+        ),
+        row("Lookup p50", "ms", Better::Lower, med(|r| r.lookup_p50_ms)),
+        row("Lookup p99", "ms", Better::Lower, med(|r| r.lookup_p99_ms)),
+        row(
+            "Small save+restore at 32 concurrent",
+            "/s",
+            Better::Higher,
+            med(|r| r.small_per_s),
+        ),
+        row(
+            "Client CPU time per round",
+            "s",
+            Better::Lower,
+            targets
+                .iter()
+                .map(|t| Some(t.client_cpu / rounds))
+                .collect(),
+        ),
+    ];
+    let mut notes = vec![
+        format!(
+            "entries: {} × {:.1} MiB; lookups: {}; small: {} × {} KiB",
+            plan.entries,
+            plan.entry_size as f64 / (1 << 20) as f64,
+            plan.lookups,
+            plan.small_ops,
+            plan.small_size / 1024
+        ),
+        format!("client CPU {client_cpu:.1} s over {wall:.1} s of wall time"),
+    ];
+    for t in &targets {
+        let verified: u64 = t.rounds.iter().map(|r| r.verified_bytes).sum();
+        let how = if t.verify_content {
+            "byte for byte"
+        } else {
+            "length only (it serves zeros)"
+        };
+        notes.push(format!(
+            "{}: every download checked, {:.1} MiB verified {how}",
+            t.label,
+            mib(verified)
+        ));
+    }
+    let report = Report {
+        targets: targets.iter().map(|t| t.label.clone()).collect(),
+        rounds: args.rounds,
+        scale: args.scale,
+        rows,
+        notes,
+    };
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{}", report.to_markdown());
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&report).map_err(|e| usage(e.to_string()))?;
+        std::fs::write(path, json)
+            .map_err(|e| usage(format!("cannot write {}: {e}", path.display())))?;
+    }
+    Ok(report)
+}

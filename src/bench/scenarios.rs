@@ -1,0 +1,277 @@
+//! The published benchmark's scenarios (BENCHMARKS.md "The published method"), run against one
+//! target for one round.
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures_util::{StreamExt, TryStreamExt};
+use rand::{RngCore, SeedableRng};
+
+use super::client::{Client, Result};
+use super::stats::percentile;
+
+const MIB: usize = 1 << 20;
+/// The version hash every bench entry uses (`sha256("data|zstd-without-long|1.0")`).
+pub const VERSION: &str = "3ad75f27293d65a135214b8c82b296080f911dc107e52f1e7ec871a2eda46e69";
+
+/// Sizes and counts, scaled from the published ones by `--scale`.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub entries: usize,
+    pub entry_size: usize,
+    /// Block size of the published upload (32 MiB).
+    pub published_block: usize,
+    /// Block size and in-flight count of `@actions/cache` 6.3.0 (64 MiB, 8), used above
+    /// `sdk_single_put_max` (128 MiB).
+    pub sdk_block: usize,
+    pub sdk_in_flight: usize,
+    pub sdk_single_put_max: usize,
+    pub lookups: usize,
+    pub lookup_concurrency: usize,
+    pub small_ops: usize,
+    pub small_size: usize,
+    pub small_concurrency: usize,
+}
+
+impl Plan {
+    pub fn scaled(scale: f64) -> Self {
+        let size = |full: usize, min: usize| ((full as f64 * scale) as usize).max(min);
+        Self {
+            entries: 8,
+            entry_size: size(128 * MIB, 64 * 1024),
+            published_block: size(32 * MIB, 16 * 1024),
+            sdk_block: size(64 * MIB, 32 * 1024),
+            sdk_in_flight: 8,
+            sdk_single_put_max: size(128 * MIB, 64 * 1024),
+            lookups: size(5_000, 20),
+            lookup_concurrency: 64,
+            small_ops: size(300, 8),
+            small_size: size(256 * 1024, 4 * 1024),
+            small_concurrency: 32,
+        }
+    }
+
+    /// Bytes each round moves (uploads plus downloads), for CPU per GiB.
+    pub fn bytes_per_round(&self) -> u64 {
+        let large = (self.entries * self.entry_size) as u64;
+        let small = (self.small_ops * self.small_size) as u64;
+        // Two uploads of every entry, two downloads, and each small entry up and down.
+        4 * large + 2 * small
+    }
+}
+
+/// The payloads of one run: distinct random bytes per entry, made once and reused.
+pub struct Payloads {
+    pub entries: Vec<Bytes>,
+}
+
+impl Payloads {
+    pub fn generate(plan: &Plan, seed: u64) -> Self {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let entries = (0..plan.entries)
+            .map(|_| {
+                let mut buf = vec![0u8; plan.entry_size];
+                rng.fill_bytes(&mut buf);
+                Bytes::from(buf)
+            })
+            .collect();
+        Self { entries }
+    }
+
+    /// The `i`-th small payload: a distinct slice of the large ones.
+    fn small(&self, i: usize, size: usize) -> Bytes {
+        let entry = &self.entries[i % self.entries.len()];
+        let size = size.min(entry.len());
+        let room = entry.len() - size;
+        let offset = if room == 0 {
+            0
+        } else {
+            (i / self.entries.len() * 4099) % room
+        };
+        entry.slice(offset..offset + size)
+    }
+}
+
+/// One round's figures for one target.
+#[derive(Debug, Clone, Default)]
+pub struct RoundResult {
+    pub upload_published_mib_s: f64,
+    pub upload_sdk_mib_s: f64,
+    pub first_download_mib_s: f64,
+    pub later_download_mib_s: f64,
+    pub lookups_per_s: f64,
+    pub lookup_p50_ms: f64,
+    pub lookup_p99_ms: f64,
+    pub small_per_s: f64,
+    /// Bytes downloaded and checked this round.
+    pub verified_bytes: u64,
+}
+
+fn mib_per_s(bytes: usize, started: Instant) -> f64 {
+    bytes as f64 / MIB as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Runs every scenario once; `tag` makes this round's keys unique.
+pub async fn run_round(
+    client: &Client,
+    plan: &Plan,
+    data: &Payloads,
+    tag: &str,
+) -> Result<RoundResult> {
+    let mut out = RoundResult::default();
+    let total = plan.entries * plan.entry_size;
+    let published_key = |i: usize| format!("bench-{tag}-published-{i}");
+    let sdk_key = |i: usize| format!("bench-{tag}-sdk-{i}");
+
+    // Upload 8 × 128 MiB in parallel, 32 MiB blocks (the published method).
+    let started = Instant::now();
+    futures_util::future::try_join_all(data.entries.iter().enumerate().map(|(i, payload)| {
+        let key = published_key(i);
+        async move {
+            let url = client.reserve(&key, VERSION).await?;
+            client
+                .put_blocks(&url, payload.clone(), plan.published_block, 1)
+                .await?;
+            client.finalize(&key, VERSION, payload.len()).await
+        }
+    }))
+    .await?;
+    out.upload_published_mib_s = mib_per_s(total, started);
+
+    // The same through @actions/cache 6.3.0's layout: one Put Blob up to 128 MiB, else 64 MiB
+    // blocks with 8 in flight.
+    let started = Instant::now();
+    futures_util::future::try_join_all(data.entries.iter().enumerate().map(|(i, payload)| {
+        let key = sdk_key(i);
+        async move {
+            let url = client.reserve(&key, VERSION).await?;
+            if payload.len() <= plan.sdk_single_put_max {
+                client.put_whole(&url, payload.clone()).await?;
+            } else {
+                client
+                    .put_blocks(&url, payload.clone(), plan.sdk_block, plan.sdk_in_flight)
+                    .await?;
+            }
+            client.finalize(&key, VERSION, payload.len()).await
+        }
+    }))
+    .await?;
+    out.upload_sdk_mib_s = mib_per_s(total, started);
+
+    // First and later download of all 8 (restore = lookup + GET), every byte checked.
+    for later in [false, true] {
+        let started = Instant::now();
+        let moved: Vec<u64> = futures_util::future::try_join_all(
+            data.entries.iter().enumerate().map(|(i, payload)| {
+                let key = published_key(i);
+                async move { client.restore(&key, VERSION, payload).await }
+            }),
+        )
+        .await?;
+        out.verified_bytes += moved.iter().sum::<u64>();
+        let rate = mib_per_s(total, started);
+        if later {
+            out.later_download_mib_s = rate;
+        } else {
+            out.first_download_mib_s = rate;
+        }
+    }
+
+    // Lookups at 64 concurrent: hits on this round's entries, half through a restore key.
+    let started = Instant::now();
+    let latencies: Vec<f64> = futures_util::stream::iter(0..plan.lookups)
+        .map(|n| {
+            let i = n % plan.entries;
+            let key = if n % 2 == 0 {
+                published_key(i)
+            } else {
+                sdk_key(i)
+            };
+            async move {
+                let t = Instant::now();
+                let hit = if n % 4 == 1 {
+                    client
+                        .lookup(&format!("{key}-newer"), &[&key], VERSION)
+                        .await?
+                } else {
+                    client.lookup(&key, &[], VERSION).await?
+                };
+                if hit.is_none() {
+                    return Err(super::client::BenchError::Protocol(format!(
+                        "lookup {key}: miss"
+                    )));
+                }
+                Ok(t.elapsed().as_secs_f64() * 1000.0)
+            }
+        })
+        .buffer_unordered(plan.lookup_concurrency)
+        .try_collect()
+        .await?;
+    out.lookups_per_s = plan.lookups as f64 / started.elapsed().as_secs_f64();
+    out.lookup_p50_ms = percentile(&latencies, 50.0).unwrap_or(0.0);
+    out.lookup_p99_ms = percentile(&latencies, 99.0).unwrap_or(0.0);
+
+    // Small save + restore, 256 KiB at 32 concurrent.
+    let started = Instant::now();
+    let moved: Vec<u64> = futures_util::stream::iter(0..plan.small_ops)
+        .map(|i| {
+            let payload = data.small(i, plan.small_size);
+            let key = format!("bench-{tag}-small-{i}");
+            async move {
+                let url = client.reserve(&key, VERSION).await?;
+                client.put_whole(&url, payload.clone()).await?;
+                client.finalize(&key, VERSION, payload.len()).await?;
+                client.restore(&key, VERSION, &payload).await
+            }
+        })
+        .buffer_unordered(plan.small_concurrency)
+        .try_collect()
+        .await?;
+    out.verified_bytes += moved.iter().sum::<u64>();
+    out.small_per_s = plan.small_ops as f64 / started.elapsed().as_secs_f64();
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_full_plan_is_the_published_one() {
+        let p = Plan::scaled(1.0);
+        assert_eq!(
+            (p.entries, p.entry_size, p.published_block),
+            (8, 128 * MIB, 32 * MIB)
+        );
+        assert_eq!((p.lookups, p.lookup_concurrency), (5_000, 64));
+        assert_eq!(
+            (p.small_ops, p.small_size, p.small_concurrency),
+            (300, 256 * 1024, 32)
+        );
+        assert_eq!(
+            (p.sdk_block, p.sdk_in_flight, p.sdk_single_put_max),
+            (64 * MIB, 8, 128 * MIB)
+        );
+    }
+
+    #[test]
+    fn scaling_shrinks_sizes_and_counts_with_floors() {
+        let p = Plan::scaled(0.01);
+        assert_eq!(p.entry_size, (128.0 * MIB as f64 * 0.01) as usize);
+        assert_eq!(p.lookups, 50);
+        assert_eq!(p.small_ops, 8);
+        let tiny = Plan::scaled(0.0);
+        assert_eq!(tiny.entry_size, 64 * 1024);
+        assert_eq!(tiny.lookups, 20);
+    }
+
+    #[test]
+    fn small_payloads_are_distinct_slices() {
+        let plan = Plan::scaled(0.001);
+        let data = Payloads::generate(&plan, 1);
+        let a = data.small(0, 4096);
+        let b = data.small(8, 4096);
+        assert_eq!(a.len(), 4096);
+        assert_ne!(a, b);
+    }
+}
