@@ -98,17 +98,21 @@ pub async fn serve(
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
     });
+    let background = state.cache().spawn_background(shutdown.clone());
     let server = axum::serve(listener, api::router(state))
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .into_future();
     let grace = config.shutdown_timeout;
+    let stopping = shutdown.clone();
     let deadline = async move {
-        shutdown.cancelled().await;
+        stopping.cancelled().await;
         tokio::time::sleep(grace).await;
     };
     tokio::select! {
         result = server => result?,
         () = deadline => tracing::warn!("in-flight requests did not finish within {grace:?}; stopping anyway"),
     }
+    shutdown.cancel(); // The server may also end on its own (listener error).
+    let _ = background.await;
     Ok(())
 }

@@ -556,7 +556,15 @@ async fn a_restore_counts_as_a_use_of_the_entry() {
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     srv.lookup(&t, "used", &[], VERSION).await;
     srv.lookup(&t, "use", &["us"], VERSION).await;
-    let (hits, last_used, created) = read().await;
+    // Hits are written in batches, within a second or so.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let (hits, last_used, created) = loop {
+        let row = read().await;
+        if row.0 == 2 || tokio::time::Instant::now() > deadline {
+            break row;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
     assert_eq!(hits, 2);
     assert!(last_used > created);
 }

@@ -70,7 +70,7 @@ impl AppState {
     fn config(&self) -> &ApiConfig {
         &self.0.config
     }
-    fn cache(&self) -> &Cache {
+    pub fn cache(&self) -> &Cache {
         &self.0.cache
     }
     fn signer(&self) -> &UrlSigner {

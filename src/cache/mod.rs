@@ -5,6 +5,7 @@ pub mod matching;
 pub mod model;
 pub mod scope;
 pub mod upload;
+pub mod usage;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -80,6 +81,7 @@ pub struct Cache {
     meta: Arc<dyn MetaStore>,
     blobs: Arc<dyn BlobStore>,
     policy: Policy,
+    usage: usage::UsageBuffer,
 }
 
 impl Cache {
@@ -88,7 +90,16 @@ impl Cache {
             meta,
             blobs,
             policy,
+            usage: usage::UsageBuffer::default(),
         }
+    }
+
+    /// Starts the background work of the domain (writing restore counts) until `stop`.
+    pub fn spawn_background(
+        &self,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(self.usage.clone().run(self.meta.clone(), stop))
     }
 
     pub async fn ready(&self) -> Result<(), CacheError> {
@@ -275,7 +286,7 @@ impl Cache {
     }
 
     /// GetCacheEntryDownloadURL: GitHub's matching over the token's readable scopes. A hit
-    /// counts as a use of the entry (last-used time and hit count).
+    /// counts as a use of the entry (last-used time and hit count, written within a second).
     pub async fn lookup(&self, who: &Identity, lookup: &Lookup) -> Result<Option<Hit>, CacheError> {
         if who.read_scopes.is_empty() {
             return Err(CacheError::ReadDenied);
@@ -288,7 +299,7 @@ impl Cache {
         let Some(best) = matching::best_match(&who.read_scopes, &folded, &candidates) else {
             return Ok(None);
         };
-        self.meta.record_hit(best.id, now_millis()).await?;
+        self.usage.record(best.id, now_millis());
         Ok(Some(Hit {
             entry: best.id,
             matched_key: best.key.clone(),

@@ -150,8 +150,9 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug + 'static {
         folded_keys: &[String],
     ) -> Result<Vec<Candidate>, MetaError>;
 
-    /// Records a restore: last-used time and hit count.
-    async fn record_hit(&self, entry: EntryId, now: Millis) -> Result<(), MetaError>;
+    /// Records restores: for each entry, hits to add and the latest use. Entries that no
+    /// longer exist are skipped.
+    async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError>;
 
     /// A visible entry and its chunks in order.
     async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError>;

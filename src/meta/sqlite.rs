@@ -545,12 +545,17 @@ impl MetaStore for SqliteStore {
             .collect()
     }
 
-    async fn record_hit(&self, entry: EntryId, now: Millis) -> Result<(), MetaError> {
-        sqlx::query("UPDATE entries SET last_used_at = ?, hits = hits + 1 WHERE id = ?")
-            .bind(now)
-            .bind(entry)
-            .execute(&self.writer)
-            .await?;
+    async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError> {
+        let mut tx = self.writer.begin().await?;
+        for (entry, count, last_used) in hits {
+            sqlx::query("UPDATE entries SET last_used_at = MAX(last_used_at, ?), hits = hits + ? WHERE id = ?")
+                .bind(last_used)
+                .bind(*count as i64)
+                .bind(entry)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 
