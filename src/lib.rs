@@ -67,7 +67,7 @@ pub async fn build_state(
             source,
         })?;
     }
-    let meta = SqliteStore::open(&config.sqlite_path.to_string_lossy()).await?;
+    let meta = SqliteStore::open(&config.sqlite_path).await?;
     let blobs = FsStore::open(&config.storage_dir)?;
     let signer = UrlSigner::load_or_create(&config.data_dir.join("signing.key"))
         .map_err(ServeError::SigningKey)?;

@@ -534,21 +534,21 @@ async fn health_and_readiness() {
 
 #[tokio::test]
 async fn a_restore_counts_as_a_use_of_the_entry() {
-    use sqlx::Connection;
     let srv = TestServer::start().await;
     let t = main_token();
     srv.save(&t, "used", VERSION, b"abc").await;
     let db = srv.data.path().join("hoard.db");
     let read = || async {
-        let mut conn =
-            sqlx::SqliteConnection::connect(&format!("sqlite://{}?mode=ro", db.display()))
-                .await
+        let conn =
+            rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
                 .unwrap();
-        let row: (i64, i64, i64) =
-            sqlx::query_as("SELECT hits, last_used_at, created_at FROM entries WHERE key = 'used'")
-                .fetch_one(&mut conn)
-                .await
-                .unwrap();
+        let row: (i64, i64, i64) = conn
+            .query_row(
+                "SELECT hits, last_used_at, created_at FROM entries WHERE key = 'used'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .unwrap();
         row
     };
     let (hits, last_used, created) = read().await;

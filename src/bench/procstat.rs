@@ -113,7 +113,7 @@ impl PeakSampler {
                 let mut trees: Vec<(u32, Vec<u32>)> = Vec::new();
                 let mut n = 0u32;
                 while !stop.load(Ordering::Relaxed) {
-                    if n % TREE_EVERY == 0 {
+                    if n.is_multiple_of(TREE_EVERY) {
                         trees = roots.iter().map(|r| (*r, process_tree(*r))).collect();
                     }
                     n = n.wrapping_add(1);

@@ -30,10 +30,10 @@ pub struct Report {
 }
 
 fn format_value(v: f64, unit: &str) -> String {
+    // Rates read as whole numbers; times and sizes keep two or three significant digits.
     let digits = match unit {
-        "ms" | "s" | "MiB" if v < 10.0 => 2,
+        "ms" | "s" | "MiB" | "s/GiB" if v < 10.0 => 2,
         "ms" | "s" | "MiB" | "s/GiB" if v < 100.0 => 1,
-        "s/GiB" => 2,
         _ => 0,
     };
     let text = format!("{v:.digits$}");

@@ -201,17 +201,23 @@ impl Cache {
         body: ByteStream,
         declared_len: Option<u64>,
     ) -> Result<(), CacheError> {
-        let whole = BlockId::whole_blob();
-        self.stage_block(upload, whole.clone(), body, declared_len)
-            .await?;
-        self.commit_block_list(
-            upload,
-            &[BlockRef {
-                id: whole,
-                source: upload::BlockSource::Uncommitted,
-            }],
-        )
-        .await
+        self.open_upload(upload).await?;
+        let name = BlobName::random();
+        let chunk = self.blobs.put(&name, body, declared_len).await?;
+        match self.meta.commit_whole(upload, &chunk, now_millis()).await {
+            Ok(Committed::Done { garbage }) => {
+                self.collect(garbage).await;
+                Ok(())
+            }
+            Ok(_) => {
+                self.collect(vec![name]).await;
+                Err(CacheError::UploadClosed)
+            }
+            Err(e) => {
+                self.collect(vec![name]).await;
+                Err(e.into())
+            }
+        }
     }
 
     /// Put Block List: the listed blocks, in order, become the upload's content.

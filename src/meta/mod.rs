@@ -26,9 +26,9 @@ use crate::cache::upload::{BlockRef, UnknownBlock};
 #[derive(Debug, thiserror::Error)]
 pub enum MetaError {
     #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
-    #[error("database migration failed: {0}")]
-    Migration(#[from] sqlx::migrate::MigrateError),
+    Database(#[from] rusqlite::Error),
+    #[error("database worker: {0}")]
+    Worker(String),
     #[error("the database holds a value this server cannot read: {0}")]
     Corrupt(String),
 }
@@ -127,6 +127,15 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug + 'static {
         chunk: &Chunk,
         now: Millis,
     ) -> Result<Staged, MetaError>;
+
+    /// Put Blob: `chunk` becomes the upload's only committed part, replacing whatever was
+    /// staged or committed before.
+    async fn commit_whole(
+        &self,
+        upload: UploadId,
+        chunk: &Chunk,
+        now: Millis,
+    ) -> Result<Committed, MetaError>;
 
     /// Applies a block list: the listed blocks become the upload's committed parts, in order.
     async fn commit_block_list(

@@ -1,22 +1,20 @@
-//! SQLite metadata store: WAL, one writer connection and a pool of readers.
+//! SQLite metadata store: WAL, one writer thread and a pool of reader connections.
 //!
-//! All writes go through a single connection, so writers queue in-process instead of failing
-//! with `SQLITE_BUSY`; readers use their own connections and never wait for the writer (WAL).
+//! Every write method runs as one closure on the writer thread, inside one transaction: one
+//! thread hop per call, no `SQLITE_BUSY` between our own writers, and writers never block
+//! readers (WAL). Reads run on pooled read-only connections on tokio's blocking threads.
+//! Statements are prepared once per connection (`prepare_cached`).
 
-use std::borrow::Cow;
 use std::collections::HashMap;
-use std::path::Path;
-use std::str::FromStr;
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures_util::future::BoxFuture;
-use sqlx::migrate::{Migration, MigrationSource, MigrationType, Migrator};
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
+use rusqlite::{
+    params, Connection, OpenFlags, OptionalExtension, Row, Transaction, TransactionBehavior,
 };
-use sqlx::{Row, Sqlite, Transaction};
+use tokio::sync::oneshot;
 
 use super::{
     Committed, EntryChunk, FinalizeRequest, Finalized, MetaError, MetaStore, NewUpload, Reserved,
@@ -29,86 +27,150 @@ use crate::cache::model::{
 };
 use crate::cache::upload::{assemble, BlockRef};
 
-/// Migrations compiled into the binary and run at start-up, oldest first.
-const MIGRATIONS: &[(i64, &str, &str)] =
-    &[(1, "init", include_str!("migrations/sqlite/0001_init.sql"))];
+/// Migrations compiled into the binary, applied in order at start-up; `PRAGMA user_version`
+/// records the last one applied.
+const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("migrations/sqlite/0001_init.sql"))];
+const MAX_READERS: usize = 8;
 
-#[derive(Debug)]
-struct Embedded(&'static [(i64, &'static str, &'static str)]);
-
-impl<'s> MigrationSource<'s> for Embedded {
-    fn resolve(self) -> BoxFuture<'s, Result<Vec<Migration>, sqlx::error::BoxDynError>> {
-        Box::pin(async move {
-            Ok(self
-                .0
-                .iter()
-                .map(|(version, name, sql)| {
-                    Migration::new(
-                        *version,
-                        Cow::Borrowed(*name),
-                        MigrationType::Simple,
-                        Cow::Borrowed(*sql),
-                        false,
-                    )
-                })
-                .collect())
-        })
-    }
-}
+type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
-    writer: SqlitePool,
-    readers: SqlitePool,
+    writer: mpsc::Sender<Job>,
+    readers: Arc<ReaderPool>,
+}
+
+#[derive(Debug)]
+struct ReaderPool {
+    path: PathBuf,
+    idle: Mutex<Vec<Connection>>,
+}
+
+fn configure(conn: &Connection) -> rusqlite::Result<()> {
+    conn.busy_timeout(Duration::from_secs(10))?;
+    conn.set_prepared_statement_cache_capacity(64);
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    Ok(())
+}
+
+fn migrate(conn: &mut Connection) -> Result<(), MetaError> {
+    let current: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    let newest = MIGRATIONS.last().map_or(0, |m| m.0);
+    if current > newest {
+        return Err(MetaError::Corrupt(format!(
+            "the database schema is version {current}, newer than this server's {newest}"
+        )));
+    }
+    for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", version)?;
+        tx.commit()?;
+    }
+    Ok(())
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) the database at `url` (`sqlite://PATH` or a plain path) and
-    /// brings its schema up to date.
-    pub async fn open(url: &str) -> Result<Self, MetaError> {
-        let options = if url.starts_with("sqlite:") {
-            SqliteConnectOptions::from_str(url)?
-        } else {
-            SqliteConnectOptions::new().filename(Path::new(url))
+    /// Opens (creating if needed) the database file at `path` and brings its schema up to date.
+    pub async fn open(path: &Path) -> Result<Self, MetaError> {
+        let path = path.to_owned();
+        let writer_path = path.clone();
+        let conn = tokio::task::spawn_blocking(move || -> Result<Connection, MetaError> {
+            let mut conn = Connection::open(&writer_path)?;
+            configure(&conn)?;
+            conn.pragma_update(None, "journal_mode", "WAL")?;
+            conn.pragma_update(None, "synchronous", "NORMAL")?;
+            migrate(&mut conn)?;
+            Ok(conn)
+        })
+        .await
+        .map_err(|e| MetaError::Worker(e.to_string()))??;
+
+        let (writer, jobs) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("hoard-sqlite-writer".into())
+            .spawn(move || {
+                let mut conn = conn;
+                // Ends when every sender (every clone of the store) is gone.
+                while let Ok(job) = jobs.recv() {
+                    job(&mut conn);
+                }
+            })
+            .map_err(|e| MetaError::Worker(e.to_string()))?;
+        let store = Self {
+            writer,
+            readers: Arc::new(ReaderPool {
+                path,
+                idle: Mutex::new(Vec::new()),
+            }),
         };
-        let options = options
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(Duration::from_secs(10))
-            .foreign_keys(true)
-            .statement_cache_capacity(256);
-        let writer = SqlitePoolOptions::new()
-            .max_connections(1)
-            .min_connections(1)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .connect_with(options.clone())
-            .await?;
-        Migrator::new(Embedded(MIGRATIONS))
-            .await?
-            .run(&writer)
-            .await?;
-        let readers = SqlitePoolOptions::new()
-            .max_connections(8)
-            .min_connections(1)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .connect_with(options.read_only(true))
-            .await?;
-        Ok(Self { writer, readers })
+        store.ping().await?;
+        Ok(store)
+    }
+
+    /// Runs `f` in one immediate transaction on the writer thread.
+    async fn write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Transaction<'_>) -> Result<T, MetaError> + Send + 'static,
+    ) -> Result<T, MetaError> {
+        let (reply, answer) = oneshot::channel();
+        let job: Job = Box::new(move |conn: &mut Connection| {
+            let result = (|| {
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let value = f(&tx)?;
+                tx.commit()?;
+                Ok(value)
+            })();
+            let _ = reply.send(result);
+        });
+        self.writer
+            .send(job)
+            .map_err(|_| MetaError::Worker("the writer thread has stopped".into()))?;
+        answer
+            .await
+            .map_err(|_| MetaError::Worker("the writer thread dropped a request".into()))?
+    }
+
+    /// Runs `f` on a pooled read-only connection.
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, MetaError> + Send + 'static,
+    ) -> Result<T, MetaError> {
+        let pool = self.readers.clone();
+        tokio::task::spawn_blocking(move || {
+            let pooled = pool.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            let conn = match pooled {
+                Some(conn) => conn,
+                None => {
+                    let conn = Connection::open_with_flags(
+                        &pool.path,
+                        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                    )?;
+                    configure(&conn)?;
+                    conn
+                }
+            };
+            let result = f(&conn);
+            let mut idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner());
+            if idle.len() < MAX_READERS {
+                idle.push(conn);
+            }
+            result
+        })
+        .await
+        .map_err(|e| MetaError::Worker(e.to_string()))?
     }
 }
 
-fn chunk_from_row(row: &SqliteRow) -> Result<Chunk, MetaError> {
-    let name: String = row.try_get("blob_name")?;
+fn chunk_from_row(row: &Row<'_>, name_col: usize) -> Result<Chunk, MetaError> {
+    let name: String = row.get(name_col)?;
     let blob =
         BlobName::parse(&name).ok_or_else(|| MetaError::Corrupt(format!("blob name {name:?}")))?;
-    let digest: Vec<u8> = row.try_get("sha256")?;
+    let size: i64 = row.get(name_col + 1)?;
+    let digest: Vec<u8> = row.get(name_col + 2)?;
     let sha256 = digest
         .try_into()
         .map_err(|_| MetaError::Corrupt("sha256 is not 32 bytes".into()))?;
-    let size: i64 = row.try_get("size")?;
     Ok(Chunk {
         blob,
         size: size as u64,
@@ -116,68 +178,36 @@ fn chunk_from_row(row: &SqliteRow) -> Result<Chunk, MetaError> {
     })
 }
 
-fn upload_from_row(row: &SqliteRow) -> Result<Upload, MetaError> {
-    let state: String = row.try_get("state")?;
-    Ok(Upload {
-        id: row.try_get("id")?,
-        repository: RepoId::new(row.try_get::<String, _>("repository")?),
-        scope: Scope::new(row.try_get::<String, _>("scope")?),
-        key: row.try_get("key")?,
-        version: row.try_get("version")?,
-        state: UploadState::parse(&state)
-            .ok_or_else(|| MetaError::Corrupt(format!("upload state {state:?}")))?,
-        created_at: row.try_get("created_at")?,
-    })
-}
+/// An upload's staged blocks by id, and its committed parts in order.
+type UploadBlocks = (HashMap<BlockId, Chunk>, Vec<(BlockId, Chunk)>);
 
-/// Staged blocks and committed parts of an upload, read inside the writer's transaction.
-async fn upload_blocks(
-    tx: &mut Transaction<'_, Sqlite>,
-    upload: UploadId,
-) -> Result<(HashMap<BlockId, Chunk>, Vec<(BlockId, Chunk)>), MetaError> {
-    let staged_rows = sqlx::query(
+fn upload_blocks(tx: &Transaction<'_>, upload: UploadId) -> Result<UploadBlocks, MetaError> {
+    let mut staged = HashMap::new();
+    let mut stmt = tx.prepare_cached(
         "SELECT block_id, blob_name, size, sha256 FROM staged_blocks WHERE upload_id = ?",
-    )
-    .bind(upload)
-    .fetch_all(&mut **tx)
-    .await?;
-    let mut staged = HashMap::with_capacity(staged_rows.len());
-    for row in &staged_rows {
-        staged.insert(
-            BlockId::from_stored(row.try_get("block_id")?),
-            chunk_from_row(row)?,
-        );
+    )?;
+    let mut rows = stmt.query([upload])?;
+    while let Some(row) = rows.next()? {
+        staged.insert(BlockId::from_stored(row.get(0)?), chunk_from_row(row, 1)?);
     }
-    let part_rows = sqlx::query(
+    let mut parts = Vec::new();
+    let mut stmt = tx.prepare_cached(
         "SELECT block_id, blob_name, size, sha256 FROM upload_parts WHERE upload_id = ? ORDER BY ordinal",
-    )
-    .bind(upload)
-    .fetch_all(&mut **tx)
-    .await?;
-    let mut parts = Vec::with_capacity(part_rows.len());
-    for row in &part_rows {
-        parts.push((
-            BlockId::from_stored(row.try_get("block_id")?),
-            chunk_from_row(row)?,
-        ));
+    )?;
+    let mut rows = stmt.query([upload])?;
+    while let Some(row) = rows.next()? {
+        parts.push((BlockId::from_stored(row.get(0)?), chunk_from_row(row, 1)?));
     }
     Ok((staged, parts))
 }
 
 /// Drops every block and part of an upload and returns their blobs.
-async fn drop_upload_blocks(
-    tx: &mut Transaction<'_, Sqlite>,
-    upload: UploadId,
-) -> Result<Vec<BlobName>, MetaError> {
-    let (staged, parts) = upload_blocks(tx, upload).await?;
-    sqlx::query("DELETE FROM staged_blocks WHERE upload_id = ?")
-        .bind(upload)
-        .execute(&mut **tx)
-        .await?;
-    sqlx::query("DELETE FROM upload_parts WHERE upload_id = ?")
-        .bind(upload)
-        .execute(&mut **tx)
-        .await?;
+fn drop_upload_blocks(tx: &Transaction<'_>, upload: UploadId) -> Result<Vec<BlobName>, MetaError> {
+    let (staged, parts) = upload_blocks(tx, upload)?;
+    tx.prepare_cached("DELETE FROM staged_blocks WHERE upload_id = ?")?
+        .execute([upload])?;
+    tx.prepare_cached("DELETE FROM upload_parts WHERE upload_id = ?")?
+        .execute([upload])?;
     let mut names: Vec<BlobName> = staged
         .into_values()
         .chain(parts.into_iter().map(|(_, c)| c))
@@ -188,91 +218,136 @@ async fn drop_upload_blocks(
     Ok(names)
 }
 
-async fn open_upload_state(
-    tx: &mut Transaction<'_, Sqlite>,
-    upload: UploadId,
-) -> Result<bool, MetaError> {
-    let state: Option<String> = sqlx::query_scalar("SELECT state FROM uploads WHERE id = ?")
-        .bind(upload)
-        .fetch_optional(&mut **tx)
-        .await?;
+fn is_open(tx: &Transaction<'_>, upload: UploadId) -> Result<bool, MetaError> {
+    let state: Option<String> = tx
+        .prepare_cached("SELECT state FROM uploads WHERE id = ?")?
+        .query_row([upload], |r| r.get(0))
+        .optional()?;
     Ok(state.as_deref() == Some(UploadState::Open.as_str()))
+}
+
+fn touch(tx: &Transaction<'_>, upload: UploadId, now: Millis) -> Result<(), MetaError> {
+    tx.prepare_cached("UPDATE uploads SET updated_at = ? WHERE id = ?")?
+        .execute(params![now, upload])?;
+    Ok(())
+}
+
+fn set_state(
+    tx: &Transaction<'_>,
+    upload: UploadId,
+    state: UploadState,
+    now: Millis,
+) -> Result<(), MetaError> {
+    tx.prepare_cached("UPDATE uploads SET state = ?, updated_at = ? WHERE id = ?")?
+        .execute(params![state.as_str(), now, upload])?;
+    Ok(())
+}
+
+fn insert_parts(
+    tx: &Transaction<'_>,
+    upload: UploadId,
+    parts: &[(BlockId, Chunk)],
+) -> Result<(), MetaError> {
+    tx.prepare_cached("DELETE FROM upload_parts WHERE upload_id = ?")?
+        .execute([upload])?;
+    let mut insert = tx.prepare_cached(
+        "INSERT INTO upload_parts (upload_id, ordinal, block_id, blob_name, size, sha256) VALUES (?, ?, ?, ?, ?, ?)",
+    )?;
+    for (ordinal, (block, chunk)) in parts.iter().enumerate() {
+        insert.execute(params![
+            upload,
+            ordinal as i64,
+            block.as_bytes(),
+            chunk.blob.as_str(),
+            chunk.size as i64,
+            &chunk.sha256[..]
+        ])?;
+    }
+    Ok(())
 }
 
 #[async_trait]
 impl MetaStore for SqliteStore {
     async fn ping(&self) -> Result<(), MetaError> {
-        sqlx::query("SELECT 1").execute(&self.readers).await?;
-        Ok(())
+        self.read(|conn| Ok(conn.query_row("SELECT 1", [], |_| Ok(()))?))
+            .await
     }
 
     async fn reserve(&self, new: NewUpload<'_>) -> Result<Reserved, MetaError> {
-        let folded = new.key.folded();
-        let mut tx = self.writer.begin().await?;
-        let exists: Option<i64> = sqlx::query_scalar(
-            "SELECT id FROM entries WHERE repository = ? AND version = ? AND scope = ? AND key_folded = ?",
-        )
-        .bind(new.repository.as_str())
-        .bind(new.version.as_str())
-        .bind(new.scope.as_str())
-        .bind(&folded)
-        .fetch_optional(&mut *tx)
-        .await?;
-        if exists.is_some() {
-            return Ok(Reserved::Conflict);
-        }
-        let open: Option<(i64, i64)> = sqlx::query_as(
-            "SELECT id, created_at FROM uploads
-             WHERE repository = ? AND scope = ? AND key_folded = ? AND version = ? AND state = 'open'",
-        )
-        .bind(new.repository.as_str())
-        .bind(new.scope.as_str())
-        .bind(&folded)
-        .bind(new.version.as_str())
-        .fetch_optional(&mut *tx)
-        .await?;
-        let mut garbage = Vec::new();
-        if let Some((id, created_at)) = open {
-            if created_at >= new.stale_before {
+        let (repo, scope, key, folded, version, by) = (
+            new.repository.as_str().to_owned(),
+            new.scope.as_str().to_owned(),
+            new.key.as_str().to_owned(),
+            new.key.folded(),
+            new.version.as_str().to_owned(),
+            new.created_by.to_owned(),
+        );
+        let (now, stale_before) = (new.now, new.stale_before);
+        self.write(move |tx| {
+            let exists: Option<i64> = tx
+                .prepare_cached("SELECT id FROM entries WHERE repository = ? AND version = ? AND scope = ? AND key_folded = ?")?
+                .query_row(params![repo, version, scope, folded], |r| r.get(0))
+                .optional()?;
+            if exists.is_some() {
                 return Ok(Reserved::Conflict);
             }
-            // Abandoned (PROTOCOL.md §9: GitHub releases reservations after 24 h).
-            garbage = drop_upload_blocks(&mut tx, id).await?;
-            sqlx::query("UPDATE uploads SET state = 'aborted', updated_at = ? WHERE id = ?")
-                .bind(new.now)
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-        }
-        let id: i64 = sqlx::query_scalar(
-            "INSERT INTO uploads (repository, scope, key, key_folded, version, state, created_by, created_at, updated_at)
-             VALUES (?, ?, ?, ?, ?, 'open', ?, ?, ?) RETURNING id",
-        )
-        .bind(new.repository.as_str())
-        .bind(new.scope.as_str())
-        .bind(new.key.as_str())
-        .bind(&folded)
-        .bind(new.version.as_str())
-        .bind(new.created_by)
-        .bind(new.now)
-        .bind(new.now)
-        .fetch_one(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(Reserved::Created {
-            upload: id,
-            garbage,
+            let open: Option<(i64, i64)> = tx
+                .prepare_cached(
+                    "SELECT id, created_at FROM uploads
+                     WHERE repository = ? AND scope = ? AND key_folded = ? AND version = ? AND state = 'open'",
+                )?
+                .query_row(params![repo, scope, folded, version], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?;
+            let mut garbage = Vec::new();
+            if let Some((id, created_at)) = open {
+                if created_at >= stale_before {
+                    return Ok(Reserved::Conflict);
+                }
+                // Abandoned (PROTOCOL.md §9: GitHub releases reservations after 24 h).
+                garbage = drop_upload_blocks(tx, id)?;
+                set_state(tx, id, UploadState::Aborted, now)?;
+            }
+            let upload: i64 = tx
+                .prepare_cached(
+                    "INSERT INTO uploads (repository, scope, key, key_folded, version, state, created_by, created_at, updated_at)
+                     VALUES (?, ?, ?, ?, ?, 'open', ?, ?, ?) RETURNING id",
+                )?
+                .query_row(params![repo, scope, key, folded, version, by, now, now], |r| r.get(0))?;
+            Ok(Reserved::Created { upload, garbage })
         })
+        .await
     }
 
     async fn upload(&self, id: UploadId) -> Result<Option<Upload>, MetaError> {
-        let row = sqlx::query(
-            "SELECT id, repository, scope, key, version, state, created_at FROM uploads WHERE id = ?",
-        )
-        .bind(id)
-        .fetch_optional(&self.readers)
-        .await?;
-        row.as_ref().map(upload_from_row).transpose()
+        self.read(move |conn| {
+            let row = conn
+                .prepare_cached("SELECT id, repository, scope, key, version, state, created_at FROM uploads WHERE id = ?")?
+                .query_row([id], |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, String>(3)?,
+                        r.get::<_, String>(4)?,
+                        r.get::<_, String>(5)?,
+                        r.get::<_, i64>(6)?,
+                    ))
+                })
+                .optional()?;
+            row.map(|(id, repository, scope, key, version, state, created_at)| {
+                Ok(Upload {
+                    id,
+                    repository: RepoId::new(repository),
+                    scope: Scope::new(scope),
+                    key,
+                    version,
+                    state: UploadState::parse(&state).ok_or_else(|| MetaError::Corrupt(format!("upload state {state:?}")))?,
+                    created_at,
+                })
+            })
+            .transpose()
+        })
+        .await
     }
 
     async fn stage_block(
@@ -282,48 +357,51 @@ impl MetaStore for SqliteStore {
         chunk: &Chunk,
         now: Millis,
     ) -> Result<Staged, MetaError> {
-        let mut tx = self.writer.begin().await?;
-        if !open_upload_state(&mut tx, upload).await? {
-            return Ok(Staged::UploadClosed);
-        }
-        let previous: Option<String> = sqlx::query_scalar(
-            "DELETE FROM staged_blocks WHERE upload_id = ? AND block_id = ? RETURNING blob_name",
-        )
-        .bind(upload)
-        .bind(block.as_bytes())
-        .fetch_optional(&mut *tx)
-        .await?;
-        sqlx::query(
-            "INSERT INTO staged_blocks (upload_id, block_id, blob_name, size, sha256) VALUES (?, ?, ?, ?, ?)",
-        )
-        .bind(upload)
-        .bind(block.as_bytes())
-        .bind(chunk.blob.as_str())
-        .bind(chunk.size as i64)
-        .bind(&chunk.sha256[..])
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query("UPDATE uploads SET updated_at = ? WHERE id = ?")
-            .bind(now)
-            .bind(upload)
-            .execute(&mut *tx)
-            .await?;
-        // A replaced copy may still be a committed part (Azure keeps the committed list).
-        let mut garbage = Vec::new();
-        if let Some(name) = previous {
-            let in_parts: Option<i64> = sqlx::query_scalar(
-                "SELECT 1 FROM upload_parts WHERE upload_id = ? AND blob_name = ? LIMIT 1",
-            )
-            .bind(upload)
-            .bind(&name)
-            .fetch_optional(&mut *tx)
-            .await?;
-            if in_parts.is_none() {
-                garbage.extend(BlobName::parse(&name));
+        let (block, chunk) = (block.clone(), chunk.clone());
+        self.write(move |tx| {
+            if !is_open(tx, upload)? {
+                return Ok(Staged::UploadClosed);
             }
-        }
-        tx.commit().await?;
-        Ok(Staged::Recorded { garbage })
+            let previous: Option<String> = tx
+                .prepare_cached("DELETE FROM staged_blocks WHERE upload_id = ? AND block_id = ? RETURNING blob_name")?
+                .query_row(params![upload, block.as_bytes()], |r| r.get(0))
+                .optional()?;
+            tx.prepare_cached("INSERT INTO staged_blocks (upload_id, block_id, blob_name, size, sha256) VALUES (?, ?, ?, ?, ?)")?
+                .execute(params![upload, block.as_bytes(), chunk.blob.as_str(), chunk.size as i64, &chunk.sha256[..]])?;
+            touch(tx, upload, now)?;
+            // A replaced copy may still be a committed part (Azure keeps the committed list).
+            let mut garbage = Vec::new();
+            if let Some(name) = previous {
+                let in_parts = tx
+                    .prepare_cached("SELECT 1 FROM upload_parts WHERE upload_id = ? AND blob_name = ? LIMIT 1")?
+                    .exists(params![upload, name])?;
+                if !in_parts {
+                    garbage.extend(BlobName::parse(&name));
+                }
+            }
+            Ok(Staged::Recorded { garbage })
+        })
+        .await
+    }
+
+    async fn commit_whole(
+        &self,
+        upload: UploadId,
+        chunk: &Chunk,
+        now: Millis,
+    ) -> Result<Committed, MetaError> {
+        let chunk = chunk.clone();
+        self.write(move |tx| {
+            if !is_open(tx, upload)? {
+                return Ok(Committed::UploadClosed);
+            }
+            let mut garbage = drop_upload_blocks(tx, upload)?;
+            garbage.retain(|b| b != &chunk.blob);
+            insert_parts(tx, upload, &[(BlockId::whole_blob(), chunk)])?;
+            touch(tx, upload, now)?;
+            Ok(Committed::Done { garbage })
+        })
+        .await
     }
 
     async fn commit_block_list(
@@ -332,153 +410,92 @@ impl MetaStore for SqliteStore {
         list: &[BlockRef],
         now: Millis,
     ) -> Result<Committed, MetaError> {
-        let mut tx = self.writer.begin().await?;
-        if !open_upload_state(&mut tx, upload).await? {
-            return Ok(Committed::UploadClosed);
-        }
-        let (staged, parts) = upload_blocks(&mut tx, upload).await?;
-        let assembly = match assemble(list, &staged, &parts) {
-            Ok(assembly) => assembly,
-            Err(unknown) => return Ok(Committed::UnknownBlock(unknown)),
-        };
-        sqlx::query("DELETE FROM staged_blocks WHERE upload_id = ?")
-            .bind(upload)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("DELETE FROM upload_parts WHERE upload_id = ?")
-            .bind(upload)
-            .execute(&mut *tx)
-            .await?;
-        for (ordinal, (block, chunk)) in assembly.parts.iter().enumerate() {
-            sqlx::query(
-                "INSERT INTO upload_parts (upload_id, ordinal, block_id, blob_name, size, sha256) VALUES (?, ?, ?, ?, ?, ?)",
-            )
-            .bind(upload)
-            .bind(ordinal as i64)
-            .bind(block.as_bytes())
-            .bind(chunk.blob.as_str())
-            .bind(chunk.size as i64)
-            .bind(&chunk.sha256[..])
-            .execute(&mut *tx)
-            .await?;
-        }
-        sqlx::query("UPDATE uploads SET updated_at = ? WHERE id = ?")
-            .bind(now)
-            .bind(upload)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(Committed::Done {
-            garbage: assembly.garbage,
+        let list = list.to_vec();
+        self.write(move |tx| {
+            if !is_open(tx, upload)? {
+                return Ok(Committed::UploadClosed);
+            }
+            let (staged, parts) = upload_blocks(tx, upload)?;
+            let assembly = match assemble(&list, &staged, &parts) {
+                Ok(assembly) => assembly,
+                Err(unknown) => return Ok(Committed::UnknownBlock(unknown)),
+            };
+            tx.prepare_cached("DELETE FROM staged_blocks WHERE upload_id = ?")?
+                .execute([upload])?;
+            insert_parts(tx, upload, &assembly.parts)?;
+            touch(tx, upload, now)?;
+            Ok(Committed::Done {
+                garbage: assembly.garbage,
+            })
         })
+        .await
     }
 
     async fn finalize(&self, req: FinalizeRequest<'_>) -> Result<Finalized, MetaError> {
-        let folded = req.key.folded();
-        let mut tx = self.writer.begin().await?;
-        // The open upload, or else the newest finalized one (a retry after a lost response).
-        let found: Option<(i64, String, Option<i64>)> = sqlx::query_as(
-            "SELECT id, state, entry_id FROM uploads
-             WHERE repository = ? AND scope = ? AND key_folded = ? AND version = ? AND state IN ('open', 'finalized')
-             ORDER BY state = 'open' DESC, id DESC LIMIT 1",
-        )
-        .bind(req.repository.as_str())
-        .bind(req.scope.as_str())
-        .bind(&folded)
-        .bind(req.version.as_str())
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some((upload, state, entry_id)) = found else {
-            return Ok(Finalized::NoUpload);
-        };
-        if state == UploadState::Finalized.as_str() {
-            let size: Option<i64> = sqlx::query_scalar("SELECT size FROM entries WHERE id = ?")
-                .bind(entry_id)
-                .fetch_optional(&mut *tx)
-                .await?;
-            return Ok(match (entry_id, size) {
-                (Some(entry), Some(size)) if size as u64 == req.size => Finalized::Done {
-                    entry,
-                    garbage: Vec::new(),
-                },
-                _ => Finalized::NoUpload,
-            });
-        }
-        let (_, parts) = upload_blocks(&mut tx, upload).await?;
-        if parts.is_empty() {
-            return Ok(Finalized::NothingUploaded);
-        }
-        let stored: u64 = parts.iter().map(|(_, c)| c.size).sum();
-        if stored != req.size {
-            let garbage = drop_upload_blocks(&mut tx, upload).await?;
-            sqlx::query("UPDATE uploads SET state = 'aborted', updated_at = ? WHERE id = ?")
-                .bind(req.now)
-                .bind(upload)
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await?;
-            return Ok(Finalized::SizeMismatch { stored, garbage });
-        }
-        let key: String = sqlx::query_scalar("SELECT key FROM uploads WHERE id = ?")
-            .bind(upload)
-            .fetch_one(&mut *tx)
-            .await?;
-        let entry: i64 = sqlx::query_scalar(
-            "INSERT INTO entries (repository, scope, key, key_folded, version, size, chunk_count, created_at, last_used_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-        )
-        .bind(req.repository.as_str())
-        .bind(req.scope.as_str())
-        .bind(&key)
-        .bind(&folded)
-        .bind(req.version.as_str())
-        .bind(stored as i64)
-        .bind(parts.len() as i64)
-        .bind(req.now)
-        .bind(req.now)
-        .fetch_one(&mut *tx)
-        .await?;
-        let mut start = 0u64;
-        for (ordinal, (_, chunk)) in parts.iter().enumerate() {
-            sqlx::query(
+        let (repo, scope, folded, version) = (
+            req.repository.as_str().to_owned(),
+            req.scope.as_str().to_owned(),
+            req.key.folded(),
+            req.version.as_str().to_owned(),
+        );
+        let (size, now) = (req.size, req.now);
+        self.write(move |tx| {
+            // The open upload, or else the newest finalized one (a retry after a lost response).
+            let found: Option<(i64, String, String, Option<i64>)> = tx
+                .prepare_cached(
+                    "SELECT id, key, state, entry_id FROM uploads
+                     WHERE repository = ? AND scope = ? AND key_folded = ? AND version = ? AND state IN ('open', 'finalized')
+                     ORDER BY state = 'open' DESC, id DESC LIMIT 1",
+                )?
+                .query_row(params![repo, scope, folded, version], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                .optional()?;
+            let Some((upload, key, state, entry_id)) = found else {
+                return Ok(Finalized::NoUpload);
+            };
+            if state == UploadState::Finalized.as_str() {
+                let stored: Option<i64> = tx
+                    .prepare_cached("SELECT size FROM entries WHERE id = ?")?
+                    .query_row([entry_id], |r| r.get(0))
+                    .optional()?;
+                return Ok(match (entry_id, stored) {
+                    (Some(entry), Some(stored)) if stored as u64 == size => Finalized::Done { entry, garbage: Vec::new() },
+                    _ => Finalized::NoUpload,
+                });
+            }
+            let (staged, parts) = upload_blocks(tx, upload)?;
+            if parts.is_empty() {
+                return Ok(Finalized::NothingUploaded);
+            }
+            let stored: u64 = parts.iter().map(|(_, c)| c.size).sum();
+            if stored != size {
+                let garbage = drop_upload_blocks(tx, upload)?;
+                set_state(tx, upload, UploadState::Aborted, now)?;
+                return Ok(Finalized::SizeMismatch { stored, garbage });
+            }
+            let entry: i64 = tx
+                .prepare_cached(
+                    "INSERT INTO entries (repository, scope, key, key_folded, version, size, chunk_count, created_at, last_used_at)
+                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                )?
+                .query_row(params![repo, scope, key, folded, version, stored as i64, parts.len() as i64, now, now], |r| r.get(0))?;
+            let mut insert = tx.prepare_cached(
                 "INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256) VALUES (?, ?, ?, ?, ?, ?)",
-            )
-            .bind(entry)
-            .bind(ordinal as i64)
-            .bind(start as i64)
-            .bind(chunk.blob.as_str())
-            .bind(chunk.size as i64)
-            .bind(&chunk.sha256[..])
-            .execute(&mut *tx)
-            .await?;
-            start += chunk.size;
-        }
-        // Blocks staged after the last block list are not part of the entry.
-        let leftover: Vec<String> =
-            sqlx::query_scalar("DELETE FROM staged_blocks WHERE upload_id = ? RETURNING blob_name")
-                .bind(upload)
-                .fetch_all(&mut *tx)
-                .await?;
-        sqlx::query("DELETE FROM upload_parts WHERE upload_id = ?")
-            .bind(upload)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(
-            "UPDATE uploads SET state = 'finalized', entry_id = ?, updated_at = ? WHERE id = ?",
-        )
-        .bind(entry)
-        .bind(req.now)
-        .bind(upload)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        let in_entry: Vec<&BlobName> = parts.iter().map(|(_, c)| &c.blob).collect();
-        let garbage = leftover
-            .iter()
-            .filter_map(|n| BlobName::parse(n))
-            .filter(|n| !in_entry.contains(&n))
-            .collect();
-        Ok(Finalized::Done { entry, garbage })
+            )?;
+            let mut start = 0u64;
+            for (ordinal, (_, chunk)) in parts.iter().enumerate() {
+                insert.execute(params![entry, ordinal as i64, start as i64, chunk.blob.as_str(), chunk.size as i64, &chunk.sha256[..]])?;
+                start += chunk.size;
+            }
+            tx.prepare_cached("DELETE FROM staged_blocks WHERE upload_id = ?")?.execute([upload])?;
+            tx.prepare_cached("DELETE FROM upload_parts WHERE upload_id = ?")?.execute([upload])?;
+            tx.prepare_cached("UPDATE uploads SET state = 'finalized', entry_id = ?, updated_at = ? WHERE id = ?")?
+                .execute(params![entry, now, upload])?;
+            // Blocks staged after the last block list are not part of the entry.
+            let in_entry: Vec<&BlobName> = parts.iter().map(|(_, c)| &c.blob).collect();
+            let garbage = staged.into_values().map(|c| c.blob).filter(|b| !in_entry.contains(&b)).collect();
+            Ok(Finalized::Done { entry, garbage })
+        })
+        .await
     }
 
     async fn find_candidates(
@@ -495,106 +512,90 @@ impl MetaStore for SqliteStore {
         // Prefixes are ranges on the index: every string that starts with `k` sorts in
         // [k, k || U+10FFFF) under SQLite's byte-wise comparison of UTF-8.
         const COLS: &str = "SELECT id, scope, key, key_folded, created_at FROM entries";
-        let mut sql = String::new();
-        for _ in 0..scopes.len() * folded_keys.len() {
-            if !sql.is_empty() {
+        let pairs = scopes.len() * folded_keys.len();
+        let mut sql = String::with_capacity(pairs * 400);
+        for i in 0..pairs {
+            if i > 0 {
                 sql.push_str(" UNION ALL ");
             }
             sql.push_str("SELECT * FROM (");
             sql.push_str(COLS);
-            sql.push_str(
-                " WHERE repository = ? AND version = ? AND scope = ? AND key_folded = ? LIMIT 1)",
-            );
-            sql.push_str(" UNION ALL SELECT * FROM (");
+            sql.push_str(" WHERE repository = ?1 AND version = ?2 AND scope = ? AND key_folded = ? LIMIT 1) UNION ALL SELECT * FROM (");
             sql.push_str(COLS);
             sql.push_str(
-                " WHERE repository = ? AND version = ? AND scope = ? AND key_folded >= ? AND key_folded < ? \
+                " WHERE repository = ?1 AND version = ?2 AND scope = ? AND key_folded >= ? AND key_folded < ? \
                  ORDER BY created_at DESC, id DESC LIMIT 1)",
             );
         }
-        let mut query = sqlx::query(&sql);
-        let uppers: Vec<String> = folded_keys
-            .iter()
-            .map(|k| format!("{k}\u{10FFFF}"))
-            .collect();
+        let mut values: Vec<String> =
+            vec![repository.as_str().to_owned(), version.as_str().to_owned()];
         for scope in scopes {
-            for (key, upper) in folded_keys.iter().zip(&uppers) {
-                query = query
-                    .bind(repository.as_str())
-                    .bind(version.as_str())
-                    .bind(scope.as_str())
-                    .bind(key.as_str())
-                    .bind(repository.as_str())
-                    .bind(version.as_str())
-                    .bind(scope.as_str())
-                    .bind(key.as_str())
-                    .bind(upper.as_str());
+            for key in folded_keys {
+                values.push(scope.as_str().to_owned());
+                values.push(key.clone());
+                values.push(scope.as_str().to_owned());
+                values.push(key.clone());
+                values.push(format!("{key}\u{10FFFF}"));
             }
         }
-        let rows = query.fetch_all(&self.readers).await?;
-        rows.iter()
-            .map(|row| {
-                Ok(Candidate {
-                    id: row.try_get("id")?,
-                    scope: Scope::new(row.try_get::<String, _>("scope")?),
-                    key: row.try_get("key")?,
-                    key_folded: row.try_get("key_folded")?,
-                    created_at: row.try_get("created_at")?,
-                })
-            })
-            .collect()
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached(&sql)?;
+            let mut rows = stmt.query(rusqlite::params_from_iter(values.iter()))?;
+            let mut out = Vec::new();
+            while let Some(row) = rows.next()? {
+                out.push(Candidate {
+                    id: row.get(0)?,
+                    scope: Scope::new(row.get::<_, String>(1)?),
+                    key: row.get(2)?,
+                    key_folded: row.get(3)?,
+                    created_at: row.get(4)?,
+                });
+            }
+            Ok(out)
+        })
+        .await
     }
 
     async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError> {
-        let mut tx = self.writer.begin().await?;
-        for (entry, count, last_used) in hits {
-            sqlx::query("UPDATE entries SET last_used_at = MAX(last_used_at, ?), hits = hits + ? WHERE id = ?")
-                .bind(last_used)
-                .bind(*count as i64)
-                .bind(entry)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
-        Ok(())
+        let hits = hits.to_vec();
+        self.write(move |tx| {
+            let mut update =
+                tx.prepare_cached("UPDATE entries SET last_used_at = MAX(last_used_at, ?), hits = hits + ? WHERE id = ?")?;
+            for (entry, count, last_used) in hits {
+                update.execute(params![last_used, count as i64, entry])?;
+            }
+            Ok(())
+        })
+        .await
     }
 
     async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
-        let Some(row) = sqlx::query(
-            "SELECT id, repository, scope, key, version, size, created_at FROM entries WHERE id = ?",
-        )
-        .bind(id)
-        .fetch_optional(&self.readers)
-        .await?
-        else {
-            return Ok(None);
-        };
-        let size: i64 = row.try_get("size")?;
-        let entry = Entry {
-            id: row.try_get("id")?,
-            repository: RepoId::new(row.try_get::<String, _>("repository")?),
-            scope: Scope::new(row.try_get::<String, _>("scope")?),
-            key: row.try_get("key")?,
-            version: row.try_get("version")?,
-            size: size as u64,
-            created_at: row.try_get("created_at")?,
-        };
-        let rows = sqlx::query(
-            "SELECT start, blob_name, size, sha256 FROM entry_chunks WHERE entry_id = ? ORDER BY ordinal",
-        )
-        .bind(id)
-        .fetch_all(&self.readers)
-        .await?;
-        let chunks = rows
-            .iter()
-            .map(|row| {
-                let start: i64 = row.try_get("start")?;
-                Ok(EntryChunk {
-                    start: start as u64,
-                    chunk: chunk_from_row(row)?,
+        self.read(move |conn| {
+            let head = conn
+                .prepare_cached("SELECT repository, scope, key, version, size, created_at FROM entries WHERE id = ?")?
+                .query_row([id], |r| {
+                    Ok(Entry {
+                        id,
+                        repository: RepoId::new(r.get::<_, String>(0)?),
+                        scope: Scope::new(r.get::<_, String>(1)?),
+                        key: r.get(2)?,
+                        version: r.get(3)?,
+                        size: r.get::<_, i64>(4)? as u64,
+                        created_at: r.get(5)?,
+                    })
                 })
-            })
-            .collect::<Result<Vec<_>, MetaError>>()?;
-        Ok(Some((entry, chunks)))
+                .optional()?;
+            let Some(entry) = head else { return Ok(None) };
+            let mut stmt = conn.prepare_cached(
+                "SELECT start, blob_name, size, sha256 FROM entry_chunks WHERE entry_id = ? ORDER BY ordinal",
+            )?;
+            let mut rows = stmt.query([id])?;
+            let mut chunks = Vec::new();
+            while let Some(row) = rows.next()? {
+                chunks.push(EntryChunk { start: row.get::<_, i64>(0)? as u64, chunk: chunk_from_row(row, 1)? });
+            }
+            Ok(Some((entry, chunks)))
+        })
+        .await
     }
 }
