@@ -44,6 +44,11 @@ pub struct ServeArgs {
     #[arg(long, env = "HOARD_RESERVATION_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
     pub reservation_ttl: Duration,
 
+    /// How often stored chunks are flushed to disk (syncfs). After a machine crash, entries
+    /// saved since the last flush are forgotten at start-up rather than served damaged.
+    #[arg(long, env = "HOARD_SYNC_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub sync_interval: Duration,
+
     /// On SIGTERM or SIGINT, how long in-flight requests may take to finish.
     #[arg(long, env = "HOARD_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
@@ -62,6 +67,7 @@ pub struct Config {
     pub upload_url_ttl: Duration,
     pub download_url_ttl: Duration,
     pub reservation_ttl: Duration,
+    pub sync_interval: Duration,
     pub shutdown_timeout: Duration,
 }
 
@@ -102,6 +108,7 @@ impl ServeArgs {
                 "HOARD_DOWNLOAD_URL_TTL",
                 self.download_url_ttl,
             ),
+            ("--sync-interval", "HOARD_SYNC_INTERVAL", self.sync_interval),
             (
                 "--reservation-ttl",
                 "HOARD_RESERVATION_TTL",
@@ -121,6 +128,7 @@ impl ServeArgs {
             upload_url_ttl: self.upload_url_ttl,
             download_url_ttl: self.download_url_ttl,
             reservation_ttl: self.reservation_ttl,
+            sync_interval: self.sync_interval,
             shutdown_timeout: self.shutdown_timeout,
         })
     }

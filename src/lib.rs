@@ -37,6 +37,8 @@ pub enum ServeError {
     Meta(#[from] meta::MetaError),
     #[error("cannot open the chunk store: {0}")]
     Blob(#[from] blob::BlobError),
+    #[error("start-up recovery failed: {0}")]
+    Recover(#[from] cache::CacheError),
     #[error("cannot load the URL signing key: {0}")]
     SigningKey(std::io::Error),
     #[error("server error: {0}")]
@@ -76,8 +78,10 @@ pub async fn build_state(
         Arc::new(blobs),
         Policy {
             reservation_ttl: config.reservation_ttl,
+            sync_interval: config.sync_interval,
         },
     );
+    cache.recover().await?;
     let api = ApiConfig {
         public_url: config.public_url.clone(),
         upload_url_ttl: config.upload_url_ttl,

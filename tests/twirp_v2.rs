@@ -568,3 +568,45 @@ async fn a_restore_counts_as_a_use_of_the_entry() {
     assert_eq!(hits, 2);
     assert!(last_used > created);
 }
+
+#[tokio::test]
+async fn after_a_machine_crash_entries_newer_than_the_last_sync_are_forgotten() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    srv.save(&t, "old", VERSION, b"synced before the crash")
+        .await;
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let synced_through = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    srv.save(&t, "new", VERSION, b"maybe torn").await;
+    srv.reserve(&t, "open", VERSION).await;
+
+    // A record from another boot: the machine restarted after a sync at `synced_through`.
+    let record = srv.data.path().join("synced");
+    let srv = {
+        let data_path = srv.data.path().to_owned();
+        let srv = srv.restart().await; // A clean restart on the same boot changes nothing.
+        assert!(srv.restore(&t, "new", VERSION).await.is_some());
+        std::fs::write(&record, format!("boot-before-the-crash {synced_through}\n")).unwrap();
+        assert_eq!(srv.data.path(), data_path);
+        srv.restart().await
+    };
+    assert_eq!(
+        srv.restore(&t, "old", VERSION).await.unwrap(),
+        b"synced before the crash"
+    );
+    assert!(
+        srv.restore(&t, "new", VERSION).await.is_none(),
+        "entries after the last sync are forgotten"
+    );
+    // Open uploads were aborted: the key can be saved again at once.
+    srv.save(&t, "open", VERSION, b"again").await;
+    let text = std::fs::read_to_string(&record).unwrap();
+    assert!(
+        !text.starts_with("boot-before-the-crash"),
+        "a fresh record is written: {text}"
+    );
+}

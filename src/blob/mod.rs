@@ -6,6 +6,9 @@
 //! - `put` counts and hashes what it stores; the returned [`Chunk`] is the truth about the bytes.
 //! - A chunk is immutable once put; names are made by the server ([`BlobName`]) and never reused.
 //! - A reader that opened a chunk keeps reading the same bytes even if it is deleted meanwhile.
+//! - A completed `put` survives a crash of the process. It survives a crash of the machine once
+//!   a later [`BlobStore::sync`] has returned; [`BlobStore::lost_since`] reports, at start-up,
+//!   from which instant puts may have been lost to such a crash.
 
 mod fs;
 
@@ -18,7 +21,7 @@ use futures_util::Stream;
 
 pub use fs::FsStore;
 
-use crate::cache::model::{BlobName, Chunk};
+use crate::cache::model::{BlobName, Chunk, Millis};
 
 /// A stream of body bytes, in either direction.
 pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, io::Error>> + Send>>;
@@ -59,4 +62,12 @@ pub trait BlobStore: Send + Sync + std::fmt::Debug + 'static {
 
     /// Checks that the store can be written.
     async fn ping(&self) -> Result<(), BlobError>;
+
+    /// Makes every put completed so far durable against a machine crash. Cheap when nothing was
+    /// put since the last call; a no-op for stores whose puts are durable on return.
+    async fn sync(&self) -> Result<(), BlobError>;
+
+    /// Set when the machine crashed since the last run: puts completed after this instant may
+    /// be gone or incomplete.
+    fn lost_since(&self) -> Option<Millis>;
 }

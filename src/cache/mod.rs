@@ -1,6 +1,7 @@
 //! The domain: who may reserve, upload, finalize and restore what, and in which order entries
 //! match. Talks only to [`MetaStore`] and [`BlobStore`]; knows nothing of HTTP.
 
+pub mod durability;
 pub mod matching;
 pub mod model;
 pub mod scope;
@@ -60,6 +61,8 @@ pub struct Policy {
     /// How long a reservation may stay open before another job may take the key
     /// (GitHub: 24 h, PROTOCOL.md §9).
     pub reservation_ttl: Duration,
+    /// How often stored chunks are made durable against a machine crash.
+    pub sync_interval: Duration,
 }
 
 /// A restore hit.
@@ -94,12 +97,28 @@ impl Cache {
         }
     }
 
-    /// Starts the background work of the domain (writing restore counts) until `stop`.
+    /// Start-up recovery: forgets entries a machine crash may have damaged (see
+    /// [`durability`]). Run before serving.
+    pub async fn recover(&self) -> Result<(), CacheError> {
+        durability::recover(self.meta.as_ref(), self.blobs.as_ref()).await
+    }
+
+    /// Starts the background work of the domain (writing restore counts, syncing chunks to
+    /// disk); the returned task ends after `stop`, once both loops have done their last round.
     pub fn spawn_background(
         &self,
         stop: tokio_util::sync::CancellationToken,
     ) -> tokio::task::JoinHandle<()> {
-        tokio::spawn(self.usage.clone().run(self.meta.clone(), stop))
+        let usage = tokio::spawn(self.usage.clone().run(self.meta.clone(), stop.clone()));
+        let sync = tokio::spawn(durability::run(
+            self.blobs.clone(),
+            self.policy.sync_interval,
+            stop,
+        ));
+        tokio::spawn(async move {
+            let _ = usage.await;
+            let _ = sync.await;
+        })
     }
 
     pub async fn ready(&self) -> Result<(), CacheError> {

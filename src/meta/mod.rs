@@ -163,6 +163,10 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug + 'static {
     /// longer exist are skipped.
     async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError>;
 
+    /// After a machine crash: deletes the entries finalized after `since` and aborts every open
+    /// upload. Returns how many entries went and the blobs no row refers to any more.
+    async fn forget_after(&self, since: Millis) -> Result<(usize, Vec<BlobName>), MetaError>;
+
     /// A visible entry and its chunks in order.
     async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError>;
 }

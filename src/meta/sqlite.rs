@@ -569,6 +569,32 @@ impl MetaStore for SqliteStore {
         .await
     }
 
+    async fn forget_after(&self, since: Millis) -> Result<(usize, Vec<BlobName>), MetaError> {
+        self.write(move |tx| {
+            let mut garbage = Vec::new();
+            let mut names = tx.prepare_cached(
+                "SELECT blob_name FROM entry_chunks WHERE entry_id IN (SELECT id FROM entries WHERE created_at > ?)",
+            )?;
+            let mut rows = names.query([since])?;
+            while let Some(row) = rows.next()? {
+                garbage.extend(BlobName::parse(&row.get::<_, String>(0)?));
+            }
+            tx.prepare_cached("DELETE FROM entry_chunks WHERE entry_id IN (SELECT id FROM entries WHERE created_at > ?)")?
+                .execute([since])?;
+            let forgotten = tx.prepare_cached("DELETE FROM entries WHERE created_at > ?")?.execute([since])?;
+            let open: Vec<i64> = tx
+                .prepare_cached("SELECT id FROM uploads WHERE state = 'open'")?
+                .query_map([], |r| r.get(0))?
+                .collect::<Result<_, _>>()?;
+            for upload in open {
+                garbage.extend(drop_upload_blocks(tx, upload)?);
+                set_state(tx, upload, UploadState::Aborted, crate::cache::model::now_millis())?;
+            }
+            Ok((forgotten, garbage))
+        })
+        .await
+    }
+
     async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
         self.read(move |conn| {
             let head = conn

@@ -62,7 +62,17 @@ impl TestServer {
     }
 
     pub async fn start_with(extra: &[&str]) -> Self {
-        let data = tempfile::tempdir().unwrap();
+        Self::start_in(tempfile::tempdir().unwrap(), extra).await
+    }
+
+    /// Stops the server and starts a new one on the same data directory.
+    pub async fn restart(self) -> Self {
+        self.stop.cancel();
+        let _ = self.task.await;
+        Self::start_in(self.data, &[]).await
+    }
+
+    async fn start_in(data: tempfile::TempDir, extra: &[&str]) -> Self {
         let dir = data.path().to_str().unwrap().to_owned();
         let mut argv = vec!["hoard", "--data-dir", &dir, "--listen", "127.0.0.1:0"];
         argv.extend_from_slice(extra);

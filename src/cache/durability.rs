@@ -1,0 +1,52 @@
+//! Durability against machine crashes, without an fsync per chunk.
+//!
+//! The blob store makes puts durable in batches ([`BlobStore::sync`], every few seconds and at
+//! shutdown). After a machine crash, the store reports from which instant puts may be lost; the
+//! entries finalized after that instant are forgotten at start-up, before any request is
+//! served, so a lost or torn chunk is never served as a hit. A process crash loses nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::blob::BlobStore;
+use crate::meta::MetaStore;
+
+use super::CacheError;
+
+/// At start-up: forgets what a machine crash may have destroyed, then records a fresh sync.
+/// Does nothing after a clean stop or a process crash.
+pub async fn recover(meta: &dyn MetaStore, blobs: &dyn BlobStore) -> Result<(), CacheError> {
+    if let Some(since) = blobs.lost_since() {
+        let (entries, garbage) = meta.forget_after(since).await?;
+        tracing::warn!(
+            entries,
+            "the machine restarted without a final sync: forgot entries finalized after the last sync and open uploads"
+        );
+        for name in garbage {
+            let _ = blobs.delete(&name).await;
+        }
+        // Records this boot, so a later restart does not forget anything again.
+        blobs.sync().await?;
+    }
+    Ok(())
+}
+
+/// Syncs the blob store every `every` until `stop`, then once more.
+pub async fn run(blobs: Arc<dyn BlobStore>, every: Duration, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = stop.cancelled() => break,
+        }
+        if let Err(e) = blobs.sync().await {
+            tracing::error!(error = %e, "could not sync stored chunks to disk");
+        }
+    }
+    if let Err(e) = blobs.sync().await {
+        tracing::error!(error = %e, "could not sync stored chunks to disk at shutdown");
+    }
+}
