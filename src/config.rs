@@ -44,9 +44,10 @@ pub struct ServeArgs {
     #[arg(long, env = "HOARD_RESERVATION_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
     pub reservation_ttl: Duration,
 
-    /// How often stored chunks are flushed to disk (syncfs). After a machine crash, entries
-    /// saved since the last flush are forgotten at start-up rather than served damaged.
-    #[arg(long, env = "HOARD_SYNC_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    /// How often stored chunks are flushed to disk (syncfs); the kernel's own writeback age is
+    /// 30s too. After a machine crash, entries saved since the last flush are forgotten at
+    /// start-up rather than served damaged. A process crash loses nothing.
+    #[arg(long, env = "HOARD_SYNC_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
     pub sync_interval: Duration,
 
     /// On SIGTERM or SIGINT, how long in-flight requests may take to finish.

@@ -12,13 +12,16 @@ const TREE_EVERY: u32 = 50;
 
 /// Clock ticks per second for /proc CPU fields.
 fn clock_ticks() -> f64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100.0)
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100.0)
+    })
 }
 
 /// The fields after the command name in /proc/PID/stat (the name may contain spaces).
@@ -91,9 +94,13 @@ pub fn tree_cpu_seconds(root: u32) -> f64 {
     total / ticks
 }
 
-/// CPU seconds used by this process (all threads) so far.
+/// CPU seconds used by this process (all threads) so far, not counting the servers it spawned.
 pub fn self_cpu_seconds() -> f64 {
-    tree_cpu_seconds(std::process::id())
+    let Some(f) = stat_fields(std::process::id()) else {
+        return 0.0;
+    };
+    let field = |n: usize| f.get(n).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (field(11) + field(12)) / clock_ticks()
 }
 
 /// Samples the resident memory of several process trees every 10 ms and keeps each peak.

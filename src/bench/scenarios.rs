@@ -67,7 +67,7 @@ pub struct Payloads {
 
 impl Payloads {
     pub fn generate(plan: &Plan, seed: u64) -> Self {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
         let entries = (0..plan.entries)
             .map(|_| {
                 let mut buf = vec![0u8; plan.entry_size];

@@ -31,9 +31,9 @@ use crate::cache::model::{now_millis, BlobName, Chunk, Millis};
 
 const LAYOUT_VERSION: &str = "1";
 /// Size of each disk read when streaming a chunk out, and of each batch of frames written.
-const IO_BLOCK: usize = 1 << 20;
+const IO_BLOCK: usize = 256 << 10;
 /// Batches or read blocks that may wait between the network and the disk thread.
-const PIPE_DEPTH: usize = 4;
+const PIPE_DEPTH: usize = 2;
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 
 #[derive(Debug, Clone)]

@@ -33,8 +33,23 @@ pub async fn recover(meta: &dyn MetaStore, blobs: &dyn BlobStore) -> Result<(), 
     Ok(())
 }
 
-/// Syncs the blob store every `every` until `stop`, then once more.
-pub async fn run(blobs: Arc<dyn BlobStore>, every: Duration, stop: CancellationToken) {
+/// Syncs the blob store, then checkpoints the metadata store.
+async fn sync_both(meta: &dyn MetaStore, blobs: &dyn BlobStore) {
+    if let Err(e) = blobs.sync().await {
+        tracing::error!(error = %e, "could not sync stored chunks to disk");
+    }
+    if let Err(e) = meta.checkpoint().await {
+        tracing::error!(error = %e, "could not checkpoint the database");
+    }
+}
+
+/// Syncs every `every` until `stop`, then once more.
+pub async fn run(
+    meta: Arc<dyn MetaStore>,
+    blobs: Arc<dyn BlobStore>,
+    every: Duration,
+    stop: CancellationToken,
+) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -42,11 +57,7 @@ pub async fn run(blobs: Arc<dyn BlobStore>, every: Duration, stop: CancellationT
             _ = tick.tick() => {}
             () = stop.cancelled() => break,
         }
-        if let Err(e) = blobs.sync().await {
-            tracing::error!(error = %e, "could not sync stored chunks to disk");
-        }
+        sync_both(meta.as_ref(), blobs.as_ref()).await;
     }
-    if let Err(e) = blobs.sync().await {
-        tracing::error!(error = %e, "could not sync stored chunks to disk at shutdown");
-    }
+    sync_both(meta.as_ref(), blobs.as_ref()).await;
 }

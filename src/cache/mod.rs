@@ -111,6 +111,7 @@ impl Cache {
     ) -> tokio::task::JoinHandle<()> {
         let usage = tokio::spawn(self.usage.clone().run(self.meta.clone(), stop.clone()));
         let sync = tokio::spawn(durability::run(
+            self.meta.clone(),
             self.blobs.clone(),
             self.policy.sync_interval,
             stop,

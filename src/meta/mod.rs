@@ -119,6 +119,10 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug + 'static {
 
     async fn upload(&self, id: UploadId) -> Result<Option<Upload>, MetaError>;
 
+    /// Makes recent changes durable and compact (SQLite: a WAL checkpoint). Called by the
+    /// durability loop right after the blob store synced.
+    async fn checkpoint(&self) -> Result<(), MetaError>;
+
     /// Records `chunk` as the staged copy of `block` (the last copy of a block id wins).
     async fn stage_block(
         &self,
