@@ -34,6 +34,9 @@ const LAYOUT_VERSION: &str = "1";
 const IO_BLOCK: usize = 256 << 10;
 /// Batches or read blocks that may wait between the network and the disk thread.
 const PIPE_DEPTH: usize = 2;
+/// Chunks up to this size are received whole and written, or read, in one blocking call:
+/// one thread hop instead of a pipeline.
+const SMALL: u64 = 1 << 20;
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 
 #[derive(Debug, Clone)]
@@ -212,6 +215,27 @@ fn write_chunk(tmp_path: PathBuf, final_path: PathBuf, mut rx: mpsc::Receiver<Wr
     }
 }
 
+/// Writes a small chunk received whole: hash, write, publish, in one blocking call.
+fn write_small(tmp_path: &Path, final_path: &Path, frames: &[Bytes]) -> io::Result<[u8; 32]> {
+    let written = (|| {
+        let mut out = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(tmp_path)?;
+        let mut hasher = Sha256::new();
+        for frame in frames {
+            hasher.update(frame);
+        }
+        write_all_vectored(&mut out, frames)?;
+        publish(tmp_path, final_path)?;
+        Ok(hasher.finalize().into())
+    })();
+    if written.is_err() {
+        let _ = fs::remove_file(tmp_path);
+    }
+    written
+}
+
 /// Moves a fully written staging file into place.
 fn publish(tmp_path: &Path, final_path: &Path) -> io::Result<()> {
     match fs::rename(tmp_path, final_path) {
@@ -238,6 +262,37 @@ impl BlobStore for FsStore {
         self.unsynced.store(true, Ordering::Release);
         let tmp_path = self.tmp.join(format!("{}.part", BlobName::random()));
         let final_path = self.path_of(name);
+        if let Some(declared) = declared_len.filter(|d| *d <= SMALL) {
+            let mut frames = Vec::new();
+            let mut received = 0u64;
+            while let Some(frame) = body.next().await {
+                let bytes = frame.map_err(BlobError::Body)?;
+                received += bytes.len() as u64;
+                if received > declared {
+                    return Err(BlobError::LengthMismatch {
+                        declared,
+                        actual: received,
+                    });
+                }
+                frames.push(bytes);
+            }
+            if received != declared {
+                return Err(BlobError::LengthMismatch {
+                    declared,
+                    actual: received,
+                });
+            }
+            let sha256 =
+                tokio::task::spawn_blocking(move || write_small(&tmp_path, &final_path, &frames))
+                    .await
+                    .map_err(|e| io_err(format!("chunk {name}"))(io::Error::other(e)))?
+                    .map_err(io_err(format!("chunk {name}")))?;
+            return Ok(Chunk {
+                blob: name.clone(),
+                size: received,
+                sha256,
+            });
+        }
         let (tx, rx) = mpsc::channel(PIPE_DEPTH);
         let writer = tokio::task::spawn_blocking(move || write_chunk(tmp_path, final_path, rx));
 
@@ -297,6 +352,31 @@ impl BlobStore for FsStore {
     async fn get(&self, name: &BlobName, offset: u64, len: u64) -> Result<ByteStream, BlobError> {
         let path = self.path_of(name);
         let owned = name.clone();
+        let not_found_or = |e: io::Error, name: &BlobName| match e.kind() {
+            io::ErrorKind::NotFound => BlobError::NotFound(name.clone()),
+            _ => io_err(format!("chunk {name}"))(e),
+        };
+        if len <= SMALL {
+            let bytes = tokio::task::spawn_blocking(move || -> io::Result<Bytes> {
+                let mut file = File::open(&path)?;
+                file.seek(SeekFrom::Start(offset))?;
+                let mut buf = Vec::with_capacity(len as usize);
+                file.take(len).read_to_end(&mut buf)?;
+                if buf.len() as u64 != len {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "chunk is shorter than recorded",
+                    ));
+                }
+                Ok(Bytes::from(buf))
+            })
+            .await
+            .map_err(|e| io_err(format!("chunk {name}"))(io::Error::other(e)))?
+            .map_err(|e| not_found_or(e, name))?;
+            return Ok(Box::pin(futures_util::stream::once(
+                async move { Ok(bytes) },
+            )));
+        }
         let file = tokio::task::spawn_blocking(move || -> io::Result<File> {
             let mut file = File::open(&path)?;
             file.seek(SeekFrom::Start(offset))?;
