@@ -53,6 +53,84 @@ pub struct ServeArgs {
     /// On SIGTERM or SIGINT, how long in-flight requests may take to finish.
     #[arg(long, env = "HOARD_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
+
+    /// Trusted issuer of runtime tokens (repeatable; comma-separated in the variable). Keys are
+    /// found by OIDC discovery at <issuer>/.well-known/openid-configuration. Add your GHE.com
+    /// issuer (https://token.actions.githubusercontent.com/<enterprise>) or GHES issuer here.
+    #[arg(long = "token-issuer", env = "HOARD_TOKEN_ISSUERS", value_delimiter = ',', default_value = crate::auth::verify::GITHUB_ISSUER)]
+    pub token_issuers: Vec<String>,
+
+    /// Verify RS256/ES256 tokens against this JWKS file instead of discovery (air-gapped sites).
+    #[arg(long, env = "HOARD_JWKS_FILE")]
+    pub jwks_file: Option<PathBuf>,
+
+    /// Accept HS256 tokens signed with the secret in this file (forges such as Gitea, tests).
+    #[arg(long, env = "HOARD_TOKEN_HS256_SECRET_FILE")]
+    pub token_hs256_secret_file: Option<PathBuf>,
+
+    /// Clock skew allowed when checking a token's exp and nbf.
+    #[arg(long, env = "HOARD_TOKEN_LEEWAY", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub token_leeway: Duration,
+
+    /// Read runtime tokens without checking their signature, issuer or expiry. Anyone who can
+    /// reach the server can then read and write any repository's entries.
+    #[arg(long, env = "HOARD_INSECURE_SKIP_TOKEN_VALIDATION")]
+    pub insecure_skip_token_validation: bool,
+
+    /// File holding the key that signs upload and download links (at least 32 bytes); made with
+    /// mode 0600 if missing. Replicas must share it [default: <data-dir>/signing.key].
+    #[arg(long, env = "HOARD_SIGNING_KEY_FILE")]
+    pub signing_key_file: Option<PathBuf>,
+
+    /// The link signing key itself (at least 32 characters), instead of a file.
+    #[arg(long, env = "HOARD_SIGNING_KEY", hide_env_values = true)]
+    pub signing_key: Option<String>,
+
+    /// Largest entry accepted, in bytes or with a unit (KiB, MiB, GiB).
+    #[arg(long, env = "HOARD_MAX_ENTRY_SIZE", default_value = "10GiB", value_parser = parse_size)]
+    pub max_entry_size: u64,
+
+    /// Most uploads a repository may have open at once; more get 429 with Retry-After.
+    #[arg(long, env = "HOARD_MAX_OPEN_UPLOADS", default_value_t = 256)]
+    pub max_open_uploads: u32,
+
+    /// A client must send a request's headers within this time.
+    #[arg(long, env = "HOARD_HEADER_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub header_timeout: Duration,
+
+    /// An upload whose body sends nothing for this long is abandoned.
+    #[arg(long, env = "HOARD_IDLE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub idle_timeout: Duration,
+}
+
+/// Parses `1234`, `64KiB`, `10MiB`, `10GiB` (also KB/MB/GB, read as powers of 1024).
+pub fn parse_size(raw: &str) -> Result<u64, String> {
+    let raw = raw.trim();
+    let digits = raw.find(|c: char| !c.is_ascii_digit()).unwrap_or(raw.len());
+    let (number, unit) = raw.split_at(digits);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{raw:?} is not a size such as 10GiB"))?;
+    let factor: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return Err(format!("{raw:?} has an unknown unit (use KiB, MiB or GiB)")),
+    };
+    number
+        .checked_mul(factor)
+        .ok_or_else(|| format!("{raw:?} is too large"))
+}
+
+/// Limits applied to requests.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub max_entry_size: u64,
+    pub max_open_uploads: u32,
+    pub header_timeout: Duration,
+    pub idle_timeout: Duration,
 }
 
 /// A validated configuration.
@@ -70,6 +148,11 @@ pub struct Config {
     pub reservation_ttl: Duration,
     pub sync_interval: Duration,
     pub shutdown_timeout: Duration,
+    pub tokens: crate::auth::TokenSettings,
+    /// The link signing key, if given directly; else `signing_key_file` is used.
+    pub signing_key: Option<Vec<u8>>,
+    pub signing_key_file: PathBuf,
+    pub limits: Limits,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -120,7 +203,39 @@ impl ServeArgs {
                 return Err(ConfigError(format!("{flag} ({env}) must be at least 1s.")));
             }
         }
+        let tokens = self.token_settings()?;
+        let signing_key = match &self.signing_key {
+            Some(key) if key.len() < 32 => {
+                return Err(ConfigError(
+                    "--signing-key (HOARD_SIGNING_KEY) must be at least 32 characters.".into(),
+                ))
+            }
+            Some(key) => Some(key.as_bytes().to_vec()),
+            None => None,
+        };
+        if self.max_open_uploads == 0 {
+            return Err(ConfigError(
+                "--max-open-uploads (HOARD_MAX_OPEN_UPLOADS) must be at least 1.".into(),
+            ));
+        }
+        if self.max_entry_size == 0 {
+            return Err(ConfigError(
+                "--max-entry-size (HOARD_MAX_ENTRY_SIZE) must be above 0.".into(),
+            ));
+        }
         Ok(Config {
+            tokens,
+            signing_key,
+            signing_key_file: self
+                .signing_key_file
+                .clone()
+                .unwrap_or_else(|| self.data_dir.join("signing.key")),
+            limits: Limits {
+                max_entry_size: self.max_entry_size,
+                max_open_uploads: self.max_open_uploads,
+                header_timeout: self.header_timeout,
+                idle_timeout: self.idle_timeout,
+            },
             listen,
             data_dir: self.data_dir.clone(),
             sqlite_path,
@@ -131,6 +246,60 @@ impl ServeArgs {
             reservation_ttl: self.reservation_ttl,
             sync_interval: self.sync_interval,
             shutdown_timeout: self.shutdown_timeout,
+        })
+    }
+}
+
+impl ServeArgs {
+    fn token_settings(&self) -> Result<crate::auth::TokenSettings, ConfigError> {
+        let issuers: Vec<String> = self
+            .token_issuers
+            .iter()
+            .map(|i| i.trim().to_owned())
+            .filter(|i| !i.is_empty())
+            .collect();
+        for issuer in &issuers {
+            let ok = Url::parse(issuer)
+                .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host_str().is_some());
+            if !ok {
+                return Err(ConfigError(format!(
+                    "--token-issuer (HOARD_TOKEN_ISSUERS) must be http(s) URLs; {issuer:?} is not."
+                )));
+            }
+        }
+        let jwks = match &self.jwks_file {
+            Some(path) => Some(
+                crate::auth::TokenSettings::load_jwks_file(path)
+                    .map_err(|e| ConfigError(format!("--jwks-file (HOARD_JWKS_FILE): {e}.")))?,
+            ),
+            None => None,
+        };
+        let hs256_secret = match &self.token_hs256_secret_file {
+            Some(path) => {
+                let secret = std::fs::read(path).map_err(|e| {
+                    ConfigError(format!("--token-hs256-secret-file (HOARD_TOKEN_HS256_SECRET_FILE): cannot read {}: {e}.", path.display()))
+                })?;
+                let secret = secret.trim_ascii().to_vec();
+                if secret.len() < 32 {
+                    return Err(ConfigError(
+                        "--token-hs256-secret-file (HOARD_TOKEN_HS256_SECRET_FILE) must hold at least 32 bytes.".into(),
+                    ));
+                }
+                Some(secret)
+            }
+            None => None,
+        };
+        if issuers.is_empty() && hs256_secret.is_none() && !self.insecure_skip_token_validation {
+            return Err(ConfigError(
+                "no way to verify tokens: give --token-issuer or --token-hs256-secret-file (or, on a trusted network only, --insecure-skip-token-validation).".into(),
+            ));
+        }
+        Ok(crate::auth::TokenSettings {
+            issuers,
+            jwks,
+            hs256_secret,
+            leeway: self.token_leeway,
+            insecure_skip_validation: self.insecure_skip_token_validation,
         })
     }
 }
@@ -230,6 +399,34 @@ mod tests {
         assert!(err.0.contains("HOARD_PUBLIC_URL"), "{err}");
         let err = args(&["--upload-url-ttl", "0s"]).validate().unwrap_err();
         assert!(err.0.contains("--upload-url-ttl"), "{err}");
+    }
+
+    #[test]
+    fn sizes_take_units() {
+        assert_eq!(parse_size("1234"), Ok(1234));
+        assert_eq!(parse_size("64KiB"), Ok(64 << 10));
+        assert_eq!(parse_size("10GiB"), Ok(10 << 30));
+        assert_eq!(parse_size("3 MB"), Ok(3 << 20));
+        assert!(parse_size("ten").is_err());
+        assert!(parse_size("5 parsecs").is_err());
+        assert!(parse_size("99999999999999999999").is_err());
+    }
+
+    #[test]
+    fn token_verification_is_on_by_default_with_githubs_issuer() {
+        let c = args(&[]).validate().unwrap();
+        assert!(!c.tokens.insecure_skip_validation);
+        assert_eq!(c.tokens.issuers, [crate::auth::verify::GITHUB_ISSUER]);
+        let err = args(&["--token-issuer", "not a url"])
+            .validate()
+            .unwrap_err();
+        assert!(err.0.contains("HOARD_TOKEN_ISSUERS"), "{err}");
+        let err = args(&["--jwks-file", "/nonexistent/jwks.json"])
+            .validate()
+            .unwrap_err();
+        assert!(err.0.contains("--jwks-file"), "{err}");
+        let err = args(&["--signing-key", "short"]).validate().unwrap_err();
+        assert!(err.0.contains("HOARD_SIGNING_KEY"), "{err}");
     }
 
     #[test]

@@ -11,15 +11,13 @@ pub mod cache;
 pub mod config;
 pub mod meta;
 
-use std::future::IntoFuture;
 use std::sync::Arc;
 
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{ApiConfig, AppState};
-use crate::auth::{TokenReader, UrlSigner};
+use crate::auth::{UrlSigner, Verifier};
 use crate::blob::FsStore;
 use crate::cache::{Cache, Policy};
 use crate::config::Config;
@@ -45,9 +43,9 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
 }
 
-/// Warning shown at start-up and on `/readyz` until tokens are verified (issue #4).
+/// Warning shown at start-up and on `/readyz` when token checks are turned off.
 pub const UNVERIFIED_TOKENS_WARNING: &str =
-    "runtime tokens are decoded without signature verification: any client that can reach this server can read and write any repository's entries";
+    "--insecure-skip-token-validation is set: runtime tokens are read without checking their signature, so any client that can reach this server can read and write any repository's entries";
 
 /// Opens storage and metadata (running migrations) and builds the handlers' state, so that bad
 /// settings fail before the port is bound.
@@ -71,52 +69,97 @@ pub async fn build_state(
     }
     let meta = SqliteStore::open(&config.sqlite_path).await?;
     let blobs = FsStore::open(&config.storage_dir)?;
-    let signer = UrlSigner::load_or_create(&config.data_dir.join("signing.key"))
-        .map_err(ServeError::SigningKey)?;
+    let signer = match &config.signing_key {
+        Some(key) => UrlSigner::new(key.clone()),
+        None => {
+            UrlSigner::load_or_create(&config.signing_key_file).map_err(ServeError::SigningKey)?
+        }
+    };
     let cache = Cache::new(
         Arc::new(meta),
         Arc::new(blobs),
         Policy {
             reservation_ttl: config.reservation_ttl,
             sync_interval: config.sync_interval,
+            max_open_uploads: config.limits.max_open_uploads,
+            max_entry_size: config.limits.max_entry_size,
         },
     );
     cache.recover().await?;
+    let mut warnings = Vec::new();
+    if config.tokens.insecure_skip_validation {
+        warnings.push(UNVERIFIED_TOKENS_WARNING.to_owned());
+    }
     let api = ApiConfig {
         public_url: config.public_url.clone(),
         upload_url_ttl: config.upload_url_ttl,
         download_url_ttl: config.download_url_ttl,
-        warnings: vec![UNVERIFIED_TOKENS_WARNING.to_owned()],
+        warnings,
+        limits: config.limits.clone(),
     };
-    Ok(AppState::new(api, cache, signer, TokenReader, shutdown))
+    Ok(AppState::new(
+        api,
+        cache,
+        signer,
+        Verifier::new(config.tokens.clone()),
+        shutdown,
+    ))
 }
 
 /// Serves on `listener` until `shutdown` is cancelled, then lets in-flight requests finish for
 /// up to `config.shutdown_timeout`.
+///
+/// The accept loop is hyper's own rather than `axum::serve`, for the settings axum does not
+/// expose: a header read timeout against slow clients, and HTTP/1 and h2c on one port.
 pub async fn serve(
     config: &Config,
     state: AppState,
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::server::conn::auto;
+    use hyper_util::service::TowerToHyperService;
+
     let background = state.cache().spawn_background(shutdown.clone());
-    let server = axum::serve(listener, api::router(state))
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-        .into_future();
-    let grace = config.shutdown_timeout;
-    let stopping = shutdown.clone();
-    let deadline = async move {
-        stopping.cancelled().await;
-        tokio::time::sleep(grace).await;
-    };
-    tokio::select! {
-        result = server => result?,
-        () = deadline => tracing::warn!("in-flight requests did not finish within {grace:?}; stopping anyway"),
+    let router = api::router(state);
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(config.limits.header_timeout)
+        .keep_alive(true);
+    builder.http2().timer(TokioTimer::new());
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // Out of descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = shutdown.cancelled() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(router.clone());
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .into_owned();
+        let watched = graceful.watch(connection);
+        tokio::spawn(async move {
+            let _ = watched.await;
+        });
     }
-    shutdown.cancel(); // The server may also end on its own (listener error).
+    drop(listener);
+    let grace = config.shutdown_timeout;
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(grace) => tracing::warn!("in-flight requests did not finish within {grace:?}; stopping anyway"),
+    }
     let _ = background.await;
     Ok(())
 }

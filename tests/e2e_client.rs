@@ -30,6 +30,8 @@ impl Hoard {
         let mut child = Command::new(env!("CARGO_BIN_EXE_hoard"))
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data)
+            .arg("--token-hs256-secret-file")
+            .arg(common::secret_file(data))
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -524,12 +524,31 @@ async fn health_and_readiness() {
     let (status, body) = json_of(srv.http.get(srv.url("/readyz")).send().await.unwrap()).await;
     assert_eq!(status, 200);
     assert_eq!(body["status"], "ready");
-    assert!(body["warnings"][0]
-        .as_str()
-        .unwrap()
-        .contains("without signature verification"));
+    assert_eq!(
+        body["warnings"],
+        json!([]),
+        "token checks are on: nothing to warn about"
+    );
     let (status, _) = json_of(srv.http.get(srv.url("/nope")).send().await.unwrap()).await;
     assert_eq!(status, 404);
+
+    let insecure = TestServer::start_with(&["--insecure-skip-token-validation"]).await;
+    let (_, body) = json_of(
+        insecure
+            .http
+            .get(insecure.url("/readyz"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert!(
+        body["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("--insecure-skip-token-validation"),
+        "{body}"
+    );
 }
 
 #[tokio::test]

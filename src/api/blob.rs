@@ -7,7 +7,7 @@ use axum::body::{to_bytes, Body};
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use futures_util::TryStreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 use percent_encoding::percent_decode_str;
 
 use super::links::unix_now;
@@ -199,8 +199,26 @@ fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, AzureError> {
     }
 }
 
-fn body_stream(body: Body) -> ByteStream {
-    Box::pin(body.into_data_stream().map_err(std::io::Error::other))
+/// The request body as a stream that fails if the client sends nothing for `idle`.
+fn body_stream(body: Body, idle: std::time::Duration) -> ByteStream {
+    let frames = body.into_data_stream().map_err(std::io::Error::other);
+    Box::pin(futures_util::stream::unfold(
+        Some(frames),
+        move |state| async move {
+            let mut frames = state?;
+            match tokio::time::timeout(idle, frames.next()).await {
+                Ok(Some(item)) => Some((item, Some(frames))),
+                Ok(None) => None,
+                Err(_) => Some((
+                    Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the client sent nothing for too long",
+                    )),
+                    None,
+                )),
+            }
+        },
+    ))
 }
 
 fn created(last_modified: bool) -> Response {
@@ -271,7 +289,13 @@ async fn put(
                 ));
             }
             let declared = declared_length(&headers)?;
-            cache.put_whole(upload, body_stream(body), declared).await?;
+            cache
+                .put_whole(
+                    upload,
+                    body_stream(body, app.config().limits.idle_timeout),
+                    declared,
+                )
+                .await?;
             Ok(created(true))
         }
         Some("block") => {
@@ -285,7 +309,12 @@ async fn put(
             let block = BlockId::parse(raw).map_err(CacheError::from)?;
             let declared = declared_length(&headers)?;
             cache
-                .stage_block(upload, block, body_stream(body), declared)
+                .stage_block(
+                    upload,
+                    block,
+                    body_stream(body, app.config().limits.idle_timeout),
+                    declared,
+                )
                 .await?;
             Ok(created(false))
         }

@@ -24,8 +24,9 @@ use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
 use tracing::Level;
 use url::Url;
 
-use crate::auth::{TokenReader, UrlSigner};
+use crate::auth::{UrlSigner, Verifier};
 use crate::cache::Cache;
+use crate::config::Limits;
 
 /// What the HTTP layer needs to know of the configuration.
 #[derive(Debug, Clone)]
@@ -36,6 +37,7 @@ pub struct ApiConfig {
     pub download_url_ttl: Duration,
     /// Start-up warnings also reported by `/readyz` (e.g. token verification being off).
     pub warnings: Vec<String>,
+    pub limits: Limits,
 }
 
 /// Shared state of every handler; cheap to clone.
@@ -47,7 +49,7 @@ struct Inner {
     config: ApiConfig,
     cache: Cache,
     signer: UrlSigner,
-    tokens: TokenReader,
+    tokens: Verifier,
     shutdown: CancellationToken,
 }
 
@@ -56,7 +58,7 @@ impl AppState {
         config: ApiConfig,
         cache: Cache,
         signer: UrlSigner,
-        tokens: TokenReader,
+        tokens: Verifier,
         shutdown: CancellationToken,
     ) -> Self {
         Self(Arc::new(Inner {
@@ -76,7 +78,7 @@ impl AppState {
     fn signer(&self) -> &UrlSigner {
         &self.0.signer
     }
-    fn tokens(&self) -> &TokenReader {
+    fn tokens(&self) -> &Verifier {
         &self.0.tokens
     }
 }

@@ -28,6 +28,8 @@ const MAX_REQUEST_BYTES: usize = 64 * 1024;
 pub struct TwirpError {
     code: &'static str,
     msg: String,
+    /// Seconds for a `Retry-After` header (the client shows it on 429, §2.4).
+    retry_after: Option<u64>,
 }
 
 impl TwirpError {
@@ -35,6 +37,7 @@ impl TwirpError {
         Self {
             code,
             msg: msg.into(),
+            retry_after: None,
         }
     }
 
@@ -55,12 +58,18 @@ impl TwirpError {
 impl IntoResponse for TwirpError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({ "code": self.code, "msg": self.msg });
-        (
+        let mut response = (
             self.status(),
             [(header::CONTENT_TYPE, "application/json")],
             body.to_string(),
         )
-            .into_response()
+            .into_response();
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, seconds.into());
+        }
+        response
     }
 }
 
@@ -71,6 +80,10 @@ impl From<CacheError> for TwirpError {
             CacheError::Conflict => Self::new("already_exists", e.to_string()),
             CacheError::ReadDenied => Self::new("permission_denied", e.to_string()),
             CacheError::WriteDenied => Self::new("permission_denied", e.to_string()),
+            CacheError::TooManyUploads => Self {
+                retry_after: Some(60),
+                ..Self::new("resource_exhausted", e.to_string())
+            },
             CacheError::Blob(_) | CacheError::Meta(_) => {
                 tracing::error!(error = %e, "cache service call failed");
                 Self::new("internal", "internal error")
@@ -194,7 +207,7 @@ pub(super) async fn dispatch(
     let authorization = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    let who = app.tokens().identify(authorization)?;
+    let who = app.tokens().identify(authorization).await?;
     match handler {
         Rpc::Create => create(app, &who, headers, encoding.decode(&body)?)
             .await
@@ -262,6 +275,7 @@ async fn finalize(
             e @ (CacheError::WriteDenied
             | CacheError::NoReservation
             | CacheError::NothingUploaded
+            | CacheError::TooLarge(_)
             | CacheError::SizeMismatch { .. }),
         ) => Ok(FinalizeCacheEntryUploadResponse {
             ok: false,

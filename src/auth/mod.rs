@@ -2,6 +2,8 @@
 
 pub mod signing;
 pub mod token;
+pub mod verify;
 
 pub use signing::{Purpose, UrlSigner};
-pub use token::{Identity, TokenError, TokenReader};
+pub use token::{Identity, TokenError};
+pub use verify::{TokenSettings, Verifier};

@@ -1,8 +1,8 @@
 //! Runtime tokens (`ACTIONS_RUNTIME_TOKEN`, PROTOCOL.md §8) turned into an [`Identity`].
 //!
 //! The token is a JWT. Its `ac` claim (a JSON string) lists the scopes and permissions, and
-//! `repository_id` names the repository. Signature verification is issue #4: until it lands the
-//! claims are decoded without verification, and `hoard serve` warns about it at start-up.
+//! `repository_id` names the repository. Signatures are checked by [`super::verify`] before the
+//! claims are read here.
 
 use base64::engine::general_purpose::{URL_SAFE, URL_SAFE_NO_PAD};
 use base64::Engine;
@@ -19,8 +19,10 @@ pub struct Identity {
     pub read_scopes: Vec<Scope>,
     /// Where writes go; `None` for read-only tokens.
     pub write_scope: Option<Scope>,
-    /// The token's subject or run identifiers, for audit logs.
+    /// The token's subject, for audit logs.
     pub subject: String,
+    /// The run and job the token was issued to (`Actions.Results:<run>:<job>`), for audit logs.
+    pub run: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -31,10 +33,14 @@ pub enum TokenError {
     Malformed,
     #[error("the token's ac claim is not a list of scopes")]
     BadScopes,
+    #[error("{0}")]
+    Rejected(String),
+    #[error("the token issuer's keys are unavailable: {0}")]
+    KeysUnavailable(String),
 }
 
 #[derive(Deserialize)]
-struct Claims {
+pub(crate) struct Claims {
     #[serde(default)]
     ac: Option<serde_json::Value>,
     #[serde(default)]
@@ -45,24 +51,13 @@ struct Claims {
     scp: Option<String>,
 }
 
-/// Turns bearer tokens into identities.
-#[derive(Debug, Clone, Default)]
-pub struct TokenReader;
-
-impl TokenReader {
-    /// Reads the `Authorization` header value (`Bearer <jwt>`).
-    pub fn identify(&self, authorization: Option<&str>) -> Result<Identity, TokenError> {
-        let header = authorization.ok_or(TokenError::Missing)?;
-        let token = header
-            .strip_prefix("Bearer ")
-            .or_else(|| header.strip_prefix("bearer "))
-            .ok_or(TokenError::Missing)?
-            .trim();
-        identity_from_jwt(token)
-    }
+pub(crate) fn claims_from_json(value: serde_json::Value) -> Result<Claims, TokenError> {
+    serde_json::from_value(value).map_err(|_| TokenError::Malformed)
 }
 
-fn identity_from_jwt(token: &str) -> Result<Identity, TokenError> {
+/// Reads a JWT's claims without checking its signature: only for
+/// `--insecure-skip-token-validation`.
+pub(crate) fn identity_from_unverified_jwt(token: &str) -> Result<Identity, TokenError> {
     let mut parts = token.split('.');
     let (Some(_header), Some(payload), Some(_signature), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -77,7 +72,7 @@ fn identity_from_jwt(token: &str) -> Result<Identity, TokenError> {
     identity_from_claims(claims)
 }
 
-fn identity_from_claims(claims: Claims) -> Result<Identity, TokenError> {
+pub(crate) fn identity_from_claims(claims: Claims) -> Result<Identity, TokenError> {
     // `ac` is a JSON string holding an array; accept the array itself too.
     let grants: Vec<AccessGrant> = match claims.ac {
         None | Some(serde_json::Value::Null) => Vec::new(),
@@ -100,7 +95,15 @@ fn identity_from_claims(claims: Claims) -> Result<Identity, TokenError> {
         repository: RepoId::new(repository),
         read_scopes: scopes.read,
         write_scope: scopes.write,
-        subject: claims.sub.or(claims.scp).unwrap_or_default(),
+        subject: claims.sub.unwrap_or_default(),
+        run: claims
+            .scp
+            .as_deref()
+            .unwrap_or_default()
+            .split_whitespace()
+            .find_map(|s| s.strip_prefix("Actions.Results:"))
+            .unwrap_or_default()
+            .to_owned(),
     })
 }
 
@@ -110,49 +113,48 @@ mod tests {
 
     fn jwt(payload: &str) -> String {
         format!(
-            "Bearer {}.{}.sig",
+            "{}.{}.sig",
             URL_SAFE_NO_PAD.encode(r#"{"alg":"RS256","typ":"JWT"}"#),
             URL_SAFE_NO_PAD.encode(payload)
         )
     }
 
     #[test]
-    fn reads_repository_and_scopes() {
+    fn reads_repository_scopes_and_run() {
         let token = jwt(
-            r#"{"ac":"[{\"Scope\":\"refs/pull/7/merge\",\"Permission\":3},{\"Scope\":\"refs/heads/main\",\"Permission\":1}]","repository_id":"42","sub":"repo:o/r"}"#,
+            r#"{"ac":"[{\"Scope\":\"refs/pull/7/merge\",\"Permission\":3},{\"Scope\":\"refs/heads/main\",\"Permission\":1}]","repository_id":"42","sub":"repo:o/r","scp":"Actions.Runner:11:22 Actions.Results:33:44"}"#,
         );
-        let id = TokenReader.identify(Some(&token)).unwrap();
+        let id = identity_from_unverified_jwt(&token).unwrap();
         assert_eq!(id.repository, RepoId::new("42"));
         assert_eq!(id.write_scope, Some(Scope::new("refs/pull/7/merge")));
         assert_eq!(id.read_scopes.len(), 2);
         assert_eq!(id.subject, "repo:o/r");
+        assert_eq!(id.run, "33:44");
     }
 
     #[test]
     fn numeric_repository_ids_are_read() {
-        let token = jwt(r#"{"ac":"[]","repository_id":123}"#);
-        let id = TokenReader.identify(Some(&token)).unwrap();
+        let id = identity_from_unverified_jwt(&jwt(r#"{"ac":"[]","repository_id":123}"#)).unwrap();
         assert_eq!(id.repository, RepoId::new("123"));
         assert!(id.read_scopes.is_empty());
     }
 
     #[test]
     fn malformed_tokens_are_refused() {
-        assert_eq!(TokenReader.identify(None), Err(TokenError::Missing));
         assert_eq!(
-            TokenReader.identify(Some("Basic abc")),
-            Err(TokenError::Missing)
-        );
-        assert_eq!(
-            TokenReader.identify(Some("Bearer abc")),
+            identity_from_unverified_jwt("abc"),
             Err(TokenError::Malformed)
         );
         assert_eq!(
-            TokenReader.identify(Some("Bearer a.!!!.c")),
+            identity_from_unverified_jwt("a.!!!.c"),
             Err(TokenError::Malformed)
         );
         assert_eq!(
-            TokenReader.identify(Some(&jwt(r#"{"ac":"not json"}"#))),
+            identity_from_unverified_jwt(&jwt(r#"{"ac":"not json"}"#)),
+            Err(TokenError::BadScopes)
+        );
+        assert_eq!(
+            identity_from_unverified_jwt(&jwt(r#"{"ac":7}"#)),
             Err(TokenError::BadScopes)
         );
     }

@@ -57,8 +57,9 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
 
-    /// Runtime token to send [default: an unsigned token that reads and writes refs/heads/main
-    /// of repository "bench"].
+    /// Runtime token to send [default: a token that reads and writes refs/heads/main of
+    /// repository "bench": HS256-signed with the secret given to the hoard the bench starts
+    /// itself, unsigned for other targets].
     #[arg(long, env = "HOARD_BENCH_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
 }
@@ -88,6 +89,8 @@ struct Target {
     cpu_at_start: f64,
     rounds: Vec<RoundResult>,
     client_cpu: f64,
+    /// The token for this target, when the bench made the server and knows its secret.
+    token: Option<String>,
     /// Keeps a spawned server's data directory alive until the end.
     _data: Option<tempfile::TempDir>,
 }
@@ -134,18 +137,38 @@ fn origin_of(url: &str) -> Result<String, BenchFailure> {
     Ok(parsed.origin().ascii_serialization())
 }
 
-/// An unsigned runtime token for repository "bench", branch main, read and write.
-pub fn default_token() -> String {
-    let claims = serde_json::json!({
+fn bench_claims() -> serde_json::Value {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    serde_json::json!({
         "ac": r#"[{"Scope":"refs/heads/main","Permission":3}]"#,
         "repository_id": "bench",
         "sub": "hoard-bench",
-    });
+        "exp": now + 24 * 3600,
+    })
+}
+
+/// An unsigned runtime token for repository "bench", branch main, read and write: for servers
+/// that do not check signatures.
+pub fn unsigned_token() -> String {
     format!(
         "{}.{}.bench",
         URL_SAFE_NO_PAD.encode(r#"{"alg":"none","typ":"JWT"}"#),
-        URL_SAFE_NO_PAD.encode(claims.to_string())
+        URL_SAFE_NO_PAD.encode(bench_claims().to_string())
     )
+}
+
+/// The same token signed with HS256 and `secret`.
+fn signed_token(secret: &[u8]) -> Result<String, BenchFailure> {
+    let key = jsonwebtoken::EncodingKey::from_secret(secret);
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &bench_claims(),
+        &key,
+    )
+    .map_err(|e| usage(format!("cannot sign the bench token: {e}")))
 }
 
 /// Starts `command` and waits until `health` answers 200; returns the child and the time taken.
@@ -191,6 +214,7 @@ fn target(label: String, base: String, verify_content: bool) -> Target {
         cpu_at_start: 0.0,
         rounds: Vec::new(),
         client_cpu: 0.0,
+        token: None,
         _data: None,
     }
 }
@@ -222,6 +246,10 @@ async fn prepare_targets(args: &BenchArgs) -> Result<Vec<Target>, BenchFailure> 
     if args.targets.is_empty() && args.spawns.is_empty() {
         let dir = tempfile::tempdir().map_err(|e| usage(e.to_string()))?;
         let port = free_port()?;
+        // Tokens are verified as in production: HS256 with a secret only this run knows.
+        let secret = crate::cache::model::BlobName::random().as_str().repeat(2);
+        let secret_file = dir.path().join("bench-token-secret");
+        std::fs::write(&secret_file, &secret).map_err(|e| usage(e.to_string()))?;
         let mut cmd = Command::new(&exe);
         cmd.args([
             "serve",
@@ -229,15 +257,13 @@ async fn prepare_targets(args: &BenchArgs) -> Result<Vec<Target>, BenchFailure> 
             &format!("127.0.0.1:{port}"),
             "--data-dir",
         ])
-        .arg(dir.path());
+        .arg(dir.path().join("data"))
+        .arg("--token-hs256-secret-file")
+        .arg(&secret_file);
         cmd.env("RUST_LOG", "warn");
-        let mut t = spawned(
-            "hoard".into(),
-            cmd,
-            &format!("http://127.0.0.1:{port}/healthz"),
-            true,
-        )
-        .await?;
+        let health = format!("http://127.0.0.1:{port}/healthz");
+        let mut t = spawned("hoard".into(), cmd, &health, true).await?;
+        t.token = Some(signed_token(secret.as_bytes())?);
         t._data = Some(dir);
         targets.push(t);
     }
@@ -301,7 +327,7 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
     if !(args.scale > 0.0 && args.scale <= 100.0) {
         return Err(usage("--scale must be above 0 and at most 100"));
     }
-    let token = args.token.clone().unwrap_or_else(default_token);
+    let default_token = unsigned_token();
     let plan = Plan::scaled(args.scale);
     let mut targets = prepare_targets(&args).await?;
     if targets.is_empty() {
@@ -326,7 +352,12 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
     let client_cpu_start = procstat::self_cpu_seconds();
     for round in 0..args.rounds {
         for t in targets.iter_mut() {
-            let client = Client::new(&t.base, &token, t.verify_content);
+            let token = args
+                .token
+                .as_deref()
+                .or(t.token.as_deref())
+                .unwrap_or(&default_token);
+            let client = Client::new(&t.base, token, t.verify_content);
             let cpu_before = procstat::self_cpu_seconds();
             let result = scenarios::run_round(&client, &plan, &data, &format!("{run_id}-{round}"))
                 .await

@@ -49,6 +49,10 @@ pub enum CacheError {
     SizeMismatch { stored: u64, declared: u64 },
     #[error("no such entry")]
     EntryNotFound,
+    #[error("too many uploads are open for this repository; retry later")]
+    TooManyUploads,
+    #[error("entries are limited to {0} bytes")]
+    TooLarge(u64),
     #[error(transparent)]
     Blob(#[from] BlobError),
     #[error(transparent)]
@@ -63,6 +67,10 @@ pub struct Policy {
     pub reservation_ttl: Duration,
     /// How often stored chunks are made durable against a machine crash.
     pub sync_interval: Duration,
+    /// Most uploads one repository may have open at once.
+    pub max_open_uploads: u32,
+    /// Largest entry accepted, in bytes.
+    pub max_entry_size: u64,
 }
 
 /// A restore hit.
@@ -149,6 +157,7 @@ impl Cache {
                 created_by: &who.subject,
                 now,
                 stale_before: now.saturating_sub(self.policy.reservation_ttl.as_millis() as i64),
+                max_open: self.policy.max_open_uploads,
             })
             .await?;
         match outcome {
@@ -162,11 +171,13 @@ impl Cache {
                     key = %key,
                     version = %version,
                     subject = %who.subject,
+                    run = %who.run,
                     upload,
                 );
                 Ok(upload)
             }
             Reserved::Conflict => Err(CacheError::Conflict),
+            Reserved::TooManyOpen => Err(CacheError::TooManyUploads),
         }
     }
 
@@ -193,7 +204,7 @@ impl Cache {
     ) -> Result<(), CacheError> {
         self.open_upload(upload).await?;
         let name = BlobName::random();
-        let chunk = self.blobs.put(&name, body, declared_len).await?;
+        let chunk = self.store_chunk(&name, body, declared_len).await?;
         match self
             .meta
             .stage_block(upload, &block, &chunk, now_millis())
@@ -223,7 +234,7 @@ impl Cache {
     ) -> Result<(), CacheError> {
         self.open_upload(upload).await?;
         let name = BlobName::random();
-        let chunk = self.blobs.put(&name, body, declared_len).await?;
+        let chunk = self.store_chunk(&name, body, declared_len).await?;
         match self.meta.commit_whole(upload, &chunk, now_millis()).await {
             Ok(Committed::Done { garbage }) => {
                 self.collect(garbage).await;
@@ -272,6 +283,9 @@ impl Cache {
         let key = CacheKey::parse(key)?;
         let version = Version::parse(version)?;
         let scope = who.write_scope.as_ref().ok_or(CacheError::WriteDenied)?;
+        if size > self.policy.max_entry_size {
+            return Err(CacheError::TooLarge(self.policy.max_entry_size));
+        }
         let outcome = self
             .meta
             .finalize(FinalizeRequest {
@@ -294,6 +308,7 @@ impl Cache {
                     key = %key,
                     version = %version,
                     subject = %who.subject,
+                    run = %who.run,
                     size,
                     entry,
                 );
@@ -378,6 +393,25 @@ impl Cache {
         Ok(Box::pin(head.chain(tail)))
     }
 
+    /// Stores one chunk, refusing bodies larger than an entry may be, declared or not.
+    async fn store_chunk(
+        &self,
+        name: &BlobName,
+        body: ByteStream,
+        declared_len: Option<u64>,
+    ) -> Result<model::Chunk, CacheError> {
+        let max = self.policy.max_entry_size;
+        if declared_len.is_some_and(|len| len > max) {
+            return Err(CacheError::TooLarge(max));
+        }
+        match self.blobs.put(name, limit(body, max), declared_len).await {
+            Err(BlobError::Body(e)) if e.kind() == std::io::ErrorKind::FileTooLarge => {
+                Err(CacheError::TooLarge(max))
+            }
+            other => Ok(other?),
+        }
+    }
+
     /// Deletes blobs no metadata refers to any more. Failures only leave orphans behind.
     async fn collect(&self, garbage: Vec<BlobName>) {
         for name in garbage {
@@ -386,6 +420,32 @@ impl Cache {
             }
         }
     }
+}
+
+/// Ends `body` with a `FileTooLarge` error once it has carried more than `max` bytes.
+fn limit(body: ByteStream, max: u64) -> ByteStream {
+    Box::pin(futures_util::stream::unfold(
+        (body, 0u64, false),
+        move |(mut body, seen, done)| async move {
+            if done {
+                return None;
+            }
+            match body.next().await? {
+                Ok(bytes) if seen + bytes.len() as u64 > max => Some((
+                    Err(std::io::Error::new(
+                        std::io::ErrorKind::FileTooLarge,
+                        "body exceeds the entry size limit",
+                    )),
+                    (body, seen, true),
+                )),
+                Ok(bytes) => {
+                    let seen = seen + bytes.len() as u64;
+                    Some((Ok(bytes), (body, seen, false)))
+                }
+                Err(e) => Some((Err(e), (body, seen, true))),
+            }
+        },
+    ))
 }
 
 /// Maps the byte range `[start, start + len)` of an entry onto its chunks:

@@ -45,6 +45,8 @@ pub struct NewUpload<'a> {
     pub now: Millis,
     /// Open reservations created before this instant are abandoned and give way.
     pub stale_before: Millis,
+    /// Live open uploads the repository may have; at this many, the reservation is refused.
+    pub max_open: u32,
 }
 
 #[derive(Debug)]
@@ -56,6 +58,8 @@ pub enum Reserved {
     },
     /// An entry or a live reservation already holds this identity.
     Conflict,
+    /// The repository already has `max_open` live open uploads.
+    TooManyOpen,
 }
 
 /// What staging a block did.

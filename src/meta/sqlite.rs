@@ -266,7 +266,7 @@ impl MetaStore for SqliteStore {
             new.version.as_str().to_owned(),
             new.created_by.to_owned(),
         );
-        let (now, stale_before) = (new.now, new.stale_before);
+        let (now, stale_before, max_open) = (new.now, new.stale_before, new.max_open);
         self.write(move |tx| {
             let exists: Option<i64> = tx
                 .prepare_cached("SELECT id FROM entries WHERE repository = ? AND version = ? AND scope = ? AND key_folded = ?")?
@@ -282,11 +282,19 @@ impl MetaStore for SqliteStore {
                 )?
                 .query_row(params![repo, scope, folded, version], |r| Ok((r.get(0)?, r.get(1)?)))
                 .optional()?;
+            let open_count: i64 = tx
+                .prepare_cached(
+                    "SELECT COUNT(*) FROM uploads WHERE repository = ? AND state = 'open' AND created_at >= ?",
+                )?
+                .query_row(params![repo, stale_before], |r| r.get(0))?;
+            if open.is_some_and(|(_, created)| created >= stale_before) {
+                return Ok(Reserved::Conflict);
+            }
+            if open_count >= i64::from(max_open) {
+                return Ok(Reserved::TooManyOpen);
+            }
             let mut garbage = Vec::new();
-            if let Some((id, created_at)) = open {
-                if created_at >= stale_before {
-                    return Ok(Reserved::Conflict);
-                }
+            if let Some((id, _)) = open {
                 // Abandoned (PROTOCOL.md §9: GitHub releases reservations after 24 h).
                 garbage = drop_upload_blocks(tx, id)?;
                 set_state(tx, id, UploadState::Aborted, now)?;

@@ -7,8 +7,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine;
 use clap::Parser;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -17,22 +15,52 @@ pub const SERVICE: &str = "/twirp/github.actions.results.api.v1.CacheService/";
 pub const VERSION: &str = "3ad75f27293d65a135214b8c82b296080f911dc107e52f1e7ec871a2eda46e69";
 pub const MAIN: &str = "refs/heads/main";
 
-/// An unsigned runtime token with the given grants (`(scope, permission bits)`).
-pub fn token(repository: &str, grants: &[(&str, u8)]) -> String {
+/// The HS256 secret test servers trust (`--token-hs256-secret-file`).
+pub const TEST_SECRET: &str = "hoard-test-secret-hoard-test-secret-0123456789";
+
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// The claims of a runtime token with the given grants (`(scope, permission bits)`).
+pub fn claims(repository: &str, grants: &[(&str, u8)]) -> Value {
     let ac: Vec<Value> = grants
         .iter()
         .map(|(scope, perm)| serde_json::json!({ "Scope": scope, "Permission": perm }))
         .collect();
-    let claims = serde_json::json!({
+    serde_json::json!({
         "ac": serde_json::to_string(&ac).unwrap(),
         "repository_id": repository,
-        "sub": "test",
-    });
-    format!(
-        "{}.{}.c2ln",
-        URL_SAFE_NO_PAD.encode(r#"{"alg":"RS256","typ":"JWT"}"#),
-        URL_SAFE_NO_PAD.encode(claims.to_string())
+        "sub": "repo:test/test:ref:refs/heads/main",
+        "scp": "Actions.Results:1:2",
+        "exp": unix_now() + 3600,
+        "nbf": unix_now() - 10,
+    })
+}
+
+/// An HS256 runtime token signed with [`TEST_SECRET`].
+pub fn token(repository: &str, grants: &[(&str, u8)]) -> String {
+    sign_hs256(&claims(repository, grants))
+}
+
+pub fn sign_hs256(claims: &Value) -> String {
+    let key = jsonwebtoken::EncodingKey::from_secret(TEST_SECRET.as_bytes());
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        claims,
+        &key,
     )
+    .unwrap()
+}
+
+/// Writes [`TEST_SECRET`] into `dir` and returns the file's path.
+pub fn secret_file(dir: &Path) -> PathBuf {
+    let path = dir.join("test-token-secret");
+    std::fs::write(&path, TEST_SECRET).unwrap();
+    path
 }
 
 /// A token that reads and writes `refs/heads/main` of repository 1.
@@ -74,7 +102,16 @@ impl TestServer {
 
     async fn start_in(data: tempfile::TempDir, extra: &[&str]) -> Self {
         let dir = data.path().to_str().unwrap().to_owned();
-        let mut argv = vec!["hoard", "--data-dir", &dir, "--listen", "127.0.0.1:0"];
+        let secret = secret_file(data.path()).to_str().unwrap().to_owned();
+        let mut argv = vec![
+            "hoard",
+            "--data-dir",
+            &dir,
+            "--listen",
+            "127.0.0.1:0",
+            "--token-hs256-secret-file",
+            &secret,
+        ];
         argv.extend_from_slice(extra);
         let config = Cli::try_parse_from(argv).unwrap().serve.validate().unwrap();
         let stop = CancellationToken::new();

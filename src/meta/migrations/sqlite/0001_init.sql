@@ -15,6 +15,7 @@ CREATE TABLE uploads (
 CREATE UNIQUE INDEX uploads_one_open
     ON uploads (repository, scope, key_folded, version) WHERE state = 'open';
 CREATE INDEX uploads_by_identity ON uploads (repository, scope, key_folded, version, state);
+CREATE INDEX uploads_open_by_repository ON uploads (repository, state, created_at);
 
 -- Blocks received by Put Block (or Put Blob, under the empty id) and not yet committed.
 CREATE TABLE staged_blocks (

@@ -1,0 +1,393 @@
+//! Runtime-token verification (PROTOCOL.md §8): RS256 and ES256 against the issuer's JWKS
+//! (OIDC discovery, or a key file for air-gapped sites), HS256 with a shared secret for forges,
+//! `exp`/`nbf` with a small leeway. Verified tokens are remembered until they expire, keyed by
+//! a hash of the token, so a job's repeated calls cost one hash lookup (DESIGN.md §6).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use base64::engine::general_purpose::{URL_SAFE, URL_SAFE_NO_PAD};
+use base64::Engine;
+use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, JwkSet, KeyAlgorithm};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use tokio::sync::RwLock;
+
+use super::token::{claims_from_json, identity_from_claims, Identity, TokenError};
+
+/// GitHub's issuer for Actions tokens (PROTOCOL.md §8).
+pub const GITHUB_ISSUER: &str = "https://token.actions.githubusercontent.com";
+/// Verified tokens remembered at most; past this, expired ones go, then all.
+const CACHE_CAPACITY: usize = 4096;
+/// An unknown `kid` refetches an issuer's keys at most this often.
+const REFRESH_AT_MOST_EVERY: Duration = Duration::from_secs(60);
+
+/// How tokens are checked.
+#[derive(Debug, Clone)]
+pub struct TokenSettings {
+    /// Accepted `iss` values for RS256/ES256 tokens.
+    pub issuers: Vec<String>,
+    /// Keys for every issuer, instead of discovery.
+    pub jwks: Option<JwkSet>,
+    /// Secret for HS256 tokens (forges, tests); HS256 is refused without one.
+    pub hs256_secret: Option<Vec<u8>>,
+    /// Clock skew allowed on `exp` and `nbf`.
+    pub leeway: Duration,
+    /// Decode claims without checking anything (explicit operator choice; warned about).
+    pub insecure_skip_validation: bool,
+}
+
+impl TokenSettings {
+    pub fn load_jwks_file(path: &Path) -> Result<JwkSet, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        serde_json::from_str(&text)
+            .map_err(|e| format!("{} is not a JWKS document: {e}", path.display()))
+    }
+}
+
+#[derive(Clone)]
+struct VerificationKey {
+    kid: Option<String>,
+    alg: Algorithm,
+    key: DecodingKey,
+}
+
+struct IssuerKeys {
+    keys: Vec<VerificationKey>,
+    fetched: Instant,
+}
+
+/// Turns bearer tokens into identities.
+pub struct Verifier {
+    settings: TokenSettings,
+    static_keys: Vec<VerificationKey>,
+    discovered: RwLock<HashMap<String, IssuerKeys>>,
+    http: reqwest::Client,
+    verified: Mutex<HashMap<[u8; 32], (Identity, u64)>>,
+}
+
+impl std::fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Verifier")
+            .field("issuers", &self.settings.issuers)
+            .field("insecure", &self.settings.insecure_skip_validation)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The algorithm a JWK is for: its `alg`, else what its key type implies.
+fn jwk_algorithm(jwk: &Jwk) -> Option<Algorithm> {
+    match (&jwk.common.key_algorithm, &jwk.algorithm) {
+        (Some(KeyAlgorithm::RS256), AlgorithmParameters::RSA(_)) => Some(Algorithm::RS256),
+        (Some(KeyAlgorithm::ES256), AlgorithmParameters::EllipticCurve(p))
+            if p.curve == EllipticCurve::P256 =>
+        {
+            Some(Algorithm::ES256)
+        }
+        (None, AlgorithmParameters::RSA(_)) => Some(Algorithm::RS256),
+        (None, AlgorithmParameters::EllipticCurve(p)) if p.curve == EllipticCurve::P256 => {
+            Some(Algorithm::ES256)
+        }
+        _ => None,
+    }
+}
+
+fn keys_of(set: &JwkSet) -> Vec<VerificationKey> {
+    set.keys
+        .iter()
+        .filter_map(|jwk| {
+            let alg = jwk_algorithm(jwk)?;
+            let key = DecodingKey::from_jwk(jwk).ok()?;
+            Some(VerificationKey {
+                kid: jwk.common.key_id.clone(),
+                alg,
+                key,
+            })
+        })
+        .collect()
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn normalize_issuer(iss: &str) -> &str {
+    iss.trim_end_matches('/')
+}
+
+/// The `iss` and `exp` of a token, read before its signature is checked (to pick the keys).
+#[derive(Deserialize)]
+struct Peek {
+    #[serde(default)]
+    iss: Option<String>,
+}
+
+fn peek_payload(token: &str) -> Result<Peek, TokenError> {
+    let payload = token.split('.').nth(1).ok_or(TokenError::Malformed)?;
+    let bytes = URL_SAFE_NO_PAD
+        .decode(payload)
+        .or_else(|_| URL_SAFE.decode(payload))
+        .map_err(|_| TokenError::Malformed)?;
+    serde_json::from_slice(&bytes).map_err(|_| TokenError::Malformed)
+}
+
+fn map_jwt_error(e: jsonwebtoken::errors::Error) -> TokenError {
+    use jsonwebtoken::errors::ErrorKind;
+    match e.kind() {
+        ErrorKind::ExpiredSignature => TokenError::Rejected("the token has expired".into()),
+        ErrorKind::ImmatureSignature => {
+            TokenError::Rejected("the token is not valid yet (nbf)".into())
+        }
+        ErrorKind::InvalidSignature => {
+            TokenError::Rejected("the token's signature does not verify".into())
+        }
+        ErrorKind::InvalidIssuer => {
+            TokenError::Rejected("the token's issuer is not trusted".into())
+        }
+        ErrorKind::MissingRequiredClaim(c) => {
+            TokenError::Rejected(format!("the token has no {c} claim"))
+        }
+        ErrorKind::InvalidAlgorithm => {
+            TokenError::Rejected("the token's algorithm does not match its key".into())
+        }
+        _ => TokenError::Malformed,
+    }
+}
+
+impl Verifier {
+    pub fn new(settings: TokenSettings) -> Self {
+        let static_keys = settings.jwks.as_ref().map(keys_of).unwrap_or_default();
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .expect("an HTTP client with default TLS settings builds");
+        Self {
+            settings,
+            static_keys,
+            discovered: RwLock::new(HashMap::new()),
+            http,
+            verified: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn is_insecure(&self) -> bool {
+        self.settings.insecure_skip_validation
+    }
+
+    /// Reads the `Authorization` header value (`Bearer <jwt>`).
+    pub async fn identify(&self, authorization: Option<&str>) -> Result<Identity, TokenError> {
+        let header = authorization.ok_or(TokenError::Missing)?;
+        let token = header
+            .strip_prefix("Bearer ")
+            .or_else(|| header.strip_prefix("bearer "))
+            .ok_or(TokenError::Missing)?
+            .trim();
+        if self.settings.insecure_skip_validation {
+            return super::token::identity_from_unverified_jwt(token);
+        }
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let now = unix_now();
+        if let Some(identity) = self.remembered(&digest, now) {
+            return Ok(identity);
+        }
+        let (identity, exp) = self.verify(token).await?;
+        self.remember(digest, identity.clone(), exp, now);
+        Ok(identity)
+    }
+
+    fn remembered(&self, digest: &[u8; 32], now: u64) -> Option<Identity> {
+        let mut cache = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+        match cache.get(digest) {
+            Some((identity, exp)) if now < exp + self.settings.leeway.as_secs() => {
+                Some(identity.clone())
+            }
+            Some(_) => {
+                cache.remove(digest);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn remember(&self, digest: [u8; 32], identity: Identity, exp: u64, now: u64) {
+        let mut cache = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= CACHE_CAPACITY {
+            cache.retain(|_, (_, e)| now < *e);
+            if cache.len() >= CACHE_CAPACITY {
+                cache.clear();
+            }
+        }
+        cache.insert(digest, (identity, exp));
+    }
+
+    async fn verify(&self, token: &str) -> Result<(Identity, u64), TokenError> {
+        let header = jsonwebtoken::decode_header(token).map_err(|_| TokenError::Malformed)?;
+        let mut validation = Validation::new(header.alg);
+        validation.leeway = self.settings.leeway.as_secs();
+        validation.validate_nbf = true;
+        validation.validate_aud = false;
+        validation.set_required_spec_claims(&["exp"]);
+        let claims = match header.alg {
+            Algorithm::HS256 => {
+                let secret = self.settings.hs256_secret.as_ref().ok_or_else(|| {
+                    TokenError::Rejected(
+                        "HS256 tokens are not accepted (no --token-hs256-secret-file)".into(),
+                    )
+                })?;
+                decode(token, &DecodingKey::from_secret(secret), &validation)?
+            }
+            Algorithm::RS256 | Algorithm::ES256 => {
+                let iss = peek_payload(token)?
+                    .iss
+                    .ok_or_else(|| TokenError::Rejected("the token has no iss claim".into()))?;
+                let trusted = self
+                    .settings
+                    .issuers
+                    .iter()
+                    .any(|i| normalize_issuer(i) == normalize_issuer(&iss));
+                if !trusted {
+                    return Err(TokenError::Rejected(format!(
+                        "the token's issuer {iss:?} is not trusted"
+                    )));
+                }
+                validation.set_issuer(&[iss.as_str()]);
+                let key = self
+                    .key_for(&iss, header.kid.as_deref(), header.alg)
+                    .await?;
+                decode(token, &key, &validation)?
+            }
+            other => {
+                return Err(TokenError::Rejected(format!(
+                    "{other:?} tokens are not accepted"
+                )))
+            }
+        };
+        let exp = claims
+            .get("exp")
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(0);
+        let identity = identity_from_claims(claims_from_json(claims)?)?;
+        Ok((identity, exp))
+    }
+
+    /// The key that signed a token of `iss` with `kid`, refreshing the issuer's keys once (at
+    /// most every minute) when the kid is unknown.
+    async fn key_for(
+        &self,
+        iss: &str,
+        kid: Option<&str>,
+        alg: Algorithm,
+    ) -> Result<DecodingKey, TokenError> {
+        let pick = |keys: &[VerificationKey]| {
+            keys.iter()
+                .find(|k| k.alg == alg && (kid.is_none() || k.kid.as_deref() == kid))
+                .map(|k| k.key.clone())
+        };
+        if self.settings.jwks.is_some() {
+            return pick(&self.static_keys).ok_or(TokenError::Rejected(
+                "no key in the key file matches the token".into(),
+            ));
+        }
+        let issuer = normalize_issuer(iss).to_owned();
+        {
+            let known = self.discovered.read().await;
+            if let Some(entry) = known.get(&issuer) {
+                if let Some(key) = pick(&entry.keys) {
+                    return Ok(key);
+                }
+                if entry.fetched.elapsed() < REFRESH_AT_MOST_EVERY {
+                    return Err(TokenError::Rejected(
+                        "no key of the issuer matches the token".into(),
+                    ));
+                }
+            }
+        }
+        let mut known = self.discovered.write().await;
+        // Another request may have refreshed meanwhile.
+        if let Some(key) = known.get(&issuer).and_then(|e| pick(&e.keys)) {
+            return Ok(key);
+        }
+        if known
+            .get(&issuer)
+            .is_some_and(|e| e.fetched.elapsed() < REFRESH_AT_MOST_EVERY)
+        {
+            return Err(TokenError::Rejected(
+                "no key of the issuer matches the token".into(),
+            ));
+        }
+        let fetched = self.discover(&issuer).await;
+        let keys = match fetched {
+            Ok(keys) => keys,
+            Err(e) => {
+                tracing::error!(issuer = %issuer, error = %e, "cannot fetch the token issuer's keys");
+                // Remember the failure too, so a dead issuer is not hammered.
+                known.insert(
+                    issuer,
+                    IssuerKeys {
+                        keys: Vec::new(),
+                        fetched: Instant::now(),
+                    },
+                );
+                return Err(TokenError::KeysUnavailable(e));
+            }
+        };
+        let key = pick(&keys);
+        known.insert(
+            issuer,
+            IssuerKeys {
+                keys,
+                fetched: Instant::now(),
+            },
+        );
+        key.ok_or(TokenError::Rejected(
+            "no key of the issuer matches the token".into(),
+        ))
+    }
+
+    /// OIDC discovery: `<issuer>/.well-known/openid-configuration` → `jwks_uri` → keys.
+    async fn discover(&self, issuer: &str) -> Result<Vec<VerificationKey>, String> {
+        #[derive(Deserialize)]
+        struct Discovery {
+            jwks_uri: String,
+        }
+        let config_url = format!("{issuer}/.well-known/openid-configuration");
+        let discovery: Discovery = self
+            .http
+            .get(&config_url)
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .map_err(|e| format!("{config_url}: {e}"))?
+            .json()
+            .await
+            .map_err(|e| format!("{config_url}: {e}"))?;
+        let set: JwkSet = self
+            .http
+            .get(&discovery.jwks_uri)
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .map_err(|e| format!("{}: {e}", discovery.jwks_uri))?
+            .json()
+            .await
+            .map_err(|e| format!("{}: {e}", discovery.jwks_uri))?;
+        Ok(keys_of(&set))
+    }
+}
+
+fn decode(
+    token: &str,
+    key: &DecodingKey,
+    validation: &Validation,
+) -> Result<serde_json::Value, TokenError> {
+    jsonwebtoken::decode::<serde_json::Value>(token, key, validation)
+        .map(|d| d.claims)
+        .map_err(map_jwt_error)
+}
