@@ -19,9 +19,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the cache server.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Measure servers with the published benchmark method, side by side.
-    Bench(BenchArgs),
+    Bench(Box<BenchArgs>),
     /// The null baseline server that `hoard bench --baseline` starts.
     #[command(hide = true)]
     NullServer {
@@ -50,8 +50,8 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Serve(args) => runtime.block_on(serve(args)),
-        Command::Bench(args) => match runtime.block_on(hoard::bench::run(args)) {
+        Command::Serve(args) => runtime.block_on(serve(*args)),
+        Command::Bench(args) => match runtime.block_on(hoard::bench::run(*args)) {
             Ok(_) => ExitCode::SUCCESS,
             Err(e) => {
                 tracing::error!("{e}");
