@@ -22,8 +22,9 @@ use super::token::{claims_from_json, identity_from_claims, Identity, TokenError}
 pub const GITHUB_ISSUER: &str = "https://token.actions.githubusercontent.com";
 /// Verified tokens remembered at most; past this, expired ones go, then all.
 const CACHE_CAPACITY: usize = 4096;
-/// An unknown `kid` refetches an issuer's keys at most this often.
-const REFRESH_AT_MOST_EVERY: Duration = Duration::from_secs(60);
+/// An unknown `kid` refetches an issuer's keys at most this often (a rotation is picked up
+/// within seconds; a flood of forged kids costs one fetch per interval).
+const REFRESH_AT_MOST_EVERY: Duration = Duration::from_secs(10);
 
 /// How tokens are checked.
 #[derive(Debug, Clone)]
@@ -278,7 +279,7 @@ impl Verifier {
     }
 
     /// The key that signed a token of `iss` with `kid`, refreshing the issuer's keys once (at
-    /// most every minute) when the kid is unknown.
+    /// most every [`REFRESH_AT_MOST_EVERY`]) when the kid is unknown.
     async fn key_for(
         &self,
         iss: &str,

@@ -11,6 +11,8 @@ use clap::Parser;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+pub mod issuer;
+
 pub const SERVICE: &str = "/twirp/github.actions.results.api.v1.CacheService/";
 pub const VERSION: &str = "3ad75f27293d65a135214b8c82b296080f911dc107e52f1e7ec871a2eda46e69";
 pub const MAIN: &str = "refs/heads/main";
@@ -90,28 +92,28 @@ impl TestServer {
     }
 
     pub async fn start_with(extra: &[&str]) -> Self {
-        Self::start_in(tempfile::tempdir().unwrap(), extra).await
+        Self::start_in(tempfile::tempdir().unwrap(), extra, true).await
+    }
+
+    /// Without the HS256 test secret: only what `extra` configures verifies tokens.
+    pub async fn start_without_test_secret(extra: &[&str]) -> Self {
+        Self::start_in(tempfile::tempdir().unwrap(), extra, false).await
     }
 
     /// Stops the server and starts a new one on the same data directory.
     pub async fn restart(self) -> Self {
         self.stop.cancel();
         let _ = self.task.await;
-        Self::start_in(self.data, &[]).await
+        Self::start_in(self.data, &[], true).await
     }
 
-    async fn start_in(data: tempfile::TempDir, extra: &[&str]) -> Self {
+    async fn start_in(data: tempfile::TempDir, extra: &[&str], test_secret: bool) -> Self {
         let dir = data.path().to_str().unwrap().to_owned();
         let secret = secret_file(data.path()).to_str().unwrap().to_owned();
-        let mut argv = vec![
-            "hoard",
-            "--data-dir",
-            &dir,
-            "--listen",
-            "127.0.0.1:0",
-            "--token-hs256-secret-file",
-            &secret,
-        ];
+        let mut argv = vec!["hoard", "--data-dir", &dir, "--listen", "127.0.0.1:0"];
+        if test_secret {
+            argv.extend(["--token-hs256-secret-file", secret.as_str()]);
+        }
         argv.extend_from_slice(extra);
         let config = Cli::try_parse_from(argv).unwrap().serve.validate().unwrap();
         let stop = CancellationToken::new();

@@ -1,0 +1,251 @@
+//! Token verification (issue #4, point 1): a test issuer made here, its keys given as a JWKS
+//! file or found by OIDC discovery on a local endpoint, and every way a token must be refused.
+#![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use common::issuer::Issuer;
+use common::*;
+use serde_json::{json, Value};
+
+const ISS: &str = "https://token.issuer.test";
+
+async fn server_trusting(issuer: &Issuer, extra: &[&str]) -> (TestServer, tempfile::TempDir) {
+    let keys = tempfile::tempdir().unwrap();
+    let jwks = issuer.write_jwks(keys.path());
+    let mut args = vec![
+        "--token-issuer",
+        issuer.iss.as_str(),
+        "--jwks-file",
+        jwks.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    (TestServer::start_without_test_secret(&args).await, keys)
+}
+
+/// A lookup with `token`: 200 means the token was accepted.
+async fn lookup_status(srv: &TestServer, token: &str) -> (u16, Value) {
+    srv.lookup(token, "k", &[], VERSION).await
+}
+
+async fn assert_refused(srv: &TestServer, token: &str, why: &str) {
+    let (status, body) = lookup_status(srv, token).await;
+    assert_eq!(status, 401, "{why}: {body}");
+    assert_eq!(body["code"], "unauthenticated", "{why}");
+    // A refused token cannot write either.
+    let (status, _) = srv
+        .twirp(
+            "CreateCacheEntry",
+            token,
+            json!({ "key": "k", "version": VERSION }),
+        )
+        .await;
+    assert_eq!(status, 401, "{why}");
+}
+
+#[tokio::test]
+async fn rs256_and_es256_tokens_of_a_trusted_issuer_are_accepted() {
+    let issuer = Issuer::new(ISS);
+    let (srv, _keys) = server_trusting(&issuer, &[]).await;
+    let rs = issuer.token("1", &[(MAIN, 3)]);
+    let es = issuer.es256(&issuer.claims("1", &[(MAIN, 3)]));
+    srv.save(&rs, "k", VERSION, b"signed").await;
+    assert_eq!(srv.restore(&es, "k", VERSION).await.unwrap(), b"signed");
+}
+
+#[tokio::test]
+async fn bad_tokens_are_refused() {
+    let issuer = Issuer::new(ISS);
+    let (srv, _keys) = server_trusting(&issuer, &[]).await;
+    let now = unix_now();
+
+    let mut expired = issuer.claims("1", &[(MAIN, 3)]);
+    expired["exp"] = json!(now - 3600);
+    assert_refused(&srv, &issuer.rs256(&expired), "expired").await;
+
+    let mut early = issuer.claims("1", &[(MAIN, 3)]);
+    early["nbf"] = json!(now + 3600);
+    assert_refused(&srv, &issuer.rs256(&early), "not yet valid").await;
+
+    let mut no_exp = issuer.claims("1", &[(MAIN, 3)]);
+    no_exp.as_object_mut().unwrap().remove("exp");
+    assert_refused(&srv, &issuer.rs256(&no_exp), "no exp").await;
+
+    let stranger = Issuer::new(ISS); // Same issuer name and kid, other keys.
+    assert_refused(&srv, &stranger.token("1", &[(MAIN, 3)]), "wrong key").await;
+
+    let mut other_iss = issuer.claims("1", &[(MAIN, 3)]);
+    other_iss["iss"] = json!("https://evil.example");
+    assert_refused(&srv, &issuer.rs256(&other_iss), "untrusted issuer").await;
+
+    let claims = issuer.claims("1", &[(MAIN, 3)]);
+    let none = format!(
+        "{}.{}.",
+        URL_SAFE_NO_PAD.encode(r#"{"alg":"none","typ":"JWT"}"#),
+        URL_SAFE_NO_PAD.encode(claims.to_string())
+    );
+    assert_refused(&srv, &none, "alg none").await;
+
+    // Tampered payload: another repository's claims under a valid signature.
+    let genuine = issuer.token("1", &[(MAIN, 1)]);
+    let mut parts: Vec<String> = genuine.split('.').map(str::to_owned).collect();
+    parts[1] = URL_SAFE_NO_PAD.encode(issuer.claims("2", &[(MAIN, 3)]).to_string());
+    assert_refused(&srv, &parts.join("."), "tampered payload").await;
+
+    // HS256 is refused unless a secret was configured for it.
+    assert_refused(&srv, &sign_hs256(&claims), "HS256 without a secret").await;
+    // A well-formed but unsigned-looking token.
+    assert_refused(&srv, "not.a.jwt", "garbage").await;
+
+    let (status, _) = lookup_status(&srv, &issuer.token("1", &[(MAIN, 3)])).await;
+    assert_eq!(status, 200, "the genuine token still works");
+}
+
+#[tokio::test]
+async fn an_hs256_secret_is_only_trusted_when_configured() {
+    let srv = TestServer::start().await; // Trusts TEST_SECRET.
+    let (status, _) = lookup_status(&srv, &main_token()).await;
+    assert_eq!(status, 200);
+    let other = {
+        let key =
+            jsonwebtoken::EncodingKey::from_secret(b"some-other-secret-some-other-secret-000");
+        jsonwebtoken::encode(
+            &jsonwebtoken::Header::default(),
+            &claims("1", &[(MAIN, 3)]),
+            &key,
+        )
+        .unwrap()
+    };
+    assert_refused(&srv, &other, "HS256 with another secret").await;
+}
+
+#[tokio::test]
+async fn insecure_mode_must_be_asked_for_and_reads_unsigned_tokens() {
+    let srv = TestServer::start_with(&["--insecure-skip-token-validation"]).await;
+    let claims = claims("1", &[(MAIN, 3)]);
+    let unsigned = format!(
+        "{}.{}.x",
+        URL_SAFE_NO_PAD.encode(r#"{"alg":"none"}"#),
+        URL_SAFE_NO_PAD.encode(claims.to_string())
+    );
+    let (status, _) = lookup_status(&srv, &unsigned).await;
+    assert_eq!(status, 200);
+}
+
+/// An OIDC issuer on a local port: discovery document and JWKS, counting key fetches.
+struct DiscoveryServer {
+    url: String,
+    jwks_fetches: Arc<AtomicUsize>,
+    jwks: Arc<std::sync::Mutex<Value>>,
+}
+
+async fn discovery_server() -> DiscoveryServer {
+    use axum::routing::get;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let jwks_fetches = Arc::new(AtomicUsize::new(0));
+    let jwks = Arc::new(std::sync::Mutex::new(json!({ "keys": [] })));
+    let config = json!({ "issuer": url, "jwks_uri": format!("{url}/.well-known/jwks") });
+    let app = axum::Router::new()
+        .route(
+            "/.well-known/openid-configuration",
+            get(move || async move { axum::Json(config) }),
+        )
+        .route(
+            "/.well-known/jwks",
+            get({
+                let (fetches, jwks) = (jwks_fetches.clone(), jwks.clone());
+                move || async move {
+                    fetches.fetch_add(1, Ordering::SeqCst);
+                    axum::Json(jwks.lock().unwrap().clone())
+                }
+            }),
+        );
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    DiscoveryServer {
+        url,
+        jwks_fetches,
+        jwks,
+    }
+}
+
+#[tokio::test]
+async fn keys_are_found_by_discovery_cached_and_refreshed_on_an_unknown_kid() {
+    let oidc = discovery_server().await;
+    let issuer = Issuer::new(&oidc.url);
+    let rotated = Issuer::new(&oidc.url);
+    *oidc.jwks.lock().unwrap() = issuer.jwks.clone();
+    let srv = TestServer::start_with(&["--token-issuer", &oidc.url]).await;
+
+    let (status, body) = lookup_status(&srv, &issuer.token("1", &[(MAIN, 3)])).await;
+    assert_eq!(status, 200, "{body}");
+    let es = issuer.es256(&issuer.claims("1", &[(MAIN, 1)]));
+    for _ in 0..5 {
+        assert_eq!(lookup_status(&srv, &es).await.0, 200);
+    }
+    assert_eq!(
+        oidc.jwks_fetches.load(Ordering::SeqCst),
+        1,
+        "keys are fetched once"
+    );
+
+    // The issuer rotates to new keys under new kids.
+    let mut rotated_jwks = rotated.jwks.clone();
+    for key in rotated_jwks["keys"].as_array_mut().unwrap() {
+        let kid = key["kid"].as_str().unwrap().replace("-1", "-2");
+        key["kid"] = json!(kid);
+    }
+    *oidc.jwks.lock().unwrap() = rotated_jwks;
+    let fresh = rotated.es256_with_kid(&rotated.claims("1", &[(MAIN, 3)]), "ec-2");
+    // Within the refresh interval an unknown kid is refused and costs no fetch...
+    let (status, _) = lookup_status(&srv, &fresh).await;
+    assert_eq!(status, 401);
+    let fetches_after_first = oidc.jwks_fetches.load(Ordering::SeqCst);
+    for _ in 0..10 {
+        lookup_status(&srv, &fresh).await;
+    }
+    assert!(
+        oidc.jwks_fetches.load(Ordering::SeqCst) <= fetches_after_first,
+        "a flood of unknown kids does not hammer the issuer"
+    );
+    // ... and once it has passed, the new keys are fetched and the token is accepted.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (status, _) = lookup_status(&srv, &fresh).await;
+        if status == 200 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the rotated key was never picked up"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    assert!(oidc.jwks_fetches.load(Ordering::SeqCst) <= 3);
+}
+
+#[tokio::test]
+async fn an_unreachable_issuer_fails_closed_with_a_clear_answer() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let iss = format!("http://127.0.0.1:{port}");
+    let issuer = Issuer::new(&iss);
+    let srv = TestServer::start_with(&["--token-issuer", &iss]).await;
+    let (status, body) = lookup_status(&srv, &issuer.token("1", &[(MAIN, 3)])).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(
+        body["msg"]
+            .as_str()
+            .unwrap()
+            .contains("keys are unavailable"),
+        "{body}"
+    );
+}
