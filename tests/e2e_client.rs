@@ -26,12 +26,20 @@ struct Hoard {
 }
 
 impl Hoard {
+    /// Trusts HS256 tokens signed with the test secret.
     fn start(data: &Path) -> Self {
+        let secret = common::secret_file(data);
+        Self::start_with(
+            data,
+            &["--token-hs256-secret-file", secret.to_str().unwrap()],
+        )
+    }
+
+    fn start_with(data: &Path, extra: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_hoard"))
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data)
-            .arg("--token-hs256-secret-file")
-            .arg(common::secret_file(data))
+            .args(extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -641,4 +649,133 @@ async fn wait_for_refusal(base: &str) -> bool {
         }
     }
     false
+}
+
+/// Every isolation rule of issue #4 point 2, through the real client with RS256 tokens of a test
+/// issuer (verified against its JWKS file) scoped as GitHub scopes them (PROTOCOL.md §8–§9).
+#[test]
+fn branches_pull_requests_and_repositories_are_isolated_for_the_real_client() {
+    let data = tempfile::tempdir().unwrap();
+    let issuer = common::issuer::Issuer::new("https://token.issuer.test");
+    let jwks = issuer.write_jwks(data.path());
+    let hoard = Hoard::start_with(
+        data.path(),
+        &[
+            "--token-issuer",
+            "https://token.issuer.test",
+            "--jwks-file",
+            jwks.to_str().unwrap(),
+        ],
+    );
+    let srv = hoard.base.as_str();
+    const FEATURE: &str = "refs/heads/feature";
+    let main = issuer.token("1", &[(MAIN, 3)]);
+    let feature = issuer.token("1", &[(FEATURE, 3), (MAIN, 1)]);
+    let sibling = issuer.token("1", &[("refs/heads/sibling", 3), (MAIN, 1)]);
+    let pull = issuer.token("1", &[("refs/pull/7/merge", 3), (FEATURE, 1), (MAIN, 1)]);
+    let read_only = issuer.token("1", &[(MAIN, 1)]);
+    let other_repo = issuer.token("2", &[(MAIN, 3)]);
+    let ws = Workspace::new();
+    let restore_sha = |token: &str, key: &str| -> Option<String> {
+        let ws = Workspace::new();
+        let (res, out) = ws.restore(srv, token, key, &[], &["data.bin"]);
+        (res != Value::Null).then(|| {
+            assert_eq!(res, key, "{out}");
+            sha256_file(&ws.path("data.bin"))
+        })
+    };
+
+    // A push to main saves; main reads it back.
+    let on_main = ws.write_random("data.bin", 4096, 1);
+    saved_id(&ws.save(srv, &main, "deps", &["data.bin"]).0, "main save");
+    assert_eq!(
+        restore_sha(&main, "deps").as_deref(),
+        Some(on_main.as_str())
+    );
+
+    // A feature branch reads the default branch, and writes only to its own scope.
+    assert_eq!(
+        restore_sha(&feature, "deps").as_deref(),
+        Some(on_main.as_str())
+    );
+    let on_feature = ws.write_random("data.bin", 4096, 2);
+    saved_id(
+        &ws.save(srv, &feature, "deps", &["data.bin"]).0,
+        "feature save",
+    );
+    assert_eq!(
+        restore_sha(&feature, "deps").as_deref(),
+        Some(on_feature.as_str()),
+        "current branch first"
+    );
+    assert_eq!(
+        restore_sha(&main, "deps").as_deref(),
+        Some(on_main.as_str()),
+        "main never sees the feature's entry"
+    );
+
+    // A sibling branch cannot read the feature branch.
+    assert_eq!(
+        restore_sha(&sibling, "deps").as_deref(),
+        Some(on_main.as_str())
+    );
+    let feature_only = ws.write_random("data.bin", 4096, 3);
+    saved_id(
+        &ws.save(srv, &feature, "feature-only", &["data.bin"]).0,
+        "feature-only save",
+    );
+    assert_eq!(restore_sha(&sibling, "feature-only"), None);
+    assert_eq!(
+        restore_sha(&feature, "feature-only").as_deref(),
+        Some(feature_only.as_str())
+    );
+
+    // A pull request reads its base branch, writes to refs/pull/N/merge, which nobody else reads.
+    assert_eq!(
+        restore_sha(&pull, "deps").as_deref(),
+        Some(on_feature.as_str()),
+        "base branch before default"
+    );
+    let on_pull = ws.write_random("data.bin", 4096, 4);
+    saved_id(
+        &ws.save(srv, &pull, "pr-only", &["data.bin"]).0,
+        "pull request save",
+    );
+    assert_eq!(
+        restore_sha(&pull, "pr-only").as_deref(),
+        Some(on_pull.as_str())
+    );
+    assert_eq!(restore_sha(&feature, "pr-only"), None);
+    assert_eq!(restore_sha(&main, "pr-only"), None);
+
+    // A read-only token restores but cannot save.
+    assert_eq!(
+        restore_sha(&read_only, "deps").as_deref(),
+        Some(on_main.as_str())
+    );
+    ws.write_random("data.bin", 4096, 5);
+    let (res, out) = ws.save(srv, &read_only, "ro", &["data.bin"]);
+    assert_eq!(res, -1, "{out}");
+    assert!(out.contains("cache write denied"), "{out}");
+    assert_eq!(restore_sha(&main, "ro"), None);
+
+    // Another repository sees nothing of repository 1, and its writes stay its own.
+    assert_eq!(restore_sha(&other_repo, "deps"), None);
+    let theirs = ws.write_random("data.bin", 4096, 6);
+    saved_id(
+        &ws.save(srv, &other_repo, "deps", &["data.bin"]).0,
+        "other repository save",
+    );
+    assert_eq!(
+        restore_sha(&other_repo, "deps").as_deref(),
+        Some(theirs.as_str())
+    );
+    assert_eq!(
+        restore_sha(&main, "deps").as_deref(),
+        Some(on_main.as_str())
+    );
+
+    // A token signed by anyone else is refused: the client treats it as a miss.
+    let forger = common::issuer::Issuer::new("https://token.issuer.test");
+    assert_eq!(restore_sha(&forger.token("1", &[(MAIN, 3)]), "deps"), None);
 }

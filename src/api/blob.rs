@@ -92,6 +92,11 @@ impl From<CacheError> for AzureError {
             CacheError::UnknownBlock => {
                 Self::new(StatusCode::BAD_REQUEST, "InvalidBlockList", e.to_string())
             }
+            CacheError::TooLarge(_) => Self::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "RequestBodyTooLarge",
+                e.to_string(),
+            ),
             CacheError::Invalid(e) => Self::new(
                 StatusCode::BAD_REQUEST,
                 "InvalidQueryParameterValue",

@@ -1,0 +1,301 @@
+//! Hostile input (issue #4, point 4): each gets a clean answer in its endpoint's error format,
+//! and nothing is stored or changed.
+#![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Entries and chunk files, to show a refused request changed nothing.
+fn footprint(srv: &TestServer) -> (usize, usize) {
+    let db = srv.data.path().join("hoard.db");
+    let conn =
+        rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    let entries: i64 = conn
+        .query_row("SELECT COUNT(*) FROM entries", [], |r| r.get(0))
+        .unwrap();
+    (entries as usize, srv.chunk_files().len())
+}
+
+async fn post_raw(
+    srv: &TestServer,
+    method: &str,
+    content_type: &str,
+    body: Vec<u8>,
+) -> (u16, serde_json::Value) {
+    let res = srv
+        .http
+        .post(srv.url(&format!("{SERVICE}{method}")))
+        .bearer_auth(main_token())
+        .header("content-type", content_type)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    json_of(res).await
+}
+
+#[tokio::test]
+async fn malformed_twirp_bodies_are_400_twirp_json() {
+    let srv = TestServer::start().await;
+    let before = footprint(&srv);
+    for (ct, body) in [
+        ("application/json", b"{\"key\":".to_vec()),
+        ("application/json", b"[1,2,3]".to_vec()),
+        (
+            "application/json",
+            br#"{"key": 42, "version": "v"}"#.to_vec(),
+        ),
+        ("application/json", vec![0xff, 0xfe, 0x00]),
+        (
+            "application/protobuf",
+            vec![0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f],
+        ),
+        ("application/protobuf", vec![0x12, 0x05, b'a']),
+    ] {
+        for method in [
+            "CreateCacheEntry",
+            "FinalizeCacheEntryUpload",
+            "GetCacheEntryDownloadURL",
+        ] {
+            let (status, body) = post_raw(&srv, method, ct, body.clone()).await;
+            assert_eq!(status, 400, "{method} {ct} {body}");
+            assert!(
+                matches!(
+                    body["code"].as_str(),
+                    Some("malformed" | "invalid_argument")
+                ),
+                "{body}"
+            );
+        }
+    }
+    let bad_size = br#"{"key":"k","version":"v","size_bytes":"12abc"}"#.to_vec();
+    let (status, body) = post_raw(
+        &srv,
+        "FinalizeCacheEntryUpload",
+        "application/json",
+        bad_size,
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (400, Some("malformed")),
+        "non-numeric int64"
+    );
+    let (status, body) = post_raw(
+        &srv,
+        "CreateCacheEntry",
+        "application/json",
+        vec![b' '; 65 * 1024],
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (400, Some("malformed")),
+        "oversized"
+    );
+    let (status, body) = post_raw(&srv, "CreateCacheEntry", "text/plain", b"{}".to_vec()).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (404, Some("bad_route")),
+        "unknown content type"
+    );
+    assert_eq!(footprint(&srv), before);
+}
+
+#[tokio::test]
+async fn bad_keys_are_400_invalid_argument() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    for key in [
+        "x".repeat(513),
+        "a,b".into(),
+        "tab\there".into(),
+        "nul\0".into(),
+        "line\nbreak".into(),
+        String::new(),
+    ] {
+        let (status, body) = srv
+            .twirp(
+                "CreateCacheEntry",
+                &t,
+                json!({ "key": key, "version": VERSION }),
+            )
+            .await;
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (400, Some("invalid_argument")),
+            "{key:?}"
+        );
+        let (status, _) = srv.lookup(&t, "ok", &[&key], VERSION).await;
+        assert_eq!(status, 400, "restore key {key:?}");
+    }
+    let eleven: Vec<String> = (0..10).map(|i| format!("r{i}")).collect();
+    let (status, body) = srv
+        .twirp(
+            "GetCacheEntryDownloadURL",
+            &t,
+            json!({ "key": "k", "restore_keys": eleven, "version": VERSION }),
+        )
+        .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (400, Some("invalid_argument"))
+    );
+    assert_eq!(footprint(&srv), (0, 0));
+}
+
+#[tokio::test]
+async fn path_like_keys_are_opaque_data() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    let outside = srv.data.path().parent().unwrap().join("etc");
+    for key in [
+        "../../etc/passwd",
+        "/etc/shadow",
+        "..\\..\\windows",
+        "chunks/00/escape",
+        "%2e%2e%2f",
+    ] {
+        srv.save(&t, key, VERSION, key.as_bytes()).await;
+        assert_eq!(srv.restore(&t, key, VERSION).await.unwrap(), key.as_bytes());
+    }
+    assert!(!outside.exists());
+    // Every file hoard made is a server-named chunk, the database, or its own bookkeeping.
+    for file in files_under(srv.data.path()) {
+        let name = file.file_name().unwrap().to_str().unwrap().to_owned();
+        let ok = name.len() == 32 && name.bytes().all(|b| b.is_ascii_hexdigit())
+            || [
+                "hoard.db",
+                "hoard.db-wal",
+                "hoard.db-shm",
+                "VERSION",
+                "synced",
+                "signing.key",
+                "test-token-secret",
+            ]
+            .contains(&name.as_str());
+        assert!(ok, "unexpected file {}", file.display());
+    }
+}
+
+#[tokio::test]
+async fn uploads_larger_than_the_entry_limit_are_413_and_store_nothing() {
+    let srv = TestServer::start_with(&["--max-entry-size", "64KiB"]).await;
+    let t = main_token();
+    let url = srv.reserve(&t, "big", VERSION).await;
+    let res = srv.put_blob(&url, vec![1; 65 * 1024]).await;
+    assert_eq!(res.status(), 413);
+    assert_eq!(res.headers()["x-ms-error-code"], "RequestBodyTooLarge");
+    // Without a Content-Length, the limit holds while streaming.
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        (0..20).map(|_| Ok(vec![2u8; 8 * 1024])).collect();
+    let res = srv
+        .http
+        .put(format!("{url}&comp=block&blockid=YmxvY2s="))
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await
+        .unwrap();
+    let status = res.status();
+    assert_eq!(status, 413, "{}", res.text().await.unwrap());
+    let (_, body) = srv.finalize(&t, "big", VERSION, 200 * 1024).await;
+    assert_eq!(body["ok"], false);
+    assert!(eventually(Duration::from_secs(5), || srv.chunk_files().is_empty()).await);
+    assert!(files_under(&srv.data.path().join("tmp")).is_empty());
+    assert_eq!(footprint(&srv), (0, 0));
+}
+
+#[tokio::test]
+async fn oversized_block_lists_are_refused() {
+    let srv = TestServer::start().await;
+    let url = srv.reserve(&main_token(), "k", VERSION).await;
+    let huge = format!(
+        "<BlockList>{}</BlockList>",
+        "<Latest>QUFBQQ==</Latest>".repeat(400_000)
+    );
+    let res = srv.put_block_list(&url, huge).await;
+    assert_eq!(res.status(), 413);
+    assert_eq!(res.headers()["content-type"], "application/xml");
+}
+
+#[tokio::test]
+async fn too_many_open_uploads_is_429_with_retry_after() {
+    let srv = TestServer::start_with(&["--max-open-uploads", "2"]).await;
+    let t = main_token();
+    srv.reserve(&t, "a", VERSION).await;
+    srv.reserve(&t, "b", VERSION).await;
+    let res = srv
+        .http
+        .post(srv.url(&format!("{SERVICE}CreateCacheEntry")))
+        .bearer_auth(&t)
+        .header("content-type", "application/json")
+        .body(json!({ "key": "c", "version": VERSION }).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 429);
+    assert_eq!(res.headers()["retry-after"], "60");
+    let (_, body) = json_of(res).await;
+    assert_eq!(body["code"], "resource_exhausted");
+    // Other repositories are not held back, and finishing an upload frees a place.
+    srv.reserve(&token("2", &[(MAIN, 3)]), "c", VERSION).await;
+    srv.finalize(&t, "a", VERSION, 0).await; // Nothing uploaded: stays open.
+    let (status, _) = srv
+        .twirp(
+            "CreateCacheEntry",
+            &t,
+            json!({ "key": "c", "version": VERSION }),
+        )
+        .await;
+    assert_eq!(status, 429);
+}
+
+#[tokio::test]
+async fn slow_clients_are_cut_off_while_sending_headers() {
+    let srv = TestServer::start_with(&["--header-timeout", "1s"]).await;
+    let mut stream = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    stream.write_all(b"POST /twirp/github.actions.results.api.v1.CacheService/CreateCacheEntry HTTP/1.1\r\nhost: x\r\n").await.unwrap();
+    // ...and then nothing. The server must hang up (or answer 408) on its own.
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut buf)).await;
+    assert!(read.is_ok(), "the connection was still open after 10 s");
+    let text = String::from_utf8_lossy(&buf);
+    assert!(
+        text.is_empty() || text.starts_with("HTTP/1.1 408"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn stalled_upload_bodies_are_abandoned() {
+    let srv = TestServer::start_with(&["--idle-timeout", "1s"]).await;
+    let url = srv.reserve(&main_token(), "k", VERSION).await;
+    let path = url.trim_start_matches(&srv.base).to_owned();
+    let mut stream = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    let head = format!("PUT {path} HTTP/1.1\r\nhost: {}\r\nx-ms-blob-type: BlockBlob\r\ncontent-length: 100000\r\n\r\n", srv.addr);
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(&[7u8; 1000]).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf))
+        .await
+        .expect("no answer")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf[..n]);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(
+        eventually(Duration::from_secs(5), || files_under(
+            &srv.data.path().join("tmp")
+        )
+        .is_empty())
+        .await
+    );
+    assert!(srv.chunk_files().is_empty());
+}
