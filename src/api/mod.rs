@@ -4,10 +4,10 @@
 //! `/twirp/`, Azure XML under `/_blob/` (clients retry text errors, PROTOCOL.md §2.4).
 
 mod blob;
-mod blocklist;
+pub mod blocklist;
 mod links;
 pub mod proto;
-mod range;
+pub mod range;
 mod twirp;
 
 use std::sync::Arc;
