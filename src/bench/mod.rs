@@ -53,6 +53,10 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1.0)]
     pub scale: f64,
 
+    /// Run only the small save+restore scenario (to profile it alone).
+    #[arg(long, hide = true)]
+    pub only_small: bool,
+
     /// Also write the report as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -328,7 +332,8 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
         return Err(usage("--scale must be above 0 and at most 100"));
     }
     let default_token = unsigned_token();
-    let plan = Plan::scaled(args.scale);
+    let mut plan = Plan::scaled(args.scale);
+    plan.only_small = args.only_small;
     let mut targets = prepare_targets(&args).await?;
     if targets.is_empty() {
         return Err(usage("nothing to measure"));

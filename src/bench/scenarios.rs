@@ -31,6 +31,8 @@ pub struct Plan {
     pub small_ops: usize,
     pub small_size: usize,
     pub small_concurrency: usize,
+    /// Only the small save+restore scenario (for profiling it alone).
+    pub only_small: bool,
 }
 
 impl Plan {
@@ -48,6 +50,7 @@ impl Plan {
             small_ops: size(300, 8),
             small_size: size(256 * 1024, 4 * 1024),
             small_concurrency: 32,
+            only_small: false,
         }
     }
 
@@ -119,6 +122,10 @@ pub async fn run_round(
     tag: &str,
 ) -> Result<RoundResult> {
     let mut out = RoundResult::default();
+    if plan.only_small {
+        small(client, plan, data, tag, &mut out).await?;
+        return Ok(out);
+    }
     let total = plan.entries * plan.entry_size;
     let published_key = |i: usize| format!("bench-{tag}-published-{i}");
     let sdk_key = |i: usize| format!("bench-{tag}-sdk-{i}");
@@ -211,7 +218,18 @@ pub async fn run_round(
     out.lookup_p50_ms = percentile(&latencies, 50.0).unwrap_or(0.0);
     out.lookup_p99_ms = percentile(&latencies, 99.0).unwrap_or(0.0);
 
-    // Small save + restore, 256 KiB at 32 concurrent.
+    small(client, plan, data, tag, &mut out).await?;
+    Ok(out)
+}
+
+/// Small save + restore, 256 KiB at 32 concurrent.
+async fn small(
+    client: &Client,
+    plan: &Plan,
+    data: &Payloads,
+    tag: &str,
+    out: &mut RoundResult,
+) -> Result<()> {
     let started = Instant::now();
     let moved: Vec<u64> = futures_util::stream::iter(0..plan.small_ops)
         .map(|i| {
@@ -229,7 +247,7 @@ pub async fn run_round(
         .await?;
     out.verified_bytes += moved.iter().sum::<u64>();
     out.small_per_s = plan.small_ops as f64 / started.elapsed().as_secs_f64();
-    Ok(out)
+    Ok(())
 }
 
 #[cfg(test)]
