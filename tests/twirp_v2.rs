@@ -629,3 +629,28 @@ async fn after_a_machine_crash_entries_newer_than_the_last_sync_are_forgotten() 
         "a fresh record is written: {text}"
     );
 }
+
+#[tokio::test]
+async fn http2_clients_get_links_to_the_authority_they_used() {
+    let srv = TestServer::start().await;
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let res = h2
+        .post(srv.url(&format!("{SERVICE}CreateCacheEntry")))
+        .bearer_auth(main_token())
+        .header("content-type", "application/json")
+        .body(json!({ "key": "h2", "version": VERSION }).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.version(), reqwest::Version::HTTP_2);
+    let (status, body) = json_of(res).await;
+    assert_eq!(status, 200, "{body}");
+    let url = body["signed_upload_url"].as_str().unwrap();
+    assert!(
+        url.starts_with(&format!("http://{}/_blob/uploads/", srv.addr)),
+        "{url}"
+    );
+}

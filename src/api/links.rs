@@ -37,6 +37,20 @@ pub fn signed(
     Ok(format!("{base}{prefix}{id}?se={expires}&sig={sig}"))
 }
 
+/// HTTP/2 requests name their origin in the `:authority` pseudo-header, not `Host`: copy it
+/// over so links are built the same way for both versions.
+pub fn host_from_authority(headers: &mut HeaderMap, uri: &axum::http::Uri) {
+    if headers.contains_key(header::HOST) {
+        return;
+    }
+    if let Some(value) = uri
+        .authority()
+        .and_then(|a| axum::http::HeaderValue::from_str(a.as_str()).ok())
+    {
+        headers.insert(header::HOST, value);
+    }
+}
+
 /// Scheme and authority (and any path prefix of `--public-url`) without a trailing slash.
 fn base_url(app: &AppState, headers: &HeaderMap) -> Result<String, TwirpError> {
     if let Some(public) = &app.config().public_url {

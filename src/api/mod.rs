@@ -142,9 +142,10 @@ async fn fallback(
     State(app): State<AppState>,
     method: Method,
     uri: Uri,
-    headers: HeaderMap,
+    mut headers: HeaderMap,
     body: Body,
 ) -> Response {
+    links::host_from_authority(&mut headers, &uri);
     let path = uri.path();
     if let Some(idx) = path.find(twirp::SERVICE_PATH) {
         let rpc = &path[idx + twirp::SERVICE_PATH.len()..];

@@ -165,9 +165,11 @@ pub async fn call(
     State(app): State<AppState>,
     Path(method): Path<String>,
     http_method: Method,
-    headers: HeaderMap,
+    uri: axum::http::Uri,
+    mut headers: HeaderMap,
     body: Body,
 ) -> Response {
+    links::host_from_authority(&mut headers, &uri);
     dispatch(&app, &method, &http_method, &headers, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
