@@ -126,17 +126,7 @@ impl From<CacheError> for AzureError {
 }
 
 fn request_id() -> HeaderValue {
-    let hex = crate::cache::model::BlobName::random();
-    let h = hex.as_str();
-    let uuid = format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
-    );
-    HeaderValue::from_str(&uuid)
+    HeaderValue::from_str(&crate::cache::model::random_uuid())
         .unwrap_or_else(|_| HeaderValue::from_static("00000000-0000-0000-0000-000000000000"))
 }
 

@@ -104,7 +104,7 @@ impl Client {
         block: usize,
         in_flight: usize,
     ) -> Result<()> {
-        let prefix = uuid_like();
+        let prefix = crate::cache::model::random_uuid();
         let count = data.len().div_ceil(block.max(1)).max(1);
         let ids: Vec<String> = (0..count)
             .map(|i| STANDARD.encode(format!("{prefix}{i:012}")))
@@ -235,17 +235,4 @@ async fn expect_201(res: reqwest::Response, what: &str) -> Result<()> {
 /// Percent-encodes a query value (block ids are base64: `+`, `/`, `=`).
 fn encode_query(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
-}
-
-fn uuid_like() -> String {
-    let h = crate::cache::model::BlobName::random();
-    let h = h.as_str();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
-    )
 }

@@ -163,17 +163,7 @@ impl Cache {
         match outcome {
             Reserved::Created { upload, garbage } => {
                 self.collect(garbage).await;
-                tracing::info!(
-                    target: "hoard::audit",
-                    action = "reserve",
-                    repository = %who.repository,
-                    scope = %scope,
-                    key = %key,
-                    version = %version,
-                    subject = %who.subject,
-                    run = %who.run,
-                    upload,
-                );
+                audit("reserve", who, scope, &key, &version, upload);
                 Ok(upload)
             }
             Reserved::Conflict => Err(CacheError::Conflict),
@@ -300,18 +290,7 @@ impl Cache {
         match outcome {
             Finalized::Done { entry, garbage } => {
                 self.collect(garbage).await;
-                tracing::info!(
-                    target: "hoard::audit",
-                    action = "finalize",
-                    repository = %who.repository,
-                    scope = %scope,
-                    key = %key,
-                    version = %version,
-                    subject = %who.subject,
-                    run = %who.run,
-                    size,
-                    entry,
-                );
+                audit("finalize", who, scope, &key, &version, entry);
                 Ok(entry)
             }
             Finalized::NoUpload => Err(CacheError::NoReservation),
@@ -420,6 +399,28 @@ impl Cache {
             }
         }
     }
+}
+
+/// The audit trail of writes: who reserved or finalized what (issue #4, point 5).
+fn audit(
+    action: &str,
+    who: &Identity,
+    scope: &model::Scope,
+    key: &CacheKey,
+    version: &Version,
+    id: i64,
+) {
+    tracing::info!(
+        target: "hoard::audit",
+        action,
+        repository = %who.repository,
+        scope = %scope,
+        key = %key,
+        version = %version,
+        subject = %who.subject,
+        run = %who.run,
+        id,
+    );
 }
 
 /// Ends `body` with a `FileTooLarge` error once it has carried more than `max` bytes.

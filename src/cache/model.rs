@@ -223,6 +223,20 @@ impl fmt::Display for BlobName {
     }
 }
 
+/// A random RFC 4122-shaped id (`8-4-4-4-12` hex), for request ids and block-id prefixes.
+pub fn random_uuid() -> String {
+    let name = BlobName::random();
+    let h = name.as_str();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
 /// One stored chunk: its name, length and SHA-256, as recorded when it was written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chunk {
