@@ -279,7 +279,7 @@ impl ServeArgs {
                 let secret = std::fs::read(path).map_err(|e| {
                     ConfigError(format!("--token-hs256-secret-file (HOARD_TOKEN_HS256_SECRET_FILE): cannot read {}: {e}.", path.display()))
                 })?;
-                let secret = secret.trim_ascii().to_vec();
+                // Used byte for byte: a forge's secret may begin or end with whitespace bytes.
                 if secret.len() < 32 {
                     return Err(ConfigError(
                         "--token-hs256-secret-file (HOARD_TOKEN_HS256_SECRET_FILE) must hold at least 32 bytes.".into(),

@@ -37,6 +37,8 @@ pub enum ServeError {
     Blob(#[from] blob::BlobError),
     #[error("start-up recovery failed: {0}")]
     Recover(#[from] cache::CacheError),
+    #[error("{0}")]
+    Tokens(String),
     #[error("cannot load the URL signing key: {0}")]
     SigningKey(std::io::Error),
     #[error("server error: {0}")]
@@ -101,7 +103,7 @@ pub async fn build_state(
         api,
         cache,
         signer,
-        Verifier::new(config.tokens.clone()),
+        Verifier::new(config.tokens.clone()).map_err(ServeError::Tokens)?,
         shutdown,
     ))
 }

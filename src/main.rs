@@ -94,7 +94,9 @@ async fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    tracing::warn!("{}", hoard::UNVERIFIED_TOKENS_WARNING);
+    if config.tokens.insecure_skip_validation {
+        tracing::warn!("{}", hoard::UNVERIFIED_TOKENS_WARNING);
+    }
     match listener.local_addr() {
         Ok(addr) => tracing::info!("listening on {addr}"),
         Err(_) => tracing::info!("listening on {}", config.listen),

@@ -56,6 +56,9 @@ async fn rs256_and_es256_tokens_of_a_trusted_issuer_are_accepted() {
     let es = issuer.es256(&issuer.claims("1", &[(MAIN, 3)]));
     srv.save(&rs, "k", VERSION, b"signed").await;
     assert_eq!(srv.restore(&es, "k", VERSION).await.unwrap(), b"signed");
+    // A token that names no key is checked against every key of its algorithm.
+    let no_kid = issuer.rs256_with_kid(&issuer.claims("1", &[(MAIN, 1)]), None);
+    assert_eq!(srv.restore(&no_kid, "k", VERSION).await.unwrap(), b"signed");
 }
 
 #[tokio::test]
@@ -71,6 +74,13 @@ async fn bad_tokens_are_refused() {
     let mut early = issuer.claims("1", &[(MAIN, 3)]);
     early["nbf"] = json!(now + 3600);
     assert_refused(&srv, &issuer.rs256(&early), "not yet valid").await;
+
+    let mut no_repository = issuer.claims("1", &[(MAIN, 3)]);
+    no_repository
+        .as_object_mut()
+        .unwrap()
+        .remove("repository_id");
+    assert_refused(&srv, &issuer.rs256(&no_repository), "no repository_id").await;
 
     let mut no_exp = issuer.claims("1", &[(MAIN, 3)]);
     no_exp.as_object_mut().unwrap().remove("exp");

@@ -95,6 +95,7 @@ impl From<CacheError> for TwirpError {
 
 impl From<TokenError> for TwirpError {
     fn from(e: TokenError) -> Self {
+        tracing::info!(target: "hoard::audit", action = "refused", reason = %e);
         Self::new("unauthenticated", e.to_string())
     }
 }

@@ -163,19 +163,20 @@ fn map_jwt_error(e: jsonwebtoken::errors::Error) -> TokenError {
 }
 
 impl Verifier {
-    pub fn new(settings: TokenSettings) -> Self {
+    /// Fails only if no HTTP client can be built for discovery (an unusable TLS trust store).
+    pub fn new(settings: TokenSettings) -> Result<Self, String> {
         let static_keys = settings.jwks.as_ref().map(keys_of).unwrap_or_default();
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .build()
-            .expect("an HTTP client with default TLS settings builds");
-        Self {
+            .map_err(|e| format!("cannot build the HTTP client for token key discovery: {e}"))?;
+        Ok(Self {
             settings,
             static_keys,
             discovered: RwLock::new(HashMap::new()),
             http,
             verified: Mutex::new(HashMap::new()),
-        }
+        })
     }
 
     pub fn is_insecure(&self) -> bool {
@@ -259,10 +260,32 @@ impl Verifier {
                     )));
                 }
                 validation.set_issuer(&[iss.as_str()]);
-                let key = self
-                    .key_for(&iss, header.kid.as_deref(), header.alg)
+                let keys = self
+                    .keys_for(&iss, header.kid.as_deref(), header.alg)
                     .await?;
-                decode(token, &key, &validation)?
+                let mut result = Err(TokenError::Rejected(
+                    "no key of the issuer matches the token".into(),
+                ));
+                for key in &keys {
+                    result = decode(token, key, &validation);
+                    if result.is_ok() {
+                        break;
+                    }
+                }
+                let claims = result?;
+                // An issuer's token must name its repository: without one, entries of every
+                // repository would share a namespace (PROTOCOL.md §8).
+                let names_repository = match claims.get("repository_id") {
+                    Some(serde_json::Value::Number(_)) => true,
+                    Some(serde_json::Value::String(s)) => !s.is_empty(),
+                    _ => false,
+                };
+                if !names_repository {
+                    return Err(TokenError::Rejected(
+                        "the token has no repository_id claim".into(),
+                    ));
+                }
+                claims
             }
             other => {
                 return Err(TokenError::Rejected(format!(
@@ -278,78 +301,85 @@ impl Verifier {
         Ok((identity, exp))
     }
 
-    /// The key that signed a token of `iss` with `kid`, refreshing the issuer's keys once (at
-    /// most every [`REFRESH_AT_MOST_EVERY`]) when the kid is unknown.
-    async fn key_for(
+    /// The keys that may have signed a token of `iss`: the one named by `kid`, or every key of
+    /// the algorithm when the token names none. Refreshes the issuer's keys (at most every
+    /// [`REFRESH_AT_MOST_EVERY`]) when none matches; a failed refresh keeps the known keys.
+    async fn keys_for(
         &self,
         iss: &str,
         kid: Option<&str>,
         alg: Algorithm,
-    ) -> Result<DecodingKey, TokenError> {
-        let pick = |keys: &[VerificationKey]| {
+    ) -> Result<Vec<DecodingKey>, TokenError> {
+        let pick = |keys: &[VerificationKey]| -> Vec<DecodingKey> {
             keys.iter()
-                .find(|k| k.alg == alg && (kid.is_none() || k.kid.as_deref() == kid))
+                .filter(|k| k.alg == alg && (kid.is_none() || k.kid.as_deref() == kid))
                 .map(|k| k.key.clone())
+                .collect()
         };
+        let no_match = || TokenError::Rejected("no key of the issuer matches the token".into());
         if self.settings.jwks.is_some() {
-            return pick(&self.static_keys).ok_or(TokenError::Rejected(
-                "no key in the key file matches the token".into(),
-            ));
+            let keys = pick(&self.static_keys);
+            return if keys.is_empty() {
+                Err(no_match())
+            } else {
+                Ok(keys)
+            };
         }
         let issuer = normalize_issuer(iss).to_owned();
+        let fresh = |entry: &IssuerKeys| entry.fetched.elapsed() < REFRESH_AT_MOST_EVERY;
         {
             let known = self.discovered.read().await;
             if let Some(entry) = known.get(&issuer) {
-                if let Some(key) = pick(&entry.keys) {
-                    return Ok(key);
+                let keys = pick(&entry.keys);
+                if !keys.is_empty() {
+                    return Ok(keys);
                 }
-                if entry.fetched.elapsed() < REFRESH_AT_MOST_EVERY {
-                    return Err(TokenError::Rejected(
-                        "no key of the issuer matches the token".into(),
-                    ));
+                if fresh(entry) {
+                    return Err(no_match());
                 }
             }
         }
         let mut known = self.discovered.write().await;
         // Another request may have refreshed meanwhile.
-        if let Some(key) = known.get(&issuer).and_then(|e| pick(&e.keys)) {
-            return Ok(key);
+        if let Some(entry) = known.get(&issuer) {
+            let keys = pick(&entry.keys);
+            if !keys.is_empty() {
+                return Ok(keys);
+            }
+            if fresh(entry) {
+                return Err(no_match());
+            }
         }
-        if known
-            .get(&issuer)
-            .is_some_and(|e| e.fetched.elapsed() < REFRESH_AT_MOST_EVERY)
-        {
-            return Err(TokenError::Rejected(
-                "no key of the issuer matches the token".into(),
-            ));
-        }
-        let fetched = self.discover(&issuer).await;
-        let keys = match fetched {
-            Ok(keys) => keys,
-            Err(e) => {
-                tracing::error!(issuer = %issuer, error = %e, "cannot fetch the token issuer's keys");
-                // Remember the failure too, so a dead issuer is not hammered.
+        match self.discover(&issuer).await {
+            Ok(keys) => {
+                let matching = pick(&keys);
                 known.insert(
                     issuer,
                     IssuerKeys {
-                        keys: Vec::new(),
+                        keys,
                         fetched: Instant::now(),
                     },
                 );
-                return Err(TokenError::KeysUnavailable(e));
+                if matching.is_empty() {
+                    Err(no_match())
+                } else {
+                    Ok(matching)
+                }
             }
-        };
-        let key = pick(&keys);
-        known.insert(
-            issuer,
-            IssuerKeys {
-                keys,
-                fetched: Instant::now(),
-            },
-        );
-        key.ok_or(TokenError::Rejected(
-            "no key of the issuer matches the token".into(),
-        ))
+            Err(e) => {
+                tracing::error!(issuer = %issuer, error = %e, "cannot fetch the token issuer's keys");
+                // Keep what was known, and do not hammer a failing issuer.
+                let keys = known.remove(&issuer).map(|e| e.keys).unwrap_or_default();
+                known.insert(
+                    issuer,
+                    IssuerKeys {
+                        keys,
+                        fetched: Instant::now(),
+                    },
+                );
+                Err(TokenError::KeysUnavailable(e))
+            }
+        }
     }
 
     /// OIDC discovery: `<issuer>/.well-known/openid-configuration` → `jwks_uri` → keys.

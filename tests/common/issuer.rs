@@ -86,8 +86,12 @@ impl Issuer {
     }
 
     pub fn rs256(&self, claims: &Value) -> String {
+        self.rs256_with_kid(claims, Some("rsa-1"))
+    }
+
+    pub fn rs256_with_kid(&self, claims: &Value, kid: Option<&str>) -> String {
         let mut header = Header::new(Algorithm::RS256);
-        header.kid = Some("rsa-1".into());
+        header.kid = kid.map(str::to_owned);
         jsonwebtoken::encode(&header, claims, &EncodingKey::from_rsa_der(&self.rsa_pkcs1)).unwrap()
     }
 
