@@ -605,14 +605,11 @@ async fn after_a_machine_crash_entries_newer_than_the_last_sync_are_forgotten() 
 
     // A record from another boot: the machine restarted after a sync at `synced_through`.
     let record = srv.data.path().join("synced");
-    let srv = {
-        let data_path = srv.data.path().to_owned();
-        let srv = srv.restart().await; // A clean restart on the same boot changes nothing.
-        assert!(srv.restore(&t, "new", VERSION).await.is_some());
-        std::fs::write(&record, format!("boot-before-the-crash {synced_through}\n")).unwrap();
-        assert_eq!(srv.data.path(), data_path);
-        srv.restart().await
-    };
+    let srv = srv.restart().await; // A clean restart on the same boot changes nothing.
+    assert!(srv.restore(&t, "new", VERSION).await.is_some());
+    let data = srv.shut_down().await;
+    std::fs::write(&record, format!("boot-before-the-crash {synced_through}\n")).unwrap();
+    let srv = TestServer::start_on(data).await;
     assert_eq!(
         srv.restore(&t, "old", VERSION).await.unwrap(),
         b"synced before the crash"

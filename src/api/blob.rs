@@ -14,7 +14,7 @@ use super::links::unix_now;
 use super::range::{self, RangeRequest};
 use super::{blocklist, AppState};
 use crate::auth::signing::SignatureError;
-use crate::auth::Purpose;
+use crate::auth::{LinkTarget, Purpose};
 use crate::blob::{BlobError, ByteStream};
 use crate::cache::model::BlockId;
 use crate::cache::CacheError;
@@ -164,16 +164,31 @@ impl Query {
     }
 }
 
-/// Parses the id segment and checks the link's signature for `purpose`.
-fn authorize(app: &AppState, purpose: Purpose, id: &str, query: &Query) -> Result<i64, AzureError> {
-    let id: i64 = id
-        .parse()
+/// The id segment of a link; anything else names nothing.
+fn link_id(raw: &str) -> Result<i64, AzureError> {
+    raw.parse()
         .ok()
         .filter(|id| *id > 0)
-        .ok_or_else(AzureError::not_found)?;
-    app.signer()
-        .verify(purpose, id, query.str("se"), query.str("sig"), unix_now())?;
-    Ok(id)
+        .ok_or_else(AzureError::not_found)
+}
+
+/// Checks a link's signature for `purpose` and the row it names. A link to a row that does not
+/// exist is refused like a forged one: it cannot have been signed for that row.
+fn authorize(
+    app: &AppState,
+    purpose: Purpose,
+    target: Option<LinkTarget>,
+    query: &Query,
+) -> Result<(), AzureError> {
+    let target = target.ok_or_else(|| AzureError::from(SignatureError::Forged))?;
+    app.signer().verify(
+        purpose,
+        target,
+        query.str("se"),
+        query.str("sig"),
+        unix_now(),
+    )?;
+    Ok(())
 }
 
 fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, AzureError> {
@@ -271,7 +286,16 @@ async fn put(
         ));
     }
     let query = Query::parse(&uri);
-    let upload = authorize(&app, Purpose::Upload, &id, &query)?;
+    let upload = link_id(&id)?;
+    let found = match app.cache().upload(upload).await {
+        Ok(u) => Some(LinkTarget {
+            id: u.id,
+            created_at: u.created_at,
+        }),
+        Err(CacheError::UploadNotFound) => None,
+        Err(e) => return Err(e.into()),
+    };
+    authorize(&app, Purpose::Upload, found, &query)?;
     let cache = app.cache();
     match query.str("comp") {
         None => {
@@ -369,9 +393,19 @@ async fn get(
         ));
     }
     let query = Query::parse(&uri);
-    let entry_id = authorize(&app, Purpose::Download, &id, &query)?;
+    let entry_id = link_id(&id)?;
     let cache = app.cache();
-    let open = cache.open_entry(entry_id).await?;
+    let open = match cache.open_entry(entry_id).await {
+        Ok(open) => Some(open),
+        Err(CacheError::EntryNotFound) => None,
+        Err(e) => return Err(e.into()),
+    };
+    let target = open.as_ref().map(|o| LinkTarget {
+        id: o.entry.id,
+        created_at: o.entry.created_at,
+    });
+    authorize(&app, Purpose::Download, target, &query)?;
+    let open = open.ok_or_else(AzureError::not_found)?;
     let size = open.entry.size;
     let etag = format!(
         "\"0x{:X}{:04X}\"",

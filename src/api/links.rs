@@ -9,7 +9,7 @@ use axum::http::{header, HeaderMap};
 
 use super::twirp::TwirpError;
 use super::AppState;
-use crate::auth::Purpose;
+use crate::auth::{LinkTarget, Purpose};
 
 pub const UPLOAD_PREFIX: &str = "/_blob/uploads/";
 pub const DOWNLOAD_PREFIX: &str = "/_blob/entries/";
@@ -25,7 +25,7 @@ pub fn signed(
     app: &AppState,
     headers: &HeaderMap,
     purpose: Purpose,
-    id: i64,
+    target: LinkTarget,
 ) -> Result<String, TwirpError> {
     let base = base_url(app, headers)?;
     let (prefix, ttl) = match purpose {
@@ -33,8 +33,11 @@ pub fn signed(
         Purpose::Download => (DOWNLOAD_PREFIX, app.config().download_url_ttl),
     };
     let expires = unix_now() + ttl.as_secs().max(1);
-    let sig = app.signer().sign(purpose, id, expires);
-    Ok(format!("{base}{prefix}{id}?se={expires}&sig={sig}"))
+    let sig = app.signer().sign(purpose, target, expires);
+    Ok(format!(
+        "{base}{prefix}{}?se={expires}&sig={sig}",
+        target.id
+    ))
 }
 
 /// HTTP/2 requests name their origin in the `:authority` pseudo-header, not `Host`: copy it

@@ -4,6 +4,6 @@ pub mod signing;
 pub mod token;
 pub mod verify;
 
-pub use signing::{Purpose, UrlSigner};
+pub use signing::{LinkTarget, Purpose, UrlSigner};
 pub use token::{Identity, TokenError};
 pub use verify::{TokenSettings, Verifier};

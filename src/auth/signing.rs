@@ -2,7 +2,9 @@
 //!
 //! Blob endpoints get no `Authorization` header (PROTOCOL.md §1.4), so each URL carries its own
 //! authority: `se` (expiry, Unix seconds) and `sig` (the client masks `sig` in its logs, §3.2).
-//! The purpose is part of the MAC, so an upload signature never opens a download and vice versa.
+//! The purpose is part of the MAC, so an upload signature never opens a download and vice versa;
+//! so is the target's creation time, so a link can never open a later row that reused its id
+//! (SQLite may reuse the ids of deleted rows).
 
 use std::fs;
 use std::io::{self, Write};
@@ -29,6 +31,13 @@ impl Purpose {
             Self::Download => "download",
         }
     }
+}
+
+/// What a link opens: an upload or entry, by id and creation time (milliseconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkTarget {
+    pub id: i64,
+    pub created_at: i64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -89,22 +98,23 @@ impl UrlSigner {
         }
     }
 
-    fn mac(&self, purpose: Purpose, id: i64, expires: u64) -> HmacSha256 {
+    fn mac(&self, purpose: Purpose, target: LinkTarget, expires: u64) -> HmacSha256 {
         let mut mac = HmacSha256::new_from_slice(&self.key).expect("HMAC takes keys of any length");
-        mac.update(format!("{}\n{id}\n{expires}", purpose.label()).as_bytes());
+        let LinkTarget { id, created_at } = target;
+        mac.update(format!("{}\n{id}\n{created_at}\n{expires}", purpose.label()).as_bytes());
         mac
     }
 
     /// The `sig` value for a link.
-    pub fn sign(&self, purpose: Purpose, id: i64, expires: u64) -> String {
-        URL_SAFE_NO_PAD.encode(self.mac(purpose, id, expires).finalize().into_bytes())
+    pub fn sign(&self, purpose: Purpose, target: LinkTarget, expires: u64) -> String {
+        URL_SAFE_NO_PAD.encode(self.mac(purpose, target, expires).finalize().into_bytes())
     }
 
     /// Checks a link's `se` and `sig` at time `now` (Unix seconds).
     pub fn verify(
         &self,
         purpose: Purpose,
-        id: i64,
+        target: LinkTarget,
         expires: Option<&str>,
         sig: Option<&str>,
         now: u64,
@@ -115,7 +125,7 @@ impl UrlSigner {
         let sig = sig
             .and_then(|s| URL_SAFE_NO_PAD.decode(s).ok())
             .ok_or(SignatureError::Malformed)?;
-        self.mac(purpose, id, expires)
+        self.mac(purpose, target, expires)
             .verify_slice(&sig)
             .map_err(|_| SignatureError::Forged)?;
         if now >= expires {
@@ -129,6 +139,27 @@ impl UrlSigner {
 mod tests {
     use super::*;
 
+    fn t(id: i64) -> LinkTarget {
+        LinkTarget {
+            id,
+            created_at: 1_700_000_000_000,
+        }
+    }
+
+    #[test]
+    fn a_signature_never_opens_a_later_row_with_the_same_id() {
+        let s = signer();
+        let sig = s.sign(Purpose::Download, t(5), 1000);
+        let reused = LinkTarget {
+            id: 5,
+            created_at: 1_700_000_000_001,
+        };
+        assert_eq!(
+            s.verify(Purpose::Download, reused, Some("1000"), Some(&sig), 0),
+            Err(SignatureError::Forged)
+        );
+    }
+
     fn signer() -> UrlSigner {
         UrlSigner::new(vec![7; 32])
     }
@@ -136,13 +167,13 @@ mod tests {
     #[test]
     fn a_signed_link_verifies_until_it_expires() {
         let s = signer();
-        let sig = s.sign(Purpose::Upload, 5, 1000);
+        let sig = s.sign(Purpose::Upload, t(5), 1000);
         assert_eq!(
-            s.verify(Purpose::Upload, 5, Some("1000"), Some(&sig), 999),
+            s.verify(Purpose::Upload, t(5), Some("1000"), Some(&sig), 999),
             Ok(())
         );
         assert_eq!(
-            s.verify(Purpose::Upload, 5, Some("1000"), Some(&sig), 1000),
+            s.verify(Purpose::Upload, t(5), Some("1000"), Some(&sig), 1000),
             Err(SignatureError::Expired)
         );
     }
@@ -150,23 +181,23 @@ mod tests {
     #[test]
     fn signatures_bind_purpose_id_and_expiry() {
         let s = signer();
-        let sig = s.sign(Purpose::Upload, 5, 1000);
+        let sig = s.sign(Purpose::Upload, t(5), 1000);
         let forged = Err(SignatureError::Forged);
         assert_eq!(
-            s.verify(Purpose::Download, 5, Some("1000"), Some(&sig), 0),
+            s.verify(Purpose::Download, t(5), Some("1000"), Some(&sig), 0),
             forged
         );
         assert_eq!(
-            s.verify(Purpose::Upload, 6, Some("1000"), Some(&sig), 0),
+            s.verify(Purpose::Upload, t(6), Some("1000"), Some(&sig), 0),
             forged
         );
         assert_eq!(
-            s.verify(Purpose::Upload, 5, Some("2000"), Some(&sig), 0),
+            s.verify(Purpose::Upload, t(5), Some("2000"), Some(&sig), 0),
             forged
         );
         let other = UrlSigner::new(vec![8; 32]);
         assert_eq!(
-            other.verify(Purpose::Upload, 5, Some("1000"), Some(&sig), 0),
+            other.verify(Purpose::Upload, t(5), Some("1000"), Some(&sig), 0),
             forged
         );
     }
@@ -175,11 +206,14 @@ mod tests {
     fn missing_or_garbled_parameters_are_malformed() {
         let s = signer();
         let m = Err(SignatureError::Malformed);
-        assert_eq!(s.verify(Purpose::Upload, 5, None, Some("x"), 0), m);
-        assert_eq!(s.verify(Purpose::Upload, 5, Some("soon"), Some("x"), 0), m);
-        assert_eq!(s.verify(Purpose::Upload, 5, Some("1000"), None, 0), m);
+        assert_eq!(s.verify(Purpose::Upload, t(5), None, Some("x"), 0), m);
         assert_eq!(
-            s.verify(Purpose::Upload, 5, Some("1000"), Some("%%%"), 0),
+            s.verify(Purpose::Upload, t(5), Some("soon"), Some("x"), 0),
+            m
+        );
+        assert_eq!(s.verify(Purpose::Upload, t(5), Some("1000"), None, 0), m);
+        assert_eq!(
+            s.verify(Purpose::Upload, t(5), Some("1000"), Some("%%%"), 0),
             m
         );
     }
@@ -191,8 +225,8 @@ mod tests {
         let a = UrlSigner::load_or_create(&path).unwrap();
         let b = UrlSigner::load_or_create(&path).unwrap();
         assert_eq!(
-            a.sign(Purpose::Download, 1, 2),
-            b.sign(Purpose::Download, 1, 2)
+            a.sign(Purpose::Download, t(1), 2),
+            b.sign(Purpose::Download, t(1), 2)
         );
         #[cfg(unix)]
         {

@@ -7,7 +7,7 @@
 //!
 //! Durability without an fsync per chunk: the page cache survives a process crash, so only a
 //! machine crash can lose written chunks. [`FsStore::sync`] flushes the whole file system
-//! (`syncfs`) every few seconds and records the instant it started together with the kernel's
+//! (`syncfs`) every `--sync-interval` and at shutdown, and records the instant it started together with the kernel's
 //! boot id. After a reboot, chunks put after the recorded instant may be lost, and
 //! [`BlobStore::lost_since`] says so: the domain then forgets the entries finalized after it.
 //!
@@ -38,6 +38,7 @@ const PIPE_DEPTH: usize = 2;
 /// one thread hop instead of a pipeline.
 const SMALL: u64 = 1 << 20;
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+const UNKNOWN_BOOT: &str = "unknown";
 
 #[derive(Debug, Clone)]
 pub struct FsStore {
@@ -55,10 +56,13 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> BlobError {
 }
 
 /// The kernel's boot id: changes exactly when the machine restarts.
+/// Without one (no /proc), every restart counts as a possible reboot: safe, if forgetful.
 fn boot_id() -> String {
     fs::read_to_string(BOOT_ID)
+        .ok()
         .map(|s| s.trim().to_owned())
-        .unwrap_or_default()
+        .filter(|s| !s.is_empty() && !s.contains(' '))
+        .unwrap_or_else(|| UNKNOWN_BOOT.to_owned())
 }
 
 /// The durability record: "every chunk put before `synced_through` was on disk, as of boot
@@ -113,7 +117,7 @@ impl FsStore {
         let record = root.join("synced");
         let lost_since = match read_record(&record) {
             // Same boot: the page cache survived whatever stopped the last run, nothing is lost.
-            Some((boot, _)) if !boot.is_empty() && boot == boot_id() => None,
+            Some((boot, _)) if boot != UNKNOWN_BOOT && boot == boot_id() => None,
             Some((_, synced_through)) => Some(synced_through),
             // No record yet: start one. Chunks from before it (a store written by an older
             // version) are flushed first, so the record tells the truth.
@@ -421,8 +425,8 @@ impl BlobStore for FsStore {
         self.lost_since
     }
 
-    async fn sync(&self) -> Result<(), BlobError> {
-        if !self.unsynced.swap(false, Ordering::AcqRel) {
+    async fn sync(&self, force: bool) -> Result<(), BlobError> {
+        if !self.unsynced.swap(false, Ordering::AcqRel) && !force {
             return Ok(());
         }
         let root = self.root.clone();
@@ -480,7 +484,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = FsStore::open(dir.path()).unwrap();
         assert_eq!(store.lost_since(), None, "a new store has nothing to lose");
-        store.sync().await.unwrap();
+        store.sync(true).await.unwrap();
         let (boot, at) = read_record(&dir.path().join("synced")).unwrap();
         assert_eq!(boot, boot_id());
         assert!(at > 0);

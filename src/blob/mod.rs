@@ -63,9 +63,10 @@ pub trait BlobStore: Send + Sync + std::fmt::Debug + 'static {
     /// Checks that the store can be written.
     async fn ping(&self) -> Result<(), BlobError>;
 
-    /// Makes every put completed so far durable against a machine crash. Cheap when nothing was
-    /// put since the last call; a no-op for stores whose puts are durable on return.
-    async fn sync(&self) -> Result<(), BlobError>;
+    /// Makes every put completed so far durable against a machine crash. Skipped when nothing
+    /// was put since the last call, unless `force` (which also records that everything up to
+    /// now is durable); a no-op for stores whose puts are durable on return.
+    async fn sync(&self, force: bool) -> Result<(), BlobError>;
 
     /// Set when the machine crashed since the last run: puts completed after this instant may
     /// be gone or incomplete.

@@ -1,6 +1,6 @@
 //! Durability against machine crashes, without an fsync per chunk.
 //!
-//! The blob store makes puts durable in batches ([`BlobStore::sync`], every few seconds and at
+//! The blob store makes puts durable in batches ([`BlobStore::sync`], every `--sync-interval` and at
 //! shutdown). After a machine crash, the store reports from which instant puts may be lost; the
 //! entries finalized after that instant are forgotten at start-up, before any request is
 //! served, so a lost or torn chunk is never served as a hit. A process crash loses nothing.
@@ -22,20 +22,22 @@ pub async fn recover(meta: &dyn MetaStore, blobs: &dyn BlobStore) -> Result<(), 
         let (entries, garbage) = meta.forget_after(since).await?;
         tracing::warn!(
             entries,
-            "the machine restarted without a final sync: forgot entries finalized after the last sync and open uploads"
+            "the machine restarted since the last sync to disk: forgot the entries finalized after it, and aborted open uploads"
         );
         for name in garbage {
             let _ = blobs.delete(&name).await;
         }
-        // Records this boot, so a later restart does not forget anything again.
-        blobs.sync().await?;
+        // Makes the forgetting durable and records this boot, so a later restart does not
+        // forget anything again.
+        blobs.sync(true).await?;
+        meta.checkpoint().await?;
     }
     Ok(())
 }
 
 /// Syncs the blob store, then checkpoints the metadata store.
-async fn sync_both(meta: &dyn MetaStore, blobs: &dyn BlobStore) {
-    if let Err(e) = blobs.sync().await {
+async fn sync_both(meta: &dyn MetaStore, blobs: &dyn BlobStore, force: bool) {
+    if let Err(e) = blobs.sync(force).await {
         tracing::error!(error = %e, "could not sync stored chunks to disk");
     }
     if let Err(e) = meta.checkpoint().await {
@@ -57,7 +59,8 @@ pub async fn run(
             _ = tick.tick() => {}
             () = stop.cancelled() => break,
         }
-        sync_both(meta.as_ref(), blobs.as_ref()).await;
+        sync_both(meta.as_ref(), blobs.as_ref(), false).await;
     }
-    sync_both(meta.as_ref(), blobs.as_ref()).await;
+    // At shutdown the record always advances: every entry finalized so far is durable.
+    sync_both(meta.as_ref(), blobs.as_ref(), true).await;
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 
-use crate::auth::Identity;
+use crate::auth::{Identity, LinkTarget};
 use crate::blob::{BlobError, BlobStore, ByteStream};
 use crate::meta::{
     Committed, EntryChunk, FinalizeRequest, Finalized, MetaError, MetaStore, NewUpload, Reserved,
@@ -76,7 +76,8 @@ pub struct Policy {
 /// A restore hit.
 #[derive(Debug, Clone)]
 pub struct Hit {
-    pub entry: EntryId,
+    /// What the download link opens.
+    pub entry: LinkTarget,
     pub matched_key: String,
 }
 
@@ -142,7 +143,7 @@ impl Cache {
         who: &Identity,
         key: &str,
         version: &str,
-    ) -> Result<UploadId, CacheError> {
+    ) -> Result<LinkTarget, CacheError> {
         let key = CacheKey::parse(key)?;
         let version = Version::parse(version)?;
         let scope = who.write_scope.as_ref().ok_or(CacheError::WriteDenied)?;
@@ -164,11 +165,22 @@ impl Cache {
             Reserved::Created { upload, garbage } => {
                 self.collect(garbage).await;
                 audit("reserve", who, scope, &key, &version, upload);
-                Ok(upload)
+                Ok(LinkTarget {
+                    id: upload,
+                    created_at: now,
+                })
             }
             Reserved::Conflict => Err(CacheError::Conflict),
             Reserved::TooManyOpen => Err(CacheError::TooManyUploads),
         }
+    }
+
+    /// The upload a signed URL names, in whatever state.
+    pub async fn upload(&self, id: UploadId) -> Result<Upload, CacheError> {
+        self.meta
+            .upload(id)
+            .await?
+            .ok_or(CacheError::UploadNotFound)
     }
 
     /// The upload a signed URL names, if it can still receive data.
@@ -321,7 +333,10 @@ impl Cache {
         };
         self.usage.record(best.id, now_millis());
         Ok(Some(Hit {
-            entry: best.id,
+            entry: LinkTarget {
+                id: best.id,
+                created_at: best.created_at,
+            },
             matched_key: best.key.clone(),
         }))
     }

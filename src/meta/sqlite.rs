@@ -2,12 +2,10 @@
 //!
 //! Every write method runs as one closure on the writer connection, inside one transaction,
 //! behind an async mutex: writers queue in-process instead of meeting `SQLITE_BUSY`, and never
-//! block readers (WAL). Statements run in place on the calling task's thread: commits do not
-//! fsync (see `checkpoint`), so a transaction is tens of microseconds, cheaper than the two
-//! thread switches a hop to another thread costs (`hoard bench`: small saves 1.8k/s -> see the
-//! closing note of issue #3).
-//! readers (WAL). Reads run on pooled read-only connections on tokio's blocking threads.
-//! Statements are prepared once per connection (`prepare_cached`).
+//! block readers (WAL). Reads use pooled read-only connections. Statements run in place on the
+//! calling task's thread: commits do not fsync (see `checkpoint`), so a statement takes tens of
+//! microseconds, less than the two thread switches of a hop to another thread (docs/benchmarks.md
+//! has the measurements). Statements are prepared once per connection (`prepare_cached`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

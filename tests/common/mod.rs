@@ -102,9 +102,19 @@ impl TestServer {
 
     /// Stops the server and starts a new one on the same data directory.
     pub async fn restart(self) -> Self {
+        Self::start_on(self.shut_down().await).await
+    }
+
+    /// Stops the server (cleanly) and hands back its data directory.
+    pub async fn shut_down(self) -> tempfile::TempDir {
         self.stop.cancel();
         let _ = self.task.await;
-        Self::start_in(self.data, &[], true).await
+        self.data
+    }
+
+    /// Starts a server on an existing data directory.
+    pub async fn start_on(data: tempfile::TempDir) -> Self {
+        Self::start_in(data, &[], true).await
     }
 
     async fn start_in(data: tempfile::TempDir, extra: &[&str], test_secret: bool) -> Self {
