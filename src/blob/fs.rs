@@ -11,8 +11,9 @@
 //! boot id. After a reboot, chunks put after the recorded instant may be lost, and
 //! [`BlobStore::lost_since`] says so: the domain then forgets the entries finalized after it.
 //!
-//! File I/O runs on blocking threads fed through small bounded channels, so network reads,
-//! hashing and disk writes overlap and memory stays bounded whatever the chunk size.
+//! File I/O runs in blocking tasks of one block each, one in flight per transfer while the next
+//! block crosses the network: disk and network overlap, memory stays bounded whatever the chunk
+//! size, and no thread is held while a slow client sends or reads.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, IoSlice, Read, Seek, SeekFrom, Write};
@@ -24,7 +25,6 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
-use tokio::sync::{mpsc, oneshot};
 
 use super::{BlobError, BlobStore, ByteStream};
 use crate::cache::model::{now_millis, BlobName, Chunk, Millis};
@@ -32,8 +32,6 @@ use crate::cache::model::{now_millis, BlobName, Chunk, Millis};
 const LAYOUT_VERSION: &str = "1";
 /// Size of each disk read when streaming a chunk out, and of each batch of frames written.
 const IO_BLOCK: usize = 256 << 10;
-/// Batches or read blocks that may wait between the network and the disk thread.
-const PIPE_DEPTH: usize = 2;
 /// Chunks up to this size are received whole and written, or read, in one blocking call:
 /// one thread hop instead of a pipeline.
 const SMALL: u64 = 1 << 20;
@@ -149,12 +147,31 @@ impl FsStore {
     }
 }
 
-/// What the network side tells the disk thread.
-enum WriteMsg {
-    /// Consecutive body frames, about [`IO_BLOCK`] bytes in all.
-    Data(Vec<Bytes>),
-    /// The body is complete: publish and report the digest.
-    Finish(oneshot::Sender<io::Result<[u8; 32]>>),
+/// A staging file that is removed unless it was published: whatever ends a put early (an
+/// error, a client hanging up, a dropped future) leaves nothing behind.
+struct Staging {
+    path: PathBuf,
+    published: bool,
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if !self.published {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// The file being written and the digest so far, passed to each blocking write and back.
+type Sink = (File, Sha256);
+
+/// Writes and hashes one batch on a blocking thread.
+fn write_batch((mut file, mut hasher): Sink, frames: Vec<Bytes>) -> io::Result<Sink> {
+    for frame in &frames {
+        hasher.update(frame);
+    }
+    write_all_vectored(&mut file, &frames)?;
+    Ok((file, hasher))
 }
 
 /// Writes every byte of `bufs` with as few system calls as the kernel allows.
@@ -171,52 +188,6 @@ fn write_all_vectored(out: &mut File, bufs: &[Bytes]) -> io::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Receives a chunk's bytes on a blocking thread: writes, hashes, and publishes on `Finish`.
-/// If the sender goes away first (error or dropped request) the staging file is removed.
-fn write_chunk(tmp_path: PathBuf, final_path: PathBuf, mut rx: mpsc::Receiver<WriteMsg>) {
-    let staged = (|| -> io::Result<Option<(oneshot::Sender<_>, [u8; 32])>> {
-        let mut out = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp_path)?;
-        let mut hasher = Sha256::new();
-        while let Some(msg) = rx.blocking_recv() {
-            match msg {
-                WriteMsg::Data(frames) => {
-                    for frame in &frames {
-                        hasher.update(frame);
-                    }
-                    write_all_vectored(&mut out, &frames)?;
-                }
-                WriteMsg::Finish(reply) => return Ok(Some((reply, hasher.finalize().into()))),
-            }
-        }
-        Ok(None)
-    })();
-    match staged {
-        Ok(Some((reply, digest))) => {
-            let published = publish(&tmp_path, &final_path);
-            if published.is_err() {
-                let _ = fs::remove_file(&tmp_path);
-            }
-            let _ = reply.send(published.map(|()| digest));
-        }
-        Ok(None) => {
-            let _ = fs::remove_file(&tmp_path);
-        }
-        Err(e) => {
-            let _ = fs::remove_file(&tmp_path);
-            // Report the failure to a waiting Finish, if the sender is still there.
-            while let Some(msg) = rx.blocking_recv() {
-                if let WriteMsg::Finish(reply) = msg {
-                    let _ = reply.send(Err(e));
-                    break;
-                }
-            }
-        }
-    }
 }
 
 /// Writes a small chunk received whole: hash, write, publish, in one blocking call.
@@ -297,33 +268,60 @@ impl BlobStore for FsStore {
                 sha256,
             });
         }
-        let (tx, rx) = mpsc::channel(PIPE_DEPTH);
-        let writer = tokio::task::spawn_blocking(move || write_chunk(tmp_path, final_path, rx));
-
+        // Large chunks: each batch is written by a blocking task while the next one is being
+        // received, and no thread waits on the network (a slow client holds only memory).
+        let mut staging = Staging {
+            path: tmp_path.clone(),
+            published: false,
+        };
+        let blocking_err =
+            |e: tokio::task::JoinError| io_err(format!("chunk {name}"))(io::Error::other(e));
+        let file = tokio::task::spawn_blocking(move || {
+            OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(tmp_path)
+        })
+        .await
+        .map_err(blocking_err)?
+        .map_err(io_err(format!("chunk {name}")))?;
+        let mut idle: Option<Sink> = Some((file, Sha256::new()));
+        let mut busy: Option<tokio::task::JoinHandle<io::Result<Sink>>> = None;
         let mut received: u64 = 0;
         let mut batch: Vec<Bytes> = Vec::new();
         let mut batch_len = 0usize;
-        while let Some(frame) = body.next().await {
-            let bytes = frame.map_err(BlobError::Body)?;
-            received += bytes.len() as u64;
-            if let Some(declared) = declared_len.filter(|d| received > *d) {
-                return Err(BlobError::LengthMismatch {
-                    declared,
-                    actual: received,
-                });
-            }
-            batch_len += bytes.len();
-            batch.push(bytes);
-            // Hand frames over in batches: one wake-up of the disk thread per megabyte.
-            if batch_len >= IO_BLOCK {
-                batch_len = 0;
-                if tx
-                    .send(WriteMsg::Data(std::mem::take(&mut batch)))
-                    .await
-                    .is_err()
-                {
-                    break; // The writer failed; Finish below collects its error.
+        loop {
+            let frame = body.next().await;
+            let end = frame.is_none();
+            if let Some(frame) = frame {
+                let bytes = frame.map_err(BlobError::Body)?;
+                received += bytes.len() as u64;
+                if let Some(declared) = declared_len.filter(|d| received > *d) {
+                    return Err(BlobError::LengthMismatch {
+                        declared,
+                        actual: received,
+                    });
                 }
+                batch_len += bytes.len();
+                batch.push(bytes);
+            }
+            if batch_len >= IO_BLOCK || (end && !batch.is_empty()) {
+                let sink = match (idle.take(), busy.take()) {
+                    (Some(sink), _) => sink,
+                    (None, Some(task)) => task
+                        .await
+                        .map_err(blocking_err)?
+                        .map_err(io_err(format!("chunk {name}")))?,
+                    (None, None) => unreachable!("the sink is either idle or busy"),
+                };
+                let frames = std::mem::take(&mut batch);
+                batch_len = 0;
+                busy = Some(tokio::task::spawn_blocking(move || {
+                    write_batch(sink, frames)
+                }));
+            }
+            if end {
+                break;
             }
         }
         if let Some(declared) = declared_len.filter(|d| *d != received) {
@@ -332,24 +330,25 @@ impl BlobStore for FsStore {
                 actual: received,
             });
         }
-        if !batch.is_empty() {
-            let _ = tx.send(WriteMsg::Data(batch)).await;
-        }
-        let (reply_tx, reply_rx) = oneshot::channel();
-        let finished = tx.send(WriteMsg::Finish(reply_tx)).await;
-        drop(tx);
-        let result = match finished {
-            Ok(()) => reply_rx
+        let (file, hasher) = match (idle.take(), busy.take()) {
+            (Some(sink), _) => sink,
+            (None, Some(task)) => task
                 .await
-                .unwrap_or_else(|_| Err(io::Error::other("chunk writer stopped"))),
-            Err(_) => Err(io::Error::other("chunk writer stopped")),
+                .map_err(blocking_err)?
+                .map_err(io_err(format!("chunk {name}")))?,
+            (None, None) => unreachable!("the sink is either idle or busy"),
         };
-        let _ = writer.await;
-        let sha256 = result.map_err(io_err(format!("chunk {name}")))?;
+        drop(file);
+        let from = staging.path.clone();
+        tokio::task::spawn_blocking(move || publish(&from, &final_path))
+            .await
+            .map_err(blocking_err)?
+            .map_err(io_err(format!("chunk {name}")))?;
+        staging.published = true;
         Ok(Chunk {
             blob: name.clone(),
             size: received,
-            sha256,
+            sha256: hasher.finalize().into(),
         })
     }
 
@@ -393,11 +392,29 @@ impl BlobStore for FsStore {
             _ => io_err(format!("chunk {name}"))(e),
         })?;
 
-        let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(PIPE_DEPTH);
-        tokio::task::spawn_blocking(move || read_chunk(file, len, tx));
+        // One blocking read per block, the next one started while the current block is sent:
+        // no thread waits on a slow reader.
+        type Read = tokio::task::JoinHandle<(File, io::Result<Bytes>)>;
+        let start = |file: File, want: u64| -> Read {
+            tokio::task::spawn_blocking(move || read_block(file, want))
+        };
+        let first = start(file, len.min(IO_BLOCK as u64));
+        let state: (Option<Read>, u64) = (Some(first), len);
         Ok(Box::pin(futures_util::stream::unfold(
-            rx,
-            |mut rx| async move { rx.recv().await.map(|item| (item, rx)) },
+            state,
+            move |(pending, left)| async move {
+                let (file, block) = match pending?.await {
+                    Ok(done) => done,
+                    Err(e) => return Some((Err(io::Error::other(e)), (None, 0))),
+                };
+                let bytes = match block {
+                    Ok(bytes) => bytes,
+                    Err(e) => return Some((Err(e), (None, 0))),
+                };
+                let left = left - bytes.len() as u64;
+                let next = (left > 0).then(|| start(file, left.min(IO_BLOCK as u64)));
+                Some((Ok(bytes), (next, left)))
+            },
         )))
     }
 
@@ -446,33 +463,20 @@ impl BlobStore for FsStore {
     }
 }
 
-/// Streams `len` bytes from `file` in large reads until done or the receiver hangs up.
-fn read_chunk(mut file: File, mut len: u64, tx: mpsc::Sender<io::Result<Bytes>>) {
-    while len > 0 {
-        let want = len.min(IO_BLOCK as u64) as usize;
-        // read_to_end fills spare capacity without zeroing it first.
-        let mut buf = Vec::with_capacity(want);
-        let item = match (&mut file).take(want as u64).read_to_end(&mut buf) {
-            Ok(n) if n == want => {
-                len -= want as u64;
-                Ok(Bytes::from(buf))
-            }
-            Ok(n) => {
-                len = 0;
-                Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!("chunk ended {} bytes early", want - n),
-                ))
-            }
-            Err(e) => {
-                len = 0;
-                Err(e)
-            }
-        };
-        if tx.blocking_send(item).is_err() {
-            return;
-        }
-    }
+/// Reads exactly `want` bytes at the file's position (a shorter chunk is an error).
+fn read_block(file: File, want: u64) -> (File, io::Result<Bytes>) {
+    // read_to_end fills spare capacity without zeroing it first.
+    let mut buf = Vec::with_capacity(want as usize);
+    let mut limited = file.take(want);
+    let result = match limited.read_to_end(&mut buf) {
+        Ok(n) if n as u64 == want => Ok(Bytes::from(buf)),
+        Ok(n) => Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("chunk ended {} bytes early", want - n as u64),
+        )),
+        Err(e) => Err(e),
+    };
+    (limited.into_inner(), result)
 }
 
 #[cfg(test)]
