@@ -194,6 +194,12 @@ impl ServeArgs {
             ),
             ("--sync-interval", "HOARD_SYNC_INTERVAL", self.sync_interval),
             (
+                "--header-timeout",
+                "HOARD_HEADER_TIMEOUT",
+                self.header_timeout,
+            ),
+            ("--idle-timeout", "HOARD_IDLE_TIMEOUT", self.idle_timeout),
+            (
                 "--reservation-ttl",
                 "HOARD_RESERVATION_TTL",
                 self.reservation_ttl,

@@ -214,6 +214,28 @@ async fn uploads_larger_than_the_entry_limit_are_413_and_store_nothing() {
 }
 
 #[tokio::test]
+async fn staged_blocks_cannot_add_up_to_more_than_an_entry() {
+    let srv = TestServer::start_with(&["--max-entry-size", "64KiB"]).await;
+    let url = srv.reserve(&main_token(), "k", VERSION).await;
+    for i in 0..2 {
+        let res = srv
+            .put_block(&url, &format!("block-{i}"), vec![1; 30 * 1024])
+            .await;
+        assert_eq!(res.status(), 201);
+    }
+    // A retried block replaces its earlier copy, so it still fits.
+    assert_eq!(
+        srv.put_block(&url, "block-1", vec![2; 30 * 1024])
+            .await
+            .status(),
+        201
+    );
+    let res = srv.put_block(&url, "block-2", vec![3; 30 * 1024]).await;
+    assert_eq!(res.status(), 413);
+    assert!(eventually(Duration::from_secs(5), || srv.chunk_files().len() == 2).await);
+}
+
+#[tokio::test]
 async fn oversized_block_lists_are_refused() {
     let srv = TestServer::start().await;
     let url = srv.reserve(&main_token(), "k", VERSION).await;

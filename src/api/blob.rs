@@ -340,13 +340,23 @@ async fn put(
         Some("blocklist") => {
             // Refuse early, before reading the body, if the link no longer accepts data.
             cache.open_upload(upload).await?;
-            let xml = to_bytes(body, MAX_BLOCK_LIST_BYTES).await.map_err(|_| {
-                AzureError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "RequestBodyTooLarge",
-                    format!("Block lists are limited to {MAX_BLOCK_LIST_BYTES} bytes."),
-                )
-            })?;
+            let idle = app.config().limits.idle_timeout;
+            let xml = tokio::time::timeout(idle, to_bytes(body, MAX_BLOCK_LIST_BYTES))
+                .await
+                .map_err(|_| {
+                    AzureError::new(
+                        StatusCode::REQUEST_TIMEOUT,
+                        "OperationTimedOut",
+                        "The block list did not arrive in time.",
+                    )
+                })?
+                .map_err(|_| {
+                    AzureError::new(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "RequestBodyTooLarge",
+                        format!("Block lists are limited to {MAX_BLOCK_LIST_BYTES} bytes."),
+                    )
+                })?;
             let list = blocklist::parse(&xml).map_err(|e| {
                 AzureError::new(StatusCode::BAD_REQUEST, "InvalidXmlDocument", e.to_string())
             })?;

@@ -201,12 +201,17 @@ pub(super) async fn dispatch(
         }
     };
     let encoding = Encoding::of(headers)?;
-    let body = to_bytes(body, MAX_REQUEST_BYTES).await.map_err(|_| {
-        TwirpError::new(
-            "malformed",
-            format!("request bodies are limited to {MAX_REQUEST_BYTES} bytes"),
-        )
-    })?;
+    // A control request is small: it must arrive within the idle timeout, however it trickles.
+    let idle = app.config().limits.idle_timeout;
+    let body = tokio::time::timeout(idle, to_bytes(body, MAX_REQUEST_BYTES))
+        .await
+        .map_err(|_| TwirpError::new("malformed", "the request body did not arrive in time"))?
+        .map_err(|_| {
+            TwirpError::new(
+                "malformed",
+                format!("request bodies are limited to {MAX_REQUEST_BYTES} bytes"),
+            )
+        })?;
     let authorization = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());

@@ -209,7 +209,13 @@ impl Cache {
         let chunk = self.store_chunk(&name, body, declared_len).await?;
         match self
             .meta
-            .stage_block(upload, &block, &chunk, now_millis())
+            .stage_block(
+                upload,
+                &block,
+                &chunk,
+                self.policy.max_entry_size,
+                now_millis(),
+            )
             .await
         {
             Ok(Staged::Recorded { garbage }) => {
@@ -219,6 +225,10 @@ impl Cache {
             Ok(Staged::UploadClosed) => {
                 self.collect(vec![name]).await;
                 Err(CacheError::UploadClosed)
+            }
+            Ok(Staged::TooLarge) => {
+                self.collect(vec![name]).await;
+                Err(CacheError::TooLarge(self.policy.max_entry_size))
             }
             Err(e) => {
                 self.collect(vec![name]).await;

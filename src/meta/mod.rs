@@ -69,6 +69,9 @@ pub enum Staged {
     Recorded { garbage: Vec<BlobName> },
     /// The upload is unknown or no longer open; the caller must delete the new blob.
     UploadClosed,
+    /// The upload's staged blocks would exceed `max_staged` bytes; nothing was recorded and the
+    /// caller must delete the new blob.
+    TooLarge,
 }
 
 #[derive(Debug)]
@@ -128,11 +131,14 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug + 'static {
     async fn checkpoint(&self) -> Result<(), MetaError>;
 
     /// Records `chunk` as the staged copy of `block` (the last copy of a block id wins).
+    /// Refused if the upload's staged blocks (other copies of this id aside) would then hold more
+    /// than `max_staged` bytes: an upload can never use more disk than an entry may.
     async fn stage_block(
         &self,
         upload: UploadId,
         block: &BlockId,
         chunk: &Chunk,
+        max_staged: u64,
         now: Millis,
     ) -> Result<Staged, MetaError>;
 

@@ -357,12 +357,19 @@ impl MetaStore for SqliteStore {
         upload: UploadId,
         block: &BlockId,
         chunk: &Chunk,
+        max_staged: u64,
         now: Millis,
     ) -> Result<Staged, MetaError> {
         let (block, chunk) = (block.clone(), chunk.clone());
         self.write(move |tx| {
             if !is_open(tx, upload)? {
                 return Ok(Staged::UploadClosed);
+            }
+            let others: i64 = tx
+                .prepare_cached("SELECT COALESCE(SUM(size), 0) FROM staged_blocks WHERE upload_id = ? AND block_id != ?")?
+                .query_row(params![upload, block.as_bytes()], |r| r.get(0))?;
+            if others as u64 + chunk.size > max_staged {
+                return Ok(Staged::TooLarge);
             }
             let previous: Option<String> = tx
                 .prepare_cached("DELETE FROM staged_blocks WHERE upload_id = ? AND block_id = ? RETURNING blob_name")?
