@@ -165,6 +165,22 @@ impl Drop for Staging {
 /// The file being written and the digest so far, passed to each blocking write and back.
 type Sink = (File, Sha256);
 
+/// The sink of a large put: free, or being written to by a blocking task.
+enum Disk {
+    Idle(Sink),
+    Busy(tokio::task::JoinHandle<io::Result<Sink>>),
+}
+
+impl Disk {
+    /// The sink, once any write in flight has finished.
+    async fn ready(self) -> io::Result<Sink> {
+        match self {
+            Self::Idle(sink) => Ok(sink),
+            Self::Busy(task) => task.await.map_err(io::Error::other)?,
+        }
+    }
+}
+
 /// Writes and hashes one batch on a blocking thread.
 fn write_batch((mut file, mut hasher): Sink, frames: Vec<Bytes>) -> io::Result<Sink> {
     for frame in &frames {
@@ -285,8 +301,7 @@ impl BlobStore for FsStore {
         .await
         .map_err(blocking_err)?
         .map_err(io_err(format!("chunk {name}")))?;
-        let mut idle: Option<Sink> = Some((file, Sha256::new()));
-        let mut busy: Option<tokio::task::JoinHandle<io::Result<Sink>>> = None;
+        let mut disk = Disk::Idle((file, Sha256::new()));
         let mut received: u64 = 0;
         let mut batch: Vec<Bytes> = Vec::new();
         let mut batch_len = 0usize;
@@ -306,17 +321,13 @@ impl BlobStore for FsStore {
                 batch.push(bytes);
             }
             if batch_len >= IO_BLOCK || (end && !batch.is_empty()) {
-                let sink = match (idle.take(), busy.take()) {
-                    (Some(sink), _) => sink,
-                    (None, Some(task)) => task
-                        .await
-                        .map_err(blocking_err)?
-                        .map_err(io_err(format!("chunk {name}")))?,
-                    (None, None) => unreachable!("the sink is either idle or busy"),
-                };
+                let sink = disk
+                    .ready()
+                    .await
+                    .map_err(io_err(format!("chunk {name}")))?;
                 let frames = std::mem::take(&mut batch);
                 batch_len = 0;
-                busy = Some(tokio::task::spawn_blocking(move || {
+                disk = Disk::Busy(tokio::task::spawn_blocking(move || {
                     write_batch(sink, frames)
                 }));
             }
@@ -330,14 +341,10 @@ impl BlobStore for FsStore {
                 actual: received,
             });
         }
-        let (file, hasher) = match (idle.take(), busy.take()) {
-            (Some(sink), _) => sink,
-            (None, Some(task)) => task
-                .await
-                .map_err(blocking_err)?
-                .map_err(io_err(format!("chunk {name}")))?,
-            (None, None) => unreachable!("the sink is either idle or busy"),
-        };
+        let (file, hasher) = disk
+            .ready()
+            .await
+            .map_err(io_err(format!("chunk {name}")))?;
         drop(file);
         let from = staging.path.clone();
         tokio::task::spawn_blocking(move || publish(&from, &final_path))
