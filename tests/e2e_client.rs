@@ -458,15 +458,7 @@ async fn twirp(
     method: &str,
     body: Value,
 ) -> Value {
-    let res = http
-        .post(format!("{base}{SERVICE}{method}"))
-        .bearer_auth(token)
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
-    common::json_of(res).await.1
+    common::twirp_at(http, base, token, method, body).await.1
 }
 
 #[tokio::test]

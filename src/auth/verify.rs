@@ -326,29 +326,23 @@ impl Verifier {
             };
         }
         let issuer = normalize_issuer(iss).to_owned();
-        let fresh = |entry: &IssuerKeys| entry.fetched.elapsed() < REFRESH_AT_MOST_EVERY;
-        {
-            let known = self.discovered.read().await;
-            if let Some(entry) = known.get(&issuer) {
-                let keys = pick(&entry.keys);
-                if !keys.is_empty() {
-                    return Ok(keys);
-                }
-                if fresh(entry) {
-                    return Err(no_match());
-                }
+        // What the known keys decide: the matching keys, a refusal while they are fresh, or
+        // nothing (unknown issuer, or stale keys without a match: refetch).
+        let decide = |entry: Option<&IssuerKeys>| -> Option<Result<Vec<DecodingKey>, TokenError>> {
+            let entry = entry?;
+            let keys = pick(&entry.keys);
+            if !keys.is_empty() {
+                return Some(Ok(keys));
             }
+            (entry.fetched.elapsed() < REFRESH_AT_MOST_EVERY).then(|| Err(no_match()))
+        };
+        if let Some(decided) = decide(self.discovered.read().await.get(&issuer)) {
+            return decided;
         }
         let mut known = self.discovered.write().await;
         // Another request may have refreshed meanwhile.
-        if let Some(entry) = known.get(&issuer) {
-            let keys = pick(&entry.keys);
-            if !keys.is_empty() {
-                return Ok(keys);
-            }
-            if fresh(entry) {
-                return Err(no_match());
-            }
+        if let Some(decided) = decide(known.get(&issuer)) {
+            return decided;
         }
         match self.discover(&issuer).await {
             Ok(keys) => {

@@ -155,16 +155,7 @@ impl TestServer {
 
     /// A twirp JSON call; returns the status and the parsed JSON body (every answer must be JSON).
     pub async fn twirp(&self, method: &str, token: &str, body: Value) -> (u16, Value) {
-        let res = self
-            .http
-            .post(self.url(&format!("{SERVICE}{method}")))
-            .bearer_auth(token)
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .send()
-            .await
-            .unwrap();
-        json_of(res).await
+        twirp_at(&self.http, &self.base, token, method, body).await
     }
 
     /// CreateCacheEntry for `key`; returns the signed upload URL.
@@ -289,6 +280,25 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// A twirp JSON call to the server at `base`; the status and the JSON body.
+pub async fn twirp_at(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    method: &str,
+    body: Value,
+) -> (u16, Value) {
+    let res = http
+        .post(format!("{base}{SERVICE}{method}"))
+        .bearer_auth(token)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    json_of(res).await
 }
 
 pub async fn json_of(res: reqwest::Response) -> (u16, Value) {
