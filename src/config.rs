@@ -91,7 +91,7 @@ pub struct ServeArgs {
     pub max_entry_size: u64,
 
     /// Most uploads a repository may have open at once; more get 429 with Retry-After.
-    #[arg(long, env = "HOARD_MAX_OPEN_UPLOADS", default_value_t = 256)]
+    #[arg(long, env = "HOARD_MAX_OPEN_UPLOADS", default_value_t = 1000)]
     pub max_open_uploads: u32,
 
     /// A client must send a request's headers within this time.
