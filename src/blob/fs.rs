@@ -165,28 +165,40 @@ impl Drop for Staging {
 /// The file being written and the digest so far, passed to each blocking write and back.
 type Sink = (File, Sha256);
 
-/// The sink of a large put: free, or being written to by a blocking task.
+/// The sink of a put: free (not opened yet for a small chunk), or being written to by a
+/// blocking task.
 enum Disk {
-    Idle(Sink),
+    Idle(Option<Sink>),
     Busy(tokio::task::JoinHandle<io::Result<Sink>>),
 }
 
 impl Disk {
     /// The sink, once any write in flight has finished.
-    async fn ready(self) -> io::Result<Sink> {
+    async fn ready(self) -> io::Result<Option<Sink>> {
         match self {
             Self::Idle(sink) => Ok(sink),
-            Self::Busy(task) => task.await.map_err(io::Error::other)?,
+            Self::Busy(task) => Ok(Some(task.await.map_err(io::Error::other)??)),
         }
     }
 }
 
-/// Writes and hashes one batch on a blocking thread.
-fn write_batch((mut file, mut hasher): Sink, frames: Vec<Bytes>) -> io::Result<Sink> {
-    for frame in &frames {
+/// Creates the staging file of a put.
+fn create_staging(path: &Path) -> io::Result<Sink> {
+    let file = OpenOptions::new().write(true).create_new(true).open(path)?;
+    Ok((file, Sha256::new()))
+}
+
+/// One blocking step of a put: opens the staging file if that has not happened yet, then hashes
+/// and writes a batch of frames.
+fn write_batch(sink: Option<Sink>, staging: &Path, frames: &[Bytes]) -> io::Result<Sink> {
+    let (mut file, mut hasher) = match sink {
+        Some(sink) => sink,
+        None => create_staging(staging)?,
+    };
+    for frame in frames {
         hasher.update(frame);
     }
-    write_all_vectored(&mut file, &frames)?;
+    write_all_vectored(&mut file, frames)?;
     Ok((file, hasher))
 }
 
@@ -204,27 +216,6 @@ fn write_all_vectored(out: &mut File, bufs: &[Bytes]) -> io::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Writes a small chunk received whole: hash, write, publish, in one blocking call.
-fn write_small(tmp_path: &Path, final_path: &Path, frames: &[Bytes]) -> io::Result<[u8; 32]> {
-    let written = (|| {
-        let mut out = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(tmp_path)?;
-        let mut hasher = Sha256::new();
-        for frame in frames {
-            hasher.update(frame);
-        }
-        write_all_vectored(&mut out, frames)?;
-        publish(tmp_path, final_path)?;
-        Ok(hasher.finalize().into())
-    })();
-    if written.is_err() {
-        let _ = fs::remove_file(tmp_path);
-    }
-    written
 }
 
 /// Moves a fully written staging file into place.
@@ -251,88 +242,48 @@ impl BlobStore for FsStore {
         declared_len: Option<u64>,
     ) -> Result<Chunk, BlobError> {
         self.unsynced.store(true, Ordering::Release);
-        let tmp_path = self.tmp.join(format!("{}.part", BlobName::random()));
+        let fail = || io_err(format!("chunk {name}"));
+        let mut staging = Staging {
+            path: self.tmp.join(format!("{}.part", BlobName::random())),
+            published: false,
+        };
         let final_path = self.path_of(name);
-        if let Some(declared) = declared_len.filter(|d| *d <= SMALL) {
-            let mut frames = Vec::new();
-            let mut received = 0u64;
-            while let Some(frame) = body.next().await {
-                let bytes = frame.map_err(BlobError::Body)?;
-                received += bytes.len() as u64;
-                if received > declared {
-                    return Err(BlobError::LengthMismatch {
-                        declared,
-                        actual: received,
-                    });
-                }
-                frames.push(bytes);
-            }
-            if received != declared {
+        // A small chunk is received whole, then created, written, hashed and published in one
+        // blocking call. A large one is written batch by batch by blocking tasks, one in flight
+        // while the next batch crosses the network: no thread ever waits on a slow client. Its
+        // file is created up front, so that no task can create it after an early return.
+        let small = declared_len.is_some_and(|d| d <= SMALL);
+        let flush_at = if small { usize::MAX } else { IO_BLOCK };
+        let mut disk = Disk::Idle(None);
+        if !small {
+            let path = staging.path.clone();
+            let sink = tokio::task::spawn_blocking(move || create_staging(&path))
+                .await
+                .map_err(|e| fail()(io::Error::other(e)))?
+                .map_err(fail())?;
+            disk = Disk::Idle(Some(sink));
+        }
+        let mut received: u64 = 0;
+        let mut batch: Vec<Bytes> = Vec::new();
+        let mut batch_len = 0usize;
+        while let Some(frame) = body.next().await {
+            let bytes = frame.map_err(BlobError::Body)?;
+            received += bytes.len() as u64;
+            if let Some(declared) = declared_len.filter(|d| received > *d) {
                 return Err(BlobError::LengthMismatch {
                     declared,
                     actual: received,
                 });
             }
-            let sha256 =
-                tokio::task::spawn_blocking(move || write_small(&tmp_path, &final_path, &frames))
-                    .await
-                    .map_err(|e| io_err(format!("chunk {name}"))(io::Error::other(e)))?
-                    .map_err(io_err(format!("chunk {name}")))?;
-            return Ok(Chunk {
-                blob: name.clone(),
-                size: received,
-                sha256,
-            });
-        }
-        // Large chunks: each batch is written by a blocking task while the next one is being
-        // received, and no thread waits on the network (a slow client holds only memory).
-        let mut staging = Staging {
-            path: tmp_path.clone(),
-            published: false,
-        };
-        let blocking_err =
-            |e: tokio::task::JoinError| io_err(format!("chunk {name}"))(io::Error::other(e));
-        let file = tokio::task::spawn_blocking(move || {
-            OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(tmp_path)
-        })
-        .await
-        .map_err(blocking_err)?
-        .map_err(io_err(format!("chunk {name}")))?;
-        let mut disk = Disk::Idle((file, Sha256::new()));
-        let mut received: u64 = 0;
-        let mut batch: Vec<Bytes> = Vec::new();
-        let mut batch_len = 0usize;
-        loop {
-            let frame = body.next().await;
-            let end = frame.is_none();
-            if let Some(frame) = frame {
-                let bytes = frame.map_err(BlobError::Body)?;
-                received += bytes.len() as u64;
-                if let Some(declared) = declared_len.filter(|d| received > *d) {
-                    return Err(BlobError::LengthMismatch {
-                        declared,
-                        actual: received,
-                    });
-                }
-                batch_len += bytes.len();
-                batch.push(bytes);
-            }
-            if batch_len >= IO_BLOCK || (end && !batch.is_empty()) {
-                let sink = disk
-                    .ready()
-                    .await
-                    .map_err(io_err(format!("chunk {name}")))?;
-                let frames = std::mem::take(&mut batch);
+            batch_len += bytes.len();
+            batch.push(bytes);
+            if batch_len >= flush_at {
+                let sink = disk.ready().await.map_err(fail())?;
+                let (frames, path) = (std::mem::take(&mut batch), staging.path.clone());
                 batch_len = 0;
                 disk = Disk::Busy(tokio::task::spawn_blocking(move || {
-                    write_batch(sink, frames)
+                    write_batch(sink, &path, &frames)
                 }));
-            }
-            if end {
-                break;
             }
         }
         if let Some(declared) = declared_len.filter(|d| *d != received) {
@@ -341,85 +292,70 @@ impl BlobStore for FsStore {
                 actual: received,
             });
         }
-        let (file, hasher) = disk
-            .ready()
-            .await
-            .map_err(io_err(format!("chunk {name}")))?;
-        drop(file);
-        let from = staging.path.clone();
-        tokio::task::spawn_blocking(move || publish(&from, &final_path))
-            .await
-            .map_err(blocking_err)?
-            .map_err(io_err(format!("chunk {name}")))?;
+        // The last step writes what is left and publishes.
+        let sink = disk.ready().await.map_err(fail())?;
+        let path = staging.path.clone();
+        let sha256 = tokio::task::spawn_blocking(move || -> io::Result<[u8; 32]> {
+            let (file, hasher) = write_batch(sink, &path, &batch)?;
+            drop(file);
+            publish(&path, &final_path)?;
+            Ok(hasher.finalize().into())
+        })
+        .await
+        .map_err(|e| fail()(io::Error::other(e)))?
+        .map_err(fail())?;
         staging.published = true;
         Ok(Chunk {
             blob: name.clone(),
             size: received,
-            sha256: hasher.finalize().into(),
+            sha256,
         })
     }
 
     async fn get(&self, name: &BlobName, offset: u64, len: u64) -> Result<ByteStream, BlobError> {
+        // A small read is one block; a large one goes block by block, each read by a blocking
+        // task started while the previous block is sent: no thread waits on a slow reader.
+        let first_block = if len <= SMALL { len } else { IO_BLOCK as u64 };
+        // The first block is read before returning, so a missing chunk is an error here.
         let path = self.path_of(name);
-        let owned = name.clone();
-        let not_found_or = |e: io::Error, name: &BlobName| match e.kind() {
-            io::ErrorKind::NotFound => BlobError::NotFound(name.clone()),
-            _ => io_err(format!("chunk {name}"))(e),
-        };
-        if len <= SMALL {
-            let bytes = tokio::task::spawn_blocking(move || -> io::Result<Bytes> {
+        let first =
+            tokio::task::spawn_blocking(move || -> io::Result<(File, io::Result<Bytes>)> {
                 let mut file = File::open(&path)?;
                 file.seek(SeekFrom::Start(offset))?;
-                let mut buf = Vec::with_capacity(len as usize);
-                file.take(len).read_to_end(&mut buf)?;
-                if buf.len() as u64 != len {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "chunk is shorter than recorded",
-                    ));
-                }
-                Ok(Bytes::from(buf))
+                Ok(read_block(file, first_block))
             })
             .await
             .map_err(|e| io_err(format!("chunk {name}"))(io::Error::other(e)))?
-            .map_err(|e| not_found_or(e, name))?;
-            return Ok(Box::pin(futures_util::stream::once(
-                async move { Ok(bytes) },
-            )));
-        }
-        let file = tokio::task::spawn_blocking(move || -> io::Result<File> {
-            let mut file = File::open(&path)?;
-            file.seek(SeekFrom::Start(offset))?;
-            Ok(file)
-        })
-        .await
-        .map_err(|e| io_err(format!("chunk {name}"))(io::Error::other(e)))?
-        .map_err(|e| match e.kind() {
-            io::ErrorKind::NotFound => BlobError::NotFound(owned),
-            _ => io_err(format!("chunk {name}"))(e),
-        })?;
+            .map_err(|e| match e.kind() {
+                io::ErrorKind::NotFound => BlobError::NotFound(name.clone()),
+                _ => io_err(format!("chunk {name}"))(e),
+            })?;
 
-        // One blocking read per block, the next one started while the current block is sent:
-        // no thread waits on a slow reader.
         type Read = tokio::task::JoinHandle<(File, io::Result<Bytes>)>;
-        let start = |file: File, want: u64| -> Read {
-            tokio::task::spawn_blocking(move || read_block(file, want))
-        };
-        let first = start(file, len.min(IO_BLOCK as u64));
-        let state: (Option<Read>, u64) = (Some(first), len);
+        enum Next {
+            Ready((File, io::Result<Bytes>)),
+            Reading(Read),
+        }
+        let state: (Option<Next>, u64) = (Some(Next::Ready(first)), len);
         Ok(Box::pin(futures_util::stream::unfold(
             state,
-            move |(pending, left)| async move {
-                let (file, block) = match pending?.await {
-                    Ok(done) => done,
-                    Err(e) => return Some((Err(io::Error::other(e)), (None, 0))),
+            move |(next, left)| async move {
+                let (file, block) = match next? {
+                    Next::Ready(done) => done,
+                    Next::Reading(task) => match task.await {
+                        Ok(done) => done,
+                        Err(e) => return Some((Err(io::Error::other(e)), (None, 0))),
+                    },
                 };
                 let bytes = match block {
                     Ok(bytes) => bytes,
                     Err(e) => return Some((Err(e), (None, 0))),
                 };
                 let left = left - bytes.len() as u64;
-                let next = (left > 0).then(|| start(file, left.min(IO_BLOCK as u64)));
+                let next = (left > 0).then(|| {
+                    let want = left.min(IO_BLOCK as u64);
+                    Next::Reading(tokio::task::spawn_blocking(move || read_block(file, want)))
+                });
                 Some((Ok(bytes), (next, left)))
             },
         )))
