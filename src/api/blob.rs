@@ -17,7 +17,7 @@ use crate::auth::signing::SignatureError;
 use crate::auth::{LinkTarget, Purpose};
 use crate::blob::{BlobError, ByteStream};
 use crate::cache::model::BlockId;
-use crate::cache::CacheError;
+use crate::cache::{Cache, CacheError};
 
 /// The x-ms-version we answer with; clients ignore the value.
 const API_VERSION: &str = "2025-01-05";
@@ -172,15 +172,13 @@ fn link_id(raw: &str) -> Result<i64, AzureError> {
         .ok_or_else(AzureError::not_found)
 }
 
-/// Checks a link's signature for `purpose` and the row it names. A link to a row that does not
-/// exist is refused like a forged one: it cannot have been signed for that row.
+/// Checks a link's signature for `purpose` and the row it names.
 fn authorize(
     app: &AppState,
     purpose: Purpose,
-    target: Option<LinkTarget>,
+    target: LinkTarget,
     query: &Query,
 ) -> Result<(), AzureError> {
-    let target = target.ok_or_else(|| AzureError::from(SignatureError::Forged))?;
     app.signer().verify(
         purpose,
         target,
@@ -189,6 +187,12 @@ fn authorize(
         unix_now(),
     )?;
     Ok(())
+}
+
+/// A link to a row that does not exist is refused like a forged one: it cannot have been
+/// signed for that row.
+fn no_such_target() -> AzureError {
+    SignatureError::Forged.into()
 }
 
 fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, AzureError> {
@@ -286,17 +290,17 @@ async fn put(
         ));
     }
     let query = Query::parse(&uri);
-    let upload = link_id(&id)?;
-    let found = match app.cache().upload(upload).await {
-        Ok(u) => Some(LinkTarget {
-            id: u.id,
-            created_at: u.created_at,
-        }),
-        Err(CacheError::UploadNotFound) => None,
+    let cache = app.cache();
+    let upload = match cache.upload(link_id(&id)?).await {
+        Ok(upload) => upload,
+        Err(CacheError::UploadNotFound) => return Err(no_such_target()),
         Err(e) => return Err(e.into()),
     };
-    authorize(&app, Purpose::Upload, found, &query)?;
-    let cache = app.cache();
+    let target = LinkTarget {
+        id: upload.id,
+        created_at: upload.created_at,
+    };
+    authorize(&app, Purpose::Upload, target, &query)?;
     match query.str("comp") {
         None => {
             let blob_type = headers.get("x-ms-blob-type").and_then(|v| v.to_str().ok());
@@ -310,7 +314,7 @@ async fn put(
             let declared = declared_length(&headers)?;
             cache
                 .put_whole(
-                    upload,
+                    &upload,
                     body_stream(body, app.config().limits.idle_timeout),
                     declared,
                 )
@@ -329,7 +333,7 @@ async fn put(
             let declared = declared_length(&headers)?;
             cache
                 .stage_block(
-                    upload,
+                    &upload,
                     block,
                     body_stream(body, app.config().limits.idle_timeout),
                     declared,
@@ -339,7 +343,7 @@ async fn put(
         }
         Some("blocklist") => {
             // Refuse early, before reading the body, if the link no longer accepts data.
-            cache.open_upload(upload).await?;
+            Cache::accepts_data(&upload)?;
             let idle = app.config().limits.idle_timeout;
             let xml = tokio::time::timeout(idle, to_bytes(body, MAX_BLOCK_LIST_BYTES))
                 .await
@@ -360,7 +364,7 @@ async fn put(
             let list = blocklist::parse(&xml).map_err(|e| {
                 AzureError::new(StatusCode::BAD_REQUEST, "InvalidXmlDocument", e.to_string())
             })?;
-            cache.commit_block_list(upload, &list).await?;
+            cache.commit_block_list(upload.id, &list).await?;
             Ok(created(true))
         }
         Some(other) => Err(AzureError::new(
@@ -406,16 +410,15 @@ async fn get(
     let entry_id = link_id(&id)?;
     let cache = app.cache();
     let open = match cache.open_entry(entry_id).await {
-        Ok(open) => Some(open),
-        Err(CacheError::EntryNotFound) => None,
+        Ok(open) => open,
+        Err(CacheError::EntryNotFound) => return Err(no_such_target()),
         Err(e) => return Err(e.into()),
     };
-    let target = open.as_ref().map(|o| LinkTarget {
-        id: o.entry.id,
-        created_at: o.entry.created_at,
-    });
+    let target = LinkTarget {
+        id: open.entry.id,
+        created_at: open.entry.created_at,
+    };
     authorize(&app, Purpose::Download, target, &query)?;
-    let open = open.ok_or_else(AzureError::not_found)?;
     let size = open.entry.size;
     let etag = format!(
         "\"0x{:X}{:04X}\"",

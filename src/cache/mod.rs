@@ -183,84 +183,68 @@ impl Cache {
             .ok_or(CacheError::UploadNotFound)
     }
 
-    /// The upload a signed URL names, if it can still receive data.
-    pub async fn open_upload(&self, id: UploadId) -> Result<Upload, CacheError> {
-        let upload = self
-            .meta
-            .upload(id)
-            .await?
-            .ok_or(CacheError::UploadNotFound)?;
+    /// Refuses data for an upload that was finalized or abandoned, before its body is read.
+    /// (The metadata store checks again when the data is recorded.)
+    pub fn accepts_data(upload: &Upload) -> Result<(), CacheError> {
         if upload.state != UploadState::Open {
             return Err(CacheError::UploadClosed);
         }
-        Ok(upload)
+        Ok(())
     }
 
     /// Put Block: stores one block; a retried block id replaces the earlier copy.
     pub async fn stage_block(
         &self,
-        upload: UploadId,
+        upload: &Upload,
         block: BlockId,
         body: ByteStream,
         declared_len: Option<u64>,
     ) -> Result<(), CacheError> {
-        self.open_upload(upload).await?;
+        Self::accepts_data(upload)?;
         let name = BlobName::random();
         let chunk = self.store_chunk(&name, body, declared_len).await?;
-        match self
+        let max = self.policy.max_entry_size;
+        let refused = match self
             .meta
-            .stage_block(
-                upload,
-                &block,
-                &chunk,
-                self.policy.max_entry_size,
-                now_millis(),
-            )
+            .stage_block(upload.id, &block, &chunk, max, now_millis())
             .await
         {
             Ok(Staged::Recorded { garbage }) => {
                 self.collect(garbage).await;
-                Ok(())
+                return Ok(());
             }
-            Ok(Staged::UploadClosed) => {
-                self.collect(vec![name]).await;
-                Err(CacheError::UploadClosed)
-            }
-            Ok(Staged::TooLarge) => {
-                self.collect(vec![name]).await;
-                Err(CacheError::TooLarge(self.policy.max_entry_size))
-            }
-            Err(e) => {
-                self.collect(vec![name]).await;
-                Err(e.into())
-            }
-        }
+            Ok(Staged::UploadClosed) => CacheError::UploadClosed,
+            Ok(Staged::TooLarge) => CacheError::TooLarge(max),
+            Err(e) => e.into(),
+        };
+        self.collect(vec![name]).await;
+        Err(refused)
     }
 
     /// Put Blob: the whole body is the upload's one committed chunk.
     pub async fn put_whole(
         &self,
-        upload: UploadId,
+        upload: &Upload,
         body: ByteStream,
         declared_len: Option<u64>,
     ) -> Result<(), CacheError> {
-        self.open_upload(upload).await?;
+        Self::accepts_data(upload)?;
         let name = BlobName::random();
         let chunk = self.store_chunk(&name, body, declared_len).await?;
-        match self.meta.commit_whole(upload, &chunk, now_millis()).await {
+        let refused = match self
+            .meta
+            .commit_whole(upload.id, &chunk, now_millis())
+            .await
+        {
             Ok(Committed::Done { garbage }) => {
                 self.collect(garbage).await;
-                Ok(())
+                return Ok(());
             }
-            Ok(_) => {
-                self.collect(vec![name]).await;
-                Err(CacheError::UploadClosed)
-            }
-            Err(e) => {
-                self.collect(vec![name]).await;
-                Err(e.into())
-            }
-        }
+            Ok(_) => CacheError::UploadClosed,
+            Err(e) => e.into(),
+        };
+        self.collect(vec![name]).await;
+        Err(refused)
     }
 
     /// Put Block List: the listed blocks, in order, become the upload's content.
