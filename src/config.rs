@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use url::Url;
 
+use crate::meta::DatabaseUrl;
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
     /// Address and port to listen on. All interfaces by default, so runners on other machines
@@ -18,9 +20,15 @@ pub struct ServeArgs {
     #[arg(long, env = "HOARD_DATA_DIR", default_value = "./hoard-data")]
     pub data_dir: PathBuf,
 
-    /// Metadata database URL: sqlite://PATH [default: sqlite://<data-dir>/hoard.db].
-    #[arg(long, env = "HOARD_DATABASE_URL")]
+    /// Metadata database URL: sqlite://PATH, postgres://USER:PASS@HOST:PORT/DB or
+    /// mysql://USER:PASS@HOST:PORT/DB (MySQL 8, MariaDB 10.11+)
+    /// [default: sqlite://<data-dir>/hoard.db].
+    #[arg(long, env = "HOARD_DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
+
+    /// Connections to a PostgreSQL or MySQL database this process may hold.
+    #[arg(long, env = "HOARD_DATABASE_POOL_SIZE", default_value_t = 16)]
+    pub database_pool_size: u32,
 
     /// Where entry bytes live: file://DIR [default: file://<data-dir>].
     #[arg(long, env = "HOARD_STORAGE_URL")]
@@ -138,8 +146,9 @@ pub struct Limits {
 pub struct Config {
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
-    /// Path of the SQLite database file.
-    pub sqlite_path: PathBuf,
+    /// The metadata database.
+    pub database: DatabaseUrl,
+    pub database_pool_size: u32,
     /// Root of the local chunk store.
     pub storage_dir: PathBuf,
     pub public_url: Option<Url>,
@@ -172,10 +181,17 @@ impl ServeArgs {
                 "--data-dir (HOARD_DATA_DIR) must not be empty.".into(),
             ));
         }
-        let sqlite_path = match &self.database_url {
-            None => self.data_dir.join("hoard.db"),
-            Some(url) => sqlite_path(url)?,
+        let database = match &self.database_url {
+            None => DatabaseUrl::Sqlite(self.data_dir.join("hoard.db")),
+            Some(url) => DatabaseUrl::parse(url).map_err(|e| {
+                ConfigError(format!("--database-url (HOARD_DATABASE_URL) {e}."))
+            })?,
         };
+        if self.database_pool_size == 0 {
+            return Err(ConfigError(
+                "--database-pool-size (HOARD_DATABASE_POOL_SIZE) must be at least 1.".into(),
+            ));
+        }
         let storage_dir = match &self.storage_url {
             None => self.data_dir.clone(),
             Some(url) => storage_dir(url)?,
@@ -244,7 +260,8 @@ impl ServeArgs {
             },
             listen,
             data_dir: self.data_dir.clone(),
-            sqlite_path,
+            database,
+            database_pool_size: self.database_pool_size,
             storage_dir,
             public_url,
             upload_url_ttl: self.upload_url_ttl,
@@ -310,25 +327,6 @@ impl ServeArgs {
     }
 }
 
-fn sqlite_path(url: &str) -> Result<PathBuf, ConfigError> {
-    let path = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))
-        .ok_or_else(|| {
-            let scheme = url.split(':').next().unwrap_or(url);
-            ConfigError(format!(
-                "--database-url (HOARD_DATABASE_URL) must be sqlite://PATH; the {scheme:?} database is not supported by this version."
-            ))
-        })?;
-    let path = path.split('?').next().unwrap_or(path);
-    if path.is_empty() {
-        return Err(ConfigError(
-            "--database-url (HOARD_DATABASE_URL) names no database file.".into(),
-        ));
-    }
-    Ok(PathBuf::from(path))
-}
-
 fn storage_dir(url: &str) -> Result<PathBuf, ConfigError> {
     let path = url.strip_prefix("file://").ok_or_else(|| {
         let scheme = url.split(':').next().unwrap_or(url);
@@ -384,7 +382,10 @@ mod tests {
     fn defaults_are_port_3000_and_a_local_data_dir() {
         let c = args(&[]).validate().unwrap();
         assert_eq!(c.listen.port(), 3000);
-        assert_eq!(c.sqlite_path, PathBuf::from("./hoard-data/hoard.db"));
+        assert_eq!(
+            c.database,
+            DatabaseUrl::Sqlite(PathBuf::from("./hoard-data/hoard.db"))
+        );
         assert_eq!(c.storage_dir, PathBuf::from("./hoard-data"));
         assert!(c.public_url.is_none());
     }
@@ -393,7 +394,7 @@ mod tests {
     fn bad_values_fail_with_a_sentence_naming_the_option() {
         let err = args(&["--listen", "nowhere"]).validate().unwrap_err();
         assert!(err.0.contains("--listen (HOARD_LISTEN)"), "{err}");
-        let err = args(&["--database-url", "postgres://db/x"])
+        let err = args(&["--database-url", "oracle://db/x"])
             .validate()
             .unwrap_err();
         assert!(err.0.contains("HOARD_DATABASE_URL"), "{err}");
@@ -405,6 +406,28 @@ mod tests {
         assert!(err.0.contains("HOARD_PUBLIC_URL"), "{err}");
         let err = args(&["--upload-url-ttl", "0s"]).validate().unwrap_err();
         assert!(err.0.contains("--upload-url-ttl"), "{err}");
+    }
+
+    #[test]
+    fn database_urls_pick_the_backend() {
+        let db = |url: &str| args(&["--database-url", url]).validate().map(|c| c.database);
+        assert_eq!(
+            db("postgres://u:p@127.0.0.1:5432/hoard").unwrap(),
+            DatabaseUrl::Postgres("postgres://u:p@127.0.0.1:5432/hoard".into())
+        );
+        assert!(matches!(db("postgresql://h/db").unwrap(), DatabaseUrl::Postgres(_)));
+        assert_eq!(
+            db("mariadb://root@h:3306/db").unwrap(),
+            DatabaseUrl::MySql("mysql://root@h:3306/db".into())
+        );
+        let err = db("postgres://h").unwrap_err();
+        assert!(err.0.contains("names no database"), "{err}");
+        let err = db("mysql:///x").unwrap_err();
+        assert!(err.0.contains("names no host"), "{err}");
+        let err = args(&["--database-pool-size", "0"]).validate().unwrap_err();
+        assert!(err.0.contains("HOARD_DATABASE_POOL_SIZE"), "{err}");
+        let redacted = DatabaseUrl::parse("postgres://u:secret@h/db").unwrap().redacted();
+        assert!(!redacted.contains("secret"), "{redacted}");
     }
 
     #[test]
@@ -447,7 +470,7 @@ mod tests {
         ])
         .validate()
         .unwrap();
-        assert_eq!(c.sqlite_path, PathBuf::from("/tmp/x.db"));
+        assert_eq!(c.database, DatabaseUrl::Sqlite(PathBuf::from("/tmp/x.db")));
         assert_eq!(c.storage_dir, PathBuf::from("/srv/chunks"));
         assert_eq!(c.public_url.unwrap().as_str(), "https://cache.example/");
     }

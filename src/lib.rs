@@ -10,6 +10,7 @@ pub mod blob;
 pub mod cache;
 pub mod config;
 pub mod meta;
+pub mod model;
 
 use std::sync::Arc;
 
@@ -21,7 +22,8 @@ use crate::auth::{UrlSigner, Verifier};
 use crate::blob::FsStore;
 use crate::cache::{Cache, Policy};
 use crate::config::Config;
-use crate::meta::SqliteStore;
+use crate::meta::DatabaseUrl;
+use crate::model::SystemClock;
 
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -31,7 +33,7 @@ pub enum ServeError {
         path: String,
         source: std::io::Error,
     },
-    #[error("cannot open the database: {0}")]
+    #[error("cannot open the metadata database: {0}")]
     Meta(#[from] meta::MetaError),
     #[error("cannot open the chunk store: {0}")]
     Blob(#[from] blob::BlobError),
@@ -59,17 +61,15 @@ pub async fn build_state(
         path: config.data_dir.display().to_string(),
         source,
     })?;
-    if let Some(parent) = config
-        .sqlite_path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-    {
-        std::fs::create_dir_all(parent).map_err(|source| ServeError::DataDir {
-            path: parent.display().to_string(),
-            source,
-        })?;
+    if let DatabaseUrl::Sqlite(path) = &config.database {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|source| ServeError::DataDir {
+                path: parent.display().to_string(),
+                source,
+            })?;
+        }
     }
-    let meta = SqliteStore::open(&config.sqlite_path).await?;
+    let meta = meta::open(&config.database, config.database_pool_size).await?;
     let blobs = FsStore::open(&config.storage_dir)?;
     let signer = match &config.signing_key {
         Some(key) => UrlSigner::new(key.clone()),
@@ -78,7 +78,7 @@ pub async fn build_state(
         }
     };
     let cache = Cache::new(
-        Arc::new(meta),
+        meta,
         Arc::new(blobs),
         Policy {
             reservation_ttl: config.reservation_ttl,
@@ -86,6 +86,7 @@ pub async fn build_state(
             max_open_uploads: config.limits.max_open_uploads,
             max_entry_size: config.limits.max_entry_size,
         },
+        Arc::new(SystemClock),
     );
     cache.recover().await?;
     let mut warnings = Vec::new();

@@ -9,6 +9,6 @@ fuzz_target!(|data: &[u8]| {
     let _ = serde_json::from_slice::<FinalizeCacheEntryUploadRequest>(data);
     if let Ok(req) = serde_json::from_slice::<GetCacheEntryDownloadUrlRequest>(data) {
         // What the handler does next with a decoded lookup.
-        let _ = hoard::cache::model::Lookup::parse(&req.key, &req.restore_keys, &req.version);
+        let _ = hoard::model::Lookup::parse(&req.key, &req.restore_keys, &req.version);
     }
 });

@@ -16,7 +16,7 @@ use super::{blocklist, AppState};
 use crate::auth::signing::SignatureError;
 use crate::auth::{LinkTarget, Purpose};
 use crate::blob::{BlobError, ByteStream};
-use crate::cache::model::BlockId;
+use crate::model::BlockId;
 use crate::cache::{Cache, CacheError};
 
 /// The x-ms-version we answer with; clients ignore the value.
@@ -110,6 +110,14 @@ impl From<CacheError> for AzureError {
                 "IncompleteBody",
                 "The request body ended early or failed.",
             ),
+            ref e if e.is_transient() => {
+                tracing::warn!(error = %e, "blob request could not be served now");
+                Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "ServerBusy",
+                    "The server is busy; retry.",
+                )
+            }
             CacheError::Blob(BlobError::NotFound(_))
             | CacheError::Blob(BlobError::Io { .. })
             | CacheError::Meta(_) => {
@@ -126,7 +134,7 @@ impl From<CacheError> for AzureError {
 }
 
 fn request_id() -> HeaderValue {
-    HeaderValue::from_str(&crate::cache::model::random_uuid())
+    HeaderValue::from_str(&crate::model::random_uuid())
         .unwrap_or_else(|_| HeaderValue::from_static("00000000-0000-0000-0000-000000000000"))
 }
 
@@ -251,7 +259,7 @@ fn created(last_modified: bool) -> Response {
             h.insert(header::LAST_MODIFIED, v);
         }
         if let Ok(v) =
-            HeaderValue::from_str(&format!("\"0x{:X}\"", crate::cache::model::now_millis()))
+            HeaderValue::from_str(&format!("\"0x{:X}\"", crate::model::now_millis()))
         {
             h.insert(header::ETAG, v);
         }

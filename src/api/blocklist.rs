@@ -4,8 +4,8 @@
 use quick_xml::events::Event;
 use quick_xml::Reader;
 
-use crate::cache::model::BlockId;
-use crate::cache::upload::{BlockRef, BlockSource};
+use crate::model::BlockId;
+use crate::model::{BlockRef, BlockSource};
 
 /// Azure's limit on the number of blocks in a blob.
 pub const MAX_BLOCKS: usize = 50_000;

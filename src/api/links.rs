@@ -7,9 +7,13 @@
 
 use axum::http::{header, HeaderMap};
 
-use super::twirp::TwirpError;
 use super::AppState;
 use crate::auth::{LinkTarget, Purpose};
+
+/// The request names no host a link could point at, and `--public-url` is not set.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the request has no usable Host header; set --public-url")]
+pub struct NoLinkBase;
 
 pub const UPLOAD_PREFIX: &str = "/_blob/uploads/";
 pub const DOWNLOAD_PREFIX: &str = "/_blob/entries/";
@@ -26,7 +30,7 @@ pub fn signed(
     headers: &HeaderMap,
     purpose: Purpose,
     target: LinkTarget,
-) -> Result<String, TwirpError> {
+) -> Result<String, NoLinkBase> {
     let base = base_url(app, headers)?;
     let (prefix, ttl) = match purpose {
         Purpose::Upload => (UPLOAD_PREFIX, app.config().upload_url_ttl),
@@ -55,7 +59,7 @@ pub fn host_from_authority(headers: &mut HeaderMap, uri: &axum::http::Uri) {
 }
 
 /// Scheme and authority (and any path prefix of `--public-url`) without a trailing slash.
-fn base_url(app: &AppState, headers: &HeaderMap) -> Result<String, TwirpError> {
+fn base_url(app: &AppState, headers: &HeaderMap) -> Result<String, NoLinkBase> {
     if let Some(public) = &app.config().public_url {
         return Ok(public.as_str().trim_end_matches('/').to_owned());
     }
@@ -63,12 +67,7 @@ fn base_url(app: &AppState, headers: &HeaderMap) -> Result<String, TwirpError> {
         .get(header::HOST)
         .and_then(|v| v.to_str().ok())
         .filter(|h| is_authority(h))
-        .ok_or_else(|| {
-            TwirpError::new(
-                "invalid_argument",
-                "the request has no usable Host header; set --public-url",
-            )
-        })?;
+        .ok_or(NoLinkBase)?;
     let proto = headers
         .get("x-forwarded-proto")
         .and_then(|v| v.to_str().ok())

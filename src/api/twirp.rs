@@ -15,7 +15,7 @@ use super::proto::{
 };
 use super::{links, AppState};
 use crate::auth::{Identity, Purpose, TokenError};
-use crate::cache::model::Lookup;
+use crate::model::Lookup;
 use crate::cache::CacheError;
 
 /// Path of the service, served at the origin root (§2.1).
@@ -84,12 +84,25 @@ impl From<CacheError> for TwirpError {
                 retry_after: Some(60),
                 ..Self::new("resource_exhausted", e.to_string())
             },
+            ref e if e.is_transient() => {
+                tracing::warn!(error = %e, "cache service call could not be served now");
+                Self {
+                    retry_after: Some(1),
+                    ..Self::new("unavailable", e.to_string())
+                }
+            }
             CacheError::Blob(_) | CacheError::Meta(_) => {
                 tracing::error!(error = %e, "cache service call failed");
                 Self::new("internal", "internal error")
             }
             other => Self::new("failed_precondition", other.to_string()),
         }
+    }
+}
+
+impl From<links::NoLinkBase> for TwirpError {
+    fn from(e: links::NoLinkBase) -> Self {
+        Self::new("invalid_argument", e.to_string())
     }
 }
 

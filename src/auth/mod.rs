@@ -1,5 +1,6 @@
 //! Who is calling: runtime tokens turned into an [`Identity`], and signed blob URLs.
 
+pub mod scope;
 pub mod signing;
 pub mod token;
 pub mod verify;

@@ -251,7 +251,7 @@ async fn prepare_targets(args: &BenchArgs) -> Result<Vec<Target>, BenchFailure> 
         let dir = tempfile::tempdir().map_err(|e| usage(e.to_string()))?;
         let port = free_port()?;
         // Tokens are verified as in production: HS256 with a secret only this run knows.
-        let secret = crate::cache::model::BlobName::random().as_str().repeat(2);
+        let secret = crate::model::BlobName::random().as_str().repeat(2);
         let secret_file = dir.path().join("bench-token-secret");
         std::fs::write(&secret_file, &secret).map_err(|e| usage(e.to_string()))?;
         let mut cmd = Command::new(&exe);
@@ -351,7 +351,7 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
         }
     }
     let data = Payloads::generate(&plan, 0x686f617264);
-    let run_id = crate::cache::model::BlobName::random().as_str()[..8].to_owned();
+    let run_id = crate::model::BlobName::random().as_str()[..8].to_owned();
     let sampler = procstat::PeakSampler::start(targets.iter().filter_map(|t| t.pid).collect());
     let bench_started = Instant::now();
     let client_cpu_start = procstat::self_cpu_seconds();

@@ -27,7 +27,7 @@ use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 
 use super::{BlobError, BlobStore, ByteStream};
-use crate::cache::model::{now_millis, BlobName, Chunk, Millis};
+use crate::model::{now_millis, BlobName, Chunk, Millis};
 
 const LAYOUT_VERSION: &str = "1";
 /// Size of each disk read when streaming a chunk out, and of each batch of frames written.

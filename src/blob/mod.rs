@@ -21,7 +21,7 @@ use futures_util::Stream;
 
 pub use fs::FsStore;
 
-use crate::cache::model::{BlobName, Chunk, Millis};
+use crate::model::{BlobName, Chunk, Millis};
 
 /// A stream of body bytes, in either direction.
 pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, io::Error>> + Send>>;

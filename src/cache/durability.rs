@@ -17,9 +17,13 @@ use super::CacheError;
 
 /// At start-up: forgets what a machine crash may have destroyed, then records a fresh sync.
 /// Does nothing after a clean stop or a process crash.
-pub async fn recover(meta: &dyn MetaStore, blobs: &dyn BlobStore) -> Result<(), CacheError> {
+pub async fn recover(
+    meta: &dyn MetaStore,
+    blobs: &dyn BlobStore,
+    now: crate::model::Millis,
+) -> Result<(), CacheError> {
     if let Some(since) = blobs.lost_since() {
-        let (entries, garbage) = meta.forget_after(since).await?;
+        let (entries, garbage) = meta.forget_after(since, now).await?;
         tracing::warn!(
             entries,
             "the machine restarted since the last sync to disk: forgot the entries finalized after it, and aborted open uploads"

@@ -4,19 +4,8 @@
 //! starts with the primary key, then each restore key in turn (exact, then newest prefix). Keys
 //! compare case-insensitively; only entries of the requested version are ever candidates.
 
-use super::model::{EntryId, Millis, Scope};
+use crate::model::{Candidate, Scope};
 
-/// An entry the metadata store offered for a lookup: enough to pick the winner.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Candidate {
-    pub id: EntryId,
-    pub scope: Scope,
-    /// The key as stored (returned to the client as `matched_key`).
-    pub key: String,
-    /// The key folded to lower case (see `CacheKey::folded`).
-    pub key_folded: String,
-    pub created_at: Millis,
-}
 
 /// Picks the entry GitHub would restore. `scopes` are the readable scopes in token order and
 /// `folded_keys` the primary then restore keys, already folded to lower case. Candidates may
@@ -47,6 +36,7 @@ pub fn best_match<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{EntryId, Millis};
 
     fn cand(id: EntryId, scope: &str, key: &str, created_at: Millis) -> Candidate {
         Candidate {

@@ -3,8 +3,6 @@
 
 pub mod durability;
 pub mod matching;
-pub mod model;
-pub mod scope;
 pub mod upload;
 pub mod usage;
 
@@ -15,20 +13,17 @@ use futures_util::StreamExt;
 
 use crate::auth::{Identity, LinkTarget};
 use crate::blob::{BlobError, BlobStore, ByteStream};
-use crate::meta::{
-    Committed, EntryChunk, FinalizeRequest, Finalized, MetaError, MetaStore, NewUpload, Reserved,
-    Staged,
+use crate::meta::{EntryChunk, MetaError, MetaStore, NewEntry, NewUpload};
+use crate::model::{
+    BlobName, BlockId, BlockRef, CacheKey, Clock, Entry, EntryId, Lookup, Millis, Slot, Upload,
+    UploadBlocks, UploadId, Version,
 };
-use model::{
-    now_millis, BlobName, BlockId, CacheKey, Entry, EntryId, Lookup, Upload, UploadId, UploadState,
-    Version,
-};
-use upload::BlockRef;
+use upload::{Finalizing, Reservation, Staging};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
     #[error("{0}")]
-    Invalid(#[from] model::InvalidInput),
+    Invalid(#[from] crate::model::InvalidInput),
     #[error("cache write denied: token has no writable scopes")]
     WriteDenied,
     #[error("cache read denied: token has no readable scopes")]
@@ -53,10 +48,20 @@ pub enum CacheError {
     TooManyUploads,
     #[error("entries are limited to {0} bytes")]
     TooLarge(u64),
+    #[error("the upload is being changed by too many requests at once; retry")]
+    Busy,
     #[error(transparent)]
     Blob(#[from] BlobError),
     #[error(transparent)]
     Meta(#[from] MetaError),
+}
+
+impl CacheError {
+    /// A failure that a retry may not meet: the database is unreachable, or the upload is
+    /// contended. Protocols answer 503 so that clients retry.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Busy | Self::Meta(MetaError::Unavailable(_)))
+    }
 }
 
 /// Domain settings.
@@ -93,15 +98,22 @@ pub struct Cache {
     meta: Arc<dyn MetaStore>,
     blobs: Arc<dyn BlobStore>,
     policy: Policy,
+    clock: Arc<dyn Clock>,
     usage: usage::UsageBuffer,
 }
 
 impl Cache {
-    pub fn new(meta: Arc<dyn MetaStore>, blobs: Arc<dyn BlobStore>, policy: Policy) -> Self {
+    pub fn new(
+        meta: Arc<dyn MetaStore>,
+        blobs: Arc<dyn BlobStore>,
+        policy: Policy,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         Self {
             meta,
             blobs,
             policy,
+            clock,
             usage: usage::UsageBuffer::default(),
         }
     }
@@ -109,7 +121,7 @@ impl Cache {
     /// Start-up recovery: forgets entries a machine crash may have damaged (see
     /// [`durability`]). Run before serving.
     pub async fn recover(&self) -> Result<(), CacheError> {
-        durability::recover(self.meta.as_ref(), self.blobs.as_ref()).await
+        durability::recover(self.meta.as_ref(), self.blobs.as_ref(), self.clock.now()).await
     }
 
     /// Starts the background work of the domain (writing restore counts, syncing chunks to
@@ -144,35 +156,44 @@ impl Cache {
         key: &str,
         version: &str,
     ) -> Result<LinkTarget, CacheError> {
-        let key = CacheKey::parse(key)?;
-        let version = Version::parse(version)?;
-        let scope = who.write_scope.as_ref().ok_or(CacheError::WriteDenied)?;
-        let now = now_millis();
-        let outcome = self
-            .meta
-            .reserve(NewUpload {
-                repository: &who.repository,
-                scope,
-                key: &key,
-                version: &version,
-                created_by: &who.subject,
-                now,
-                stale_before: now.saturating_sub(self.policy.reservation_ttl.as_millis() as i64),
-                max_open: self.policy.max_open_uploads,
-            })
-            .await?;
-        match outcome {
-            Reserved::Created { upload, garbage } => {
-                self.collect(garbage).await;
-                audit("reserve", who, scope, &key, &version, upload);
-                Ok(LinkTarget {
-                    id: upload,
-                    created_at: now,
-                })
-            }
-            Reserved::Conflict => Err(CacheError::Conflict),
-            Reserved::TooManyOpen => Err(CacheError::TooManyUploads),
-        }
+        let slot = self.write_slot(who, key, version)?;
+        let (upload, now) = retry_stale(|| self.try_reserve(who, &slot)).await?;
+        audit("reserve", who, &slot, upload);
+        Ok(LinkTarget {
+            id: upload,
+            created_at: now,
+        })
+    }
+
+    async fn try_reserve(&self, who: &Identity, slot: &Slot) -> Result<(UploadId, Millis), CacheError> {
+        let now = self.clock.now();
+        let stale_before = now.saturating_sub(self.policy.reservation_ttl.as_millis() as i64);
+        let state = self.meta.slot_state(slot, stale_before).await?;
+        let replacing = match upload::decide_reservation(&state, stale_before, self.policy.max_open_uploads) {
+            Reservation::Conflict => return Err(CacheError::Conflict),
+            Reservation::TooManyOpen => return Err(CacheError::TooManyUploads),
+            Reservation::Create { replacing } => replacing,
+        };
+        // An abandoned upload's blocks, read before it is aborted; the revision check makes
+        // sure they are still all it has.
+        let garbage = match replacing {
+            Some(old) => match self.meta.upload_with_blocks(old.id).await? {
+                Some((_, blocks)) => blocks.blobs(),
+                None => Vec::new(),
+            },
+            None => Vec::new(),
+        };
+        let new = NewUpload {
+            slot,
+            created_by: &who.subject,
+            now,
+        };
+        let id = match self.meta.create_upload(new, replacing).await {
+            Err(MetaError::Conflict) => return Err(CacheError::Conflict),
+            other => other?,
+        };
+        self.collect(garbage).await;
+        Ok((id, now))
     }
 
     /// The upload a signed URL names, in whatever state.
@@ -184,9 +205,9 @@ impl Cache {
     }
 
     /// Refuses data for an upload that was finalized or abandoned, before its body is read.
-    /// (The metadata store checks again when the data is recorded.)
+    /// (The change that records the data checks again.)
     pub fn accepts_data(upload: &Upload) -> Result<(), CacheError> {
-        if upload.state != UploadState::Open {
+        if !upload.is_open() {
             return Err(CacheError::UploadClosed);
         }
         Ok(())
@@ -204,21 +225,18 @@ impl Cache {
         let name = BlobName::random();
         let chunk = self.store_chunk(&name, body, declared_len).await?;
         let max = self.policy.max_entry_size;
-        let refused = match self
-            .meta
-            .stage_block(upload.id, &block, &chunk, max, now_millis())
-            .await
-        {
-            Ok(Staged::Recorded { garbage }) => {
-                self.collect(garbage).await;
-                return Ok(());
+        let recorded = retry_stale(|| async {
+            let (upload, blocks) = self.open_upload(upload.id).await?;
+            match upload::decide_stage(&blocks, &block, &chunk, max) {
+                Staging::TooLarge => Err(CacheError::TooLarge(max)),
+                Staging::Record { garbage } => {
+                    self.meta.stage_block(&upload, &block, &chunk, self.clock.now()).await?;
+                    Ok(garbage)
+                }
             }
-            Ok(Staged::UploadClosed) => CacheError::UploadClosed,
-            Ok(Staged::TooLarge) => CacheError::TooLarge(max),
-            Err(e) => e.into(),
-        };
-        self.collect(vec![name]).await;
-        Err(refused)
+        })
+        .await;
+        self.settle(recorded, name).await
     }
 
     /// Put Blob: the whole body is the upload's one committed chunk.
@@ -231,20 +249,29 @@ impl Cache {
         Self::accepts_data(upload)?;
         let name = BlobName::random();
         let chunk = self.store_chunk(&name, body, declared_len).await?;
-        let refused = match self
-            .meta
-            .commit_whole(upload.id, &chunk, now_millis())
-            .await
-        {
-            Ok(Committed::Done { garbage }) => {
+        let committed = retry_stale(|| async {
+            let (upload, blocks) = self.open_upload(upload.id).await?;
+            let assembly = upload::whole_blob(&blocks, &chunk);
+            self.meta.commit_parts(&upload, &assembly.parts, self.clock.now()).await?;
+            Ok(assembly.garbage)
+        })
+        .await;
+        self.settle(committed, name).await
+    }
+
+    /// After a chunk was stored: deletes what the recorded change left unreferenced, or the
+    /// new chunk itself if the change was refused.
+    async fn settle(&self, outcome: Result<Vec<BlobName>, CacheError>, new: BlobName) -> Result<(), CacheError> {
+        match outcome {
+            Ok(garbage) => {
                 self.collect(garbage).await;
-                return Ok(());
+                Ok(())
             }
-            Ok(_) => CacheError::UploadClosed,
-            Err(e) => e.into(),
-        };
-        self.collect(vec![name]).await;
-        Err(refused)
+            Err(e) => {
+                self.collect(vec![new]).await;
+                Err(e)
+            }
+        }
     }
 
     /// Put Block List: the listed blocks, in order, become the upload's content.
@@ -253,18 +280,27 @@ impl Cache {
         upload: UploadId,
         list: &[BlockRef],
     ) -> Result<(), CacheError> {
-        match self
+        let garbage = retry_stale(|| async {
+            let (upload, blocks) = self.open_upload(upload).await?;
+            let assembly = upload::assemble(list, &blocks.staged, &blocks.parts)
+                .map_err(|_| CacheError::UnknownBlock)?;
+            self.meta.commit_parts(&upload, &assembly.parts, self.clock.now()).await?;
+            Ok(assembly.garbage)
+        })
+        .await?;
+        self.collect(garbage).await;
+        Ok(())
+    }
+
+    /// An upload that is still open, with its blocks.
+    async fn open_upload(&self, id: UploadId) -> Result<(Upload, UploadBlocks), CacheError> {
+        let (upload, blocks) = self
             .meta
-            .commit_block_list(upload, list, now_millis())
+            .upload_with_blocks(id)
             .await?
-        {
-            Committed::Done { garbage } => {
-                self.collect(garbage).await;
-                Ok(())
-            }
-            Committed::UnknownBlock(_) => Err(CacheError::UnknownBlock),
-            Committed::UploadClosed => Err(CacheError::UploadClosed),
-        }
+            .ok_or(CacheError::UploadNotFound)?;
+        Self::accepts_data(&upload)?;
+        Ok((upload, blocks))
     }
 
     /// FinalizeCacheEntryUpload: makes the entry visible if the stored bytes add up to `size`.
@@ -276,32 +312,46 @@ impl Cache {
         version: &str,
         size: u64,
     ) -> Result<EntryId, CacheError> {
-        let key = CacheKey::parse(key)?;
-        let version = Version::parse(version)?;
-        let scope = who.write_scope.as_ref().ok_or(CacheError::WriteDenied)?;
+        let slot = self.write_slot(who, key, version)?;
         if size > self.policy.max_entry_size {
             return Err(CacheError::TooLarge(self.policy.max_entry_size));
         }
-        let outcome = self
-            .meta
-            .finalize(FinalizeRequest {
-                repository: &who.repository,
-                scope,
-                key: &key,
-                version: &version,
-                size,
-                now: now_millis(),
-            })
-            .await?;
-        match outcome {
-            Finalized::Done { entry, garbage } => {
+        let entry = retry_stale(|| self.try_finalize(&slot, size)).await?;
+        audit("finalize", who, &slot, entry);
+        Ok(entry)
+    }
+
+    async fn try_finalize(&self, slot: &Slot, size: u64) -> Result<EntryId, CacheError> {
+        let state = self.meta.finalize_state(slot).await?;
+        let now = self.clock.now();
+        match upload::decide_finalize(&state, size) {
+            Finalizing::Commit {
+                upload,
+                chunks,
+                garbage,
+            } => {
+                let new = NewEntry {
+                    slot,
+                    key: &upload.key,
+                    chunks: &chunks,
+                    now,
+                };
+                let entry = match self.meta.finalize(upload, new).await {
+                    Err(MetaError::Conflict) => return Err(CacheError::Conflict),
+                    other => other?,
+                };
                 self.collect(garbage).await;
-                audit("finalize", who, scope, &key, &version, entry);
                 Ok(entry)
             }
-            Finalized::NoUpload => Err(CacheError::NoReservation),
-            Finalized::NothingUploaded => Err(CacheError::NothingUploaded),
-            Finalized::SizeMismatch { stored, garbage } => {
+            Finalizing::AlreadyDone(entry) => Ok(entry),
+            Finalizing::NoUpload => Err(CacheError::NoReservation),
+            Finalizing::NothingUploaded => Err(CacheError::NothingUploaded),
+            Finalizing::SizeMismatch {
+                upload,
+                stored,
+                garbage,
+            } => {
+                self.meta.abort_upload(upload, now).await?;
                 self.collect(garbage).await;
                 Err(CacheError::SizeMismatch {
                     stored,
@@ -309,6 +359,19 @@ impl Cache {
                 })
             }
         }
+    }
+
+    /// The slot a write of `who` goes to.
+    fn write_slot(&self, who: &Identity, key: &str, version: &str) -> Result<Slot, CacheError> {
+        let key = CacheKey::parse(key)?;
+        let version = Version::parse(version)?;
+        let scope = who.write_scope.clone().ok_or(CacheError::WriteDenied)?;
+        Ok(Slot {
+            repository: who.repository.clone(),
+            scope,
+            key,
+            version,
+        })
     }
 
     /// GetCacheEntryDownloadURL: GitHub's matching over the token's readable scopes. A hit
@@ -325,7 +388,7 @@ impl Cache {
         let Some(best) = matching::best_match(&who.read_scopes, &folded, &candidates) else {
             return Ok(None);
         };
-        self.usage.record(best.id, now_millis());
+        self.usage.record(best.id, self.clock.now());
         Ok(Some(Hit {
             entry: LinkTarget {
                 id: best.id,
@@ -387,7 +450,7 @@ impl Cache {
         name: &BlobName,
         body: ByteStream,
         declared_len: Option<u64>,
-    ) -> Result<model::Chunk, CacheError> {
+    ) -> Result<crate::model::Chunk, CacheError> {
         let max = self.policy.max_entry_size;
         if declared_len.is_some_and(|len| len > max) {
             return Err(CacheError::TooLarge(max));
@@ -411,25 +474,37 @@ impl Cache {
 }
 
 /// The audit trail of writes: who reserved or finalized what (issue #4, point 5).
-fn audit(
-    action: &str,
-    who: &Identity,
-    scope: &model::Scope,
-    key: &CacheKey,
-    version: &Version,
-    id: i64,
-) {
+fn audit(action: &str, who: &Identity, slot: &Slot, id: i64) {
     tracing::info!(
         target: "hoard::audit",
         action,
-        repository = %who.repository,
-        scope = %scope,
-        key = %key,
-        version = %version,
+        repository = %slot.repository,
+        scope = %slot.scope,
+        key = %slot.key,
+        version = %slot.version,
         subject = %who.subject,
         run = %who.run,
         id,
     );
+}
+
+/// How often a change refused as stale (another request changed the same upload between this
+/// one's read and write) is decided again before the request gives up.
+const MAX_ATTEMPTS: usize = 16;
+
+/// Runs `attempt` again while the store refuses its change as stale.
+async fn retry_stale<T, F, Fut>(mut attempt: F) -> Result<T, CacheError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, CacheError>>,
+{
+    for _ in 0..MAX_ATTEMPTS {
+        match attempt().await {
+            Err(CacheError::Meta(MetaError::Stale)) => tokio::task::yield_now().await,
+            other => return other,
+        }
+    }
+    Err(CacheError::Busy)
 }
 
 /// Ends `body` with a `FileTooLarge` error once it has carried more than `max` bytes.
@@ -477,7 +552,7 @@ pub fn slices(chunks: &[EntryChunk], start: u64, len: u64) -> Vec<(usize, u64, u
 #[cfg(test)]
 mod tests {
     use super::*;
-    use model::Chunk;
+    use crate::model::Chunk;
 
     fn chunks(sizes: &[u64]) -> Vec<EntryChunk> {
         let mut start = 0;

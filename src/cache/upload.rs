@@ -1,5 +1,9 @@
-//! Upload rules: how a block list turns staged blocks into the ordered chunks of an entry.
+//! Upload rules, as pure functions of loaded state: who may reserve a slot (and when an
+//! abandoned reservation gives way), what staging a block or committing a block list changes,
+//! and when an upload may become an entry. The domain loads state through `MetaStore`, decides
+//! here, and has the store apply the decision only if the state is unchanged.
 //!
+//! Block lists
 //! Azure's Put Block List semantics (PROTOCOL.md §3.4): each listed id names a staged
 //! (uncommitted) block, a block of the currently committed list, or — for `Latest` — the staged
 //! block if there is one and else the committed one. The blocks are concatenated in list order;
@@ -7,20 +11,138 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::model::{BlobName, BlockId, Chunk};
+use crate::meta::{FinalizeState, SlotState};
+use crate::model::{BlobName, BlockId, BlockRef, BlockSource, Chunk, EntryId, Millis, Upload, UploadBlocks};
 
-/// Where a block-list element looks for its block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BlockSource {
-    Latest,
-    Committed,
-    Uncommitted,
+/// What a reservation does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reservation<'a> {
+    /// Reserve the slot, first aborting an abandoned upload that held it.
+    Create { replacing: Option<&'a Upload> },
+    /// An entry, or a live reservation, holds the slot.
+    Conflict,
+    /// The repository has as many live open uploads as it may.
+    TooManyOpen,
 }
 
+/// Reservations older than `stale_before` are abandoned and give way (GitHub releases them
+/// after 24 h, PROTOCOL.md §9); a repository may hold at most `max_open` live ones.
+pub fn decide_reservation(state: &SlotState, stale_before: Millis, max_open: u32) -> Reservation<'_> {
+    if state.entry_exists {
+        return Reservation::Conflict;
+    }
+    if state.open.as_ref().is_some_and(|u| u.created_at >= stale_before) {
+        return Reservation::Conflict;
+    }
+    if state.live_open_uploads >= u64::from(max_open) {
+        return Reservation::TooManyOpen;
+    }
+    Reservation::Create { replacing: state.open.as_ref() }
+}
+
+/// What staging a block does.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BlockRef {
-    pub id: BlockId,
-    pub source: BlockSource,
+pub enum Staging {
+    /// Record it; the blobs listed are no longer referenced once it is recorded.
+    Record { garbage: Vec<BlobName> },
+    /// The upload's staged blocks would hold more than an entry may.
+    TooLarge,
+}
+
+/// A retried block id replaces the earlier copy (the last write wins until commit). The staged
+/// blocks of an upload, other copies of this id aside, may hold at most `max_staged` bytes, so an
+/// upload never uses more disk than an entry may.
+pub fn decide_stage(blocks: &UploadBlocks, block: &BlockId, chunk: &Chunk, max_staged: u64) -> Staging {
+    let others: u64 = blocks
+        .staged
+        .iter()
+        .filter(|(id, _)| *id != block)
+        .map(|(_, c)| c.size)
+        .sum();
+    if others.saturating_add(chunk.size) > max_staged {
+        return Staging::TooLarge;
+    }
+    // The replaced copy may still be a committed part (Azure keeps the committed list).
+    let garbage = blocks
+        .staged
+        .get(block)
+        .filter(|old| !blocks.parts.iter().any(|(_, c)| c.blob == old.blob))
+        .map(|old| old.blob.clone())
+        .into_iter()
+        .collect();
+    Staging::Record { garbage }
+}
+
+/// Put Blob: `chunk` becomes the only committed part; everything staged or committed before
+/// is garbage.
+pub fn whole_blob(blocks: &UploadBlocks, chunk: &Chunk) -> Assembly {
+    let mut garbage = blocks.blobs();
+    garbage.retain(|b| b != &chunk.blob);
+    Assembly {
+        parts: vec![(BlockId::whole_blob(), chunk.clone())],
+        garbage,
+    }
+}
+
+/// What a finalize does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finalizing<'a> {
+    /// The upload becomes an entry of these chunks; staged blocks left out are garbage.
+    Commit {
+        upload: &'a Upload,
+        chunks: Vec<Chunk>,
+        garbage: Vec<BlobName>,
+    },
+    /// A retry of a finalize that already succeeded.
+    AlreadyDone(EntryId),
+    NoUpload,
+    /// Nothing was committed through Put Blob or Put Block List yet.
+    NothingUploaded,
+    /// The committed bytes do not add up to the declared size: the upload is aborted.
+    SizeMismatch {
+        upload: &'a Upload,
+        stored: u64,
+        garbage: Vec<BlobName>,
+    },
+}
+
+/// The slot's open upload is finalized if its committed parts add up to `size`; without one,
+/// a finalize that already made an entry of that size is answered again (a retry after a lost
+/// response).
+pub fn decide_finalize(state: &FinalizeState, size: u64) -> Finalizing<'_> {
+    let Some((upload, blocks)) = &state.open else {
+        return match state.finalized {
+            Some((entry, stored)) if stored == size => Finalizing::AlreadyDone(entry),
+            _ => Finalizing::NoUpload,
+        };
+    };
+    if blocks.parts.is_empty() {
+        return Finalizing::NothingUploaded;
+    }
+    let stored = blocks.committed_size();
+    if stored != size {
+        return Finalizing::SizeMismatch {
+            upload,
+            stored,
+            garbage: blocks.blobs(),
+        };
+    }
+    let chunks: Vec<Chunk> = blocks.parts.iter().map(|(_, c)| c.clone()).collect();
+    let kept: HashSet<&BlobName> = chunks.iter().map(|c| &c.blob).collect();
+    let mut garbage: Vec<BlobName> = blocks
+        .staged
+        .values()
+        .map(|c| &c.blob)
+        .filter(|b| !kept.contains(b))
+        .cloned()
+        .collect();
+    garbage.sort();
+    garbage.dedup();
+    Finalizing::Commit {
+        upload,
+        chunks,
+        garbage,
+    }
 }
 
 /// The result of applying a block list: the new committed parts, in order, and the blobs that

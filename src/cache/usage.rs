@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::model::{EntryId, Millis};
+use crate::model::{EntryId, Millis};
 use crate::meta::MetaStore;
 
 pub const FLUSH_EVERY: Duration = Duration::from_secs(1);

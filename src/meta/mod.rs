@@ -1,111 +1,100 @@
-//! Metadata: entries, upload reservations and their chunks.
+//! Metadata: entries, upload reservations and their blocks, on SQLite, PostgreSQL or
+//! MySQL/MariaDB.
+//!
+//! A store loads state and applies changes that the domain (`cache`) decided; it decides
+//! nothing itself: no conflict rule, cap or size check lives in SQL.
 //!
 //! # Contract
-//! Every method is one atomic change (one transaction inside); callers never see transactions.
+//! Every method is atomic (one transaction inside); callers never see transactions.
+//! - Loads return a consistent snapshot.
+//! - A change to an upload is applied only if the upload is still open at the revision the
+//!   caller loaded ([`Upload::revision`]); otherwise nothing changes and the method returns
+//!   [`MetaError::Stale`], and the caller decides again on fresh state. Every applied change
+//!   bumps the revision.
+//! - At most one open upload and at most one entry exist per [`Slot`] (repository, scope,
+//!   folded key, version). A change that would make a second one returns
+//!   [`MetaError::Conflict`] and changes nothing, whichever process or replica raced it.
 //! - An entry becomes visible to [`MetaStore::find_candidates`] only through
 //!   [`MetaStore::finalize`], and then with all its chunks.
-//! - At most one open upload and at most one entry exist per (repository, scope, folded key,
-//!   version); [`MetaStore::reserve`] checks and inserts atomically, so concurrent reservations of
-//!   the same identity see exactly one winner.
-//! - Methods that drop chunk references return the blob names no row refers to any more; the
-//!   caller deletes those blobs after the method returned (the change is durable by then).
+//! - Keys compare byte-wise on their folded form, identically on every backend, so prefix
+//!   matching gives the same answer everywhere.
+//! - Errors are backend-neutral kinds; no driver type crosses this module's boundary.
 
+mod mysql;
+mod postgres;
+mod sql;
 mod sqlite;
+
+pub mod conformance;
+pub mod memory;
 
 use async_trait::async_trait;
 
+pub use memory::MemoryStore;
+pub use mysql::MySqlStore;
+pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
-use crate::cache::matching::Candidate;
-use crate::cache::model::{
-    BlobName, BlockId, CacheKey, Chunk, Entry, EntryId, Millis, RepoId, Scope, Upload, UploadId,
-    Version,
+use crate::model::{
+    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, Millis, RepoId, Scope, Slot, Upload,
+    UploadBlocks, UploadId, Version,
 };
-use crate::cache::upload::{BlockRef, UnknownBlock};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetaError {
-    #[error("database error: {0}")]
-    Database(#[from] rusqlite::Error),
-    #[error("database worker: {0}")]
-    Worker(String),
+    /// Another writer holds the slot: an open upload or an entry already exists.
+    #[error("another upload or entry already holds this key and version")]
+    Conflict,
+    /// The upload changed (or closed) since it was loaded; decide again on fresh state.
+    #[error("the upload changed since it was read")]
+    Stale,
+    /// The database could not be reached or refused to work.
+    #[error("the database is unavailable: {0}")]
+    Unavailable(String),
     #[error("the database holds a value this server cannot read: {0}")]
     Corrupt(String),
+    /// Any other failure of the database, described.
+    #[error("database error: {0}")]
+    Internal(String),
 }
 
 /// A new reservation.
 #[derive(Debug, Clone)]
 pub struct NewUpload<'a> {
-    pub repository: &'a RepoId,
-    pub scope: &'a Scope,
-    pub key: &'a CacheKey,
-    pub version: &'a Version,
+    pub slot: &'a Slot,
     /// Who reserved it (token subject), kept for audit.
     pub created_by: &'a str,
     pub now: Millis,
-    /// Open reservations created before this instant are abandoned and give way.
-    pub stale_before: Millis,
-    /// Live open uploads the repository may have; at this many, the reservation is refused.
-    pub max_open: u32,
 }
 
-#[derive(Debug)]
-pub enum Reserved {
-    /// Reserved; blobs of an abandoned reservation it replaced are returned for deletion.
-    Created {
-        upload: UploadId,
-        garbage: Vec<BlobName>,
-    },
-    /// An entry or a live reservation already holds this identity.
-    Conflict,
-    /// The repository already has `max_open` live open uploads.
-    TooManyOpen,
+/// What deciding a reservation needs to know about a slot and its repository.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotState {
+    /// A visible entry holds the slot.
+    pub entry_exists: bool,
+    /// The open upload holding the slot, if any.
+    pub open: Option<Upload>,
+    /// Open uploads of the repository created at or after the `live_since` asked for.
+    pub live_open_uploads: u64,
 }
 
-/// What staging a block did.
-#[derive(Debug)]
-pub enum Staged {
-    /// Recorded; blobs of earlier copies of the same block id are returned for deletion.
-    Recorded { garbage: Vec<BlobName> },
-    /// The upload is unknown or no longer open; the caller must delete the new blob.
-    UploadClosed,
-    /// The upload's staged blocks would exceed `max_staged` bytes; nothing was recorded and the
-    /// caller must delete the new blob.
-    TooLarge,
+/// What deciding a finalize needs: the slot's open upload with its blocks, else the entry the
+/// slot's newest finalized upload made (for an idempotent retry).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FinalizeState {
+    pub open: Option<(Upload, UploadBlocks)>,
+    /// The entry of the newest finalized upload of the slot and its size, if it still exists.
+    pub finalized: Option<(EntryId, u64)>,
 }
 
-#[derive(Debug)]
-pub enum Committed {
-    Done { garbage: Vec<BlobName> },
-    UnknownBlock(UnknownBlock),
-    UploadClosed,
-}
-
-/// Identity of the upload being finalized, as the client names it.
+/// An entry to insert: the slot's open upload becomes it.
 #[derive(Debug, Clone)]
-pub struct FinalizeRequest<'a> {
-    pub repository: &'a RepoId,
-    pub scope: &'a Scope,
-    pub key: &'a CacheKey,
-    pub version: &'a Version,
-    pub size: u64,
+pub struct NewEntry<'a> {
+    pub slot: &'a Slot,
+    /// The key as the client spelled it at reservation.
+    pub key: &'a str,
+    pub chunks: &'a [Chunk],
     pub now: Millis,
-}
-
-#[derive(Debug)]
-pub enum Finalized {
-    /// The entry is visible. Also returned for a retry of an already finalized upload.
-    Done {
-        entry: EntryId,
-        garbage: Vec<BlobName>,
-    },
-    /// No open or finalized upload matches.
-    NoUpload,
-    /// Nothing was committed through Put Blob or Put Block List yet.
-    NothingUploaded,
-    /// The committed bytes do not add up to the size the client declared; the upload was
-    /// aborted and its blobs are returned for deletion.
-    SizeMismatch { stored: u64, garbage: Vec<BlobName> },
 }
 
 /// A stored chunk of an entry, with its byte offset in the entry.
@@ -120,51 +109,30 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug + 'static {
     /// Checks that the database answers.
     async fn ping(&self) -> Result<(), MetaError>;
 
-    /// Reserves (repository, scope, key, version) unless an entry or a live open upload holds it.
-    /// An open upload older than `stale_before` is aborted first and its blobs returned.
-    async fn reserve(&self, new: NewUpload<'_>) -> Result<Reserved, MetaError>;
+    /// Makes recent changes durable and compact (SQLite: a WAL checkpoint; a no-op for
+    /// networked databases, whose commits are durable). Called by the durability loop right
+    /// after the blob store synced.
+    async fn checkpoint(&self) -> Result<(), MetaError>;
+
+    // ---- loads ----
+
+    /// The slot's entry and open upload, and how many uploads of its repository are open and
+    /// were created at or after `live_since`.
+    async fn slot_state(&self, slot: &Slot, live_since: Millis) -> Result<SlotState, MetaError>;
 
     async fn upload(&self, id: UploadId) -> Result<Option<Upload>, MetaError>;
 
-    /// Makes recent changes durable and compact (SQLite: a WAL checkpoint). Called by the
-    /// durability loop right after the blob store synced.
-    async fn checkpoint(&self) -> Result<(), MetaError>;
-
-    /// Records `chunk` as the staged copy of `block` (the last copy of a block id wins).
-    /// Refused if the upload's staged blocks (other copies of this id aside) would then hold more
-    /// than `max_staged` bytes: an upload can never use more disk than an entry may.
-    async fn stage_block(
+    /// An upload with its blocks, read together.
+    async fn upload_with_blocks(
         &self,
-        upload: UploadId,
-        block: &BlockId,
-        chunk: &Chunk,
-        max_staged: u64,
-        now: Millis,
-    ) -> Result<Staged, MetaError>;
+        id: UploadId,
+    ) -> Result<Option<(Upload, UploadBlocks)>, MetaError>;
 
-    /// Put Blob: `chunk` becomes the upload's only committed part, replacing whatever was
-    /// staged or committed before.
-    async fn commit_whole(
-        &self,
-        upload: UploadId,
-        chunk: &Chunk,
-        now: Millis,
-    ) -> Result<Committed, MetaError>;
+    async fn finalize_state(&self, slot: &Slot) -> Result<FinalizeState, MetaError>;
 
-    /// Applies a block list: the listed blocks become the upload's committed parts, in order.
-    async fn commit_block_list(
-        &self,
-        upload: UploadId,
-        list: &[BlockRef],
-        now: Millis,
-    ) -> Result<Committed, MetaError>;
-
-    /// Turns the open upload for this identity into a visible entry if its committed parts add
-    /// up to `size`.
-    async fn finalize(&self, req: FinalizeRequest<'_>) -> Result<Finalized, MetaError>;
-
-    /// For each (scope, key) pair, the exact match and the newest prefix match of `version` in
-    /// `repository`: a bounded superset of what `matching::best_match` needs.
+    /// For each (scope, key) pair, the exact match and the newest prefix match (by creation
+    /// time, then id) of `version` in `repository`: a bounded superset of what
+    /// `matching::best_match` needs. `folded_keys` are already folded.
     async fn find_candidates(
         &self,
         repository: &RepoId,
@@ -173,14 +141,126 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug + 'static {
         folded_keys: &[String],
     ) -> Result<Vec<Candidate>, MetaError>;
 
+    /// A visible entry and its chunks in order.
+    async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError>;
+
+    // ---- changes ----
+
+    /// Inserts an open upload for the slot, first aborting `replacing` (an abandoned upload of
+    /// the same slot, at the revision loaded) and dropping its blocks. `Conflict` if the slot
+    /// already has an open upload; `Stale` if `replacing` changed.
+    async fn create_upload(
+        &self,
+        new: NewUpload<'_>,
+        replacing: Option<&Upload>,
+    ) -> Result<UploadId, MetaError>;
+
+    /// Records `chunk` as the staged copy of `block`, replacing an earlier copy.
+    async fn stage_block(
+        &self,
+        upload: &Upload,
+        block: &BlockId,
+        chunk: &Chunk,
+        now: Millis,
+    ) -> Result<(), MetaError>;
+
+    /// Makes `parts` the upload's committed parts, in order, and drops every staged block.
+    async fn commit_parts(
+        &self,
+        upload: &Upload,
+        parts: &[(BlockId, Chunk)],
+        now: Millis,
+    ) -> Result<(), MetaError>;
+
+    /// Aborts the upload and drops its blocks.
+    async fn abort_upload(&self, upload: &Upload, now: Millis) -> Result<(), MetaError>;
+
+    /// Turns the open upload into a visible entry made of `entry.chunks`, and drops the
+    /// upload's blocks. `Conflict` if an entry already holds the slot.
+    async fn finalize(&self, upload: &Upload, entry: NewEntry<'_>) -> Result<EntryId, MetaError>;
+
     /// Records restores: for each entry, hits to add and the latest use. Entries that no
     /// longer exist are skipped.
     async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError>;
 
     /// After a machine crash: deletes the entries finalized after `since` and aborts every open
-    /// upload. Returns how many entries went and the blobs no row refers to any more.
-    async fn forget_after(&self, since: Millis) -> Result<(usize, Vec<BlobName>), MetaError>;
+    /// upload. Returns how many entries went and the blobs of the dropped rows.
+    async fn forget_after(
+        &self,
+        since: Millis,
+        now: Millis,
+    ) -> Result<(usize, Vec<BlobName>), MetaError>;
+}
 
-    /// A visible entry and its chunks in order.
-    async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError>;
+/// Opens the store a database URL names (`sqlite://PATH`, `postgres://…`, `mysql://…`) and
+/// brings its schema up to date.
+pub async fn open(url: &DatabaseUrl, pool_size: u32) -> Result<std::sync::Arc<dyn MetaStore>, MetaError> {
+    Ok(match url {
+        DatabaseUrl::Sqlite(path) => std::sync::Arc::new(SqliteStore::open(path).await?),
+        DatabaseUrl::Postgres(url) => std::sync::Arc::new(PostgresStore::open(url, pool_size).await?),
+        DatabaseUrl::MySql(url) => std::sync::Arc::new(MySqlStore::open(url, pool_size).await?),
+    })
+}
+
+/// A validated `--database-url`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DatabaseUrl {
+    Sqlite(std::path::PathBuf),
+    /// `postgres://` or `postgresql://`, passed to the driver as given.
+    Postgres(String),
+    /// `mysql://` (MySQL 8 and MariaDB 10.11+), passed to the driver as given.
+    MySql(String),
+}
+
+impl DatabaseUrl {
+    /// Parses a URL; the error is a sentence fit for the operator.
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let scheme = url.split(':').next().unwrap_or(url).to_ascii_lowercase();
+        match scheme.as_str() {
+            "sqlite" => {
+                let path = url
+                    .strip_prefix("sqlite://")
+                    .or_else(|| url.strip_prefix("sqlite:"))
+                    .unwrap_or("");
+                let path = path.split('?').next().unwrap_or(path);
+                if path.is_empty() {
+                    return Err("names no database file".into());
+                }
+                Ok(Self::Sqlite(path.into()))
+            }
+            "postgres" | "postgresql" | "mysql" | "mariadb" => {
+                let parsed = url::Url::parse(url).map_err(|e| format!("is not a URL ({e})"))?;
+                if parsed.host_str().is_none_or(str::is_empty) {
+                    return Err("names no host".into());
+                }
+                if parsed.path().trim_start_matches('/').is_empty() {
+                    return Err("names no database (…/DBNAME)".into());
+                }
+                Ok(match scheme.as_str() {
+                    "postgres" | "postgresql" => Self::Postgres(url.to_owned()),
+                    // sqlx knows MariaDB by the MySQL scheme.
+                    _ => Self::MySql(format!("mysql{}", &url[scheme.len()..])),
+                })
+            }
+            other => Err(format!(
+                "must be sqlite://PATH, postgres://… or mysql://…; {other:?} is not supported"
+            )),
+        }
+    }
+
+    /// The URL with any password replaced by `***`, for logs.
+    pub fn redacted(&self) -> String {
+        match self {
+            Self::Sqlite(path) => format!("sqlite://{}", path.display()),
+            Self::Postgres(url) | Self::MySql(url) => match url::Url::parse(url) {
+                Ok(mut u) => {
+                    if u.password().is_some() {
+                        let _ = u.set_password(Some("***"));
+                    }
+                    u.to_string()
+                }
+                Err(_) => "(unparseable URL)".into(),
+            },
+        }
+    }
 }

@@ -7,30 +7,31 @@
 //! microseconds, less than the two thread switches of a hop to another thread (docs/benchmarks.md
 //! has the measurements). Statements are prepared once per connection (`prepare_cached`).
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{
-    params, Connection, OpenFlags, OptionalExtension, Row, Transaction, TransactionBehavior,
+    params, Connection, ErrorCode, OpenFlags, OptionalExtension, Row, Transaction,
+    TransactionBehavior,
 };
 
+use super::sql::{chunk_from_parts, upload_from_parts, UploadRow};
 use super::{
-    Committed, EntryChunk, FinalizeRequest, Finalized, MetaError, MetaStore, NewUpload, Reserved,
-    Staged,
+    EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, SlotState,
 };
-use crate::cache::matching::Candidate;
-use crate::cache::model::{
-    BlobName, BlockId, Chunk, Entry, EntryId, Millis, RepoId, Scope, Upload, UploadId, UploadState,
-    Version,
+use crate::model::{
+    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, Millis, RepoId, Scope, Slot, Upload,
+    UploadBlocks, UploadId, UploadState, Version,
 };
-use crate::cache::upload::{assemble, BlockRef};
 
 /// Migrations compiled into the binary, applied in order at start-up; `PRAGMA user_version`
 /// records the last one applied.
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("migrations/sqlite/0001_init.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("migrations/sqlite/0001_init.sql")),
+    (2, include_str!("migrations/sqlite/0002_upload_revision.sql")),
+];
 const MAX_READERS: usize = 8;
 
 #[derive(Debug, Clone)]
@@ -87,7 +88,7 @@ impl SqliteStore {
             Ok(conn)
         })
         .await
-        .map_err(|e| MetaError::Worker(e.to_string()))??;
+        .map_err(|e| MetaError::Internal(e.to_string()))??;
 
         let store = Self {
             writer: Arc::new(tokio::sync::Mutex::new(conn)),
@@ -142,109 +143,121 @@ impl SqliteStore {
         }
         result
     }
+
+    /// Like [`Self::read`], with every statement of `f` in one read transaction: one snapshot.
+    async fn read_consistent<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, MetaError> + Send + 'static,
+    ) -> Result<T, MetaError> {
+        self.read(move |conn| {
+            conn.execute_batch("BEGIN")?;
+            let result = f(conn);
+            conn.execute_batch("COMMIT")?;
+            result
+        })
+        .await
+    }
 }
 
-fn chunk_from_row(row: &Row<'_>, name_col: usize) -> Result<Chunk, MetaError> {
-    let name: String = row.get(name_col)?;
-    let blob =
-        BlobName::parse(&name).ok_or_else(|| MetaError::Corrupt(format!("blob name {name:?}")))?;
-    let size: i64 = row.get(name_col + 1)?;
-    let digest: Vec<u8> = row.get(name_col + 2)?;
-    let sha256 = digest
-        .try_into()
-        .map_err(|_| MetaError::Corrupt("sha256 is not 32 bytes".into()))?;
-    Ok(Chunk {
-        blob,
-        size: size as u64,
-        sha256,
+impl From<rusqlite::Error> for MetaError {
+    fn from(e: rusqlite::Error) -> Self {
+        const UNIQUE: i32 = 2067; // SQLITE_CONSTRAINT_UNIQUE
+        if let rusqlite::Error::SqliteFailure(inner, _) = &e {
+            if inner.extended_code == UNIQUE {
+                return MetaError::Conflict;
+            }
+        }
+        match e.sqlite_error_code() {
+            Some(
+                ErrorCode::DatabaseBusy
+                | ErrorCode::DatabaseLocked
+                | ErrorCode::CannotOpen
+                | ErrorCode::DiskFull
+                | ErrorCode::ReadOnly,
+            ) => MetaError::Unavailable(e.to_string()),
+            _ => MetaError::Internal(e.to_string()),
+        }
+    }
+}
+
+fn chunk_from_row(row: &Row<'_>, first_col: usize) -> Result<Chunk, MetaError> {
+    chunk_from_parts(
+        row.get(first_col)?,
+        row.get(first_col + 1)?,
+        row.get(first_col + 2)?,
+    )
+}
+
+const UPLOAD_COLS: &str =
+    "SELECT id, repository, scope, key, version, state, created_at, revision FROM uploads";
+
+fn upload_from_row(r: &Row<'_>) -> Result<Upload, MetaError> {
+    upload_from_parts(UploadRow {
+        id: r.get(0)?,
+        repository: r.get(1)?,
+        scope: r.get(2)?,
+        key: r.get(3)?,
+        version: r.get(4)?,
+        state: r.get(5)?,
+        created_at: r.get(6)?,
+        revision: r.get(7)?,
     })
 }
 
-/// An upload's staged blocks by id, and its committed parts in order.
-type UploadBlocks = (HashMap<BlockId, Chunk>, Vec<(BlockId, Chunk)>);
+fn load_upload(conn: &Connection, id: UploadId) -> Result<Option<Upload>, MetaError> {
+    let mut stmt = conn.prepare_cached(&format!("{UPLOAD_COLS} WHERE id = ?"))?;
+    let mut rows = stmt.query([id])?;
+    rows.next()?.map(upload_from_row).transpose()
+}
 
-fn upload_blocks(tx: &Transaction<'_>, upload: UploadId) -> Result<UploadBlocks, MetaError> {
-    let mut staged = HashMap::new();
-    let mut stmt = tx.prepare_cached(
+fn load_blocks(conn: &Connection, upload: UploadId) -> Result<UploadBlocks, MetaError> {
+    let mut blocks = UploadBlocks::default();
+    let mut stmt = conn.prepare_cached(
         "SELECT block_id, blob_name, size, sha256 FROM staged_blocks WHERE upload_id = ?",
     )?;
     let mut rows = stmt.query([upload])?;
     while let Some(row) = rows.next()? {
-        staged.insert(BlockId::from_stored(row.get(0)?), chunk_from_row(row, 1)?);
+        blocks
+            .staged
+            .insert(BlockId::from_stored(row.get(0)?), chunk_from_row(row, 1)?);
     }
-    let mut parts = Vec::new();
-    let mut stmt = tx.prepare_cached(
+    let mut stmt = conn.prepare_cached(
         "SELECT block_id, blob_name, size, sha256 FROM upload_parts WHERE upload_id = ? ORDER BY ordinal",
     )?;
     let mut rows = stmt.query([upload])?;
     while let Some(row) = rows.next()? {
-        parts.push((BlockId::from_stored(row.get(0)?), chunk_from_row(row, 1)?));
+        blocks
+            .parts
+            .push((BlockId::from_stored(row.get(0)?), chunk_from_row(row, 1)?));
     }
-    Ok((staged, parts))
+    Ok(blocks)
 }
 
-/// Drops every block and part of an upload and returns their blobs.
-fn drop_upload_blocks(tx: &Transaction<'_>, upload: UploadId) -> Result<Vec<BlobName>, MetaError> {
-    let (staged, parts) = upload_blocks(tx, upload)?;
+/// Claims the upload for a change: bumps its revision if it is still open at the loaded one.
+fn claim(tx: &Transaction<'_>, upload: &Upload, now: Millis) -> Result<(), MetaError> {
+    let changed = tx
+        .prepare_cached(
+            "UPDATE uploads SET revision = revision + 1, updated_at = ?
+             WHERE id = ? AND revision = ? AND state = 'open'",
+        )?
+        .execute(params![now, upload.id, upload.revision])?;
+    if changed == 0 {
+        return Err(MetaError::Stale);
+    }
+    Ok(())
+}
+
+fn drop_blocks(tx: &Transaction<'_>, upload: UploadId) -> Result<(), MetaError> {
     tx.prepare_cached("DELETE FROM staged_blocks WHERE upload_id = ?")?
         .execute([upload])?;
     tx.prepare_cached("DELETE FROM upload_parts WHERE upload_id = ?")?
         .execute([upload])?;
-    let mut names: Vec<BlobName> = staged
-        .into_values()
-        .chain(parts.into_iter().map(|(_, c)| c))
-        .map(|c| c.blob)
-        .collect();
-    names.sort();
-    names.dedup();
-    Ok(names)
-}
-
-fn is_open(tx: &Transaction<'_>, upload: UploadId) -> Result<bool, MetaError> {
-    let state: Option<String> = tx
-        .prepare_cached("SELECT state FROM uploads WHERE id = ?")?
-        .query_row([upload], |r| r.get(0))
-        .optional()?;
-    Ok(state.as_deref() == Some(UploadState::Open.as_str()))
-}
-
-fn touch(tx: &Transaction<'_>, upload: UploadId, now: Millis) -> Result<(), MetaError> {
-    tx.prepare_cached("UPDATE uploads SET updated_at = ? WHERE id = ?")?
-        .execute(params![now, upload])?;
     Ok(())
 }
 
-fn set_state(
-    tx: &Transaction<'_>,
-    upload: UploadId,
-    state: UploadState,
-    now: Millis,
-) -> Result<(), MetaError> {
-    tx.prepare_cached("UPDATE uploads SET state = ?, updated_at = ? WHERE id = ?")?
-        .execute(params![state.as_str(), now, upload])?;
-    Ok(())
-}
-
-fn insert_parts(
-    tx: &Transaction<'_>,
-    upload: UploadId,
-    parts: &[(BlockId, Chunk)],
-) -> Result<(), MetaError> {
-    tx.prepare_cached("DELETE FROM upload_parts WHERE upload_id = ?")?
-        .execute([upload])?;
-    let mut insert = tx.prepare_cached(
-        "INSERT INTO upload_parts (upload_id, ordinal, block_id, blob_name, size, sha256) VALUES (?, ?, ?, ?, ?, ?)",
-    )?;
-    for (ordinal, (block, chunk)) in parts.iter().enumerate() {
-        insert.execute(params![
-            upload,
-            ordinal as i64,
-            block.as_bytes(),
-            chunk.blob.as_str(),
-            chunk.size as i64,
-            &chunk.sha256[..]
-        ])?;
-    }
+fn set_state(tx: &Transaction<'_>, upload: UploadId, state: UploadState) -> Result<(), MetaError> {
+    tx.prepare_cached("UPDATE uploads SET state = ? WHERE id = ?")?
+        .execute(params![state.as_str(), upload])?;
     Ok(())
 }
 
@@ -253,59 +266,6 @@ impl MetaStore for SqliteStore {
     async fn ping(&self) -> Result<(), MetaError> {
         self.read(|conn| Ok(conn.query_row("SELECT 1", [], |_| Ok(()))?))
             .await
-    }
-
-    async fn reserve(&self, new: NewUpload<'_>) -> Result<Reserved, MetaError> {
-        let (repo, scope, key, folded, version, by) = (
-            new.repository.as_str().to_owned(),
-            new.scope.as_str().to_owned(),
-            new.key.as_str().to_owned(),
-            new.key.folded(),
-            new.version.as_str().to_owned(),
-            new.created_by.to_owned(),
-        );
-        let (now, stale_before, max_open) = (new.now, new.stale_before, new.max_open);
-        self.write(move |tx| {
-            let exists: Option<i64> = tx
-                .prepare_cached("SELECT id FROM entries WHERE repository = ? AND version = ? AND scope = ? AND key_folded = ?")?
-                .query_row(params![repo, version, scope, folded], |r| r.get(0))
-                .optional()?;
-            if exists.is_some() {
-                return Ok(Reserved::Conflict);
-            }
-            let open: Option<(i64, i64)> = tx
-                .prepare_cached(
-                    "SELECT id, created_at FROM uploads
-                     WHERE repository = ? AND scope = ? AND key_folded = ? AND version = ? AND state = 'open'",
-                )?
-                .query_row(params![repo, scope, folded, version], |r| Ok((r.get(0)?, r.get(1)?)))
-                .optional()?;
-            let open_count: i64 = tx
-                .prepare_cached(
-                    "SELECT COUNT(*) FROM uploads WHERE repository = ? AND state = 'open' AND created_at >= ?",
-                )?
-                .query_row(params![repo, stale_before], |r| r.get(0))?;
-            if open.is_some_and(|(_, created)| created >= stale_before) {
-                return Ok(Reserved::Conflict);
-            }
-            if open_count >= i64::from(max_open) {
-                return Ok(Reserved::TooManyOpen);
-            }
-            let mut garbage = Vec::new();
-            if let Some((id, _)) = open {
-                // Abandoned (PROTOCOL.md §9: GitHub releases reservations after 24 h).
-                garbage = drop_upload_blocks(tx, id)?;
-                set_state(tx, id, UploadState::Aborted, now)?;
-            }
-            let upload: i64 = tx
-                .prepare_cached(
-                    "INSERT INTO uploads (repository, scope, key, key_folded, version, state, created_by, created_at, updated_at)
-                     VALUES (?, ?, ?, ?, ?, 'open', ?, ?, ?) RETURNING id",
-                )?
-                .query_row(params![repo, scope, key, folded, version, by, now, now], |r| r.get(0))?;
-            Ok(Reserved::Created { upload, garbage })
-        })
-        .await
     }
 
     async fn checkpoint(&self) -> Result<(), MetaError> {
@@ -317,192 +277,77 @@ impl MetaStore for SqliteStore {
             Ok(())
         })
         .await
-        .map_err(|e| MetaError::Worker(e.to_string()))?
+        .map_err(|e| MetaError::Internal(e.to_string()))?
+    }
+
+    async fn slot_state(&self, slot: &Slot, live_since: Millis) -> Result<SlotState, MetaError> {
+        let (repo, scope, folded, version) = slot_params(slot);
+        self.read(move |conn| {
+            let entry_exists = conn
+                .prepare_cached("SELECT 1 FROM entries WHERE repository = ? AND version = ? AND scope = ? AND key_folded = ?")?
+                .exists(params![repo, version, scope, folded])?;
+            let mut stmt = conn.prepare_cached(&format!(
+                "{UPLOAD_COLS} WHERE repository = ? AND scope = ? AND key_folded = ? AND version = ? AND state = 'open'"
+            ))?;
+            let mut rows = stmt.query(params![repo, scope, folded, version])?;
+            let open = rows.next()?.map(upload_from_row).transpose()?;
+            let live: i64 = conn
+                .prepare_cached(
+                    "SELECT COUNT(*) FROM uploads WHERE repository = ? AND state = 'open' AND created_at >= ?",
+                )?
+                .query_row(params![repo, live_since], |r| r.get(0))?;
+            Ok(SlotState {
+                entry_exists,
+                open,
+                live_open_uploads: live as u64,
+            })
+        })
+        .await
     }
 
     async fn upload(&self, id: UploadId) -> Result<Option<Upload>, MetaError> {
-        self.read(move |conn| {
-            let row = conn
-                .prepare_cached("SELECT id, repository, scope, key, version, state, created_at FROM uploads WHERE id = ?")?
-                .query_row([id], |r| {
-                    Ok((
-                        r.get::<_, i64>(0)?,
-                        r.get::<_, String>(1)?,
-                        r.get::<_, String>(2)?,
-                        r.get::<_, String>(3)?,
-                        r.get::<_, String>(4)?,
-                        r.get::<_, String>(5)?,
-                        r.get::<_, i64>(6)?,
-                    ))
-                })
-                .optional()?;
-            row.map(|(id, repository, scope, key, version, state, created_at)| {
-                Ok(Upload {
-                    id,
-                    repository: RepoId::new(repository),
-                    scope: Scope::new(scope),
-                    key,
-                    version,
-                    state: UploadState::parse(&state).ok_or_else(|| MetaError::Corrupt(format!("upload state {state:?}")))?,
-                    created_at,
-                })
-            })
-            .transpose()
+        self.read(move |conn| load_upload(conn, id)).await
+    }
+
+    async fn upload_with_blocks(
+        &self,
+        id: UploadId,
+    ) -> Result<Option<(Upload, UploadBlocks)>, MetaError> {
+        self.read_consistent(move |conn| {
+            let Some(upload) = load_upload(conn, id)? else {
+                return Ok(None);
+            };
+            Ok(Some((upload, load_blocks(conn, id)?)))
         })
         .await
     }
 
-    async fn stage_block(
-        &self,
-        upload: UploadId,
-        block: &BlockId,
-        chunk: &Chunk,
-        max_staged: u64,
-        now: Millis,
-    ) -> Result<Staged, MetaError> {
-        let (block, chunk) = (block.clone(), chunk.clone());
-        self.write(move |tx| {
-            if !is_open(tx, upload)? {
-                return Ok(Staged::UploadClosed);
-            }
-            let others: i64 = tx
-                .prepare_cached("SELECT COALESCE(SUM(size), 0) FROM staged_blocks WHERE upload_id = ? AND block_id != ?")?
-                .query_row(params![upload, block.as_bytes()], |r| r.get(0))?;
-            if others as u64 + chunk.size > max_staged {
-                return Ok(Staged::TooLarge);
-            }
-            let previous: Option<String> = tx
-                .prepare_cached("DELETE FROM staged_blocks WHERE upload_id = ? AND block_id = ? RETURNING blob_name")?
-                .query_row(params![upload, block.as_bytes()], |r| r.get(0))
-                .optional()?;
-            tx.prepare_cached("INSERT INTO staged_blocks (upload_id, block_id, blob_name, size, sha256) VALUES (?, ?, ?, ?, ?)")?
-                .execute(params![upload, block.as_bytes(), chunk.blob.as_str(), chunk.size as i64, &chunk.sha256[..]])?;
-            touch(tx, upload, now)?;
-            // A replaced copy may still be a committed part (Azure keeps the committed list).
-            let mut garbage = Vec::new();
-            if let Some(name) = previous {
-                let in_parts = tx
-                    .prepare_cached("SELECT 1 FROM upload_parts WHERE upload_id = ? AND blob_name = ? LIMIT 1")?
-                    .exists(params![upload, name])?;
-                if !in_parts {
-                    garbage.extend(BlobName::parse(&name));
+    async fn finalize_state(&self, slot: &Slot) -> Result<FinalizeState, MetaError> {
+        let (repo, scope, folded, version) = slot_params(slot);
+        self.read_consistent(move |conn| {
+            let mut stmt = conn.prepare_cached(&format!(
+                "{UPLOAD_COLS} WHERE repository = ? AND scope = ? AND key_folded = ? AND version = ? AND state = 'open'"
+            ))?;
+            let mut rows = stmt.query(params![repo, scope, folded, version])?;
+            let open = match rows.next()?.map(upload_from_row).transpose()? {
+                Some(upload) => {
+                    let blocks = load_blocks(conn, upload.id)?;
+                    Some((upload, blocks))
                 }
-            }
-            Ok(Staged::Recorded { garbage })
-        })
-        .await
-    }
-
-    async fn commit_whole(
-        &self,
-        upload: UploadId,
-        chunk: &Chunk,
-        now: Millis,
-    ) -> Result<Committed, MetaError> {
-        let chunk = chunk.clone();
-        self.write(move |tx| {
-            if !is_open(tx, upload)? {
-                return Ok(Committed::UploadClosed);
-            }
-            let mut garbage = drop_upload_blocks(tx, upload)?;
-            garbage.retain(|b| b != &chunk.blob);
-            insert_parts(tx, upload, &[(BlockId::whole_blob(), chunk)])?;
-            touch(tx, upload, now)?;
-            Ok(Committed::Done { garbage })
-        })
-        .await
-    }
-
-    async fn commit_block_list(
-        &self,
-        upload: UploadId,
-        list: &[BlockRef],
-        now: Millis,
-    ) -> Result<Committed, MetaError> {
-        let list = list.to_vec();
-        self.write(move |tx| {
-            if !is_open(tx, upload)? {
-                return Ok(Committed::UploadClosed);
-            }
-            let (staged, parts) = upload_blocks(tx, upload)?;
-            let assembly = match assemble(&list, &staged, &parts) {
-                Ok(assembly) => assembly,
-                Err(unknown) => return Ok(Committed::UnknownBlock(unknown)),
+                None => None,
             };
-            tx.prepare_cached("DELETE FROM staged_blocks WHERE upload_id = ?")?
-                .execute([upload])?;
-            insert_parts(tx, upload, &assembly.parts)?;
-            touch(tx, upload, now)?;
-            Ok(Committed::Done {
-                garbage: assembly.garbage,
-            })
-        })
-        .await
-    }
-
-    async fn finalize(&self, req: FinalizeRequest<'_>) -> Result<Finalized, MetaError> {
-        let (repo, scope, folded, version) = (
-            req.repository.as_str().to_owned(),
-            req.scope.as_str().to_owned(),
-            req.key.folded(),
-            req.version.as_str().to_owned(),
-        );
-        let (size, now) = (req.size, req.now);
-        self.write(move |tx| {
-            // The open upload, or else the newest finalized one (a retry after a lost response).
-            let found: Option<(i64, String, String, Option<i64>)> = tx
+            let finalized: Option<(i64, i64)> = conn
                 .prepare_cached(
-                    "SELECT id, key, state, entry_id FROM uploads
-                     WHERE repository = ? AND scope = ? AND key_folded = ? AND version = ? AND state IN ('open', 'finalized')
-                     ORDER BY state = 'open' DESC, id DESC LIMIT 1",
+                    "SELECT e.id, e.size FROM uploads u JOIN entries e ON e.id = u.entry_id
+                     WHERE u.repository = ? AND u.scope = ? AND u.key_folded = ? AND u.version = ? AND u.state = 'finalized'
+                     ORDER BY u.id DESC LIMIT 1",
                 )?
-                .query_row(params![repo, scope, folded, version], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                .query_row(params![repo, scope, folded, version], |r| Ok((r.get(0)?, r.get(1)?)))
                 .optional()?;
-            let Some((upload, key, state, entry_id)) = found else {
-                return Ok(Finalized::NoUpload);
-            };
-            if state == UploadState::Finalized.as_str() {
-                let stored: Option<i64> = tx
-                    .prepare_cached("SELECT size FROM entries WHERE id = ?")?
-                    .query_row([entry_id], |r| r.get(0))
-                    .optional()?;
-                return Ok(match (entry_id, stored) {
-                    (Some(entry), Some(stored)) if stored as u64 == size => Finalized::Done { entry, garbage: Vec::new() },
-                    _ => Finalized::NoUpload,
-                });
-            }
-            let (staged, parts) = upload_blocks(tx, upload)?;
-            if parts.is_empty() {
-                return Ok(Finalized::NothingUploaded);
-            }
-            let stored: u64 = parts.iter().map(|(_, c)| c.size).sum();
-            if stored != size {
-                let garbage = drop_upload_blocks(tx, upload)?;
-                set_state(tx, upload, UploadState::Aborted, now)?;
-                return Ok(Finalized::SizeMismatch { stored, garbage });
-            }
-            let entry: i64 = tx
-                .prepare_cached(
-                    "INSERT INTO entries (repository, scope, key, key_folded, version, size, chunk_count, created_at, last_used_at)
-                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-                )?
-                .query_row(params![repo, scope, key, folded, version, stored as i64, parts.len() as i64, now, now], |r| r.get(0))?;
-            let mut insert = tx.prepare_cached(
-                "INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256) VALUES (?, ?, ?, ?, ?, ?)",
-            )?;
-            let mut start = 0u64;
-            for (ordinal, (_, chunk)) in parts.iter().enumerate() {
-                insert.execute(params![entry, ordinal as i64, start as i64, chunk.blob.as_str(), chunk.size as i64, &chunk.sha256[..]])?;
-                start += chunk.size;
-            }
-            tx.prepare_cached("DELETE FROM staged_blocks WHERE upload_id = ?")?.execute([upload])?;
-            tx.prepare_cached("DELETE FROM upload_parts WHERE upload_id = ?")?.execute([upload])?;
-            tx.prepare_cached("UPDATE uploads SET state = 'finalized', entry_id = ?, updated_at = ? WHERE id = ?")?
-                .execute(params![entry, now, upload])?;
-            // Blocks staged after the last block list are not part of the entry.
-            let in_entry: Vec<&BlobName> = parts.iter().map(|(_, c)| &c.blob).collect();
-            let garbage = staged.into_values().map(|c| c.blob).filter(|b| !in_entry.contains(&b)).collect();
-            Ok(Finalized::Done { entry, garbage })
+            Ok(FinalizeState {
+                open,
+                finalized: finalized.map(|(id, size)| (id, size as u64)),
+            })
         })
         .await
     }
@@ -544,7 +389,7 @@ impl MetaStore for SqliteStore {
                 values.push(key.clone());
                 values.push(scope.as_str().to_owned());
                 values.push(key.clone());
-                values.push(format!("{key}\u{10FFFF}"));
+                values.push(super::sql::prefix_end(key));
             }
         }
         self.read(move |conn| {
@@ -565,49 +410,10 @@ impl MetaStore for SqliteStore {
         .await
     }
 
-    async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError> {
-        let hits = hits.to_vec();
-        self.write(move |tx| {
-            let mut update =
-                tx.prepare_cached("UPDATE entries SET last_used_at = MAX(last_used_at, ?), hits = hits + ? WHERE id = ?")?;
-            for (entry, count, last_used) in hits {
-                update.execute(params![last_used, count as i64, entry])?;
-            }
-            Ok(())
-        })
-        .await
-    }
-
-    async fn forget_after(&self, since: Millis) -> Result<(usize, Vec<BlobName>), MetaError> {
-        self.write(move |tx| {
-            let mut garbage = Vec::new();
-            let mut names = tx.prepare_cached(
-                "SELECT blob_name FROM entry_chunks WHERE entry_id IN (SELECT id FROM entries WHERE created_at > ?)",
-            )?;
-            let mut rows = names.query([since])?;
-            while let Some(row) = rows.next()? {
-                garbage.extend(BlobName::parse(&row.get::<_, String>(0)?));
-            }
-            tx.prepare_cached("DELETE FROM entry_chunks WHERE entry_id IN (SELECT id FROM entries WHERE created_at > ?)")?
-                .execute([since])?;
-            let forgotten = tx.prepare_cached("DELETE FROM entries WHERE created_at > ?")?.execute([since])?;
-            let open: Vec<i64> = tx
-                .prepare_cached("SELECT id FROM uploads WHERE state = 'open'")?
-                .query_map([], |r| r.get(0))?
-                .collect::<Result<_, _>>()?;
-            for upload in open {
-                garbage.extend(drop_upload_blocks(tx, upload)?);
-                set_state(tx, upload, UploadState::Aborted, crate::cache::model::now_millis())?;
-            }
-            Ok((forgotten, garbage))
-        })
-        .await
-    }
-
     async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
-        self.read(move |conn| {
+        self.read_consistent(move |conn| {
             let head = conn
-                .prepare_cached("SELECT repository, scope, key, version, size, created_at FROM entries WHERE id = ?")?
+                .prepare_cached("SELECT repository, scope, key, version, size, created_at, last_used_at, hits FROM entries WHERE id = ?")?
                 .query_row([id], |r| {
                     Ok(Entry {
                         id,
@@ -617,6 +423,8 @@ impl MetaStore for SqliteStore {
                         version: r.get(3)?,
                         size: r.get::<_, i64>(4)? as u64,
                         created_at: r.get(5)?,
+                        last_used_at: r.get(6)?,
+                        hits: r.get::<_, i64>(7)? as u64,
                     })
                 })
                 .optional()?;
@@ -633,4 +441,170 @@ impl MetaStore for SqliteStore {
         })
         .await
     }
+
+    async fn create_upload(
+        &self,
+        new: NewUpload<'_>,
+        replacing: Option<&Upload>,
+    ) -> Result<UploadId, MetaError> {
+        let (repo, scope, folded, version) = slot_params(new.slot);
+        let key = new.slot.key.as_str().to_owned();
+        let (by, now) = (new.created_by.to_owned(), new.now);
+        let replacing = replacing.cloned();
+        self.write(move |tx| {
+            if let Some(old) = &replacing {
+                claim(tx, old, now)?;
+                drop_blocks(tx, old.id)?;
+                set_state(tx, old.id, UploadState::Aborted)?;
+            }
+            let id = tx
+                .prepare_cached(
+                    "INSERT INTO uploads (repository, scope, key, key_folded, version, state, created_by, created_at, updated_at)
+                     VALUES (?, ?, ?, ?, ?, 'open', ?, ?, ?) RETURNING id",
+                )?
+                .query_row(params![repo, scope, key, folded, version, by, now, now], |r| r.get(0))?;
+            Ok(id)
+        })
+        .await
+    }
+
+    async fn stage_block(
+        &self,
+        upload: &Upload,
+        block: &BlockId,
+        chunk: &Chunk,
+        now: Millis,
+    ) -> Result<(), MetaError> {
+        let (upload, block, chunk) = (upload.clone(), block.clone(), chunk.clone());
+        self.write(move |tx| {
+            claim(tx, &upload, now)?;
+            tx.prepare_cached(
+                "INSERT OR REPLACE INTO staged_blocks (upload_id, block_id, blob_name, size, sha256) VALUES (?, ?, ?, ?, ?)",
+            )?
+            .execute(params![upload.id, block.as_bytes(), chunk.blob.as_str(), chunk.size as i64, &chunk.sha256[..]])?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn commit_parts(
+        &self,
+        upload: &Upload,
+        parts: &[(BlockId, Chunk)],
+        now: Millis,
+    ) -> Result<(), MetaError> {
+        let (upload, parts) = (upload.clone(), parts.to_vec());
+        self.write(move |tx| {
+            claim(tx, &upload, now)?;
+            drop_blocks(tx, upload.id)?;
+            let mut insert = tx.prepare_cached(
+                "INSERT INTO upload_parts (upload_id, ordinal, block_id, blob_name, size, sha256) VALUES (?, ?, ?, ?, ?, ?)",
+            )?;
+            for (ordinal, (block, chunk)) in parts.iter().enumerate() {
+                insert.execute(params![
+                    upload.id,
+                    ordinal as i64,
+                    block.as_bytes(),
+                    chunk.blob.as_str(),
+                    chunk.size as i64,
+                    &chunk.sha256[..]
+                ])?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn abort_upload(&self, upload: &Upload, now: Millis) -> Result<(), MetaError> {
+        let upload = upload.clone();
+        self.write(move |tx| {
+            claim(tx, &upload, now)?;
+            drop_blocks(tx, upload.id)?;
+            set_state(tx, upload.id, UploadState::Aborted)
+        })
+        .await
+    }
+
+    async fn finalize(&self, upload: &Upload, entry: NewEntry<'_>) -> Result<EntryId, MetaError> {
+        let (repo, scope, folded, version) = slot_params(entry.slot);
+        let (upload, key, chunks, now) = (upload.clone(), entry.key.to_owned(), entry.chunks.to_vec(), entry.now);
+        self.write(move |tx| {
+            claim(tx, &upload, now)?;
+            let size: u64 = chunks.iter().map(|c| c.size).sum();
+            let entry: i64 = tx
+                .prepare_cached(
+                    "INSERT INTO entries (repository, scope, key, key_folded, version, size, chunk_count, created_at, last_used_at)
+                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                )?
+                .query_row(params![repo, scope, key, folded, version, size as i64, chunks.len() as i64, now, now], |r| r.get(0))?;
+            let mut insert = tx.prepare_cached(
+                "INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256) VALUES (?, ?, ?, ?, ?, ?)",
+            )?;
+            let mut start = 0u64;
+            for (ordinal, chunk) in chunks.iter().enumerate() {
+                insert.execute(params![entry, ordinal as i64, start as i64, chunk.blob.as_str(), chunk.size as i64, &chunk.sha256[..]])?;
+                start += chunk.size;
+            }
+            drop_blocks(tx, upload.id)?;
+            tx.prepare_cached("UPDATE uploads SET state = 'finalized', entry_id = ? WHERE id = ?")?
+                .execute(params![entry, upload.id])?;
+            Ok(entry)
+        })
+        .await
+    }
+
+    async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError> {
+        let hits = hits.to_vec();
+        self.write(move |tx| {
+            let mut update =
+                tx.prepare_cached("UPDATE entries SET last_used_at = MAX(last_used_at, ?), hits = hits + ? WHERE id = ?")?;
+            for (entry, count, last_used) in hits {
+                update.execute(params![last_used, count as i64, entry])?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn forget_after(
+        &self,
+        since: Millis,
+        now: Millis,
+    ) -> Result<(usize, Vec<BlobName>), MetaError> {
+        self.write(move |tx| {
+            let mut garbage = Vec::new();
+            let mut names = tx.prepare_cached(
+                "SELECT blob_name FROM entry_chunks WHERE entry_id IN (SELECT id FROM entries WHERE created_at > ?)
+                 UNION ALL SELECT blob_name FROM staged_blocks WHERE upload_id IN (SELECT id FROM uploads WHERE state = 'open')
+                 UNION ALL SELECT blob_name FROM upload_parts WHERE upload_id IN (SELECT id FROM uploads WHERE state = 'open')",
+            )?;
+            let mut rows = names.query([since])?;
+            while let Some(row) = rows.next()? {
+                garbage.extend(BlobName::parse(&row.get::<_, String>(0)?));
+            }
+            tx.prepare_cached("DELETE FROM entry_chunks WHERE entry_id IN (SELECT id FROM entries WHERE created_at > ?)")?
+                .execute([since])?;
+            let forgotten = tx.prepare_cached("DELETE FROM entries WHERE created_at > ?")?.execute([since])?;
+            tx.prepare_cached("DELETE FROM staged_blocks WHERE upload_id IN (SELECT id FROM uploads WHERE state = 'open')")?
+                .execute([])?;
+            tx.prepare_cached("DELETE FROM upload_parts WHERE upload_id IN (SELECT id FROM uploads WHERE state = 'open')")?
+                .execute([])?;
+            tx.prepare_cached("UPDATE uploads SET state = 'aborted', revision = revision + 1, updated_at = ? WHERE state = 'open'")?
+                .execute([now])?;
+            garbage.sort();
+            garbage.dedup();
+            Ok((forgotten, garbage))
+        })
+        .await
+    }
+}
+
+/// A slot as bound parameters: repository, scope, folded key, version.
+fn slot_params(slot: &Slot) -> (String, String, String, String) {
+    (
+        slot.repository.as_str().to_owned(),
+        slot.scope.as_str().to_owned(),
+        slot.key.folded(),
+        slot.version.as_str().to_owned(),
+    )
 }

@@ -258,8 +258,83 @@ pub fn now_millis() -> Millis {
         .unwrap_or(0)
 }
 
+/// The place one entry may occupy: at most one visible entry and one open upload exist per
+/// (repository, scope, folded key, version).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    pub repository: RepoId,
+    pub scope: Scope,
+    pub key: CacheKey,
+    pub version: Version,
+}
+
+/// An upload's blocks: staged ones by id (Put Block, not yet listed) and the committed parts in
+/// order (the last block list, or the one Put Blob chunk).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UploadBlocks {
+    pub staged: std::collections::HashMap<BlockId, Chunk>,
+    pub parts: Vec<(BlockId, Chunk)>,
+}
+
+impl UploadBlocks {
+    /// Every blob the upload refers to, each once.
+    pub fn blobs(&self) -> Vec<BlobName> {
+        let mut names: Vec<BlobName> = self
+            .staged
+            .values()
+            .chain(self.parts.iter().map(|(_, c)| c))
+            .map(|c| c.blob.clone())
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// Bytes the committed parts add up to.
+    pub fn committed_size(&self) -> u64 {
+        self.parts.iter().map(|(_, c)| c.size).sum()
+    }
+}
+
+/// Where the domain reads the time, so that tests control expiry rules instead of sleeping.
+pub trait Clock: Send + Sync + fmt::Debug + 'static {
+    fn now(&self) -> Millis;
+}
+
+/// The machine's clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Millis {
+        now_millis()
+    }
+}
+
+/// A clock that moves only when told to (tests).
+#[derive(Debug, Default)]
+pub struct ManualClock(std::sync::atomic::AtomicI64);
+
+impl ManualClock {
+    pub fn starting_at(now: Millis) -> Self {
+        Self(std::sync::atomic::AtomicI64::new(now))
+    }
+    pub fn advance(&self, by: std::time::Duration) {
+        self.0.fetch_add(
+            by.as_millis() as i64,
+            std::sync::atomic::Ordering::SeqCst,
+        );
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Millis {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
 /// A finalized, visible entry.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     pub id: EntryId,
     pub repository: RepoId,
@@ -268,10 +343,13 @@ pub struct Entry {
     pub version: String,
     pub size: u64,
     pub created_at: Millis,
+    /// The latest restore, or the creation time.
+    pub last_used_at: Millis,
+    pub hits: u64,
 }
 
 /// An open or closed reservation for one (repository, scope, key, version).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upload {
     pub id: UploadId,
     pub repository: RepoId,
@@ -280,6 +358,15 @@ pub struct Upload {
     pub version: String,
     pub state: UploadState,
     pub created_at: Millis,
+    /// Bumped by every change to the upload or its blocks: a change decided on a loaded
+    /// `Upload` is applied only if the revision is still the same (compare-and-set).
+    pub revision: i64,
+}
+
+impl Upload {
+    pub fn is_open(&self) -> bool {
+        self.state == UploadState::Open
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -305,6 +392,32 @@ impl UploadState {
             _ => None,
         }
     }
+}
+
+/// An entry the metadata store offered for a lookup: enough to pick the winner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    pub id: EntryId,
+    pub scope: Scope,
+    /// The key as stored (returned to the client as `matched_key`).
+    pub key: String,
+    /// The key folded to lower case (see `CacheKey::folded`).
+    pub key_folded: String,
+    pub created_at: Millis,
+}
+
+/// Where a block-list element looks for its block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockSource {
+    Latest,
+    Committed,
+    Uncommitted,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockRef {
+    pub id: BlockId,
+    pub source: BlockSource,
 }
 
 #[cfg(test)]

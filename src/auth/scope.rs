@@ -5,7 +5,7 @@
 
 use serde::Deserialize;
 
-use super::model::Scope;
+use crate::model::Scope;
 
 const READ: u64 = 1;
 const WRITE: u64 = 2;

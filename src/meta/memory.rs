@@ -1,0 +1,370 @@
+//! An in-memory [`MetaStore`]: the fake the domain's unit tests run against. It keeps the same
+//! contract as the SQL stores (the conformance suite checks it), in one mutex-guarded state, so
+//! every method is trivially atomic.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+
+use super::{
+    EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, SlotState,
+};
+use crate::model::{
+    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, Millis, RepoId, Scope, Slot, Upload,
+    UploadBlocks, UploadId, UploadState, Version,
+};
+
+#[derive(Debug, Default)]
+pub struct MemoryStore(Mutex<State>);
+
+#[derive(Debug, Default)]
+struct State {
+    next_id: i64,
+    uploads: BTreeMap<UploadId, StoredUpload>,
+    entries: BTreeMap<EntryId, StoredEntry>,
+}
+
+#[derive(Debug, Clone)]
+struct StoredUpload {
+    upload: Upload,
+    folded: String,
+    blocks: UploadBlocks,
+    entry: Option<EntryId>,
+}
+
+#[derive(Debug, Clone)]
+struct StoredEntry {
+    entry: Entry,
+    folded: String,
+    chunks: Vec<Chunk>,
+}
+
+impl StoredUpload {
+    fn holds(&self, slot: &Slot) -> bool {
+        let u = &self.upload;
+        u.repository == slot.repository
+            && u.scope == slot.scope
+            && u.version == slot.version.as_str()
+            && self.folded == slot.key.folded()
+    }
+}
+
+impl StoredEntry {
+    fn holds(&self, slot: &Slot) -> bool {
+        let e = &self.entry;
+        e.repository == slot.repository
+            && e.scope == slot.scope
+            && e.version == slot.version.as_str()
+            && self.folded == slot.key.folded()
+    }
+}
+
+impl State {
+    fn next_id(&mut self) -> i64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// The upload, if it is still open at the loaded revision; the revision is bumped.
+    fn claim(&mut self, upload: &Upload) -> Result<&mut StoredUpload, MetaError> {
+        match self.uploads.get_mut(&upload.id) {
+            Some(s) if s.upload.is_open() && s.upload.revision == upload.revision => {
+                s.upload.revision += 1;
+                Ok(s)
+            }
+            _ => Err(MetaError::Stale),
+        }
+    }
+}
+
+impl MemoryStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[async_trait]
+impl MetaStore for MemoryStore {
+    async fn ping(&self) -> Result<(), MetaError> {
+        Ok(())
+    }
+
+    async fn checkpoint(&self) -> Result<(), MetaError> {
+        Ok(())
+    }
+
+    async fn slot_state(&self, slot: &Slot, live_since: Millis) -> Result<SlotState, MetaError> {
+        let state = self.state();
+        Ok(SlotState {
+            entry_exists: state.entries.values().any(|e| e.holds(slot)),
+            open: state
+                .uploads
+                .values()
+                .find(|u| u.upload.is_open() && u.holds(slot))
+                .map(|u| u.upload.clone()),
+            live_open_uploads: state
+                .uploads
+                .values()
+                .filter(|u| {
+                    u.upload.is_open()
+                        && u.upload.repository == slot.repository
+                        && u.upload.created_at >= live_since
+                })
+                .count() as u64,
+        })
+    }
+
+    async fn upload(&self, id: UploadId) -> Result<Option<Upload>, MetaError> {
+        Ok(self.state().uploads.get(&id).map(|u| u.upload.clone()))
+    }
+
+    async fn upload_with_blocks(
+        &self,
+        id: UploadId,
+    ) -> Result<Option<(Upload, UploadBlocks)>, MetaError> {
+        Ok(self
+            .state()
+            .uploads
+            .get(&id)
+            .map(|u| (u.upload.clone(), u.blocks.clone())))
+    }
+
+    async fn finalize_state(&self, slot: &Slot) -> Result<FinalizeState, MetaError> {
+        let state = self.state();
+        let open = state
+            .uploads
+            .values()
+            .find(|u| u.upload.is_open() && u.holds(slot))
+            .map(|u| (u.upload.clone(), u.blocks.clone()));
+        let finalized = state
+            .uploads
+            .values()
+            .rev()
+            .find(|u| u.upload.state == UploadState::Finalized && u.holds(slot))
+            .and_then(|u| u.entry)
+            .and_then(|id| state.entries.get(&id))
+            .map(|e| (e.entry.id, e.entry.size));
+        Ok(FinalizeState { open, finalized })
+    }
+
+    async fn find_candidates(
+        &self,
+        repository: &RepoId,
+        version: &Version,
+        scopes: &[Scope],
+        folded_keys: &[String],
+    ) -> Result<Vec<Candidate>, MetaError> {
+        let state = self.state();
+        let candidate = |e: &StoredEntry| Candidate {
+            id: e.entry.id,
+            scope: e.entry.scope.clone(),
+            key: e.entry.key.clone(),
+            key_folded: e.folded.clone(),
+            created_at: e.entry.created_at,
+        };
+        let mut out = Vec::new();
+        for scope in scopes {
+            for key in folded_keys {
+                let in_slot = || {
+                    state.entries.values().filter(|e| {
+                        &e.entry.repository == repository
+                            && e.entry.version == version.as_str()
+                            && &e.entry.scope == scope
+                    })
+                };
+                out.extend(in_slot().find(|e| &e.folded == key).map(candidate));
+                // The same byte range the SQL stores scan.
+                let end = super::sql::prefix_end(key);
+                out.extend(
+                    in_slot()
+                        .filter(|e| e.folded.as_str() >= key.as_str() && e.folded < end)
+                        .max_by_key(|e| (e.entry.created_at, e.entry.id))
+                        .map(candidate),
+                );
+            }
+        }
+        Ok(out)
+    }
+
+    async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
+        let state = self.state();
+        Ok(state.entries.get(&id).map(|e| {
+            let mut start = 0;
+            let chunks = e
+                .chunks
+                .iter()
+                .map(|c| {
+                    let chunk = EntryChunk {
+                        start,
+                        chunk: c.clone(),
+                    };
+                    start += c.size;
+                    chunk
+                })
+                .collect();
+            (e.entry.clone(), chunks)
+        }))
+    }
+
+    async fn create_upload(
+        &self,
+        new: NewUpload<'_>,
+        replacing: Option<&Upload>,
+    ) -> Result<UploadId, MetaError> {
+        let mut state = self.state();
+        // Check everything before changing anything: a refused change leaves no trace.
+        if let Some(old) = replacing {
+            match state.uploads.get(&old.id) {
+                Some(s) if s.upload.is_open() && s.upload.revision == old.revision => {}
+                _ => return Err(MetaError::Stale),
+            }
+        }
+        let taken = state.uploads.values().any(|u| {
+            u.upload.is_open() && u.holds(new.slot) && replacing.is_none_or(|r| r.id != u.upload.id)
+        });
+        if taken {
+            return Err(MetaError::Conflict);
+        }
+        if let Some(old) = replacing {
+            let s = state.claim(old)?;
+            s.upload.state = UploadState::Aborted;
+            s.blocks = UploadBlocks::default();
+        }
+        let id = state.next_id();
+        let slot = new.slot;
+        state.uploads.insert(
+            id,
+            StoredUpload {
+                upload: Upload {
+                    id,
+                    repository: slot.repository.clone(),
+                    scope: slot.scope.clone(),
+                    key: slot.key.as_str().to_owned(),
+                    version: slot.version.as_str().to_owned(),
+                    state: UploadState::Open,
+                    created_at: new.now,
+                    revision: 0,
+                },
+                folded: slot.key.folded(),
+                blocks: UploadBlocks::default(),
+                entry: None,
+            },
+        );
+        Ok(id)
+    }
+
+    async fn stage_block(
+        &self,
+        upload: &Upload,
+        block: &BlockId,
+        chunk: &Chunk,
+        _now: Millis,
+    ) -> Result<(), MetaError> {
+        let mut state = self.state();
+        let s = state.claim(upload)?;
+        s.blocks.staged.insert(block.clone(), chunk.clone());
+        Ok(())
+    }
+
+    async fn commit_parts(
+        &self,
+        upload: &Upload,
+        parts: &[(BlockId, Chunk)],
+        _now: Millis,
+    ) -> Result<(), MetaError> {
+        let mut state = self.state();
+        let s = state.claim(upload)?;
+        s.blocks = UploadBlocks {
+            staged: HashMap::new(),
+            parts: parts.to_vec(),
+        };
+        Ok(())
+    }
+
+    async fn abort_upload(&self, upload: &Upload, _now: Millis) -> Result<(), MetaError> {
+        let mut state = self.state();
+        let s = state.claim(upload)?;
+        s.upload.state = UploadState::Aborted;
+        s.blocks = UploadBlocks::default();
+        Ok(())
+    }
+
+    async fn finalize(&self, upload: &Upload, new: NewEntry<'_>) -> Result<EntryId, MetaError> {
+        let mut state = self.state();
+        match state.uploads.get(&upload.id) {
+            Some(s) if s.upload.is_open() && s.upload.revision == upload.revision => {}
+            _ => return Err(MetaError::Stale),
+        }
+        if state.entries.values().any(|e| e.holds(new.slot)) {
+            return Err(MetaError::Conflict);
+        }
+        let id = state.next_id();
+        let slot = new.slot;
+        state.entries.insert(
+            id,
+            StoredEntry {
+                entry: Entry {
+                    id,
+                    repository: slot.repository.clone(),
+                    scope: slot.scope.clone(),
+                    key: new.key.to_owned(),
+                    version: slot.version.as_str().to_owned(),
+                    size: new.chunks.iter().map(|c| c.size).sum(),
+                    created_at: new.now,
+                    last_used_at: new.now,
+                    hits: 0,
+                },
+                folded: slot.key.folded(),
+                chunks: new.chunks.to_vec(),
+            },
+        );
+        let s = state.claim(upload)?;
+        s.upload.state = UploadState::Finalized;
+        s.blocks = UploadBlocks::default();
+        s.entry = Some(id);
+        Ok(id)
+    }
+
+    async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError> {
+        let mut state = self.state();
+        for (id, count, last_used) in hits {
+            if let Some(e) = state.entries.get_mut(id) {
+                e.entry.hits += count;
+                e.entry.last_used_at = e.entry.last_used_at.max(*last_used);
+            }
+        }
+        Ok(())
+    }
+
+    async fn forget_after(
+        &self,
+        since: Millis,
+        _now: Millis,
+    ) -> Result<(usize, Vec<BlobName>), MetaError> {
+        let mut state = self.state();
+        let mut garbage = Vec::new();
+        let before = state.entries.len();
+        state.entries.retain(|_, e| {
+            let keep = e.entry.created_at <= since;
+            if !keep {
+                garbage.extend(e.chunks.iter().map(|c| c.blob.clone()));
+            }
+            keep
+        });
+        let forgotten = before - state.entries.len();
+        for u in state.uploads.values_mut().filter(|u| u.upload.is_open()) {
+            garbage.extend(u.blocks.blobs());
+            u.upload.state = UploadState::Aborted;
+            u.upload.revision += 1;
+            u.blocks = UploadBlocks::default();
+        }
+        garbage.sort();
+        garbage.dedup();
+        Ok((forgotten, garbage))
+    }
+}

@@ -1,0 +1,631 @@
+//! MySQL 8 and MariaDB 10.11+ metadata store (sqlx): several hoard processes may share one
+//! database.
+//!
+//! The traps of the dialect and how they are met: default collations fold case and accents and
+//! ignore trailing spaces, so every compared string is VARBINARY or BLOB (byte-wise, as on
+//! SQLite); index entries may not exceed 3072 bytes, so slots and lookup ranges are indexed
+//! through fixed-size hashes (`sql::bucket`, `sql::slot_hash`); there are no partial unique
+//! indexes, so "one open upload per slot" is a unique index on a generated column that is NULL
+//! unless the upload is open; `KEY` is reserved; there is no `RETURNING`. Sessions run at READ
+//! COMMITTED, and changes to an upload first bump its revision where it still has the loaded one
+//! (`claim`), as on PostgreSQL. Migrations run under `GET_LOCK`.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
+use sqlx::{AssertSqlSafe, Executor, MySql, Row, Transaction};
+
+use super::sql::{
+    bucket, candidates_sql, chunk_from_parts, from_sqlx, prefix_end, slot_hash,
+    upload_from_parts, UploadRow,
+};
+use super::{EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, SlotState};
+use crate::model::{
+    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, Millis, RepoId, Scope, Slot, Upload,
+    UploadBlocks, UploadId, Version,
+};
+
+/// Migrations compiled into the binary, applied in order; `hoard_schema` records the last one.
+/// MySQL runs one statement per call: statements are separated by lines holding only `;`.
+const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("migrations/mysql/0001_init.sql"))];
+const MIGRATION_LOCK: &str = "hoard_migrations";
+/// Rows per multi-row INSERT, well under the 65,535 parameters a statement may have.
+const ROWS_PER_INSERT: usize = 1000;
+
+#[derive(Debug, Clone)]
+pub struct MySqlStore {
+    pool: MySqlPool,
+}
+
+impl MySqlStore {
+    /// Connects (at most `pool_size` connections) and brings the schema up to date.
+    pub async fn open(url: &str, pool_size: u32) -> Result<Self, MetaError> {
+        let options = MySqlConnectOptions::from_str(url)
+            .map_err(|e| MetaError::Unavailable(format!("bad MySQL URL: {e}")))?;
+        let pool = MySqlPoolOptions::new()
+            .max_connections(pool_size)
+            .min_connections(1)
+            .acquire_timeout(Duration::from_secs(10))
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .await?;
+                    Ok(())
+                })
+            })
+            .connect_with(options)
+            .await
+            .map_err(from_sqlx)?;
+        let store = Self { pool };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    async fn migrate(&self) -> Result<(), MetaError> {
+        let mut conn = self.pool.acquire().await.map_err(from_sqlx)?;
+        let locked: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 60)")
+            .bind(MIGRATION_LOCK)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(from_sqlx)?;
+        if locked != Some(1) {
+            return Err(MetaError::Unavailable(
+                "another hoard process held the migration lock for 60 s".into(),
+            ));
+        }
+        let applied = async {
+            sqlx::raw_sql("CREATE TABLE IF NOT EXISTS hoard_schema (version BIGINT NOT NULL) ENGINE = InnoDB")
+                .execute(&mut *conn)
+                .await?;
+            let current: i64 =
+                sqlx::query_scalar("SELECT CAST(COALESCE(MAX(version), 0) AS SIGNED) FROM hoard_schema")
+                    .fetch_one(&mut *conn)
+                    .await?;
+            let newest = MIGRATIONS.last().map_or(0, |m| m.0);
+            if current > newest {
+                return Ok(Err(MetaError::Corrupt(format!(
+                    "the database schema is version {current}, newer than this server's {newest}"
+                ))));
+            }
+            // DDL commits implicitly in MySQL: a migration is recorded after its last statement,
+            // and each is written to be applied once, under the lock.
+            for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+                for statement in sql.split("\n;\n").map(str::trim).filter(|s| !s.is_empty()) {
+                    sqlx::raw_sql(AssertSqlSafe(statement.to_owned()))
+                        .execute(&mut *conn)
+                        .await?;
+                }
+                sqlx::query("INSERT INTO hoard_schema (version) VALUES (?)")
+                    .bind(version)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            Ok(Ok(()))
+        }
+        .await;
+        let unlocked = sqlx::query("SELECT RELEASE_LOCK(?)")
+            .bind(MIGRATION_LOCK)
+            .execute(&mut *conn)
+            .await;
+        applied.map_err(from_sqlx)??;
+        unlocked.map_err(from_sqlx)?;
+        Ok(())
+    }
+
+    async fn begin(&self) -> Result<Transaction<'static, MySql>, MetaError> {
+        self.pool.begin().await.map_err(from_sqlx)
+    }
+}
+
+/// A string column (stored as bytes), back as UTF-8.
+fn text(row: &MySqlRow, col: usize) -> Result<String, MetaError> {
+    let bytes: Vec<u8> = row.try_get(col).map_err(from_sqlx)?;
+    String::from_utf8(bytes).map_err(|_| MetaError::Corrupt("a stored string is not UTF-8".into()))
+}
+
+fn int(row: &MySqlRow, col: usize) -> Result<i64, MetaError> {
+    row.try_get(col).map_err(from_sqlx)
+}
+
+const UPLOAD_COLS: &str =
+    "SELECT id, repository, scope, `key`, version, state, created_at, revision FROM uploads";
+
+fn upload_from_row(r: &MySqlRow) -> Result<Upload, MetaError> {
+    upload_from_parts(UploadRow {
+        id: int(r, 0)?,
+        repository: text(r, 1)?,
+        scope: text(r, 2)?,
+        key: text(r, 3)?,
+        version: text(r, 4)?,
+        state: r.try_get(5).map_err(from_sqlx)?,
+        created_at: int(r, 6)?,
+        revision: int(r, 7)?,
+    })
+}
+
+fn chunk_from_row(r: &MySqlRow, first: usize) -> Result<Chunk, MetaError> {
+    chunk_from_parts(
+        r.try_get(first).map_err(from_sqlx)?,
+        int(r, first + 1)?,
+        r.try_get(first + 2).map_err(from_sqlx)?,
+    )
+}
+
+/// Bumps the upload's revision if it is still open at the loaded one, else `Stale`.
+async fn claim(tx: &mut Transaction<'_, MySql>, upload: &Upload, now: Millis) -> Result<(), MetaError> {
+    let changed = sqlx::query(
+        "UPDATE uploads SET revision = revision + 1, updated_at = ?
+         WHERE id = ? AND revision = ? AND state = 'open'",
+    )
+    .bind(now)
+    .bind(upload.id)
+    .bind(upload.revision)
+    .execute(&mut **tx)
+    .await
+    .map_err(from_sqlx)?;
+    if changed.rows_affected() == 0 {
+        return Err(MetaError::Stale);
+    }
+    Ok(())
+}
+
+async fn drop_blocks(tx: &mut Transaction<'_, MySql>, upload: UploadId) -> Result<(), MetaError> {
+    for sql in [
+        "DELETE FROM staged_blocks WHERE upload_id = ?",
+        "DELETE FROM upload_parts WHERE upload_id = ?",
+    ] {
+        sqlx::query(sql)
+            .bind(upload)
+            .execute(&mut **tx)
+            .await
+            .map_err(from_sqlx)?;
+    }
+    Ok(())
+}
+
+async fn set_state(tx: &mut Transaction<'_, MySql>, upload: UploadId, state: &str) -> Result<(), MetaError> {
+    sqlx::query("UPDATE uploads SET state = ? WHERE id = ?")
+        .bind(state)
+        .bind(upload)
+        .execute(&mut **tx)
+        .await
+        .map_err(from_sqlx)?;
+    Ok(())
+}
+
+/// Inserts `rows` (each `width` values, bound by `bind`) in multi-row statements.
+async fn insert_rows<T>(
+    tx: &mut Transaction<'_, MySql>,
+    head: &str,
+    width: usize,
+    rows: &[T],
+    bind: impl for<'q> Fn(
+        sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments>,
+        &'q T,
+    ) -> sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments>,
+) -> Result<(), MetaError> {
+    let tuple = format!("({})", vec!["?"; width].join(", "));
+    for batch in rows.chunks(ROWS_PER_INSERT) {
+        let sql = format!("{head} VALUES {}", vec![tuple.as_str(); batch.len()].join(", "));
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for row in batch {
+            query = bind(query, row);
+        }
+        query.execute(&mut **tx).await.map_err(from_sqlx)?;
+    }
+    Ok(())
+}
+
+impl MySqlStore {
+    async fn load_upload(&self, id: UploadId) -> Result<Option<Upload>, MetaError> {
+        let row = sqlx::query(AssertSqlSafe(format!("{UPLOAD_COLS} WHERE id = ?")))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(from_sqlx)?;
+        row.as_ref().map(upload_from_row).transpose()
+    }
+
+    /// Read after the upload row: a change made in between bumped the revision, so a decision
+    /// on the pair is refused as stale rather than applied to blocks it did not see.
+    async fn load_blocks(&self, upload: UploadId) -> Result<UploadBlocks, MetaError> {
+        let rows = sqlx::query(
+            "SELECT 0 AS part, 0 AS ordinal, block_id, blob_name, size, sha256 FROM staged_blocks WHERE upload_id = ?
+             UNION ALL
+             SELECT 1, ordinal, block_id, blob_name, size, sha256 FROM upload_parts WHERE upload_id = ?
+             ORDER BY 1, 2",
+        )
+        .bind(upload)
+        .bind(upload)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(from_sqlx)?;
+        let mut blocks = UploadBlocks::default();
+        for row in &rows {
+            let id = BlockId::from_stored(row.try_get(2).map_err(from_sqlx)?);
+            let chunk = chunk_from_row(row, 3)?;
+            if int(row, 0)? == 1 {
+                blocks.parts.push((id, chunk));
+            } else {
+                blocks.staged.insert(id, chunk);
+            }
+        }
+        Ok(blocks)
+    }
+
+    async fn open_upload_of(&self, hash: &[u8]) -> Result<Option<Upload>, MetaError> {
+        let row = sqlx::query(AssertSqlSafe(format!("{UPLOAD_COLS} WHERE open_slot = ?")))
+            .bind(hash)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(from_sqlx)?;
+        row.as_ref().map(upload_from_row).transpose()
+    }
+}
+
+#[async_trait]
+impl MetaStore for MySqlStore {
+    async fn ping(&self) -> Result<(), MetaError> {
+        sqlx::query("SELECT 1")
+            .execute(&self.pool)
+            .await
+            .map_err(from_sqlx)?;
+        Ok(())
+    }
+
+    async fn checkpoint(&self) -> Result<(), MetaError> {
+        // Commits are durable when they return.
+        Ok(())
+    }
+
+    async fn slot_state(&self, slot: &Slot, live_since: Millis) -> Result<SlotState, MetaError> {
+        let hash = slot_hash(slot);
+        let counts = sqlx::query(
+            "SELECT CAST(EXISTS (SELECT 1 FROM entries WHERE slot_hash = ?) AS SIGNED),
+                    CAST((SELECT COUNT(*) FROM uploads WHERE repository = ? AND state = 'open' AND created_at >= ?) AS SIGNED)",
+        )
+        .bind(&hash)
+        .bind(slot.repository.as_str().as_bytes())
+        .bind(live_since)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(from_sqlx)?;
+        Ok(SlotState {
+            entry_exists: int(&counts, 0)? != 0,
+            open: self.open_upload_of(&hash).await?,
+            live_open_uploads: int(&counts, 1)? as u64,
+        })
+    }
+
+    async fn upload(&self, id: UploadId) -> Result<Option<Upload>, MetaError> {
+        self.load_upload(id).await
+    }
+
+    async fn upload_with_blocks(
+        &self,
+        id: UploadId,
+    ) -> Result<Option<(Upload, UploadBlocks)>, MetaError> {
+        let Some(upload) = self.load_upload(id).await? else {
+            return Ok(None);
+        };
+        Ok(Some((upload, self.load_blocks(id).await?)))
+    }
+
+    async fn finalize_state(&self, slot: &Slot) -> Result<FinalizeState, MetaError> {
+        let hash = slot_hash(slot);
+        let open = match self.open_upload_of(&hash).await? {
+            Some(upload) => {
+                let blocks = self.load_blocks(upload.id).await?;
+                Some((upload, blocks))
+            }
+            None => None,
+        };
+        let finalized = sqlx::query(
+            "SELECT e.id, e.size FROM uploads u JOIN entries e ON e.id = u.entry_id
+             WHERE u.slot_hash = ? AND u.state = 'finalized' ORDER BY u.id DESC LIMIT 1",
+        )
+        .bind(&hash)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(from_sqlx)?;
+        let finalized = match finalized {
+            Some(row) => Some((int(&row, 0)?, int(&row, 1)? as u64)),
+            None => None,
+        };
+        Ok(FinalizeState { open, finalized })
+    }
+
+    async fn find_candidates(
+        &self,
+        repository: &RepoId,
+        version: &Version,
+        scopes: &[Scope],
+        folded_keys: &[String],
+    ) -> Result<Vec<Candidate>, MetaError> {
+        if scopes.is_empty() || folded_keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = candidates_sql(scopes.len() * folded_keys.len(), |_| "?".to_owned());
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for scope in scopes {
+            let bucket = bucket(repository, version, scope);
+            for key in folded_keys {
+                for prefix in [false, true] {
+                    query = query
+                        .bind(bucket.clone())
+                        .bind(repository.as_str().as_bytes().to_vec())
+                        .bind(version.as_str().as_bytes().to_vec())
+                        .bind(scope.as_str().as_bytes().to_vec())
+                        .bind(key.as_bytes().to_vec());
+                    if prefix {
+                        query = query.bind(prefix_end(key).into_bytes());
+                    }
+                }
+            }
+        }
+        let rows = query.fetch_all(&self.pool).await.map_err(from_sqlx)?;
+        rows.iter()
+            .map(|row| {
+                Ok(Candidate {
+                    id: int(row, 0)?,
+                    scope: Scope::new(text(row, 1)?),
+                    key: text(row, 2)?,
+                    key_folded: text(row, 3)?,
+                    created_at: int(row, 4)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
+        // One statement, one snapshot: an entry deleted meanwhile is gone whole.
+        let rows = sqlx::query(
+            "SELECT e.repository, e.scope, e.`key`, e.version, e.size, e.created_at, e.last_used_at, e.hits,
+                    c.start, c.blob_name, c.size, c.sha256
+             FROM entries e JOIN entry_chunks c ON c.entry_id = e.id
+             WHERE e.id = ? ORDER BY c.ordinal",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(from_sqlx)?;
+        let Some(head) = rows.first() else {
+            return Ok(None);
+        };
+        let entry = Entry {
+            id,
+            repository: RepoId::new(text(head, 0)?),
+            scope: Scope::new(text(head, 1)?),
+            key: text(head, 2)?,
+            version: text(head, 3)?,
+            size: int(head, 4)? as u64,
+            created_at: int(head, 5)?,
+            last_used_at: int(head, 6)?,
+            hits: int(head, 7)? as u64,
+        };
+        let chunks = rows
+            .iter()
+            .map(|row| {
+                Ok(EntryChunk {
+                    start: int(row, 8)? as u64,
+                    chunk: chunk_from_row(row, 9)?,
+                })
+            })
+            .collect::<Result<_, MetaError>>()?;
+        Ok(Some((entry, chunks)))
+    }
+
+    async fn create_upload(
+        &self,
+        new: NewUpload<'_>,
+        replacing: Option<&Upload>,
+    ) -> Result<UploadId, MetaError> {
+        let slot = new.slot;
+        let mut tx = self.begin().await?;
+        if let Some(old) = replacing {
+            claim(&mut tx, old, new.now).await?;
+            drop_blocks(&mut tx, old.id).await?;
+            set_state(&mut tx, old.id, "aborted").await?;
+        }
+        let inserted = sqlx::query(
+            "INSERT INTO uploads (repository, scope, `key`, key_folded, version, slot_hash, state, created_by, created_at, updated_at)
+             VALUES (?, ?, ?, ?, ?, ?, 'open', ?, ?, ?)",
+        )
+        .bind(slot.repository.as_str().as_bytes())
+        .bind(slot.scope.as_str().as_bytes())
+        .bind(slot.key.as_str().as_bytes())
+        .bind(slot.key.folded().into_bytes())
+        .bind(slot.version.as_str().as_bytes())
+        .bind(slot_hash(slot))
+        .bind(new.created_by.as_bytes())
+        .bind(new.now)
+        .bind(new.now)
+        .execute(&mut *tx)
+        .await
+        .map_err(from_sqlx)?;
+        tx.commit().await.map_err(from_sqlx)?;
+        Ok(inserted.last_insert_id() as i64)
+    }
+
+    async fn stage_block(
+        &self,
+        upload: &Upload,
+        block: &BlockId,
+        chunk: &Chunk,
+        now: Millis,
+    ) -> Result<(), MetaError> {
+        let mut tx = self.begin().await?;
+        claim(&mut tx, upload, now).await?;
+        sqlx::query(
+            "INSERT INTO staged_blocks (upload_id, block_id, blob_name, size, sha256) VALUES (?, ?, ?, ?, ?)
+             ON DUPLICATE KEY UPDATE blob_name = VALUES(blob_name), size = VALUES(size), sha256 = VALUES(sha256)",
+        )
+        .bind(upload.id)
+        .bind(block.as_bytes())
+        .bind(chunk.blob.as_str())
+        .bind(chunk.size as i64)
+        .bind(&chunk.sha256[..])
+        .execute(&mut *tx)
+        .await
+        .map_err(from_sqlx)?;
+        tx.commit().await.map_err(from_sqlx)
+    }
+
+    async fn commit_parts(
+        &self,
+        upload: &Upload,
+        parts: &[(BlockId, Chunk)],
+        now: Millis,
+    ) -> Result<(), MetaError> {
+        let mut tx = self.begin().await?;
+        claim(&mut tx, upload, now).await?;
+        drop_blocks(&mut tx, upload.id).await?;
+        let rows: Vec<(i64, usize, &BlockId, &Chunk)> = parts
+            .iter()
+            .enumerate()
+            .map(|(ordinal, (block, chunk))| (upload.id, ordinal, block, chunk))
+            .collect();
+        insert_rows(
+            &mut tx,
+            "INSERT INTO upload_parts (upload_id, ordinal, block_id, blob_name, size, sha256)",
+            6,
+            &rows,
+            |q, (upload, ordinal, block, chunk)| {
+                q.bind(*upload)
+                    .bind(*ordinal as i64)
+                    .bind(block.as_bytes())
+                    .bind(chunk.blob.as_str())
+                    .bind(chunk.size as i64)
+                    .bind(&chunk.sha256[..])
+            },
+        )
+        .await?;
+        tx.commit().await.map_err(from_sqlx)
+    }
+
+    async fn abort_upload(&self, upload: &Upload, now: Millis) -> Result<(), MetaError> {
+        let mut tx = self.begin().await?;
+        claim(&mut tx, upload, now).await?;
+        drop_blocks(&mut tx, upload.id).await?;
+        set_state(&mut tx, upload.id, "aborted").await?;
+        tx.commit().await.map_err(from_sqlx)
+    }
+
+    async fn finalize(&self, upload: &Upload, new: NewEntry<'_>) -> Result<EntryId, MetaError> {
+        let slot = new.slot;
+        let size: u64 = new.chunks.iter().map(|c| c.size).sum();
+        let mut tx = self.begin().await?;
+        claim(&mut tx, upload, new.now).await?;
+        let inserted = sqlx::query(
+            "INSERT INTO entries (repository, scope, `key`, key_folded, version, bucket, slot_hash, size, chunk_count, created_at, last_used_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(slot.repository.as_str().as_bytes())
+        .bind(slot.scope.as_str().as_bytes())
+        .bind(new.key.as_bytes())
+        .bind(slot.key.folded().into_bytes())
+        .bind(slot.version.as_str().as_bytes())
+        .bind(bucket(&slot.repository, &slot.version, &slot.scope))
+        .bind(slot_hash(slot))
+        .bind(size as i64)
+        .bind(new.chunks.len() as i64)
+        .bind(new.now)
+        .bind(new.now)
+        .execute(&mut *tx)
+        .await
+        .map_err(from_sqlx)?;
+        let entry = inserted.last_insert_id() as i64;
+        let mut start = 0u64;
+        let rows: Vec<(i64, usize, u64, &Chunk)> = new
+            .chunks
+            .iter()
+            .enumerate()
+            .map(|(ordinal, chunk)| {
+                let row = (entry, ordinal, start, chunk);
+                start += chunk.size;
+                row
+            })
+            .collect();
+        insert_rows(
+            &mut tx,
+            "INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256)",
+            6,
+            &rows,
+            |q, (entry, ordinal, start, chunk)| {
+                q.bind(*entry)
+                    .bind(*ordinal as i64)
+                    .bind(*start as i64)
+                    .bind(chunk.blob.as_str())
+                    .bind(chunk.size as i64)
+                    .bind(&chunk.sha256[..])
+            },
+        )
+        .await?;
+        drop_blocks(&mut tx, upload.id).await?;
+        sqlx::query("UPDATE uploads SET state = 'finalized', entry_id = ? WHERE id = ?")
+            .bind(entry)
+            .bind(upload.id)
+            .execute(&mut *tx)
+            .await
+            .map_err(from_sqlx)?;
+        tx.commit().await.map_err(from_sqlx)?;
+        Ok(entry)
+    }
+
+    async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError> {
+        let mut tx = self.begin().await?;
+        for (entry, count, last_used) in hits {
+            sqlx::query(
+                "UPDATE entries SET hits = hits + ?, last_used_at = GREATEST(last_used_at, ?) WHERE id = ?",
+            )
+            .bind(*count as i64)
+            .bind(*last_used)
+            .bind(*entry)
+            .execute(&mut *tx)
+            .await
+            .map_err(from_sqlx)?;
+        }
+        tx.commit().await.map_err(from_sqlx)
+    }
+
+    async fn forget_after(
+        &self,
+        since: Millis,
+        now: Millis,
+    ) -> Result<(usize, Vec<BlobName>), MetaError> {
+        let mut tx = self.begin().await?;
+        let names: Vec<String> = sqlx::query_scalar(
+            "SELECT blob_name FROM entry_chunks WHERE entry_id IN (SELECT id FROM entries WHERE created_at > ?)
+             UNION SELECT blob_name FROM staged_blocks WHERE upload_id IN (SELECT id FROM uploads WHERE state = 'open')
+             UNION SELECT blob_name FROM upload_parts WHERE upload_id IN (SELECT id FROM uploads WHERE state = 'open')",
+        )
+        .bind(since)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(from_sqlx)?;
+        let forgotten = sqlx::query("DELETE FROM entries WHERE created_at > ?")
+            .bind(since)
+            .execute(&mut *tx)
+            .await
+            .map_err(from_sqlx)?
+            .rows_affected();
+        for sql in [
+            "DELETE s FROM staged_blocks s JOIN uploads u ON u.id = s.upload_id WHERE u.state = 'open'",
+            "DELETE p FROM upload_parts p JOIN uploads u ON u.id = p.upload_id WHERE u.state = 'open'",
+        ] {
+            sqlx::query(sql).execute(&mut *tx).await.map_err(from_sqlx)?;
+        }
+        sqlx::query("UPDATE uploads SET state = 'aborted', revision = revision + 1, updated_at = ? WHERE state = 'open'")
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(from_sqlx)?;
+        tx.commit().await.map_err(from_sqlx)?;
+        let mut garbage: Vec<BlobName> = names.iter().filter_map(|n| BlobName::parse(n)).collect();
+        garbage.sort();
+        garbage.dedup();
+        Ok((forgotten as usize, garbage))
+    }
+}

@@ -1,0 +1,129 @@
+//! What the SQL stores share: turning stored columns back into validated records, and the
+//! bounds of a prefix range.
+
+use super::MetaError;
+use crate::model::{BlobName, Chunk, RepoId, Scope, Upload, UploadState};
+
+/// A chunk's stored columns, re-validated: the name must be one the server makes.
+pub(super) fn chunk_from_parts(name: String, size: i64, digest: Vec<u8>) -> Result<Chunk, MetaError> {
+    let blob =
+        BlobName::parse(&name).ok_or_else(|| MetaError::Corrupt(format!("blob name {name:?}")))?;
+    let sha256 = digest
+        .try_into()
+        .map_err(|_| MetaError::Corrupt("sha256 is not 32 bytes".into()))?;
+    let size = u64::try_from(size).map_err(|_| MetaError::Corrupt(format!("chunk size {size}")))?;
+    Ok(Chunk { blob, size, sha256 })
+}
+
+/// An upload's stored columns.
+pub(super) struct UploadRow {
+    pub id: i64,
+    pub repository: String,
+    pub scope: String,
+    pub key: String,
+    pub version: String,
+    pub state: String,
+    pub created_at: i64,
+    pub revision: i64,
+}
+
+pub(super) fn upload_from_parts(row: UploadRow) -> Result<Upload, MetaError> {
+    let state = UploadState::parse(&row.state)
+        .ok_or_else(|| MetaError::Corrupt(format!("upload state {:?}", row.state)))?;
+    Ok(Upload {
+        id: row.id,
+        repository: RepoId::new(row.repository),
+        scope: Scope::new(row.scope),
+        key: row.key,
+        version: row.version,
+        state,
+        created_at: row.created_at,
+        revision: row.revision,
+    })
+}
+
+/// The exclusive upper bound of the keys that start with `prefix`, under byte-wise comparison
+/// of UTF-8: U+10FFFF (F4 8F BF BF) sorts above every other character, so the range holds every
+/// key that continues the prefix, except one whose next character is U+10FFFF itself (a
+/// noncharacter). Every backend uses the same bound, so all give the same answer.
+pub(super) fn prefix_end(prefix: &str) -> String {
+    format!("{prefix}\u{10FFFF}")
+}
+
+/// SHA-256 over length-prefixed fields: equal exactly when every field is equal.
+fn digest(fields: &[&[u8]]) -> Vec<u8> {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for field in fields {
+        hasher.update((field.len() as u64).to_le_bytes());
+        hasher.update(field);
+    }
+    hasher.finalize().to_vec()
+}
+
+/// The networked stores' index key for one (repository, version, scope): a fixed 32 bytes,
+/// because the columns themselves together are longer than MySQL's and PostgreSQL's index
+/// entries may be. Lookups scan `(bucket, key_folded)` ranges, and also compare the columns.
+pub(super) fn bucket(repository: &RepoId, version: &crate::model::Version, scope: &Scope) -> Vec<u8> {
+    digest(&[
+        repository.as_str().as_bytes(),
+        version.as_str().as_bytes(),
+        scope.as_str().as_bytes(),
+    ])
+}
+
+/// The networked stores' unique key for a slot: its bucket and folded key.
+pub(super) fn slot_hash(slot: &crate::model::Slot) -> Vec<u8> {
+    let bucket = bucket(&slot.repository, &slot.version, &slot.scope);
+    digest(&[&bucket, slot.key.folded().as_bytes()])
+}
+
+/// The lookup statement of the networked stores: for each (scope, key) pair, the exact match
+/// and the newest prefix match, in one round trip. `placeholder(n)` spells the n-th parameter
+/// (1-based) in the dialect. Parameters, per pair: bucket, repository, version, scope, key (exact);
+/// then bucket, repository, version, scope, key, prefix end (prefix).
+pub(super) fn candidates_sql(pairs: usize, placeholder: impl Fn(usize) -> String) -> String {
+    // `entries.key`: a qualified name needs no quoting in either dialect, though KEY is
+    // reserved in MySQL.
+    const COLS: &str =
+        "SELECT entries.id, entries.scope, entries.key, entries.key_folded, entries.created_at FROM entries";
+    let mut n = 0;
+    let mut p = || {
+        n += 1;
+        placeholder(n)
+    };
+    let mut sql = String::with_capacity(pairs * 500);
+    for i in 0..pairs {
+        if i > 0 {
+            sql.push_str(" UNION ALL ");
+        }
+        let (b, r, v, s, k) = (p(), p(), p(), p(), p());
+        sql.push_str(&format!(
+            "({COLS} WHERE bucket = {b} AND repository = {r} AND version = {v} AND scope = {s} AND key_folded = {k} LIMIT 1)"
+        ));
+        let (b, r, v, s, k, end) = (p(), p(), p(), p(), p(), p());
+        sql.push_str(&format!(
+            " UNION ALL ({COLS} WHERE bucket = {b} AND repository = {r} AND version = {v} AND scope = {s} \
+             AND key_folded >= {k} AND key_folded < {end} ORDER BY created_at DESC, id DESC LIMIT 1)"
+        ));
+    }
+    sql
+}
+
+/// A driver error as a backend-neutral kind: a unique index refused the change (`Conflict`), the
+/// database gave up on a transaction that may succeed if decided again (serialization failure
+/// or deadlock, SQLSTATE 40001 and 40P01: `Stale`), or the connection failed (`Unavailable`).
+pub(super) fn from_sqlx(e: sqlx::Error) -> MetaError {
+    match &e {
+        sqlx::Error::Database(db) if db.is_unique_violation() => MetaError::Conflict,
+        sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40001" | "40P01")) => {
+            MetaError::Stale
+        }
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => MetaError::Unavailable(e.to_string()),
+        _ => MetaError::Internal(e.to_string()),
+    }
+}
