@@ -363,6 +363,8 @@ async fn keys_match_case_insensitively_and_nothing_else_is_folded(store: &dyn Me
                 .into_iter()
                 .filter(|c| c.key_folded == key)
                 .map(|c| c.id)
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
                 .collect::<Vec<_>>()
         }
     };

@@ -533,7 +533,9 @@ impl MetaStore for PostgresStore {
         let last: Vec<i64> = hits.iter().map(|h| h.2).collect();
         sqlx::query(
             "UPDATE entries e SET hits = e.hits + h.count, last_used_at = GREATEST(e.last_used_at, h.last)
-             FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[]) AS h(id, count, last) WHERE e.id = h.id",
+             FROM (SELECT id, SUM(count) AS count, MAX(last) AS last
+                   FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[]) AS u(id, count, last) GROUP BY id) AS h
+             WHERE e.id = h.id",
         )
         .bind(ids)
         .bind(counts)
