@@ -2,8 +2,10 @@
 //!
 //! Layout under the root: `chunks/<first two hex chars>/<name>` for published chunks, `tmp/` for
 //! chunks being written, a `VERSION` file naming the layout, and `synced`, the durability record.
-//! A chunk is written to `tmp/` and hashed while it is written, then renamed into place: a crash
-//! of the process leaves only staging files, which are swept at the next start.
+//! A chunk is written to the process's own staging directory under `tmp/` and hashed while it is
+//! written, then renamed into place: a crash of the process leaves only staging files. Several
+//! processes may share one root: each holds a lock on its staging directory for as long as it
+//! runs, and a starting process sweeps only the directories nobody holds.
 //!
 //! Durability without an fsync per chunk: the page cache survives a process crash, so only a
 //! machine crash can lose written chunks. [`FsStore::sync`] flushes the whole file system
@@ -26,7 +28,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 
-use super::{BlobError, BlobStore, ByteStream};
+use super::{BlobError, BlobStore, ByteStream, NameStream};
 use crate::model::{now_millis, BlobName, Chunk, Millis};
 
 const LAYOUT_VERSION: &str = "1";
@@ -42,7 +44,10 @@ const UNKNOWN_BOOT: &str = "unknown";
 pub struct FsStore {
     root: PathBuf,
     chunks: PathBuf,
+    /// This process's staging directory under `tmp/`.
     tmp: PathBuf,
+    /// Held open (and locked) while the store lives, so other processes leave `tmp` alone.
+    _staging_lock: Arc<File>,
     /// Set by every put, cleared by a sync.
     unsynced: Arc<AtomicBool>,
     lost_since: Option<Millis>,
@@ -81,6 +86,41 @@ fn write_record(root: &Path, synced_through: Millis) -> io::Result<()> {
     File::open(root)?.sync_all()
 }
 
+/// Removes staging left by processes that are gone: loose files (older layouts), and staging
+/// directories whose lock no process holds. Directories still being set up (`*.new`) are left.
+fn sweep_staging(tmp: &Path) -> io::Result<()> {
+    use rustix::fs::{flock, FlockOperation};
+    for item in fs::read_dir(tmp)? {
+        let path = item?.path();
+        if !path.is_dir() {
+            let _ = fs::remove_file(&path);
+            continue;
+        }
+        if path.extension().is_some_and(|e| e == "new") {
+            continue;
+        }
+        let Ok(dir) = File::open(&path) else { continue };
+        if flock(&dir, FlockOperation::NonBlockingLockExclusive).is_ok() {
+            let _ = fs::remove_dir_all(&path);
+        }
+    }
+    Ok(())
+}
+
+/// Creates this process's staging directory and locks it for the life of the returned handle.
+/// It is locked under a name the sweep skips, then renamed: no sweep sees it unlocked.
+fn own_staging_dir(tmp: &Path) -> io::Result<(PathBuf, File)> {
+    use rustix::fs::{flock, FlockOperation};
+    let name = BlobName::random();
+    let building = tmp.join(format!("{name}.new"));
+    fs::create_dir(&building)?;
+    let dir = File::open(&building)?;
+    flock(&dir, FlockOperation::NonBlockingLockExclusive)?;
+    let path = tmp.join(name.as_str());
+    fs::rename(&building, &path)?;
+    Ok((path, dir))
+}
+
 impl FsStore {
     /// Opens the store at `root`, creating its layout, sweeps staging files left by a crash, and
     /// works out whether a machine crash may have lost recent chunks.
@@ -108,10 +148,9 @@ impl FsStore {
             }
             Err(e) => return Err(io_err(version_file.display().to_string())(e)),
         }
-        for stale in fs::read_dir(&tmp).map_err(io_err(tmp.display().to_string()))? {
-            let stale = stale.map_err(io_err(tmp.display().to_string()))?;
-            let _ = fs::remove_file(stale.path());
-        }
+        sweep_staging(&tmp).map_err(io_err(tmp.display().to_string()))?;
+        let (tmp, staging_lock) =
+            own_staging_dir(&tmp).map_err(io_err(tmp.display().to_string()))?;
         let record = root.join("synced");
         let lost_since = match read_record(&record) {
             // Same boot: the page cache survived whatever stopped the last run, nothing is lost.
@@ -136,6 +175,7 @@ impl FsStore {
             root: root.to_owned(),
             chunks,
             tmp,
+            _staging_lock: Arc::new(staging_lock),
             unsynced: Arc::new(AtomicBool::new(lost_since.is_some())),
             lost_since,
         })
@@ -370,6 +410,40 @@ impl BlobStore for FsStore {
         }
     }
 
+    async fn list(&self) -> Result<NameStream, BlobError> {
+        // A blocking walk feeds a small channel: the consumer's pace bounds memory.
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<BlobName, BlobError>>(256);
+        let chunks = self.chunks.clone();
+        tokio::task::spawn_blocking(move || {
+            let walk = || -> io::Result<()> {
+                for shard in fs::read_dir(&chunks)? {
+                    let shard = shard?;
+                    if !shard.file_type()?.is_dir() {
+                        continue;
+                    }
+                    for file in fs::read_dir(shard.path())? {
+                        let file = file?;
+                        let name = file.file_name();
+                        // Names the store did not make are not chunks.
+                        let Some(name) = name.to_str().and_then(BlobName::parse) else {
+                            continue;
+                        };
+                        if tx.blocking_send(Ok(name)).is_err() {
+                            return Ok(()); // the consumer stopped listening
+                        }
+                    }
+                }
+                Ok(())
+            };
+            if let Err(e) = walk() {
+                let _ = tx.blocking_send(Err(io_err("listing chunks")(e)));
+            }
+        });
+        Ok(Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        })))
+    }
+
     async fn ping(&self) -> Result<(), BlobError> {
         let probe = self.tmp.join(format!("{}.ping", BlobName::random()));
         tokio::task::spawn_blocking(move || {
@@ -436,6 +510,32 @@ mod tests {
         assert_eq!(boot, boot_id());
         assert!(at > 0);
         assert_eq!(FsStore::open(dir.path()).unwrap().lost_since(), None);
+    }
+
+    #[tokio::test]
+    async fn the_local_disk_store_conforms() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::blob::conformance::run_all(&FsStore::open(dir.path()).unwrap()).await;
+    }
+
+    #[tokio::test]
+    async fn processes_sharing_a_root_keep_their_staging_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = FsStore::open(dir.path()).unwrap();
+        let leftover = dir.path().join("tmp").join("crashed");
+        fs::create_dir_all(&leftover).unwrap();
+        fs::write(leftover.join("x.part"), b"partial").unwrap();
+        fs::write(first.tmp.join("in-flight.part"), b"being written").unwrap();
+        // A second process starts on the same root: it sweeps what no process holds.
+        let second = FsStore::open(dir.path()).unwrap();
+        assert!(!leftover.exists(), "staging of a process that is gone is swept");
+        assert!(first.tmp.join("in-flight.part").exists(), "a live process's staging is kept");
+        assert_ne!(first.tmp, second.tmp);
+        let first_tmp = first.tmp.clone();
+        drop(first);
+        let _third = FsStore::open(dir.path()).unwrap();
+        assert!(!first_tmp.exists(), "once its process is gone, its staging is swept");
+        assert!(second.tmp.exists());
     }
 
     #[tokio::test]

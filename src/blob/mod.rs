@@ -10,6 +10,7 @@
 //!   a later [`BlobStore::sync`] has returned; [`BlobStore::lost_since`] reports, at start-up,
 //!   from which instant puts may have been lost to such a crash.
 
+pub mod conformance;
 mod fs;
 
 use std::io;
@@ -25,6 +26,9 @@ use crate::model::{BlobName, Chunk, Millis};
 
 /// A stream of body bytes, in either direction.
 pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, io::Error>> + Send>>;
+
+/// Chunk names, as [`BlobStore::list`] finds them.
+pub type NameStream = Pin<Box<dyn Stream<Item = Result<BlobName, BlobError>> + Send>>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BlobError {
@@ -59,6 +63,10 @@ pub trait BlobStore: Send + Sync + std::fmt::Debug + 'static {
 
     /// Deletes `name`; deleting a missing chunk is not an error.
     async fn delete(&self, name: &BlobName) -> Result<(), BlobError>;
+
+    /// Every stored chunk's name, for garbage collection. Chunks put or deleted while the
+    /// listing runs may or may not appear; memory stays bounded however many there are.
+    async fn list(&self) -> Result<NameStream, BlobError>;
 
     /// Checks that the store can be written.
     async fn ping(&self) -> Result<(), BlobError>;

@@ -1,0 +1,146 @@
+//! The [`BlobStore`] contract as executable checks, run against every implementation: each
+//! backend's test opens a fresh store and calls [`run_all`]. A check panics with a sentence
+//! naming the broken promise.
+#![allow(clippy::unwrap_used, clippy::panic)] // Test code: failing loudly is the point.
+
+use bytes::Bytes;
+use futures_util::{StreamExt, TryStreamExt};
+use sha2::{Digest, Sha256};
+
+use super::{BlobError, BlobStore, ByteStream};
+use crate::model::BlobName;
+
+/// Runs every check on `store`, which must be empty.
+pub async fn run_all(store: &dyn BlobStore) {
+    store.ping().await.unwrap();
+    put_then_read_whole_and_ranges(store).await;
+    a_body_of_the_wrong_length_stores_nothing(store).await;
+    a_failing_body_stores_nothing(store).await;
+    empty_chunks_are_chunks(store).await;
+    missing_chunks_are_not_found_and_deletes_are_idempotent(store).await;
+    a_reader_keeps_its_bytes_when_the_chunk_is_deleted(store).await;
+    listing_names_exactly_the_stored_chunks(store).await;
+    store.sync(true).await.unwrap();
+}
+
+fn bytes(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+/// `data` as a body arriving in frames of `frame` bytes.
+fn body(data: &[u8], frame: usize) -> ByteStream {
+    let frames: Vec<Result<Bytes, std::io::Error>> = data
+        .chunks(frame.max(1))
+        .map(|c| Ok(Bytes::copy_from_slice(c)))
+        .collect();
+    Box::pin(futures_util::stream::iter(frames))
+}
+
+async fn read(store: &dyn BlobStore, name: &BlobName, offset: u64, len: u64) -> Vec<u8> {
+    let stream = store.get(name, offset, len).await.unwrap();
+    let frames: Vec<Bytes> = stream.try_collect().await.unwrap();
+    frames.concat()
+}
+
+async fn names(store: &dyn BlobStore) -> Vec<BlobName> {
+    let mut all: Vec<BlobName> = store.list().await.unwrap().try_collect().await.unwrap();
+    all.sort();
+    all
+}
+
+async fn put_then_read_whole_and_ranges(store: &dyn BlobStore) {
+    // Larger than any I/O block, in uneven frames.
+    let data = bytes(3 << 20 | 12_345, 1);
+    let name = BlobName::random();
+    let chunk = store
+        .put(&name, body(&data, 65_537), Some(data.len() as u64))
+        .await
+        .unwrap();
+    assert_eq!(chunk.blob, name);
+    assert_eq!(chunk.size, data.len() as u64, "put counts what it stored");
+    assert_eq!(chunk.sha256, <[u8; 32]>::from(Sha256::digest(&data)), "and hashes it");
+    assert_eq!(read(store, &name, 0, data.len() as u64).await, data);
+    for (offset, len) in [(0, 1), (1, 10), (262_143, 2), (1 << 20, 5 << 18), (data.len() - 1, 1)] {
+        assert_eq!(
+            read(store, &name, offset as u64, len as u64).await,
+            &data[offset..offset + len],
+            "range {offset}+{len}"
+        );
+    }
+    // Without a declared length, the body is taken as it comes.
+    let small = BlobName::random();
+    let chunk = store.put(&small, body(b"abc", 1), None).await.unwrap();
+    assert_eq!(chunk.size, 3);
+    assert_eq!(read(store, &small, 0, 3).await, b"abc");
+}
+
+async fn a_body_of_the_wrong_length_stores_nothing(store: &dyn BlobStore) {
+    for (declared, actual) in [(10, 9), (10, 11), (5 << 20, (5 << 20) - 1)] {
+        let name = BlobName::random();
+        let result = store.put(&name, body(&bytes(actual, 2), 4096), Some(declared)).await;
+        assert!(
+            matches!(result, Err(BlobError::LengthMismatch { .. }) | Err(BlobError::Body(_))),
+            "{declared} declared, {actual} sent: {result:?}"
+        );
+        assert!(
+            matches!(store.get(&name, 0, 1).await, Err(BlobError::NotFound(_))),
+            "a refused put leaves no chunk"
+        );
+    }
+}
+
+async fn a_failing_body_stores_nothing(store: &dyn BlobStore) {
+    let name = BlobName::random();
+    let frames: Vec<Result<Bytes, std::io::Error>> = vec![
+        Ok(Bytes::from(bytes(1 << 20, 3))),
+        Err(std::io::Error::other("client hung up")),
+    ];
+    let result = store.put(&name, Box::pin(futures_util::stream::iter(frames)), None).await;
+    assert!(matches!(result, Err(BlobError::Body(_))), "{result:?}");
+    assert!(!names(store).await.contains(&name), "nothing of a failed put is listed");
+}
+
+async fn empty_chunks_are_chunks(store: &dyn BlobStore) {
+    let name = BlobName::random();
+    let chunk = store.put(&name, body(&[], 1), Some(0)).await.unwrap();
+    assert_eq!(chunk.size, 0);
+    assert!(read(store, &name, 0, 0).await.is_empty());
+}
+
+async fn missing_chunks_are_not_found_and_deletes_are_idempotent(store: &dyn BlobStore) {
+    let name = BlobName::random();
+    assert!(matches!(store.get(&name, 0, 1).await, Err(BlobError::NotFound(_))));
+    store.delete(&name).await.unwrap();
+    store.put(&name, body(b"x", 1), Some(1)).await.unwrap();
+    store.delete(&name).await.unwrap();
+    store.delete(&name).await.unwrap();
+    assert!(matches!(store.get(&name, 0, 1).await, Err(BlobError::NotFound(_))));
+}
+
+async fn a_reader_keeps_its_bytes_when_the_chunk_is_deleted(store: &dyn BlobStore) {
+    let data = bytes(2 << 20, 4);
+    let name = BlobName::random();
+    store.put(&name, body(&data, 1 << 20), Some(data.len() as u64)).await.unwrap();
+    let mut stream = store.get(&name, 0, data.len() as u64).await.unwrap();
+    let mut got = stream.next().await.unwrap().unwrap().to_vec();
+    store.delete(&name).await.unwrap();
+    while let Some(frame) = stream.next().await {
+        got.extend_from_slice(&frame.unwrap());
+    }
+    assert_eq!(got, data, "an opened chunk reads to the end after a delete");
+}
+
+async fn listing_names_exactly_the_stored_chunks(store: &dyn BlobStore) {
+    let before = names(store).await;
+    let added: Vec<BlobName> = (0..300).map(|_| BlobName::random()).collect();
+    for name in &added {
+        store.put(name, body(b"z", 1), Some(1)).await.unwrap();
+    }
+    let listed = names(store).await;
+    assert_eq!(listed.len(), before.len() + added.len());
+    assert!(added.iter().all(|n| listed.binary_search(n).is_ok()));
+    for name in &added {
+        store.delete(name).await.unwrap();
+    }
+    assert_eq!(names(store).await, before, "deleted chunks are not listed");
+}
