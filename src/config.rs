@@ -183,9 +183,8 @@ impl ServeArgs {
         }
         let database = match &self.database_url {
             None => DatabaseUrl::Sqlite(self.data_dir.join("hoard.db")),
-            Some(url) => DatabaseUrl::parse(url).map_err(|e| {
-                ConfigError(format!("--database-url (HOARD_DATABASE_URL) {e}."))
-            })?,
+            Some(url) => DatabaseUrl::parse(url)
+                .map_err(|e| ConfigError(format!("--database-url (HOARD_DATABASE_URL) {e}.")))?,
         };
         if self.database_pool_size == 0 {
             return Err(ConfigError(
@@ -410,12 +409,19 @@ mod tests {
 
     #[test]
     fn database_urls_pick_the_backend() {
-        let db = |url: &str| args(&["--database-url", url]).validate().map(|c| c.database);
+        let db = |url: &str| {
+            args(&["--database-url", url])
+                .validate()
+                .map(|c| c.database)
+        };
         assert_eq!(
             db("postgres://u:p@127.0.0.1:5432/hoard").unwrap(),
             DatabaseUrl::Postgres("postgres://u:p@127.0.0.1:5432/hoard".into())
         );
-        assert!(matches!(db("postgresql://h/db").unwrap(), DatabaseUrl::Postgres(_)));
+        assert!(matches!(
+            db("postgresql://h/db").unwrap(),
+            DatabaseUrl::Postgres(_)
+        ));
         assert_eq!(
             db("mariadb://root@h:3306/db").unwrap(),
             DatabaseUrl::MySql("mysql://root@h:3306/db".into())
@@ -426,7 +432,9 @@ mod tests {
         assert!(err.0.contains("names no host"), "{err}");
         let err = args(&["--database-pool-size", "0"]).validate().unwrap_err();
         assert!(err.0.contains("HOARD_DATABASE_POOL_SIZE"), "{err}");
-        let redacted = DatabaseUrl::parse("postgres://u:secret@h/db").unwrap().redacted();
+        let redacted = DatabaseUrl::parse("postgres://u:secret@h/db")
+            .unwrap()
+            .redacted();
         assert!(!redacted.contains("secret"), "{redacted}");
     }
 

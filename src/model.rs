@@ -320,10 +320,8 @@ impl ManualClock {
         Self(std::sync::atomic::AtomicI64::new(now))
     }
     pub fn advance(&self, by: std::time::Duration) {
-        self.0.fetch_add(
-            by.as_millis() as i64,
-            std::sync::atomic::Ordering::SeqCst,
-        );
+        self.0
+            .fetch_add(by.as_millis() as i64, std::sync::atomic::Ordering::SeqCst);
     }
 }
 

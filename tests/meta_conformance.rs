@@ -52,20 +52,26 @@ async fn sqlite_conforms() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_conforms() {
-    let Some(db) = TestDatabase::create(Server::Postgres).await else { return };
+    let Some(db) = TestDatabase::create(Server::Postgres).await else {
+        return;
+    };
     conforms(DatabaseUrl::parse(&db.url).unwrap()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_conforms() {
-    let Some(db) = TestDatabase::create(Server::MySql).await else { return };
+    let Some(db) = TestDatabase::create(Server::MySql).await else {
+        return;
+    };
     conforms(DatabaseUrl::parse(&db.url).unwrap()).await;
 }
 
 /// Several processes starting at once on a new database each run the migrations; the lock
 /// makes exactly one apply them and the others find them applied.
 async fn concurrent_starts_migrate_once(server: Server) {
-    let Some(db) = TestDatabase::create(server).await else { return };
+    let Some(db) = TestDatabase::create(server).await else {
+        return;
+    };
     let url = DatabaseUrl::parse(&db.url).unwrap();
     let opens: Vec<_> = (0..4)
         .map(|_| {

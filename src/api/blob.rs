@@ -16,8 +16,8 @@ use super::{blocklist, AppState};
 use crate::auth::signing::SignatureError;
 use crate::auth::{LinkTarget, Purpose};
 use crate::blob::{BlobError, ByteStream};
-use crate::model::BlockId;
 use crate::cache::{Cache, CacheError};
+use crate::model::BlockId;
 
 /// The x-ms-version we answer with; clients ignore the value.
 const API_VERSION: &str = "2025-01-05";
@@ -258,9 +258,7 @@ fn created(last_modified: bool) -> Response {
         if let Ok(v) = HeaderValue::from_str(&now) {
             h.insert(header::LAST_MODIFIED, v);
         }
-        if let Ok(v) =
-            HeaderValue::from_str(&format!("\"0x{:X}\"", crate::model::now_millis()))
-        {
+        if let Ok(v) = HeaderValue::from_str(&format!("\"0x{:X}\"", crate::model::now_millis())) {
             h.insert(header::ETAG, v);
         }
     }

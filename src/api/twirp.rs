@@ -15,8 +15,8 @@ use super::proto::{
 };
 use super::{links, AppState};
 use crate::auth::{Identity, Purpose, TokenError};
-use crate::model::Lookup;
 use crate::cache::CacheError;
+use crate::model::Lookup;
 
 /// Path of the service, served at the origin root (§2.1).
 pub const SERVICE_PATH: &str = "/twirp/github.actions.results.api.v1.CacheService/";

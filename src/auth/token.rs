@@ -8,8 +8,8 @@ use base64::engine::general_purpose::{URL_SAFE, URL_SAFE_NO_PAD};
 use base64::Engine;
 use serde::Deserialize;
 
-use crate::model::{RepoId, Scope};
 use super::scope::{derive_scopes, AccessGrant};
+use crate::model::{RepoId, Scope};
 
 /// The caller, as far as the cache is concerned.
 #[derive(Debug, Clone, PartialEq, Eq)]

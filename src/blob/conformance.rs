@@ -24,7 +24,9 @@ pub async fn run_all(store: &dyn BlobStore) {
 }
 
 fn bytes(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 /// `data` as a body arriving in frames of `frame` bytes.
@@ -58,9 +60,19 @@ async fn put_then_read_whole_and_ranges(store: &dyn BlobStore) {
         .unwrap();
     assert_eq!(chunk.blob, name);
     assert_eq!(chunk.size, data.len() as u64, "put counts what it stored");
-    assert_eq!(chunk.sha256, <[u8; 32]>::from(Sha256::digest(&data)), "and hashes it");
+    assert_eq!(
+        chunk.sha256,
+        <[u8; 32]>::from(Sha256::digest(&data)),
+        "and hashes it"
+    );
     assert_eq!(read(store, &name, 0, data.len() as u64).await, data);
-    for (offset, len) in [(0, 1), (1, 10), (262_143, 2), (1 << 20, 5 << 18), (data.len() - 1, 1)] {
+    for (offset, len) in [
+        (0, 1),
+        (1, 10),
+        (262_143, 2),
+        (1 << 20, 5 << 18),
+        (data.len() - 1, 1),
+    ] {
         assert_eq!(
             read(store, &name, offset as u64, len as u64).await,
             &data[offset..offset + len],
@@ -77,9 +89,14 @@ async fn put_then_read_whole_and_ranges(store: &dyn BlobStore) {
 async fn a_body_of_the_wrong_length_stores_nothing(store: &dyn BlobStore) {
     for (declared, actual) in [(10, 9), (10, 11), (5 << 20, (5 << 20) - 1)] {
         let name = BlobName::random();
-        let result = store.put(&name, body(&bytes(actual, 2), 4096), Some(declared)).await;
+        let result = store
+            .put(&name, body(&bytes(actual, 2), 4096), Some(declared))
+            .await;
         assert!(
-            matches!(result, Err(BlobError::LengthMismatch { .. }) | Err(BlobError::Body(_))),
+            matches!(
+                result,
+                Err(BlobError::LengthMismatch { .. }) | Err(BlobError::Body(_))
+            ),
             "{declared} declared, {actual} sent: {result:?}"
         );
         assert!(
@@ -95,9 +112,14 @@ async fn a_failing_body_stores_nothing(store: &dyn BlobStore) {
         Ok(Bytes::from(bytes(1 << 20, 3))),
         Err(std::io::Error::other("client hung up")),
     ];
-    let result = store.put(&name, Box::pin(futures_util::stream::iter(frames)), None).await;
+    let result = store
+        .put(&name, Box::pin(futures_util::stream::iter(frames)), None)
+        .await;
     assert!(matches!(result, Err(BlobError::Body(_))), "{result:?}");
-    assert!(!names(store).await.contains(&name), "nothing of a failed put is listed");
+    assert!(
+        !names(store).await.contains(&name),
+        "nothing of a failed put is listed"
+    );
 }
 
 async fn empty_chunks_are_chunks(store: &dyn BlobStore) {
@@ -109,18 +131,27 @@ async fn empty_chunks_are_chunks(store: &dyn BlobStore) {
 
 async fn missing_chunks_are_not_found_and_deletes_are_idempotent(store: &dyn BlobStore) {
     let name = BlobName::random();
-    assert!(matches!(store.get(&name, 0, 1).await, Err(BlobError::NotFound(_))));
+    assert!(matches!(
+        store.get(&name, 0, 1).await,
+        Err(BlobError::NotFound(_))
+    ));
     store.delete(&name).await.unwrap();
     store.put(&name, body(b"x", 1), Some(1)).await.unwrap();
     store.delete(&name).await.unwrap();
     store.delete(&name).await.unwrap();
-    assert!(matches!(store.get(&name, 0, 1).await, Err(BlobError::NotFound(_))));
+    assert!(matches!(
+        store.get(&name, 0, 1).await,
+        Err(BlobError::NotFound(_))
+    ));
 }
 
 async fn a_reader_keeps_its_bytes_when_the_chunk_is_deleted(store: &dyn BlobStore) {
     let data = bytes(2 << 20, 4);
     let name = BlobName::random();
-    store.put(&name, body(&data, 1 << 20), Some(data.len() as u64)).await.unwrap();
+    store
+        .put(&name, body(&data, 1 << 20), Some(data.len() as u64))
+        .await
+        .unwrap();
     let mut stream = store.get(&name, 0, data.len() as u64).await.unwrap();
     let mut got = stream.next().await.unwrap().unwrap().to_vec();
     store.delete(&name).await.unwrap();

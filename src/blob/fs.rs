@@ -439,9 +439,10 @@ impl BlobStore for FsStore {
                 let _ = tx.blocking_send(Err(io_err("listing chunks")(e)));
             }
         });
-        Ok(Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|item| (item, rx))
-        })))
+        Ok(Box::pin(futures_util::stream::unfold(
+            rx,
+            |mut rx| async move { rx.recv().await.map(|item| (item, rx)) },
+        )))
     }
 
     async fn ping(&self) -> Result<(), BlobError> {
@@ -528,13 +529,22 @@ mod tests {
         fs::write(first.tmp.join("in-flight.part"), b"being written").unwrap();
         // A second process starts on the same root: it sweeps what no process holds.
         let second = FsStore::open(dir.path()).unwrap();
-        assert!(!leftover.exists(), "staging of a process that is gone is swept");
-        assert!(first.tmp.join("in-flight.part").exists(), "a live process's staging is kept");
+        assert!(
+            !leftover.exists(),
+            "staging of a process that is gone is swept"
+        );
+        assert!(
+            first.tmp.join("in-flight.part").exists(),
+            "a live process's staging is kept"
+        );
         assert_ne!(first.tmp, second.tmp);
         let first_tmp = first.tmp.clone();
         drop(first);
         let _third = FsStore::open(dir.path()).unwrap();
-        assert!(!first_tmp.exists(), "once its process is gone, its staging is swept");
+        assert!(
+            !first_tmp.exists(),
+            "once its process is gone, its staging is swept"
+        );
         assert!(second.tmp.exists());
     }
 

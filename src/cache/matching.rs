@@ -6,7 +6,6 @@
 
 use crate::model::{Candidate, Scope};
 
-
 /// Picks the entry GitHub would restore. `scopes` are the readable scopes in token order and
 /// `folded_keys` the primary then restore keys, already folded to lower case. Candidates may
 /// contain anything; those of other scopes or unrelated keys are ignored.

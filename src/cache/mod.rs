@@ -165,15 +165,20 @@ impl Cache {
         })
     }
 
-    async fn try_reserve(&self, who: &Identity, slot: &Slot) -> Result<(UploadId, Millis), CacheError> {
+    async fn try_reserve(
+        &self,
+        who: &Identity,
+        slot: &Slot,
+    ) -> Result<(UploadId, Millis), CacheError> {
         let now = self.clock.now();
         let stale_before = now.saturating_sub(self.policy.reservation_ttl.as_millis() as i64);
         let state = self.meta.slot_state(slot, stale_before).await?;
-        let replacing = match upload::decide_reservation(&state, stale_before, self.policy.max_open_uploads) {
-            Reservation::Conflict => return Err(CacheError::Conflict),
-            Reservation::TooManyOpen => return Err(CacheError::TooManyUploads),
-            Reservation::Create { replacing } => replacing,
-        };
+        let replacing =
+            match upload::decide_reservation(&state, stale_before, self.policy.max_open_uploads) {
+                Reservation::Conflict => return Err(CacheError::Conflict),
+                Reservation::TooManyOpen => return Err(CacheError::TooManyUploads),
+                Reservation::Create { replacing } => replacing,
+            };
         // An abandoned upload's blocks, read before it is aborted; the revision check makes
         // sure they are still all it has.
         let garbage = match replacing {
@@ -230,7 +235,9 @@ impl Cache {
             match upload::decide_stage(&blocks, &block, &chunk, max) {
                 Staging::TooLarge => Err(CacheError::TooLarge(max)),
                 Staging::Record { garbage } => {
-                    self.meta.stage_block(&upload, &block, &chunk, self.clock.now()).await?;
+                    self.meta
+                        .stage_block(&upload, &block, &chunk, self.clock.now())
+                        .await?;
                     Ok(garbage)
                 }
             }
@@ -252,7 +259,9 @@ impl Cache {
         let committed = retry_stale(|| async {
             let (upload, blocks) = self.open_upload(upload.id).await?;
             let assembly = upload::whole_blob(&blocks, &chunk);
-            self.meta.commit_parts(&upload, &assembly.parts, self.clock.now()).await?;
+            self.meta
+                .commit_parts(&upload, &assembly.parts, self.clock.now())
+                .await?;
             Ok(assembly.garbage)
         })
         .await;
@@ -261,7 +270,11 @@ impl Cache {
 
     /// After a chunk was stored: deletes what the recorded change left unreferenced, or the
     /// new chunk itself if the change was refused.
-    async fn settle(&self, outcome: Result<Vec<BlobName>, CacheError>, new: BlobName) -> Result<(), CacheError> {
+    async fn settle(
+        &self,
+        outcome: Result<Vec<BlobName>, CacheError>,
+        new: BlobName,
+    ) -> Result<(), CacheError> {
         match outcome {
             Ok(garbage) => {
                 self.collect(garbage).await;
@@ -284,7 +297,9 @@ impl Cache {
             let (upload, blocks) = self.open_upload(upload).await?;
             let assembly = upload::assemble(list, &blocks.staged, &blocks.parts)
                 .map_err(|_| CacheError::UnknownBlock)?;
-            self.meta.commit_parts(&upload, &assembly.parts, self.clock.now()).await?;
+            self.meta
+                .commit_parts(&upload, &assembly.parts, self.clock.now())
+                .await?;
             Ok(assembly.garbage)
         })
         .await?;
@@ -550,43 +565,4 @@ pub fn slices(chunks: &[EntryChunk], start: u64, len: u64) -> Vec<(usize, u64, u
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::Chunk;
-
-    fn chunks(sizes: &[u64]) -> Vec<EntryChunk> {
-        let mut start = 0;
-        sizes
-            .iter()
-            .map(|&size| {
-                let c = EntryChunk {
-                    start,
-                    chunk: Chunk {
-                        blob: BlobName::random(),
-                        size,
-                        sha256: [0; 32],
-                    },
-                };
-                start += size;
-                c
-            })
-            .collect()
-    }
-
-    #[test]
-    fn a_range_maps_onto_the_chunks_it_touches() {
-        let c = chunks(&[10, 10, 5]);
-        assert_eq!(slices(&c, 0, 25), [(0, 0, 10), (1, 0, 10), (2, 0, 5)]);
-        assert_eq!(slices(&c, 5, 10), [(0, 5, 5), (1, 0, 5)]);
-        assert_eq!(slices(&c, 20, 5), [(2, 0, 5)]);
-        assert_eq!(slices(&c, 0, 1), [(0, 0, 1)]);
-        assert_eq!(slices(&c, 24, 100), [(2, 4, 1)]);
-        assert!(slices(&c, 25, 1).is_empty());
-    }
-
-    #[test]
-    fn empty_chunks_are_skipped() {
-        let c = chunks(&[0, 4]);
-        assert_eq!(slices(&c, 0, 4), [(1, 0, 4)]);
-    }
-}
+mod tests;

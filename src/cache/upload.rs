@@ -12,7 +12,9 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::meta::{FinalizeState, SlotState};
-use crate::model::{BlobName, BlockId, BlockRef, BlockSource, Chunk, EntryId, Millis, Upload, UploadBlocks};
+use crate::model::{
+    BlobName, BlockId, BlockRef, BlockSource, Chunk, EntryId, Millis, Upload, UploadBlocks,
+};
 
 /// What a reservation does.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,17 +29,27 @@ pub enum Reservation<'a> {
 
 /// Reservations older than `stale_before` are abandoned and give way (GitHub releases them
 /// after 24 h, PROTOCOL.md §9); a repository may hold at most `max_open` live ones.
-pub fn decide_reservation(state: &SlotState, stale_before: Millis, max_open: u32) -> Reservation<'_> {
+pub fn decide_reservation(
+    state: &SlotState,
+    stale_before: Millis,
+    max_open: u32,
+) -> Reservation<'_> {
     if state.entry_exists {
         return Reservation::Conflict;
     }
-    if state.open.as_ref().is_some_and(|u| u.created_at >= stale_before) {
+    if state
+        .open
+        .as_ref()
+        .is_some_and(|u| u.created_at >= stale_before)
+    {
         return Reservation::Conflict;
     }
     if state.live_open_uploads >= u64::from(max_open) {
         return Reservation::TooManyOpen;
     }
-    Reservation::Create { replacing: state.open.as_ref() }
+    Reservation::Create {
+        replacing: state.open.as_ref(),
+    }
 }
 
 /// What staging a block does.
@@ -52,7 +64,12 @@ pub enum Staging {
 /// A retried block id replaces the earlier copy (the last write wins until commit). The staged
 /// blocks of an upload, other copies of this id aside, may hold at most `max_staged` bytes, so an
 /// upload never uses more disk than an entry may.
-pub fn decide_stage(blocks: &UploadBlocks, block: &BlockId, chunk: &Chunk, max_staged: u64) -> Staging {
+pub fn decide_stage(
+    blocks: &UploadBlocks,
+    block: &BlockId,
+    chunk: &Chunk,
+    max_staged: u64,
+) -> Staging {
     let others: u64 = blocks
         .staged
         .iter()

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::model::{EntryId, Millis};
 use crate::meta::MetaStore;
+use crate::model::{EntryId, Millis};
 
 pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
 

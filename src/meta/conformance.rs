@@ -195,7 +195,10 @@ async fn an_abandoned_upload_is_replaced_only_at_the_revision_loaded(store: &dyn
     assert!(matches!(err, MetaError::Stale), "{err:?}");
     let current = store.upload(old.id).await.unwrap().unwrap();
     assert!(current.is_open(), "a refused takeover changes nothing");
-    assert!(current.revision > old.revision, "staging bumps the revision");
+    assert!(
+        current.revision > old.revision,
+        "staging bumps the revision"
+    );
 
     let new = store
         .create_upload(
@@ -211,7 +214,10 @@ async fn an_abandoned_upload_is_replaced_only_at_the_revision_loaded(store: &dyn
     let aborted = store.upload(old.id).await.unwrap().unwrap();
     assert_eq!(aborted.state, UploadState::Aborted);
     let (_, blocks) = store.upload_with_blocks(old.id).await.unwrap().unwrap();
-    assert!(blocks.staged.is_empty(), "an aborted upload keeps no blocks");
+    assert!(
+        blocks.staged.is_empty(),
+        "an aborted upload keeps no blocks"
+    );
     let state = store.slot_state(&s, 0).await.unwrap();
     assert_eq!(state.open.map(|u| u.id), Some(new));
 }
@@ -222,12 +228,21 @@ async fn blocks_stage_commit_and_finalize_into_an_entry(store: &dyn MetaStore) {
     assert_eq!(upload.key, "Life-Key");
     assert_eq!(upload.state, UploadState::Open);
     let (a, b, a2) = (chunk(3), chunk(4), chunk(5));
-    store.stage_block(&upload, &block("a"), &a, 101).await.unwrap();
+    store
+        .stage_block(&upload, &block("a"), &a, 101)
+        .await
+        .unwrap();
     let upload = store.upload(upload.id).await.unwrap().unwrap();
-    store.stage_block(&upload, &block("b"), &b, 102).await.unwrap();
+    store
+        .stage_block(&upload, &block("b"), &b, 102)
+        .await
+        .unwrap();
     let upload = store.upload(upload.id).await.unwrap().unwrap();
     // A retried block id replaces the earlier copy.
-    store.stage_block(&upload, &block("a"), &a2, 103).await.unwrap();
+    store
+        .stage_block(&upload, &block("a"), &a2, 103)
+        .await
+        .unwrap();
     let (upload, blocks) = store.upload_with_blocks(upload.id).await.unwrap().unwrap();
     assert_eq!(blocks.staged.len(), 2);
     assert_eq!(blocks.staged[&block("a")], a2);
@@ -260,25 +275,41 @@ async fn blocks_stage_commit_and_finalize_into_an_entry(store: &dyn MetaStore) {
     assert_eq!((e.key.as_str(), e.size, e.created_at), ("Life-Key", 9, 105));
     assert_eq!((e.repository.as_str(), e.scope.as_str()), ("life", MAIN));
     let layout: Vec<(u64, Chunk)> = stored.into_iter().map(|c| (c.start, c.chunk)).collect();
-    assert_eq!(layout, [(0, b), (4, a2)], "chunks in order with their offsets");
+    assert_eq!(
+        layout,
+        [(0, b), (4, a2)],
+        "chunks in order with their offsets"
+    );
     let done = store.upload(upload.id).await.unwrap().unwrap();
     assert_eq!(done.state, UploadState::Finalized);
     let state = store.finalize_state(&s).await.unwrap();
     assert_eq!(state.open, None);
-    assert_eq!(state.finalized, Some((entry, 9)), "a retried finalize finds its entry");
+    assert_eq!(
+        state.finalized,
+        Some((entry, 9)),
+        "a retried finalize finds its entry"
+    );
     let slot_state = store.slot_state(&s, 0).await.unwrap();
     assert!(slot_state.entry_exists && slot_state.open.is_none());
-    assert_eq!(lookup(store, "life", &["life-key"]).await, [("Life-Key".into(), entry)]);
+    assert_eq!(
+        lookup(store, "life", &["life-key"]).await,
+        [("Life-Key".into(), entry)]
+    );
     assert!(store.entry(entry + 1_000_000).await.unwrap().is_none());
 }
 
 async fn changes_at_an_old_revision_or_to_a_closed_upload_change_nothing(store: &dyn MetaStore) {
     let s = slot("stale", "k");
     let loaded = reserve(store, &s, 1).await;
-    store.stage_block(&loaded, &block("a"), &chunk(1), 2).await.unwrap();
+    store
+        .stage_block(&loaded, &block("a"), &chunk(1), 2)
+        .await
+        .unwrap();
     for result in [
         store.stage_block(&loaded, &block("b"), &chunk(1), 3).await,
-        store.commit_parts(&loaded, &[(block("a"), chunk(1))], 3).await,
+        store
+            .commit_parts(&loaded, &[(block("a"), chunk(1))], 3)
+            .await,
         store.abort_upload(&loaded, 3).await,
     ] {
         assert!(matches!(result, Err(MetaError::Stale)), "{result:?}");
@@ -294,8 +325,14 @@ async fn changes_at_an_old_revision_or_to_a_closed_upload_change_nothing(store: 
             },
         )
         .await;
-    assert!(matches!(stale_finalize, Err(MetaError::Stale)), "{stale_finalize:?}");
-    assert!(lookup(store, "stale", &["k"]).await.is_empty(), "no entry from a stale finalize");
+    assert!(
+        matches!(stale_finalize, Err(MetaError::Stale)),
+        "{stale_finalize:?}"
+    );
+    assert!(
+        lookup(store, "stale", &["k"]).await.is_empty(),
+        "no entry from a stale finalize"
+    );
     let (current, blocks) = store.upload_with_blocks(loaded.id).await.unwrap().unwrap();
     assert_eq!(blocks.staged.keys().collect::<Vec<_>>(), [&block("a")]);
     assert!(blocks.parts.is_empty());
@@ -304,7 +341,10 @@ async fn changes_at_an_old_revision_or_to_a_closed_upload_change_nothing(store: 
     let closed = store.upload(current.id).await.unwrap().unwrap();
     assert_eq!(closed.state, UploadState::Aborted);
     let late = store.stage_block(&closed, &block("c"), &chunk(1), 5).await;
-    assert!(matches!(late, Err(MetaError::Stale)), "a closed upload takes no blocks: {late:?}");
+    assert!(
+        matches!(late, Err(MetaError::Stale)),
+        "a closed upload takes no blocks: {late:?}"
+    );
 }
 
 async fn a_second_entry_for_a_slot_is_refused_and_leaves_nothing_behind(store: &dyn MetaStore) {
@@ -313,7 +353,10 @@ async fn a_second_entry_for_a_slot_is_refused_and_leaves_nothing_behind(store: &
     // The store enforces one open upload per slot; refusing a reservation because an entry
     // exists is the domain's rule, so a second upload can be opened and must fail at finalize.
     let second = reserve(store, &s, 2).await;
-    store.commit_parts(&second, &[(block("x"), chunk(10))], 3).await.unwrap();
+    store
+        .commit_parts(&second, &[(block("x"), chunk(10))], 3)
+        .await
+        .unwrap();
     let second = store.upload(second.id).await.unwrap().unwrap();
     let err = store
         .finalize(
@@ -346,8 +389,14 @@ async fn keys_match_case_insensitively_and_nothing_else_is_folded(store: &dyn Me
     let sharp = save(store, &slot(repo, "straße"), &[1], 6).await;
     let german = save(store, &slot(repo, "strasse"), &[1], 7).await;
 
-    assert_eq!(best(store, repo, "node-linux").await.as_deref(), Some("Node-LINUX"));
-    assert_eq!(best(store, repo, "NODE-linux").await.as_deref(), Some("Node-LINUX"));
+    assert_eq!(
+        best(store, repo, "node-linux").await.as_deref(),
+        Some("Node-LINUX")
+    );
+    assert_eq!(
+        best(store, repo, "NODE-linux").await.as_deref(),
+        Some("Node-LINUX")
+    );
     let exact = |key: &str| {
         let key = key.to_lowercase();
         async move {
@@ -392,10 +441,17 @@ async fn prefix_matches_are_byte_wise_and_newest_first(store: &dyn MetaStore) {
     save(store, &slot(repo, "tie-b"), &[1], 60).await;
 
     assert_eq!(best(store, repo, "npm-").await.as_deref(), Some("npm-3"));
-    assert_eq!(best(store, repo, "npm").await.as_deref(), Some("npm"), "exact beats newer");
+    assert_eq!(
+        best(store, repo, "npm").await.as_deref(),
+        Some("npm"),
+        "exact beats newer"
+    );
     assert_eq!(best(store, repo, "np").await.as_deref(), Some("npn-9"));
     assert_eq!(best(store, repo, "npm-\u{1F6}").await, None);
-    assert_eq!(best(store, repo, "npm-\u{1F600}").await.as_deref(), Some("npm-\u{1F600}"));
+    assert_eq!(
+        best(store, repo, "npm-\u{1F600}").await.as_deref(),
+        Some("npm-\u{1F600}")
+    );
     assert_eq!(best(store, repo, "NPM-É").await.as_deref(), Some("npm-é"));
     // LIKE wildcards in a key are plain characters.
     assert_eq!(best(store, repo, "npm-%").await.as_deref(), Some("npm-%_"));
@@ -406,14 +462,35 @@ async fn prefix_matches_are_byte_wise_and_newest_first(store: &dyn MetaStore) {
 
 async fn repositories_scopes_and_versions_are_separate(store: &dyn MetaStore) {
     save(store, &slot_in("iso-a", MAIN, "k", "v1"), &[1], 1).await;
-    save(store, &slot_in("iso-b", "refs/heads/other", "k", "v1"), &[1], 1).await;
+    save(
+        store,
+        &slot_in("iso-b", "refs/heads/other", "k", "v1"),
+        &[1],
+        1,
+    )
+    .await;
     save(store, &slot_in("iso-c", MAIN, "k", "v2"), &[1], 1).await;
     assert_eq!(lookup(store, "iso-a", &["k"]).await.len(), 1);
-    assert!(lookup(store, "iso-b", &["k"]).await.is_empty(), "other scope");
-    assert!(lookup(store, "iso-c", &["k"]).await.is_empty(), "other version");
-    assert!(lookup(store, "iso-d", &["k"]).await.is_empty(), "other repository");
+    assert!(
+        lookup(store, "iso-b", &["k"]).await.is_empty(),
+        "other scope"
+    );
+    assert!(
+        lookup(store, "iso-c", &["k"]).await.is_empty(),
+        "other version"
+    );
+    assert!(
+        lookup(store, "iso-d", &["k"]).await.is_empty(),
+        "other repository"
+    );
     // The same key may be saved once per scope and version.
-    save(store, &slot_in("iso-a", "refs/heads/other", "k", "v1"), &[1], 2).await;
+    save(
+        store,
+        &slot_in("iso-a", "refs/heads/other", "k", "v1"),
+        &[1],
+        2,
+    )
+    .await;
     save(store, &slot_in("iso-a", MAIN, "k", "v2"), &[1], 2).await;
 }
 
@@ -436,7 +513,10 @@ async fn longest_keys_and_versions_fit(store: &dyn MetaStore) {
             )
             .await
             .unwrap();
-        assert!(found.iter().any(|c| c.id == id && &c.key == key), "a long key is found by prefix");
+        assert!(
+            found.iter().any(|c| c.id == id && &c.key == key),
+            "a long key is found by prefix"
+        );
         assert_eq!(store.entry(id).await.unwrap().unwrap().0.key, *key);
     }
 }
@@ -457,7 +537,10 @@ async fn forgetting_after_a_crash_drops_new_entries_and_open_uploads(store: &dyn
     let (_, new_chunks) = store.entry(new).await.unwrap().unwrap();
     let open = reserve(store, &slot("forget", "open"), 3_000).await;
     let staged = chunk(7);
-    store.stage_block(&open, &block("a"), &staged, 3_001).await.unwrap();
+    store
+        .stage_block(&open, &block("a"), &staged, 3_001)
+        .await
+        .unwrap();
 
     let (forgotten, garbage) = store.forget_after(2_000, 4_000).await.unwrap();
     assert!(forgotten >= 1);

@@ -7,9 +7,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use super::{
-    EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, SlotState,
-};
+use super::{EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, SlotState};
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, Millis, RepoId, Scope, Slot, Upload,
     UploadBlocks, UploadId, UploadState, Version,

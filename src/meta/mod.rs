@@ -194,10 +194,15 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug + 'static {
 
 /// Opens the store a database URL names (`sqlite://PATH`, `postgres://…`, `mysql://…`) and
 /// brings its schema up to date.
-pub async fn open(url: &DatabaseUrl, pool_size: u32) -> Result<std::sync::Arc<dyn MetaStore>, MetaError> {
+pub async fn open(
+    url: &DatabaseUrl,
+    pool_size: u32,
+) -> Result<std::sync::Arc<dyn MetaStore>, MetaError> {
     Ok(match url {
         DatabaseUrl::Sqlite(path) => std::sync::Arc::new(SqliteStore::open(path).await?),
-        DatabaseUrl::Postgres(url) => std::sync::Arc::new(PostgresStore::open(url, pool_size).await?),
+        DatabaseUrl::Postgres(url) => {
+            std::sync::Arc::new(PostgresStore::open(url, pool_size).await?)
+        }
         DatabaseUrl::MySql(url) => std::sync::Arc::new(MySqlStore::open(url, pool_size).await?),
     })
 }

@@ -18,8 +18,8 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{AssertSqlSafe, Executor, MySql, Row, Transaction};
 
 use super::sql::{
-    bucket, candidates_sql, chunk_from_parts, from_sqlx, prefix_end, slot_hash,
-    upload_from_parts, UploadRow,
+    bucket, candidates_sql, chunk_from_parts, from_sqlx, prefix_end, slot_hash, upload_from_parts,
+    UploadRow,
 };
 use super::{EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, SlotState};
 use crate::model::{
@@ -76,13 +76,16 @@ impl MySqlStore {
             ));
         }
         let applied = async {
-            sqlx::raw_sql("CREATE TABLE IF NOT EXISTS hoard_schema (version BIGINT NOT NULL) ENGINE = InnoDB")
-                .execute(&mut *conn)
-                .await?;
-            let current: i64 =
-                sqlx::query_scalar("SELECT CAST(COALESCE(MAX(version), 0) AS SIGNED) FROM hoard_schema")
-                    .fetch_one(&mut *conn)
-                    .await?;
+            sqlx::raw_sql(
+                "CREATE TABLE IF NOT EXISTS hoard_schema (version BIGINT NOT NULL) ENGINE = InnoDB",
+            )
+            .execute(&mut *conn)
+            .await?;
+            let current: i64 = sqlx::query_scalar(
+                "SELECT CAST(COALESCE(MAX(version), 0) AS SIGNED) FROM hoard_schema",
+            )
+            .fetch_one(&mut *conn)
+            .await?;
             let newest = MIGRATIONS.last().map_or(0, |m| m.0);
             if current > newest {
                 return Ok(Err(MetaError::Corrupt(format!(
@@ -154,7 +157,11 @@ fn chunk_from_row(r: &MySqlRow, first: usize) -> Result<Chunk, MetaError> {
 }
 
 /// Bumps the upload's revision if it is still open at the loaded one, else `Stale`.
-async fn claim(tx: &mut Transaction<'_, MySql>, upload: &Upload, now: Millis) -> Result<(), MetaError> {
+async fn claim(
+    tx: &mut Transaction<'_, MySql>,
+    upload: &Upload,
+    now: Millis,
+) -> Result<(), MetaError> {
     let changed = sqlx::query(
         "UPDATE uploads SET revision = revision + 1, updated_at = ?
          WHERE id = ? AND revision = ? AND state = 'open'",
@@ -185,7 +192,11 @@ async fn drop_blocks(tx: &mut Transaction<'_, MySql>, upload: UploadId) -> Resul
     Ok(())
 }
 
-async fn set_state(tx: &mut Transaction<'_, MySql>, upload: UploadId, state: &str) -> Result<(), MetaError> {
+async fn set_state(
+    tx: &mut Transaction<'_, MySql>,
+    upload: UploadId,
+    state: &str,
+) -> Result<(), MetaError> {
     sqlx::query("UPDATE uploads SET state = ? WHERE id = ?")
         .bind(state)
         .bind(upload)
@@ -208,7 +219,10 @@ async fn insert_rows<T>(
 ) -> Result<(), MetaError> {
     let tuple = format!("({})", vec!["?"; width].join(", "));
     for batch in rows.chunks(ROWS_PER_INSERT) {
-        let sql = format!("{head} VALUES {}", vec![tuple.as_str(); batch.len()].join(", "));
+        let sql = format!(
+            "{head} VALUES {}",
+            vec![tuple.as_str(); batch.len()].join(", ")
+        );
         let mut query = sqlx::query(AssertSqlSafe(sql));
         for row in batch {
             query = bind(query, row);

@@ -15,8 +15,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 
 use super::sql::{
-    bucket, candidates_sql, chunk_from_parts, from_sqlx, prefix_end, slot_hash,
-    upload_from_parts, UploadRow,
+    bucket, candidates_sql, chunk_from_parts, from_sqlx, prefix_end, slot_hash, upload_from_parts,
+    UploadRow,
 };
 use super::{EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, SlotState};
 use crate::model::{
@@ -27,7 +27,7 @@ use crate::model::{
 /// Migrations compiled into the binary, applied in order; `hoard_schema` records the last one.
 const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("migrations/postgres/0001_init.sql"))];
 /// Key of the advisory lock that serializes migrations across processes ("hoard" in ASCII).
-const MIGRATION_LOCK: i64 = 0x686f_6172_64;
+const MIGRATION_LOCK: i64 = 0x68_6f61_7264;
 
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
@@ -63,9 +63,10 @@ impl PostgresStore {
             sqlx::raw_sql("CREATE TABLE IF NOT EXISTS hoard_schema (version BIGINT NOT NULL)")
                 .execute(&mut *conn)
                 .await?;
-            let current: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM hoard_schema")
-                .fetch_one(&mut *conn)
-                .await?;
+            let current: i64 =
+                sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM hoard_schema")
+                    .fetch_one(&mut *conn)
+                    .await?;
             let newest = MIGRATIONS.last().map_or(0, |m| m.0);
             if current > newest {
                 return Ok(Err(MetaError::Corrupt(format!(
@@ -123,7 +124,11 @@ fn chunk_from_row(r: &PgRow, first: usize) -> Result<Chunk, MetaError> {
 }
 
 /// Bumps the upload's revision if it is still open at the loaded one, else `Stale`.
-async fn claim(tx: &mut Transaction<'_, Postgres>, upload: &Upload, now: Millis) -> Result<(), MetaError> {
+async fn claim(
+    tx: &mut Transaction<'_, Postgres>,
+    upload: &Upload,
+    now: Millis,
+) -> Result<(), MetaError> {
     let changed = sqlx::query(
         "UPDATE uploads SET revision = revision + 1, updated_at = $1
          WHERE id = $2 AND revision = $3 AND state = 'open'",
@@ -140,7 +145,10 @@ async fn claim(tx: &mut Transaction<'_, Postgres>, upload: &Upload, now: Millis)
     Ok(())
 }
 
-async fn drop_blocks(tx: &mut Transaction<'_, Postgres>, upload: UploadId) -> Result<(), MetaError> {
+async fn drop_blocks(
+    tx: &mut Transaction<'_, Postgres>,
+    upload: UploadId,
+) -> Result<(), MetaError> {
     sqlx::query("DELETE FROM staged_blocks WHERE upload_id = $1")
         .bind(upload)
         .execute(&mut **tx)

@@ -5,7 +5,11 @@ use super::MetaError;
 use crate::model::{BlobName, Chunk, RepoId, Scope, Upload, UploadState};
 
 /// A chunk's stored columns, re-validated: the name must be one the server makes.
-pub(super) fn chunk_from_parts(name: String, size: i64, digest: Vec<u8>) -> Result<Chunk, MetaError> {
+pub(super) fn chunk_from_parts(
+    name: String,
+    size: i64,
+    digest: Vec<u8>,
+) -> Result<Chunk, MetaError> {
     let blob =
         BlobName::parse(&name).ok_or_else(|| MetaError::Corrupt(format!("blob name {name:?}")))?;
     let sha256 = digest
@@ -64,7 +68,11 @@ fn digest(fields: &[&[u8]]) -> Vec<u8> {
 /// The networked stores' index key for one (repository, version, scope): a fixed 32 bytes,
 /// because the columns themselves together are longer than MySQL's and PostgreSQL's index
 /// entries may be. Lookups scan `(bucket, key_folded)` ranges, and also compare the columns.
-pub(super) fn bucket(repository: &RepoId, version: &crate::model::Version, scope: &Scope) -> Vec<u8> {
+pub(super) fn bucket(
+    repository: &RepoId,
+    version: &crate::model::Version,
+    scope: &Scope,
+) -> Vec<u8> {
     digest(&[
         repository.as_str().as_bytes(),
         version.as_str().as_bytes(),

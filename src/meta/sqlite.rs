@@ -18,9 +18,7 @@ use rusqlite::{
 };
 
 use super::sql::{chunk_from_parts, upload_from_parts, UploadRow};
-use super::{
-    EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, SlotState,
-};
+use super::{EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, SlotState};
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, Millis, RepoId, Scope, Slot, Upload,
     UploadBlocks, UploadId, UploadState, Version,
@@ -30,7 +28,10 @@ use crate::model::{
 /// records the last one applied.
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("migrations/sqlite/0001_init.sql")),
-    (2, include_str!("migrations/sqlite/0002_upload_revision.sql")),
+    (
+        2,
+        include_str!("migrations/sqlite/0002_upload_revision.sql"),
+    ),
 ];
 const MAX_READERS: usize = 8;
 
@@ -527,7 +528,12 @@ impl MetaStore for SqliteStore {
 
     async fn finalize(&self, upload: &Upload, entry: NewEntry<'_>) -> Result<EntryId, MetaError> {
         let (repo, scope, folded, version) = slot_params(entry.slot);
-        let (upload, key, chunks, now) = (upload.clone(), entry.key.to_owned(), entry.chunks.to_vec(), entry.now);
+        let (upload, key, chunks, now) = (
+            upload.clone(),
+            entry.key.to_owned(),
+            entry.chunks.to_vec(),
+            entry.now,
+        );
         self.write(move |tx| {
             claim(tx, &upload, now)?;
             let size: u64 = chunks.iter().map(|c| c.size).sum();

@@ -17,7 +17,10 @@ pub enum Server {
 impl Server {
     fn admin_url(self) -> String {
         let (var, default) = match self {
-            Self::Postgres => ("HOARD_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
+            Self::Postgres => (
+                "HOARD_TEST_POSTGRES_URL",
+                "postgres://postgres@127.0.0.1:5432/postgres",
+            ),
             Self::MySql => ("HOARD_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/mysql"),
         };
         std::env::var(var).unwrap_or_else(|_| default.to_owned())
@@ -54,20 +57,32 @@ impl TestDatabase {
             return None;
         }
         let admin = server.admin_url();
-        let name = format!("hoard_test_{}", &hoard::model::BlobName::random().as_str()[..12]);
+        let name = format!(
+            "hoard_test_{}",
+            &hoard::model::BlobName::random().as_str()[..12]
+        );
         let create = format!("CREATE DATABASE {name}");
         let result = match server {
             Server::Postgres => match sqlx::PgConnection::connect(&admin).await {
-                Ok(mut c) => sqlx::raw_sql(AssertSqlSafe(create)).execute(&mut c).await.map(drop),
+                Ok(mut c) => sqlx::raw_sql(AssertSqlSafe(create))
+                    .execute(&mut c)
+                    .await
+                    .map(drop),
                 Err(e) => Err(e),
             },
             Server::MySql => match sqlx::MySqlConnection::connect(&admin).await {
-                Ok(mut c) => sqlx::raw_sql(AssertSqlSafe(create)).execute(&mut c).await.map(drop),
+                Ok(mut c) => sqlx::raw_sql(AssertSqlSafe(create))
+                    .execute(&mut c)
+                    .await
+                    .map(drop),
                 Err(e) => Err(e),
             },
         };
         if let Err(e) = result {
-            panic!("cannot create a test database on {admin}: {e}; {}", server.how_to_start());
+            panic!(
+                "cannot create a test database on {admin}: {e}; {}",
+                server.how_to_start()
+            );
         }
         let mut url = url::Url::parse(&admin).unwrap();
         url.set_path(&format!("/{name}"));
@@ -86,7 +101,10 @@ impl TestDatabase {
         );
         // Drop runs outside any runtime the test may have; use a small one of our own.
         let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
             rt.block_on(async move {
                 match server {
                     Server::Postgres => {
