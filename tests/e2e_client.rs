@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::databases::{Backend, Server};
 use common::{files_under, main_token, random_bytes, token, MAIN, SERVICE};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -28,11 +29,15 @@ struct Hoard {
 impl Hoard {
     /// Trusts HS256 tokens signed with the test secret.
     fn start(data: &Path) -> Self {
+        Self::start_on(data, &Backend::sqlite())
+    }
+
+    /// Like [`Hoard::start`], with its metadata on `backend`.
+    fn start_on(data: &Path, backend: &Backend) -> Self {
         let secret = common::secret_file(data);
-        Self::start_with(
-            data,
-            &["--token-hs256-secret-file", secret.to_str().unwrap()],
-        )
+        let mut args = vec!["--token-hs256-secret-file", secret.to_str().unwrap()];
+        args.extend(backend.args());
+        Self::start_with(data, &args)
     }
 
     fn start_with(data: &Path, extra: &[&str]) -> Self {
@@ -239,10 +244,12 @@ fn saved_id(result: &Value, output: &str) -> i64 {
     id
 }
 
-#[test]
-fn small_entries_round_trip_and_follow_githubs_rules() {
+fn small_entries_round_trip_and_follow_githubs_rules_with(server: Option<Server>) {
+    let Some(backend) = Backend::create(server) else {
+        return;
+    };
     let data = tempfile::tempdir().unwrap();
-    let hoard = Hoard::start(data.path());
+    let hoard = Hoard::start_on(data.path(), &backend);
     let (srv, t) = (hoard.base.as_str(), main_token());
     let ws = Workspace::new();
 
@@ -317,10 +324,12 @@ fn small_entries_round_trip_and_follow_githubs_rules() {
     assert!(out.contains("cache write denied"), "{out}");
 }
 
-#[test]
-fn large_entries_use_single_put_and_block_paths_in_bounded_memory() {
+fn large_entries_use_single_put_and_block_paths_in_bounded_memory_with(server: Option<Server>) {
+    let Some(backend) = Backend::create(server) else {
+        return;
+    };
     let data = tempfile::tempdir().unwrap();
-    let hoard = Hoard::start(data.path());
+    let hoard = Hoard::start_on(data.path(), &backend);
     let (srv, t) = (hoard.base.as_str(), main_token());
     let ws = Workspace::new();
 
@@ -365,10 +374,12 @@ fn large_entries_use_single_put_and_block_paths_in_bounded_memory() {
     );
 }
 
-#[test]
-fn four_concurrent_saves_of_one_key_have_one_winner() {
+fn four_concurrent_saves_of_one_key_have_one_winner_with(server: Option<Server>) {
+    let Some(backend) = Backend::create(server) else {
+        return;
+    };
     let data = tempfile::tempdir().unwrap();
-    let hoard = Hoard::start(data.path());
+    let hoard = Hoard::start_on(data.path(), &backend);
     let (srv, t) = (hoard.base.as_str(), main_token());
     let jobs: Vec<(Workspace, String)> = (0..4)
         .map(|i| {
@@ -645,20 +656,23 @@ async fn wait_for_refusal(base: &str) -> bool {
 
 /// Every isolation rule of issue #4 point 2, through the real client with RS256 tokens of a test
 /// issuer (verified against its JWKS file) scoped as GitHub scopes them (PROTOCOL.md §8–§9).
-#[test]
-fn branches_pull_requests_and_repositories_are_isolated_for_the_real_client() {
+fn branches_pull_requests_and_repositories_are_isolated_for_the_real_client_with(
+    server: Option<Server>,
+) {
+    let Some(backend) = Backend::create(server) else {
+        return;
+    };
     let data = tempfile::tempdir().unwrap();
     let issuer = common::issuer::Issuer::new("https://token.issuer.test");
     let jwks = issuer.write_jwks(data.path());
-    let hoard = Hoard::start_with(
-        data.path(),
-        &[
-            "--token-issuer",
-            "https://token.issuer.test",
-            "--jwks-file",
-            jwks.to_str().unwrap(),
-        ],
-    );
+    let mut args = vec![
+        "--token-issuer",
+        "https://token.issuer.test",
+        "--jwks-file",
+        jwks.to_str().unwrap(),
+    ];
+    args.extend(backend.args());
+    let hoard = Hoard::start_with(data.path(), &args);
     let srv = hoard.base.as_str();
     const FEATURE: &str = "refs/heads/feature";
     let main = issuer.token("1", &[(MAIN, 3)]);
@@ -770,4 +784,164 @@ fn branches_pull_requests_and_repositories_are_isolated_for_the_real_client() {
     // A token signed by anyone else is refused: the client treats it as a miss.
     let forger = common::issuer::Issuer::new("https://token.issuer.test");
     assert_eq!(restore_sha(&forger.token("1", &[(MAIN, 3)]), "deps"), None);
+}
+
+#[test]
+fn small_entries_round_trip_and_follow_githubs_rules() {
+    small_entries_round_trip_and_follow_githubs_rules_with(None);
+}
+
+#[test]
+fn small_entries_round_trip_and_follow_githubs_rules_on_postgres() {
+    small_entries_round_trip_and_follow_githubs_rules_with(Some(Server::Postgres));
+}
+
+#[test]
+fn small_entries_round_trip_and_follow_githubs_rules_on_mariadb() {
+    small_entries_round_trip_and_follow_githubs_rules_with(Some(Server::MySql));
+}
+
+#[test]
+fn large_entries_use_single_put_and_block_paths_in_bounded_memory() {
+    large_entries_use_single_put_and_block_paths_in_bounded_memory_with(None);
+}
+
+#[test]
+fn large_entries_use_single_put_and_block_paths_in_bounded_memory_on_postgres() {
+    large_entries_use_single_put_and_block_paths_in_bounded_memory_with(Some(Server::Postgres));
+}
+
+#[test]
+fn large_entries_use_single_put_and_block_paths_in_bounded_memory_on_mariadb() {
+    large_entries_use_single_put_and_block_paths_in_bounded_memory_with(Some(Server::MySql));
+}
+
+#[test]
+fn four_concurrent_saves_of_one_key_have_one_winner() {
+    four_concurrent_saves_of_one_key_have_one_winner_with(None);
+}
+
+#[test]
+fn four_concurrent_saves_of_one_key_have_one_winner_on_postgres() {
+    four_concurrent_saves_of_one_key_have_one_winner_with(Some(Server::Postgres));
+}
+
+#[test]
+fn four_concurrent_saves_of_one_key_have_one_winner_on_mariadb() {
+    four_concurrent_saves_of_one_key_have_one_winner_with(Some(Server::MySql));
+}
+
+#[test]
+fn branches_pull_requests_and_repositories_are_isolated_for_the_real_client() {
+    branches_pull_requests_and_repositories_are_isolated_for_the_real_client_with(None);
+}
+
+#[test]
+fn branches_pull_requests_and_repositories_are_isolated_for_the_real_client_on_postgres() {
+    branches_pull_requests_and_repositories_are_isolated_for_the_real_client_with(Some(
+        Server::Postgres,
+    ));
+}
+
+#[test]
+fn branches_pull_requests_and_repositories_are_isolated_for_the_real_client_on_mariadb() {
+    branches_pull_requests_and_repositories_are_isolated_for_the_real_client_with(Some(
+        Server::MySql,
+    ));
+}
+
+/// Two `hoard serve` processes on one database, one data directory and one signing key
+/// (issue #7, point 5): a reservation race across them has one winner, an entry saved through
+/// one restores through the other with the real client, and a link signed by one is honoured
+/// by the other.
+fn two_processes_share_one_database(server: Server) {
+    let Some(backend) = Backend::create(Some(server)) else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let a = Hoard::start_on(data.path(), &backend);
+    let b = Hoard::start_on(data.path(), &backend);
+    let t = main_token();
+
+    // The real client saves through one and restores through the other, both ways.
+    let ws = Workspace::new();
+    let sum = ws.write_random("deps/out.bin", 3 * MIB, 40);
+    saved_id(
+        &ws.save(&a.base, &t, "shared-1", &["deps"]).0,
+        "save through a",
+    );
+    ws.remove("deps");
+    let (res, out) = ws.restore(&b.base, &t, "shared-1", &[], &["deps"]);
+    assert_eq!(res, "shared-1", "{out}");
+    assert_eq!(sha256_file(&ws.path("deps/out.bin")), sum);
+    let sum = ws.write_random("deps/out.bin", MIB, 41);
+    saved_id(
+        &ws.save(&b.base, &t, "shared-2", &["deps"]).0,
+        "save through b",
+    );
+    ws.remove("deps");
+    let (res, out) = ws.restore(&a.base, &t, "shared-", &[], &["deps"]);
+    assert_eq!(
+        res, "shared-2",
+        "the newest prefix match, whichever process saved it: {out}"
+    );
+    assert_eq!(sha256_file(&ws.path("deps/out.bin")), sum);
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let http = reqwest::Client::new();
+        // Eight concurrent reservations of one key, alternating between the processes.
+        let attempts: Vec<_> = (0..8)
+            .map(|i| {
+                let (http, t) = (http.clone(), t.clone());
+                let base = if i % 2 == 0 { a.base.clone() } else { b.base.clone() };
+                tokio::spawn(async move {
+                    let body = serde_json::json!({"key": "raced", "version": common::VERSION});
+                    (twirp(&http, &base, &t, "CreateCacheEntry", body).await, base)
+                })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        for attempt in attempts {
+            let (res, base) = attempt.await.unwrap();
+            if res["ok"] == true {
+                winners.push((base, res["signed_upload_url"].as_str().unwrap().to_owned()));
+            }
+        }
+        assert_eq!(winners.len(), 1, "one winner across both processes");
+
+        // The winner's link, signed by whichever process answered, is taken by the other one;
+        // then finalize through b and restore through a.
+        let (signer, link) = &winners[0];
+        let other = if *signer == a.base { &b.base } else { &a.base };
+        let link = link.replace(signer.as_str(), other);
+        let payload = random_bytes(70_000, 42);
+        let put = http
+            .put(&link)
+            .header("x-ms-blob-type", "BlockBlob")
+            .body(payload.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(put.status(), 201, "{}", put.text().await.unwrap());
+        let body = serde_json::json!({"key": "raced", "version": common::VERSION, "size_bytes": payload.len()});
+        let fin = twirp(&http, &b.base, &t, "FinalizeCacheEntryUpload", body).await;
+        assert_eq!(fin["ok"], true, "{fin}");
+        let body = serde_json::json!({"key": "raced", "version": common::VERSION});
+        let hit = twirp(&http, &a.base, &t, "GetCacheEntryDownloadURL", body).await;
+        assert_eq!(hit["ok"], true, "{hit}");
+        let url = hit["signed_download_url"].as_str().unwrap().replace(&a.base, &b.base);
+        let got = http.get(url).send().await.unwrap().bytes().await.unwrap();
+        assert_eq!(got.as_ref(), payload.as_slice(), "a link a signed opens on b");
+    });
+}
+
+#[test]
+fn two_processes_share_one_database_on_postgres() {
+    two_processes_share_one_database(Server::Postgres);
+}
+
+#[test]
+fn two_processes_share_one_database_on_mariadb() {
+    two_processes_share_one_database(Server::MySql);
 }

@@ -3,12 +3,11 @@
 //! on one database keeps its data.
 #![allow(clippy::unwrap_used)]
 
-#[path = "common/databases.rs"]
-mod databases;
+mod common;
 
 use std::sync::Arc;
 
-use databases::{Server, TestDatabase};
+use common::databases::{Server, TestDatabase};
 use hoard::meta::{self, conformance, DatabaseUrl, MemoryStore, MetaStore};
 
 #[tokio::test]

@@ -82,16 +82,21 @@ impl UrlSigner {
         }
         let mut key = vec![0u8; 32];
         rand::thread_rng().fill_bytes(&mut key);
+        // Written whole under a private name, then linked into place: a process starting at
+        // the same moment sees either no key or a complete one, and the first link wins.
+        let staging = path.with_extension(format!("new-{}", std::process::id()));
         let mut options = fs::OpenOptions::new();
-        options.write(true).create_new(true);
+        options.write(true).create(true).truncate(true);
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        match options.open(path) {
-            Ok(mut file) => {
-                file.write_all(&key)?;
-                file.sync_all()?;
-                Ok(Self::new(key))
-            }
+        let written = options.open(&staging).and_then(|mut file| {
+            file.write_all(&key)?;
+            file.sync_all()
+        });
+        let linked = written.and_then(|()| fs::hard_link(&staging, path));
+        let _ = fs::remove_file(&staging);
+        match linked {
+            Ok(()) => Ok(Self::new(key)),
             // Another process made it first: use theirs.
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Self::load_or_create(path),
             Err(e) => Err(e),

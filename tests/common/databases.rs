@@ -125,6 +125,42 @@ impl TestDatabase {
     }
 }
 
+/// Where a test server keeps its metadata: SQLite in its data directory, or a throwaway
+/// database on a server.
+pub struct Backend {
+    database: Option<TestDatabase>,
+}
+
+impl Backend {
+    pub fn sqlite() -> Self {
+        Self { database: None }
+    }
+
+    /// SQLite for `None`; else a fresh database on the server, or `None` when the user asked
+    /// to skip that server. For synchronous tests.
+    pub fn create(server: Option<Server>) -> Option<Self> {
+        let Some(server) = server else {
+            return Some(Self::sqlite());
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let database = rt.block_on(TestDatabase::create(server))?;
+        Some(Self {
+            database: Some(database),
+        })
+    }
+
+    /// The `hoard serve` arguments that select it.
+    pub fn args(&self) -> Vec<&str> {
+        match &self.database {
+            Some(db) => vec!["--database-url", db.url.as_str()],
+            None => Vec::new(),
+        }
+    }
+}
+
 impl Drop for TestDatabase {
     fn drop(&mut self) {
         self.drop_now();

@@ -11,6 +11,7 @@ use clap::Parser;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+pub mod databases;
 pub mod issuer;
 
 pub const SERVICE: &str = "/twirp/github.actions.results.api.v1.CacheService/";
