@@ -102,6 +102,12 @@ pub struct ServeArgs {
     #[arg(long, env = "HOARD_MAX_OPEN_UPLOADS", default_value_t = 1000)]
     pub max_open_uploads: u32,
 
+    /// How long a lookup's answer is reused for the same keys. Exact within one process; with
+    /// several processes on one database, an entry saved through another becomes visible here
+    /// within this time. 0s turns it off.
+    #[arg(long, env = "HOARD_LOOKUP_CACHE_TTL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub lookup_cache_ttl: Duration,
+
     /// A client must send a request's headers within this time.
     #[arg(long, env = "HOARD_HEADER_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub header_timeout: Duration,
@@ -157,6 +163,7 @@ pub struct Config {
     pub reservation_ttl: Duration,
     pub sync_interval: Duration,
     pub shutdown_timeout: Duration,
+    pub lookup_cache_ttl: Duration,
     pub tokens: crate::auth::TokenSettings,
     /// The link signing key, if given directly; else `signing_key_file` is used.
     pub signing_key: Option<Vec<u8>>,
@@ -268,6 +275,7 @@ impl ServeArgs {
             reservation_ttl: self.reservation_ttl,
             sync_interval: self.sync_interval,
             shutdown_timeout: self.shutdown_timeout,
+            lookup_cache_ttl: self.lookup_cache_ttl,
         })
     }
 }

@@ -85,6 +85,7 @@ pub async fn build_state(
             sync_interval: config.sync_interval,
             max_open_uploads: config.limits.max_open_uploads,
             max_entry_size: config.limits.max_entry_size,
+            lookup_cache_ttl: config.lookup_cache_ttl,
         },
         Arc::new(SystemClock),
     );

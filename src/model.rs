@@ -1,4 +1,6 @@
-//! The domain's vocabulary: validated newtypes for what clients send and what the server makes.
+//! The vocabulary every layer shares (the bottom of the module graph: it imports no other part of
+//! hoard): validated newtypes for what clients send and what the server makes, and the records
+//! of entries, uploads and chunks that the stores load and the domain decides on.
 //!
 //! Every value that crosses the HTTP boundary is parsed into one of these before the domain sees
 //! it, so the rules (PROTOCOL.md §2.5, §9 "Key constraints") live in one place.

@@ -1,8 +1,15 @@
 //! The domain: who may reserve, upload, finalize and restore what, and in which order entries
 //! match. Talks only to [`MetaStore`] and [`BlobStore`]; knows nothing of HTTP.
+//!
+//! Every change follows one pattern: load state from the metadata store, decide with a pure
+//! function of [`upload`] or [`matching`], and have the store apply the decision only if the
+//! state it was made on is unchanged (the upload's revision). A change refused as stale is
+//! decided again on fresh state, so concurrent requests, in this process or another one sharing
+//! the database, never apply a decision made on state that no longer holds.
 
 pub mod durability;
 pub mod matching;
+pub mod recent;
 pub mod upload;
 pub mod usage;
 
@@ -76,6 +83,8 @@ pub struct Policy {
     pub max_open_uploads: u32,
     /// Largest entry accepted, in bytes.
     pub max_entry_size: u64,
+    /// How long a lookup's answer is reused (see [`recent`]); zero turns that off.
+    pub lookup_cache_ttl: Duration,
 }
 
 /// A restore hit.
@@ -100,6 +109,7 @@ pub struct Cache {
     policy: Policy,
     clock: Arc<dyn Clock>,
     usage: usage::UsageBuffer,
+    recent: Arc<recent::RecentLookups>,
 }
 
 impl Cache {
@@ -109,19 +119,24 @@ impl Cache {
         policy: Policy,
         clock: Arc<dyn Clock>,
     ) -> Self {
+        let policy_ttl = policy.lookup_cache_ttl;
         Self {
             meta,
             blobs,
             policy,
             clock,
             usage: usage::UsageBuffer::default(),
+            recent: Arc::new(recent::RecentLookups::new(policy_ttl)),
         }
     }
 
     /// Start-up recovery: forgets entries a machine crash may have damaged (see
     /// [`durability`]). Run before serving.
     pub async fn recover(&self) -> Result<(), CacheError> {
-        durability::recover(self.meta.as_ref(), self.blobs.as_ref(), self.clock.now()).await
+        let recovered =
+            durability::recover(self.meta.as_ref(), self.blobs.as_ref(), self.clock.now()).await;
+        self.recent.invalidate();
+        recovered
     }
 
     /// Starts the background work of the domain (writing restore counts, syncing chunks to
@@ -355,6 +370,7 @@ impl Cache {
                     Err(MetaError::Conflict) => return Err(CacheError::Conflict),
                     other => other?,
                 };
+                self.recent.invalidate();
                 self.collect(garbage).await;
                 Ok(entry)
             }
@@ -396,10 +412,25 @@ impl Cache {
             return Err(CacheError::ReadDenied);
         }
         let folded: Vec<String> = lookup.keys.iter().map(CacheKey::folded).collect();
-        let candidates = self
-            .meta
-            .find_candidates(&who.repository, &lookup.version, &who.read_scopes, &folded)
-            .await?;
+        let key = recent::RecentLookups::key(
+            &who.repository,
+            &lookup.version,
+            &who.read_scopes,
+            &folded,
+        );
+        let candidates = match self.recent.get(&key, self.clock.now()) {
+            Some(known) => known,
+            None => {
+                let started = self.recent.generation();
+                let found = Arc::new(
+                    self.meta
+                        .find_candidates(&who.repository, &lookup.version, &who.read_scopes, &folded)
+                        .await?,
+                );
+                self.recent.put(key, started, self.clock.now(), found.clone());
+                found
+            }
+        };
         let Some(best) = matching::best_match(&who.read_scopes, &folded, &candidates) else {
             return Ok(None);
         };

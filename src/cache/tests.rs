@@ -36,6 +36,7 @@ fn world_with(max_open_uploads: u32, max_entry_size: u64) -> World {
             sync_interval: Duration::from_secs(30),
             max_open_uploads,
             max_entry_size,
+            lookup_cache_ttl: Duration::from_secs(1),
         },
         clock.clone(),
     );
@@ -460,4 +461,28 @@ fn a_range_maps_onto_the_chunks_it_touches() {
 fn empty_chunks_are_skipped() {
     let c = chunks(&[0, 4]);
     assert_eq!(slices(&c, 0, 4), [(1, 0, 4)]);
+}
+
+#[tokio::test]
+async fn lookups_are_exact_within_a_process_and_bounded_by_the_ttl_across_processes() {
+    let w = world();
+    let me = who("1");
+    // A second process on the same metadata and chunks, with the same clock.
+    let other = Cache::new(
+        w.meta.clone(),
+        w.blobs.clone(),
+        w.cache.policy.clone(),
+        w.clock.clone(),
+    );
+    let lookup = Lookup::parse("k", &[], "v").unwrap();
+    assert!(w.cache.lookup(&me, &lookup).await.unwrap().is_none());
+    assert!(other.lookup(&me, &lookup).await.unwrap().is_none());
+
+    w.save(&me, "k", b"abc").await;
+    // The process that saved sees the entry at once, although it had just answered a miss.
+    assert!(w.cache.lookup(&me, &lookup).await.unwrap().is_some());
+    // The other one reuses its recent miss until the TTL has passed, then finds the entry.
+    assert!(other.lookup(&me, &lookup).await.unwrap().is_none());
+    w.clock.advance(Duration::from_secs(1));
+    assert!(other.lookup(&me, &lookup).await.unwrap().is_some());
 }
