@@ -412,22 +412,24 @@ impl Cache {
             return Err(CacheError::ReadDenied);
         }
         let folded: Vec<String> = lookup.keys.iter().map(CacheKey::folded).collect();
-        let key = recent::RecentLookups::key(
-            &who.repository,
-            &lookup.version,
-            &who.read_scopes,
-            &folded,
-        );
+        let key =
+            recent::RecentLookups::key(&who.repository, &lookup.version, &who.read_scopes, &folded);
         let candidates = match self.recent.get(&key, self.clock.now()) {
             Some(known) => known,
             None => {
                 let started = self.recent.generation();
                 let found = Arc::new(
                     self.meta
-                        .find_candidates(&who.repository, &lookup.version, &who.read_scopes, &folded)
+                        .find_candidates(
+                            &who.repository,
+                            &lookup.version,
+                            &who.read_scopes,
+                            &folded,
+                        )
                         .await?,
                 );
-                self.recent.put(key, started, self.clock.now(), found.clone());
+                self.recent
+                    .put(key, started, self.clock.now(), found.clone());
                 found
             }
         };

@@ -55,7 +55,12 @@ impl RecentLookups {
 
     /// The cache key of one lookup: every input of the query, separated by NUL (which no key,
     /// version or scope contains).
-    pub fn key(repository: &RepoId, version: &Version, scopes: &[Scope], folded: &[String]) -> String {
+    pub fn key(
+        repository: &RepoId,
+        version: &Version,
+        scopes: &[Scope],
+        folded: &[String],
+    ) -> String {
         let mut key = String::with_capacity(128);
         for part in [repository.as_str(), version.as_str()]
             .into_iter()
@@ -85,7 +90,13 @@ impl RecentLookups {
     }
 
     /// Keeps an answer, unless the entries changed since its query started.
-    pub fn put(&self, key: String, started: Generation, now: Millis, candidates: Arc<Vec<Candidate>>) {
+    pub fn put(
+        &self,
+        key: String,
+        started: Generation,
+        now: Millis,
+        candidates: Arc<Vec<Candidate>>,
+    ) {
         if self.ttl <= 0 {
             return;
         }
@@ -100,7 +111,13 @@ impl RecentLookups {
                 inner.answers.clear();
             }
         }
-        inner.answers.insert(key, Answer { at: now, candidates });
+        inner.answers.insert(
+            key,
+            Answer {
+                at: now,
+                candidates,
+            },
+        );
     }
 
     /// The entries changed: forget every answer, and refuse those of queries in flight.
@@ -141,7 +158,10 @@ mod tests {
         let before = recent.generation();
         recent.put("a".into(), before, 0, answer(1));
         recent.invalidate();
-        assert!(recent.get("a", 0).is_none(), "answers from before the change are gone");
+        assert!(
+            recent.get("a", 0).is_none(),
+            "answers from before the change are gone"
+        );
         // A query that started before the change finishes after it: its answer is not kept.
         recent.put("b".into(), before, 0, answer(2));
         assert!(recent.get("b", 0).is_none());

@@ -18,8 +18,8 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{AssertSqlSafe, Executor, MySql, Row, Transaction};
 
 use super::sql::{
-    bucket, candidates_sql, chunk_from_parts, from_sqlx, prefix_end, slot_hash, upload_from_parts,
-    UploadRow,
+    bucket, candidates_sql, chunk_from_parts, collect_blocks, from_sqlx, prefix_end, slot_hash,
+    upload_from_parts, upload_with_blocks_sql, BlockRow, UploadRow,
 };
 use super::{EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, SlotState};
 use crate::model::{
@@ -179,16 +179,16 @@ async fn claim(
 }
 
 async fn drop_blocks(tx: &mut Transaction<'_, MySql>, upload: UploadId) -> Result<(), MetaError> {
-    for sql in [
-        "DELETE FROM staged_blocks WHERE upload_id = ?",
-        "DELETE FROM upload_parts WHERE upload_id = ?",
-    ] {
-        sqlx::query(sql)
-            .bind(upload)
-            .execute(&mut **tx)
-            .await
-            .map_err(from_sqlx)?;
-    }
+    sqlx::query(
+        "DELETE s, p FROM uploads u
+         LEFT JOIN staged_blocks s ON s.upload_id = u.id
+         LEFT JOIN upload_parts p ON p.upload_id = u.id
+         WHERE u.id = ?",
+    )
+    .bind(upload)
+    .execute(&mut **tx)
+    .await
+    .map_err(from_sqlx)?;
     Ok(())
 }
 
@@ -242,41 +242,39 @@ impl MySqlStore {
         row.as_ref().map(upload_from_row).transpose()
     }
 
-    /// Read after the upload row: a change made in between bumped the revision, so a decision
-    /// on the pair is refused as stale rather than applied to blocks it did not see.
-    async fn load_blocks(&self, upload: UploadId) -> Result<UploadBlocks, MetaError> {
-        let rows = sqlx::query(
-            "SELECT 0 AS part, 0 AS ordinal, block_id, blob_name, size, sha256 FROM staged_blocks WHERE upload_id = ?
-             UNION ALL
-             SELECT 1, ordinal, block_id, blob_name, size, sha256 FROM upload_parts WHERE upload_id = ?
-             ORDER BY 1, 2",
-        )
-        .bind(upload)
-        .bind(upload)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(from_sqlx)?;
-        let mut blocks = UploadBlocks::default();
-        for row in &rows {
-            let id = BlockId::from_stored(row.try_get(2).map_err(from_sqlx)?);
-            let chunk = chunk_from_row(row, 3)?;
-            if int(row, 0)? == 1 {
-                blocks.parts.push((id, chunk));
-            } else {
-                blocks.staged.insert(id, chunk);
-            }
+    /// An upload and its blocks, in one statement.
+    async fn upload_and_blocks(
+        &self,
+        upload_id: &str,
+        which: &str,
+        key: impl Fn(
+            sqlx::query::Query<'_, MySql, sqlx::mysql::MySqlArguments>,
+        ) -> sqlx::query::Query<'_, MySql, sqlx::mysql::MySqlArguments>,
+    ) -> Result<Option<(Upload, UploadBlocks)>, MetaError> {
+        let sql = upload_with_blocks_sql(upload_id, which);
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        // The key is bound once per place it appears: both block branches, then `which`.
+        for _ in 0..3 {
+            query = key(query);
         }
-        Ok(blocks)
+        let rows = query.fetch_all(&self.pool).await.map_err(from_sqlx)?;
+        let Some(first) = rows.first() else {
+            return Ok(None);
+        };
+        let upload = upload_from_row(first)?;
+        let blocks = collect_blocks(rows.iter().map(block_row).collect::<Result<Vec<_>, _>>()?)?;
+        Ok(Some((upload, blocks)))
     }
+}
 
-    async fn open_upload_of(&self, hash: &[u8]) -> Result<Option<Upload>, MetaError> {
-        let row = sqlx::query(AssertSqlSafe(format!("{UPLOAD_COLS} WHERE open_slot = ?")))
-            .bind(hash)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(from_sqlx)?;
-        row.as_ref().map(upload_from_row).transpose()
-    }
+fn block_row(row: &MySqlRow) -> Result<BlockRow, MetaError> {
+    Ok(BlockRow {
+        kind: row.try_get(8).map_err(from_sqlx)?,
+        block_id: row.try_get(10).map_err(from_sqlx)?,
+        blob_name: row.try_get(11).map_err(from_sqlx)?,
+        size: row.try_get(12).map_err(from_sqlx)?,
+        sha256: row.try_get(13).map_err(from_sqlx)?,
+    })
 }
 
 #[async_trait]
@@ -296,20 +294,27 @@ impl MetaStore for MySqlStore {
 
     async fn slot_state(&self, slot: &Slot, live_since: Millis) -> Result<SlotState, MetaError> {
         let hash = slot_hash(slot);
-        let counts = sqlx::query(
-            "SELECT CAST(EXISTS (SELECT 1 FROM entries WHERE slot_hash = ?) AS SIGNED),
-                    CAST((SELECT COUNT(*) FROM uploads WHERE repository = ? AND state = 'open' AND created_at >= ?) AS SIGNED)",
+        let row = sqlx::query(
+            "SELECT u.id, u.repository, u.scope, u.key, u.version, u.state, u.created_at, u.revision,
+                    CAST(EXISTS (SELECT 1 FROM entries WHERE slot_hash = ?) AS SIGNED),
+                    CAST((SELECT COUNT(*) FROM uploads WHERE repository = ? AND state = 'open' AND created_at >= ?) AS SIGNED)
+             FROM (SELECT 1 AS one) AS one LEFT JOIN uploads u ON u.open_slot = ?",
         )
         .bind(&hash)
         .bind(slot.repository.as_str().as_bytes())
         .bind(live_since)
+        .bind(&hash)
         .fetch_one(&self.pool)
         .await
         .map_err(from_sqlx)?;
+        let open = match row.try_get::<Option<i64>, _>(0).map_err(from_sqlx)? {
+            Some(_) => Some(upload_from_row(&row)?),
+            None => None,
+        };
         Ok(SlotState {
-            entry_exists: int(&counts, 0)? != 0,
-            open: self.open_upload_of(&hash).await?,
-            live_open_uploads: int(&counts, 1)? as u64,
+            entry_exists: int(&row, 8)? != 0,
+            open,
+            live_open_uploads: int(&row, 9)? as u64,
         })
     }
 
@@ -321,21 +326,26 @@ impl MetaStore for MySqlStore {
         &self,
         id: UploadId,
     ) -> Result<Option<(Upload, UploadBlocks)>, MetaError> {
-        let Some(upload) = self.load_upload(id).await? else {
-            return Ok(None);
-        };
-        Ok(Some((upload, self.load_blocks(id).await?)))
+        self.upload_and_blocks("?", "u.id = ?", |q| q.bind(id))
+            .await
     }
 
     async fn finalize_state(&self, slot: &Slot) -> Result<FinalizeState, MetaError> {
         let hash = slot_hash(slot);
-        let open = match self.open_upload_of(&hash).await? {
-            Some(upload) => {
-                let blocks = self.load_blocks(upload.id).await?;
-                Some((upload, blocks))
-            }
-            None => None,
-        };
+        let open = self
+            .upload_and_blocks(
+                "(SELECT id FROM uploads WHERE open_slot = ?)",
+                "u.open_slot = ?",
+                |q| q.bind(hash.clone()),
+            )
+            .await?;
+        if open.is_some() {
+            return Ok(FinalizeState {
+                open,
+                finalized: None,
+            });
+        }
+        // No open upload: perhaps a retry of a finalize that succeeded.
         let finalized = sqlx::query(
             "SELECT e.id, e.size FROM uploads u JOIN entries e ON e.id = u.entry_id
              WHERE u.slot_hash = ? AND u.state = 'finalized' ORDER BY u.id DESC LIMIT 1",
@@ -437,13 +447,7 @@ impl MetaStore for MySqlStore {
         replacing: Option<&Upload>,
     ) -> Result<UploadId, MetaError> {
         let slot = new.slot;
-        let mut tx = self.begin().await?;
-        if let Some(old) = replacing {
-            claim(&mut tx, old, new.now).await?;
-            drop_blocks(&mut tx, old.id).await?;
-            set_state(&mut tx, old.id, "aborted").await?;
-        }
-        let inserted = sqlx::query(
+        let insert = sqlx::query(
             "INSERT INTO uploads (repository, scope, `key`, key_folded, version, slot_hash, state, created_by, created_at, updated_at)
              VALUES (?, ?, ?, ?, ?, ?, 'open', ?, ?, ?)",
         )
@@ -455,10 +459,17 @@ impl MetaStore for MySqlStore {
         .bind(slot_hash(slot))
         .bind(new.created_by.as_bytes())
         .bind(new.now)
-        .bind(new.now)
-        .execute(&mut *tx)
-        .await
-        .map_err(from_sqlx)?;
+        .bind(new.now);
+        let Some(old) = replacing else {
+            let inserted = insert.execute(&self.pool).await.map_err(from_sqlx)?;
+            return Ok(inserted.last_insert_id() as i64);
+        };
+        // Taking over an abandoned upload: abort it and insert the new one together.
+        let mut tx = self.begin().await?;
+        claim(&mut tx, old, new.now).await?;
+        drop_blocks(&mut tx, old.id).await?;
+        set_state(&mut tx, old.id, "aborted").await?;
+        let inserted = insert.execute(&mut *tx).await.map_err(from_sqlx)?;
         tx.commit().await.map_err(from_sqlx)?;
         Ok(inserted.last_insert_id() as i64)
     }
@@ -531,7 +542,8 @@ impl MetaStore for MySqlStore {
         let slot = new.slot;
         let size: u64 = new.chunks.iter().map(|c| c.size).sum();
         let mut tx = self.begin().await?;
-        claim(&mut tx, upload, new.now).await?;
+        // The entry first, for its id; if the upload turns out stale, the transaction is
+        // rolled back with it.
         let inserted = sqlx::query(
             "INSERT INTO entries (repository, scope, `key`, key_folded, version, bucket, slot_hash, size, chunk_count, created_at, last_used_at)
              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -551,6 +563,20 @@ impl MetaStore for MySqlStore {
         .await
         .map_err(from_sqlx)?;
         let entry = inserted.last_insert_id() as i64;
+        let claimed = sqlx::query(
+            "UPDATE uploads SET revision = revision + 1, updated_at = ?, state = 'finalized', entry_id = ?
+             WHERE id = ? AND revision = ? AND state = 'open'",
+        )
+        .bind(new.now)
+        .bind(entry)
+        .bind(upload.id)
+        .bind(upload.revision)
+        .execute(&mut *tx)
+        .await
+        .map_err(from_sqlx)?;
+        if claimed.rows_affected() == 0 {
+            return Err(MetaError::Stale);
+        }
         let mut start = 0u64;
         let rows: Vec<(i64, usize, u64, &Chunk)> = new
             .chunks
@@ -578,12 +604,6 @@ impl MetaStore for MySqlStore {
         )
         .await?;
         drop_blocks(&mut tx, upload.id).await?;
-        sqlx::query("UPDATE uploads SET state = 'finalized', entry_id = ? WHERE id = ?")
-            .bind(entry)
-            .bind(upload.id)
-            .execute(&mut *tx)
-            .await
-            .map_err(from_sqlx)?;
         tx.commit().await.map_err(from_sqlx)?;
         Ok(entry)
     }

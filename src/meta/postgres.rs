@@ -1,22 +1,24 @@
 //! PostgreSQL metadata store (sqlx): several hoard processes may share one database.
 //!
-//! Strings compare byte-wise (`COLLATE "C"`), so lookups answer exactly as on SQLite. Changes to
-//! an upload are one transaction that first bumps the upload's revision where it still has the
-//! loaded one (`claim`): under READ COMMITTED a concurrent change to the same row waits, then
-//! finds the revision moved on and gives way with `Stale`. One open upload and one entry per slot
-//! are unique indexes. Migrations run at start-up under an advisory lock, so processes starting
-//! together apply each one once.
+//! Strings compare byte-wise (`COLLATE "C"`), so lookups answer exactly as on SQLite. Each
+//! change to an upload is one statement: a data-modifying CTE first bumps the upload's revision
+//! where it still has the loaded one (`CLAIM`), and the rest of the statement only acts on the
+//! row it claimed. Under READ COMMITTED a concurrent change to the same row waits, then finds the
+//! revision moved on and claims nothing: `Stale`. One statement is one round trip and atomic,
+//! with no BEGIN and COMMIT around it: a save costs a handful of round trips. One open upload and
+//! one entry per slot are unique indexes. Migrations run at start-up under an advisory lock, so
+//! processes starting together apply each one once.
 
 use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
-use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
+use sqlx::{AssertSqlSafe, Row};
 
 use super::sql::{
-    bucket, candidates_sql, chunk_from_parts, from_sqlx, prefix_end, slot_hash, upload_from_parts,
-    UploadRow,
+    bucket, candidates_sql, chunk_from_parts, collect_blocks, from_sqlx, prefix_end, slot_hash,
+    upload_from_parts, upload_with_blocks_sql, BlockRow, UploadRow,
 };
 use super::{EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, SlotState};
 use crate::model::{
@@ -93,10 +95,6 @@ impl PostgresStore {
         unlocked.map_err(from_sqlx)?;
         Ok(())
     }
-
-    async fn begin(&self) -> Result<Transaction<'static, Postgres>, MetaError> {
-        self.pool.begin().await.map_err(from_sqlx)
-    }
 }
 
 const UPLOAD_COLS: &str =
@@ -123,43 +121,47 @@ fn chunk_from_row(r: &PgRow, first: usize) -> Result<Chunk, MetaError> {
     )
 }
 
-/// Bumps the upload's revision if it is still open at the loaded one, else `Stale`.
-async fn claim(
-    tx: &mut Transaction<'_, Postgres>,
-    upload: &Upload,
-    now: Millis,
-) -> Result<(), MetaError> {
-    let changed = sqlx::query(
-        "UPDATE uploads SET revision = revision + 1, updated_at = $1
-         WHERE id = $2 AND revision = $3 AND state = 'open'",
+/// The first CTE of every change to an upload: bumps its revision if it is still open at the
+/// loaded one ($1 id, $2 revision, $3 now), and yields its id; nothing otherwise. `{set}` adds
+/// assignments made in the same update.
+fn claim(set: &str) -> String {
+    format!(
+        "claimed AS (UPDATE uploads SET revision = revision + 1, updated_at = $3{set}
+                     WHERE id = $1 AND revision = $2 AND state = 'open' RETURNING id, entry_id),
+         dropped_staged AS (DELETE FROM staged_blocks WHERE upload_id IN (SELECT id FROM claimed)),
+         dropped_parts AS (DELETE FROM upload_parts WHERE upload_id IN (SELECT id FROM claimed))"
     )
-    .bind(now)
-    .bind(upload.id)
-    .bind(upload.revision)
-    .execute(&mut **tx)
-    .await
-    .map_err(from_sqlx)?;
-    if changed.rows_affected() == 0 {
+}
+
+/// `Stale` unless the statement claimed the upload.
+fn claimed(count: i64) -> Result<(), MetaError> {
+    if count == 0 {
         return Err(MetaError::Stale);
     }
     Ok(())
 }
 
-async fn drop_blocks(
-    tx: &mut Transaction<'_, Postgres>,
-    upload: UploadId,
-) -> Result<(), MetaError> {
-    sqlx::query("DELETE FROM staged_blocks WHERE upload_id = $1")
-        .bind(upload)
-        .execute(&mut **tx)
-        .await
-        .map_err(from_sqlx)?;
-    sqlx::query("DELETE FROM upload_parts WHERE upload_id = $1")
-        .bind(upload)
-        .execute(&mut **tx)
-        .await
-        .map_err(from_sqlx)?;
-    Ok(())
+fn block_row(row: &PgRow) -> Result<BlockRow, MetaError> {
+    Ok(BlockRow {
+        kind: row
+            .try_get::<Option<i32>, _>(8)
+            .map_err(from_sqlx)?
+            .map(i64::from),
+        block_id: row.try_get(10).map_err(from_sqlx)?,
+        blob_name: row.try_get(11).map_err(from_sqlx)?,
+        size: row.try_get(12).map_err(from_sqlx)?,
+        sha256: row.try_get(13).map_err(from_sqlx)?,
+    })
+}
+
+/// The upload and its blocks from [`upload_with_blocks_sql`] rows.
+fn upload_and_blocks(rows: &[PgRow]) -> Result<Option<(Upload, UploadBlocks)>, MetaError> {
+    let Some(first) = rows.first() else {
+        return Ok(None);
+    };
+    let upload = upload_from_row(first)?;
+    let blocks = collect_blocks(rows.iter().map(block_row).collect::<Result<Vec<_>, _>>()?)?;
+    Ok(Some((upload, blocks)))
 }
 
 impl PostgresStore {
@@ -170,33 +172,6 @@ impl PostgresStore {
             .await
             .map_err(from_sqlx)?;
         row.as_ref().map(upload_from_row).transpose()
-    }
-
-    /// Read after the upload row: a change made in between bumped the revision, so a decision
-    /// on the pair is refused as stale rather than applied to blocks it did not see.
-    async fn load_blocks(&self, upload: UploadId) -> Result<UploadBlocks, MetaError> {
-        let rows = sqlx::query(
-            "SELECT 0 AS part, 0 AS ordinal, block_id, blob_name, size, sha256 FROM staged_blocks WHERE upload_id = $1
-             UNION ALL
-             SELECT 1, ordinal, block_id, blob_name, size, sha256 FROM upload_parts WHERE upload_id = $1
-             ORDER BY 1, 2",
-        )
-        .bind(upload)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(from_sqlx)?;
-        let mut blocks = UploadBlocks::default();
-        for row in &rows {
-            let part: i32 = row.try_get(0).map_err(from_sqlx)?;
-            let id = BlockId::from_stored(row.try_get(2).map_err(from_sqlx)?);
-            let chunk = chunk_from_row(row, 3)?;
-            if part == 1 {
-                blocks.parts.push((id, chunk));
-            } else {
-                blocks.staged.insert(id, chunk);
-            }
-        }
-        Ok(blocks)
     }
 }
 
@@ -216,28 +191,26 @@ impl MetaStore for PostgresStore {
     }
 
     async fn slot_state(&self, slot: &Slot, live_since: Millis) -> Result<SlotState, MetaError> {
-        let hash = slot_hash(slot);
-        let counts = sqlx::query(
-            "SELECT EXISTS (SELECT 1 FROM entries WHERE slot_hash = $1),
-                    (SELECT COUNT(*) FROM uploads WHERE repository = $2 AND state = 'open' AND created_at >= $3)",
+        let row = sqlx::query(
+            "SELECT u.id, u.repository, u.scope, u.key, u.version, u.state, u.created_at, u.revision,
+                    EXISTS (SELECT 1 FROM entries WHERE slot_hash = $1),
+                    (SELECT COUNT(*) FROM uploads WHERE repository = $2 AND state = 'open' AND created_at >= $3)
+             FROM (SELECT 1) AS one LEFT JOIN uploads u ON u.slot_hash = $1 AND u.state = 'open'",
         )
-        .bind(&hash)
+        .bind(slot_hash(slot))
         .bind(slot.repository.as_str())
         .bind(live_since)
         .fetch_one(&self.pool)
         .await
         .map_err(from_sqlx)?;
-        let open = sqlx::query(AssertSqlSafe(format!(
-            "{UPLOAD_COLS} WHERE slot_hash = $1 AND state = 'open'"
-        )))
-        .bind(&hash)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(from_sqlx)?;
-        let live: i64 = counts.try_get(1).map_err(from_sqlx)?;
+        let open = match row.try_get::<Option<i64>, _>(0).map_err(from_sqlx)? {
+            Some(_) => Some(upload_from_row(&row)?),
+            None => None,
+        };
+        let live: i64 = row.try_get(9).map_err(from_sqlx)?;
         Ok(SlotState {
-            entry_exists: counts.try_get(0).map_err(from_sqlx)?,
-            open: open.as_ref().map(upload_from_row).transpose()?,
+            entry_exists: row.try_get(8).map_err(from_sqlx)?,
+            open,
             live_open_uploads: live as u64,
         })
     }
@@ -250,28 +223,32 @@ impl MetaStore for PostgresStore {
         &self,
         id: UploadId,
     ) -> Result<Option<(Upload, UploadBlocks)>, MetaError> {
-        let Some(upload) = self.load_upload(id).await? else {
-            return Ok(None);
-        };
-        Ok(Some((upload, self.load_blocks(id).await?)))
+        let rows = sqlx::query(AssertSqlSafe(upload_with_blocks_sql("$1", "u.id = $1")))
+            .bind(id)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(from_sqlx)?;
+        upload_and_blocks(&rows)
     }
 
     async fn finalize_state(&self, slot: &Slot) -> Result<FinalizeState, MetaError> {
         let hash = slot_hash(slot);
-        let open = sqlx::query(AssertSqlSafe(format!(
-            "{UPLOAD_COLS} WHERE slot_hash = $1 AND state = 'open'"
+        let rows = sqlx::query(AssertSqlSafe(upload_with_blocks_sql(
+            "(SELECT id FROM uploads WHERE slot_hash = $1 AND state = 'open')",
+            "u.slot_hash = $1 AND u.state = 'open'",
         )))
         .bind(&hash)
-        .fetch_optional(&self.pool)
+        .fetch_all(&self.pool)
         .await
         .map_err(from_sqlx)?;
-        let open = match open.as_ref().map(upload_from_row).transpose()? {
-            Some(upload) => {
-                let blocks = self.load_blocks(upload.id).await?;
-                Some((upload, blocks))
-            }
-            None => None,
-        };
+        let open = upload_and_blocks(&rows)?;
+        if open.is_some() {
+            return Ok(FinalizeState {
+                open,
+                finalized: None,
+            });
+        }
+        // No open upload: perhaps a retry of a finalize that succeeded.
         let finalized = sqlx::query(
             "SELECT e.id, e.size FROM uploads u JOIN entries e ON e.id = u.entry_id
              WHERE u.slot_hash = $1 AND u.state = 'finalized' ORDER BY u.id DESC LIMIT 1",
@@ -377,31 +354,34 @@ impl MetaStore for PostgresStore {
         replacing: Option<&Upload>,
     ) -> Result<UploadId, MetaError> {
         let slot = new.slot;
-        let mut tx = self.begin().await?;
-        if let Some(old) = replacing {
-            claim(&mut tx, old, new.now).await?;
-            drop_blocks(&mut tx, old.id).await?;
-            sqlx::query("UPDATE uploads SET state = 'aborted' WHERE id = $1")
-                .bind(old.id)
-                .execute(&mut *tx)
-                .await
-                .map_err(from_sqlx)?;
-        }
-        let id: i64 = sqlx::query_scalar(
-            "INSERT INTO uploads (repository, scope, key, key_folded, version, slot_hash, state, created_by, created_at, updated_at)
-             VALUES ($1, $2, $3, $4, $5, $6, 'open', $7, $8, $8) RETURNING id",
-        )
-        .bind(slot.repository.as_str())
-        .bind(slot.scope.as_str())
-        .bind(slot.key.as_str())
-        .bind(slot.key.folded())
-        .bind(slot.version.as_str())
-        .bind(slot_hash(slot))
-        .bind(new.created_by)
+        const INSERT: &str = "INSERT INTO uploads (repository, scope, key, key_folded, version, slot_hash, state, created_by, created_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5, $6, 'open', $7, $8, $8) RETURNING id";
+        let insert = sqlx::query_scalar(INSERT)
+            .bind(slot.repository.as_str())
+            .bind(slot.scope.as_str())
+            .bind(slot.key.as_str())
+            .bind(slot.key.folded())
+            .bind(slot.version.as_str())
+            .bind(slot_hash(slot))
+            .bind(new.created_by)
+            .bind(new.now);
+        let Some(old) = replacing else {
+            return insert.fetch_one(&self.pool).await.map_err(from_sqlx);
+        };
+        // Taking over an abandoned upload: abort it and insert the new one together.
+        let mut tx = self.pool.begin().await.map_err(from_sqlx)?;
+        let aborted: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "WITH {} SELECT COUNT(*) FROM claimed",
+            claim(", state = 'aborted'")
+        )))
+        .bind(old.id)
+        .bind(old.revision)
         .bind(new.now)
         .fetch_one(&mut *tx)
         .await
         .map_err(from_sqlx)?;
+        claimed(aborted)?;
+        let id = insert.fetch_one(&mut *tx).await.map_err(from_sqlx)?;
         tx.commit().await.map_err(from_sqlx)?;
         Ok(id)
     }
@@ -413,22 +393,25 @@ impl MetaStore for PostgresStore {
         chunk: &Chunk,
         now: Millis,
     ) -> Result<(), MetaError> {
-        let mut tx = self.begin().await?;
-        claim(&mut tx, upload, now).await?;
-        sqlx::query(
-            "INSERT INTO staged_blocks (upload_id, block_id, blob_name, size, sha256) VALUES ($1, $2, $3, $4, $5)
+        const SQL: &str = "WITH claimed AS (
+                 UPDATE uploads SET revision = revision + 1, updated_at = $3
+                 WHERE id = $1 AND revision = $2 AND state = 'open' RETURNING id)
+             INSERT INTO staged_blocks (upload_id, block_id, blob_name, size, sha256)
+             SELECT id, $4, $5, $6, $7 FROM claimed
              ON CONFLICT (upload_id, block_id) DO UPDATE
-             SET blob_name = EXCLUDED.blob_name, size = EXCLUDED.size, sha256 = EXCLUDED.sha256",
-        )
-        .bind(upload.id)
-        .bind(block.as_bytes())
-        .bind(chunk.blob.as_str())
-        .bind(chunk.size as i64)
-        .bind(&chunk.sha256[..])
-        .execute(&mut *tx)
-        .await
-        .map_err(from_sqlx)?;
-        tx.commit().await.map_err(from_sqlx)
+             SET blob_name = EXCLUDED.blob_name, size = EXCLUDED.size, sha256 = EXCLUDED.sha256";
+        let done = sqlx::query(SQL)
+            .bind(upload.id)
+            .bind(upload.revision)
+            .bind(now)
+            .bind(block.as_bytes())
+            .bind(chunk.blob.as_str())
+            .bind(chunk.size as i64)
+            .bind(&chunk.sha256[..])
+            .execute(&self.pool)
+            .await
+            .map_err(from_sqlx)?;
+        claimed(done.rows_affected() as i64)
     }
 
     async fn commit_parts(
@@ -437,10 +420,8 @@ impl MetaStore for PostgresStore {
         parts: &[(BlockId, Chunk)],
         now: Millis,
     ) -> Result<(), MetaError> {
-        let mut tx = self.begin().await?;
-        claim(&mut tx, upload, now).await?;
-        drop_blocks(&mut tx, upload.id).await?;
-        // All parts in one statement: one round trip however long the block list.
+        // All parts in one statement, however long the block list. The old parts are deleted
+        // by the same statement; a DELETE in a CTE does not see rows its statement inserts.
         let (mut ordinals, mut ids, mut names, mut sizes, mut digests) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (ordinal, (block, chunk)) in parts.iter().enumerate() {
@@ -450,56 +431,46 @@ impl MetaStore for PostgresStore {
             sizes.push(chunk.size as i64);
             digests.push(chunk.sha256.to_vec());
         }
-        sqlx::query(
-            "INSERT INTO upload_parts (upload_id, ordinal, block_id, blob_name, size, sha256)
-             SELECT $1, * FROM UNNEST($2::int[], $3::bytea[], $4::text[], $5::bigint[], $6::bytea[])",
-        )
+        let count: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "WITH {},
+             inserted AS (
+                 INSERT INTO upload_parts (upload_id, ordinal, block_id, blob_name, size, sha256)
+                 SELECT claimed.id, p.* FROM claimed,
+                     UNNEST($4::int[], $5::bytea[], $6::text[], $7::bigint[], $8::bytea[]) AS p)
+             SELECT COUNT(*) FROM claimed",
+            claim("")
+        )))
         .bind(upload.id)
+        .bind(upload.revision)
+        .bind(now)
         .bind(ordinals)
         .bind(ids)
         .bind(names)
         .bind(sizes)
         .bind(digests)
-        .execute(&mut *tx)
+        .fetch_one(&self.pool)
         .await
         .map_err(from_sqlx)?;
-        tx.commit().await.map_err(from_sqlx)
+        claimed(count)
     }
 
     async fn abort_upload(&self, upload: &Upload, now: Millis) -> Result<(), MetaError> {
-        let mut tx = self.begin().await?;
-        claim(&mut tx, upload, now).await?;
-        drop_blocks(&mut tx, upload.id).await?;
-        sqlx::query("UPDATE uploads SET state = 'aborted' WHERE id = $1")
-            .bind(upload.id)
-            .execute(&mut *tx)
-            .await
-            .map_err(from_sqlx)?;
-        tx.commit().await.map_err(from_sqlx)
+        let count: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "WITH {} SELECT COUNT(*) FROM claimed",
+            claim(", state = 'aborted'")
+        )))
+        .bind(upload.id)
+        .bind(upload.revision)
+        .bind(now)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(from_sqlx)?;
+        claimed(count)
     }
 
     async fn finalize(&self, upload: &Upload, new: NewEntry<'_>) -> Result<EntryId, MetaError> {
         let slot = new.slot;
         let size: u64 = new.chunks.iter().map(|c| c.size).sum();
-        let mut tx = self.begin().await?;
-        claim(&mut tx, upload, new.now).await?;
-        let entry: i64 = sqlx::query_scalar(
-            "INSERT INTO entries (repository, scope, key, key_folded, version, bucket, slot_hash, size, chunk_count, created_at, last_used_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10) RETURNING id",
-        )
-        .bind(slot.repository.as_str())
-        .bind(slot.scope.as_str())
-        .bind(new.key)
-        .bind(slot.key.folded())
-        .bind(slot.version.as_str())
-        .bind(bucket(&slot.repository, &slot.version, &slot.scope))
-        .bind(slot_hash(slot))
-        .bind(size as i64)
-        .bind(new.chunks.len() as i32)
-        .bind(new.now)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(from_sqlx)?;
         let (mut ordinals, mut starts, mut names, mut sizes, mut digests) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut start = 0u64;
@@ -511,28 +482,43 @@ impl MetaStore for PostgresStore {
             digests.push(chunk.sha256.to_vec());
             start += chunk.size;
         }
-        sqlx::query(
-            "INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256)
-             SELECT $1, * FROM UNNEST($2::int[], $3::bigint[], $4::text[], $5::bigint[], $6::bytea[])",
-        )
-        .bind(entry)
+        // The claim takes the entry's id from its sequence, so that the upload, the entry and
+        // its chunks are written by one statement.
+        let entry: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "WITH {},
+             entry AS (
+                 INSERT INTO entries (id, repository, scope, key, key_folded, version, bucket, slot_hash,
+                                      size, chunk_count, created_at, last_used_at)
+                 SELECT entry_id, $4, $5, $6, $7, $8, $9, $10, $11, $12, $3, $3 FROM claimed
+                 RETURNING id),
+             chunks AS (
+                 INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256)
+                 SELECT entry.id, c.* FROM entry,
+                     UNNEST($13::int[], $14::bigint[], $15::text[], $16::bigint[], $17::bytea[]) AS c)
+             SELECT id FROM entry",
+            claim(", state = 'finalized', entry_id = nextval(pg_get_serial_sequence('entries', 'id'))")
+        )))
+        .bind(upload.id)
+        .bind(upload.revision)
+        .bind(new.now)
+        .bind(slot.repository.as_str())
+        .bind(slot.scope.as_str())
+        .bind(new.key)
+        .bind(slot.key.folded())
+        .bind(slot.version.as_str())
+        .bind(bucket(&slot.repository, &slot.version, &slot.scope))
+        .bind(slot_hash(slot))
+        .bind(size as i64)
+        .bind(new.chunks.len() as i32)
         .bind(ordinals)
         .bind(starts)
         .bind(names)
         .bind(sizes)
         .bind(digests)
-        .execute(&mut *tx)
+        .fetch_optional(&self.pool)
         .await
         .map_err(from_sqlx)?;
-        drop_blocks(&mut tx, upload.id).await?;
-        sqlx::query("UPDATE uploads SET state = 'finalized', entry_id = $1 WHERE id = $2")
-            .bind(entry)
-            .bind(upload.id)
-            .execute(&mut *tx)
-            .await
-            .map_err(from_sqlx)?;
-        tx.commit().await.map_err(from_sqlx)?;
-        Ok(entry)
+        entry.ok_or(MetaError::Stale)
     }
 
     async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError> {
@@ -559,7 +545,7 @@ impl MetaStore for PostgresStore {
         since: Millis,
         now: Millis,
     ) -> Result<(usize, Vec<BlobName>), MetaError> {
-        let mut tx = self.begin().await?;
+        let mut tx = self.pool.begin().await.map_err(from_sqlx)?;
         let names: Vec<String> = sqlx::query_scalar(
             "SELECT blob_name FROM entry_chunks WHERE entry_id IN (SELECT id FROM entries WHERE created_at > $1)
              UNION SELECT blob_name FROM staged_blocks WHERE upload_id IN (SELECT id FROM uploads WHERE state = 'open')

@@ -135,3 +135,56 @@ pub(super) fn from_sqlx(e: sqlx::Error) -> MetaError {
         _ => MetaError::Internal(e.to_string()),
     }
 }
+
+/// An upload and its blocks in one statement (one round trip, one snapshot). Columns: the upload
+/// (0–7, as [`UploadRow`]), then per block: kind (1 staged, 2 committed part; NULL when the
+/// upload has no blocks), ordinal, block id, blob name, size, SHA-256 (8–13). `upload_id` is
+/// an expression for the upload's id, used in both block branches (MariaDB does not push the
+/// join condition into a UNION, so the branches name it themselves), and `which` selects the
+/// upload on columns of `u`; parameters appear in that order.
+pub(super) fn upload_with_blocks_sql(upload_id: &str, which: &str) -> String {
+    format!(
+        "SELECT u.id, u.repository, u.scope, u.key, u.version, u.state, u.created_at, u.revision,
+                b.kind, b.ordinal, b.block_id, b.blob_name, b.size, b.sha256
+         FROM uploads u LEFT JOIN (
+             SELECT upload_id, 1 AS kind, 0 AS ordinal, block_id, blob_name, size, sha256
+             FROM staged_blocks WHERE upload_id = {upload_id}
+             UNION ALL
+             SELECT upload_id, 2, ordinal, block_id, blob_name, size, sha256
+             FROM upload_parts WHERE upload_id = {upload_id}
+         ) b ON b.upload_id = u.id
+         WHERE {which}
+         ORDER BY b.kind, b.ordinal"
+    )
+}
+
+/// One row of [`upload_with_blocks_sql`] past the upload's columns.
+pub(super) struct BlockRow {
+    pub kind: Option<i64>,
+    pub block_id: Option<Vec<u8>>,
+    pub blob_name: Option<String>,
+    pub size: Option<i64>,
+    pub sha256: Option<Vec<u8>>,
+}
+
+/// Folds the block columns of [`upload_with_blocks_sql`] rows into the upload's blocks.
+pub(super) fn collect_blocks(
+    rows: impl IntoIterator<Item = BlockRow>,
+) -> Result<crate::model::UploadBlocks, MetaError> {
+    use crate::model::BlockId;
+    let mut blocks = crate::model::UploadBlocks::default();
+    for row in rows {
+        let (Some(kind), Some(id), Some(name), Some(size), Some(digest)) =
+            (row.kind, row.block_id, row.blob_name, row.size, row.sha256)
+        else {
+            continue; // the upload has no blocks
+        };
+        let chunk = chunk_from_parts(name, size, digest)?;
+        if kind == 2 {
+            blocks.parts.push((BlockId::from_stored(id), chunk));
+        } else {
+            blocks.staged.insert(BlockId::from_stored(id), chunk);
+        }
+    }
+    Ok(blocks)
+}

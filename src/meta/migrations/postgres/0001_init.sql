@@ -33,16 +33,17 @@ CREATE TABLE staged_blocks (
     PRIMARY KEY (upload_id, block_id)
 );
 
--- The committed block list of an upload, in order.
+-- The committed block list of an upload, in order. Not unique on (upload_id, ordinal): a commit
+-- replaces the list in one statement, whose insert cannot see the rows its delete removes.
 CREATE TABLE upload_parts (
     upload_id  BIGINT NOT NULL REFERENCES uploads (id),
     ordinal    INTEGER NOT NULL,
     block_id   BYTEA  NOT NULL,
     blob_name  TEXT   NOT NULL,
     size       BIGINT NOT NULL,
-    sha256     BYTEA  NOT NULL,
-    PRIMARY KEY (upload_id, ordinal)
+    sha256     BYTEA  NOT NULL
 );
+CREATE INDEX upload_parts_by_upload ON upload_parts (upload_id, ordinal);
 
 -- Visible entries: only ever inserted by finalize, together with all their chunks.
 CREATE TABLE entries (
