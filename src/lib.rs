@@ -33,8 +33,11 @@ pub enum ServeError {
         path: String,
         source: std::io::Error,
     },
-    #[error("cannot open the metadata database: {0}")]
-    Meta(#[from] meta::MetaError),
+    #[error("cannot open the metadata database {url} (--database-url, HOARD_DATABASE_URL): {source}")]
+    Meta {
+        url: String,
+        source: meta::MetaError,
+    },
     #[error("cannot open the chunk store: {0}")]
     Blob(#[from] blob::BlobError),
     #[error("start-up recovery failed: {0}")]
@@ -69,7 +72,12 @@ pub async fn build_state(
             })?;
         }
     }
-    let meta = meta::open(&config.database, config.database_pool_size).await?;
+    let meta = meta::open(&config.database, config.database_pool_size)
+        .await
+        .map_err(|source| ServeError::Meta {
+            url: config.database.redacted(),
+            source,
+        })?;
     let blobs = FsStore::open(&config.storage_dir)?;
     let signer = match &config.signing_key {
         Some(key) => UrlSigner::new(key.clone()),

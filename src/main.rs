@@ -97,6 +97,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     if config.tokens.insecure_skip_validation {
         tracing::warn!("{}", hoard::UNVERIFIED_TOKENS_WARNING);
     }
+    tracing::info!("metadata in {}", config.database.redacted());
     match listener.local_addr() {
         Ok(addr) => tracing::info!("listening on {addr}"),
         Err(_) => tracing::info!("listening on {}", config.listen),

@@ -92,3 +92,21 @@ async fn postgres_migrations_are_safe_to_start_concurrently() {
 async fn mysql_migrations_are_safe_to_start_concurrently() {
     concurrent_starts_migrate_once(Server::MySql).await;
 }
+
+/// A database that cannot be reached fails at once, naming the cause.
+#[tokio::test]
+async fn an_unreachable_database_fails_with_its_cause() {
+    for url in [
+        "postgres://hoard@127.0.0.1:1/hoard",
+        "mysql://hoard@127.0.0.1:1/hoard",
+    ] {
+        let err = meta::open(&DatabaseUrl::parse(url).unwrap(), 2)
+            .await
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            matches!(err, hoard::meta::MetaError::Unavailable(ref m) if m.contains("refused")),
+            "{url}: {err}"
+        );
+    }
+}

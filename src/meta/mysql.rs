@@ -44,6 +44,12 @@ impl MySqlStore {
     pub async fn open(url: &str, pool_size: u32) -> Result<Self, MetaError> {
         let options = MySqlConnectOptions::from_str(url)
             .map_err(|e| MetaError::Unavailable(format!("bad MySQL URL: {e}")))?;
+        // One connection first: its error names the cause (refused, bad password, no such
+        // database) where the pool's would only say it timed out.
+        let probe = <sqlx::mysql::MySqlConnection as sqlx::Connection>::connect_with(&options)
+            .await
+            .map_err(from_sqlx)?;
+        let _ = sqlx::Connection::close(probe).await;
         let pool = MySqlPoolOptions::new()
             .max_connections(pool_size)
             .min_connections(1)

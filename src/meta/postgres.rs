@@ -42,6 +42,12 @@ impl PostgresStore {
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| MetaError::Unavailable(format!("bad PostgreSQL URL: {e}")))?
             .application_name("hoard");
+        // One connection first: its error names the cause (refused, bad password, no such
+        // database) where the pool's would only say it timed out.
+        let probe = <sqlx::postgres::PgConnection as sqlx::Connection>::connect_with(&options)
+            .await
+            .map_err(from_sqlx)?;
+        let _ = sqlx::Connection::close(probe).await;
         let pool = PgPoolOptions::new()
             .max_connections(pool_size)
             .min_connections(1)
