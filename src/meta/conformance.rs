@@ -121,7 +121,17 @@ async fn best(store: &dyn MetaStore, repo: &str, key: &str) -> Option<String> {
         )
         .await
         .unwrap();
-    crate::cache::matching::best_match(&[Scope::new(MAIN)], &[key.to_lowercase()], &candidates)
+    // The domain's choice for one key in one scope (restated here: meta must not import cache).
+    let folded = key.to_lowercase();
+    candidates
+        .iter()
+        .find(|c| c.key_folded == folded)
+        .or_else(|| {
+            candidates
+                .iter()
+                .filter(|c| c.key_folded.starts_with(&folded))
+                .max_by_key(|c| (c.created_at, c.id))
+        })
         .map(|c| c.key.clone())
 }
 
