@@ -33,7 +33,9 @@ pub enum ServeError {
         path: String,
         source: std::io::Error,
     },
-    #[error("cannot open the metadata database {url} (--database-url, HOARD_DATABASE_URL): {source}")]
+    #[error(
+        "cannot open the metadata database {url} (--database-url, HOARD_DATABASE_URL): {source}"
+    )]
     Meta {
         url: String,
         source: meta::MetaError,

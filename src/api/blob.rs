@@ -297,14 +297,14 @@ async fn put(
     }
     let query = Query::parse(&uri);
     let cache = app.cache();
-    let upload = match cache.upload(link_id(&id)?).await {
+    let linked = match cache.upload(link_id(&id)?).await {
         Ok(upload) => upload,
         Err(CacheError::UploadNotFound) => return Err(no_such_target()),
         Err(e) => return Err(e.into()),
     };
     let target = LinkTarget {
-        id: upload.id,
-        created_at: upload.created_at,
+        id: linked.upload.id,
+        created_at: linked.upload.created_at,
     };
     authorize(&app, Purpose::Upload, target, &query)?;
     match query.str("comp") {
@@ -320,7 +320,7 @@ async fn put(
             let declared = declared_length(&headers)?;
             cache
                 .put_whole(
-                    &upload,
+                    &linked,
                     body_stream(body, app.config().limits.idle_timeout),
                     declared,
                 )
@@ -339,7 +339,7 @@ async fn put(
             let declared = declared_length(&headers)?;
             cache
                 .stage_block(
-                    &upload,
+                    &linked,
                     block,
                     body_stream(body, app.config().limits.idle_timeout),
                     declared,
@@ -349,7 +349,7 @@ async fn put(
         }
         Some("blocklist") => {
             // Refuse early, before reading the body, if the link no longer accepts data.
-            Cache::accepts_data(&upload)?;
+            Cache::accepts_data(&linked.upload)?;
             let idle = app.config().limits.idle_timeout;
             let xml = tokio::time::timeout(idle, to_bytes(body, MAX_BLOCK_LIST_BYTES))
                 .await
@@ -370,7 +370,7 @@ async fn put(
             let list = blocklist::parse(&xml).map_err(|e| {
                 AzureError::new(StatusCode::BAD_REQUEST, "InvalidXmlDocument", e.to_string())
             })?;
-            cache.commit_block_list(upload.id, &list).await?;
+            cache.commit_block_list(&linked, &list).await?;
             Ok(created(true))
         }
         Some(other) => Err(AzureError::new(

@@ -95,11 +95,56 @@ pub struct Hit {
     pub matched_key: String,
 }
 
+/// An upload as a signed link found it: the upload and its blocks.
+#[derive(Debug, Clone)]
+pub struct LinkedUpload {
+    pub upload: Upload,
+    blocks: UploadBlocks,
+}
+
 /// An entry opened for reading.
 #[derive(Debug, Clone)]
 pub struct OpenEntry {
     pub entry: Entry,
     chunks: Vec<EntryChunk>,
+}
+
+impl OpenEntry {
+    /// The entry a finalize just made visible, as a load would return it.
+    fn new(
+        id: EntryId,
+        slot: &Slot,
+        key: &str,
+        chunks: &[crate::model::Chunk],
+        now: Millis,
+    ) -> Self {
+        let mut start = 0;
+        let chunks: Vec<EntryChunk> = chunks
+            .iter()
+            .map(|c| {
+                let placed = EntryChunk {
+                    start,
+                    chunk: c.clone(),
+                };
+                start += c.size;
+                placed
+            })
+            .collect();
+        Self {
+            entry: Entry {
+                id,
+                repository: slot.repository.clone(),
+                scope: slot.scope.clone(),
+                key: key.to_owned(),
+                version: slot.version.as_str().to_owned(),
+                size: start,
+                created_at: now,
+                last_used_at: now,
+                hits: 0,
+            },
+            chunks,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -110,6 +155,9 @@ pub struct Cache {
     clock: Arc<dyn Clock>,
     usage: usage::UsageBuffer,
     recent: Arc<recent::RecentLookups>,
+    /// Entries recently finalized or opened here: immutable once visible, so a download needs
+    /// no query while its entry is known (same TTL and generations as lookups).
+    entries: Arc<recent::Recent<EntryId, OpenEntry>>,
 }
 
 impl Cache {
@@ -127,6 +175,7 @@ impl Cache {
             clock,
             usage: usage::UsageBuffer::default(),
             recent: Arc::new(recent::RecentLookups::new(policy_ttl)),
+            entries: Arc::new(recent::Recent::new(policy_ttl)),
         }
     }
 
@@ -136,6 +185,7 @@ impl Cache {
         let recovered =
             durability::recover(self.meta.as_ref(), self.blobs.as_ref(), self.clock.now()).await;
         self.recent.invalidate();
+        self.entries.invalidate();
         recovered
     }
 
@@ -216,12 +266,31 @@ impl Cache {
         Ok((id, now))
     }
 
-    /// The upload a signed URL names, in whatever state.
-    pub async fn upload(&self, id: UploadId) -> Result<Upload, CacheError> {
-        self.meta
-            .upload(id)
+    /// The upload a signed URL names, in whatever state, with its blocks: what the data
+    /// request will be decided on unless another request changes the upload meanwhile.
+    pub async fn upload(&self, id: UploadId) -> Result<LinkedUpload, CacheError> {
+        let (upload, blocks) = self
+            .meta
+            .upload_with_blocks(id)
             .await?
-            .ok_or(CacheError::UploadNotFound)
+            .ok_or(CacheError::UploadNotFound)?;
+        Ok(LinkedUpload { upload, blocks })
+    }
+
+    /// The state to decide on: the one loaded with the link on the first attempt, a fresh one
+    /// after a stale refusal.
+    async fn decide_on(
+        &self,
+        linked: &LinkedUpload,
+        first: Option<&LinkedUpload>,
+    ) -> Result<(Upload, UploadBlocks), CacheError> {
+        match first {
+            Some(loaded) => {
+                Self::accepts_data(&loaded.upload)?;
+                Ok((loaded.upload.clone(), loaded.blocks.clone()))
+            }
+            None => self.open_upload(linked.upload.id).await,
+        }
     }
 
     /// Refuses data for an upload that was finalized or abandoned, before its body is read.
@@ -236,24 +305,29 @@ impl Cache {
     /// Put Block: stores one block; a retried block id replaces the earlier copy.
     pub async fn stage_block(
         &self,
-        upload: &Upload,
+        linked: &LinkedUpload,
         block: BlockId,
         body: ByteStream,
         declared_len: Option<u64>,
     ) -> Result<(), CacheError> {
-        Self::accepts_data(upload)?;
+        Self::accepts_data(&linked.upload)?;
         let name = BlobName::random();
         let chunk = self.store_chunk(&name, body, declared_len).await?;
         let max = self.policy.max_entry_size;
-        let recorded = retry_stale(|| async {
-            let (upload, blocks) = self.open_upload(upload.id).await?;
-            match upload::decide_stage(&blocks, &block, &chunk, max) {
-                Staging::TooLarge => Err(CacheError::TooLarge(max)),
-                Staging::Record { garbage } => {
-                    self.meta
-                        .stage_block(&upload, &block, &chunk, self.clock.now())
-                        .await?;
-                    Ok(garbage)
+        let (block, chunk) = (&block, &chunk);
+        let mut first = Some(linked);
+        let recorded = retry_stale(|| {
+            let first = first.take();
+            async move {
+                let (upload, blocks) = self.decide_on(linked, first).await?;
+                match upload::decide_stage(&blocks, block, chunk, max) {
+                    Staging::TooLarge => Err(CacheError::TooLarge(max)),
+                    Staging::Record { garbage } => {
+                        self.meta
+                            .stage_block(&upload, block, chunk, self.clock.now())
+                            .await?;
+                        Ok(garbage)
+                    }
                 }
             }
         })
@@ -264,20 +338,25 @@ impl Cache {
     /// Put Blob: the whole body is the upload's one committed chunk.
     pub async fn put_whole(
         &self,
-        upload: &Upload,
+        linked: &LinkedUpload,
         body: ByteStream,
         declared_len: Option<u64>,
     ) -> Result<(), CacheError> {
-        Self::accepts_data(upload)?;
+        Self::accepts_data(&linked.upload)?;
         let name = BlobName::random();
         let chunk = self.store_chunk(&name, body, declared_len).await?;
-        let committed = retry_stale(|| async {
-            let (upload, blocks) = self.open_upload(upload.id).await?;
-            let assembly = upload::whole_blob(&blocks, &chunk);
-            self.meta
-                .commit_parts(&upload, &assembly.parts, self.clock.now())
-                .await?;
-            Ok(assembly.garbage)
+        let chunk = &chunk;
+        let mut first = Some(linked);
+        let committed = retry_stale(|| {
+            let first = first.take();
+            async move {
+                let (upload, blocks) = self.decide_on(linked, first).await?;
+                let assembly = upload::whole_blob(&blocks, chunk);
+                self.meta
+                    .commit_parts(&upload, &assembly.parts, self.clock.now())
+                    .await?;
+                Ok(assembly.garbage)
+            }
         })
         .await;
         self.settle(committed, name).await
@@ -305,17 +384,21 @@ impl Cache {
     /// Put Block List: the listed blocks, in order, become the upload's content.
     pub async fn commit_block_list(
         &self,
-        upload: UploadId,
+        linked: &LinkedUpload,
         list: &[BlockRef],
     ) -> Result<(), CacheError> {
-        let garbage = retry_stale(|| async {
-            let (upload, blocks) = self.open_upload(upload).await?;
-            let assembly = upload::assemble(list, &blocks.staged, &blocks.parts)
-                .map_err(|_| CacheError::UnknownBlock)?;
-            self.meta
-                .commit_parts(&upload, &assembly.parts, self.clock.now())
-                .await?;
-            Ok(assembly.garbage)
+        let mut first = Some(linked);
+        let garbage = retry_stale(|| {
+            let first = first.take();
+            async move {
+                let (upload, blocks) = self.decide_on(linked, first).await?;
+                let assembly = upload::assemble(list, &blocks.staged, &blocks.parts)
+                    .map_err(|_| CacheError::UnknownBlock)?;
+                self.meta
+                    .commit_parts(&upload, &assembly.parts, self.clock.now())
+                    .await?;
+                Ok(assembly.garbage)
+            }
         })
         .await?;
         self.collect(garbage).await;
@@ -366,11 +449,14 @@ impl Cache {
                     chunks: &chunks,
                     now,
                 };
+                let started = self.entries.generation();
                 let entry = match self.meta.finalize(upload, new).await {
                     Err(MetaError::Conflict) => return Err(CacheError::Conflict),
                     other => other?,
                 };
                 self.recent.invalidate();
+                let open = OpenEntry::new(entry, slot, &upload.key, &chunks, now);
+                self.entries.put(entry, started, now, Arc::new(open));
                 self.collect(garbage).await;
                 Ok(entry)
             }
@@ -446,13 +532,20 @@ impl Cache {
         }))
     }
 
-    pub async fn open_entry(&self, id: EntryId) -> Result<OpenEntry, CacheError> {
+    pub async fn open_entry(&self, id: EntryId) -> Result<Arc<OpenEntry>, CacheError> {
+        if let Some(known) = self.entries.get(&id, self.clock.now()) {
+            return Ok(known);
+        }
+        let started = self.entries.generation();
         let (entry, chunks) = self
             .meta
             .entry(id)
             .await?
             .ok_or(CacheError::EntryNotFound)?;
-        Ok(OpenEntry { entry, chunks })
+        let open = Arc::new(OpenEntry { entry, chunks });
+        self.entries
+            .put(id, started, self.clock.now(), open.clone());
+        Ok(open)
     }
 
     /// Streams bytes `[start, start + len)` of an entry, chunk after chunk. The first chunk is

@@ -1,16 +1,16 @@
-//! Recent lookup answers, kept for a moment: a burst of jobs restoring the same keys (a matrix
-//! build starting, a fleet warming up) costs one database query instead of one each. With a
-//! networked database a query is a round trip to another process; this is where most of the
-//! difference to SQLite went.
+//! Recent answers of the metadata store, kept for a moment: a burst of jobs restoring the same
+//! keys (a matrix build starting, a fleet warming up) costs one database query instead of one
+//! each, and a download right after a save needs no query at all. With a networked database a
+//! query is a round trip to another process; this is where most of the difference to SQLite went.
 //!
-//! Exact within this process: every change this process makes to the set of entries (finalize,
-//! forgetting after a crash) starts a new generation, and answers from an older generation are
-//! never used, including answers to queries that were in flight when the change happened. What
-//! another process sharing the database changes becomes visible here within the TTL
-//! (`--lookup-cache-ttl`); a TTL of zero turns the cache off. Memory is bounded by
-//! [`MAX_ANSWERS`].
+//! Exact within this process: every change this process makes that an answer could depend on
+//! starts a new generation, and answers from an older generation are never used, including
+//! answers to queries that were in flight when the change happened. What another process
+//! sharing the database changes becomes visible here within the TTL (`--lookup-cache-ttl`); a
+//! TTL of zero turns the cache off. Memory is bounded by [`MAX_ANSWERS`].
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,22 +19,26 @@ use crate::model::{Candidate, Millis, RepoId, Scope, Version};
 /// Most answers kept; past this, expired answers go, and if none has expired, all of them.
 pub const MAX_ANSWERS: usize = 4096;
 
+/// Answers by question.
 #[derive(Debug)]
-pub struct RecentLookups {
+pub struct Recent<K, V> {
     ttl: Millis,
-    inner: Mutex<Inner>,
+    inner: Mutex<Inner<K, V>>,
 }
 
-#[derive(Debug, Default)]
-struct Inner {
+/// Lookup answers: the candidates for (repository, version, scopes, keys).
+pub type RecentLookups = Recent<String, Vec<Candidate>>;
+
+#[derive(Debug)]
+struct Inner<K, V> {
     generation: u64,
-    answers: HashMap<String, Answer>,
+    answers: HashMap<K, Answer<V>>,
 }
 
 #[derive(Debug)]
-struct Answer {
+struct Answer<V> {
     at: Millis,
-    candidates: Arc<Vec<Candidate>>,
+    value: Arc<V>,
 }
 
 /// What a query started at: compare it when storing the answer.
@@ -42,17 +46,6 @@ struct Answer {
 pub struct Generation(u64);
 
 impl RecentLookups {
-    pub fn new(ttl: Duration) -> Self {
-        Self {
-            ttl: ttl.as_millis() as Millis,
-            inner: Mutex::default(),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// The cache key of one lookup: every input of the query, separated by NUL (which no key,
     /// version or scope contains).
     pub fn key(
@@ -73,15 +66,35 @@ impl RecentLookups {
         }
         key
     }
+}
+
+impl<K: Hash + Eq, V> Recent<K, V> {
+    pub fn new(ttl: Duration) -> Self {
+        Self {
+            ttl: ttl.as_millis() as Millis,
+            inner: Mutex::new(Inner {
+                generation: 0,
+                answers: HashMap::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner<K, V>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
 
     /// A fresh answer of the current generation, if there is one.
-    pub fn get(&self, key: &str, now: Millis) -> Option<Arc<Vec<Candidate>>> {
+    pub fn get<Q>(&self, key: &Q, now: Millis) -> Option<Arc<V>>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         if self.ttl <= 0 {
             return None;
         }
         let inner = self.lock();
         let answer = inner.answers.get(key)?;
-        (now.saturating_sub(answer.at) < self.ttl).then(|| answer.candidates.clone())
+        (now.saturating_sub(answer.at) < self.ttl).then(|| answer.value.clone())
     }
 
     /// Call before querying; hand the result to [`Self::put`].
@@ -90,13 +103,7 @@ impl RecentLookups {
     }
 
     /// Keeps an answer, unless the entries changed since its query started.
-    pub fn put(
-        &self,
-        key: String,
-        started: Generation,
-        now: Millis,
-        candidates: Arc<Vec<Candidate>>,
-    ) {
+    pub fn put(&self, key: K, started: Generation, now: Millis, value: Arc<V>) {
         if self.ttl <= 0 {
             return;
         }
@@ -111,16 +118,11 @@ impl RecentLookups {
                 inner.answers.clear();
             }
         }
-        inner.answers.insert(
-            key,
-            Answer {
-                at: now,
-                candidates,
-            },
-        );
+        inner.answers.insert(key, Answer { at: now, value });
     }
 
-    /// The entries changed: forget every answer, and refuse those of queries in flight.
+    /// What the answers depend on changed: forget every answer, and refuse those of queries in
+    /// flight.
     pub fn invalidate(&self) {
         let mut inner = self.lock();
         inner.generation += 1;

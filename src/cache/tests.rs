@@ -80,7 +80,7 @@ fn latest(id: &str) -> BlockRef {
 }
 
 impl World {
-    async fn upload(&self, id: UploadId) -> Upload {
+    async fn upload(&self, id: UploadId) -> LinkedUpload {
         self.cache.upload(id).await.unwrap()
     }
 
@@ -169,7 +169,7 @@ async fn a_live_reservation_blocks_the_key_until_it_is_abandoned() {
     let second = w.cache.reserve(&me, "k", "v").await.unwrap();
     assert_ne!(second.id, first.id);
     assert_eq!(
-        w.upload(first.id).await.state,
+        w.upload(first.id).await.upload.state,
         crate::model::UploadState::Aborted
     );
     assert!(
@@ -233,7 +233,7 @@ async fn a_retried_block_replaces_the_earlier_copy_and_frees_it() {
     );
 
     w.cache
-        .commit_block_list(link.id, &[latest("a"), latest("b")])
+        .commit_block_list(&w.upload(link.id).await, &[latest("a"), latest("b")])
         .await
         .unwrap();
     w.cache.finalize(&me, "k", "v", 7).await.unwrap();
@@ -261,7 +261,10 @@ async fn concurrent_blocks_of_one_upload_are_all_recorded() {
         put.await.unwrap().unwrap();
     }
     let list: Vec<BlockRef> = (0..8).map(|i| latest(&format!("b{i}"))).collect();
-    w.cache.commit_block_list(link.id, &list).await.unwrap();
+    w.cache
+        .commit_block_list(&w.upload(link.id).await, &list)
+        .await
+        .unwrap();
     w.cache.finalize(&me, "k", "v", 24).await.unwrap();
     assert_eq!(
         w.restore(&me, "k").await.unwrap(),
@@ -306,7 +309,7 @@ async fn an_unknown_block_in_the_list_is_refused_and_changes_nothing() {
         .unwrap();
     let err = w
         .cache
-        .commit_block_list(link.id, &[latest("a"), latest("zz")])
+        .commit_block_list(&w.upload(link.id).await, &[latest("a"), latest("zz")])
         .await
         .unwrap_err();
     assert!(matches!(err, CacheError::UnknownBlock), "{err:?}");
