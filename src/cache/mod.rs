@@ -154,7 +154,8 @@ pub struct Cache {
     policy: Policy,
     clock: Arc<dyn Clock>,
     usage: usage::UsageBuffer,
-    recent: Arc<recent::RecentLookups>,
+    /// Recent lookup answers (see [`recent`]).
+    lookups: Arc<recent::RecentLookups>,
     /// Entries recently finalized or opened here: immutable once visible, so a download needs
     /// no query while its entry is known (same TTL and generations as lookups).
     entries: Arc<recent::Recent<EntryId, OpenEntry>>,
@@ -174,7 +175,7 @@ impl Cache {
             policy,
             clock,
             usage: usage::UsageBuffer::default(),
-            recent: Arc::new(recent::RecentLookups::new(policy_ttl)),
+            lookups: Arc::new(recent::RecentLookups::new(policy_ttl)),
             entries: Arc::new(recent::Recent::new(policy_ttl)),
         }
     }
@@ -184,7 +185,7 @@ impl Cache {
     pub async fn recover(&self) -> Result<(), CacheError> {
         let recovered =
             durability::recover(self.meta.as_ref(), self.blobs.as_ref(), self.clock.now()).await;
-        self.recent.invalidate();
+        self.lookups.invalidate();
         self.entries.invalidate();
         recovered
     }
@@ -454,7 +455,7 @@ impl Cache {
                     Err(MetaError::Conflict) => return Err(CacheError::Conflict),
                     other => other?,
                 };
-                self.recent.invalidate();
+                self.lookups.invalidate();
                 let open = OpenEntry::new(entry, slot, &upload.key, &chunks, now);
                 self.entries.put(entry, started, now, Arc::new(open));
                 self.collect(garbage).await;
@@ -500,10 +501,10 @@ impl Cache {
         let folded: Vec<String> = lookup.keys.iter().map(CacheKey::folded).collect();
         let key =
             recent::RecentLookups::key(&who.repository, &lookup.version, &who.read_scopes, &folded);
-        let candidates = match self.recent.get(&key, self.clock.now()) {
+        let candidates = match self.lookups.get(&key, self.clock.now()) {
             Some(known) => known,
             None => {
-                let started = self.recent.generation();
+                let started = self.lookups.generation();
                 let found = Arc::new(
                     self.meta
                         .find_candidates(
@@ -514,7 +515,7 @@ impl Cache {
                         )
                         .await?,
                 );
-                self.recent
+                self.lookups
                     .put(key, started, self.clock.now(), found.clone());
                 found
             }
