@@ -83,7 +83,7 @@ impl MySqlStore {
         }
         let applied = async {
             sqlx::raw_sql(
-                "CREATE TABLE IF NOT EXISTS hoard_schema (version BIGINT NOT NULL) ENGINE = InnoDB",
+                "CREATE TABLE IF NOT EXISTS hoard_schema (version BIGINT NOT NULL PRIMARY KEY) ENGINE = InnoDB",
             )
             .execute(&mut *conn)
             .await?;

@@ -68,7 +68,7 @@ impl PostgresStore {
             .await
             .map_err(from_sqlx)?;
         let applied = async {
-            sqlx::raw_sql("CREATE TABLE IF NOT EXISTS hoard_schema (version BIGINT NOT NULL)")
+            sqlx::raw_sql("CREATE TABLE IF NOT EXISTS hoard_schema (version BIGINT NOT NULL PRIMARY KEY)")
                 .execute(&mut *conn)
                 .await?;
             let current: i64 =

@@ -34,8 +34,10 @@ CREATE TABLE staged_blocks (
 );
 
 -- The committed block list of an upload, in order. Not unique on (upload_id, ordinal): a commit
--- replaces the list in one statement, whose insert cannot see the rows its delete removes.
+-- replaces the list in one statement, whose insert cannot see the rows its delete removes. The
+-- surrogate key is for tools that need one (logical replication).
 CREATE TABLE upload_parts (
+    id         BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     upload_id  BIGINT NOT NULL REFERENCES uploads (id),
     ordinal    INTEGER NOT NULL,
     block_id   BYTEA  NOT NULL,
