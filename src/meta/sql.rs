@@ -1,5 +1,6 @@
-//! What the SQL stores share: turning stored columns back into validated records, and the
-//! bounds of a prefix range.
+//! What the SQL stores share: turning stored columns back into validated records, the bounds of
+//! a prefix range, the index hashes and statements of the networked stores, and the mapping of
+//! driver errors onto backend-neutral kinds.
 
 use super::MetaError;
 use crate::model::{BlobName, Chunk, RepoId, Scope, Upload, UploadState};

@@ -6,6 +6,9 @@
 //! calling task's thread: commits do not fsync (see `checkpoint`), so a statement takes tens of
 //! microseconds, less than the two thread switches of a hop to another thread (docs/benchmarks.md
 //! has the measurements). Statements are prepared once per connection (`prepare_cached`).
+//!
+//! A change to an upload first claims it (`claim`): it bumps the revision where the upload is
+//! still open at the one the domain loaded, and otherwise refuses the whole change as stale.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
