@@ -6,12 +6,9 @@
 //! SQLite); index entries may not exceed 3072 bytes, so slots and lookup ranges are indexed
 //! through fixed-size hashes (`sql::bucket`, `sql::slot_hash`); there are no partial unique
 //! indexes, so "one open upload per slot" is a unique index on a generated column that is NULL
-//! unless the upload is open; `KEY` is reserved; there is no `RETURNING`, and no data-modifying CTE,
-//! so the frequent changes (stage a block, commit parts, finalize) are stored procedures: one call
-//! and one round trip each instead of a transaction of five or six (migration 0002). Like every
-//! change, they first bump the upload's revision where it still has the loaded one, and signal
-//! SQLSTATE 40001 (`Stale`) otherwise. Sessions run at READ COMMITTED. Migrations run under
-//! `GET_LOCK`.
+//! unless the upload is open; `KEY` is reserved; there is no `RETURNING`. Sessions run at READ
+//! COMMITTED, and changes to an upload first bump its revision where it still has the loaded one
+//! (`claim`), as on PostgreSQL. Migrations run under `GET_LOCK`.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -32,11 +29,10 @@ use crate::model::{
 
 /// Migrations compiled into the binary, applied in order; `hoard_schema` records the last one.
 /// MySQL runs one statement per call: statements are separated by lines holding only `;`.
-const MIGRATIONS: &[(i64, &str)] = &[
-    (1, include_str!("migrations/mysql/0001_init.sql")),
-    (2, include_str!("migrations/mysql/0002_procedures.sql")),
-];
+const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("migrations/mysql/0001_init.sql"))];
 const MIGRATION_LOCK: &str = "hoard_migrations";
+/// Rows per multi-row INSERT, well under the 65,535 parameters a statement may have.
+const ROWS_PER_INSERT: usize = 1000;
 
 #[derive(Debug, Clone)]
 pub struct MySqlStore {
@@ -213,6 +209,32 @@ async fn set_state(
         .execute(&mut **tx)
         .await
         .map_err(from_sqlx)?;
+    Ok(())
+}
+
+/// Inserts `rows` (each `width` values, bound by `bind`) in multi-row statements.
+async fn insert_rows<T>(
+    tx: &mut Transaction<'_, MySql>,
+    head: &str,
+    width: usize,
+    rows: &[T],
+    bind: impl for<'q> Fn(
+        sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments>,
+        &'q T,
+    ) -> sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments>,
+) -> Result<(), MetaError> {
+    let tuple = format!("({})", vec!["?"; width].join(", "));
+    for batch in rows.chunks(ROWS_PER_INSERT) {
+        let sql = format!(
+            "{head} VALUES {}",
+            vec![tuple.as_str(); batch.len()].join(", ")
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for row in batch {
+            query = bind(query, row);
+        }
+        query.execute(&mut **tx).await.map_err(from_sqlx)?;
+    }
     Ok(())
 }
 
@@ -465,18 +487,21 @@ impl MetaStore for MySqlStore {
         chunk: &Chunk,
         now: Millis,
     ) -> Result<(), MetaError> {
-        sqlx::query("CALL hoard_stage_block(?, ?, ?, ?, ?, ?, ?)")
-            .bind(upload.id)
-            .bind(upload.revision)
-            .bind(now)
-            .bind(block.as_bytes())
-            .bind(chunk.blob.as_str())
-            .bind(chunk.size as i64)
-            .bind(&chunk.sha256[..])
-            .execute(&self.pool)
-            .await
-            .map_err(from_sqlx)?;
-        Ok(())
+        let mut tx = self.begin().await?;
+        claim(&mut tx, upload, now).await?;
+        sqlx::query(
+            "INSERT INTO staged_blocks (upload_id, block_id, blob_name, size, sha256) VALUES (?, ?, ?, ?, ?)
+             ON DUPLICATE KEY UPDATE blob_name = VALUES(blob_name), size = VALUES(size), sha256 = VALUES(sha256)",
+        )
+        .bind(upload.id)
+        .bind(block.as_bytes())
+        .bind(chunk.blob.as_str())
+        .bind(chunk.size as i64)
+        .bind(&chunk.sha256[..])
+        .execute(&mut *tx)
+        .await
+        .map_err(from_sqlx)?;
+        tx.commit().await.map_err(from_sqlx)
     }
 
     async fn commit_parts(
@@ -485,28 +510,30 @@ impl MetaStore for MySqlStore {
         parts: &[(BlockId, Chunk)],
         now: Millis,
     ) -> Result<(), MetaError> {
-        let parts: Vec<serde_json::Value> = parts
+        let mut tx = self.begin().await?;
+        claim(&mut tx, upload, now).await?;
+        drop_blocks(&mut tx, upload.id).await?;
+        let rows: Vec<(i64, usize, &BlockId, &Chunk)> = parts
             .iter()
             .enumerate()
-            .map(|(ordinal, (block, chunk))| {
-                serde_json::json!({
-                    "o": ordinal,
-                    "b": hex::encode(block.as_bytes()),
-                    "n": chunk.blob.as_str(),
-                    "s": chunk.size,
-                    "h": hex::encode(chunk.sha256),
-                })
-            })
+            .map(|(ordinal, (block, chunk))| (upload.id, ordinal, block, chunk))
             .collect();
-        sqlx::query("CALL hoard_commit_parts(?, ?, ?, ?)")
-            .bind(upload.id)
-            .bind(upload.revision)
-            .bind(now)
-            .bind(serde_json::Value::Array(parts).to_string())
-            .execute(&self.pool)
-            .await
-            .map_err(from_sqlx)?;
-        Ok(())
+        insert_rows(
+            &mut tx,
+            "INSERT INTO upload_parts (upload_id, ordinal, block_id, blob_name, size, sha256)",
+            6,
+            &rows,
+            |q, (upload, ordinal, block, chunk)| {
+                q.bind(*upload)
+                    .bind(*ordinal as i64)
+                    .bind(block.as_bytes())
+                    .bind(chunk.blob.as_str())
+                    .bind(chunk.size as i64)
+                    .bind(&chunk.sha256[..])
+            },
+        )
+        .await?;
+        tx.commit().await.map_err(from_sqlx)
     }
 
     async fn abort_upload(&self, upload: &Upload, now: Millis) -> Result<(), MetaError> {
@@ -519,40 +546,71 @@ impl MetaStore for MySqlStore {
 
     async fn finalize(&self, upload: &Upload, new: NewEntry<'_>) -> Result<EntryId, MetaError> {
         let slot = new.slot;
+        let size: u64 = new.chunks.iter().map(|c| c.size).sum();
+        let mut tx = self.begin().await?;
+        // The entry first, for its id; if the upload turns out stale, the transaction is
+        // rolled back with it.
+        let inserted = sqlx::query(
+            "INSERT INTO entries (repository, scope, `key`, key_folded, version, bucket, slot_hash, size, chunk_count, created_at, last_used_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(slot.repository.as_str().as_bytes())
+        .bind(slot.scope.as_str().as_bytes())
+        .bind(new.key.as_bytes())
+        .bind(slot.key.folded().into_bytes())
+        .bind(slot.version.as_str().as_bytes())
+        .bind(bucket(&slot.repository, &slot.version, &slot.scope))
+        .bind(slot_hash(slot))
+        .bind(size as i64)
+        .bind(new.chunks.len() as i64)
+        .bind(new.now)
+        .bind(new.now)
+        .execute(&mut *tx)
+        .await
+        .map_err(from_sqlx)?;
+        let entry = inserted.last_insert_id() as i64;
+        let claimed = sqlx::query(
+            "UPDATE uploads SET revision = revision + 1, updated_at = ?, state = 'finalized', entry_id = ?
+             WHERE id = ? AND revision = ? AND state = 'open'",
+        )
+        .bind(new.now)
+        .bind(entry)
+        .bind(upload.id)
+        .bind(upload.revision)
+        .execute(&mut *tx)
+        .await
+        .map_err(from_sqlx)?;
+        if claimed.rows_affected() == 0 {
+            return Err(MetaError::Stale);
+        }
         let mut start = 0u64;
-        let chunks: Vec<serde_json::Value> = new
+        let rows: Vec<(i64, usize, u64, &Chunk)> = new
             .chunks
             .iter()
             .enumerate()
             .map(|(ordinal, chunk)| {
-                let row = serde_json::json!({
-                    "o": ordinal,
-                    "st": start,
-                    "n": chunk.blob.as_str(),
-                    "s": chunk.size,
-                    "h": hex::encode(chunk.sha256),
-                });
+                let row = (entry, ordinal, start, chunk);
                 start += chunk.size;
                 row
             })
             .collect();
-        let entry: i64 =
-            sqlx::query_scalar("CALL hoard_finalize(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-                .bind(upload.id)
-                .bind(upload.revision)
-                .bind(new.now)
-                .bind(slot.repository.as_str().as_bytes())
-                .bind(slot.scope.as_str().as_bytes())
-                .bind(new.key.as_bytes())
-                .bind(slot.key.folded().into_bytes())
-                .bind(slot.version.as_str().as_bytes())
-                .bind(bucket(&slot.repository, &slot.version, &slot.scope))
-                .bind(slot_hash(slot))
-                .bind(start as i64)
-                .bind(serde_json::Value::Array(chunks).to_string())
-                .fetch_one(&self.pool)
-                .await
-                .map_err(from_sqlx)?;
+        insert_rows(
+            &mut tx,
+            "INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256)",
+            6,
+            &rows,
+            |q, (entry, ordinal, start, chunk)| {
+                q.bind(*entry)
+                    .bind(*ordinal as i64)
+                    .bind(*start as i64)
+                    .bind(chunk.blob.as_str())
+                    .bind(chunk.size as i64)
+                    .bind(&chunk.sha256[..])
+            },
+        )
+        .await?;
+        drop_blocks(&mut tx, upload.id).await?;
+        tx.commit().await.map_err(from_sqlx)?;
         Ok(entry)
     }
 
