@@ -68,9 +68,11 @@ impl PostgresStore {
             .await
             .map_err(from_sqlx)?;
         let applied = async {
-            sqlx::raw_sql("CREATE TABLE IF NOT EXISTS hoard_schema (version BIGINT NOT NULL PRIMARY KEY)")
-                .execute(&mut *conn)
-                .await?;
+            sqlx::raw_sql(
+                "CREATE TABLE IF NOT EXISTS hoard_schema (version BIGINT NOT NULL PRIMARY KEY)",
+            )
+            .execute(&mut *conn)
+            .await?;
             let current: i64 =
                 sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM hoard_schema")
                     .fetch_one(&mut *conn)
