@@ -118,18 +118,8 @@ impl OpenEntry {
         chunks: &[crate::model::Chunk],
         now: Millis,
     ) -> Self {
-        let mut start = 0;
-        let chunks: Vec<EntryChunk> = chunks
-            .iter()
-            .map(|c| {
-                let placed = EntryChunk {
-                    start,
-                    chunk: c.clone(),
-                };
-                start += c.size;
-                placed
-            })
-            .collect();
+        let chunks = EntryChunk::place(chunks);
+        let size = chunks.last().map_or(0, |c| c.start + c.chunk.size);
         Self {
             entry: Entry {
                 id,
@@ -137,7 +127,7 @@ impl OpenEntry {
                 scope: slot.scope.clone(),
                 key: key.to_owned(),
                 version: slot.version.as_str().to_owned(),
-                size: start,
+                size,
                 created_at: now,
                 last_used_at: now,
                 hits: 0,

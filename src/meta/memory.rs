@@ -191,22 +191,10 @@ impl MetaStore for MemoryStore {
 
     async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
         let state = self.state();
-        Ok(state.entries.get(&id).map(|e| {
-            let mut start = 0;
-            let chunks = e
-                .chunks
-                .iter()
-                .map(|c| {
-                    let chunk = EntryChunk {
-                        start,
-                        chunk: c.clone(),
-                    };
-                    start += c.size;
-                    chunk
-                })
-                .collect();
-            (e.entry.clone(), chunks)
-        }))
+        Ok(state
+            .entries
+            .get(&id)
+            .map(|e| (e.entry.clone(), EntryChunk::place(&e.chunks))))
     }
 
     async fn create_upload(

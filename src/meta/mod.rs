@@ -104,6 +104,24 @@ pub struct EntryChunk {
     pub chunk: Chunk,
 }
 
+impl EntryChunk {
+    /// `chunks` laid end to end, in order: each with the offset at which it starts.
+    pub fn place(chunks: &[Chunk]) -> Vec<EntryChunk> {
+        let mut start = 0;
+        chunks
+            .iter()
+            .map(|chunk| {
+                let placed = EntryChunk {
+                    start,
+                    chunk: chunk.clone(),
+                };
+                start += chunk.size;
+                placed
+            })
+            .collect()
+    }
+}
+
 #[async_trait]
 pub trait MetaStore: Send + Sync + std::fmt::Debug + 'static {
     /// Checks that the database answers.

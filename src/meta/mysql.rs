@@ -583,16 +583,11 @@ impl MetaStore for MySqlStore {
         if claimed.rows_affected() == 0 {
             return Err(MetaError::Stale);
         }
-        let mut start = 0u64;
-        let rows: Vec<(i64, usize, u64, &Chunk)> = new
-            .chunks
+        let placed = EntryChunk::place(new.chunks);
+        let rows: Vec<(i64, usize, u64, &Chunk)> = placed
             .iter()
             .enumerate()
-            .map(|(ordinal, chunk)| {
-                let row = (entry, ordinal, start, chunk);
-                start += chunk.size;
-                row
-            })
+            .map(|(ordinal, c)| (entry, ordinal, c.start, &c.chunk))
             .collect();
         insert_rows(
             &mut tx,

@@ -481,14 +481,14 @@ impl MetaStore for PostgresStore {
         let size: u64 = new.chunks.iter().map(|c| c.size).sum();
         let (mut ordinals, mut starts, mut names, mut sizes, mut digests) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut start = 0u64;
-        for (ordinal, chunk) in new.chunks.iter().enumerate() {
+        for (ordinal, EntryChunk { start, chunk }) in
+            EntryChunk::place(new.chunks).iter().enumerate()
+        {
             ordinals.push(ordinal as i32);
-            starts.push(start as i64);
+            starts.push(*start as i64);
             names.push(chunk.blob.as_str().to_owned());
             sizes.push(chunk.size as i64);
             digests.push(chunk.sha256.to_vec());
-            start += chunk.size;
         }
         // The claim takes the entry's id from its sequence, so that the upload, the entry and
         // its chunks are written by one statement.

@@ -549,10 +549,8 @@ impl MetaStore for SqliteStore {
             let mut insert = tx.prepare_cached(
                 "INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256) VALUES (?, ?, ?, ?, ?, ?)",
             )?;
-            let mut start = 0u64;
-            for (ordinal, chunk) in chunks.iter().enumerate() {
-                insert.execute(params![entry, ordinal as i64, start as i64, chunk.blob.as_str(), chunk.size as i64, &chunk.sha256[..]])?;
-                start += chunk.size;
+            for (ordinal, EntryChunk { start, chunk }) in EntryChunk::place(&chunks).iter().enumerate() {
+                insert.execute(params![entry, ordinal as i64, *start as i64, chunk.blob.as_str(), chunk.size as i64, &chunk.sha256[..]])?;
             }
             drop_blocks(tx, upload.id)?;
             tx.prepare_cached("UPDATE uploads SET state = 'finalized', entry_id = ? WHERE id = ?")?
