@@ -491,25 +491,17 @@ impl Cache {
         let folded: Vec<String> = lookup.keys.iter().map(CacheKey::folded).collect();
         let key =
             recent::RecentLookups::key(&who.repository, &lookup.version, &who.read_scopes, &folded);
-        let candidates = match self.lookups.get(&key, self.clock.now()) {
-            Some(known) => known,
-            None => {
-                let started = self.lookups.generation();
-                let found = Arc::new(
-                    self.meta
-                        .find_candidates(
-                            &who.repository,
-                            &lookup.version,
-                            &who.read_scopes,
-                            &folded,
-                        )
-                        .await?,
-                );
-                self.lookups
-                    .put(key, started, self.clock.now(), found.clone());
-                found
-            }
-        };
+        let candidates = self
+            .lookups
+            .get_or_load(key, self.clock.as_ref(), || {
+                self.meta.find_candidates(
+                    &who.repository,
+                    &lookup.version,
+                    &who.read_scopes,
+                    &folded,
+                )
+            })
+            .await?;
         let Some(best) = matching::best_match(&who.read_scopes, &folded, &candidates) else {
             return Ok(None);
         };
@@ -524,19 +516,16 @@ impl Cache {
     }
 
     pub async fn open_entry(&self, id: EntryId) -> Result<Arc<OpenEntry>, CacheError> {
-        if let Some(known) = self.entries.get(&id, self.clock.now()) {
-            return Ok(known);
-        }
-        let started = self.entries.generation();
-        let (entry, chunks) = self
-            .meta
-            .entry(id)
-            .await?
-            .ok_or(CacheError::EntryNotFound)?;
-        let open = Arc::new(OpenEntry { entry, chunks });
         self.entries
-            .put(id, started, self.clock.now(), open.clone());
-        Ok(open)
+            .get_or_load(id, self.clock.as_ref(), || async {
+                let (entry, chunks) = self
+                    .meta
+                    .entry(id)
+                    .await?
+                    .ok_or(CacheError::EntryNotFound)?;
+                Ok(OpenEntry { entry, chunks })
+            })
+            .await
     }
 
     /// Streams bytes `[start, start + len)` of an entry, chunk after chunk. The first chunk is

@@ -14,7 +14,7 @@ use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::model::{Candidate, Millis, RepoId, Scope, Version};
+use crate::model::{Candidate, Clock, Millis, RepoId, Scope, Version};
 
 /// Most answers kept; past this, expired answers go, and if none has expired, all of them.
 pub const MAX_ANSWERS: usize = 4096;
@@ -95,6 +95,26 @@ impl<K: Hash + Eq, V> Recent<K, V> {
         let inner = self.lock();
         let answer = inner.answers.get(key)?;
         (now.saturating_sub(answer.at) < self.ttl).then(|| answer.value.clone())
+    }
+
+    /// The fresh answer to `key`, or else the one `load` gives, kept for the next caller unless
+    /// what it depends on changed while it was loading.
+    pub async fn get_or_load<E, Fut>(
+        &self,
+        key: K,
+        clock: &dyn Clock,
+        load: impl FnOnce() -> Fut,
+    ) -> Result<Arc<V>, E>
+    where
+        Fut: std::future::Future<Output = Result<V, E>>,
+    {
+        if let Some(known) = self.get(&key, clock.now()) {
+            return Ok(known);
+        }
+        let started = self.generation();
+        let value = Arc::new(load().await?);
+        self.put(key, started, clock.now(), value.clone());
+        Ok(value)
     }
 
     /// Call before querying; hand the result to [`Self::put`].
