@@ -213,7 +213,7 @@ impl Cache {
         version: &str,
     ) -> Result<LinkTarget, CacheError> {
         let slot = self.write_slot(who, key, version)?;
-        let (upload, now) = retry_stale(|| self.try_reserve(who, &slot)).await?;
+        let (upload, now) = retry_stale(|_| self.try_reserve(who, &slot)).await?;
         audit("reserve", who, &slot, upload);
         Ok(LinkTarget {
             id: upload,
@@ -268,20 +268,18 @@ impl Cache {
         Ok(LinkedUpload { upload, blocks })
     }
 
-    /// The state to decide on: the one loaded with the link on the first attempt, a fresh one
-    /// after a stale refusal.
+    /// The state attempt `attempt` decides on: the one loaded with the link at first, a fresh
+    /// one after a stale refusal.
     async fn decide_on(
         &self,
         linked: &LinkedUpload,
-        first: Option<&LinkedUpload>,
+        attempt: usize,
     ) -> Result<(Upload, UploadBlocks), CacheError> {
-        match first {
-            Some(loaded) => {
-                Self::accepts_data(&loaded.upload)?;
-                Ok((loaded.upload.clone(), loaded.blocks.clone()))
-            }
-            None => self.open_upload(linked.upload.id).await,
+        if attempt > 0 {
+            return self.open_upload(linked.upload.id).await;
         }
+        Self::accepts_data(&linked.upload)?;
+        Ok((linked.upload.clone(), linked.blocks.clone()))
     }
 
     /// Refuses data for an upload that was finalized or abandoned, before its body is read.
@@ -306,19 +304,15 @@ impl Cache {
         let chunk = self.store_chunk(&name, body, declared_len).await?;
         let max = self.policy.max_entry_size;
         let (block, chunk) = (&block, &chunk);
-        let mut first = Some(linked);
-        let recorded = retry_stale(|| {
-            let first = first.take();
-            async move {
-                let (upload, blocks) = self.decide_on(linked, first).await?;
-                match upload::decide_stage(&blocks, block, chunk, max) {
-                    Staging::TooLarge => Err(CacheError::TooLarge(max)),
-                    Staging::Record { garbage } => {
-                        self.meta
-                            .stage_block(&upload, block, chunk, self.clock.now())
-                            .await?;
-                        Ok(garbage)
-                    }
+        let recorded = retry_stale(|attempt| async move {
+            let (upload, blocks) = self.decide_on(linked, attempt).await?;
+            match upload::decide_stage(&blocks, block, chunk, max) {
+                Staging::TooLarge => Err(CacheError::TooLarge(max)),
+                Staging::Record { garbage } => {
+                    self.meta
+                        .stage_block(&upload, block, chunk, self.clock.now())
+                        .await?;
+                    Ok(garbage)
                 }
             }
         })
@@ -337,17 +331,13 @@ impl Cache {
         let name = BlobName::random();
         let chunk = self.store_chunk(&name, body, declared_len).await?;
         let chunk = &chunk;
-        let mut first = Some(linked);
-        let committed = retry_stale(|| {
-            let first = first.take();
-            async move {
-                let (upload, blocks) = self.decide_on(linked, first).await?;
-                let assembly = upload::whole_blob(&blocks, chunk);
-                self.meta
-                    .commit_parts(&upload, &assembly.parts, self.clock.now())
-                    .await?;
-                Ok(assembly.garbage)
-            }
+        let committed = retry_stale(|attempt| async move {
+            let (upload, blocks) = self.decide_on(linked, attempt).await?;
+            let assembly = upload::whole_blob(&blocks, chunk);
+            self.meta
+                .commit_parts(&upload, &assembly.parts, self.clock.now())
+                .await?;
+            Ok(assembly.garbage)
         })
         .await;
         self.settle(committed, name).await
@@ -378,18 +368,14 @@ impl Cache {
         linked: &LinkedUpload,
         list: &[BlockRef],
     ) -> Result<(), CacheError> {
-        let mut first = Some(linked);
-        let garbage = retry_stale(|| {
-            let first = first.take();
-            async move {
-                let (upload, blocks) = self.decide_on(linked, first).await?;
-                let assembly = upload::assemble(list, &blocks.staged, &blocks.parts)
-                    .map_err(|_| CacheError::UnknownBlock)?;
-                self.meta
-                    .commit_parts(&upload, &assembly.parts, self.clock.now())
-                    .await?;
-                Ok(assembly.garbage)
-            }
+        let garbage = retry_stale(|attempt| async move {
+            let (upload, blocks) = self.decide_on(linked, attempt).await?;
+            let assembly = upload::assemble(list, &blocks.staged, &blocks.parts)
+                .map_err(|_| CacheError::UnknownBlock)?;
+            self.meta
+                .commit_parts(&upload, &assembly.parts, self.clock.now())
+                .await?;
+            Ok(assembly.garbage)
         })
         .await?;
         self.collect(garbage).await;
@@ -420,7 +406,7 @@ impl Cache {
         if size > self.policy.max_entry_size {
             return Err(CacheError::TooLarge(self.policy.max_entry_size));
         }
-        let entry = retry_stale(|| self.try_finalize(&slot, size)).await?;
+        let entry = retry_stale(|_| self.try_finalize(&slot, size)).await?;
         audit("finalize", who, &slot, entry);
         Ok(entry)
     }
@@ -613,14 +599,15 @@ fn audit(action: &str, who: &Identity, slot: &Slot, id: i64) {
 /// one's read and write) is decided again before the request gives up.
 const MAX_ATTEMPTS: usize = 16;
 
-/// Runs `attempt` again while the store refuses its change as stale.
+/// Runs `attempt` (told how many tries came before it) again while the store refuses its
+/// change as stale.
 async fn retry_stale<T, F, Fut>(mut attempt: F) -> Result<T, CacheError>
 where
-    F: FnMut() -> Fut,
+    F: FnMut(usize) -> Fut,
     Fut: std::future::Future<Output = Result<T, CacheError>>,
 {
-    for _ in 0..MAX_ATTEMPTS {
-        match attempt().await {
+    for tries in 0..MAX_ATTEMPTS {
+        match attempt(tries).await {
             Err(CacheError::Meta(MetaError::Stale)) => tokio::task::yield_now().await,
             other => return other,
         }
