@@ -658,9 +658,8 @@ impl MetaStore for MySqlStore {
             .await
             .map_err(from_sqlx)?;
         tx.commit().await.map_err(from_sqlx)?;
-        let mut garbage: Vec<BlobName> = names.iter().filter_map(|n| BlobName::parse(n)).collect();
-        garbage.sort();
-        garbage.dedup();
+        // UNION already made the names distinct.
+        let garbage = names.iter().filter_map(|n| BlobName::parse(n)).collect();
         Ok((forgotten as usize, garbage))
     }
 }
