@@ -279,14 +279,16 @@ pub struct UploadBlocks {
 }
 
 impl UploadBlocks {
-    /// Every blob the upload refers to, each once.
-    pub fn blobs(&self) -> Vec<BlobName> {
-        let mut names: Vec<BlobName> = self
-            .staged
+    /// Every chunk the upload refers to, staged or committed (a chunk may be both).
+    pub fn chunks(&self) -> impl Iterator<Item = &Chunk> {
+        self.staged
             .values()
             .chain(self.parts.iter().map(|(_, c)| c))
-            .map(|c| c.blob.clone())
-            .collect();
+    }
+
+    /// Every blob the upload refers to, each once.
+    pub fn blobs(&self) -> Vec<BlobName> {
+        let mut names: Vec<BlobName> = self.chunks().map(|c| c.blob.clone()).collect();
         names.sort();
         names.dedup();
         names

@@ -80,21 +80,17 @@ pub fn decide_stage(
         return Staging::TooLarge;
     }
     // The replaced copy may still be a committed part (Azure keeps the committed list).
-    let garbage = blocks
-        .staged
-        .get(block)
-        .filter(|old| !blocks.parts.iter().any(|(_, c)| c.blob == old.blob))
-        .map(|old| old.blob.clone())
-        .into_iter()
-        .collect();
+    let garbage = unreferenced(
+        blocks.staged.get(block),
+        blocks.parts.iter().map(|(_, c)| c),
+    );
     Staging::Record { garbage }
 }
 
 /// Put Blob: `chunk` becomes the only committed part; everything staged or committed before
 /// is garbage.
 pub fn whole_blob(blocks: &UploadBlocks, chunk: &Chunk) -> Assembly {
-    let mut garbage = blocks.blobs();
-    garbage.retain(|b| b != &chunk.blob);
+    let garbage = unreferenced(blocks.chunks(), [chunk]);
     Assembly {
         parts: vec![(BlockId::whole_blob(), chunk.clone())],
         garbage,
@@ -145,16 +141,7 @@ pub fn decide_finalize(state: &FinalizeState, size: u64) -> Finalizing<'_> {
         };
     }
     let chunks: Vec<Chunk> = blocks.parts.iter().map(|(_, c)| c.clone()).collect();
-    let kept: HashSet<&BlobName> = chunks.iter().map(|c| &c.blob).collect();
-    let mut garbage: Vec<BlobName> = blocks
-        .staged
-        .values()
-        .map(|c| &c.blob)
-        .filter(|b| !kept.contains(b))
-        .cloned()
-        .collect();
-    garbage.sort();
-    garbage.dedup();
+    let garbage = unreferenced(blocks.staged.values(), &chunks);
     Finalizing::Commit {
         upload,
         chunks,
@@ -194,17 +181,29 @@ pub fn assemble(
         let chunk = found.ok_or_else(|| UnknownBlock(item.id.clone()))?;
         parts.push((item.id.clone(), chunk.clone()));
     }
-    let kept: HashSet<&BlobName> = parts.iter().map(|(_, c)| &c.blob).collect();
-    let mut garbage: Vec<BlobName> = staged
-        .values()
-        .chain(committed.iter().map(|(_, c)| c))
+    let garbage = unreferenced(
+        staged.values().chain(committed.iter().map(|(_, c)| c)),
+        parts.iter().map(|(_, c)| c),
+    );
+    Ok(Assembly { parts, garbage })
+}
+
+/// The blobs of `dropped` that no chunk of `kept` refers to, sorted, each once: what a change
+/// leaves unreferenced, to delete once it is applied.
+fn unreferenced<'a>(
+    dropped: impl IntoIterator<Item = &'a Chunk>,
+    kept: impl IntoIterator<Item = &'a Chunk>,
+) -> Vec<BlobName> {
+    let kept: HashSet<&BlobName> = kept.into_iter().map(|c| &c.blob).collect();
+    let mut garbage: Vec<BlobName> = dropped
+        .into_iter()
         .map(|c| &c.blob)
         .filter(|b| !kept.contains(b))
         .cloned()
         .collect();
     garbage.sort();
     garbage.dedup();
-    Ok(Assembly { parts, garbage })
+    garbage
 }
 
 #[cfg(test)]
