@@ -64,15 +64,20 @@ impl State {
         self.next_id
     }
 
-    /// The upload, if it is still open at the loaded revision; the revision is bumped.
-    fn claim(&mut self, upload: &Upload) -> Result<&mut StoredUpload, MetaError> {
-        match self.uploads.get_mut(&upload.id) {
-            Some(s) if s.upload.is_open() && s.upload.revision == upload.revision => {
-                s.upload.revision += 1;
-                Ok(s)
-            }
+    /// `Stale` unless the upload is still open at the loaded revision.
+    fn check(&self, upload: &Upload) -> Result<(), MetaError> {
+        match self.uploads.get(&upload.id) {
+            Some(s) if s.upload.is_open() && s.upload.revision == upload.revision => Ok(()),
             _ => Err(MetaError::Stale),
         }
+    }
+
+    /// The upload, if it is still open at the loaded revision; the revision is bumped.
+    fn claim(&mut self, upload: &Upload) -> Result<&mut StoredUpload, MetaError> {
+        self.check(upload)?;
+        let stored = self.uploads.get_mut(&upload.id).ok_or(MetaError::Stale)?;
+        stored.upload.revision += 1;
+        Ok(stored)
     }
 }
 
@@ -205,10 +210,7 @@ impl MetaStore for MemoryStore {
         let mut state = self.state();
         // Check everything before changing anything: a refused change leaves no trace.
         if let Some(old) = replacing {
-            match state.uploads.get(&old.id) {
-                Some(s) if s.upload.is_open() && s.upload.revision == old.revision => {}
-                _ => return Err(MetaError::Stale),
-            }
+            state.check(old)?;
         }
         let taken = state.uploads.values().any(|u| {
             u.upload.is_open() && u.holds(new.slot) && replacing.is_none_or(|r| r.id != u.upload.id)
@@ -282,10 +284,7 @@ impl MetaStore for MemoryStore {
 
     async fn finalize(&self, upload: &Upload, new: NewEntry<'_>) -> Result<EntryId, MetaError> {
         let mut state = self.state();
-        match state.uploads.get(&upload.id) {
-            Some(s) if s.upload.is_open() && s.upload.revision == upload.revision => {}
-            _ => return Err(MetaError::Stale),
-        }
+        state.check(upload)?;
         if state.entries.values().any(|e| e.holds(new.slot)) {
             return Err(MetaError::Conflict);
         }
