@@ -22,7 +22,6 @@ use crate::auth::{UrlSigner, Verifier};
 use crate::blob::FsStore;
 use crate::cache::{Cache, Policy};
 use crate::config::Config;
-use crate::meta::DatabaseUrl;
 use crate::model::SystemClock;
 
 /// Why the server could not start or stopped with an error.
@@ -66,14 +65,6 @@ pub async fn build_state(
         path: config.data_dir.display().to_string(),
         source,
     })?;
-    if let DatabaseUrl::Sqlite(path) = &config.database {
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|source| ServeError::DataDir {
-                path: parent.display().to_string(),
-                source,
-            })?;
-        }
-    }
     let meta = meta::open(&config.database, config.database_pool_size)
         .await
         .map_err(|source| ServeError::Meta {

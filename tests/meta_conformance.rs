@@ -110,3 +110,14 @@ async fn an_unreachable_database_fails_with_its_cause() {
         );
     }
 }
+
+#[tokio::test]
+async fn sqlite_creates_the_directory_of_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("not").join("yet").join("hoard.db");
+    let store = meta::open(&DatabaseUrl::Sqlite(path.clone()), 1)
+        .await
+        .unwrap();
+    store.ping().await.unwrap();
+    assert!(path.exists());
+}

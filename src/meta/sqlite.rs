@@ -76,10 +76,16 @@ fn migrate(conn: &mut Connection) -> Result<(), MetaError> {
 
 impl SqliteStore {
     /// Opens (creating if needed) the database file at `path` and brings its schema up to date.
+    /// The file's directory is created if missing.
     pub async fn open(path: &Path) -> Result<Self, MetaError> {
         let path = path.to_owned();
         let writer_path = path.clone();
         let conn = tokio::task::spawn_blocking(move || -> Result<Connection, MetaError> {
+            if let Some(dir) = writer_path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    MetaError::Unavailable(format!("cannot create {}: {e}", dir.display()))
+                })?;
+            }
             let mut conn = Connection::open(&writer_path)?;
             configure(&conn)?;
             conn.pragma_update(None, "journal_mode", "WAL")?;
