@@ -108,6 +108,41 @@ pub struct ServeArgs {
     #[arg(long, env = "HOARD_LOOKUP_CACHE_TTL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub lookup_cache_ttl: Duration,
 
+    /// Bytes one repository's entries may hold; after each save, its least recently used
+    /// entries are evicted until it is under (GitHub: 10 GB). 0 turns the quota off.
+    #[arg(long, env = "HOARD_REPO_QUOTA", default_value = "10GiB", value_parser = parse_size)]
+    pub repo_quota: u64,
+
+    /// Bytes all entries may hold together; least recently used entries of any repository go
+    /// first [default: no limit].
+    #[arg(long, env = "HOARD_MAX_STORAGE", value_parser = parse_size)]
+    pub max_storage: Option<u64>,
+
+    /// Free space to keep on the data file system (local disk only), in bytes or as a
+    /// percentage such as 5%: below it, least recently used entries are evicted, and saves are
+    /// refused once nothing is left to evict. 0 turns it off.
+    #[arg(long, env = "HOARD_MIN_FREE_SPACE", default_value = "5%", value_parser = crate::cache::lifecycle::FreeSpace::parse)]
+    pub min_free_space: crate::cache::lifecycle::FreeSpace,
+
+    /// Entries not restored for this long expire (GitHub: 7 days). 0s turns expiry off.
+    #[arg(long, env = "HOARD_UNUSED_TTL", default_value = "7d", value_parser = humantime::parse_duration)]
+    pub unused_ttl: Duration,
+
+    /// Entries older than this expire, used or not [default: no maximum age].
+    #[arg(long, env = "HOARD_MAX_AGE", value_parser = humantime::parse_duration)]
+    pub max_age: Option<Duration>,
+
+    /// How long the chunks of an evicted or expired entry stay readable, so that downloads
+    /// already under way finish; also the age below which an unreferenced chunk is never
+    /// collected [default: --download-url-ttl plus 1h].
+    #[arg(long, env = "HOARD_DELETION_GRACE", value_parser = humantime::parse_duration)]
+    pub deletion_grace: Option<Duration>,
+
+    /// How often the maintenance pass runs: abandoned uploads, expiry, global limits, deferred
+    /// deletions and orphaned chunks.
+    #[arg(long, env = "HOARD_GC_INTERVAL", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub gc_interval: Duration,
+
     /// A client must send a request's headers within this time.
     #[arg(long, env = "HOARD_HEADER_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub header_timeout: Duration,
@@ -169,6 +204,7 @@ pub struct Config {
     pub signing_key: Option<Vec<u8>>,
     pub signing_key_file: PathBuf,
     pub limits: Limits,
+    pub lifecycle: crate::cache::lifecycle::Limits,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -221,6 +257,7 @@ impl ServeArgs {
                 self.header_timeout,
             ),
             ("--idle-timeout", "HOARD_IDLE_TIMEOUT", self.idle_timeout),
+            ("--gc-interval", "HOARD_GC_INTERVAL", self.gc_interval),
             (
                 "--reservation-ttl",
                 "HOARD_RESERVATION_TTL",
@@ -251,7 +288,9 @@ impl ServeArgs {
                 "--max-entry-size (HOARD_MAX_ENTRY_SIZE) must be above 0.".into(),
             ));
         }
+        let lifecycle = self.lifecycle()?;
         Ok(Config {
+            lifecycle,
             tokens,
             signing_key,
             signing_key_file: self
@@ -281,6 +320,43 @@ impl ServeArgs {
 }
 
 impl ServeArgs {
+    fn lifecycle(&self) -> Result<crate::cache::lifecycle::Limits, ConfigError> {
+        use crate::cache::lifecycle::{FreeSpace, Limits};
+        // A reader may open a removed entry until this process's reuse of it lapses, then
+        // download it for as long as its link lives.
+        let least_grace = self.download_url_ttl + self.lookup_cache_ttl;
+        let deletion_grace = match self.deletion_grace {
+            Some(grace) if grace < least_grace => {
+                return Err(ConfigError(format!(
+                    "--deletion-grace (HOARD_DELETION_GRACE) must be at least --download-url-ttl plus --lookup-cache-ttl ({}), so that downloads under way are never cut short.",
+                    humantime::format_duration(least_grace)
+                )))
+            }
+            Some(grace) => grace,
+            None => least_grace + Duration::from_secs(3600),
+        };
+        if self.max_storage == Some(0) {
+            return Err(ConfigError(
+                "--max-storage (HOARD_MAX_STORAGE) must be above 0; leave it unset for no limit."
+                    .into(),
+            ));
+        }
+        let min_free_space = match self.min_free_space {
+            FreeSpace::Bytes(0) => None,
+            FreeSpace::Percent(0.0) => None,
+            other => Some(other),
+        };
+        Ok(Limits {
+            repo_quota: (self.repo_quota > 0).then_some(self.repo_quota),
+            max_storage: self.max_storage,
+            min_free_space,
+            unused_ttl: (!self.unused_ttl.is_zero()).then_some(self.unused_ttl),
+            max_age: self.max_age.filter(|age| !age.is_zero()),
+            deletion_grace,
+            gc_interval: self.gc_interval,
+        })
+    }
+
     fn token_settings(&self) -> Result<crate::auth::TokenSettings, ConfigError> {
         let issuers: Vec<String> = self
             .token_issuers

@@ -55,12 +55,9 @@ pub enum ServeError {
 pub const UNVERIFIED_TOKENS_WARNING: &str =
     "--insecure-skip-token-validation is set: runtime tokens are read without checking their signature, so any client that can reach this server can read and write any repository's entries";
 
-/// Opens storage and metadata (running migrations) and builds the handlers' state, so that bad
-/// settings fail before the port is bound.
-pub async fn build_state(
-    config: &Config,
-    shutdown: CancellationToken,
-) -> Result<AppState, ServeError> {
+/// Opens storage and metadata (running migrations) and builds the domain on them: what
+/// `serve`, `gc` and `verify` share.
+pub async fn open_cache(config: &Config) -> Result<Cache, ServeError> {
     std::fs::create_dir_all(&config.data_dir).map_err(|source| ServeError::DataDir {
         path: config.data_dir.display().to_string(),
         source,
@@ -72,13 +69,7 @@ pub async fn build_state(
             source,
         })?;
     let blobs = FsStore::open(&config.storage_dir)?;
-    let signer = match &config.signing_key {
-        Some(key) => UrlSigner::new(key.clone()),
-        None => {
-            UrlSigner::load_or_create(&config.signing_key_file).map_err(ServeError::SigningKey)?
-        }
-    };
-    let cache = Cache::new(
+    Ok(Cache::new(
         meta,
         Arc::new(blobs),
         Policy {
@@ -87,9 +78,25 @@ pub async fn build_state(
             max_open_uploads: config.limits.max_open_uploads,
             max_entry_size: config.limits.max_entry_size,
             lookup_cache_ttl: config.lookup_cache_ttl,
+            lifecycle: config.lifecycle.clone(),
         },
         Arc::new(SystemClock),
-    );
+    ))
+}
+
+/// Opens storage and metadata (running migrations) and builds the handlers' state, so that bad
+/// settings fail before the port is bound.
+pub async fn build_state(
+    config: &Config,
+    shutdown: CancellationToken,
+) -> Result<AppState, ServeError> {
+    let cache = open_cache(config).await?;
+    let signer = match &config.signing_key {
+        Some(key) => UrlSigner::new(key.clone()),
+        None => {
+            UrlSigner::load_or_create(&config.signing_key_file).map_err(ServeError::SigningKey)?
+        }
+    };
     cache.recover().await?;
     let mut warnings = Vec::new();
     if config.tokens.insecure_skip_validation {

@@ -20,6 +20,14 @@ struct Cli {
 enum Command {
     /// Run the cache server.
     Serve(Box<ServeArgs>),
+    /// Run one maintenance pass now: abort abandoned uploads, expire and evict entries, delete
+    /// chunks whose grace period is over and orphaned chunks. Takes the same options as
+    /// `serve` (and its HOARD_* variables); safe while servers run.
+    Gc(Box<GcArgs>),
+    /// Read every stored chunk, check it against its recorded SHA-256, and quarantine the
+    /// entries whose chunks are damaged or missing. Exits with 1 if any were found. Takes the
+    /// same options as `serve`; safe while servers run.
+    Verify(Box<ServeArgs>),
     /// Measure servers with the published benchmark method, side by side.
     Bench(Box<BenchArgs>),
     /// The null baseline server that `hoard bench --baseline` starts.
@@ -28,6 +36,15 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: std::net::SocketAddr,
     },
+}
+
+#[derive(clap::Args)]
+struct GcArgs {
+    /// Report what the pass would delete, and change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    #[command(flatten)]
+    serve: ServeArgs,
 }
 
 fn main() -> ExitCode {
@@ -51,6 +68,8 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Serve(args) => runtime.block_on(serve(*args)),
+        Command::Gc(args) => runtime.block_on(gc(*args)),
+        Command::Verify(args) => runtime.block_on(verify(*args)),
         Command::Bench(args) => match runtime.block_on(hoard::bench::run(*args)) {
             Ok(_) => ExitCode::SUCCESS,
             Err(e) => {
@@ -110,6 +129,102 @@ async fn serve(args: ServeArgs) -> ExitCode {
         }
         Err(e) => {
             tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The domain for a one-off command, or the exit code of the failure (already logged).
+async fn open_cache(args: &ServeArgs) -> Result<hoard::cache::Cache, ExitCode> {
+    let config = args.validate().map_err(|e| {
+        tracing::error!("{e}");
+        ExitCode::from(2)
+    })?;
+    hoard::open_cache(&config).await.map_err(|e| {
+        tracing::error!("{e}");
+        ExitCode::FAILURE
+    })
+}
+
+/// Writes report lines to standard output; a closed pipe ends the report quietly.
+fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout(), "{line}");
+}
+
+async fn gc(args: GcArgs) -> ExitCode {
+    let cache = match open_cache(&args.serve).await {
+        Ok(cache) => cache,
+        Err(code) => return code,
+    };
+    let report = match cache.maintenance_pass(args.dry_run).await {
+        Ok(report) => report,
+        Err(e) => {
+            tracing::error!("maintenance pass failed: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let verb = if args.dry_run { "would" } else { "did" };
+    for id in &report.aborted_uploads {
+        say(format_args!("abort upload {id} (abandoned)"));
+    }
+    for (what, entries) in [("expire", &report.expired), ("evict", &report.evicted)] {
+        for e in entries {
+            say(format_args!(
+                "{what} entry {} of repository {} ({} bytes)",
+                e.id, e.repository, e.size
+            ));
+        }
+    }
+    for name in &report.deleted {
+        say(format_args!("delete chunk {name} (grace period over)"));
+    }
+    for name in &report.orphans {
+        say(format_args!("delete chunk {name} (orphaned)"));
+    }
+    say(format_args!(
+        "{verb}: abort {} uploads, prune {} upload records, expire {} entries, evict {} entries, delete {} chunks and {} orphaned chunks",
+        report.aborted_uploads.len(),
+        report.pruned_uploads,
+        report.expired.len(),
+        report.evicted.len(),
+        report.deleted.len(),
+        report.orphans.len()
+    ));
+    ExitCode::SUCCESS
+}
+
+async fn verify(args: ServeArgs) -> ExitCode {
+    let cache = match open_cache(&args).await {
+        Ok(cache) => cache,
+        Err(code) => return code,
+    };
+    let mut reported = 0;
+    let result = cache
+        .verify_all(|report| {
+            for (id, how) in &report.damaged[reported..] {
+                say(format_args!("quarantined entry {id}: {how}"));
+            }
+            reported = report.damaged.len();
+        })
+        .await;
+    match result {
+        Ok(report) => {
+            say(format_args!(
+                "checked {} entries, {} chunks, {} bytes: {} damaged",
+                report.entries,
+                report.chunks,
+                report.bytes,
+                report.damaged.len()
+            ));
+            if report.damaged.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            tracing::error!("verification failed: {e}");
             ExitCode::FAILURE
         }
     }

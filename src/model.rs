@@ -350,6 +350,37 @@ pub struct Entry {
     pub hits: u64,
 }
 
+/// An entry as eviction and expiry weigh it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryUse {
+    pub id: EntryId,
+    pub repository: RepoId,
+    pub size: u64,
+    pub created_at: Millis,
+    pub last_used_at: Millis,
+}
+
+/// Why an entry was removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RemovalCause {
+    /// Its repository went over its quota, or the store over its global limit.
+    Evicted,
+    /// Unused for longer than the unused TTL, or older than the maximum age.
+    Expired,
+    /// A chunk failed its integrity check or is missing: never to be served again.
+    Quarantined(String),
+}
+
+impl RemovalCause {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Evicted => "evicted",
+            Self::Expired => "expired",
+            Self::Quarantined(_) => "quarantined",
+        }
+    }
+}
+
 /// An open or closed reservation for one (repository, scope, key, version).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upload {

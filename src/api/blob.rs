@@ -110,6 +110,12 @@ impl From<CacheError> for AzureError {
                 "IncompleteBody",
                 "The request body ended early or failed.",
             ),
+            // Not retried by the Azure SDK: the upload was abandoned and its chunks freed.
+            CacheError::StorageFull => Self::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "InsufficientStorage",
+                "The cache storage is full; this upload was abandoned and its blocks deleted.",
+            ),
             ref e if e.is_transient() => {
                 tracing::warn!(error = %e, "blob request could not be served now");
                 Self::new(

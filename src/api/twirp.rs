@@ -84,6 +84,13 @@ impl From<CacheError> for TwirpError {
                 retry_after: Some(60),
                 ..Self::new("resource_exhausted", e.to_string())
             },
+            CacheError::StorageFull => {
+                tracing::warn!("a reservation was refused: the cache storage is full");
+                Self {
+                    retry_after: Some(60),
+                    ..Self::new("resource_exhausted", e.to_string())
+                }
+            }
             ref e if e.is_transient() => {
                 tracing::warn!(error = %e, "cache service call could not be served now");
                 Self {

@@ -45,7 +45,16 @@ async fn read(store: &dyn BlobStore, name: &BlobName, offset: u64, len: u64) -> 
 }
 
 async fn names(store: &dyn BlobStore) -> Vec<BlobName> {
-    let mut all: Vec<BlobName> = store.list().await.unwrap().try_collect().await.unwrap();
+    let listed: Vec<super::Listed> = store.list().await.unwrap().try_collect().await.unwrap();
+    let now = crate::model::now_millis();
+    for item in &listed {
+        // Modification times are the store's clock: recent, never in the future by much.
+        assert!(
+            item.modified > now - 86_400_000 && item.modified < now + 60_000,
+            "{item:?} has an implausible modification time"
+        );
+    }
+    let mut all: Vec<BlobName> = listed.into_iter().map(|l| l.name).collect();
     all.sort();
     all
 }

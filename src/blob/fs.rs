@@ -28,7 +28,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 
-use super::{BlobError, BlobStore, ByteStream, NameStream};
+use super::{BlobError, BlobStore, ByteStream, Capacity, Listed, NameStream};
 use crate::model::{now_millis, BlobName, Chunk, Millis};
 
 const LAYOUT_VERSION: &str = "1";
@@ -412,7 +412,7 @@ impl BlobStore for FsStore {
 
     async fn list(&self) -> Result<NameStream, BlobError> {
         // A blocking walk feeds a small channel: the consumer's pace bounds memory.
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<BlobName, BlobError>>(256);
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Listed, BlobError>>(256);
         let chunks = self.chunks.clone();
         tokio::task::spawn_blocking(move || {
             let walk = || -> io::Result<()> {
@@ -428,7 +428,14 @@ impl BlobStore for FsStore {
                         let Some(name) = name.to_str().and_then(BlobName::parse) else {
                             continue;
                         };
-                        if tx.blocking_send(Ok(name)).is_err() {
+                        // A chunk deleted since the directory was read is not listed.
+                        let Ok(modified) = file.metadata().and_then(|m| m.modified()) else {
+                            continue;
+                        };
+                        let modified = modified
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map_or(0, |d| d.as_millis() as Millis);
+                        if tx.blocking_send(Ok(Listed { name, modified })).is_err() {
                             return Ok(()); // the consumer stopped listening
                         }
                     }
@@ -443,6 +450,18 @@ impl BlobStore for FsStore {
             rx,
             |mut rx| async move { rx.recv().await.map(|item| (item, rx)) },
         )))
+    }
+
+    async fn capacity(&self) -> Result<Option<Capacity>, BlobError> {
+        let root = self.root.clone();
+        let stat = tokio::task::spawn_blocking(move || rustix::fs::statvfs(&root))
+            .await
+            .map_err(|e| io_err("statvfs")(io::Error::other(e)))?
+            .map_err(|e| io_err(format!("statvfs of {}", self.root.display()))(e.into()))?;
+        Ok(Some(Capacity {
+            total: stat.f_blocks.saturating_mul(stat.f_frsize),
+            available: stat.f_bavail.saturating_mul(stat.f_frsize),
+        }))
     }
 
     async fn ping(&self) -> Result<(), BlobError> {

@@ -27,8 +27,25 @@ use crate::model::{BlobName, Chunk, Millis};
 /// A stream of body bytes, in either direction.
 pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, io::Error>> + Send>>;
 
-/// Chunk names, as [`BlobStore::list`] finds them.
-pub type NameStream = Pin<Box<dyn Stream<Item = Result<BlobName, BlobError>> + Send>>;
+/// A stored chunk as [`BlobStore::list`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    pub name: BlobName,
+    /// When the chunk was last written: garbage collection leaves young chunks alone, since
+    /// their metadata may still be on its way.
+    pub modified: Millis,
+}
+
+/// Stored chunks, as [`BlobStore::list`] finds them.
+pub type NameStream = Pin<Box<dyn Stream<Item = Result<Listed, BlobError>> + Send>>;
+
+/// The size of the file system a store writes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    pub total: u64,
+    /// Bytes this process may still write.
+    pub available: u64,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum BlobError {
@@ -45,6 +62,20 @@ pub enum BlobError {
         #[source]
         source: io::Error,
     },
+}
+
+impl BlobError {
+    /// The storage ran out of space (ENOSPC, or a disk quota).
+    pub fn is_storage_full(&self) -> bool {
+        let source = match self {
+            Self::Io { source, .. } => source,
+            _ => return false,
+        };
+        matches!(
+            source.kind(),
+            io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+        ) || matches!(source.raw_os_error(), Some(28 | 122)) // ENOSPC, EDQUOT
+    }
 }
 
 #[async_trait]
@@ -67,6 +98,10 @@ pub trait BlobStore: Send + Sync + std::fmt::Debug + 'static {
     /// Every stored chunk's name, for garbage collection. Chunks put or deleted while the
     /// listing runs may or may not appear; memory stays bounded however many there are.
     async fn list(&self) -> Result<NameStream, BlobError>;
+
+    /// The file system's size and free space, for stores on local disk; `None` for stores
+    /// without a fixed size (object storage).
+    async fn capacity(&self) -> Result<Option<Capacity>, BlobError>;
 
     /// Checks that the store can be written.
     async fn ping(&self) -> Result<(), BlobError>;

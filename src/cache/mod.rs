@@ -8,6 +8,8 @@
 //! the database, never apply a decision made on state that no longer holds.
 
 pub mod durability;
+mod integrity;
+pub mod lifecycle;
 pub mod matching;
 pub mod recent;
 pub mod upload;
@@ -57,6 +59,8 @@ pub enum CacheError {
     TooLarge(u64),
     #[error("the upload is being changed by too many requests at once; retry")]
     Busy,
+    #[error("the cache storage is full and nothing more can be evicted; retry later")]
+    StorageFull,
     #[error(transparent)]
     Blob(#[from] BlobError),
     #[error(transparent)]
@@ -85,6 +89,8 @@ pub struct Policy {
     pub max_entry_size: u64,
     /// How long a lookup's answer is reused (see [`recent`]); zero turns that off.
     pub lookup_cache_ttl: Duration,
+    /// Quotas, limits, expiry and garbage collection (see [`lifecycle`]).
+    pub lifecycle: lifecycle::Limits,
 }
 
 /// A restore hit.
@@ -149,6 +155,8 @@ pub struct Cache {
     /// Entries recently finalized or opened here: immutable once visible, so a download needs
     /// no query while its entry is known (same TTL and generations as lookups).
     entries: Arc<recent::Recent<EntryId, OpenEntry>>,
+    /// Entries this process quarantined.
+    quarantined: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Cache {
@@ -167,6 +175,7 @@ impl Cache {
             usage: usage::UsageBuffer::default(),
             lookups: Arc::new(recent::RecentLookups::new(policy_ttl)),
             entries: Arc::new(recent::Recent::new(policy_ttl)),
+            quarantined: Arc::default(),
         }
     }
 
@@ -181,7 +190,8 @@ impl Cache {
     }
 
     /// Starts the background work of the domain (writing restore counts, syncing chunks to
-    /// disk); the returned task ends after `stop`, once both loops have done their last round.
+    /// disk, the maintenance pass); the returned task ends after `stop`, once every loop has
+    /// done its last round.
     pub fn spawn_background(
         &self,
         stop: tokio_util::sync::CancellationToken,
@@ -191,11 +201,13 @@ impl Cache {
             self.meta.clone(),
             self.blobs.clone(),
             self.policy.sync_interval,
-            stop,
+            stop.clone(),
         ));
+        let maintenance = tokio::spawn(self.clone().run_maintenance(stop));
         tokio::spawn(async move {
             let _ = usage.await;
             let _ = sync.await;
+            let _ = maintenance.await;
         })
     }
 
@@ -213,6 +225,7 @@ impl Cache {
         version: &str,
     ) -> Result<LinkTarget, CacheError> {
         let slot = self.write_slot(who, key, version)?;
+        self.make_room().await?;
         let (upload, now) = retry_stale(|_| self.try_reserve(who, &slot)).await?;
         audit("reserve", who, &slot, upload);
         Ok(LinkTarget {
@@ -301,7 +314,7 @@ impl Cache {
     ) -> Result<(), CacheError> {
         Self::accepts_data(&linked.upload)?;
         let name = BlobName::random();
-        let chunk = self.store_chunk(&name, body, declared_len).await?;
+        let chunk = self.store_chunk(linked, &name, body, declared_len).await?;
         let max = self.policy.max_entry_size;
         let (block, chunk) = (&block, &chunk);
         let recorded = retry_stale(|attempt| async move {
@@ -329,7 +342,7 @@ impl Cache {
     ) -> Result<(), CacheError> {
         Self::accepts_data(&linked.upload)?;
         let name = BlobName::random();
-        let chunk = self.store_chunk(&name, body, declared_len).await?;
+        let chunk = self.store_chunk(linked, &name, body, declared_len).await?;
         let chunk = &chunk;
         let committed = retry_stale(|attempt| async move {
             let (upload, blocks) = self.decide_on(linked, attempt).await?;
@@ -435,6 +448,11 @@ impl Cache {
                 let open = OpenEntry::new(entry, slot, &upload.key, &chunks, now);
                 self.entries.put(entry, started, now, Arc::new(open));
                 self.collect(garbage).await;
+                // The entry is saved whatever happens here; a failed eviction is retried by
+                // the next finalize of the repository.
+                if let Err(e) = self.enforce_quota(&slot.repository, entry).await {
+                    tracing::warn!(repository = %slot.repository, error = %e, "could not enforce the repository quota");
+                }
                 Ok(entry)
             }
             Finalizing::AlreadyDone(entry) => Ok(entry),
@@ -514,32 +532,32 @@ impl Cache {
             .await
     }
 
-    /// Streams bytes `[start, start + len)` of an entry, chunk after chunk. The first chunk is
-    /// opened before this returns; later ones as the stream reaches them.
+    /// Streams bytes `[start, start + len)` of an entry, chunk after chunk, each chunk read
+    /// whole checked against its hash (see [`integrity`]). The first chunk is opened before
+    /// this returns, later ones as the stream reaches them. A damaged or missing chunk
+    /// quarantines the entry and ends the stream with an error.
     pub async fn read(
         &self,
         open: &OpenEntry,
         start: u64,
         len: u64,
     ) -> Result<ByteStream, CacheError> {
-        let slices = slices(&open.chunks, start, len);
-        let Some(((first, first_off, first_len), rest)) = slices.split_first() else {
+        let entry = open.entry.id;
+        let mut parts = slices(&open.chunks, start, len)
+            .into_iter()
+            .map(|(i, off, len)| (open.chunks[i].chunk.clone(), off, len))
+            .collect::<Vec<_>>()
+            .into_iter();
+        let Some(first) = parts.next() else {
             return Ok(Box::pin(futures_util::stream::empty()));
         };
-        let head = self
-            .blobs
-            .get(&open.chunks[*first].chunk.blob, *first_off, *first_len)
-            .await?;
-        let blobs = self.blobs.clone();
-        let names: Vec<(BlobName, u64, u64)> = rest
-            .iter()
-            .map(|(i, off, len)| (open.chunks[*i].chunk.blob.clone(), *off, *len))
-            .collect();
-        let tail = futures_util::stream::iter(names)
-            .then(move |(name, off, len)| {
-                let blobs = blobs.clone();
+        let head = self.open_chunk(entry, first).await?;
+        let cache = self.clone();
+        let tail = futures_util::stream::iter(parts)
+            .then(move |part| {
+                let cache = cache.clone();
                 async move {
-                    match blobs.get(&name, off, len).await {
+                    match cache.open_chunk(entry, part).await {
                         Ok(stream) => stream,
                         Err(e) => Box::pin(futures_util::stream::once(async move {
                             Err(std::io::Error::other(e.to_string()))
@@ -551,9 +569,40 @@ impl Cache {
         Ok(Box::pin(head.chain(tail)))
     }
 
-    /// Stores one chunk, refusing bodies larger than an entry may be, declared or not.
+    /// Opens `len` bytes of a chunk of `entry` from `offset`, checked if the read is whole.
+    async fn open_chunk(
+        &self,
+        entry: EntryId,
+        (chunk, offset, len): (crate::model::Chunk, u64, u64),
+    ) -> Result<ByteStream, CacheError> {
+        match self.blobs.get(&chunk.blob, offset, len).await {
+            Ok(stream) if offset == 0 && len == chunk.size => {
+                let cache = self.clone();
+                let on_damage: integrity::OnDamage = Box::new(move |how| {
+                    tokio::spawn(async move {
+                        if let Err(e) = cache.quarantine(entry, how).await {
+                            tracing::error!(entry, error = %e, "could not quarantine a damaged entry");
+                        }
+                    });
+                });
+                Ok(integrity::verified(stream, &chunk, on_damage))
+            }
+            Ok(stream) => Ok(stream),
+            Err(BlobError::NotFound(_)) => {
+                self.quarantine(entry, format!("chunk {} is missing", chunk.blob))
+                    .await?;
+                Err(CacheError::EntryNotFound)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Stores one chunk of `linked`, refusing bodies larger than an entry may be, declared or
+    /// not. When the storage is full, the whole upload is abandoned and its chunks deleted at
+    /// once: the save cannot succeed, and its staged bytes are what the disk needs back.
     async fn store_chunk(
         &self,
+        linked: &LinkedUpload,
         name: &BlobName,
         body: ByteStream,
         declared_len: Option<u64>,
@@ -566,7 +615,27 @@ impl Cache {
             Err(BlobError::Body(e)) if e.kind() == std::io::ErrorKind::FileTooLarge => {
                 Err(CacheError::TooLarge(max))
             }
+            Err(e) if e.is_storage_full() => {
+                tracing::warn!(upload = linked.upload.id, error = %e, "storage full: abandoning the upload and freeing its chunks");
+                self.abandon(linked.upload.id).await;
+                Err(CacheError::StorageFull)
+            }
             other => Ok(other?),
+        }
+    }
+
+    /// Aborts an upload, whatever its revision, and deletes its chunks.
+    async fn abandon(&self, id: UploadId) {
+        let aborted = retry_stale(|_| async {
+            let (upload, blocks) = self.open_upload(id).await?;
+            self.meta.abort_upload(&upload, self.clock.now()).await?;
+            Ok(blocks.blobs())
+        })
+        .await;
+        match aborted {
+            Ok(garbage) => self.collect(garbage).await,
+            Err(CacheError::UploadClosed | CacheError::UploadNotFound) => {}
+            Err(e) => tracing::warn!(upload = id, error = %e, "could not abandon the upload"),
         }
     }
 

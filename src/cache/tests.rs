@@ -37,6 +37,7 @@ fn world_with(max_open_uploads: u32, max_entry_size: u64) -> World {
             max_open_uploads,
             max_entry_size,
             lookup_cache_ttl: Duration::from_secs(1),
+            lifecycle: lifecycle::Limits::default(),
         },
         clock.clone(),
     );

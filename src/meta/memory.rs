@@ -7,10 +7,12 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use super::{EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, SlotState};
+use super::{
+    EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, Removal, SlotState,
+};
 use crate::model::{
-    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, Millis, RepoId, Scope, Slot, Upload,
-    UploadBlocks, UploadId, UploadState, Version,
+    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, RemovalCause, RepoId,
+    Scope, Slot, Upload, UploadBlocks, UploadId, UploadState, Version,
 };
 
 #[derive(Debug, Default)]
@@ -21,6 +23,10 @@ struct State {
     next_id: i64,
     uploads: BTreeMap<UploadId, StoredUpload>,
     entries: BTreeMap<EntryId, StoredEntry>,
+    /// Chunks to delete: name → (size, when).
+    doomed: BTreeMap<BlobName, (u64, Millis)>,
+    /// Quarantined entries and why.
+    quarantined: Vec<(Entry, String)>,
 }
 
 #[derive(Debug, Clone)]
@@ -49,6 +55,17 @@ impl StoredUpload {
 }
 
 impl StoredEntry {
+    fn usage(&self) -> EntryUse {
+        let e = &self.entry;
+        EntryUse {
+            id: e.id,
+            repository: e.repository.clone(),
+            size: e.size,
+            created_at: e.created_at,
+            last_used_at: e.last_used_at,
+        }
+    }
+
     fn holds(&self, slot: &Slot) -> bool {
         let e = &self.entry;
         e.repository == slot.repository
@@ -351,5 +368,148 @@ impl MetaStore for MemoryStore {
         garbage.sort();
         garbage.dedup();
         Ok((forgotten, garbage))
+    }
+
+    async fn repository_usage(&self, repository: &RepoId) -> Result<u64, MetaError> {
+        let state = self.state();
+        Ok(state
+            .entries
+            .values()
+            .filter(|e| &e.entry.repository == repository)
+            .map(|e| e.entry.size)
+            .sum())
+    }
+
+    async fn total_usage(&self) -> Result<u64, MetaError> {
+        Ok(self.state().entries.values().map(|e| e.entry.size).sum())
+    }
+
+    async fn pending_deletions(&self) -> Result<u64, MetaError> {
+        Ok(self.state().doomed.values().map(|(size, _)| size).sum())
+    }
+
+    async fn least_recently_used(
+        &self,
+        repository: Option<&RepoId>,
+        limit: usize,
+    ) -> Result<Vec<EntryUse>, MetaError> {
+        let state = self.state();
+        let mut found: Vec<EntryUse> = state
+            .entries
+            .values()
+            .filter(|e| repository.is_none_or(|r| &e.entry.repository == r))
+            .map(StoredEntry::usage)
+            .collect();
+        found.sort_by_key(|e| (e.last_used_at, e.id));
+        found.truncate(limit);
+        Ok(found)
+    }
+
+    async fn expired(
+        &self,
+        unused_before: Millis,
+        created_before: Option<Millis>,
+        limit: usize,
+    ) -> Result<Vec<EntryUse>, MetaError> {
+        let state = self.state();
+        Ok(state
+            .entries
+            .values()
+            .filter(|e| {
+                e.entry.last_used_at < unused_before
+                    || created_before.is_some_and(|t| e.entry.created_at < t)
+            })
+            .take(limit)
+            .map(StoredEntry::usage)
+            .collect())
+    }
+
+    async fn remove_entries(
+        &self,
+        ids: &[EntryId],
+        removal: Removal<'_>,
+    ) -> Result<Vec<EntryUse>, MetaError> {
+        let mut state = self.state();
+        let mut removed = Vec::new();
+        for id in ids {
+            let Some(gone) = state.entries.remove(id) else {
+                continue;
+            };
+            for chunk in &gone.chunks {
+                state
+                    .doomed
+                    .insert(chunk.blob.clone(), (chunk.size, removal.delete_at));
+            }
+            if let RemovalCause::Quarantined(reason) = removal.cause {
+                state.quarantined.push((gone.entry.clone(), reason.clone()));
+            }
+            removed.push(gone.usage());
+        }
+        Ok(removed)
+    }
+
+    async fn due_deletions(&self, now: Millis, limit: usize) -> Result<Vec<BlobName>, MetaError> {
+        let state = self.state();
+        Ok(state
+            .doomed
+            .iter()
+            .filter(|(_, (_, at))| *at <= now)
+            .take(limit)
+            .map(|(name, _)| name.clone())
+            .collect())
+    }
+
+    async fn deletions_done(&self, names: &[BlobName]) -> Result<(), MetaError> {
+        let mut state = self.state();
+        for name in names {
+            state.doomed.remove(name);
+        }
+        Ok(())
+    }
+
+    async fn referenced(&self, names: &[BlobName]) -> Result<Vec<BlobName>, MetaError> {
+        let state = self.state();
+        let mut all: std::collections::HashSet<&BlobName> = state.doomed.keys().collect();
+        for e in state.entries.values() {
+            all.extend(e.chunks.iter().map(|c| &c.blob));
+        }
+        for u in state.uploads.values() {
+            all.extend(u.blocks.chunks().map(|c| &c.blob));
+        }
+        Ok(names.iter().filter(|n| all.contains(n)).cloned().collect())
+    }
+
+    async fn stale_uploads(
+        &self,
+        created_before: Millis,
+        limit: usize,
+    ) -> Result<Vec<UploadId>, MetaError> {
+        let state = self.state();
+        Ok(state
+            .uploads
+            .values()
+            .filter(|u| u.upload.is_open() && u.upload.created_at < created_before)
+            .take(limit)
+            .map(|u| u.upload.id)
+            .collect())
+    }
+
+    async fn prune_uploads(&self, created_before: Millis) -> Result<u64, MetaError> {
+        let mut state = self.state();
+        let before = state.uploads.len();
+        state
+            .uploads
+            .retain(|_, u| u.upload.is_open() || u.upload.created_at >= created_before);
+        Ok((before - state.uploads.len()) as u64)
+    }
+
+    async fn entry_ids(&self, after: EntryId, limit: usize) -> Result<Vec<EntryId>, MetaError> {
+        let state = self.state();
+        Ok(state
+            .entries
+            .range(after + 1..)
+            .take(limit)
+            .map(|(id, _)| *id)
+            .collect())
     }
 }

@@ -36,8 +36,8 @@ pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
 use crate::model::{
-    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, Millis, RepoId, Scope, Slot, Upload,
-    UploadBlocks, UploadId, Version,
+    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, RemovalCause, RepoId,
+    Scope, Slot, Upload, UploadBlocks, UploadId, Version,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -122,6 +122,15 @@ impl EntryChunk {
     }
 }
 
+/// How entries leave: why, when, and when their chunks may be deleted (after every reader that
+/// could have started has finished).
+#[derive(Debug, Clone)]
+pub struct Removal<'a> {
+    pub cause: &'a RemovalCause,
+    pub now: Millis,
+    pub delete_at: Millis,
+}
+
 #[async_trait]
 pub trait MetaStore: Send + Sync + std::fmt::Debug + 'static {
     /// Checks that the database answers.
@@ -200,6 +209,66 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug + 'static {
     /// Records restores: for each entry, hits to add and the latest use. Entries that no
     /// longer exist are skipped.
     async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError>;
+
+    // ---- lifecycle ----
+
+    /// Bytes of the repository's entries.
+    async fn repository_usage(&self, repository: &RepoId) -> Result<u64, MetaError>;
+
+    /// Bytes of every entry.
+    async fn total_usage(&self) -> Result<u64, MetaError>;
+
+    /// Bytes of chunks whose deletion is scheduled but not yet done.
+    async fn pending_deletions(&self) -> Result<u64, MetaError>;
+
+    /// Up to `limit` entries, least recently used first (then oldest id), of one repository
+    /// or of all.
+    async fn least_recently_used(
+        &self,
+        repository: Option<&RepoId>,
+        limit: usize,
+    ) -> Result<Vec<EntryUse>, MetaError>;
+
+    /// Up to `limit` entries last used before `unused_before`, or created before
+    /// `created_before`.
+    async fn expired(
+        &self,
+        unused_before: Millis,
+        created_before: Option<Millis>,
+        limit: usize,
+    ) -> Result<Vec<EntryUse>, MetaError>;
+
+    /// Removes the entries that still exist among `ids`, and schedules their chunks for deletion
+    /// at `removal.delete_at`. A quarantine is also recorded. Returns the entries removed, so
+    /// that two processes removing the same entry count it once.
+    async fn remove_entries(
+        &self,
+        ids: &[EntryId],
+        removal: Removal<'_>,
+    ) -> Result<Vec<EntryUse>, MetaError>;
+
+    /// Up to `limit` chunks whose scheduled deletion is due at `now`.
+    async fn due_deletions(&self, now: Millis, limit: usize) -> Result<Vec<BlobName>, MetaError>;
+
+    /// Forgets scheduled deletions that were carried out.
+    async fn deletions_done(&self, names: &[BlobName]) -> Result<(), MetaError>;
+
+    /// Those of `names` that any upload, entry or scheduled deletion refers to.
+    async fn referenced(&self, names: &[BlobName]) -> Result<Vec<BlobName>, MetaError>;
+
+    /// Up to `limit` open uploads created before `created_before`.
+    async fn stale_uploads(
+        &self,
+        created_before: Millis,
+        limit: usize,
+    ) -> Result<Vec<UploadId>, MetaError>;
+
+    /// Deletes finalized and aborted uploads created before `created_before` (they hold no
+    /// blocks); returns how many went.
+    async fn prune_uploads(&self, created_before: Millis) -> Result<u64, MetaError>;
+
+    /// Up to `limit` entry ids above `after`, in order: a walk over every entry.
+    async fn entry_ids(&self, after: EntryId, limit: usize) -> Result<Vec<EntryId>, MetaError>;
 
     /// After a machine crash: deletes the entries finalized after `since` and aborts every open
     /// upload. Returns how many entries went and the blobs of the dropped rows.

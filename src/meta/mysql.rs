@@ -21,15 +21,20 @@ use super::sql::{
     bucket, candidates_sql, chunk_from_parts, collect_blocks, from_sqlx, prefix_end, slot_hash,
     upload_from_parts, upload_with_blocks_sql, BlockRow, UploadRow,
 };
-use super::{EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, SlotState};
+use super::{
+    EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, Removal, SlotState,
+};
 use crate::model::{
-    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, Millis, RepoId, Scope, Slot, Upload,
-    UploadBlocks, UploadId, Version,
+    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, RemovalCause, RepoId,
+    Scope, Slot, Upload, UploadBlocks, UploadId, Version,
 };
 
 /// Migrations compiled into the binary, applied in order; `hoard_schema` records the last one.
 /// MySQL runs one statement per call: statements are separated by lines holding only `;`.
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("migrations/mysql/0001_init.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("migrations/mysql/0001_init.sql")),
+    (2, include_str!("migrations/mysql/0002_lifecycle.sql")),
+];
 const MIGRATION_LOCK: &str = "hoard_migrations";
 /// Rows per multi-row INSERT, well under the 65,535 parameters a statement may have.
 const ROWS_PER_INSERT: usize = 1000;
@@ -605,6 +610,15 @@ impl MetaStore for MySqlStore {
         )
         .await?;
         drop_blocks(&mut tx, upload.id).await?;
+        sqlx::query(
+            "INSERT INTO repository_usage (repository, bytes, entries) VALUES (?, ?, 1)
+             ON DUPLICATE KEY UPDATE bytes = bytes + VALUES(bytes), entries = entries + 1",
+        )
+        .bind(slot.repository.as_str().as_bytes())
+        .bind(size as i64)
+        .execute(&mut *tx)
+        .await
+        .map_err(from_sqlx)?;
         tx.commit().await.map_err(from_sqlx)?;
         Ok(entry)
     }
@@ -657,9 +671,260 @@ impl MetaStore for MySqlStore {
             .execute(&mut *tx)
             .await
             .map_err(from_sqlx)?;
+        for sql in RECOUNT_USAGE {
+            sqlx::query(sql)
+                .execute(&mut *tx)
+                .await
+                .map_err(from_sqlx)?;
+        }
         tx.commit().await.map_err(from_sqlx)?;
         // UNION already made the names distinct.
         let garbage = names.iter().filter_map(|n| BlobName::parse(n)).collect();
         Ok((forgotten as usize, garbage))
     }
+
+    async fn repository_usage(&self, repository: &RepoId) -> Result<u64, MetaError> {
+        let bytes: Option<i64> =
+            sqlx::query_scalar("SELECT bytes FROM repository_usage WHERE repository = ?")
+                .bind(repository.as_str().as_bytes())
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(from_sqlx)?;
+        Ok(bytes.unwrap_or(0).max(0) as u64)
+    }
+
+    async fn total_usage(&self) -> Result<u64, MetaError> {
+        let bytes: i64 = sqlx::query_scalar(
+            "SELECT CAST(COALESCE(SUM(bytes), 0) AS SIGNED) FROM repository_usage",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .map_err(from_sqlx)?;
+        Ok(bytes.max(0) as u64)
+    }
+
+    async fn pending_deletions(&self) -> Result<u64, MetaError> {
+        let bytes: i64 = sqlx::query_scalar(
+            "SELECT CAST(COALESCE(SUM(size), 0) AS SIGNED) FROM pending_deletions",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .map_err(from_sqlx)?;
+        Ok(bytes.max(0) as u64)
+    }
+
+    async fn least_recently_used(
+        &self,
+        repository: Option<&RepoId>,
+        limit: usize,
+    ) -> Result<Vec<EntryUse>, MetaError> {
+        let rows = match repository {
+            Some(repo) => {
+                sqlx::query(AssertSqlSafe(format!(
+                    "{USE_COLS} WHERE repository = ? ORDER BY last_used_at, id LIMIT ?"
+                )))
+                .bind(repo.as_str().as_bytes())
+                .bind(limit as i64)
+                .fetch_all(&self.pool)
+                .await
+            }
+            None => {
+                sqlx::query(AssertSqlSafe(format!(
+                    "{USE_COLS} ORDER BY last_used_at, id LIMIT ?"
+                )))
+                .bind(limit as i64)
+                .fetch_all(&self.pool)
+                .await
+            }
+        }
+        .map_err(from_sqlx)?;
+        rows.iter().map(use_from_row).collect()
+    }
+
+    async fn expired(
+        &self,
+        unused_before: Millis,
+        created_before: Option<Millis>,
+        limit: usize,
+    ) -> Result<Vec<EntryUse>, MetaError> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT * FROM (({USE_COLS} WHERE last_used_at < ? LIMIT ?)
+              UNION ({USE_COLS} WHERE created_at < ? LIMIT ?)) AS expired LIMIT ?"
+        )))
+        .bind(unused_before)
+        .bind(limit as i64)
+        .bind(created_before.unwrap_or(Millis::MIN))
+        .bind(limit as i64)
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(from_sqlx)?;
+        rows.iter().map(use_from_row).collect()
+    }
+
+    async fn remove_entries(
+        &self,
+        ids: &[EntryId],
+        removal: Removal<'_>,
+    ) -> Result<Vec<EntryUse>, MetaError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.begin().await?;
+        // Locks the entries that still exist: a process removing the same ones waits, then
+        // finds them gone and reports nothing.
+        let list = vec!["?"; ids.len()].join(", ");
+        let mut locking = sqlx::query(AssertSqlSafe(format!(
+            "{USE_COLS} WHERE id IN ({list}) ORDER BY id FOR UPDATE"
+        )));
+        for id in ids {
+            locking = locking.bind(*id);
+        }
+        let rows = locking.fetch_all(&mut *tx).await.map_err(from_sqlx)?;
+        let removed: Vec<EntryUse> = rows.iter().map(use_from_row).collect::<Result<_, _>>()?;
+        for entry in &removed {
+            sqlx::query(
+                "INSERT INTO pending_deletions (blob_name, size, delete_at)
+                 SELECT blob_name, size, ? FROM entry_chunks WHERE entry_id = ?
+                 ON DUPLICATE KEY UPDATE delete_at = VALUES(delete_at)",
+            )
+            .bind(removal.delete_at)
+            .bind(entry.id)
+            .execute(&mut *tx)
+            .await
+            .map_err(from_sqlx)?;
+            if let RemovalCause::Quarantined(reason) = removal.cause {
+                sqlx::query(
+                    "INSERT INTO quarantine (entry_id, repository, scope, `key`, version, size, reason, quarantined_at)
+                     SELECT id, repository, scope, `key`, version, size, ?, ? FROM entries WHERE id = ?",
+                )
+                .bind(reason.as_str())
+                .bind(removal.now)
+                .bind(entry.id)
+                .execute(&mut *tx)
+                .await
+                .map_err(from_sqlx)?;
+            }
+            sqlx::query("DELETE FROM entries WHERE id = ?")
+                .bind(entry.id)
+                .execute(&mut *tx)
+                .await
+                .map_err(from_sqlx)?;
+            sqlx::query(
+                "UPDATE repository_usage SET bytes = bytes - ?, entries = entries - 1 WHERE repository = ?",
+            )
+            .bind(entry.size as i64)
+            .bind(entry.repository.as_str().as_bytes())
+            .execute(&mut *tx)
+            .await
+            .map_err(from_sqlx)?;
+        }
+        tx.commit().await.map_err(from_sqlx)?;
+        Ok(removed)
+    }
+
+    async fn due_deletions(&self, now: Millis, limit: usize) -> Result<Vec<BlobName>, MetaError> {
+        let names: Vec<String> = sqlx::query_scalar(
+            "SELECT blob_name FROM pending_deletions WHERE delete_at <= ? ORDER BY delete_at LIMIT ?",
+        )
+        .bind(now)
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(from_sqlx)?;
+        Ok(names.iter().filter_map(|n| BlobName::parse(n)).collect())
+    }
+
+    async fn deletions_done(&self, names: &[BlobName]) -> Result<(), MetaError> {
+        for batch in names.chunks(ROWS_PER_INSERT) {
+            let list = vec!["?"; batch.len()].join(", ");
+            let mut delete = sqlx::query(AssertSqlSafe(format!(
+                "DELETE FROM pending_deletions WHERE blob_name IN ({list})"
+            )));
+            for name in batch {
+                delete = delete.bind(name.as_str());
+            }
+            delete.execute(&self.pool).await.map_err(from_sqlx)?;
+        }
+        Ok(())
+    }
+
+    async fn referenced(&self, names: &[BlobName]) -> Result<Vec<BlobName>, MetaError> {
+        let mut found = Vec::new();
+        for batch in names.chunks(ROWS_PER_INSERT) {
+            let list = vec!["?"; batch.len()].join(", ");
+            let sql = [
+                "entry_chunks",
+                "staged_blocks",
+                "upload_parts",
+                "pending_deletions",
+            ]
+            .map(|table| format!("SELECT blob_name FROM {table} WHERE blob_name IN ({list})"))
+            .join(" UNION ");
+            let mut query = sqlx::query_scalar::<_, String>(AssertSqlSafe(sql));
+            for _ in 0..4 {
+                for name in batch {
+                    query = query.bind(name.as_str());
+                }
+            }
+            let names: Vec<String> = query.fetch_all(&self.pool).await.map_err(from_sqlx)?;
+            found.extend(names.iter().filter_map(|n| BlobName::parse(n)));
+        }
+        Ok(found)
+    }
+
+    async fn stale_uploads(
+        &self,
+        created_before: Millis,
+        limit: usize,
+    ) -> Result<Vec<UploadId>, MetaError> {
+        sqlx::query_scalar(
+            "SELECT id FROM uploads WHERE state = 'open' AND created_at < ? ORDER BY created_at LIMIT ?",
+        )
+        .bind(created_before)
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(from_sqlx)
+    }
+
+    async fn prune_uploads(&self, created_before: Millis) -> Result<u64, MetaError> {
+        let pruned = sqlx::query(
+            "DELETE FROM uploads WHERE state IN ('finalized', 'aborted') AND created_at < ?",
+        )
+        .bind(created_before)
+        .execute(&self.pool)
+        .await
+        .map_err(from_sqlx)?;
+        Ok(pruned.rows_affected())
+    }
+
+    async fn entry_ids(&self, after: EntryId, limit: usize) -> Result<Vec<EntryId>, MetaError> {
+        sqlx::query_scalar("SELECT id FROM entries WHERE id > ? ORDER BY id LIMIT ?")
+            .bind(after)
+            .bind(limit as i64)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(from_sqlx)
+    }
 }
+
+const USE_COLS: &str = "SELECT id, repository, size, created_at, last_used_at FROM entries";
+
+fn use_from_row(r: &MySqlRow) -> Result<EntryUse, MetaError> {
+    Ok(EntryUse {
+        id: r.try_get(0).map_err(from_sqlx)?,
+        repository: RepoId::new(text(r, 1)?),
+        size: r.try_get::<i64, _>(2).map_err(from_sqlx)?.max(0) as u64,
+        created_at: r.try_get(3).map_err(from_sqlx)?,
+        last_used_at: r.try_get(4).map_err(from_sqlx)?,
+    })
+}
+
+/// Recounts every repository's usage from its entries, after a change too wide to track row
+/// by row (start-up recovery).
+const RECOUNT_USAGE: [&str; 2] = [
+    "DELETE FROM repository_usage",
+    "INSERT INTO repository_usage (repository, bytes, entries)
+     SELECT repository, SUM(size), COUNT(*) FROM entries GROUP BY repository",
+];

@@ -20,14 +20,19 @@ use super::sql::{
     bucket, candidates_sql, chunk_from_parts, collect_blocks, from_sqlx, prefix_end, slot_hash,
     upload_from_parts, upload_with_blocks_sql, BlockRow, UploadRow,
 };
-use super::{EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, SlotState};
+use super::{
+    EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, Removal, SlotState,
+};
 use crate::model::{
-    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, Millis, RepoId, Scope, Slot, Upload,
-    UploadBlocks, UploadId, Version,
+    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, RemovalCause, RepoId,
+    Scope, Slot, Upload, UploadBlocks, UploadId, Version,
 };
 
 /// Migrations compiled into the binary, applied in order; `hoard_schema` records the last one.
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("migrations/postgres/0001_init.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("migrations/postgres/0001_init.sql")),
+    (2, include_str!("migrations/postgres/0002_lifecycle.sql")),
+];
 /// Key of the advisory lock that serializes migrations across processes ("hoard" in ASCII).
 const MIGRATION_LOCK: i64 = 0x68_6f61_7264;
 
@@ -502,7 +507,12 @@ impl MetaStore for PostgresStore {
              chunks AS (
                  INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256)
                  SELECT entry.id, c.* FROM entry,
-                     UNNEST($13::int[], $14::bigint[], $15::text[], $16::bigint[], $17::bytea[]) AS c)
+                     UNNEST($13::int[], $14::bigint[], $15::text[], $16::bigint[], $17::bytea[]) AS c),
+             usage AS (
+                 INSERT INTO repository_usage (repository, bytes, entries)
+                 SELECT $4, $11, 1 FROM entry
+                 ON CONFLICT (repository) DO UPDATE
+                 SET bytes = repository_usage.bytes + EXCLUDED.bytes, entries = repository_usage.entries + 1)
              SELECT id FROM entry",
             claim(", state = 'finalized', entry_id = nextval(pg_get_serial_sequence('entries', 'id'))")
         )))
@@ -580,9 +590,221 @@ impl MetaStore for PostgresStore {
             .execute(&mut *tx)
             .await
             .map_err(from_sqlx)?;
+        for sql in RECOUNT_USAGE {
+            sqlx::query(sql)
+                .execute(&mut *tx)
+                .await
+                .map_err(from_sqlx)?;
+        }
         tx.commit().await.map_err(from_sqlx)?;
         // UNION already made the names distinct.
         let garbage = names.iter().filter_map(|n| BlobName::parse(n)).collect();
         Ok((forgotten as usize, garbage))
     }
+
+    async fn repository_usage(&self, repository: &RepoId) -> Result<u64, MetaError> {
+        let bytes: Option<i64> =
+            sqlx::query_scalar("SELECT bytes FROM repository_usage WHERE repository = $1")
+                .bind(repository.as_str())
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(from_sqlx)?;
+        Ok(bytes.unwrap_or(0).max(0) as u64)
+    }
+
+    async fn total_usage(&self) -> Result<u64, MetaError> {
+        let bytes: i64 =
+            sqlx::query_scalar("SELECT COALESCE(SUM(bytes), 0)::bigint FROM repository_usage")
+                .fetch_one(&self.pool)
+                .await
+                .map_err(from_sqlx)?;
+        Ok(bytes.max(0) as u64)
+    }
+
+    async fn pending_deletions(&self) -> Result<u64, MetaError> {
+        let bytes: i64 =
+            sqlx::query_scalar("SELECT COALESCE(SUM(size), 0)::bigint FROM pending_deletions")
+                .fetch_one(&self.pool)
+                .await
+                .map_err(from_sqlx)?;
+        Ok(bytes.max(0) as u64)
+    }
+
+    async fn least_recently_used(
+        &self,
+        repository: Option<&RepoId>,
+        limit: usize,
+    ) -> Result<Vec<EntryUse>, MetaError> {
+        let rows = match repository {
+            Some(repo) => {
+                sqlx::query(AssertSqlSafe(format!(
+                    "{USE_COLS} WHERE repository = $1 ORDER BY last_used_at, id LIMIT $2"
+                )))
+                .bind(repo.as_str())
+                .bind(limit as i64)
+                .fetch_all(&self.pool)
+                .await
+            }
+            None => {
+                sqlx::query(AssertSqlSafe(format!(
+                    "{USE_COLS} ORDER BY last_used_at, id LIMIT $1"
+                )))
+                .bind(limit as i64)
+                .fetch_all(&self.pool)
+                .await
+            }
+        }
+        .map_err(from_sqlx)?;
+        rows.iter().map(use_from_row).collect()
+    }
+
+    async fn expired(
+        &self,
+        unused_before: Millis,
+        created_before: Option<Millis>,
+        limit: usize,
+    ) -> Result<Vec<EntryUse>, MetaError> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "(({USE_COLS} WHERE last_used_at < $1 LIMIT $3)
+              UNION ({USE_COLS} WHERE created_at < $2 LIMIT $3)) LIMIT $3"
+        )))
+        .bind(unused_before)
+        .bind(created_before.unwrap_or(Millis::MIN))
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(from_sqlx)?;
+        rows.iter().map(use_from_row).collect()
+    }
+
+    async fn remove_entries(
+        &self,
+        ids: &[EntryId],
+        removal: Removal<'_>,
+    ) -> Result<Vec<EntryUse>, MetaError> {
+        let reason = match removal.cause {
+            RemovalCause::Quarantined(reason) => Some(reason.as_str()),
+            _ => None,
+        };
+        // One statement: every part sees the entries before the delete, and an entry another
+        // process removed first is simply not returned (its row is gone once the lock frees).
+        let rows = sqlx::query(
+            "WITH gone AS (
+                 DELETE FROM entries WHERE id = ANY($1)
+                 RETURNING id, repository, scope, key, version, size, created_at, last_used_at),
+             pending AS (
+                 INSERT INTO pending_deletions (blob_name, size, delete_at)
+                 SELECT c.blob_name, c.size, $2 FROM entry_chunks c JOIN gone ON c.entry_id = gone.id
+                 ON CONFLICT (blob_name) DO UPDATE SET delete_at = EXCLUDED.delete_at),
+             quarantined AS (
+                 INSERT INTO quarantine (entry_id, repository, scope, key, version, size, reason, quarantined_at)
+                 SELECT id, repository, scope, key, version, size, $3, $4 FROM gone WHERE $3::text IS NOT NULL),
+             usage AS (
+                 UPDATE repository_usage u SET bytes = u.bytes - g.bytes, entries = u.entries - g.n
+                 FROM (SELECT repository, SUM(size)::bigint AS bytes, COUNT(*) AS n FROM gone GROUP BY repository) g
+                 WHERE u.repository = g.repository)
+             SELECT id, repository, size, created_at, last_used_at FROM gone ORDER BY id",
+        )
+        .bind(ids)
+        .bind(removal.delete_at)
+        .bind(reason)
+        .bind(removal.now)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(from_sqlx)?;
+        rows.iter().map(use_from_row).collect()
+    }
+
+    async fn due_deletions(&self, now: Millis, limit: usize) -> Result<Vec<BlobName>, MetaError> {
+        let names: Vec<String> = sqlx::query_scalar(
+            "SELECT blob_name FROM pending_deletions WHERE delete_at <= $1 ORDER BY delete_at LIMIT $2",
+        )
+        .bind(now)
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(from_sqlx)?;
+        Ok(names.iter().filter_map(|n| BlobName::parse(n)).collect())
+    }
+
+    async fn deletions_done(&self, names: &[BlobName]) -> Result<(), MetaError> {
+        let names: Vec<&str> = names.iter().map(BlobName::as_str).collect();
+        sqlx::query("DELETE FROM pending_deletions WHERE blob_name = ANY($1)")
+            .bind(names)
+            .execute(&self.pool)
+            .await
+            .map_err(from_sqlx)?;
+        Ok(())
+    }
+
+    async fn referenced(&self, names: &[BlobName]) -> Result<Vec<BlobName>, MetaError> {
+        let list: Vec<&str> = names.iter().map(BlobName::as_str).collect();
+        let found: Vec<String> = sqlx::query_scalar(
+            "SELECT n FROM UNNEST($1::text[]) AS n
+             WHERE EXISTS (SELECT 1 FROM entry_chunks WHERE blob_name = n)
+                OR EXISTS (SELECT 1 FROM staged_blocks WHERE blob_name = n)
+                OR EXISTS (SELECT 1 FROM upload_parts WHERE blob_name = n)
+                OR EXISTS (SELECT 1 FROM pending_deletions WHERE blob_name = n)",
+        )
+        .bind(list)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(from_sqlx)?;
+        Ok(found.iter().filter_map(|n| BlobName::parse(n)).collect())
+    }
+
+    async fn stale_uploads(
+        &self,
+        created_before: Millis,
+        limit: usize,
+    ) -> Result<Vec<UploadId>, MetaError> {
+        sqlx::query_scalar(
+            "SELECT id FROM uploads WHERE state = 'open' AND created_at < $1 ORDER BY created_at LIMIT $2",
+        )
+        .bind(created_before)
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(from_sqlx)
+    }
+
+    async fn prune_uploads(&self, created_before: Millis) -> Result<u64, MetaError> {
+        let pruned = sqlx::query(
+            "DELETE FROM uploads WHERE state IN ('finalized', 'aborted') AND created_at < $1",
+        )
+        .bind(created_before)
+        .execute(&self.pool)
+        .await
+        .map_err(from_sqlx)?;
+        Ok(pruned.rows_affected())
+    }
+
+    async fn entry_ids(&self, after: EntryId, limit: usize) -> Result<Vec<EntryId>, MetaError> {
+        sqlx::query_scalar("SELECT id FROM entries WHERE id > $1 ORDER BY id LIMIT $2")
+            .bind(after)
+            .bind(limit as i64)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(from_sqlx)
+    }
 }
+
+const USE_COLS: &str = "SELECT id, repository, size, created_at, last_used_at FROM entries";
+
+fn use_from_row(r: &PgRow) -> Result<EntryUse, MetaError> {
+    Ok(EntryUse {
+        id: r.try_get(0).map_err(from_sqlx)?,
+        repository: RepoId::new(r.try_get::<String, _>(1).map_err(from_sqlx)?),
+        size: r.try_get::<i64, _>(2).map_err(from_sqlx)?.max(0) as u64,
+        created_at: r.try_get(3).map_err(from_sqlx)?,
+        last_used_at: r.try_get(4).map_err(from_sqlx)?,
+    })
+}
+
+/// Recounts every repository's usage from its entries, after a change too wide to track row
+/// by row (start-up recovery).
+const RECOUNT_USAGE: [&str; 2] = [
+    "DELETE FROM repository_usage",
+    "INSERT INTO repository_usage (repository, bytes, entries)
+     SELECT repository, SUM(size), COUNT(*) FROM entries GROUP BY repository",
+];

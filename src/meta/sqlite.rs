@@ -21,10 +21,12 @@ use rusqlite::{
 };
 
 use super::sql::{chunk_from_parts, upload_from_parts, UploadRow};
-use super::{EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, SlotState};
+use super::{
+    EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, Removal, SlotState,
+};
 use crate::model::{
-    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, Millis, RepoId, Scope, Slot, Upload,
-    UploadBlocks, UploadId, UploadState, Version,
+    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, RemovalCause, RepoId,
+    Scope, Slot, Upload, UploadBlocks, UploadId, UploadState, Version,
 };
 
 /// Migrations compiled into the binary, applied in order at start-up; `PRAGMA user_version`
@@ -35,6 +37,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         2,
         include_str!("migrations/sqlite/0002_upload_revision.sql"),
     ),
+    (3, include_str!("migrations/sqlite/0003_lifecycle.sql")),
 ];
 const MAX_READERS: usize = 8;
 
@@ -561,6 +564,11 @@ impl MetaStore for SqliteStore {
             drop_blocks(tx, upload.id)?;
             tx.prepare_cached("UPDATE uploads SET state = 'finalized', entry_id = ? WHERE id = ?")?
                 .execute(params![entry, upload.id])?;
+            tx.prepare_cached(
+                "INSERT INTO repository_usage (repository, bytes, entries) VALUES (?, ?, 1)
+                 ON CONFLICT (repository) DO UPDATE SET bytes = bytes + excluded.bytes, entries = entries + 1",
+            )?
+            .execute(params![repo, size as i64])?;
             Ok(entry)
         })
         .await
@@ -604,9 +612,230 @@ impl MetaStore for SqliteStore {
                 .execute([])?;
             tx.prepare_cached("UPDATE uploads SET state = 'aborted', revision = revision + 1, updated_at = ? WHERE state = 'open'")?
                 .execute([now])?;
+            tx.execute_batch(RECOUNT_USAGE)?;
             garbage.sort();
             garbage.dedup();
             Ok((forgotten, garbage))
+        })
+        .await
+    }
+
+    async fn repository_usage(&self, repository: &RepoId) -> Result<u64, MetaError> {
+        let repository = repository.as_str().to_owned();
+        self.read(move |conn| {
+            let bytes: Option<i64> = conn
+                .prepare_cached("SELECT bytes FROM repository_usage WHERE repository = ?")?
+                .query_row([repository], |r| r.get(0))
+                .optional()?;
+            Ok(bytes.unwrap_or(0).max(0) as u64)
+        })
+        .await
+    }
+
+    async fn total_usage(&self) -> Result<u64, MetaError> {
+        self.read(|conn| {
+            let bytes: i64 = conn
+                .prepare_cached("SELECT COALESCE(SUM(bytes), 0) FROM repository_usage")?
+                .query_row([], |r| r.get(0))?;
+            Ok(bytes.max(0) as u64)
+        })
+        .await
+    }
+
+    async fn pending_deletions(&self) -> Result<u64, MetaError> {
+        self.read(|conn| {
+            let bytes: i64 = conn
+                .prepare_cached("SELECT COALESCE(SUM(size), 0) FROM pending_deletions")?
+                .query_row([], |r| r.get(0))?;
+            Ok(bytes.max(0) as u64)
+        })
+        .await
+    }
+
+    async fn least_recently_used(
+        &self,
+        repository: Option<&RepoId>,
+        limit: usize,
+    ) -> Result<Vec<EntryUse>, MetaError> {
+        let repository = repository.map(|r| r.as_str().to_owned());
+        self.read(move |conn| {
+            let mut stmt;
+            let mut rows = match &repository {
+                Some(repo) => {
+                    stmt = conn.prepare_cached(&format!(
+                        "{USE_COLS} WHERE repository = ? ORDER BY last_used_at, id LIMIT ?"
+                    ))?;
+                    stmt.query(params![repo, limit as i64])?
+                }
+                None => {
+                    stmt = conn
+                        .prepare_cached(&format!("{USE_COLS} ORDER BY last_used_at, id LIMIT ?"))?;
+                    stmt.query(params![limit as i64])?
+                }
+            };
+            let mut out = Vec::new();
+            while let Some(row) = rows.next()? {
+                out.push(use_from_row(row)?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn expired(
+        &self,
+        unused_before: Millis,
+        created_before: Option<Millis>,
+        limit: usize,
+    ) -> Result<Vec<EntryUse>, MetaError> {
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT * FROM ({USE_COLS} WHERE last_used_at < ?1 LIMIT ?3)
+                 UNION SELECT * FROM ({USE_COLS} WHERE created_at < ?2 LIMIT ?3) LIMIT ?3"
+            ))?;
+            let mut rows = stmt.query(params![
+                unused_before,
+                created_before.unwrap_or(Millis::MIN),
+                limit as i64
+            ])?;
+            let mut out = Vec::new();
+            while let Some(row) = rows.next()? {
+                out.push(use_from_row(row)?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn remove_entries(
+        &self,
+        ids: &[EntryId],
+        removal: Removal<'_>,
+    ) -> Result<Vec<EntryUse>, MetaError> {
+        let ids = ids.to_vec();
+        let (cause, now, delete_at) = (removal.cause.clone(), removal.now, removal.delete_at);
+        self.write(move |tx| {
+            let mut removed = Vec::new();
+            for id in ids {
+                let found = tx
+                    .prepare_cached(&format!("{USE_COLS} WHERE id = ?"))?
+                    .query_row([id], |r| Ok(use_from_row(r)))
+                    .optional()?
+                    .transpose()?;
+                let Some(entry) = found else { continue };
+                tx.prepare_cached(
+                    "INSERT OR REPLACE INTO pending_deletions (blob_name, size, delete_at)
+                     SELECT blob_name, size, ? FROM entry_chunks WHERE entry_id = ?",
+                )?
+                .execute(params![delete_at, id])?;
+                if let RemovalCause::Quarantined(reason) = &cause {
+                    tx.prepare_cached(
+                        "INSERT INTO quarantine (entry_id, repository, scope, key, version, size, reason, quarantined_at)
+                         SELECT id, repository, scope, key, version, size, ?, ? FROM entries WHERE id = ?",
+                    )?
+                    .execute(params![reason, now, id])?;
+                }
+                tx.prepare_cached("DELETE FROM entry_chunks WHERE entry_id = ?")?
+                    .execute([id])?;
+                tx.prepare_cached("DELETE FROM entries WHERE id = ?")?
+                    .execute([id])?;
+                tx.prepare_cached(
+                    "UPDATE repository_usage SET bytes = bytes - ?, entries = entries - 1 WHERE repository = ?",
+                )?
+                .execute(params![entry.size as i64, entry.repository.as_str()])?;
+                removed.push(entry);
+            }
+            Ok(removed)
+        })
+        .await
+    }
+
+    async fn due_deletions(&self, now: Millis, limit: usize) -> Result<Vec<BlobName>, MetaError> {
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT blob_name FROM pending_deletions WHERE delete_at <= ? ORDER BY delete_at LIMIT ?",
+            )?;
+            let mut rows = stmt.query(params![now, limit as i64])?;
+            let mut out = Vec::new();
+            while let Some(row) = rows.next()? {
+                out.extend(BlobName::parse(&row.get::<_, String>(0)?));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn deletions_done(&self, names: &[BlobName]) -> Result<(), MetaError> {
+        let names: Vec<String> = names.iter().map(|n| n.as_str().to_owned()).collect();
+        self.write(move |tx| {
+            let mut delete =
+                tx.prepare_cached("DELETE FROM pending_deletions WHERE blob_name = ?")?;
+            for name in names {
+                delete.execute([name])?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn referenced(&self, names: &[BlobName]) -> Result<Vec<BlobName>, MetaError> {
+        let names = names.to_vec();
+        self.read_consistent(move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM entry_chunks WHERE blob_name = ?1)
+                     OR EXISTS (SELECT 1 FROM staged_blocks WHERE blob_name = ?1)
+                     OR EXISTS (SELECT 1 FROM upload_parts WHERE blob_name = ?1)
+                     OR EXISTS (SELECT 1 FROM pending_deletions WHERE blob_name = ?1)",
+            )?;
+            let mut out = Vec::new();
+            for name in names {
+                if stmt.query_row([name.as_str()], |r| r.get::<_, bool>(0))? {
+                    out.push(name);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn stale_uploads(
+        &self,
+        created_before: Millis,
+        limit: usize,
+    ) -> Result<Vec<UploadId>, MetaError> {
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT id FROM uploads WHERE state = 'open' AND created_at < ? ORDER BY created_at LIMIT ?",
+            )?;
+            let ids = stmt
+                .query_map(params![created_before, limit as i64], |r| r.get(0))?
+                .collect::<Result<Vec<UploadId>, _>>()?;
+            Ok(ids)
+        })
+        .await
+    }
+
+    async fn prune_uploads(&self, created_before: Millis) -> Result<u64, MetaError> {
+        self.write(move |tx| {
+            let mut pruned = 0;
+            for state in ["finalized", "aborted"] {
+                pruned += tx
+                    .prepare_cached("DELETE FROM uploads WHERE state = ? AND created_at < ?")?
+                    .execute(params![state, created_before])?;
+            }
+            Ok(pruned as u64)
+        })
+        .await
+    }
+
+    async fn entry_ids(&self, after: EntryId, limit: usize) -> Result<Vec<EntryId>, MetaError> {
+        self.read(move |conn| {
+            let mut stmt =
+                conn.prepare_cached("SELECT id FROM entries WHERE id > ? ORDER BY id LIMIT ?")?;
+            let ids = stmt
+                .query_map(params![after, limit as i64], |r| r.get(0))?
+                .collect::<Result<Vec<EntryId>, _>>()?;
+            Ok(ids)
         })
         .await
     }
@@ -621,3 +850,21 @@ fn slot_params(slot: &Slot) -> (String, String, String, String) {
         slot.version.as_str().to_owned(),
     )
 }
+
+const USE_COLS: &str = "SELECT id, repository, size, created_at, last_used_at FROM entries";
+
+fn use_from_row(r: &Row<'_>) -> Result<EntryUse, MetaError> {
+    Ok(EntryUse {
+        id: r.get(0)?,
+        repository: RepoId::new(r.get::<_, String>(1)?),
+        size: r.get::<_, i64>(2)?.max(0) as u64,
+        created_at: r.get(3)?,
+        last_used_at: r.get(4)?,
+    })
+}
+
+/// Recounts every repository's usage from its entries, after a change too wide to track row
+/// by row (start-up recovery).
+const RECOUNT_USAGE: &str = "DELETE FROM repository_usage;
+    INSERT INTO repository_usage (repository, bytes, entries)
+    SELECT repository, SUM(size), COUNT(*) FROM entries GROUP BY repository;";

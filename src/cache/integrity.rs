@@ -1,0 +1,255 @@
+//! Integrity on read: every chunk read whole is hashed as it streams, and compared with the
+//! SHA-256 recorded when it was written.
+//!
+//! The last frame of each chunk is held back until the hash is checked, so a reader of a
+//! damaged chunk never receives all of its bytes: the stream ends with an error instead, and
+//! the HTTP response is cut short of its `Content-Length` (a failed download, never a
+//! complete-looking wrong one). Memory: one frame per chunk in flight.
+//!
+//! A range that covers only part of a chunk cannot be checked against the whole chunk's hash
+//! and is served unchecked; `hoard verify` checks every chunk whole.
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use sha2::{Digest, Sha256};
+
+use super::{Cache, CacheError};
+use crate::blob::{BlobError, ByteStream};
+use crate::model::{Chunk, EntryId};
+
+/// Called once when a chunk turns out damaged, with a sentence saying how.
+pub type OnDamage = Box<dyn FnOnce(String) + Send>;
+
+struct Checking {
+    body: ByteStream,
+    hasher: Sha256,
+    seen: u64,
+    /// The latest frame, sent once the next one arrives or the hash is checked.
+    held: Option<Bytes>,
+    expected: Chunk,
+    on_damage: Option<OnDamage>,
+    done: bool,
+}
+
+impl Checking {
+    fn damaged(&mut self, how: String) -> std::io::Error {
+        self.done = true;
+        if let Some(report) = self.on_damage.take() {
+            report(how.clone());
+        }
+        std::io::Error::new(std::io::ErrorKind::InvalidData, how)
+    }
+}
+
+/// `body`, the whole of `chunk`, checked against the chunk's recorded length and hash.
+pub fn verified(body: ByteStream, chunk: &Chunk, on_damage: OnDamage) -> ByteStream {
+    let state = Checking {
+        body,
+        hasher: Sha256::new(),
+        seen: 0,
+        held: None,
+        expected: chunk.clone(),
+        on_damage: Some(on_damage),
+        done: false,
+    };
+    Box::pin(futures_util::stream::unfold(state, |mut s| async move {
+        if s.done {
+            return None;
+        }
+        loop {
+            match s.body.next().await {
+                Some(Ok(frame)) => {
+                    s.seen += frame.len() as u64;
+                    s.hasher.update(&frame);
+                    if let Some(previous) = s.held.replace(frame) {
+                        return Some((Ok(previous), s));
+                    }
+                }
+                Some(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    let how = format!("chunk {} is shorter than recorded: {e}", s.expected.blob);
+                    let error = s.damaged(how);
+                    return Some((Err(error), s));
+                }
+                Some(Err(e)) => {
+                    s.done = true;
+                    return Some((Err(e), s));
+                }
+                None => {
+                    let digest: [u8; 32] = std::mem::take(&mut s.hasher).finalize().into();
+                    if s.seen != s.expected.size || digest != s.expected.sha256 {
+                        let how = format!(
+                            "chunk {} does not match its recorded SHA-256 ({} bytes read, {} recorded)",
+                            s.expected.blob, s.seen, s.expected.size
+                        );
+                        let error = s.damaged(how);
+                        return Some((Err(error), s));
+                    }
+                    s.done = true;
+                    return s.held.take().map(|last| (Ok(last), s));
+                }
+            }
+        }
+    }))
+}
+
+/// What `hoard verify` found.
+#[derive(Debug, Clone, Default)]
+pub struct VerifyReport {
+    pub entries: u64,
+    pub chunks: u64,
+    pub bytes: u64,
+    /// Entries quarantined, and why.
+    pub damaged: Vec<(EntryId, String)>,
+}
+
+impl Cache {
+    /// Reads every chunk of every entry whole and checks it; quarantines the entries whose
+    /// chunks are damaged or missing. Calls `progress` after each entry.
+    pub async fn verify_all(
+        &self,
+        mut progress: impl FnMut(&VerifyReport),
+    ) -> Result<VerifyReport, CacheError> {
+        let mut report = VerifyReport::default();
+        let mut after = 0;
+        loop {
+            let ids = self.meta.entry_ids(after, 500).await?;
+            let Some(last) = ids.last() else { break };
+            after = *last;
+            for id in ids {
+                let Some((_, chunks)) = self.meta.entry(id).await? else {
+                    continue; // removed meanwhile
+                };
+                let mut damage = None;
+                for placed in &chunks {
+                    report.chunks += 1;
+                    report.bytes += placed.chunk.size;
+                    if let Some(how) = self.check_chunk(&placed.chunk).await? {
+                        damage = Some(how);
+                        break;
+                    }
+                }
+                report.entries += 1;
+                if let Some(how) = damage {
+                    self.quarantine(id, how.clone()).await?;
+                    report.damaged.push((id, how));
+                }
+                progress(&report);
+            }
+        }
+        Ok(report)
+    }
+
+    /// Reads a chunk whole: `Some(how)` if it is damaged or missing.
+    async fn check_chunk(&self, chunk: &Chunk) -> Result<Option<String>, CacheError> {
+        let stream = match self.blobs.get(&chunk.blob, 0, chunk.size).await {
+            Ok(stream) => stream,
+            Err(BlobError::NotFound(_)) => {
+                return Ok(Some(format!("chunk {} is missing", chunk.blob)))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let found = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let sink = found.clone();
+        let mut checked = verified(
+            stream,
+            chunk,
+            Box::new(move |how| *sink.lock().unwrap_or_else(|p| p.into_inner()) = Some(how)),
+        );
+        while let Some(frame) = checked.next().await {
+            if let Err(e) = frame {
+                let how = found.lock().unwrap_or_else(|p| p.into_inner()).take();
+                return match how {
+                    Some(how) => Ok(Some(how)),
+                    None => Err(BlobError::Io {
+                        what: format!("chunk {}", chunk.blob),
+                        source: e,
+                    }
+                    .into()),
+                };
+            }
+        }
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::BlobName;
+    use futures_util::TryStreamExt;
+    use std::sync::{Arc, Mutex};
+
+    fn frames(data: &[u8], size: usize) -> ByteStream {
+        let frames: Vec<std::io::Result<Bytes>> = data
+            .chunks(size)
+            .map(|c| Ok(Bytes::copy_from_slice(c)))
+            .collect();
+        Box::pin(futures_util::stream::iter(frames))
+    }
+
+    fn chunk_of(data: &[u8]) -> Chunk {
+        Chunk {
+            blob: BlobName::random(),
+            size: data.len() as u64,
+            sha256: Sha256::digest(data).into(),
+        }
+    }
+
+    fn reporter() -> (OnDamage, Arc<Mutex<Vec<String>>>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let sink = seen.clone();
+        (Box::new(move |how| sink.lock().unwrap().push(how)), seen)
+    }
+
+    #[tokio::test]
+    async fn intact_chunks_pass_through_unchanged() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+        let (report, reports) = reporter();
+        let out: Vec<Bytes> = verified(frames(&data, 777), &chunk_of(&data), report)
+            .try_collect()
+            .await
+            .unwrap();
+        assert_eq!(out.concat(), data);
+        assert!(reports.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_flipped_byte_ends_the_stream_with_an_error_before_the_last_frame() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+        let recorded = chunk_of(&data);
+        let mut damaged = data.clone();
+        damaged[5_000] ^= 1;
+        let (report, reports) = reporter();
+        let mut stream = verified(frames(&damaged, 1_000), &recorded, report);
+        let mut received = 0;
+        let mut failed = false;
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(frame) => received += frame.len(),
+                Err(e) => {
+                    assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+                    failed = true;
+                }
+            }
+        }
+        assert!(failed, "the reader sees an error");
+        assert!(received < data.len(), "the reader never gets every byte");
+        assert_eq!(
+            reports.lock().unwrap().len(),
+            1,
+            "the damage is reported once"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_short_chunk_is_damage() {
+        let data = vec![7u8; 4096];
+        let (report, reports) = reporter();
+        let result: Result<Vec<Bytes>, _> =
+            verified(frames(&data[..4000], 1000), &chunk_of(&data), report)
+                .try_collect()
+                .await;
+        assert!(result.is_err());
+        assert_eq!(reports.lock().unwrap().len(), 1);
+    }
+}

@@ -1,0 +1,557 @@
+//! Lifecycle: what leaves the cache, and when (GitHub's rules, plus the operator's limits).
+//!
+//! - After each finalize, the repository's least recently used entries are evicted until it is
+//!   under its quota (`--repo-quota`, GitHub: 10 GB).
+//! - A maintenance pass, every `--gc-interval` on every process, aborts abandoned uploads,
+//!   expires unused (and, optionally, old) entries, evicts across repositories while the store
+//!   is over `--max-storage` or under `--min-free-space`, deletes the chunks whose deletion is
+//!   due, and deletes orphaned chunks.
+//! - Removing an entry deletes its rows at once (the next lookup misses) but only schedules its
+//!   chunks' deletion, `--deletion-grace` later: a reader who got a download link before the
+//!   removal still streams the whole entry, on any store.
+//!
+//! Every step is safe on several processes sharing a database: removals skip entries already
+//! gone and report only what they removed, deletes are idempotent, and a chunk is deleted as an
+//! orphan only when no row names it and it is older than the grace period, so a chunk whose
+//! metadata is still being written is never taken.
+//!
+//! The choices (which entries, how many bytes must go) are pure functions, tested alone.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+
+use super::{Cache, CacheError};
+use crate::blob::Capacity;
+use crate::meta::{MetaError, Removal};
+use crate::model::{BlobName, EntryId, EntryUse, Millis, RemovalCause, RepoId, UploadId};
+
+/// How many rows one step of a pass loads at a time: memory stays bounded on any store.
+const BATCH: usize = 500;
+
+/// The operator's lifecycle settings.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Bytes one repository's entries may hold (`None`: unlimited).
+    pub repo_quota: Option<u64>,
+    /// Bytes all entries may hold together (`None`: unlimited).
+    pub max_storage: Option<u64>,
+    /// Free space to keep on a local-disk store's file system.
+    pub min_free_space: Option<FreeSpace>,
+    /// Entries unused for this long expire (`None`: never).
+    pub unused_ttl: Option<Duration>,
+    /// Entries older than this expire, used or not (`None`: never).
+    pub max_age: Option<Duration>,
+    /// How long removed entries' chunks stay readable, and how old an unreferenced chunk must
+    /// be before it counts as an orphan.
+    pub deletion_grace: Duration,
+    /// How often the maintenance pass runs.
+    pub gc_interval: Duration,
+}
+
+impl Default for Limits {
+    /// No limits, no expiry: what tests of other rules start from.
+    fn default() -> Self {
+        Self {
+            repo_quota: None,
+            max_storage: None,
+            min_free_space: None,
+            unused_ttl: None,
+            max_age: None,
+            deletion_grace: Duration::from_secs(2 * 3600),
+            gc_interval: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Free space to keep: bytes, or a share of the file system.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FreeSpace {
+    Bytes(u64),
+    Percent(f64),
+}
+
+impl FreeSpace {
+    /// Parses `5%`, `2GiB`, `1000000`.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let raw = raw.trim();
+        if let Some(percent) = raw.strip_suffix('%') {
+            let value: f64 = percent
+                .trim()
+                .parse()
+                .map_err(|_| format!("{raw:?} is not a percentage such as 5%"))?;
+            if !(0.0..100.0).contains(&value) {
+                return Err(format!("{raw:?} must be from 0% to below 100%"));
+            }
+            return Ok(Self::Percent(value));
+        }
+        crate::config::parse_size(raw).map(Self::Bytes)
+    }
+
+    /// The bytes to keep free on a file system of `total` bytes.
+    pub fn bytes(self, total: u64) -> u64 {
+        match self {
+            Self::Bytes(n) => n,
+            Self::Percent(p) => (total as f64 * p / 100.0) as u64,
+        }
+    }
+}
+
+/// What the store holds against its global limits.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Occupancy {
+    /// Bytes of all entries.
+    pub stored: u64,
+    /// Bytes removed whose deletion is still pending: they will be free soon.
+    pub pending: u64,
+    pub disk: Option<Capacity>,
+}
+
+/// How many bytes of entries must go for the store to be within its global limits.
+pub fn global_excess(limits: &Limits, at: &Occupancy) -> u64 {
+    let over_storage = limits
+        .max_storage
+        .map_or(0, |max| at.stored.saturating_sub(max));
+    let short_of_space = match (limits.min_free_space, at.disk) {
+        (Some(keep), Some(disk)) => keep
+            .bytes(disk.total)
+            .saturating_sub(disk.available.saturating_add(at.pending)),
+        _ => 0,
+    };
+    over_storage.max(short_of_space)
+}
+
+/// The entries to evict to free `excess` bytes: least recently used first, from `candidates`
+/// (already in that order), never `spare` (the entry whose finalize asked).
+pub fn choose_evictions(
+    excess: u64,
+    candidates: &[EntryUse],
+    spare: Option<EntryId>,
+) -> Vec<EntryId> {
+    let mut freed = 0u64;
+    let mut chosen = Vec::new();
+    for entry in candidates {
+        if freed >= excess {
+            break;
+        }
+        if Some(entry.id) == spare {
+            continue;
+        }
+        freed = freed.saturating_add(entry.size.max(1));
+        chosen.push(entry.id);
+    }
+    chosen
+}
+
+/// What one maintenance pass did, or would do with `dry_run`.
+#[derive(Debug, Clone, Default)]
+pub struct PassReport {
+    pub aborted_uploads: Vec<UploadId>,
+    pub pruned_uploads: u64,
+    pub expired: Vec<EntryUse>,
+    pub evicted: Vec<EntryUse>,
+    /// Chunks of removed entries whose grace period ended.
+    pub deleted: Vec<BlobName>,
+    /// Chunks no metadata refers to.
+    pub orphans: Vec<BlobName>,
+}
+
+impl PassReport {
+    pub fn is_empty(&self) -> bool {
+        self.aborted_uploads.is_empty()
+            && self.pruned_uploads == 0
+            && self.expired.is_empty()
+            && self.evicted.is_empty()
+            && self.deleted.is_empty()
+            && self.orphans.is_empty()
+    }
+}
+
+fn millis(d: Duration) -> Millis {
+    d.as_millis().min(i64::MAX as u128) as Millis
+}
+
+impl Cache {
+    /// Removes entries and schedules their chunks' deletion; forgets them in this process's
+    /// reuse caches. Returns what was removed here (not by another process first).
+    async fn remove(
+        &self,
+        ids: &[EntryId],
+        cause: RemovalCause,
+    ) -> Result<Vec<EntryUse>, CacheError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let now = self.clock.now();
+        let removal = Removal {
+            cause: &cause,
+            now,
+            delete_at: now.saturating_add(millis(self.policy.lifecycle.deletion_grace)),
+        };
+        let removed = self.meta.remove_entries(ids, removal).await?;
+        self.lookups.invalidate();
+        self.entries.invalidate();
+        for entry in &removed {
+            tracing::info!(
+                target: "hoard::lifecycle",
+                cause = cause.as_str(),
+                entry = entry.id,
+                repository = %entry.repository,
+                size = entry.size,
+                "entry removed"
+            );
+        }
+        Ok(removed)
+    }
+
+    /// Quarantines an entry whose bytes failed a check: it is never served again, the next
+    /// lookup misses, and its chunks are deleted after the grace period.
+    pub async fn quarantine(&self, id: EntryId, reason: String) -> Result<bool, CacheError> {
+        tracing::error!(target: "hoard::integrity", entry = id, %reason, "entry quarantined");
+        let removed = self
+            .remove(&[id], RemovalCause::Quarantined(reason))
+            .await?;
+        if !removed.is_empty() {
+            self.quarantined
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(!removed.is_empty())
+    }
+
+    /// Entries quarantined by this process since it started.
+    pub fn quarantined_count(&self) -> u64 {
+        self.quarantined.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// After a finalize: evicts the repository's least recently used entries (never `spare`,
+    /// the entry just made) until it is under its quota. Returns what went.
+    pub async fn enforce_quota(
+        &self,
+        repository: &RepoId,
+        spare: EntryId,
+    ) -> Result<Vec<EntryUse>, CacheError> {
+        let Some(quota) = self.policy.lifecycle.repo_quota else {
+            return Ok(Vec::new());
+        };
+        let mut evicted = Vec::new();
+        loop {
+            let used = self.meta.repository_usage(repository).await?;
+            let excess = used.saturating_sub(quota);
+            if excess == 0 {
+                break;
+            }
+            let candidates = self
+                .meta
+                .least_recently_used(Some(repository), BATCH)
+                .await?;
+            let chosen = choose_evictions(excess, &candidates, Some(spare));
+            let removed = self.remove(&chosen, RemovalCause::Evicted).await?;
+            // Nothing left to evict, or another process removes the same entries: stop here
+            // rather than spin; the next finalize or pass continues.
+            if removed.is_empty() {
+                break;
+            }
+            evicted.extend(removed);
+        }
+        Ok(evicted)
+    }
+
+    /// The store against its global limits. Pending deletions are counted only when the disk
+    /// is short of space, and usage only under a byte limit: a reservation on a store within
+    /// its limits costs one `statvfs`.
+    async fn occupancy(&self) -> Result<Occupancy, CacheError> {
+        let limits = &self.policy.lifecycle;
+        let stored = match limits.max_storage {
+            Some(_) => self.meta.total_usage().await?,
+            None => 0,
+        };
+        let mut at = Occupancy {
+            stored,
+            ..Occupancy::default()
+        };
+        if let Some(keep) = limits.min_free_space {
+            at.disk = self.blobs.capacity().await?;
+            if at.disk.is_some_and(|d| d.available < keep.bytes(d.total)) {
+                at.pending = self.meta.pending_deletions().await?;
+            }
+        }
+        Ok(at)
+    }
+
+    /// Evicts across repositories, least recently used first, until the store is within its
+    /// global limits or nothing is left. With `dry_run`, says what it would evict.
+    pub async fn enforce_global_limits(&self, dry_run: bool) -> Result<Vec<EntryUse>, CacheError> {
+        let limits = &self.policy.lifecycle;
+        if limits.max_storage.is_none() && limits.min_free_space.is_none() {
+            return Ok(Vec::new());
+        }
+        let mut evicted = Vec::new();
+        let mut excess = global_excess(limits, &self.occupancy().await?);
+        while excess > 0 {
+            let candidates = self.meta.least_recently_used(None, BATCH).await?;
+            let chosen = choose_evictions(excess, &candidates, None);
+            if dry_run {
+                evicted.extend(candidates.into_iter().filter(|c| chosen.contains(&c.id)));
+                break;
+            }
+            let removed = self.remove(&chosen, RemovalCause::Evicted).await?;
+            if removed.is_empty() {
+                break;
+            }
+            evicted.extend(removed);
+            excess = global_excess(limits, &self.occupancy().await?);
+        }
+        Ok(evicted)
+    }
+
+    /// Before a reservation: the store must be within its global limits, evicting if need be.
+    /// When nothing more can be evicted, the reservation is refused.
+    pub(super) async fn make_room(&self) -> Result<(), CacheError> {
+        let limits = &self.policy.lifecycle;
+        if limits.max_storage.is_none() && limits.min_free_space.is_none() {
+            return Ok(());
+        }
+        if global_excess(limits, &self.occupancy().await?) == 0 {
+            return Ok(());
+        }
+        self.enforce_global_limits(false).await?;
+        if global_excess(limits, &self.occupancy().await?) > 0 {
+            return Err(CacheError::StorageFull);
+        }
+        Ok(())
+    }
+
+    /// Aborts uploads open for longer than the reservation TTL and deletes their chunks, then
+    /// prunes the records of closed uploads as old.
+    async fn sweep_uploads(&self, dry_run: bool) -> Result<(Vec<UploadId>, u64), CacheError> {
+        let now = self.clock.now();
+        let before = now.saturating_sub(millis(self.policy.reservation_ttl));
+        let mut aborted = Vec::new();
+        loop {
+            let stale = self.meta.stale_uploads(before, BATCH).await?;
+            if dry_run || stale.is_empty() {
+                aborted.extend(stale);
+                break;
+            }
+            let mut progressed = false;
+            for id in stale {
+                let Some((upload, blocks)) = self.meta.upload_with_blocks(id).await? else {
+                    continue;
+                };
+                match self.meta.abort_upload(&upload, now).await {
+                    // Changed meanwhile (finalized, taken over, aborted by another process).
+                    Err(MetaError::Stale) => continue,
+                    other => other?,
+                }
+                progressed = true;
+                aborted.push(id);
+                self.collect(blocks.blobs()).await;
+            }
+            if !progressed {
+                break;
+            }
+        }
+        let pruned = if dry_run {
+            0
+        } else {
+            self.meta.prune_uploads(before).await?
+        };
+        Ok((aborted, pruned))
+    }
+
+    /// Removes entries unused for longer than the unused TTL, or older than the maximum age.
+    async fn expire(&self, dry_run: bool) -> Result<Vec<EntryUse>, CacheError> {
+        let limits = &self.policy.lifecycle;
+        if limits.unused_ttl.is_none() && limits.max_age.is_none() {
+            return Ok(Vec::new());
+        }
+        let now = self.clock.now();
+        let unused_before = limits
+            .unused_ttl
+            .map_or(Millis::MIN, |ttl| now.saturating_sub(millis(ttl)));
+        let created_before = limits.max_age.map(|age| now.saturating_sub(millis(age)));
+        let mut expired = Vec::new();
+        loop {
+            let batch = self
+                .meta
+                .expired(unused_before, created_before, BATCH)
+                .await?;
+            if dry_run || batch.is_empty() {
+                expired.extend(batch);
+                break;
+            }
+            let ids: Vec<EntryId> = batch.iter().map(|e| e.id).collect();
+            let removed = self.remove(&ids, RemovalCause::Expired).await?;
+            if removed.is_empty() {
+                break;
+            }
+            expired.extend(removed);
+        }
+        Ok(expired)
+    }
+
+    /// Deletes the chunks whose grace period is over.
+    async fn delete_due(&self, dry_run: bool) -> Result<Vec<BlobName>, CacheError> {
+        let now = self.clock.now();
+        let mut deleted = Vec::new();
+        loop {
+            let due = self.meta.due_deletions(now, BATCH).await?;
+            if dry_run || due.is_empty() {
+                deleted.extend(due);
+                break;
+            }
+            let mut done = Vec::with_capacity(due.len());
+            for name in due {
+                match self.blobs.delete(&name).await {
+                    Ok(()) => done.push(name),
+                    Err(e) => {
+                        tracing::warn!(blob = %name, error = %e, "could not delete a chunk; will retry")
+                    }
+                }
+            }
+            if done.is_empty() {
+                break;
+            }
+            self.meta.deletions_done(&done).await?;
+            deleted.extend(done);
+        }
+        Ok(deleted)
+    }
+
+    /// Deletes chunks that no metadata refers to and that are older than the grace period:
+    /// leftovers of crashes and of publishes whose metadata change was refused.
+    async fn collect_orphans(&self, dry_run: bool) -> Result<Vec<BlobName>, CacheError> {
+        let old_before = self
+            .clock
+            .now()
+            .saturating_sub(millis(self.policy.lifecycle.deletion_grace));
+        let mut orphans = Vec::new();
+        let mut listing = self.blobs.list().await?;
+        let mut batch: Vec<BlobName> = Vec::with_capacity(BATCH);
+        loop {
+            let next = listing.next().await.transpose()?;
+            if let Some(listed) = next.as_ref().filter(|l| l.modified < old_before) {
+                batch.push(listed.name.clone());
+            }
+            if batch.len() >= BATCH || (next.is_none() && !batch.is_empty()) {
+                let referenced = self.meta.referenced(&batch).await?;
+                let unreferenced: Vec<BlobName> = std::mem::take(&mut batch)
+                    .into_iter()
+                    .filter(|n| !referenced.contains(n))
+                    .collect();
+                if !dry_run {
+                    self.collect(unreferenced.clone()).await;
+                }
+                orphans.extend(unreferenced);
+            }
+            if next.is_none() {
+                break;
+            }
+        }
+        Ok(orphans)
+    }
+
+    /// One maintenance pass (what `hoard gc` runs, and the background loop every
+    /// `--gc-interval`). With `dry_run`, changes nothing and reports what it would do.
+    pub async fn maintenance_pass(&self, dry_run: bool) -> Result<PassReport, CacheError> {
+        let (aborted_uploads, pruned_uploads) = self.sweep_uploads(dry_run).await?;
+        let expired = self.expire(dry_run).await?;
+        let evicted = self.enforce_global_limits(dry_run).await?;
+        let deleted = self.delete_due(dry_run).await?;
+        let orphans = self.collect_orphans(dry_run).await?;
+        Ok(PassReport {
+            aborted_uploads,
+            pruned_uploads,
+            expired,
+            evicted,
+            deleted,
+            orphans,
+        })
+    }
+
+    /// Runs [`Cache::maintenance_pass`] every `--gc-interval` until `stop`.
+    pub(super) async fn run_maintenance(self, stop: tokio_util::sync::CancellationToken) {
+        let mut tick = tokio::time::interval(self.policy.lifecycle.gc_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = stop.cancelled() => return,
+            }
+            match self.maintenance_pass(false).await {
+                Ok(report) if report.is_empty() => {}
+                Ok(report) => tracing::info!(
+                    target: "hoard::lifecycle",
+                    aborted_uploads = report.aborted_uploads.len(),
+                    pruned_uploads = report.pruned_uploads,
+                    expired = report.expired.len(),
+                    evicted = report.evicted.len(),
+                    deleted_chunks = report.deleted.len(),
+                    orphans = report.orphans.len(),
+                    "maintenance pass"
+                ),
+                Err(e) => tracing::warn!(error = %e, "maintenance pass failed; will retry"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn used(id: EntryId, size: u64, last_used_at: Millis) -> EntryUse {
+        EntryUse {
+            id,
+            repository: RepoId::new("1"),
+            size,
+            created_at: 0,
+            last_used_at,
+        }
+    }
+
+    #[test]
+    fn evictions_take_the_least_recently_used_until_enough_is_freed() {
+        let lru = [used(1, 10, 1), used(2, 10, 2), used(3, 10, 3)];
+        assert_eq!(choose_evictions(0, &lru, None), Vec::<EntryId>::new());
+        assert_eq!(choose_evictions(1, &lru, None), [1]);
+        assert_eq!(choose_evictions(11, &lru, None), [1, 2]);
+        assert_eq!(choose_evictions(100, &lru, None), [1, 2, 3]);
+        assert_eq!(choose_evictions(11, &lru, Some(1)), [2, 3], "spare is kept");
+    }
+
+    #[test]
+    fn global_excess_is_the_larger_of_the_two_limits() {
+        let limits = Limits {
+            max_storage: Some(100),
+            min_free_space: Some(FreeSpace::Percent(10.0)),
+            ..Limits::default()
+        };
+        let at = |stored, pending, available| Occupancy {
+            stored,
+            pending,
+            disk: Some(Capacity {
+                total: 1000,
+                available,
+            }),
+        };
+        assert_eq!(global_excess(&limits, &at(50, 0, 500)), 0);
+        assert_eq!(global_excess(&limits, &at(130, 0, 500)), 30);
+        assert_eq!(global_excess(&limits, &at(50, 0, 60)), 40);
+        assert_eq!(
+            global_excess(&limits, &at(50, 40, 60)),
+            0,
+            "pending deletions count as free"
+        );
+        assert_eq!(global_excess(&Limits::default(), &at(1 << 40, 0, 0)), 0);
+    }
+
+    #[test]
+    fn free_space_is_bytes_or_a_share() {
+        assert_eq!(FreeSpace::parse("5%"), Ok(FreeSpace::Percent(5.0)));
+        assert_eq!(FreeSpace::parse("2GiB"), Ok(FreeSpace::Bytes(2 << 30)));
+        assert_eq!(FreeSpace::Percent(10.0).bytes(1000), 100);
+        assert!(FreeSpace::parse("100%").is_err());
+        assert!(FreeSpace::parse("lots").is_err());
+    }
+}
