@@ -24,10 +24,23 @@ struct World {
 }
 
 fn world_with(max_open_uploads: u32, max_entry_size: u64) -> World {
+    build_world(
+        max_open_uploads,
+        max_entry_size,
+        lifecycle::Limits::default(),
+    )
+}
+
+/// A world with lifecycle limits, its clock at the real time (chunk files carry real times).
+fn world_limited(limits: lifecycle::Limits) -> World {
+    build_world(1000, 1 << 30, limits)
+}
+
+fn build_world(max_open_uploads: u32, max_entry_size: u64, limits: lifecycle::Limits) -> World {
     let dir = tempfile::tempdir().unwrap();
     let meta = Arc::new(MemoryStore::new());
     let blobs = Arc::new(FsStore::open(dir.path()).unwrap());
-    let clock = Arc::new(ManualClock::starting_at(1_700_000_000_000));
+    let clock = Arc::new(ManualClock::starting_at(crate::model::now_millis()));
     let cache = Cache::new(
         meta.clone(),
         blobs.clone(),
@@ -37,7 +50,7 @@ fn world_with(max_open_uploads: u32, max_entry_size: u64) -> World {
             max_open_uploads,
             max_entry_size,
             lookup_cache_ttl: Duration::from_secs(1),
-            lifecycle: lifecycle::Limits::default(),
+            lifecycle: limits,
         },
         clock.clone(),
     );
@@ -489,4 +502,384 @@ async fn lookups_are_exact_within_a_process_and_bounded_by_the_ttl_across_proces
     assert!(other.lookup(&me, &lookup).await.unwrap().is_none());
     w.clock.advance(Duration::from_secs(1));
     assert!(other.lookup(&me, &lookup).await.unwrap().is_some());
+}
+
+// ---- lifecycle ----
+
+const GRACE: Duration = Duration::from_secs(2 * 3600);
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+impl World {
+    /// The chunks of an entry.
+    async fn blobs_of(&self, entry: EntryId) -> Vec<BlobName> {
+        let (_, chunks) = self.meta.entry(entry).await.unwrap().unwrap();
+        chunks.into_iter().map(|c| c.chunk.blob).collect()
+    }
+
+    /// Saves `blocks` as Put Block calls and one block list.
+    async fn save_blocks(&self, who: &Identity, key: &str, blocks: &[Vec<u8>]) -> EntryId {
+        let link = self.cache.reserve(who, key, "v").await.unwrap();
+        let upload = self.upload(link.id).await;
+        let mut list = Vec::new();
+        for (i, data) in blocks.iter().enumerate() {
+            let id = format!("block-{i}");
+            self.cache
+                .stage_block(&upload, block(&id), body(data), Some(data.len() as u64))
+                .await
+                .unwrap();
+            list.push(latest(&id));
+        }
+        // As the block-list request would load it: after its blocks.
+        let upload = self.upload(link.id).await;
+        self.cache.commit_block_list(&upload, &list).await.unwrap();
+        let size = blocks.iter().map(|b| b.len() as u64).sum();
+        self.cache.finalize(who, key, "v", size).await.unwrap()
+    }
+
+    fn chunk_path(&self, name: &BlobName) -> std::path::PathBuf {
+        let name = name.as_str();
+        self._dir.path().join("chunks").join(&name[..2]).join(name)
+    }
+
+    /// Restores, recording the hit in the metadata at once.
+    async fn use_entry(&self, who: &Identity, key: &str) {
+        self.restore(who, key).await.unwrap();
+        self.cache.usage.flush(self.meta.as_ref()).await;
+    }
+}
+
+fn limits() -> lifecycle::Limits {
+    lifecycle::Limits {
+        deletion_grace: GRACE,
+        ..lifecycle::Limits::default()
+    }
+}
+
+#[tokio::test]
+async fn a_repository_over_its_quota_loses_its_least_recently_used_entries() {
+    let w = world_limited(lifecycle::Limits {
+        repo_quota: Some(25),
+        ..limits()
+    });
+    let (me, other) = (who("1"), who("2"));
+    let a = w.save(&me, "a", &[1; 10]).await;
+    w.clock.advance(Duration::from_secs(1));
+    let b = w.save(&me, "b", &[2; 10]).await;
+    w.save(&other, "x", &[9; 20]).await;
+    w.clock.advance(Duration::from_secs(1));
+    w.use_entry(&me, "a").await; // a is now more recent than b
+    w.clock.advance(Duration::from_secs(1));
+    let b_blobs = w.blobs_of(b).await;
+    let c = w.save(&me, "c", &[3; 10]).await;
+
+    assert_eq!(
+        w.restore(&me, "b").await,
+        None,
+        "the least recently used went"
+    );
+    assert_eq!(w.restore(&me, "a").await.unwrap(), [1; 10]);
+    assert_eq!(w.restore(&me, "c").await.unwrap(), [3; 10]);
+    assert_eq!(
+        w.restore(&other, "x").await.unwrap(),
+        [9; 20],
+        "other repositories keep theirs"
+    );
+    assert_eq!(
+        w.meta.repository_usage(&RepoId::new("1")).await.unwrap(),
+        20
+    );
+    assert!(w.meta.entry(a).await.unwrap().is_some() && w.meta.entry(c).await.unwrap().is_some());
+
+    // The evicted entry's bytes stay for the grace period, then a pass deletes them.
+    assert!(w.stored(&b_blobs[0]).await);
+    let report = w.cache.maintenance_pass(false).await.unwrap();
+    assert!(report.deleted.is_empty());
+    assert!(
+        w.stored(&b_blobs[0]).await,
+        "readers may still be streaming it"
+    );
+    w.clock.advance(GRACE + Duration::from_secs(1));
+    let report = w.cache.maintenance_pass(false).await.unwrap();
+    assert_eq!(report.deleted, b_blobs);
+    assert!(!w.stored(&b_blobs[0]).await);
+}
+
+#[tokio::test]
+async fn an_entry_larger_than_the_quota_is_kept_until_the_next_save() {
+    let w = world_limited(lifecycle::Limits {
+        repo_quota: Some(5),
+        ..limits()
+    });
+    let me = who("1");
+    w.save(&me, "big", &[1; 10]).await;
+    assert!(
+        w.restore(&me, "big").await.is_some(),
+        "the entry just saved is never evicted"
+    );
+    w.clock.advance(Duration::from_secs(1));
+    w.save(&me, "next", &[2; 3]).await;
+    assert_eq!(w.restore(&me, "big").await, None);
+    assert!(w.restore(&me, "next").await.is_some());
+}
+
+#[tokio::test]
+async fn the_global_limit_evicts_across_repositories() {
+    let w = world_limited(lifecycle::Limits {
+        max_storage: Some(25),
+        ..limits()
+    });
+    w.save(&who("1"), "a", &[1; 10]).await;
+    w.clock.advance(Duration::from_secs(1));
+    w.save(&who("2"), "b", &[2; 10]).await;
+    w.clock.advance(Duration::from_secs(1));
+    w.save(&who("1"), "c", &[3; 10]).await;
+    // 30 bytes stored: the next reservation makes room by evicting the oldest, of any repository.
+    w.cache.reserve(&who("3"), "d", "v").await.unwrap();
+    assert_eq!(w.restore(&who("1"), "a").await, None);
+    assert!(w.restore(&who("2"), "b").await.is_some());
+    assert!(w.restore(&who("1"), "c").await.is_some());
+    assert_eq!(w.meta.total_usage().await.unwrap(), 20);
+}
+
+#[tokio::test]
+async fn when_nothing_can_be_evicted_a_reservation_is_refused() {
+    // More free space than any file system has: evicting everything cannot reach it.
+    let w = world_limited(lifecycle::Limits {
+        min_free_space: Some(lifecycle::FreeSpace::Percent(99.999)),
+        ..limits()
+    });
+    let err = w.cache.reserve(&who("1"), "a", "v").await.unwrap_err();
+    assert!(matches!(err, CacheError::StorageFull), "{err:?}");
+    let w = world_limited(lifecycle::Limits {
+        min_free_space: Some(lifecycle::FreeSpace::Bytes(1)),
+        ..limits()
+    });
+    w.cache.reserve(&who("1"), "a", "v").await.unwrap();
+}
+
+#[tokio::test]
+async fn unused_entries_expire_and_old_ones_too_with_a_maximum_age() {
+    let w = world_limited(lifecycle::Limits {
+        unused_ttl: Some(7 * DAY),
+        max_age: Some(10 * DAY),
+        ..limits()
+    });
+    let me = who("1");
+    w.save(&me, "used", b"u").await;
+    w.save(&me, "unused", b"n").await;
+    w.clock.advance(6 * DAY);
+    w.use_entry(&me, "used").await;
+    w.clock.advance(2 * DAY);
+    let report = w.cache.maintenance_pass(false).await.unwrap();
+    assert_eq!(report.expired.len(), 1);
+    assert_eq!(w.restore(&me, "unused").await, None, "unused for 8 days");
+    assert!(w.restore(&me, "used").await.is_some(), "used 2 days ago");
+    w.cache.usage.flush(w.meta.as_ref()).await;
+    w.clock.advance(3 * DAY);
+    w.cache.maintenance_pass(false).await.unwrap();
+    assert_eq!(
+        w.restore(&me, "used").await,
+        None,
+        "11 days old, used or not"
+    );
+}
+
+#[tokio::test]
+async fn abandoned_uploads_are_swept_and_their_bytes_deleted() {
+    let w = world_limited(limits());
+    let me = who("1");
+    let link = w.cache.reserve(&me, "k", "v").await.unwrap();
+    let upload = w.upload(link.id).await;
+    w.cache
+        .stage_block(&upload, block("a"), body(b"staged"), Some(6))
+        .await
+        .unwrap();
+    let staged = w.meta.upload_with_blocks(link.id).await.unwrap().unwrap().1;
+    let blob = staged.staged[&block("a")].blob.clone();
+
+    w.clock.advance(TTL - Duration::from_secs(1));
+    let report = w.cache.maintenance_pass(false).await.unwrap();
+    assert!(
+        report.aborted_uploads.is_empty(),
+        "a live upload is left alone"
+    );
+    assert!(w.stored(&blob).await);
+
+    w.clock.advance(Duration::from_secs(2));
+    let dry = w.cache.maintenance_pass(true).await.unwrap();
+    assert_eq!(dry.aborted_uploads, [link.id]);
+    assert!(w.stored(&blob).await, "a dry run changes nothing");
+    let report = w.cache.maintenance_pass(false).await.unwrap();
+    assert_eq!(report.aborted_uploads, [link.id]);
+    assert!(!w.stored(&blob).await, "the staged bytes are gone");
+    // Its record goes too: closed, and as old as the reservation TTL.
+    assert_eq!(report.pruned_uploads, 1);
+    assert!(w.meta.upload(link.id).await.unwrap().is_none());
+    let err = w
+        .cache
+        .stage_block(&upload, block("b"), body(b"late"), Some(4))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, CacheError::UploadClosed | CacheError::UploadNotFound),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn orphaned_chunks_are_collected_after_the_grace_period() {
+    let w = world_limited(limits());
+    let me = who("1");
+    let kept = w.save(&me, "k", b"kept").await;
+    let kept_blob = w.blobs_of(kept).await.remove(0);
+    let orphan = BlobName::random();
+    w.blobs
+        .put(&orphan, body(b"crash leftover"), None)
+        .await
+        .unwrap();
+
+    let report = w.cache.maintenance_pass(false).await.unwrap();
+    assert!(
+        report.orphans.is_empty(),
+        "a young chunk may be mid-publish"
+    );
+    assert!(w.stored(&orphan).await);
+
+    w.clock.advance(GRACE + Duration::from_secs(1));
+    let dry = w.cache.maintenance_pass(true).await.unwrap();
+    assert_eq!(dry.orphans, [orphan.clone()]);
+    assert!(w.stored(&orphan).await, "a dry run changes nothing");
+    let report = w.cache.maintenance_pass(false).await.unwrap();
+    assert_eq!(report.orphans, [orphan.clone()]);
+    assert!(!w.stored(&orphan).await);
+    assert!(w.stored(&kept_blob).await, "referenced chunks stay");
+    assert_eq!(w.restore(&me, "k").await.unwrap(), b"kept");
+}
+
+#[tokio::test]
+async fn a_download_in_flight_survives_the_eviction_of_its_entry() {
+    let w = world_limited(lifecycle::Limits {
+        repo_quota: Some(4 << 20),
+        ..limits()
+    });
+    let me = who("1");
+    let blocks: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i; 1 << 20]).collect();
+    let first = w.save_blocks(&me, "first", &blocks).await;
+    let open = w.cache.open_entry(first).await.unwrap();
+    let mut reading = w.cache.read(&open, 0, open.entry.size).await.unwrap();
+    let mut received = reading.next().await.unwrap().unwrap().to_vec();
+
+    // A second save pushes the repository over its quota: the entry being read is evicted.
+    w.clock.advance(Duration::from_secs(1));
+    w.save_blocks(&me, "second", &blocks[..2]).await;
+    assert_eq!(w.restore(&me, "first").await, None, "evicted");
+    w.cache.maintenance_pass(false).await.unwrap();
+
+    while let Some(frame) = reading.next().await {
+        received.extend_from_slice(&frame.unwrap());
+    }
+    assert_eq!(
+        received,
+        blocks.concat(),
+        "the reader got every byte, intact"
+    );
+}
+
+/// Waits for the spawned quarantine of a damaged entry to land.
+async fn until_quarantined(w: &World, entry: EntryId) {
+    for _ in 0..1000 {
+        if w.meta.entry(entry).await.unwrap().is_none() {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("entry {entry} was not quarantined");
+}
+
+#[tokio::test]
+async fn a_flipped_byte_fails_the_download_and_quarantines_the_entry() {
+    let w = world_limited(limits());
+    let me = who("1");
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let entry = w.save(&me, "k", &data).await;
+    let blob = w.blobs_of(entry).await.remove(0);
+    let path = w.chunk_path(&blob);
+    let mut stored = std::fs::read(&path).unwrap();
+    stored[123_456] ^= 0x20;
+    std::fs::write(&path, stored).unwrap();
+
+    let open = w.cache.open_entry(entry).await.unwrap();
+    let result: Result<Vec<Bytes>, _> = w
+        .cache
+        .read(&open, 0, open.entry.size)
+        .await
+        .unwrap()
+        .try_collect()
+        .await;
+    assert!(result.is_err(), "the reader sees a failed download");
+    until_quarantined(&w, entry).await;
+    assert_eq!(w.restore(&me, "k").await, None, "the next lookup misses");
+    assert_eq!(w.cache.quarantined_count(), 1);
+    // The key may be saved again.
+    w.save(&me, "k", &data).await;
+    assert_eq!(w.restore(&me, "k").await.unwrap(), data);
+}
+
+#[tokio::test]
+async fn a_missing_chunk_is_a_miss_never_a_short_hit() {
+    let w = world_limited(limits());
+    let me = who("1");
+    let blocks: Vec<Vec<u8>> = (0..2u8).map(|i| vec![i; 1000]).collect();
+    let entry = w.save_blocks(&me, "k", &blocks).await;
+    let names = w.blobs_of(entry).await;
+    std::fs::remove_file(w.chunk_path(&names[1])).unwrap();
+    let open = w.cache.open_entry(entry).await.unwrap();
+    let result: Result<Vec<Bytes>, _> = w
+        .cache
+        .read(&open, 0, open.entry.size)
+        .await
+        .unwrap()
+        .try_collect()
+        .await;
+    assert!(
+        result.is_err(),
+        "the stream fails where the chunk is missing"
+    );
+    until_quarantined(&w, entry).await;
+    assert_eq!(w.restore(&me, "k").await, None);
+
+    // A missing first chunk fails before the response starts.
+    let entry = w.save_blocks(&me, "j", &blocks).await;
+    let names = w.blobs_of(entry).await;
+    std::fs::remove_file(w.chunk_path(&names[0])).unwrap();
+    let open = w.cache.open_entry(entry).await.unwrap();
+    let err = w.cache.read(&open, 0, open.entry.size).await.err().unwrap();
+    assert!(matches!(err, CacheError::EntryNotFound), "{err:?}");
+    assert_eq!(w.restore(&me, "j").await, None);
+}
+
+#[tokio::test]
+async fn verify_finds_and_quarantines_every_damaged_entry() {
+    let w = world_limited(limits());
+    let me = who("1");
+    let good = w.save(&me, "good", b"intact bytes").await;
+    let bad = w.save(&me, "bad", b"to be damaged").await;
+    let gone = w.save(&me, "gone", b"to be lost").await;
+    let path = w.chunk_path(&w.blobs_of(bad).await[0]);
+    let mut stored = std::fs::read(&path).unwrap();
+    stored[0] ^= 1;
+    std::fs::write(&path, stored).unwrap();
+    std::fs::remove_file(w.chunk_path(&w.blobs_of(gone).await[0])).unwrap();
+
+    let report = w.cache.verify_all(|_| {}).await.unwrap();
+    assert_eq!(report.entries, 3);
+    let mut damaged: Vec<EntryId> = report.damaged.iter().map(|(id, _)| *id).collect();
+    damaged.sort();
+    assert_eq!(damaged, [bad, gone]);
+    assert!(w.meta.entry(good).await.unwrap().is_some());
+    assert_eq!(w.restore(&me, "bad").await, None);
+    assert_eq!(w.restore(&me, "gone").await, None);
+    assert_eq!(w.restore(&me, "good").await.unwrap(), b"intact bytes");
+    let again = w.cache.verify_all(|_| {}).await.unwrap();
+    assert!(again.damaged.is_empty() && again.entries == 1);
 }
