@@ -240,6 +240,8 @@ impl Cache {
             if excess == 0 {
                 break;
             }
+            // Restores not yet written would make the choice stale.
+            self.usage.flush(self.meta.as_ref()).await;
             let candidates = self
                 .meta
                 .least_recently_used(Some(repository), BATCH)
@@ -287,6 +289,9 @@ impl Cache {
         }
         let mut evicted = Vec::new();
         let mut excess = global_excess(limits, &self.occupancy().await?);
+        if excess > 0 {
+            self.usage.flush(self.meta.as_ref()).await;
+        }
         while excess > 0 {
             let candidates = self.meta.least_recently_used(None, BATCH).await?;
             let chosen = choose_evictions(excess, &candidates, None);

@@ -567,7 +567,8 @@ async fn a_repository_over_its_quota_loses_its_least_recently_used_entries() {
     let b = w.save(&me, "b", &[2; 10]).await;
     w.save(&other, "x", &[9; 20]).await;
     w.clock.advance(Duration::from_secs(1));
-    w.use_entry(&me, "a").await; // a is now more recent than b
+    // a is now more recent than b (the restore is not yet written: eviction writes it first)
+    w.restore(&me, "a").await.unwrap();
     w.clock.advance(Duration::from_secs(1));
     let b_blobs = w.blobs_of(b).await;
     let c = w.save(&me, "c", &[3; 10]).await;

@@ -118,6 +118,11 @@ impl TestServer {
         Self::start_in(data, &[], true).await
     }
 
+    /// Starts a server with `extra` options on an existing data directory.
+    pub async fn start_on_with(data: tempfile::TempDir, extra: &[&str]) -> Self {
+        Self::start_in(data, extra, true).await
+    }
+
     async fn start_in(data: tempfile::TempDir, extra: &[&str], test_secret: bool) -> Self {
         let dir = data.path().to_str().unwrap().to_owned();
         let secret = secret_file(data.path()).to_str().unwrap().to_owned();

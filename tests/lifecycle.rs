@@ -1,0 +1,282 @@
+//! Lifecycle through the real server and the real `hoard` binary: integrity on download and
+//! `hoard verify`, a full disk, and `hoard gc` killed mid-pass. (The rules themselves are tested
+//! on a moved clock in `src/cache/tests.rs`.)
+#![allow(clippy::unwrap_used)] // Test code fails loudly by design.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, SystemTime};
+
+use common::{main_token, random_bytes, TestServer, VERSION};
+
+const MIB: usize = 1 << 20;
+
+/// `hoard ARGS… --data-dir DIR`, run to completion: exit code and standard output.
+fn hoard(args: &[&str], data: &Path) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_hoard"))
+        .args(args)
+        .arg("--data-dir")
+        .arg(data)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    (
+        out.status.code().unwrap_or(-1),
+        format!("{stdout}\n{stderr}"),
+    )
+}
+
+/// The chunk file holding exactly `len` bytes (each test stores distinct sizes).
+fn chunk_of_size(server: &TestServer, len: usize) -> PathBuf {
+    server
+        .chunk_files()
+        .into_iter()
+        .find(|p| std::fs::metadata(p).unwrap().len() == len as u64)
+        .unwrap_or_else(|| panic!("no chunk of {len} bytes"))
+}
+
+fn flip_byte(path: &Path, at: usize) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[at] ^= 0x01;
+    std::fs::write(path, bytes).unwrap();
+}
+
+async fn misses(server: &TestServer, key: &str) -> bool {
+    let (status, body) = server.lookup(&main_token(), key, &[], VERSION).await;
+    assert_eq!(status, 200, "{body}");
+    body["ok"] == false
+}
+
+#[tokio::test]
+async fn a_flipped_byte_fails_the_download_quarantines_the_entry_and_verify_reports_it() {
+    let server = TestServer::start().await;
+    let token = main_token();
+    let data = random_bytes(3 * MIB + 17, 1);
+    server.save(&token, "flipped", VERSION, &data).await;
+    let intact = random_bytes(1000, 2);
+    server.save(&token, "intact", VERSION, &intact).await;
+    flip_byte(&chunk_of_size(&server, data.len()), 2 * MIB);
+
+    let (_, body) = server.lookup(&token, "flipped", &[], VERSION).await;
+    let res = server
+        .http
+        .get(body["signed_download_url"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200, "the damage is found while streaming");
+    let downloaded = res.bytes().await;
+    assert!(
+        downloaded.is_err(),
+        "the client sees a failed download, never {} complete-looking bytes",
+        data.len()
+    );
+    // The quarantine lands right after the failed stream.
+    let mut missed = false;
+    for _ in 0..200 {
+        if misses(&server, "flipped").await {
+            missed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(missed, "the next lookup misses");
+    assert_eq!(
+        server.restore(&token, "intact", VERSION).await.unwrap(),
+        intact
+    );
+
+    // `hoard verify` (another process, while the server runs) finds damage nobody read yet.
+    let later = random_bytes(5000, 3);
+    server.save(&token, "later", VERSION, &later).await;
+    flip_byte(&chunk_of_size(&server, later.len()), 10);
+    let (code, out) = hoard(&["verify"], server.data.path());
+    assert_eq!(code, 1, "damage found: exit 1\n{out}");
+    assert!(out.contains("quarantined entry"), "{out}");
+    assert!(out.contains("1 damaged"), "{out}");
+    // Its lookup answer may be reused for --lookup-cache-ttl (1 s) by the server.
+    let mut missed = false;
+    for _ in 0..300 {
+        if misses(&server, "later").await {
+            missed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(missed, "quarantined by verify: a miss");
+    let (code, out) = hoard(&["verify"], server.data.path());
+    assert_eq!(code, 0, "nothing damaged is left\n{out}");
+    assert!(out.contains("0 damaged"), "{out}");
+}
+
+/// A tmpfs mounted over a directory for the life of the value.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: &str) -> Option<Self> {
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Self(dir.to_owned()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[tokio::test]
+async fn a_full_disk_gives_clean_errors_frees_the_staged_bytes_and_saves_resume() {
+    let data = tempfile::tempdir().unwrap();
+    // Mounting needs root (CI runs as root); elsewhere the domain tests cover the rules.
+    let Some(_mount) = Tmpfs::mount(data.path(), "24m") else {
+        eprintln!("skipped: cannot mount a tmpfs (not root)");
+        return;
+    };
+    let server = TestServer::start_on_with(data, &[]).await;
+    let token = main_token();
+    let before = random_bytes(4 * MIB, 1);
+    server.save(&token, "before", VERSION, &before).await;
+    let chunks_before = server.chunk_files();
+
+    // 8 blocks of 4 MiB do not fit in what is left.
+    let url = server.reserve(&token, "huge", VERSION).await;
+    let mut refused = None;
+    for i in 0..8 {
+        let res = server
+            .put_block(
+                &url,
+                &format!("block-{i:03}"),
+                random_bytes(4 * MIB, 10 + i),
+            )
+            .await;
+        if res.status() != 201 {
+            refused = Some(res);
+            break;
+        }
+    }
+    let res = refused.expect("the disk filled up");
+    assert_eq!(res.status(), 507);
+    assert_eq!(res.headers()["x-ms-error-code"], "InsufficientStorage");
+    assert_eq!(res.headers()["content-type"], "application/xml");
+    let body = res.text().await.unwrap();
+    assert!(body.contains("<Code>InsufficientStorage</Code>"), "{body}");
+
+    // The upload was abandoned and every byte it staged is free again.
+    assert_eq!(server.chunk_files(), chunks_before, "staged chunks deleted");
+    let staging = common::files_under(&server.data.path().join("tmp"));
+    assert!(staging.is_empty(), "no staging files left: {staging:?}");
+    let (status, body) = server.finalize(&token, "huge", VERSION, 32 * MIB).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["ok"], false, "nothing to finalize: {body}");
+    assert!(misses(&server, "huge").await, "nothing visible");
+    assert_eq!(
+        server.restore(&token, "before", VERSION).await.unwrap(),
+        before,
+        "earlier entries are intact"
+    );
+
+    // With the space back, saves work again.
+    let after = random_bytes(4 * MIB, 2);
+    server.save(&token, "after", VERSION, &after).await;
+    assert_eq!(
+        server.restore(&token, "after", VERSION).await.unwrap(),
+        after
+    );
+}
+
+/// Writes `count` chunk files no metadata names, last modified a day ago.
+fn plant_orphans(data: &Path, count: usize) {
+    let old = SystemTime::now() - Duration::from_secs(86_400);
+    for i in 0..count {
+        let name = format!("{:032x}", 0xdead_0000_0000u64 + i as u64);
+        let dir = data.join("chunks").join(&name[..2]);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = std::fs::File::create(dir.join(&name)).unwrap();
+        file.set_modified(old).unwrap();
+    }
+}
+
+/// Looks `key` up and downloads the hit: `None` for a miss, or for an entry removed between
+/// the lookup and the download (refused whole, never short).
+async fn restore_if_present(server: &TestServer, key: &str) -> Option<Vec<u8>> {
+    let (status, body) = server.lookup(&main_token(), key, &[], VERSION).await;
+    assert_eq!(status, 200, "{body}");
+    let url = body["signed_download_url"].as_str()?;
+    let res = server.http.get(url).send().await.unwrap();
+    match res.status().as_u16() {
+        200 => Some(res.bytes().await.unwrap().to_vec()),
+        403 | 404 => None,
+        other => panic!("download of {key}: status {other}"),
+    }
+}
+
+#[tokio::test]
+async fn hoard_gc_killed_mid_pass_never_leaves_a_corrupt_or_short_hit() {
+    // No reuse of lookups: what `hoard gc` removed is a miss at once.
+    let server = TestServer::start_with(&["--lookup-cache-ttl", "0s"]).await;
+    let token = main_token();
+    let mut saved = Vec::new();
+    for i in 0..120 {
+        let data = random_bytes(2048 + i, i as u64);
+        server
+            .save(&token, &format!("entry-{i:03}"), VERSION, &data)
+            .await;
+        saved.push(data);
+    }
+    plant_orphans(server.data.path(), 2000);
+    let dir = server.data.path().to_str().unwrap().to_owned();
+
+    // Evicting down to 100 KiB and collecting orphans, killed at several points.
+    for delay in [5, 15, 40, 90, 200] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hoard"))
+            .args(["gc", "--max-storage", "100KiB", "--data-dir", &dir])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        for (i, data) in saved.iter().enumerate() {
+            if let Some(got) = restore_if_present(&server, &format!("entry-{i:03}")).await {
+                assert_eq!(&got, data, "entry-{i:03}: a hit is whole and intact");
+            }
+        }
+    }
+
+    // A pass run to the end finishes the work.
+    let (code, out) = hoard(&["gc", "--max-storage", "100KiB"], server.data.path());
+    assert_eq!(code, 0, "{out}");
+    let orphans_left = server
+        .chunk_files()
+        .iter()
+        .filter(|p| p.file_name().unwrap().to_str().unwrap().contains("dead"))
+        .count();
+    assert_eq!(orphans_left, 0, "every orphan is collected\n{out}");
+    let (mut kept, mut kept_bytes) = (0, 0);
+    for (i, data) in saved.iter().enumerate() {
+        if let Some(got) = restore_if_present(&server, &format!("entry-{i:03}")).await {
+            assert_eq!(&got, data);
+            kept += 1;
+            kept_bytes += data.len();
+        }
+    }
+    assert!(
+        kept > 0 && kept < saved.len(),
+        "evicted down to the limit: {kept} kept"
+    );
+    assert!(
+        kept_bytes <= 100 << 10,
+        "at most 100 KiB kept: {kept_bytes}"
+    );
+}
