@@ -945,3 +945,49 @@ fn two_processes_share_one_database_on_postgres() {
 fn two_processes_share_one_database_on_mariadb() {
     two_processes_share_one_database(Server::MySql);
 }
+
+/// A repository over its quota loses its least recently used entries; its recent ones still
+/// restore, and other repositories keep theirs.
+#[test]
+fn a_repository_over_its_quota_loses_its_least_recently_used_entries() {
+    let data = tempfile::tempdir().unwrap();
+    let secret = common::secret_file(data.path());
+    let hoard = Hoard::start_with(
+        data.path(),
+        &[
+            "--token-hs256-secret-file",
+            secret.to_str().unwrap(),
+            "--repo-quota",
+            "2600KiB",
+        ],
+    );
+    let (srv, t) = (hoard.base.as_str(), main_token());
+    let other = token("2", &[(MAIN, 3)]);
+    let ws = Workspace::new();
+    // Random bytes do not compress: each entry is a little over 1 MiB.
+    let mut sums = Vec::new();
+    for (i, key) in ["quota-1", "quota-2"].iter().enumerate() {
+        sums.push(ws.write_random("q/data.bin", MIB, 40 + i as u64));
+        let (res, out) = ws.save(srv, &t, key, &["q"]);
+        saved_id(&res, &out);
+    }
+    let (res, out) = ws.save(srv, &other, "quota-other", &["q"]);
+    saved_id(&res, &out);
+    // Restoring quota-1 makes quota-2 the least recently used.
+    let (res, out) = ws.restore(srv, &t, "quota-1", &[], &["q"]);
+    assert_eq!(res, "quota-1", "{out}");
+    sums.push(ws.write_random("q/data.bin", MIB, 42));
+    let (res, out) = ws.save(srv, &t, "quota-3", &["q"]);
+    saved_id(&res, &out);
+
+    let (res, out) = ws.restore(srv, &t, "quota-2", &[], &["q"]);
+    assert_eq!(res, Value::Null, "evicted:\n{out}");
+    for (key, sum) in [("quota-1", &sums[0]), ("quota-3", &sums[2])] {
+        ws.remove("q");
+        let (res, out) = ws.restore(srv, &t, key, &[], &["q"]);
+        assert_eq!(res, key, "{out}");
+        assert_eq!(&sha256_file(&ws.path("q/data.bin")), sum);
+    }
+    let (res, out) = ws.restore(srv, &other, "quota-other", &[], &["q"]);
+    assert_eq!(res, "quota-other", "other repositories keep theirs:\n{out}");
+}
