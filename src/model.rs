@@ -245,6 +245,9 @@ pub struct Chunk {
     pub blob: BlobName,
     pub size: u64,
     pub sha256: [u8; 32],
+    /// XXH3-64 of the bytes: the check every download makes, an order of magnitude cheaper
+    /// than SHA-256 (which `hoard verify` checks). `None` for chunks recorded before it was.
+    pub xxh3: Option<u64>,
 }
 
 pub type UploadId = i64;

@@ -74,6 +74,13 @@ async fn put_then_read_whole_and_ranges(store: &dyn BlobStore) {
         <[u8; 32]>::from(Sha256::digest(&data)),
         "and hashes it"
     );
+    if let Some(xxh3) = chunk.xxh3 {
+        assert_eq!(
+            xxh3,
+            xxhash_rust::xxh3::xxh3_64(&data),
+            "with the fast checksum too"
+        );
+    }
     assert_eq!(read(store, &name, 0, data.len() as u64).await, data);
     for (offset, len) in [
         (0, 1),

@@ -202,8 +202,28 @@ impl Drop for Staging {
     }
 }
 
-/// The file being written and the digest so far, passed to each blocking write and back.
-type Sink = (File, Sha256);
+/// The file being written and the digests so far, passed to each blocking write and back.
+type Sink = (File, Digests);
+
+/// What a put computes over the bytes: SHA-256 (the record) and XXH3 (the check on reads).
+struct Digests {
+    sha256: Sha256,
+    xxh3: Box<xxhash_rust::xxh3::Xxh3>,
+}
+
+impl Digests {
+    fn new() -> Self {
+        Self {
+            sha256: Sha256::new(),
+            xxh3: Box::new(xxhash_rust::xxh3::Xxh3::new()),
+        }
+    }
+
+    fn update(&mut self, bytes: &[u8]) {
+        self.sha256.update(bytes);
+        self.xxh3.update(bytes);
+    }
+}
 
 /// The sink of a put: free (not opened yet for a small chunk), or being written to by a
 /// blocking task.
@@ -225,21 +245,21 @@ impl Disk {
 /// Creates the staging file of a put.
 fn create_staging(path: &Path) -> io::Result<Sink> {
     let file = OpenOptions::new().write(true).create_new(true).open(path)?;
-    Ok((file, Sha256::new()))
+    Ok((file, Digests::new()))
 }
 
 /// One blocking step of a put: opens the staging file if that has not happened yet, then hashes
 /// and writes a batch of frames.
 fn write_batch(sink: Option<Sink>, staging: &Path, frames: &[Bytes]) -> io::Result<Sink> {
-    let (mut file, mut hasher) = match sink {
+    let (mut file, mut digests) = match sink {
         Some(sink) => sink,
         None => create_staging(staging)?,
     };
     for frame in frames {
-        hasher.update(frame);
+        digests.update(frame);
     }
     write_all_vectored(&mut file, frames)?;
-    Ok((file, hasher))
+    Ok((file, digests))
 }
 
 /// Writes every byte of `bufs` with as few system calls as the kernel allows.
@@ -335,11 +355,11 @@ impl BlobStore for FsStore {
         // The last step writes what is left and publishes.
         let sink = disk.ready().await.map_err(fail())?;
         let path = staging.path.clone();
-        let sha256 = tokio::task::spawn_blocking(move || -> io::Result<[u8; 32]> {
-            let (file, hasher) = write_batch(sink, &path, &batch)?;
+        let (sha256, xxh3) = tokio::task::spawn_blocking(move || -> io::Result<([u8; 32], u64)> {
+            let (file, digests) = write_batch(sink, &path, &batch)?;
             drop(file);
             publish(&path, &final_path)?;
-            Ok(hasher.finalize().into())
+            Ok((digests.sha256.finalize().into(), digests.xxh3.digest()))
         })
         .await
         .map_err(|e| fail()(io::Error::other(e)))?
@@ -349,6 +369,7 @@ impl BlobStore for FsStore {
             blob: name.clone(),
             size: received,
             sha256,
+            xxh3: Some(xxh3),
         })
     }
 

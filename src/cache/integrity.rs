@@ -1,5 +1,10 @@
-//! Integrity on read: every chunk read whole is hashed as it streams, and compared with the
-//! SHA-256 recorded when it was written.
+//! Integrity on read: every chunk read whole is hashed as it streams, and compared with what
+//! was recorded when it was written.
+//!
+//! Downloads check the chunk's XXH3-64, a non-cryptographic checksum about ten times cheaper
+//! than SHA-256: checking SHA-256 on every download halved download throughput on a 2-core
+//! machine (docs/benchmarks.md), and damage on disk is not an adversary that could forge a
+//! checksum. Chunks recorded before XXH3 was, and `hoard verify`, check the SHA-256.
 //!
 //! The last frame of each chunk is held back until the hash is checked, so a reader of a
 //! damaged chunk never receives all of its bytes: the stream ends with an error instead, and
@@ -20,9 +25,40 @@ use crate::model::{Chunk, EntryId};
 /// Called once when a chunk turns out damaged, with a sentence saying how.
 pub type OnDamage = Box<dyn FnOnce(String) + Send>;
 
+/// How a chunk is checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    /// XXH3 where recorded, else SHA-256: downloads.
+    Fast,
+    /// SHA-256: `hoard verify`.
+    Full,
+}
+
+enum Hasher {
+    Sha256(Sha256),
+    Xxh3(Box<xxhash_rust::xxh3::Xxh3>, u64),
+}
+
+impl Hasher {
+    fn update(&mut self, bytes: &[u8]) {
+        match self {
+            Self::Sha256(h) => h.update(bytes),
+            Self::Xxh3(h, _) => h.update(bytes),
+        }
+    }
+
+    /// Whether what was hashed matches the record.
+    fn matches(self, chunk: &Chunk) -> bool {
+        match self {
+            Self::Sha256(h) => <[u8; 32]>::from(h.finalize()) == chunk.sha256,
+            Self::Xxh3(h, expected) => h.digest() == expected,
+        }
+    }
+}
+
 struct Checking {
     body: ByteStream,
-    hasher: Sha256,
+    hasher: Option<Hasher>,
     seen: u64,
     /// The latest frame, sent once the next one arrives or the hash is checked.
     held: Option<Bytes>,
@@ -42,10 +78,16 @@ impl Checking {
 }
 
 /// `body`, the whole of `chunk`, checked against the chunk's recorded length and hash.
-pub fn verified(body: ByteStream, chunk: &Chunk, on_damage: OnDamage) -> ByteStream {
+pub fn verified(body: ByteStream, chunk: &Chunk, check: Check, on_damage: OnDamage) -> ByteStream {
+    let hasher = match (check, chunk.xxh3) {
+        (Check::Fast, Some(expected)) => {
+            Hasher::Xxh3(Box::new(xxhash_rust::xxh3::Xxh3::new()), expected)
+        }
+        _ => Hasher::Sha256(Sha256::new()),
+    };
     let state = Checking {
         body,
-        hasher: Sha256::new(),
+        hasher: Some(hasher),
         seen: 0,
         held: None,
         expected: chunk.clone(),
@@ -60,7 +102,9 @@ pub fn verified(body: ByteStream, chunk: &Chunk, on_damage: OnDamage) -> ByteStr
             match s.body.next().await {
                 Some(Ok(frame)) => {
                     s.seen += frame.len() as u64;
-                    s.hasher.update(&frame);
+                    if let Some(h) = s.hasher.as_mut() {
+                        h.update(&frame);
+                    }
                     if let Some(previous) = s.held.replace(frame) {
                         return Some((Ok(previous), s));
                     }
@@ -75,10 +119,10 @@ pub fn verified(body: ByteStream, chunk: &Chunk, on_damage: OnDamage) -> ByteStr
                     return Some((Err(e), s));
                 }
                 None => {
-                    let digest: [u8; 32] = std::mem::take(&mut s.hasher).finalize().into();
-                    if s.seen != s.expected.size || digest != s.expected.sha256 {
+                    let intact = s.hasher.take().is_some_and(|h| h.matches(&s.expected));
+                    if s.seen != s.expected.size || !intact {
                         let how = format!(
-                            "chunk {} does not match its recorded SHA-256 ({} bytes read, {} recorded)",
+                            "chunk {} does not match its recorded checksum ({} bytes read, {} recorded)",
                             s.expected.blob, s.seen, s.expected.size
                         );
                         let error = s.damaged(how);
@@ -153,6 +197,7 @@ impl Cache {
         let mut checked = verified(
             stream,
             chunk,
+            Check::Full,
             Box::new(move |how| *sink.lock().unwrap_or_else(|p| p.into_inner()) = Some(how)),
         );
         while let Some(frame) = checked.next().await {
@@ -192,6 +237,7 @@ mod tests {
             blob: BlobName::random(),
             size: data.len() as u64,
             sha256: Sha256::digest(data).into(),
+            xxh3: Some(xxhash_rust::xxh3::xxh3_64(data)),
         }
     }
 
@@ -205,7 +251,7 @@ mod tests {
     async fn intact_chunks_pass_through_unchanged() {
         let data: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
         let (report, reports) = reporter();
-        let out: Vec<Bytes> = verified(frames(&data, 777), &chunk_of(&data), report)
+        let out: Vec<Bytes> = verified(frames(&data, 777), &chunk_of(&data), Check::Fast, report)
             .try_collect()
             .await
             .unwrap();
@@ -220,7 +266,7 @@ mod tests {
         let mut damaged = data.clone();
         damaged[5_000] ^= 1;
         let (report, reports) = reporter();
-        let mut stream = verified(frames(&damaged, 1_000), &recorded, report);
+        let mut stream = verified(frames(&damaged, 1_000), &recorded, Check::Fast, report);
         let mut received = 0;
         let mut failed = false;
         while let Some(item) = stream.next().await {
@@ -245,10 +291,14 @@ mod tests {
     async fn a_short_chunk_is_damage() {
         let data = vec![7u8; 4096];
         let (report, reports) = reporter();
-        let result: Result<Vec<Bytes>, _> =
-            verified(frames(&data[..4000], 1000), &chunk_of(&data), report)
-                .try_collect()
-                .await;
+        let result: Result<Vec<Bytes>, _> = verified(
+            frames(&data[..4000], 1000),
+            &chunk_of(&data),
+            Check::Fast,
+            report,
+        )
+        .try_collect()
+        .await;
         assert!(result.is_err());
         assert_eq!(reports.lock().unwrap().len(), 1);
     }

@@ -585,7 +585,12 @@ impl Cache {
                         }
                     });
                 });
-                Ok(integrity::verified(stream, &chunk, on_damage))
+                Ok(integrity::verified(
+                    stream,
+                    &chunk,
+                    integrity::Check::Fast,
+                    on_damage,
+                ))
             }
             Ok(stream) => Ok(stream),
             Err(BlobError::NotFound(_)) => {

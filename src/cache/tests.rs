@@ -455,6 +455,7 @@ fn chunks(sizes: &[u64]) -> Vec<EntryChunk> {
                     blob: BlobName::random(),
                     size,
                     sha256: [0; 32],
+                    xxh3: None,
                 },
             };
             start += size;

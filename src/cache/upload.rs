@@ -219,6 +219,7 @@ mod tests {
             blob: BlobName::random(),
             size,
             sha256: [0; 32],
+            xxh3: None,
         }
     }
 

@@ -19,7 +19,7 @@ use sqlx::{AssertSqlSafe, Executor, MySql, Row, Transaction};
 
 use super::sql::{
     bucket, candidates_sql, chunk_from_parts, collect_blocks, from_sqlx, prefix_end, slot_hash,
-    upload_from_parts, upload_with_blocks_sql, BlockRow, UploadRow,
+    upload_from_parts, upload_with_blocks_sql, xxh3_column, BlockRow, UploadRow,
 };
 use super::{
     EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, Removal, SlotState,
@@ -164,6 +164,7 @@ fn chunk_from_row(r: &MySqlRow, first: usize) -> Result<Chunk, MetaError> {
         r.try_get(first).map_err(from_sqlx)?,
         int(r, first + 1)?,
         r.try_get(first + 2).map_err(from_sqlx)?,
+        r.try_get(first + 3).map_err(from_sqlx)?,
     )
 }
 
@@ -285,6 +286,7 @@ fn block_row(row: &MySqlRow) -> Result<BlockRow, MetaError> {
         blob_name: row.try_get(11).map_err(from_sqlx)?,
         size: row.try_get(12).map_err(from_sqlx)?,
         sha256: row.try_get(13).map_err(from_sqlx)?,
+        xxh3: row.try_get(14).map_err(from_sqlx)?,
     })
 }
 
@@ -418,7 +420,7 @@ impl MetaStore for MySqlStore {
         // One statement, one snapshot: an entry deleted meanwhile is gone whole.
         let rows = sqlx::query(
             "SELECT e.repository, e.scope, e.`key`, e.version, e.size, e.created_at, e.last_used_at, e.hits,
-                    c.start, c.blob_name, c.size, c.sha256
+                    c.start, c.blob_name, c.size, c.sha256, c.xxh3
              FROM entries e JOIN entry_chunks c ON c.entry_id = e.id
              WHERE e.id = ? ORDER BY c.ordinal",
         )
@@ -495,14 +497,16 @@ impl MetaStore for MySqlStore {
         let mut tx = self.begin().await?;
         claim(&mut tx, upload, now).await?;
         sqlx::query(
-            "INSERT INTO staged_blocks (upload_id, block_id, blob_name, size, sha256) VALUES (?, ?, ?, ?, ?)
-             ON DUPLICATE KEY UPDATE blob_name = VALUES(blob_name), size = VALUES(size), sha256 = VALUES(sha256)",
+            "INSERT INTO staged_blocks (upload_id, block_id, blob_name, size, sha256, xxh3) VALUES (?, ?, ?, ?, ?, ?)
+             ON DUPLICATE KEY UPDATE blob_name = VALUES(blob_name), size = VALUES(size), sha256 = VALUES(sha256),
+                                     xxh3 = VALUES(xxh3)",
         )
         .bind(upload.id)
         .bind(block.as_bytes())
         .bind(chunk.blob.as_str())
         .bind(chunk.size as i64)
         .bind(&chunk.sha256[..])
+        .bind(xxh3_column(chunk))
         .execute(&mut *tx)
         .await
         .map_err(from_sqlx)?;
@@ -525,8 +529,8 @@ impl MetaStore for MySqlStore {
             .collect();
         insert_rows(
             &mut tx,
-            "INSERT INTO upload_parts (upload_id, ordinal, block_id, blob_name, size, sha256)",
-            6,
+            "INSERT INTO upload_parts (upload_id, ordinal, block_id, blob_name, size, sha256, xxh3)",
+            7,
             &rows,
             |q, (upload, ordinal, block, chunk)| {
                 q.bind(*upload)
@@ -535,6 +539,7 @@ impl MetaStore for MySqlStore {
                     .bind(chunk.blob.as_str())
                     .bind(chunk.size as i64)
                     .bind(&chunk.sha256[..])
+                    .bind(xxh3_column(chunk))
             },
         )
         .await?;
@@ -596,8 +601,8 @@ impl MetaStore for MySqlStore {
             .collect();
         insert_rows(
             &mut tx,
-            "INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256)",
-            6,
+            "INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256, xxh3)",
+            7,
             &rows,
             |q, (entry, ordinal, start, chunk)| {
                 q.bind(*entry)
@@ -606,6 +611,7 @@ impl MetaStore for MySqlStore {
                     .bind(chunk.blob.as_str())
                     .bind(chunk.size as i64)
                     .bind(&chunk.sha256[..])
+                    .bind(xxh3_column(chunk))
             },
         )
         .await?;

@@ -18,7 +18,7 @@ use sqlx::{AssertSqlSafe, Row};
 
 use super::sql::{
     bucket, candidates_sql, chunk_from_parts, collect_blocks, from_sqlx, prefix_end, slot_hash,
-    upload_from_parts, upload_with_blocks_sql, BlockRow, UploadRow,
+    upload_from_parts, upload_with_blocks_sql, xxh3_column, BlockRow, UploadRow,
 };
 use super::{
     EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, Removal, SlotState,
@@ -131,6 +131,7 @@ fn chunk_from_row(r: &PgRow, first: usize) -> Result<Chunk, MetaError> {
         r.try_get(first).map_err(from_sqlx)?,
         r.try_get(first + 1).map_err(from_sqlx)?,
         r.try_get(first + 2).map_err(from_sqlx)?,
+        r.try_get(first + 3).map_err(from_sqlx)?,
     )
 }
 
@@ -164,6 +165,7 @@ fn block_row(row: &PgRow) -> Result<BlockRow, MetaError> {
         blob_name: row.try_get(11).map_err(from_sqlx)?,
         size: row.try_get(12).map_err(from_sqlx)?,
         sha256: row.try_get(13).map_err(from_sqlx)?,
+        xxh3: row.try_get(14).map_err(from_sqlx)?,
     })
 }
 
@@ -326,7 +328,7 @@ impl MetaStore for PostgresStore {
         // One statement, one snapshot: an entry deleted meanwhile is gone whole.
         let rows = sqlx::query(
             "SELECT e.repository, e.scope, e.key, e.version, e.size, e.created_at, e.last_used_at, e.hits,
-                    c.start, c.blob_name, c.size, c.sha256
+                    c.start, c.blob_name, c.size, c.sha256, c.xxh3
              FROM entries e JOIN entry_chunks c ON c.entry_id = e.id
              WHERE e.id = $1 ORDER BY c.ordinal",
         )
@@ -409,10 +411,11 @@ impl MetaStore for PostgresStore {
         const SQL: &str = "WITH claimed AS (
                  UPDATE uploads SET revision = revision + 1, updated_at = $3
                  WHERE id = $1 AND revision = $2 AND state = 'open' RETURNING id)
-             INSERT INTO staged_blocks (upload_id, block_id, blob_name, size, sha256)
-             SELECT id, $4, $5, $6, $7 FROM claimed
+             INSERT INTO staged_blocks (upload_id, block_id, blob_name, size, sha256, xxh3)
+             SELECT id, $4, $5, $6, $7, $8 FROM claimed
              ON CONFLICT (upload_id, block_id) DO UPDATE
-             SET blob_name = EXCLUDED.blob_name, size = EXCLUDED.size, sha256 = EXCLUDED.sha256";
+             SET blob_name = EXCLUDED.blob_name, size = EXCLUDED.size, sha256 = EXCLUDED.sha256,
+                 xxh3 = EXCLUDED.xxh3";
         let done = sqlx::query(SQL)
             .bind(upload.id)
             .bind(upload.revision)
@@ -421,6 +424,7 @@ impl MetaStore for PostgresStore {
             .bind(chunk.blob.as_str())
             .bind(chunk.size as i64)
             .bind(&chunk.sha256[..])
+            .bind(xxh3_column(chunk))
             .execute(&self.pool)
             .await
             .map_err(from_sqlx)?;
@@ -435,21 +439,28 @@ impl MetaStore for PostgresStore {
     ) -> Result<(), MetaError> {
         // All parts in one statement, however long the block list. The old parts are deleted
         // by the same statement; a DELETE in a CTE does not see rows its statement inserts.
-        let (mut ordinals, mut ids, mut names, mut sizes, mut digests) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut ordinals, mut ids, mut names, mut sizes, mut digests, mut checks) = (
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        );
         for (ordinal, (block, chunk)) in parts.iter().enumerate() {
             ordinals.push(ordinal as i32);
             ids.push(block.as_bytes().to_vec());
             names.push(chunk.blob.as_str().to_owned());
             sizes.push(chunk.size as i64);
             digests.push(chunk.sha256.to_vec());
+            checks.push(xxh3_column(chunk));
         }
         let count: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
             "WITH {},
              inserted AS (
-                 INSERT INTO upload_parts (upload_id, ordinal, block_id, blob_name, size, sha256)
+                 INSERT INTO upload_parts (upload_id, ordinal, block_id, blob_name, size, sha256, xxh3)
                  SELECT claimed.id, p.* FROM claimed,
-                     UNNEST($4::int[], $5::bytea[], $6::text[], $7::bigint[], $8::bytea[]) AS p)
+                     UNNEST($4::int[], $5::bytea[], $6::text[], $7::bigint[], $8::bytea[], $9::bigint[]) AS p)
              SELECT COUNT(*) FROM claimed",
             claim("")
         )))
@@ -461,6 +472,7 @@ impl MetaStore for PostgresStore {
         .bind(names)
         .bind(sizes)
         .bind(digests)
+        .bind(checks)
         .fetch_one(&self.pool)
         .await
         .map_err(from_sqlx)?;
@@ -484,8 +496,14 @@ impl MetaStore for PostgresStore {
     async fn finalize(&self, upload: &Upload, new: NewEntry<'_>) -> Result<EntryId, MetaError> {
         let slot = new.slot;
         let size: u64 = new.chunks.iter().map(|c| c.size).sum();
-        let (mut ordinals, mut starts, mut names, mut sizes, mut digests) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut ordinals, mut starts, mut names, mut sizes, mut digests, mut checks) = (
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        );
         for (ordinal, EntryChunk { start, chunk }) in
             EntryChunk::place(new.chunks).iter().enumerate()
         {
@@ -494,6 +512,7 @@ impl MetaStore for PostgresStore {
             names.push(chunk.blob.as_str().to_owned());
             sizes.push(chunk.size as i64);
             digests.push(chunk.sha256.to_vec());
+            checks.push(xxh3_column(chunk));
         }
         // The claim takes the entry's id from its sequence, so that the upload, the entry and
         // its chunks are written by one statement.
@@ -505,9 +524,9 @@ impl MetaStore for PostgresStore {
                  SELECT entry_id, $4, $5, $6, $7, $8, $9, $10, $11, $12, $3, $3 FROM claimed
                  RETURNING id),
              chunks AS (
-                 INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256)
+                 INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256, xxh3)
                  SELECT entry.id, c.* FROM entry,
-                     UNNEST($13::int[], $14::bigint[], $15::text[], $16::bigint[], $17::bytea[]) AS c),
+                     UNNEST($13::int[], $14::bigint[], $15::text[], $16::bigint[], $17::bytea[], $18::bigint[]) AS c),
              usage AS (
                  INSERT INTO repository_usage (repository, bytes, entries)
                  SELECT $4, $11, 1 FROM entry
@@ -533,6 +552,7 @@ impl MetaStore for PostgresStore {
         .bind(names)
         .bind(sizes)
         .bind(digests)
+        .bind(checks)
         .fetch_optional(&self.pool)
         .await
         .map_err(from_sqlx)?;

@@ -10,6 +10,7 @@ pub(super) fn chunk_from_parts(
     name: String,
     size: i64,
     digest: Vec<u8>,
+    xxh3: Option<i64>,
 ) -> Result<Chunk, MetaError> {
     let blob =
         BlobName::parse(&name).ok_or_else(|| MetaError::Corrupt(format!("blob name {name:?}")))?;
@@ -17,7 +18,17 @@ pub(super) fn chunk_from_parts(
         .try_into()
         .map_err(|_| MetaError::Corrupt("sha256 is not 32 bytes".into()))?;
     let size = u64::try_from(size).map_err(|_| MetaError::Corrupt(format!("chunk size {size}")))?;
-    Ok(Chunk { blob, size, sha256 })
+    Ok(Chunk {
+        blob,
+        size,
+        sha256,
+        xxh3: xxh3.map(|v| v as u64),
+    })
+}
+
+/// A chunk's XXH3 as stored: the 64 bits as a signed integer.
+pub(super) fn xxh3_column(chunk: &Chunk) -> Option<i64> {
+    chunk.xxh3.map(|v| v as i64)
 }
 
 /// An upload's stored columns.
@@ -139,19 +150,19 @@ pub(super) fn from_sqlx(e: sqlx::Error) -> MetaError {
 
 /// An upload and its blocks in one statement (one round trip, one snapshot). Columns: the upload
 /// (0–7, as [`UploadRow`]), then per block: kind (1 staged, 2 committed part; NULL when the
-/// upload has no blocks), ordinal, block id, blob name, size, SHA-256 (8–13). `upload_id` is
+/// upload has no blocks), ordinal, block id, blob name, size, SHA-256, XXH3 (8–14). `upload_id` is
 /// an expression for the upload's id, used in both block branches (MariaDB does not push the
 /// join condition into a UNION, so the branches name it themselves), and `which` selects the
 /// upload on columns of `u`; parameters appear in that order.
 pub(super) fn upload_with_blocks_sql(upload_id: &str, which: &str) -> String {
     format!(
         "SELECT u.id, u.repository, u.scope, u.key, u.version, u.state, u.created_at, u.revision,
-                b.kind, b.ordinal, b.block_id, b.blob_name, b.size, b.sha256
+                b.kind, b.ordinal, b.block_id, b.blob_name, b.size, b.sha256, b.xxh3
          FROM uploads u LEFT JOIN (
-             SELECT upload_id, 1 AS kind, 0 AS ordinal, block_id, blob_name, size, sha256
+             SELECT upload_id, 1 AS kind, 0 AS ordinal, block_id, blob_name, size, sha256, xxh3
              FROM staged_blocks WHERE upload_id = {upload_id}
              UNION ALL
-             SELECT upload_id, 2, ordinal, block_id, blob_name, size, sha256
+             SELECT upload_id, 2, ordinal, block_id, blob_name, size, sha256, xxh3
              FROM upload_parts WHERE upload_id = {upload_id}
          ) b ON b.upload_id = u.id
          WHERE {which}
@@ -166,6 +177,7 @@ pub(super) struct BlockRow {
     pub blob_name: Option<String>,
     pub size: Option<i64>,
     pub sha256: Option<Vec<u8>>,
+    pub xxh3: Option<i64>,
 }
 
 /// Folds the block columns of [`upload_with_blocks_sql`] rows into the upload's blocks.
@@ -180,7 +192,7 @@ pub(super) fn collect_blocks(
         else {
             continue; // the upload has no blocks
         };
-        let chunk = chunk_from_parts(name, size, digest)?;
+        let chunk = chunk_from_parts(name, size, digest, row.xxh3)?;
         if kind == 2 {
             blocks.parts.push((BlockId::from_stored(id), chunk));
         } else {

@@ -20,7 +20,7 @@ use rusqlite::{
     TransactionBehavior,
 };
 
-use super::sql::{chunk_from_parts, upload_from_parts, UploadRow};
+use super::sql::{chunk_from_parts, upload_from_parts, xxh3_column, UploadRow};
 use super::{
     EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, Removal, SlotState,
 };
@@ -198,6 +198,7 @@ fn chunk_from_row(row: &Row<'_>, first_col: usize) -> Result<Chunk, MetaError> {
         row.get(first_col)?,
         row.get(first_col + 1)?,
         row.get(first_col + 2)?,
+        row.get(first_col + 3)?,
     )
 }
 
@@ -226,7 +227,7 @@ fn load_upload(conn: &Connection, id: UploadId) -> Result<Option<Upload>, MetaEr
 fn load_blocks(conn: &Connection, upload: UploadId) -> Result<UploadBlocks, MetaError> {
     let mut blocks = UploadBlocks::default();
     let mut stmt = conn.prepare_cached(
-        "SELECT block_id, blob_name, size, sha256 FROM staged_blocks WHERE upload_id = ?",
+        "SELECT block_id, blob_name, size, sha256, xxh3 FROM staged_blocks WHERE upload_id = ?",
     )?;
     let mut rows = stmt.query([upload])?;
     while let Some(row) = rows.next()? {
@@ -235,7 +236,7 @@ fn load_blocks(conn: &Connection, upload: UploadId) -> Result<UploadBlocks, Meta
             .insert(BlockId::from_stored(row.get(0)?), chunk_from_row(row, 1)?);
     }
     let mut stmt = conn.prepare_cached(
-        "SELECT block_id, blob_name, size, sha256 FROM upload_parts WHERE upload_id = ? ORDER BY ordinal",
+        "SELECT block_id, blob_name, size, sha256, xxh3 FROM upload_parts WHERE upload_id = ? ORDER BY ordinal",
     )?;
     let mut rows = stmt.query([upload])?;
     while let Some(row) = rows.next()? {
@@ -443,7 +444,7 @@ impl MetaStore for SqliteStore {
                 .optional()?;
             let Some(entry) = head else { return Ok(None) };
             let mut stmt = conn.prepare_cached(
-                "SELECT start, blob_name, size, sha256 FROM entry_chunks WHERE entry_id = ? ORDER BY ordinal",
+                "SELECT start, blob_name, size, sha256, xxh3 FROM entry_chunks WHERE entry_id = ? ORDER BY ordinal",
             )?;
             let mut rows = stmt.query([id])?;
             let mut chunks = Vec::new();
@@ -492,9 +493,9 @@ impl MetaStore for SqliteStore {
         self.write(move |tx| {
             claim(tx, &upload, now)?;
             tx.prepare_cached(
-                "INSERT OR REPLACE INTO staged_blocks (upload_id, block_id, blob_name, size, sha256) VALUES (?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO staged_blocks (upload_id, block_id, blob_name, size, sha256, xxh3) VALUES (?, ?, ?, ?, ?, ?)",
             )?
-            .execute(params![upload.id, block.as_bytes(), chunk.blob.as_str(), chunk.size as i64, &chunk.sha256[..]])?;
+            .execute(params![upload.id, block.as_bytes(), chunk.blob.as_str(), chunk.size as i64, &chunk.sha256[..], xxh3_column(&chunk)])?;
             Ok(())
         })
         .await
@@ -511,7 +512,7 @@ impl MetaStore for SqliteStore {
             claim(tx, &upload, now)?;
             drop_blocks(tx, upload.id)?;
             let mut insert = tx.prepare_cached(
-                "INSERT INTO upload_parts (upload_id, ordinal, block_id, blob_name, size, sha256) VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO upload_parts (upload_id, ordinal, block_id, blob_name, size, sha256, xxh3) VALUES (?, ?, ?, ?, ?, ?, ?)",
             )?;
             for (ordinal, (block, chunk)) in parts.iter().enumerate() {
                 insert.execute(params![
@@ -520,7 +521,8 @@ impl MetaStore for SqliteStore {
                     block.as_bytes(),
                     chunk.blob.as_str(),
                     chunk.size as i64,
-                    &chunk.sha256[..]
+                    &chunk.sha256[..],
+                    xxh3_column(chunk)
                 ])?;
             }
             Ok(())
@@ -556,10 +558,10 @@ impl MetaStore for SqliteStore {
                 )?
                 .query_row(params![repo, scope, key, folded, version, size as i64, chunks.len() as i64, now, now], |r| r.get(0))?;
             let mut insert = tx.prepare_cached(
-                "INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256) VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256, xxh3) VALUES (?, ?, ?, ?, ?, ?, ?)",
             )?;
             for (ordinal, EntryChunk { start, chunk }) in EntryChunk::place(&chunks).iter().enumerate() {
-                insert.execute(params![entry, ordinal as i64, *start as i64, chunk.blob.as_str(), chunk.size as i64, &chunk.sha256[..]])?;
+                insert.execute(params![entry, ordinal as i64, *start as i64, chunk.blob.as_str(), chunk.size as i64, &chunk.sha256[..], xxh3_column(chunk)])?;
             }
             drop_blocks(tx, upload.id)?;
             tx.prepare_cached("UPDATE uploads SET state = 'finalized', entry_id = ? WHERE id = ?")?

@@ -44,3 +44,12 @@ CREATE TABLE quarantine (
     reason          TEXT           NOT NULL,
     quarantined_at  BIGINT         NOT NULL
 ) ENGINE = InnoDB
+
+;
+-- A fast checksum of each chunk (XXH3-64), checked by every download; NULL for chunks recorded
+-- before this version, which downloads check against their SHA-256.
+ALTER TABLE staged_blocks ADD COLUMN xxh3 BIGINT NULL
+;
+ALTER TABLE upload_parts ADD COLUMN xxh3 BIGINT NULL
+;
+ALTER TABLE entry_chunks ADD COLUMN xxh3 BIGINT NULL

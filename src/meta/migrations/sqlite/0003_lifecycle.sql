@@ -42,3 +42,9 @@ CREATE TABLE quarantine (
     reason          TEXT    NOT NULL,
     quarantined_at  INTEGER NOT NULL
 );
+
+-- A fast checksum of each chunk (XXH3-64), checked by every download; NULL for chunks recorded
+-- before this version, which downloads check against their SHA-256.
+ALTER TABLE staged_blocks ADD COLUMN xxh3 INTEGER;
+ALTER TABLE upload_parts ADD COLUMN xxh3 INTEGER;
+ALTER TABLE entry_chunks ADD COLUMN xxh3 INTEGER;
