@@ -157,7 +157,21 @@ async fn gc(args: GcArgs) -> ExitCode {
         Ok(cache) => cache,
         Err(code) => return code,
     };
-    let report = match cache.maintenance_pass(args.dry_run).await {
+    use hoard::cache::lifecycle::Action;
+    let mut print = |action: Action| match action {
+        Action::AbortUpload(id) => say(format_args!("abort upload {id} (abandoned)")),
+        Action::Expire(e) => say(format_args!(
+            "expire entry {} of repository {} ({} bytes)",
+            e.id, e.repository, e.size
+        )),
+        Action::Evict(e) => say(format_args!(
+            "evict entry {} of repository {} ({} bytes)",
+            e.id, e.repository, e.size
+        )),
+        Action::DeleteChunk(name) => say(format_args!("delete chunk {name} (grace period over)")),
+        Action::DeleteOrphan(name) => say(format_args!("delete chunk {name} (orphaned)")),
+    };
+    let report = match cache.maintenance_pass(args.dry_run, &mut print).await {
         Ok(report) => report,
         Err(e) => {
             tracing::error!("maintenance pass failed: {e}");
@@ -165,31 +179,14 @@ async fn gc(args: GcArgs) -> ExitCode {
         }
     };
     let verb = if args.dry_run { "would" } else { "did" };
-    for id in &report.aborted_uploads {
-        say(format_args!("abort upload {id} (abandoned)"));
-    }
-    for (what, entries) in [("expire", &report.expired), ("evict", &report.evicted)] {
-        for e in entries {
-            say(format_args!(
-                "{what} entry {} of repository {} ({} bytes)",
-                e.id, e.repository, e.size
-            ));
-        }
-    }
-    for name in &report.deleted {
-        say(format_args!("delete chunk {name} (grace period over)"));
-    }
-    for name in &report.orphans {
-        say(format_args!("delete chunk {name} (orphaned)"));
-    }
     say(format_args!(
         "{verb}: abort {} uploads, prune {} upload records, expire {} entries, evict {} entries, delete {} chunks and {} orphaned chunks",
-        report.aborted_uploads.len(),
+        report.aborted_uploads,
         report.pruned_uploads,
-        report.expired.len(),
-        report.evicted.len(),
-        report.deleted.len(),
-        report.orphans.len()
+        report.expired,
+        report.evicted,
+        report.deleted_chunks,
+        report.orphans
     ));
     ExitCode::SUCCESS
 }

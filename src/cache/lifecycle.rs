@@ -143,27 +143,59 @@ pub fn choose_evictions(
     chosen
 }
 
-/// What one maintenance pass did, or would do with `dry_run`.
-#[derive(Debug, Clone, Default)]
+/// One thing a maintenance pass did, or would do in a dry run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    AbortUpload(UploadId),
+    Expire(EntryUse),
+    Evict(EntryUse),
+    /// A chunk of a removed entry whose grace period ended.
+    DeleteChunk(BlobName),
+    /// A chunk no metadata refers to.
+    DeleteOrphan(BlobName),
+}
+
+/// Sees each [`Action`] of a pass as it happens: the pass itself keeps only counts, so its
+/// memory does not grow with the work it does.
+pub type Observer<'a> = &'a mut (dyn FnMut(Action) + Send);
+
+/// How much one maintenance pass did, or would do with `dry_run`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PassReport {
-    pub aborted_uploads: Vec<UploadId>,
+    pub aborted_uploads: u64,
     pub pruned_uploads: u64,
-    pub expired: Vec<EntryUse>,
-    pub evicted: Vec<EntryUse>,
-    /// Chunks of removed entries whose grace period ended.
-    pub deleted: Vec<BlobName>,
-    /// Chunks no metadata refers to.
-    pub orphans: Vec<BlobName>,
+    pub expired: u64,
+    pub evicted: u64,
+    pub deleted_chunks: u64,
+    pub orphans: u64,
 }
 
 impl PassReport {
     pub fn is_empty(&self) -> bool {
-        self.aborted_uploads.is_empty()
-            && self.pruned_uploads == 0
-            && self.expired.is_empty()
-            && self.evicted.is_empty()
-            && self.deleted.is_empty()
-            && self.orphans.is_empty()
+        *self == Self::default()
+    }
+
+    fn count(&mut self, action: &Action) {
+        match action {
+            Action::AbortUpload(_) => self.aborted_uploads += 1,
+            Action::Expire(_) => self.expired += 1,
+            Action::Evict(_) => self.evicted += 1,
+            Action::DeleteChunk(_) => self.deleted_chunks += 1,
+            Action::DeleteOrphan(_) => self.orphans += 1,
+        }
+    }
+}
+
+/// Counts each action and passes it on.
+struct Tally<'a, 'b> {
+    report: PassReport,
+    observer: &'a mut Observer<'b>,
+}
+
+impl Tally<'_, '_> {
+    fn saw(&mut self, action: Action) {
+        self.report.count(&action);
+        (self.observer)(action);
     }
 }
 
@@ -282,12 +314,15 @@ impl Cache {
 
     /// Evicts across repositories, least recently used first, until the store is within its
     /// global limits or nothing is left. With `dry_run`, says what it would evict.
-    pub async fn enforce_global_limits(&self, dry_run: bool) -> Result<Vec<EntryUse>, CacheError> {
+    pub async fn enforce_global_limits(
+        &self,
+        dry_run: bool,
+        saw: &mut (dyn FnMut(Action) + Send),
+    ) -> Result<(), CacheError> {
         let limits = &self.policy.lifecycle;
         if limits.max_storage.is_none() && limits.min_free_space.is_none() {
-            return Ok(Vec::new());
+            return Ok(());
         }
-        let mut evicted = Vec::new();
         let mut excess = global_excess(limits, &self.occupancy().await?);
         if excess > 0 {
             self.usage.flush(self.meta.as_ref()).await;
@@ -296,17 +331,21 @@ impl Cache {
             let candidates = self.meta.least_recently_used(None, BATCH).await?;
             let chosen = choose_evictions(excess, &candidates, None);
             if dry_run {
-                evicted.extend(candidates.into_iter().filter(|c| chosen.contains(&c.id)));
+                for entry in candidates.into_iter().filter(|c| chosen.contains(&c.id)) {
+                    saw(Action::Evict(entry));
+                }
                 break;
             }
             let removed = self.remove(&chosen, RemovalCause::Evicted).await?;
             if removed.is_empty() {
                 break;
             }
-            evicted.extend(removed);
+            for entry in removed {
+                saw(Action::Evict(entry));
+            }
             excess = global_excess(limits, &self.occupancy().await?);
         }
-        Ok(evicted)
+        Ok(())
     }
 
     /// Before a reservation: the store must be within its global limits, evicting if need be.
@@ -319,7 +358,7 @@ impl Cache {
         if global_excess(limits, &self.occupancy().await?) == 0 {
             return Ok(());
         }
-        self.enforce_global_limits(false).await?;
+        self.enforce_global_limits(false, &mut |_| {}).await?;
         if global_excess(limits, &self.occupancy().await?) > 0 {
             return Err(CacheError::StorageFull);
         }
@@ -327,15 +366,20 @@ impl Cache {
     }
 
     /// Aborts uploads open for longer than the reservation TTL and deletes their chunks, then
-    /// prunes the records of closed uploads as old.
-    async fn sweep_uploads(&self, dry_run: bool) -> Result<(Vec<UploadId>, u64), CacheError> {
+    /// prunes the records of closed uploads as old. Returns how many records were pruned.
+    async fn sweep_uploads(
+        &self,
+        dry_run: bool,
+        tally: &mut Tally<'_, '_>,
+    ) -> Result<u64, CacheError> {
         let now = self.clock.now();
         let before = now.saturating_sub(millis(self.policy.reservation_ttl));
-        let mut aborted = Vec::new();
         loop {
             let stale = self.meta.stale_uploads(before, BATCH).await?;
             if dry_run || stale.is_empty() {
-                aborted.extend(stale);
+                for id in stale {
+                    tally.saw(Action::AbortUpload(id));
+                }
                 break;
             }
             let mut progressed = false;
@@ -349,61 +393,62 @@ impl Cache {
                     other => other?,
                 }
                 progressed = true;
-                aborted.push(id);
                 self.collect(blocks.blobs()).await;
+                tally.saw(Action::AbortUpload(id));
             }
             if !progressed {
                 break;
             }
         }
-        let pruned = if dry_run {
-            0
-        } else {
-            self.meta.prune_uploads(before).await?
-        };
-        Ok((aborted, pruned))
+        if dry_run {
+            return Ok(0);
+        }
+        Ok(self.meta.prune_uploads(before).await?)
     }
 
     /// Removes entries unused for longer than the unused TTL, or older than the maximum age.
-    async fn expire(&self, dry_run: bool) -> Result<Vec<EntryUse>, CacheError> {
+    async fn expire(&self, dry_run: bool, tally: &mut Tally<'_, '_>) -> Result<(), CacheError> {
         let limits = &self.policy.lifecycle;
         if limits.unused_ttl.is_none() && limits.max_age.is_none() {
-            return Ok(Vec::new());
+            return Ok(());
         }
         let now = self.clock.now();
         let unused_before = limits
             .unused_ttl
             .map_or(Millis::MIN, |ttl| now.saturating_sub(millis(ttl)));
         let created_before = limits.max_age.map(|age| now.saturating_sub(millis(age)));
-        let mut expired = Vec::new();
         loop {
             let batch = self
                 .meta
                 .expired(unused_before, created_before, BATCH)
                 .await?;
             if dry_run || batch.is_empty() {
-                expired.extend(batch);
-                break;
+                for entry in batch {
+                    tally.saw(Action::Expire(entry));
+                }
+                return Ok(());
             }
             let ids: Vec<EntryId> = batch.iter().map(|e| e.id).collect();
             let removed = self.remove(&ids, RemovalCause::Expired).await?;
             if removed.is_empty() {
-                break;
+                return Ok(());
             }
-            expired.extend(removed);
+            for entry in removed {
+                tally.saw(Action::Expire(entry));
+            }
         }
-        Ok(expired)
     }
 
     /// Deletes the chunks whose grace period is over.
-    async fn delete_due(&self, dry_run: bool) -> Result<Vec<BlobName>, CacheError> {
+    async fn delete_due(&self, dry_run: bool, tally: &mut Tally<'_, '_>) -> Result<(), CacheError> {
         let now = self.clock.now();
-        let mut deleted = Vec::new();
         loop {
             let due = self.meta.due_deletions(now, BATCH).await?;
             if dry_run || due.is_empty() {
-                deleted.extend(due);
-                break;
+                for name in due {
+                    tally.saw(Action::DeleteChunk(name));
+                }
+                return Ok(());
             }
             let mut done = Vec::with_capacity(due.len());
             for name in due {
@@ -415,22 +460,26 @@ impl Cache {
                 }
             }
             if done.is_empty() {
-                break;
+                return Ok(());
             }
             self.meta.deletions_done(&done).await?;
-            deleted.extend(done);
+            for name in done {
+                tally.saw(Action::DeleteChunk(name));
+            }
         }
-        Ok(deleted)
     }
 
     /// Deletes chunks that no metadata refers to and that are older than the grace period:
     /// leftovers of crashes and of publishes whose metadata change was refused.
-    async fn collect_orphans(&self, dry_run: bool) -> Result<Vec<BlobName>, CacheError> {
+    async fn collect_orphans(
+        &self,
+        dry_run: bool,
+        tally: &mut Tally<'_, '_>,
+    ) -> Result<(), CacheError> {
         let old_before = self
             .clock
             .now()
             .saturating_sub(millis(self.policy.lifecycle.deletion_grace));
-        let mut orphans = Vec::new();
         let mut listing = self.blobs.list().await?;
         let mut batch: Vec<BlobName> = Vec::with_capacity(BATCH);
         loop {
@@ -440,37 +489,43 @@ impl Cache {
             }
             if batch.len() >= BATCH || (next.is_none() && !batch.is_empty()) {
                 let referenced = self.meta.referenced(&batch).await?;
-                let unreferenced: Vec<BlobName> = std::mem::take(&mut batch)
-                    .into_iter()
-                    .filter(|n| !referenced.contains(n))
-                    .collect();
-                if !dry_run {
-                    self.collect(unreferenced.clone()).await;
+                for name in std::mem::take(&mut batch) {
+                    if referenced.contains(&name) {
+                        continue;
+                    }
+                    if !dry_run {
+                        self.collect(vec![name.clone()]).await;
+                    }
+                    tally.saw(Action::DeleteOrphan(name));
                 }
-                orphans.extend(unreferenced);
             }
             if next.is_none() {
-                break;
+                return Ok(());
             }
         }
-        Ok(orphans)
     }
 
     /// One maintenance pass (what `hoard gc` runs, and the background loop every
-    /// `--gc-interval`). With `dry_run`, changes nothing and reports what it would do.
-    pub async fn maintenance_pass(&self, dry_run: bool) -> Result<PassReport, CacheError> {
-        let (aborted_uploads, pruned_uploads) = self.sweep_uploads(dry_run).await?;
-        let expired = self.expire(dry_run).await?;
-        let evicted = self.enforce_global_limits(dry_run).await?;
-        let deleted = self.delete_due(dry_run).await?;
-        let orphans = self.collect_orphans(dry_run).await?;
+    /// `--gc-interval`), telling `observer` each thing it does. With `dry_run`, changes nothing
+    /// and reports what it would do (expiry and eviction: the first batch of each).
+    pub async fn maintenance_pass(
+        &self,
+        dry_run: bool,
+        mut observer: Observer<'_>,
+    ) -> Result<PassReport, CacheError> {
+        let mut tally = Tally {
+            report: PassReport::default(),
+            observer: &mut observer,
+        };
+        let pruned = self.sweep_uploads(dry_run, &mut tally).await?;
+        self.expire(dry_run, &mut tally).await?;
+        self.enforce_global_limits(dry_run, &mut |action| tally.saw(action))
+            .await?;
+        self.delete_due(dry_run, &mut tally).await?;
+        self.collect_orphans(dry_run, &mut tally).await?;
         Ok(PassReport {
-            aborted_uploads,
-            pruned_uploads,
-            expired,
-            evicted,
-            deleted,
-            orphans,
+            pruned_uploads: pruned,
+            ..tally.report
         })
     }
 
@@ -483,16 +538,16 @@ impl Cache {
                 _ = tick.tick() => {}
                 () = stop.cancelled() => return,
             }
-            match self.maintenance_pass(false).await {
+            match self.maintenance_pass(false, &mut |_| {}).await {
                 Ok(report) if report.is_empty() => {}
                 Ok(report) => tracing::info!(
                     target: "hoard::lifecycle",
-                    aborted_uploads = report.aborted_uploads.len(),
+                    aborted_uploads = report.aborted_uploads,
                     pruned_uploads = report.pruned_uploads,
-                    expired = report.expired.len(),
-                    evicted = report.evicted.len(),
-                    deleted_chunks = report.deleted.len(),
-                    orphans = report.orphans.len(),
+                    expired = report.expired,
+                    evicted = report.evicted,
+                    deleted_chunks = report.deleted_chunks,
+                    orphans = report.orphans,
                     "maintenance pass"
                 ),
                 Err(e) => tracing::warn!(error = %e, "maintenance pass failed; will retry"),

@@ -511,6 +511,17 @@ const GRACE: Duration = Duration::from_secs(2 * 3600);
 const DAY: Duration = Duration::from_secs(24 * 3600);
 
 impl World {
+    /// Runs a maintenance pass; returns its report and what it did.
+    async fn pass(&self, dry_run: bool) -> (lifecycle::PassReport, Vec<lifecycle::Action>) {
+        let mut actions = Vec::new();
+        let report = self
+            .cache
+            .maintenance_pass(dry_run, &mut |a| actions.push(a))
+            .await
+            .unwrap();
+        (report, actions)
+    }
+
     /// The chunks of an entry.
     async fn blobs_of(&self, entry: EntryId) -> Vec<BlobName> {
         let (_, chunks) = self.meta.entry(entry).await.unwrap().unwrap();
@@ -594,15 +605,20 @@ async fn a_repository_over_its_quota_loses_its_least_recently_used_entries() {
 
     // The evicted entry's bytes stay for the grace period, then a pass deletes them.
     assert!(w.stored(&b_blobs[0]).await);
-    let report = w.cache.maintenance_pass(false).await.unwrap();
-    assert!(report.deleted.is_empty());
+    let (report, _) = w.pass(false).await;
+    assert_eq!(report.deleted_chunks, 0);
     assert!(
         w.stored(&b_blobs[0]).await,
         "readers may still be streaming it"
     );
     w.clock.advance(GRACE + Duration::from_secs(1));
-    let report = w.cache.maintenance_pass(false).await.unwrap();
-    assert_eq!(report.deleted, b_blobs);
+    let (_, actions) = w.pass(false).await;
+    let deleted: Vec<lifecycle::Action> = b_blobs
+        .iter()
+        .cloned()
+        .map(lifecycle::Action::DeleteChunk)
+        .collect();
+    assert_eq!(actions, deleted);
     assert!(!w.stored(&b_blobs[0]).await);
 }
 
@@ -672,13 +688,13 @@ async fn unused_entries_expire_and_old_ones_too_with_a_maximum_age() {
     w.clock.advance(6 * DAY);
     w.use_entry(&me, "used").await;
     w.clock.advance(2 * DAY);
-    let report = w.cache.maintenance_pass(false).await.unwrap();
-    assert_eq!(report.expired.len(), 1);
+    let (report, _) = w.pass(false).await;
+    assert_eq!(report.expired, 1);
     assert_eq!(w.restore(&me, "unused").await, None, "unused for 8 days");
     assert!(w.restore(&me, "used").await.is_some(), "used 2 days ago");
     w.cache.usage.flush(w.meta.as_ref()).await;
     w.clock.advance(3 * DAY);
-    w.cache.maintenance_pass(false).await.unwrap();
+    w.pass(false).await;
     assert_eq!(
         w.restore(&me, "used").await,
         None,
@@ -700,19 +716,16 @@ async fn abandoned_uploads_are_swept_and_their_bytes_deleted() {
     let blob = staged.staged[&block("a")].blob.clone();
 
     w.clock.advance(TTL - Duration::from_secs(1));
-    let report = w.cache.maintenance_pass(false).await.unwrap();
-    assert!(
-        report.aborted_uploads.is_empty(),
-        "a live upload is left alone"
-    );
+    let (report, _) = w.pass(false).await;
+    assert!(report.aborted_uploads == 0, "a live upload is left alone");
     assert!(w.stored(&blob).await);
 
     w.clock.advance(Duration::from_secs(2));
-    let dry = w.cache.maintenance_pass(true).await.unwrap();
-    assert_eq!(dry.aborted_uploads, [link.id]);
+    let (_, dry) = w.pass(true).await;
+    assert_eq!(dry, [lifecycle::Action::AbortUpload(link.id)]);
     assert!(w.stored(&blob).await, "a dry run changes nothing");
-    let report = w.cache.maintenance_pass(false).await.unwrap();
-    assert_eq!(report.aborted_uploads, [link.id]);
+    let (report, actions) = w.pass(false).await;
+    assert_eq!(actions, [lifecycle::Action::AbortUpload(link.id)]);
     assert!(!w.stored(&blob).await, "the staged bytes are gone");
     // Its record goes too: closed, and as old as the reservation TTL.
     assert_eq!(report.pruned_uploads, 1);
@@ -740,19 +753,17 @@ async fn orphaned_chunks_are_collected_after_the_grace_period() {
         .await
         .unwrap();
 
-    let report = w.cache.maintenance_pass(false).await.unwrap();
-    assert!(
-        report.orphans.is_empty(),
-        "a young chunk may be mid-publish"
-    );
+    let (report, _) = w.pass(false).await;
+    assert!(report.orphans == 0, "a young chunk may be mid-publish");
     assert!(w.stored(&orphan).await);
 
     w.clock.advance(GRACE + Duration::from_secs(1));
-    let dry = w.cache.maintenance_pass(true).await.unwrap();
-    assert_eq!(dry.orphans, std::slice::from_ref(&orphan));
+    let (_, dry) = w.pass(true).await;
+    assert_eq!(dry, [lifecycle::Action::DeleteOrphan(orphan.clone())]);
     assert!(w.stored(&orphan).await, "a dry run changes nothing");
-    let report = w.cache.maintenance_pass(false).await.unwrap();
-    assert_eq!(report.orphans, std::slice::from_ref(&orphan));
+    let (report, actions) = w.pass(false).await;
+    assert_eq!(report.orphans, 1);
+    assert_eq!(actions, [lifecycle::Action::DeleteOrphan(orphan.clone())]);
     assert!(!w.stored(&orphan).await);
     assert!(w.stored(&kept_blob).await, "referenced chunks stay");
     assert_eq!(w.restore(&me, "k").await.unwrap(), b"kept");
@@ -775,7 +786,7 @@ async fn a_download_in_flight_survives_the_eviction_of_its_entry() {
     w.clock.advance(Duration::from_secs(1));
     w.save_blocks(&me, "second", &blocks[..2]).await;
     assert_eq!(w.restore(&me, "first").await, None, "evicted");
-    w.cache.maintenance_pass(false).await.unwrap();
+    w.pass(false).await;
 
     while let Some(frame) = reading.next().await {
         received.extend_from_slice(&frame.unwrap());
