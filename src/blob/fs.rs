@@ -474,10 +474,9 @@ impl BlobStore for FsStore {
     }
 
     async fn capacity(&self) -> Result<Option<Capacity>, BlobError> {
-        let root = self.root.clone();
-        let stat = tokio::task::spawn_blocking(move || rustix::fs::statvfs(&root))
-            .await
-            .map_err(|e| io_err("statvfs")(io::Error::other(e)))?
+        // In place: on a local file system statvfs answers from memory in about a microsecond,
+        // less than a hop to a blocking thread; reservations ask it every time.
+        let stat = rustix::fs::statvfs(&self.root)
             .map_err(|e| io_err(format!("statvfs of {}", self.root.display()))(e.into()))?;
         Ok(Some(Capacity {
             total: stat.f_blocks.saturating_mul(stat.f_frsize),
