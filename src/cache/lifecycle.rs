@@ -28,6 +28,9 @@ use crate::model::{BlobName, EntryId, EntryUse, Millis, RemovalCause, RepoId, Up
 
 /// How many rows one step of a pass loads at a time: memory stays bounded on any store.
 const BATCH: usize = 500;
+/// How many eviction candidates a quota check loads first: one finalize usually frees room by
+/// evicting one or two entries, and loading 500 rows for that costs more than the eviction.
+const FIRST_CANDIDATES: usize = 8;
 
 /// The operator's lifecycle settings.
 #[derive(Debug, Clone)]
@@ -122,19 +125,15 @@ pub fn global_excess(limits: &Limits, at: &Occupancy) -> u64 {
 }
 
 /// The entries to evict to free `excess` bytes: least recently used first, from `candidates`
-/// (already in that order), never `spare` (the entry whose finalize asked).
-pub fn choose_evictions(
-    excess: u64,
-    candidates: &[EntryUse],
-    spare: Option<EntryId>,
-) -> Vec<EntryId> {
+/// (already in that order), never one of `spare` (the entries whose finalizes asked).
+pub fn choose_evictions(excess: u64, candidates: &[EntryUse], spare: &[EntryId]) -> Vec<EntryId> {
     let mut freed = 0u64;
     let mut chosen = Vec::new();
     for entry in candidates {
         if freed >= excess {
             break;
         }
-        if Some(entry.id) == spare {
+        if spare.contains(&entry.id) {
             continue;
         }
         freed = freed.saturating_add(entry.size.max(1));
@@ -199,6 +198,49 @@ impl Tally<'_, '_> {
     }
 }
 
+/// Repositories whose quota is being enforced in this process, with the entries of the
+/// finalizes that asked for one more check meanwhile.
+pub(super) type Evicting = std::sync::Mutex<std::collections::HashMap<RepoId, Vec<EntryId>>>;
+
+/// The right to evict for one repository, given back when dropped (also when the finalize
+/// request is cancelled).
+struct EvictionTurn<'a> {
+    evicting: &'a Evicting,
+    repository: RepoId,
+}
+
+impl<'a> EvictionTurn<'a> {
+    /// The turn, or `None` (and a request for one more check, sparing `made`) if another
+    /// finalize has it.
+    fn take(evicting: &'a Evicting, repository: &RepoId, made: EntryId) -> Option<Self> {
+        let mut map = evicting.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(asking) = map.get_mut(repository) {
+            asking.push(made);
+            return None;
+        }
+        map.insert(repository.clone(), Vec::new());
+        Some(Self {
+            evicting,
+            repository: repository.clone(),
+        })
+    }
+
+    /// The entries of the finalizes that asked for a check since the last one (empty: none).
+    fn asked_again(evicting: &Evicting, repository: &RepoId) -> Vec<EntryId> {
+        let mut map = evicting.lock().unwrap_or_else(|p| p.into_inner());
+        map.get_mut(repository)
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for EvictionTurn<'_> {
+    fn drop(&mut self) {
+        let mut map = self.evicting.lock().unwrap_or_else(|p| p.into_inner());
+        map.remove(&self.repository);
+    }
+}
+
 fn millis(d: Duration) -> Millis {
     d.as_millis().min(i64::MAX as u128) as Millis
 }
@@ -221,8 +263,9 @@ impl Cache {
             delete_at: now.saturating_add(millis(self.policy.lifecycle.deletion_grace)),
         };
         let removed = self.meta.remove_entries(ids, removal).await?;
+        // Any lookup answer may name a removed entry; other entries' chunk lists still hold.
         self.lookups.invalidate();
-        self.entries.invalidate();
+        self.entries.forget(removed.iter().map(|e| e.id));
         for entry in &removed {
             tracing::info!(
                 target: "hoard::lifecycle",
@@ -256,38 +299,72 @@ impl Cache {
     }
 
     /// After a finalize: evicts the repository's least recently used entries (never `spare`,
-    /// the entry just made) until it is under its quota. Returns what went.
+    /// the entry just made) until it is under its quota.
+    ///
+    /// One finalize at a time evicts for a repository in this process: finalizes that arrive
+    /// meanwhile only ask it to check once more, so a burst of saves is evicted for in a few
+    /// transactions instead of one each.
     pub async fn enforce_quota(
         &self,
         repository: &RepoId,
         spare: EntryId,
-    ) -> Result<Vec<EntryUse>, CacheError> {
+    ) -> Result<(), CacheError> {
         let Some(quota) = self.policy.lifecycle.repo_quota else {
-            return Ok(Vec::new());
+            return Ok(());
         };
-        let mut evicted = Vec::new();
+        let Some(_turn) = EvictionTurn::take(&self.evicting, repository, spare) else {
+            return Ok(()); // the finalize evicting now will check again
+        };
+        let mut spared = vec![spare];
+        loop {
+            self.evict_over_quota(repository, quota, &spared).await?;
+            let more = EvictionTurn::asked_again(&self.evicting, repository);
+            if more.is_empty() {
+                return Ok(());
+            }
+            spared = more;
+        }
+    }
+
+    async fn evict_over_quota(
+        &self,
+        repository: &RepoId,
+        quota: u64,
+        spare: &[EntryId],
+    ) -> Result<(), CacheError> {
+        let mut wanted = FIRST_CANDIDATES;
         loop {
             let used = self.meta.repository_usage(repository).await?;
             let excess = used.saturating_sub(quota);
             if excess == 0 {
                 break;
             }
-            // Restores not yet written would make the choice stale.
-            self.usage.flush(self.meta.as_ref()).await;
-            let candidates = self
+            let mut candidates = self
                 .meta
-                .least_recently_used(Some(repository), BATCH)
+                .least_recently_used(Some(repository), wanted)
                 .await?;
-            let chosen = choose_evictions(excess, &candidates, Some(spare));
+            self.count_pending_uses(&mut candidates);
+            let chosen = choose_evictions(excess, &candidates, spare);
+            wanted = BATCH;
             let removed = self.remove(&chosen, RemovalCause::Evicted).await?;
             // Nothing left to evict, or another process removes the same entries: stop here
-            // rather than spin; the next finalize or pass continues.
+            // rather than spin; the next finalize continues.
             if removed.is_empty() {
-                break;
+                return Ok(());
             }
-            evicted.extend(removed);
         }
-        Ok(evicted)
+        Ok(())
+    }
+
+    /// Reorders eviction candidates by their use, counting restores this process has not
+    /// written yet (they are written in batches, every second).
+    fn count_pending_uses(&self, candidates: &mut [EntryUse]) {
+        for entry in candidates.iter_mut() {
+            if let Some(used) = self.usage.pending_use(entry.id) {
+                entry.last_used_at = entry.last_used_at.max(used);
+            }
+        }
+        candidates.sort_by_key(|e| (e.last_used_at, e.id));
     }
 
     /// The store against its global limits. Pending deletions are counted only when the disk
@@ -324,12 +401,10 @@ impl Cache {
             return Ok(());
         }
         let mut excess = global_excess(limits, &self.occupancy().await?);
-        if excess > 0 {
-            self.usage.flush(self.meta.as_ref()).await;
-        }
         while excess > 0 {
-            let candidates = self.meta.least_recently_used(None, BATCH).await?;
-            let chosen = choose_evictions(excess, &candidates, None);
+            let mut candidates = self.meta.least_recently_used(None, BATCH).await?;
+            self.count_pending_uses(&mut candidates);
+            let chosen = choose_evictions(excess, &candidates, &[]);
             if dry_run {
                 for entry in candidates.into_iter().filter(|c| chosen.contains(&c.id)) {
                     saw(Action::Evict(entry));
@@ -573,11 +648,16 @@ mod tests {
     #[test]
     fn evictions_take_the_least_recently_used_until_enough_is_freed() {
         let lru = [used(1, 10, 1), used(2, 10, 2), used(3, 10, 3)];
-        assert_eq!(choose_evictions(0, &lru, None), Vec::<EntryId>::new());
-        assert_eq!(choose_evictions(1, &lru, None), [1]);
-        assert_eq!(choose_evictions(11, &lru, None), [1, 2]);
-        assert_eq!(choose_evictions(100, &lru, None), [1, 2, 3]);
-        assert_eq!(choose_evictions(11, &lru, Some(1)), [2, 3], "spare is kept");
+        assert_eq!(choose_evictions(0, &lru, &[]), Vec::<EntryId>::new());
+        assert_eq!(choose_evictions(1, &lru, &[]), [1]);
+        assert_eq!(choose_evictions(11, &lru, &[]), [1, 2]);
+        assert_eq!(choose_evictions(100, &lru, &[]), [1, 2, 3]);
+        assert_eq!(choose_evictions(11, &lru, &[1]), [2, 3], "spare is kept");
+        assert_eq!(
+            choose_evictions(11, &lru, &[1, 3]),
+            [2],
+            "however many are spared"
+        );
     }
 
     #[test]

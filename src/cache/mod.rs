@@ -157,6 +157,8 @@ pub struct Cache {
     entries: Arc<recent::Recent<EntryId, OpenEntry>>,
     /// Entries this process quarantined.
     quarantined: Arc<std::sync::atomic::AtomicU64>,
+    /// Repositories whose quota a finalize is enforcing (see [`Cache::enforce_quota`]).
+    evicting: Arc<lifecycle::Evicting>,
 }
 
 impl Cache {
@@ -176,6 +178,7 @@ impl Cache {
             lookups: Arc::new(recent::RecentLookups::new(policy_ttl)),
             entries: Arc::new(recent::Recent::new(policy_ttl)),
             quarantined: Arc::default(),
+            evicting: Arc::default(),
         }
     }
 

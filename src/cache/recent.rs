@@ -141,6 +141,16 @@ impl<K: Hash + Eq, V> Recent<K, V> {
         inner.answers.insert(key, Answer { at: now, value });
     }
 
+    /// Some answers became wrong (their entries were removed): forget those, and refuse the
+    /// answers of queries in flight, which may have read them.
+    pub fn forget(&self, keys: impl IntoIterator<Item = K>) {
+        let mut inner = self.lock();
+        inner.generation += 1;
+        for key in keys {
+            inner.answers.remove(&key);
+        }
+    }
+
     /// What the answers depend on changed: forget every answer, and refuse those of queries in
     /// flight.
     pub fn invalidate(&self) {
@@ -189,6 +199,22 @@ mod tests {
         assert!(recent.get("b", 0).is_none());
         recent.put("b".into(), recent.generation(), 0, answer(3));
         assert_eq!(recent.get("b", 0).unwrap()[0].id, 3);
+    }
+
+    #[test]
+    fn forgetting_some_answers_keeps_the_others_and_refuses_queries_in_flight() {
+        let recent = RecentLookups::new(Duration::from_secs(60));
+        let before = recent.generation();
+        recent.put("a".into(), before, 0, answer(1));
+        recent.put("b".into(), before, 0, answer(2));
+        recent.forget(["a".to_owned()]);
+        assert!(recent.get("a", 0).is_none());
+        assert_eq!(recent.get("b", 0).unwrap()[0].id, 2);
+        recent.put("a".into(), before, 0, answer(1));
+        assert!(
+            recent.get("a", 0).is_none(),
+            "a load from before is refused"
+        );
     }
 
     #[test]

@@ -896,3 +896,25 @@ async fn verify_finds_and_quarantines_every_damaged_entry() {
     let again = w.cache.verify_all(|_| {}).await.unwrap();
     assert!(again.damaged.is_empty() && again.entries == 1);
 }
+
+#[tokio::test]
+async fn concurrent_saves_leave_the_repository_within_its_quota() {
+    let w = Arc::new(world_limited(lifecycle::Limits {
+        repo_quota: Some(30),
+        ..limits()
+    }));
+    let mut saves = Vec::new();
+    for i in 0..16u8 {
+        let w = w.clone();
+        saves.push(tokio::spawn(async move {
+            w.save(&who("1"), &format!("k{i}"), &[i; 10]).await
+        }));
+    }
+    let mut ids = Vec::new();
+    for save in saves {
+        ids.push(save.await.unwrap());
+    }
+    let used = w.meta.repository_usage(&RepoId::new("1")).await.unwrap();
+    assert!(used <= 30, "{used} bytes kept against a quota of 30");
+    assert!(used >= 10, "the latest saves are kept");
+}

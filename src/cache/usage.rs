@@ -28,6 +28,12 @@ impl UsageBuffer {
         slot.1 = slot.1.max(now);
     }
 
+    /// The latest restore of `entry` not yet written, if any.
+    pub fn pending_use(&self, entry: EntryId) -> Option<Millis> {
+        let pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        pending.get(&entry).map(|(_, last)| *last)
+    }
+
     fn take(&self) -> Vec<(EntryId, u64, Millis)> {
         let mut pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
         pending
