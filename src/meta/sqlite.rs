@@ -719,12 +719,8 @@ impl MetaStore for SqliteStore {
         self.write(move |tx| {
             let mut removed = Vec::new();
             for id in ids {
-                let found = tx
-                    .prepare_cached(&format!("{USE_COLS} WHERE id = ?"))?
-                    .query_row([id], |r| Ok(use_from_row(r)))
-                    .optional()?
-                    .transpose()?;
-                let Some(entry) = found else { continue };
+                // Chunks first, while the entry's rows still name them; an entry already gone
+                // has none, and its DELETE returns nothing.
                 tx.prepare_cached(
                     "INSERT OR REPLACE INTO pending_deletions (blob_name, size, delete_at)
                      SELECT blob_name, size, ? FROM entry_chunks WHERE entry_id = ?",
@@ -739,8 +735,15 @@ impl MetaStore for SqliteStore {
                 }
                 tx.prepare_cached("DELETE FROM entry_chunks WHERE entry_id = ?")?
                     .execute([id])?;
-                tx.prepare_cached("DELETE FROM entries WHERE id = ?")?
-                    .execute([id])?;
+                let gone = tx
+                    .prepare_cached(
+                        "DELETE FROM entries WHERE id = ?
+                         RETURNING id, repository, size, created_at, last_used_at",
+                    )?
+                    .query_row([id], |r| Ok(use_from_row(r)))
+                    .optional()?
+                    .transpose()?;
+                let Some(entry) = gone else { continue };
                 tx.prepare_cached(
                     "UPDATE repository_usage SET bytes = bytes - ?, entries = entries - 1 WHERE repository = ?",
                 )?
