@@ -548,6 +548,13 @@ impl World {
         self.cache.finalize(who, key, "v", size).await.unwrap()
     }
 
+    /// Reads a whole entry: its bytes, or the error the stream ended with.
+    async fn read_whole(&self, entry: EntryId) -> Result<Vec<Bytes>, std::io::Error> {
+        let open = self.cache.open_entry(entry).await.unwrap();
+        let stream = self.cache.read(&open, 0, open.entry.size).await.unwrap();
+        stream.try_collect().await
+    }
+
     fn chunk_path(&self, name: &BlobName) -> std::path::PathBuf {
         let name = name.as_str();
         self._dir.path().join("chunks").join(&name[..2]).join(name)
@@ -821,14 +828,7 @@ async fn a_flipped_byte_fails_the_download_and_quarantines_the_entry() {
     stored[123_456] ^= 0x20;
     std::fs::write(&path, stored).unwrap();
 
-    let open = w.cache.open_entry(entry).await.unwrap();
-    let result: Result<Vec<Bytes>, _> = w
-        .cache
-        .read(&open, 0, open.entry.size)
-        .await
-        .unwrap()
-        .try_collect()
-        .await;
+    let result = w.read_whole(entry).await;
     assert!(result.is_err(), "the reader sees a failed download");
     until_quarantined(&w, entry).await;
     assert_eq!(w.restore(&me, "k").await, None, "the next lookup misses");
@@ -846,14 +846,7 @@ async fn a_missing_chunk_is_a_miss_never_a_short_hit() {
     let entry = w.save_blocks(&me, "k", &blocks).await;
     let names = w.blobs_of(entry).await;
     std::fs::remove_file(w.chunk_path(&names[1])).unwrap();
-    let open = w.cache.open_entry(entry).await.unwrap();
-    let result: Result<Vec<Bytes>, _> = w
-        .cache
-        .read(&open, 0, open.entry.size)
-        .await
-        .unwrap()
-        .try_collect()
-        .await;
+    let result = w.read_whole(entry).await;
     assert!(
         result.is_err(),
         "the stream fails where the chunk is missing"
