@@ -61,6 +61,7 @@ pub async fn run(
     loop {
         tokio::select! {
             _ = tick.tick() => {}
+            () = meta.wants_checkpoint() => {}
             () = stop.cancelled() => break,
         }
         sync_both(meta.as_ref(), blobs.as_ref(), false).await;

@@ -141,6 +141,12 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug + 'static {
     /// after the blob store synced.
     async fn checkpoint(&self) -> Result<(), MetaError>;
 
+    /// Resolves when the store wants [`MetaStore::checkpoint`] before the next interval
+    /// (SQLite: its write-ahead log grew past its soft bound). Never, for the others.
+    async fn wants_checkpoint(&self) {
+        std::future::pending::<()>().await
+    }
+
     // ---- loads ----
 
     /// The slot's entry and open upload, and how many uploads of its repository are open and

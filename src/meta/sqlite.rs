@@ -41,10 +41,80 @@ const MIGRATIONS: &[(i64, &str)] = &[
 ];
 const MAX_READERS: usize = 8;
 
+/// Past this size the write-ahead log asks for an early sync and checkpoint, and a checkpoint
+/// truncates it to this size at most (`journal_size_limit`).
+pub const WAL_SOFT_LIMIT: u64 = 64 << 20;
+/// The log never grows past this (plus one transaction): a write that finds it larger first
+/// checkpoints in place, and is refused as unavailable if a long read transaction prevents that.
+pub const WAL_HARD_LIMIT: u64 = 256 << 20;
+/// The log's size is looked at once every this many writes (a `stat`), and on every write while
+/// it is past the soft limit.
+const WAL_CHECK_EVERY: u64 = 16;
+
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     writer: Arc<tokio::sync::Mutex<Connection>>,
     readers: Arc<ReaderPool>,
+    wal: Arc<WalBound>,
+}
+
+/// Keeps the write-ahead log bounded (see [`WAL_SOFT_LIMIT`], [`WAL_HARD_LIMIT`]).
+#[derive(Debug)]
+struct WalBound {
+    path: PathBuf,
+    writes: std::sync::atomic::AtomicU64,
+    /// The size last seen was past the soft limit: look at every write.
+    large: std::sync::atomic::AtomicBool,
+    /// Wakes the durability loop for an early sync and checkpoint.
+    wanted: tokio::sync::Notify,
+}
+
+impl WalBound {
+    fn size(&self) -> u64 {
+        std::fs::metadata(&self.path).map_or(0, |m| m.len())
+    }
+
+    /// Before a write on the writer connection: keeps the log under its hard limit.
+    fn before_write(&self, conn: &Connection) -> Result<(), MetaError> {
+        use std::sync::atomic::Ordering;
+        let n = self.writes.fetch_add(1, Ordering::Relaxed);
+        if n % WAL_CHECK_EVERY != 0 && !self.large.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let size = self.size();
+        self.large.store(size > WAL_SOFT_LIMIT, Ordering::Relaxed);
+        if size <= WAL_SOFT_LIMIT {
+            return Ok(());
+        }
+        self.wanted.notify_one();
+        if size <= WAL_HARD_LIMIT {
+            return Ok(());
+        }
+        // The durability loop has not kept up, or a reader holds an old snapshot: checkpoint
+        // here, waiting briefly for readers (and for a checkpoint already running).
+        checkpoint_now(conn, Duration::from_millis(100))?;
+        if self.size() > WAL_HARD_LIMIT {
+            return Err(MetaError::Unavailable(format!(
+                "the write-ahead log is at its bound ({} MiB) and a long read transaction prevents a checkpoint",
+                WAL_HARD_LIMIT >> 20
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Checkpoints the whole log into the database and truncates it, waiting up to `wait` for
+/// readers; if they still hold it, copies what it can (never an error for being busy).
+fn checkpoint_now(conn: &Connection, wait: Duration) -> Result<(), MetaError> {
+    conn.busy_timeout(wait)?;
+    let done = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+        r.get::<_, i64>(0)
+    });
+    conn.busy_timeout(Duration::from_secs(10))?;
+    if done? != 0 {
+        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
+    }
+    Ok(())
 }
 
 #[derive(Debug)]
@@ -97,17 +167,28 @@ impl SqliteStore {
             // `checkpoint`, right after the blob store's syncfs, instead of in the middle of a
             // request where ext4 would make them wait for every dirty chunk.
             conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+            conn.pragma_update(None, "journal_size_limit", WAL_SOFT_LIMIT as i64)?;
             migrate(&mut conn)?;
+            // A log left large by a crash or a long reader is emptied now, not carried on.
+            checkpoint_now(&conn, Duration::from_secs(1))?;
             Ok(conn)
         })
         .await
         .map_err(|e| MetaError::Internal(e.to_string()))??;
 
+        let mut wal_path = path.clone().into_os_string();
+        wal_path.push("-wal");
         let store = Self {
             writer: Arc::new(tokio::sync::Mutex::new(conn)),
             readers: Arc::new(ReaderPool {
                 path,
                 idle: Mutex::new(Vec::new()),
+            }),
+            wal: Arc::new(WalBound {
+                path: wal_path.into(),
+                writes: Default::default(),
+                large: Default::default(),
+                wanted: tokio::sync::Notify::new(),
             }),
         };
         store.ping().await?;
@@ -120,6 +201,7 @@ impl SqliteStore {
         f: impl FnOnce(&Transaction<'_>) -> Result<T, MetaError> + Send + 'static,
     ) -> Result<T, MetaError> {
         let mut conn = self.writer.lock().await;
+        self.wal.before_write(&conn)?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let value = f(&tx)?;
         tx.commit()?;
@@ -282,13 +364,18 @@ impl MetaStore for SqliteStore {
             .await
     }
 
+    async fn wants_checkpoint(&self) {
+        self.wal.wanted.notified().await;
+    }
+
     async fn checkpoint(&self) -> Result<(), MetaError> {
         let path = self.readers.path.clone();
         tokio::task::spawn_blocking(move || -> Result<(), MetaError> {
             let conn = Connection::open(&path)?;
             configure(&conn)?;
-            conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
-            Ok(())
+            conn.pragma_update(None, "journal_size_limit", WAL_SOFT_LIMIT as i64)?;
+            // Waits a moment for readers to leave the log, so that it can start over.
+            checkpoint_now(&conn, Duration::from_secs(1))
         })
         .await
         .map_err(|e| MetaError::Internal(e.to_string()))?
@@ -873,3 +960,133 @@ fn use_from_row(r: &Row<'_>) -> Result<EntryUse, MetaError> {
 const RECOUNT_USAGE: &str = "DELETE FROM repository_usage;
     INSERT INTO repository_usage (repository, bytes, entries)
     SELECT repository, SUM(size), COUNT(*) FROM entries GROUP BY repository;";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::CacheKey;
+
+    const MARGIN: u64 = 32 << 20; // writes in flight between two looks at the log's size
+
+    fn wal_size(store: &SqliteStore) -> u64 {
+        store.wal.size()
+    }
+
+    /// A block list of 2,000 ids of 1,000 bytes: each commit rewrites a few MiB of rows.
+    fn big_block_list() -> Vec<(BlockId, Chunk)> {
+        (0..2000)
+            .map(|i| {
+                let id = BlockId::parse(format!("{i:0>1000}").as_bytes()).unwrap();
+                let chunk = Chunk {
+                    blob: BlobName::random(),
+                    size: 1,
+                    sha256: [7; 32],
+                    xxh3: None,
+                };
+                (id, chunk)
+            })
+            .collect()
+    }
+
+    async fn commit(
+        store: &SqliteStore,
+        id: UploadId,
+        parts: &[(BlockId, Chunk)],
+    ) -> Result<(), MetaError> {
+        let upload = store.upload(id).await.unwrap().unwrap();
+        store.commit_parts(&upload, parts, 1).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_write_ahead_log_stays_bounded_even_under_a_long_reader() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hoard.db");
+        let store = SqliteStore::open(&path).await.unwrap();
+        // The durability loop's part: checkpoint when the store asks.
+        let asked = store.clone();
+        let checkpointer = tokio::spawn(async move {
+            loop {
+                asked.wants_checkpoint().await;
+                asked.checkpoint().await.unwrap();
+            }
+        });
+        let slot = Slot {
+            repository: RepoId::new("1"),
+            scope: Scope::new("refs/heads/main"),
+            key: CacheKey::parse("k").unwrap(),
+            version: Version::parse("v").unwrap(),
+        };
+        let new = NewUpload {
+            slot: &slot,
+            created_by: "test",
+            now: 1,
+        };
+        let id = store.create_upload(new, None).await.unwrap();
+        let parts = big_block_list();
+
+        // Several times the soft limit written: checkpoints keep the log near it.
+        let (mut peak, mut resets, mut last) = (0, 0, 0);
+        for _ in 0..160 {
+            commit(&store, id, &parts).await.unwrap();
+            let size = wal_size(&store);
+            if size < last {
+                resets += 1;
+            }
+            (peak, last) = (peak.max(size), size);
+        }
+        assert!(resets >= 2, "the log started over {resets} times");
+        assert!(peak <= WAL_HARD_LIMIT + MARGIN, "peak {peak}");
+
+        // A reader holding a snapshot: writes go on until the hard bound, then are refused.
+        let reader = Connection::open(&path).unwrap();
+        reader.execute_batch("BEGIN").unwrap();
+        let _: i64 = reader
+            .query_row("SELECT COUNT(*) FROM upload_parts", [], |r| r.get(0))
+            .unwrap();
+        let mut refused = false;
+        for _ in 0..200 {
+            match commit(&store, id, &parts).await {
+                Ok(()) => assert!(wal_size(&store) <= WAL_HARD_LIMIT + MARGIN),
+                Err(MetaError::Unavailable(_)) => {
+                    refused = true;
+                    break;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(
+            refused,
+            "writes are refused at the bound while the reader holds the log"
+        );
+        assert!(wal_size(&store) <= WAL_HARD_LIMIT + MARGIN);
+
+        // The reader leaves: writes resume (clients retry a refused write) and the log starts
+        // over.
+        reader.execute_batch("COMMIT").unwrap();
+        let mut resumed = false;
+        for _ in 0..100 {
+            if commit(&store, id, &parts).await.is_ok() {
+                resumed = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(resumed, "writes resume once the reader is gone");
+        store.checkpoint().await.unwrap();
+        assert!(wal_size(&store) <= WAL_SOFT_LIMIT, "{}", wal_size(&store));
+
+        // A restart after a crash finds a large log and empties it.
+        commit(&store, id, &parts).await.unwrap();
+        checkpointer.abort();
+        let _ = checkpointer.await;
+        let before = wal_size(&store);
+        assert!(before > 0);
+        std::mem::forget(store); // as after kill -9: no clean close
+        let reopened = SqliteStore::open(&path).await.unwrap();
+        assert!(
+            wal_size(&reopened) < before.min(WAL_SOFT_LIMIT),
+            "{} after a restart, {before} before",
+            wal_size(&reopened)
+        );
+    }
+}
