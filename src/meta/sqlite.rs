@@ -78,7 +78,7 @@ impl WalBound {
     fn before_write(&self, conn: &Connection) -> Result<(), MetaError> {
         use std::sync::atomic::Ordering;
         let n = self.writes.fetch_add(1, Ordering::Relaxed);
-        if n % WAL_CHECK_EVERY != 0 && !self.large.load(Ordering::Relaxed) {
+        if !n.is_multiple_of(WAL_CHECK_EVERY) && !self.large.load(Ordering::Relaxed) {
             return Ok(());
         }
         let size = self.size();
