@@ -606,7 +606,9 @@ impl Cache {
 
     /// Runs [`Cache::maintenance_pass`] every `--gc-interval` until `stop`.
     pub(super) async fn run_maintenance(self, stop: tokio_util::sync::CancellationToken) {
-        let mut tick = tokio::time::interval(self.policy.lifecycle.gc_interval);
+        // The first pass one interval after start-up: a restart costs no walk of the store.
+        let every = self.policy.lifecycle.gc_interval;
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {

@@ -660,6 +660,17 @@ impl MetaStore for MySqlStore {
         .fetch_all(&mut *tx)
         .await
         .map_err(from_sqlx)?;
+        // Usage drops by what is forgotten: work in proportion to it, not to the database.
+        sqlx::query(
+            "UPDATE repository_usage u JOIN
+                 (SELECT repository, SUM(size) AS bytes, COUNT(*) AS n FROM entries
+                  WHERE created_at > ? GROUP BY repository) f ON u.repository = f.repository
+             SET u.bytes = u.bytes - f.bytes, u.entries = u.entries - f.n",
+        )
+        .bind(since)
+        .execute(&mut *tx)
+        .await
+        .map_err(from_sqlx)?;
         let forgotten = sqlx::query("DELETE FROM entries WHERE created_at > ?")
             .bind(since)
             .execute(&mut *tx)
@@ -677,12 +688,6 @@ impl MetaStore for MySqlStore {
             .execute(&mut *tx)
             .await
             .map_err(from_sqlx)?;
-        for sql in RECOUNT_USAGE {
-            sqlx::query(sql)
-                .execute(&mut *tx)
-                .await
-                .map_err(from_sqlx)?;
-        }
         tx.commit().await.map_err(from_sqlx)?;
         // UNION already made the names distinct.
         let garbage = names.iter().filter_map(|n| BlobName::parse(n)).collect();
@@ -926,11 +931,3 @@ fn use_from_row(r: &MySqlRow) -> Result<EntryUse, MetaError> {
         last_used_at: r.try_get(4).map_err(from_sqlx)?,
     })
 }
-
-/// Recounts every repository's usage from its entries, after a change too wide to track row
-/// by row (start-up recovery).
-const RECOUNT_USAGE: [&str; 2] = [
-    "DELETE FROM repository_usage",
-    "INSERT INTO repository_usage (repository, bytes, entries)
-     SELECT repository, SUM(size), COUNT(*) FROM entries GROUP BY repository",
-];

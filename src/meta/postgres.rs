@@ -593,6 +593,17 @@ impl MetaStore for PostgresStore {
         .fetch_all(&mut *tx)
         .await
         .map_err(from_sqlx)?;
+        // Usage drops by what is forgotten: work in proportion to it, not to the database.
+        sqlx::query(
+            "UPDATE repository_usage u SET bytes = u.bytes - f.bytes, entries = u.entries - f.n
+             FROM (SELECT repository, SUM(size)::bigint AS bytes, COUNT(*) AS n FROM entries
+                   WHERE created_at > $1 GROUP BY repository) AS f
+             WHERE u.repository = f.repository",
+        )
+        .bind(since)
+        .execute(&mut *tx)
+        .await
+        .map_err(from_sqlx)?;
         let forgotten = sqlx::query("DELETE FROM entries WHERE created_at > $1")
             .bind(since)
             .execute(&mut *tx)
@@ -610,12 +621,6 @@ impl MetaStore for PostgresStore {
             .execute(&mut *tx)
             .await
             .map_err(from_sqlx)?;
-        for sql in RECOUNT_USAGE {
-            sqlx::query(sql)
-                .execute(&mut *tx)
-                .await
-                .map_err(from_sqlx)?;
-        }
         tx.commit().await.map_err(from_sqlx)?;
         // UNION already made the names distinct.
         let garbage = names.iter().filter_map(|n| BlobName::parse(n)).collect();
@@ -820,11 +825,3 @@ fn use_from_row(r: &PgRow) -> Result<EntryUse, MetaError> {
         last_used_at: r.try_get(4).map_err(from_sqlx)?,
     })
 }
-
-/// Recounts every repository's usage from its entries, after a change too wide to track row
-/// by row (start-up recovery).
-const RECOUNT_USAGE: [&str; 2] = [
-    "DELETE FROM repository_usage",
-    "INSERT INTO repository_usage (repository, bytes, entries)
-     SELECT repository, SUM(size), COUNT(*) FROM entries GROUP BY repository",
-];

@@ -692,6 +692,15 @@ impl MetaStore for SqliteStore {
             while let Some(row) = rows.next()? {
                 garbage.extend(BlobName::parse(&row.get::<_, String>(0)?));
             }
+            // Usage drops by what is forgotten: work in proportion to it, not to the database.
+            tx.prepare_cached(
+                "UPDATE repository_usage SET bytes = repository_usage.bytes - f.gone,
+                                            entries = repository_usage.entries - f.n
+                 FROM (SELECT repository, SUM(size) AS gone, COUNT(*) AS n FROM entries
+                       WHERE created_at > ? GROUP BY repository) AS f
+                 WHERE repository_usage.repository = f.repository",
+            )?
+            .execute([since])?;
             tx.prepare_cached("DELETE FROM entry_chunks WHERE entry_id IN (SELECT id FROM entries WHERE created_at > ?)")?
                 .execute([since])?;
             let forgotten = tx.prepare_cached("DELETE FROM entries WHERE created_at > ?")?.execute([since])?;
@@ -701,7 +710,6 @@ impl MetaStore for SqliteStore {
                 .execute([])?;
             tx.prepare_cached("UPDATE uploads SET state = 'aborted', revision = revision + 1, updated_at = ? WHERE state = 'open'")?
                 .execute([now])?;
-            tx.execute_batch(RECOUNT_USAGE)?;
             garbage.sort();
             garbage.dedup();
             Ok((forgotten, garbage))
@@ -954,12 +962,6 @@ fn use_from_row(r: &Row<'_>) -> Result<EntryUse, MetaError> {
         last_used_at: r.get(4)?,
     })
 }
-
-/// Recounts every repository's usage from its entries, after a change too wide to track row
-/// by row (start-up recovery).
-const RECOUNT_USAGE: &str = "DELETE FROM repository_usage;
-    INSERT INTO repository_usage (repository, bytes, entries)
-    SELECT repository, SUM(size), COUNT(*) FROM entries GROUP BY repository;";
 
 #[cfg(test)]
 mod tests {
