@@ -127,6 +127,11 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
     conn.busy_timeout(Duration::from_secs(10))?;
     conn.set_prepared_statement_cache_capacity(64);
     conn.pragma_update(None, "foreign_keys", "ON")?;
+    #[cfg(test)]
+    conn.trace_v2(
+        rusqlite::trace::TraceEventCodes::SQLITE_TRACE_STMT,
+        Some(tests::record_statement),
+    );
     Ok(())
 }
 
@@ -193,6 +198,40 @@ impl SqliteStore {
         };
         store.ping().await?;
         Ok(store)
+    }
+
+    /// Stores entries as finalizes would leave them, many per transaction: a bulk load for
+    /// benchmarks and tests that need a large database (`hoard bench --preload`). The chunks are
+    /// recorded, not written: downloading these entries fails.
+    pub async fn import(&self, entries: Vec<(Slot, Vec<Chunk>, Millis)>) -> Result<(), MetaError> {
+        self.write(move |tx| {
+            let mut entry = tx.prepare_cached(
+                "INSERT INTO entries (repository, scope, key, key_folded, version, size, chunk_count, created_at, last_used_at)
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            )?;
+            let mut chunk = tx.prepare_cached(
+                "INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256, xxh3) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            )?;
+            let mut usage = tx.prepare_cached(
+                "INSERT INTO repository_usage (repository, bytes, entries) VALUES (?, ?, 1)
+                 ON CONFLICT (repository) DO UPDATE SET bytes = bytes + excluded.bytes, entries = entries + 1",
+            )?;
+            for (slot, chunks, at) in entries {
+                let (repo, scope, folded, version) = slot_params(&slot);
+                let size: u64 = chunks.iter().map(|c| c.size).sum();
+                let id: i64 = entry.query_row(
+                    params![repo, scope, slot.key.as_str(), folded, version, size as i64, chunks.len() as i64, at, at],
+                    |r| r.get(0),
+                )?;
+                for (ordinal, placed) in EntryChunk::place(&chunks).iter().enumerate() {
+                    let c = &placed.chunk;
+                    chunk.execute(params![id, ordinal as i64, placed.start as i64, c.blob.as_str(), c.size as i64, &c.sha256[..], xxh3_column(c)])?;
+                }
+                usage.execute(params![repo, size as i64])?;
+            }
+            Ok(())
+        })
+        .await
     }
 
     /// Runs `f` in one immediate transaction on the writer connection.
@@ -967,6 +1006,155 @@ fn use_from_row(r: &Row<'_>) -> Result<EntryUse, MetaError> {
 mod tests {
     use super::*;
     use crate::model::CacheKey;
+
+    /// Statements run by this test process's stores, with their parameters, while recording.
+    static STATEMENTS: Mutex<Option<Vec<String>>> = Mutex::new(None);
+
+    pub(super) fn record_statement(event: rusqlite::trace::TraceEvent<'_>) {
+        if let rusqlite::trace::TraceEvent::Stmt(stmt, sql) = event {
+            let mut recorded = STATEMENTS.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(list) = recorded.as_mut() {
+                list.push(stmt.expanded_sql().unwrap_or_else(|| sql.to_owned()));
+            }
+        }
+    }
+
+    fn slot(repo: &str, key: &str) -> Slot {
+        Slot {
+            repository: RepoId::new(repo),
+            scope: Scope::new("refs/heads/main"),
+            key: CacheKey::parse(key).unwrap(),
+            version: Version::parse("v").unwrap(),
+        }
+    }
+
+    fn chunk(size: u64) -> Chunk {
+        Chunk {
+            blob: BlobName::random(),
+            size,
+            sha256: [1; 32],
+            xxh3: Some(size),
+        }
+    }
+
+    /// Every statement of the hot paths and the lifecycle, run against 100,000 entries in 1,000
+    /// repositories, searches an index: none scans a large table (a scan in index order that
+    /// stops at a LIMIT is allowed).
+    #[tokio::test]
+    async fn every_statement_uses_an_index_at_a_hundred_thousand_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("hoard.db"))
+            .await
+            .unwrap();
+        for batch in 0..10 {
+            let entries = (0..10_000)
+                .map(|i| {
+                    let n = batch * 10_000 + i;
+                    let s = slot(&format!("repo-{}", n % 1000), &format!("key-{n}"));
+                    (s, vec![chunk(1000)], n as i64)
+                })
+                .collect();
+            store.import(entries).await.unwrap();
+        }
+        *STATEMENTS.lock().unwrap() = Some(Vec::new());
+
+        // A save, restores and the lifecycle's queries, as the domain makes them.
+        let s = slot("repo-7", "key-new");
+        let state = store.slot_state(&s, 0).await.unwrap();
+        assert!(!state.entry_exists);
+        let new = NewUpload {
+            slot: &s,
+            created_by: "t",
+            now: 200_000,
+        };
+        let id = store.create_upload(new, None).await.unwrap();
+        let upload = store.upload(id).await.unwrap().unwrap();
+        let c = chunk(10);
+        store
+            .stage_block(&upload, &BlockId::parse(b"b").unwrap(), &c, 200_001)
+            .await
+            .unwrap();
+        let (upload, blocks) = store.upload_with_blocks(id).await.unwrap().unwrap();
+        let parts: Vec<(BlockId, Chunk)> = blocks.staged.into_iter().collect();
+        store.commit_parts(&upload, &parts, 200_002).await.unwrap();
+        let fin = store.finalize_state(&s).await.unwrap();
+        let (upload, _) = fin.open.unwrap();
+        let chunks = vec![c.clone()];
+        let entry = NewEntry {
+            slot: &s,
+            key: "key-new",
+            chunks: &chunks,
+            now: 200_003,
+        };
+        let new_id = store.finalize(&upload, entry).await.unwrap();
+        let repo = RepoId::new("repo-7");
+        let version = Version::parse("v").unwrap();
+        let scopes = [
+            Scope::new("refs/heads/main"),
+            Scope::new("refs/heads/other"),
+        ];
+        let found = store
+            .find_candidates(&repo, &version, &scopes, &["key-new".into(), "key-".into()])
+            .await
+            .unwrap();
+        assert!(found.iter().any(|c| c.id == new_id));
+        store.entry(new_id).await.unwrap().unwrap();
+        store.record_hits(&[(new_id, 1, 200_004)]).await.unwrap();
+        assert!(store.repository_usage(&repo).await.unwrap() > 0);
+        let lru = store.least_recently_used(Some(&repo), 8).await.unwrap();
+        store.least_recently_used(None, 8).await.unwrap();
+        store.expired(50, Some(50), 10).await.unwrap();
+        let cause = RemovalCause::Evicted;
+        let removal = Removal {
+            cause: &cause,
+            now: 200_005,
+            delete_at: 300_000,
+        };
+        store.remove_entries(&[lru[0].id], removal).await.unwrap();
+        let due = store.due_deletions(300_000, 10).await.unwrap();
+        store.referenced(&due).await.unwrap();
+        store.deletions_done(&due).await.unwrap();
+        store.stale_uploads(10, 10).await.unwrap();
+        store.entry_ids(50_000, 10).await.unwrap();
+
+        let statements = STATEMENTS.lock().unwrap().take().unwrap();
+        let reader = Connection::open(dir.path().join("hoard.db")).unwrap();
+        const LARGE: [&str; 6] = [
+            "entries",
+            "entry_chunks",
+            "uploads",
+            "upload_parts",
+            "staged_blocks",
+            "pending_deletions",
+        ];
+        let mut checked = 0;
+        for sql in statements.iter().filter(|s| {
+            let head = s.trim_start().to_ascii_uppercase();
+            ["SELECT", "INSERT", "UPDATE", "DELETE", "WITH"]
+                .iter()
+                .any(|k| head.starts_with(k))
+        }) {
+            let mut plan = reader
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap();
+            let lines: Vec<String> = plan
+                .query_map([], |r| r.get::<_, String>(3))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            for line in &lines {
+                let scanned = line
+                    .strip_prefix("SCAN ")
+                    .and_then(|rest| rest.split_whitespace().next());
+                if let Some(table) = scanned.filter(|t| LARGE.contains(t)) {
+                    let bounded = line.contains("INDEX") && sql.contains("LIMIT");
+                    assert!(bounded, "{table} is scanned by:\n{sql}\nplan: {lines:?}");
+                }
+            }
+            checked += 1;
+        }
+        assert!(checked > 25, "only {checked} statements were checked");
+    }
 
     const MARGIN: u64 = 32 << 20; // writes in flight between two looks at the log's size
 
