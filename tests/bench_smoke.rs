@@ -115,3 +115,57 @@ fn a_failing_target_fails_the_run() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("nothing: round 1"), "{stderr}");
 }
+
+#[test]
+fn a_preloaded_run_reports_the_database_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let json_path = dir.path().join("report.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_hoard"))
+        .args([
+            "bench",
+            "--preload",
+            "3000",
+            "--scale",
+            "0.01",
+            "--rounds",
+            "1",
+            "--json",
+        ])
+        .arg(&json_path)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed:\n{stdout}\n{stderr}");
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    let notes: Vec<&str> = report["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    let preload = notes
+        .iter()
+        .find(|n| n.contains("preloaded 3000 entries"))
+        .unwrap_or_else(|| panic!("no preload note: {notes:?}"));
+    assert!(preload.contains("bytes per entry"), "{preload}");
+    assert!(
+        notes.iter().any(|n| n.contains("every download checked")),
+        "{notes:?}"
+    );
+    // Refused where it cannot apply.
+    let out = Command::new(env!("CARGO_BIN_EXE_hoard"))
+        .args([
+            "bench",
+            "--preload",
+            "10",
+            "--target",
+            "x=http://127.0.0.1:9",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--preload"));
+}

@@ -57,6 +57,12 @@ pub struct BenchArgs {
     #[arg(long, hide = true)]
     pub only_small: bool,
 
+    /// Store this many small entries, across 1,000 repositories, in the database of the hoard
+    /// the bench starts, before it starts: lookups and saves then run against a large database.
+    /// The report gives the database and write-ahead log sizes before and after the phases.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub preload: u64,
+
     /// Also write the report as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -97,6 +103,69 @@ struct Target {
     token: Option<String>,
     /// Keeps a spawned server's data directory alive until the end.
     _data: Option<tempfile::TempDir>,
+    /// The SQLite database of a hoard the bench started, and what was preloaded into it.
+    database: Option<PathBuf>,
+    preloaded: Option<Preloaded>,
+}
+
+/// What `--preload` stored, and the database's size after it.
+#[derive(Debug, Clone, Copy)]
+struct Preloaded {
+    entries: u64,
+    seconds: f64,
+    database_bytes: u64,
+    wal_bytes: u64,
+}
+
+/// The sizes of a SQLite database file and its write-ahead log.
+fn database_sizes(db: &std::path::Path) -> (u64, u64) {
+    let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
+    let mut wal = db.as_os_str().to_owned();
+    wal.push("-wal");
+    (size(db), size(std::path::Path::new(&wal)))
+}
+
+/// Stores `n` entries of one 64 KiB chunk each across 1,000 repositories, straight into the
+/// SQLite database at `db` (10,000 per transaction).
+async fn preload(db: &std::path::Path, n: u64) -> Result<Preloaded, BenchFailure> {
+    use crate::meta::MetaStore as _;
+    use crate::model::{BlobName, CacheKey, Chunk, RepoId, Scope, Slot, Version};
+    let started = Instant::now();
+    let fail = |e: crate::meta::MetaError| usage(format!("--preload: {e}"));
+    let store = crate::meta::SqliteStore::open(db).await.map_err(fail)?;
+    let version = Version::parse("preload").map_err(|e| usage(e.to_string()))?;
+    let mut next = 0u64;
+    while next < n {
+        let batch: Vec<(Slot, Vec<Chunk>, crate::model::Millis)> = (next..n.min(next + 10_000))
+            .map(|i| {
+                let key = CacheKey::parse(&format!("preload-{i}")).expect("a valid key");
+                let slot = Slot {
+                    repository: RepoId::new(format!("preload-{}", i % 1000)),
+                    scope: Scope::new("refs/heads/main"),
+                    key,
+                    version: version.clone(),
+                };
+                let chunk = Chunk {
+                    blob: BlobName::random(),
+                    size: 64 << 10,
+                    sha256: [0; 32],
+                    xxh3: Some(i),
+                };
+                (slot, vec![chunk], crate::model::now_millis())
+            })
+            .collect();
+        next += batch.len() as u64;
+        store.import(batch).await.map_err(fail)?;
+    }
+    store.checkpoint().await.map_err(fail)?;
+    drop(store);
+    let (database_bytes, wal_bytes) = database_sizes(db);
+    Ok(Preloaded {
+        entries: n,
+        seconds: started.elapsed().as_secs_f64(),
+        database_bytes,
+        wal_bytes,
+    })
 }
 
 impl Drop for Target {
@@ -220,6 +289,8 @@ fn target(label: String, base: String, verify_content: bool) -> Target {
         client_cpu: 0.0,
         token: None,
         _data: None,
+        database: None,
+        preloaded: None,
     }
 }
 
@@ -249,6 +320,11 @@ async fn prepare_targets(args: &BenchArgs) -> Result<Vec<Target>, BenchFailure> 
     // No target given: measure this hoard binary itself on SQLite and a temporary directory.
     if args.targets.is_empty() && args.spawns.is_empty() {
         let dir = tempfile::tempdir().map_err(|e| usage(e.to_string()))?;
+        let database = dir.path().join("data").join("hoard.db");
+        let preloaded = match args.preload {
+            0 => None,
+            n => Some(preload(&database, n).await?),
+        };
         let port = free_port()?;
         // Tokens are verified as in production: HS256 with a secret only this run knows.
         let secret = crate::model::BlobName::random().as_str().repeat(2);
@@ -269,6 +345,8 @@ async fn prepare_targets(args: &BenchArgs) -> Result<Vec<Target>, BenchFailure> 
         let mut t = spawned("hoard".into(), cmd, &health, true).await?;
         t.token = Some(signed_token(secret.as_bytes())?);
         t._data = Some(dir);
+        t.database = Some(database);
+        t.preloaded = preloaded;
         targets.push(t);
     }
     for raw in &args.spawns {
@@ -300,6 +378,11 @@ async fn prepare_targets(args: &BenchArgs) -> Result<Vec<Target>, BenchFailure> 
             .find(|t| t.label == label)
             .ok_or_else(|| usage(format!("--pid names {label:?}, which is not a target")))?;
         t.pid = Some(pid);
+    }
+    if args.preload > 0 && !targets.iter().any(|t| t.database.is_some()) {
+        return Err(usage(
+            "--preload needs the hoard the bench starts itself (no --target or --spawn)",
+        ));
     }
     if args.baseline {
         let port = free_port()?;
@@ -488,6 +571,30 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
         ),
         format!("client CPU {client_cpu:.1} s over {wall:.1} s of wall time"),
     ];
+    for t in &targets {
+        let Some(db) = &t.database else { continue };
+        let (db_after, wal_after) = database_sizes(db);
+        let per = |bytes: u64, n: u64| bytes as f64 / n.max(1) as f64;
+        match t.preloaded {
+            Some(p) => notes.push(format!(
+                "{}: preloaded {} entries in {:.1} s; database {:.1} MiB + WAL {:.1} MiB after the preload ({:.0} bytes per entry), {:.1} MiB + {:.1} MiB after the phases",
+                t.label,
+                p.entries,
+                p.seconds,
+                mib(p.database_bytes),
+                mib(p.wal_bytes),
+                per(p.database_bytes + p.wal_bytes, p.entries),
+                mib(db_after),
+                mib(wal_after)
+            )),
+            None => notes.push(format!(
+                "{}: database {:.1} MiB + WAL {:.1} MiB after the phases",
+                t.label,
+                mib(db_after),
+                mib(wal_after)
+            )),
+        }
+    }
     for t in &targets {
         let verified: u64 = t.rounds.iter().map(|r| r.verified_bytes).sum();
         let how = if t.verify_content {
