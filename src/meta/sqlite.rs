@@ -44,8 +44,8 @@ const MAX_READERS: usize = 8;
 /// Past this size the write-ahead log asks for an early sync and checkpoint, and a checkpoint
 /// truncates it to this size at most (`journal_size_limit`).
 pub const WAL_SOFT_LIMIT: u64 = 64 << 20;
-/// The log never grows past this (plus one transaction): a write that finds it larger first
-/// checkpoints in place, and is refused as unavailable if a long read transaction prevents that.
+/// The log never grows past this (plus the writes in flight): a write that finds it larger waits
+/// for a checkpoint, and is refused as unavailable if a long read transaction prevents one.
 pub const WAL_HARD_LIMIT: u64 = 256 << 20;
 /// The log's size is looked at once every this many writes (a `stat`), and on every write while
 /// it is past the soft limit.
