@@ -20,13 +20,17 @@ struct Cli {
 enum Command {
     /// Run the cache server.
     Serve(Box<ServeArgs>),
-    /// Run one maintenance pass now: abort abandoned uploads, expire and evict entries, delete
-    /// chunks whose grace period is over and orphaned chunks. Takes the same options as
-    /// `serve` (and its HOARD_* variables); safe while servers run.
+    /// Run one maintenance pass now (expiry, eviction, abandoned uploads, garbage collection).
+    ///
+    /// Aborts abandoned uploads, expires and evicts entries, and deletes chunks whose grace period
+    /// is over and orphaned chunks. Takes the same options as `serve` (and its HOARD_*
+    /// variables); safe while servers run.
     Gc(Box<GcArgs>),
-    /// Read every stored chunk, check it against its recorded SHA-256, and quarantine the
-    /// entries whose chunks are damaged or missing. Exits with 1 if any were found. Takes the
-    /// same options as `serve`; safe while servers run.
+    /// Check every stored chunk against its SHA-256 and quarantine damaged entries.
+    ///
+    /// Reads every chunk of every entry, quarantines the entries whose chunks are damaged or
+    /// missing, and exits with 1 if any were found. Takes the same options as `serve`; safe while
+    /// servers run.
     Verify(Box<ServeArgs>),
     /// Measure servers with the published benchmark method, side by side.
     Bench(Box<BenchArgs>),
