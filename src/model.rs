@@ -11,6 +11,9 @@ use rand::RngCore;
 
 /// The most keys a lookup may carry: the primary key plus restore keys (PROTOCOL.md §2.7).
 pub const MAX_LOOKUP_KEYS: usize = 10;
+/// The most readable scopes a lookup searches. GitHub's tokens carry one to three (the ref, its
+/// base, the default branch); a lookup's work grows with scopes × keys, so more are refused.
+pub const MAX_READ_SCOPES: usize = 16;
 /// The longest key `@actions/cache` accepts (PROTOCOL.md §9).
 pub const MAX_KEY_CHARS: usize = 512;
 /// Versions are opaque strings (buildx sends its own); this only bounds their size.

@@ -651,3 +651,44 @@ async fn http2_clients_get_links_to_the_authority_they_used() {
         "{url}"
     );
 }
+
+/// A lookup's work grows with scopes × keys: a token with the most readable scopes hoard
+/// searches, asking ten keys, is answered; one more scope is a clear invalid_argument, not a 500.
+#[tokio::test]
+async fn lookups_search_at_most_sixteen_scopes() {
+    let srv = TestServer::start().await;
+    srv.save(&main_token(), "deep-key", VERSION, b"found").await;
+    let restore: Vec<String> = (0..9).map(|i| format!("other-{i}-")).collect();
+    let restore: Vec<&str> = restore.iter().map(String::as_str).collect();
+    let scopes = |n: usize| -> Vec<(String, u8)> {
+        let mut grants: Vec<(String, u8)> = (0..n - 1)
+            .map(|i| (format!("refs/heads/branch-{i}"), 1))
+            .collect();
+        grants.push((MAIN.to_owned(), 1));
+        grants
+    };
+    let token_with = |n: usize| {
+        let grants = scopes(n);
+        let grants: Vec<(&str, u8)> = grants.iter().map(|(s, p)| (s.as_str(), *p)).collect();
+        token("1", &grants)
+    };
+
+    let (status, body) = srv
+        .lookup(&token_with(16), "deep-key", &restore, VERSION)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["matched_key"], "deep-key",
+        "the last scope is searched"
+    );
+
+    let (status, body) = srv
+        .lookup(&token_with(17), "deep-key", &restore, VERSION)
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["code"], "invalid_argument");
+    assert!(
+        body["msg"].as_str().unwrap().contains("at most 16"),
+        "{body}"
+    );
+}

@@ -48,6 +48,7 @@ impl TwirpError {
             "permission_denied" => StatusCode::FORBIDDEN,
             "not_found" | "bad_route" => StatusCode::NOT_FOUND,
             "already_exists" | "aborted" => StatusCode::CONFLICT,
+            "failed_precondition" => StatusCode::PRECONDITION_FAILED,
             "resource_exhausted" => StatusCode::TOO_MANY_REQUESTS,
             "unavailable" => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
@@ -330,5 +331,27 @@ async fn lookup(
             signed_download_url: links::signed(app, headers, Purpose::Download, hit.entry)?,
             matched_key: hit.matched_key,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_map_to_twirps_http_statuses() {
+        for (code, status) in [
+            ("invalid_argument", 400),
+            ("failed_precondition", 412),
+            ("resource_exhausted", 429),
+            ("unavailable", 503),
+            ("internal", 500),
+        ] {
+            assert_eq!(
+                TwirpError::new(code, "m").status().as_u16(),
+                status,
+                "{code}"
+            );
+        }
     }
 }

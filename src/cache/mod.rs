@@ -495,6 +495,13 @@ impl Cache {
         if who.read_scopes.is_empty() {
             return Err(CacheError::ReadDenied);
         }
+        if who.read_scopes.len() > crate::model::MAX_READ_SCOPES {
+            return Err(CacheError::Invalid(crate::model::InvalidInput(format!(
+                "the token grants {} readable scopes; lookups search at most {}",
+                who.read_scopes.len(),
+                crate::model::MAX_READ_SCOPES
+            ))));
+        }
         let folded: Vec<String> = lookup.keys.iter().map(CacheKey::folded).collect();
         let key =
             recent::RecentLookups::key(&who.repository, &lookup.version, &who.read_scopes, &folded);

@@ -58,6 +58,20 @@ pub enum MetaError {
     Internal(String),
 }
 
+/// A driver's error message, cut to a length fit for a log line and an error value: some
+/// drivers quote the whole statement, which a large lookup makes long.
+pub(crate) fn bounded(message: String) -> String {
+    const MAX: usize = 300;
+    if message.len() <= MAX {
+        return message;
+    }
+    let mut end = MAX;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &message[..end], message.len())
+}
+
 /// A new reservation.
 #[derive(Debug, Clone)]
 pub struct NewUpload<'a> {
@@ -360,5 +374,17 @@ impl DatabaseUrl {
                 Err(_) => "(unparseable URL)".into(),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn driver_messages_are_bounded() {
+        assert_eq!(super::bounded("short".into()), "short");
+        let long = format!("near \"x\": syntax error in SELECT {}", "é".repeat(5000));
+        let cut = super::bounded(long.clone());
+        assert!(cut.len() < 400, "{}", cut.len());
+        assert!(cut.ends_with(&format!("({} bytes)", long.len())), "{cut}");
     }
 }

@@ -143,8 +143,8 @@ pub(super) fn from_sqlx(e: sqlx::Error) -> MetaError {
         | sqlx::Error::Tls(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => MetaError::Unavailable(e.to_string()),
-        _ => MetaError::Internal(e.to_string()),
+        | sqlx::Error::WorkerCrashed => MetaError::Unavailable(super::bounded(e.to_string())),
+        _ => MetaError::Internal(super::bounded(e.to_string())),
     }
 }
 

@@ -318,8 +318,8 @@ impl From<rusqlite::Error> for MetaError {
                 | ErrorCode::CannotOpen
                 | ErrorCode::DiskFull
                 | ErrorCode::ReadOnly,
-            ) => MetaError::Unavailable(e.to_string()),
-            _ => MetaError::Internal(e.to_string()),
+            ) => MetaError::Unavailable(super::bounded(e.to_string())),
+            _ => MetaError::Internal(super::bounded(e.to_string())),
         }
     }
 }
