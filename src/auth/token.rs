@@ -33,11 +33,16 @@ pub enum TokenError {
     Malformed,
     #[error("the token's ac claim is not a list of scopes")]
     BadScopes,
+    #[error("the token's repository_id claim must be a string or an integer of at most 255 bytes")]
+    BadRepository,
     #[error("{0}")]
     Rejected(String),
     #[error("the token issuer's keys are unavailable: {0}")]
     KeysUnavailable(String),
 }
+
+/// The longest repository id kept (the metadata stores index it).
+const MAX_REPOSITORY_ID: usize = 255;
 
 #[derive(Deserialize)]
 pub(crate) struct Claims {
@@ -87,9 +92,12 @@ pub(crate) fn identity_from_claims(claims: Claims) -> Result<Identity, TokenErro
     let scopes = derive_scopes(&grants);
     // Forge tokens (act, Gitea) carry no repository id: they share one namespace.
     let repository = match claims.repository_id {
-        Some(serde_json::Value::Number(n)) => n.to_string(),
-        Some(serde_json::Value::String(s)) => s,
-        _ => String::new(),
+        Some(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => n.to_string(),
+        Some(serde_json::Value::String(s)) if s.len() <= MAX_REPOSITORY_ID => s,
+        None | Some(serde_json::Value::Null) => String::new(),
+        // Anything else is refused rather than read as "no repository", which would put the
+        // token in the namespace forge tokens share.
+        Some(_) => return Err(TokenError::BadRepository),
     };
     Ok(Identity {
         repository: RepoId::new(repository),
@@ -130,6 +138,25 @@ mod tests {
         assert_eq!(id.read_scopes.len(), 2);
         assert_eq!(id.subject, "repo:o/r");
         assert_eq!(id.run, "33:44");
+    }
+
+    #[test]
+    fn repository_ids_are_strings_or_integers() {
+        for bad in [
+            r#"{"ac":"[]","repository_id":{}}"#,
+            r#"{"ac":"[]","repository_id":[1]}"#,
+            r#"{"ac":"[]","repository_id":true}"#,
+            r#"{"ac":"[]","repository_id":1.5}"#,
+        ] {
+            assert!(
+                matches!(identity_from_unverified_jwt(&jwt(bad)), Err(TokenError::BadRepository)),
+                "{bad}"
+            );
+        }
+        let long = format!(r#"{{"ac":"[]","repository_id":"{}"}}"#, "7".repeat(256));
+        assert!(identity_from_unverified_jwt(&jwt(&long)).is_err());
+        let forge = identity_from_unverified_jwt(&jwt(r#"{"ac":"[]"}"#)).unwrap();
+        assert_eq!(forge.repository.as_str(), "");
     }
 
     #[test]
