@@ -432,3 +432,20 @@ async fn a_body_longer_than_its_content_length_stores_only_what_was_declared() {
     assert_eq!(body["ok"], true);
     assert_eq!(srv.restore(&t, "k", VERSION).await.unwrap(), b"abcd");
 }
+
+#[tokio::test]
+async fn a_block_list_longer_than_azures_limit_is_400_block_list_too_long() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    let url = srv.reserve(&t, "long-list", VERSION).await;
+    srv.put_block(&url, &js_block_id(0), b"aa".to_vec()).await;
+    let ids: Vec<String> = (0..50_001).map(|_| js_block_id(0)).collect();
+    let res = srv.put_block_list(&url, block_list(&ids, "Latest")).await;
+    assert_azure_error(res, 400, "BlockListTooLong").await;
+    let (_, body) = srv.finalize(&t, "long-list", VERSION, 2).await;
+    assert_eq!(body["ok"], false, "nothing was committed");
+    // The same block listed up to the limit is fine.
+    let ids: Vec<String> = (0..3).map(|_| js_block_id(0)).collect();
+    let res = srv.put_block_list(&url, block_list(&ids, "Latest")).await;
+    assert_eq!(res.status(), 201);
+}

@@ -89,6 +89,11 @@ impl From<CacheError> for AzureError {
             CacheError::UploadClosed => {
                 Self::new(StatusCode::FORBIDDEN, "AuthorizationFailure", e.to_string())
             }
+            CacheError::TooManyBlocks => Self::new(
+                StatusCode::CONFLICT,
+                "BlockCountExceedsLimit",
+                e.to_string(),
+            ),
             CacheError::UnknownBlock => {
                 Self::new(StatusCode::BAD_REQUEST, "InvalidBlockList", e.to_string())
             }
@@ -374,7 +379,11 @@ async fn put(
                     )
                 })?;
             let list = blocklist::parse(&xml).map_err(|e| {
-                AzureError::new(StatusCode::BAD_REQUEST, "InvalidXmlDocument", e.to_string())
+                let code = match e {
+                    blocklist::BadBlockList::TooLong => "BlockListTooLong",
+                    blocklist::BadBlockList::Malformed(_) => "InvalidXmlDocument",
+                };
+                AzureError::new(StatusCode::BAD_REQUEST, code, e.to_string())
             })?;
             cache.commit_block_list(&linked, &list).await?;
             Ok(created(true))

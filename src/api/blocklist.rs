@@ -11,11 +11,15 @@ use crate::model::{BlockRef, BlockSource};
 pub const MAX_BLOCKS: usize = 50_000;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct BadBlockList(pub String);
+pub enum BadBlockList {
+    #[error("{0}")]
+    Malformed(String),
+    #[error("the block list may not contain more than {MAX_BLOCKS} blocks")]
+    TooLong,
+}
 
 pub fn parse(body: &[u8]) -> Result<Vec<BlockRef>, BadBlockList> {
-    let bad = |msg: &str| BadBlockList(msg.to_owned());
+    let bad = |msg: &str| BadBlockList::Malformed(msg.to_owned());
     let mut reader = Reader::from_reader(body);
     reader.config_mut().trim_text(true);
     let mut list = Vec::new();
@@ -23,9 +27,9 @@ pub fn parse(body: &[u8]) -> Result<Vec<BlockRef>, BadBlockList> {
     let mut saw_list = false;
     let mut current: Option<(BlockSource, Vec<u8>)> = None;
     loop {
-        let event = reader
-            .read_event()
-            .map_err(|e| BadBlockList(format!("the block list is not well-formed XML: {e}")))?;
+        let event = reader.read_event().map_err(|e| {
+            BadBlockList::Malformed(format!("the block list is not well-formed XML: {e}"))
+        })?;
         match event {
             Event::Decl(_) | Event::Comment(_) | Event::PI(_) | Event::DocType(_) => {}
             Event::Start(e) if !in_list => {
@@ -53,9 +57,9 @@ pub fn parse(body: &[u8]) -> Result<Vec<BlockRef>, BadBlockList> {
             }
             Event::Text(t) => match current.as_mut() {
                 Some((_, id)) => {
-                    let text = t
-                        .unescape()
-                        .map_err(|e| BadBlockList(format!("bad text in the block list: {e}")))?;
+                    let text = t.unescape().map_err(|e| {
+                        BadBlockList::Malformed(format!("bad text in the block list: {e}"))
+                    })?;
                     id.extend_from_slice(text.trim().as_bytes());
                 }
                 None => return Err(bad("text outside a block element")),
@@ -66,11 +70,10 @@ pub fn parse(body: &[u8]) -> Result<Vec<BlockRef>, BadBlockList> {
             },
             Event::End(_) => match current.take() {
                 Some((source, id)) => {
-                    let id = BlockId::parse(&id).map_err(|e| BadBlockList(e.to_string()))?;
+                    let id =
+                        BlockId::parse(&id).map_err(|e| BadBlockList::Malformed(e.to_string()))?;
                     if list.len() == MAX_BLOCKS {
-                        return Err(BadBlockList(format!(
-                            "a block list may name at most {MAX_BLOCKS} blocks"
-                        )));
+                        return Err(BadBlockList::TooLong);
                     }
                     list.push(BlockRef { id, source });
                 }

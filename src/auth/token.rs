@@ -149,7 +149,10 @@ mod tests {
             r#"{"ac":"[]","repository_id":1.5}"#,
         ] {
             assert!(
-                matches!(identity_from_unverified_jwt(&jwt(bad)), Err(TokenError::BadRepository)),
+                matches!(
+                    identity_from_unverified_jwt(&jwt(bad)),
+                    Err(TokenError::BadRepository)
+                ),
                 "{bad}"
             );
         }

@@ -61,6 +61,11 @@ pub enum CacheError {
     Busy,
     #[error("the cache storage is full and nothing more can be evicted; retry later")]
     StorageFull,
+    #[error(
+        "an upload may have at most {} uncommitted blocks",
+        upload::MAX_STAGED_BLOCKS
+    )]
+    TooManyBlocks,
     #[error(transparent)]
     Blob(#[from] BlobError),
     #[error(transparent)]
@@ -324,6 +329,7 @@ impl Cache {
             let (upload, blocks) = self.decide_on(linked, attempt).await?;
             match upload::decide_stage(&blocks, block, chunk, max) {
                 Staging::TooLarge => Err(CacheError::TooLarge(max)),
+                Staging::TooManyBlocks => Err(CacheError::TooManyBlocks),
                 Staging::Record { garbage } => {
                     self.meta
                         .stage_block(&upload, block, chunk, self.clock.now())

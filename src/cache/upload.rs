@@ -59,7 +59,12 @@ pub enum Staging {
     Record { garbage: Vec<BlobName> },
     /// The upload's staged blocks would hold more than an entry may.
     TooLarge,
+    /// The upload already has as many uncommitted blocks as Azure allows.
+    TooManyBlocks,
 }
+
+/// Most uncommitted blocks one blob may have (Azure's limit).
+pub const MAX_STAGED_BLOCKS: usize = 100_000;
 
 /// A retried block id replaces the earlier copy (the last write wins until commit). The staged
 /// blocks of an upload, other copies of this id aside, may hold at most `max_staged` bytes, so an
@@ -78,6 +83,9 @@ pub fn decide_stage(
         .sum();
     if others.saturating_add(chunk.size) > max_staged {
         return Staging::TooLarge;
+    }
+    if !blocks.staged.contains_key(block) && blocks.staged.len() >= MAX_STAGED_BLOCKS {
+        return Staging::TooManyBlocks;
     }
     // The replaced copy may still be a committed part (Azure keeps the committed list).
     let garbage = unreferenced(
@@ -243,6 +251,19 @@ mod tests {
         let sizes: Vec<u64> = out.parts.iter().map(|(_, c)| c.size).collect();
         assert_eq!(sizes, [1, 2, 3]);
         assert!(out.garbage.is_empty());
+    }
+
+    #[test]
+    fn an_upload_holds_at_most_azures_count_of_uncommitted_blocks() {
+        let mut blocks = UploadBlocks::default();
+        for i in 0..MAX_STAGED_BLOCKS {
+            blocks.staged.insert(id(&format!("b{i}")), chunk(1));
+        }
+        let refused = decide_stage(&blocks, &id("one-more"), &chunk(1), u64::MAX);
+        assert!(matches!(refused, Staging::TooManyBlocks));
+        // A retried block replaces its copy: still allowed at the limit.
+        let retried = decide_stage(&blocks, &id("b7"), &chunk(1), u64::MAX);
+        assert!(matches!(retried, Staging::Record { .. }));
     }
 
     #[test]
