@@ -692,3 +692,18 @@ async fn lookups_search_at_most_sixteen_scopes() {
         "{body}"
     );
 }
+
+/// A failing readiness check names the part that failed and nothing of its internals (paths,
+/// driver messages): those go to the log.
+#[tokio::test]
+async fn readiness_failures_do_not_echo_internal_errors() {
+    let srv = TestServer::start().await;
+    std::fs::remove_dir_all(srv.data.path().join("tmp")).unwrap();
+    let (status, body) = json_of(srv.http.get(srv.url("/readyz")).send().await.unwrap()).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["status"], "unavailable");
+    assert_eq!(body["error"], "the chunk store cannot be written");
+    let text = body.to_string();
+    let dir = srv.data.path().to_str().unwrap();
+    assert!(!text.contains(dir), "no path in the answer: {text}");
+}

@@ -130,7 +130,12 @@ async fn readyz(State(app): State<AppState>) -> Response {
         }
         Err(e) => {
             tracing::warn!(error = %e, "readiness check failed");
-            let body = serde_json::json!({ "status": "unavailable", "error": e.to_string(), "warnings": warnings });
+            // The cause is in the log; the answer names only the part that failed.
+            let failed = match e {
+                crate::cache::CacheError::Blob(_) => "the chunk store cannot be written",
+                _ => "the metadata database does not answer",
+            };
+            let body = serde_json::json!({ "status": "unavailable", "error": failed, "warnings": warnings });
             (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
         }
     }

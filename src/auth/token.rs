@@ -37,7 +37,8 @@ pub enum TokenError {
     BadRepository,
     #[error("{0}")]
     Rejected(String),
-    #[error("the token issuer's keys are unavailable: {0}")]
+    /// The cause is logged where the fetch failed; clients get no internal detail.
+    #[error("the token issuer's keys are unavailable; retry later")]
     KeysUnavailable(String),
 }
 
