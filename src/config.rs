@@ -134,7 +134,7 @@ pub struct ServeArgs {
 
     /// How long the chunks of an evicted or expired entry stay readable, so that downloads
     /// already under way finish; also the age below which an unreferenced chunk is never
-    /// collected [default: --download-url-ttl plus 1h].
+    /// collected [default: --download-url-ttl plus --lookup-cache-ttl plus 1h].
     #[arg(long, env = "HOARD_DELETION_GRACE", value_parser = humantime::parse_duration)]
     pub deletion_grace: Option<Duration>,
 
@@ -520,6 +520,37 @@ mod tests {
             .unwrap()
             .redacted();
         assert!(!redacted.contains("secret"), "{redacted}");
+    }
+
+    #[test]
+    fn lifecycle_defaults_follow_github_and_bad_values_are_refused() {
+        use crate::cache::lifecycle::FreeSpace;
+        let l = args(&[]).validate().unwrap().lifecycle;
+        assert_eq!(l.repo_quota, Some(10 << 30));
+        assert_eq!(l.unused_ttl, Some(Duration::from_secs(7 * 86_400)));
+        assert_eq!(l.min_free_space, Some(FreeSpace::Percent(5.0)));
+        assert_eq!(l.max_storage, None);
+        assert_eq!(l.deletion_grace, Duration::from_secs(3600 + 1 + 3600));
+        let off = args(&[
+            "--repo-quota",
+            "0",
+            "--unused-ttl",
+            "0s",
+            "--min-free-space",
+            "0",
+        ])
+        .validate()
+        .unwrap()
+        .lifecycle;
+        assert_eq!(
+            (off.repo_quota, off.unused_ttl, off.min_free_space),
+            (None, None, None)
+        );
+        let err = args(&["--deletion-grace", "10m"]).validate().unwrap_err();
+        assert!(err.0.contains("HOARD_DELETION_GRACE"), "{err}");
+        let err = args(&["--max-storage", "0"]).validate().unwrap_err();
+        assert!(err.0.contains("HOARD_MAX_STORAGE"), "{err}");
+        assert!(Cli::try_parse_from(["hoard", "--min-free-space", "120%"]).is_err());
     }
 
     #[test]
