@@ -23,7 +23,7 @@ use futures_util::StreamExt;
 
 use super::{Cache, CacheError};
 use crate::blob::Capacity;
-use crate::meta::{MetaError, Removal};
+use crate::meta::Removal;
 use crate::model::{BlobName, EntryId, EntryUse, Millis, RemovalCause, RepoId, UploadId};
 
 /// How many rows one step of a pass loads at a time: memory stays bounded on any store.
@@ -390,15 +390,16 @@ impl Cache {
     }
 
     /// Evicts across repositories, least recently used first, until the store is within its
-    /// global limits or nothing is left. With `dry_run`, says what it would evict.
+    /// global limits or nothing is left. With `dry_run`, says what it would evict. Returns the
+    /// bytes still over the limits (0: within them).
     pub async fn enforce_global_limits(
         &self,
         dry_run: bool,
         saw: &mut (dyn FnMut(Action) + Send),
-    ) -> Result<(), CacheError> {
+    ) -> Result<u64, CacheError> {
         let limits = &self.policy.lifecycle;
         if limits.max_storage.is_none() && limits.min_free_space.is_none() {
-            return Ok(());
+            return Ok(0);
         }
         let mut excess = global_excess(limits, &self.occupancy().await?);
         while excess > 0 {
@@ -420,21 +421,13 @@ impl Cache {
             }
             excess = global_excess(limits, &self.occupancy().await?);
         }
-        Ok(())
+        Ok(excess)
     }
 
     /// Before a reservation: the store must be within its global limits, evicting if need be.
     /// When nothing more can be evicted, the reservation is refused.
     pub(super) async fn make_room(&self) -> Result<(), CacheError> {
-        let limits = &self.policy.lifecycle;
-        if limits.max_storage.is_none() && limits.min_free_space.is_none() {
-            return Ok(());
-        }
-        if global_excess(limits, &self.occupancy().await?) == 0 {
-            return Ok(());
-        }
-        self.enforce_global_limits(false, &mut |_| {}).await?;
-        if global_excess(limits, &self.occupancy().await?) > 0 {
+        if self.enforce_global_limits(false, &mut |_| {}).await? > 0 {
             return Err(CacheError::StorageFull);
         }
         Ok(())
@@ -447,8 +440,10 @@ impl Cache {
         dry_run: bool,
         tally: &mut Tally<'_, '_>,
     ) -> Result<u64, CacheError> {
-        let now = self.clock.now();
-        let before = now.saturating_sub(millis(self.policy.reservation_ttl));
+        let before = self
+            .clock
+            .now()
+            .saturating_sub(millis(self.policy.reservation_ttl));
         loop {
             let stale = self.meta.stale_uploads(before, BATCH).await?;
             if dry_run || stale.is_empty() {
@@ -459,17 +454,16 @@ impl Cache {
             }
             let mut progressed = false;
             for id in stale {
-                let Some((upload, blocks)) = self.meta.upload_with_blocks(id).await? else {
-                    continue;
-                };
-                match self.meta.abort_upload(&upload, now).await {
-                    // Changed meanwhile (finalized, taken over, aborted by another process).
-                    Err(MetaError::Stale) => continue,
-                    other => other?,
+                match self.abandon(id).await {
+                    Ok(true) => {
+                        progressed = true;
+                        tally.saw(Action::AbortUpload(id));
+                    }
+                    // Closed meanwhile (finalized, taken over, aborted by another process), or
+                    // changing too fast to abort now: the next pass looks again.
+                    Ok(false) | Err(CacheError::Busy) => {}
+                    Err(e) => return Err(e),
                 }
-                progressed = true;
-                self.collect(blocks.blobs()).await;
-                tally.saw(Action::AbortUpload(id));
             }
             if !progressed {
                 break;

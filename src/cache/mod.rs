@@ -638,15 +638,18 @@ impl Cache {
             }
             Err(e) if e.is_storage_full() => {
                 tracing::warn!(upload = linked.upload.id, error = %e, "storage full: abandoning the upload and freeing its chunks");
-                self.abandon(linked.upload.id).await;
+                if let Err(e) = self.abandon(linked.upload.id).await {
+                    tracing::warn!(upload = linked.upload.id, error = %e, "could not abandon the upload");
+                }
                 Err(CacheError::StorageFull)
             }
             other => Ok(other?),
         }
     }
 
-    /// Aborts an upload, whatever its revision, and deletes its chunks.
-    async fn abandon(&self, id: UploadId) {
+    /// Aborts an upload, whatever its revision, and deletes its chunks. False if it was already
+    /// closed or gone (finalized, or abandoned by another request or process).
+    async fn abandon(&self, id: UploadId) -> Result<bool, CacheError> {
         let aborted = retry_stale(|_| async {
             let (upload, blocks) = self.open_upload(id).await?;
             self.meta.abort_upload(&upload, self.clock.now()).await?;
@@ -654,9 +657,12 @@ impl Cache {
         })
         .await;
         match aborted {
-            Ok(garbage) => self.collect(garbage).await,
-            Err(CacheError::UploadClosed | CacheError::UploadNotFound) => {}
-            Err(e) => tracing::warn!(upload = id, error = %e, "could not abandon the upload"),
+            Ok(garbage) => {
+                self.collect(garbage).await;
+                Ok(true)
+            }
+            Err(CacheError::UploadClosed | CacheError::UploadNotFound) => Ok(false),
+            Err(e) => Err(e),
         }
     }
 
