@@ -6,30 +6,38 @@ use std::process::Command;
 
 use serde_json::Value;
 
-#[test]
-fn a_small_bench_run_reports_every_metric_for_hoard_and_the_baseline() {
+/// Runs `hoard bench ARGS… --json FILE` to success: the JSON report and the printed output.
+fn bench(args: &[&str]) -> (Value, String) {
     let dir = tempfile::tempdir().unwrap();
     let json_path = dir.path().join("report.json");
     let out = Command::new(env!("CARGO_BIN_EXE_hoard"))
-        .args([
-            "bench",
-            "--baseline",
-            "--scale",
-            "0.01",
-            "--rounds",
-            "2",
-            "--json",
-        ])
+        .arg("bench")
+        .args(args)
+        .arg("--json")
         .arg(&json_path)
         .env("RUST_LOG", "warn")
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench failed:\n{stdout}\n{stderr}");
+    let report = serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    (report, stdout)
+}
 
-    let report: Value =
-        serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+/// The report's notes.
+fn notes(report: &Value) -> Vec<&str> {
+    report["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_small_bench_run_reports_every_metric_for_hoard_and_the_baseline() {
+    let (report, stdout) = bench(&["--baseline", "--scale", "0.01", "--rounds", "2"]);
     assert_eq!(report["targets"], serde_json::json!(["hoard", "baseline"]));
     assert_eq!(report["rounds"], 2);
     let rows = report["rows"].as_array().unwrap();
@@ -76,12 +84,7 @@ fn a_small_bench_run_reports_every_metric_for_hoard_and_the_baseline() {
             "{rate}"
         );
     }
-    let notes: Vec<&str> = report["notes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| n.as_str().unwrap())
-        .collect();
+    let notes = notes(&report);
     assert!(
         notes
             .iter()
@@ -118,34 +121,8 @@ fn a_failing_target_fails_the_run() {
 
 #[test]
 fn a_preloaded_run_reports_the_database_size() {
-    let dir = tempfile::tempdir().unwrap();
-    let json_path = dir.path().join("report.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_hoard"))
-        .args([
-            "bench",
-            "--preload",
-            "3000",
-            "--scale",
-            "0.01",
-            "--rounds",
-            "1",
-            "--json",
-        ])
-        .arg(&json_path)
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "bench failed:\n{stdout}\n{stderr}");
-    let report: Value =
-        serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
-    let notes: Vec<&str> = report["notes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| n.as_str().unwrap())
-        .collect();
+    let (report, _) = bench(&["--preload", "3000", "--scale", "0.01", "--rounds", "1"]);
+    let notes = notes(&report);
     let preload = notes
         .iter()
         .find(|n| n.contains("preloaded 3000 entries"))
