@@ -85,6 +85,26 @@ pub struct ServeArgs {
     #[arg(long, env = "HOARD_INSECURE_SKIP_TOKEN_VALIDATION")]
     pub insecure_skip_token_validation: bool,
 
+    /// Namespaces by secret path prefix, for act and Gitea's cache.external_server: per line a
+    /// name, a secret prefix (16+ letters, digits, '-', '_') and read-only or read-write.
+    /// Requests to /<secret>/_apis/artifactcache/ then belong to that namespace.
+    #[arg(long, env = "HOARD_NAMESPACES_FILE")]
+    pub namespaces_file: Option<PathBuf>,
+
+    /// Accept Forgejo runner cache-proxy requests whose Forgejo-Cache-MAC verifies with the
+    /// secret in this file (the secret of `forgejo-runner cache-server`).
+    #[arg(long, env = "HOARD_FORGEJO_CACHE_SECRET_FILE")]
+    pub forgejo_cache_secret_file: Option<PathBuf>,
+
+    /// How long after a Forgejo run started its proxy's requests are accepted.
+    #[arg(long, env = "HOARD_FORGEJO_RUN_MAX_AGE", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub forgejo_run_max_age: Duration,
+
+    /// What requests without any credential may do: off, read-only or read-write. They share
+    /// one namespace; anyone who can reach the server can use it.
+    #[arg(long, env = "HOARD_ANONYMOUS_ACCESS", default_value = "off", value_parser = parse_anonymous)]
+    pub anonymous_access: Anonymous,
+
     /// File holding the key that signs upload and download links (at least 32 bytes); made with
     /// mode 0600 if missing. Replicas must share it [default: <data-dir>/signing.key].
     #[arg(long, env = "HOARD_SIGNING_KEY_FILE")]
@@ -153,6 +173,19 @@ pub struct ServeArgs {
 }
 
 /// Parses `1234`, `64KiB`, `10MiB`, `10GiB` (also KB/MB/GB, read as powers of 1024).
+/// `--anonymous-access`: `off`, or what anonymous requests may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Anonymous(pub Option<crate::auth::namespaces::Access>);
+
+fn parse_anonymous(raw: &str) -> Result<Anonymous, String> {
+    match raw {
+        "off" | "none" => Ok(Anonymous(None)),
+        other => crate::auth::namespaces::Access::parse(other)
+            .map(|a| Anonymous(Some(a)))
+            .ok_or_else(|| "expected off, read-only or read-write".to_owned()),
+    }
+}
+
 pub fn parse_size(raw: &str) -> Result<u64, String> {
     let raw = raw.trim();
     let digits = raw.find(|c: char| !c.is_ascii_digit()).unwrap_or(raw.len());
@@ -200,6 +233,9 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     pub lookup_cache_ttl: Duration,
     pub tokens: crate::auth::TokenSettings,
+    pub forgejo: Option<crate::auth::forgejo::ForgejoSettings>,
+    pub namespaces: crate::auth::namespaces::Namespaces,
+    pub anonymous: Option<crate::auth::namespaces::Access>,
     /// The link signing key, if given directly; else `signing_key_file` is used.
     pub signing_key: Option<Vec<u8>>,
     pub signing_key_file: PathBuf,
@@ -289,9 +325,39 @@ impl ServeArgs {
             ));
         }
         let lifecycle = self.lifecycle()?;
+        let namespaces = match &self.namespaces_file {
+            Some(path) => crate::auth::namespaces::Namespaces::load(path).map_err(|e| {
+                ConfigError(format!("--namespaces-file (HOARD_NAMESPACES_FILE): {e}."))
+            })?,
+            None => Default::default(),
+        };
+        let forgejo = match &self.forgejo_cache_secret_file {
+            Some(path) => {
+                let secret = std::fs::read(path).map_err(|e| {
+                    ConfigError(format!("--forgejo-cache-secret-file (HOARD_FORGEJO_CACHE_SECRET_FILE): cannot read {}: {e}.", path.display()))
+                })?;
+                // forgejo-runner passes the secret as a string: a trailing newline is the file's.
+                let secret = secret.trim_ascii_end().to_vec();
+                if secret.is_empty() {
+                    return Err(ConfigError(
+                        "--forgejo-cache-secret-file (HOARD_FORGEJO_CACHE_SECRET_FILE) is empty."
+                            .into(),
+                    ));
+                }
+                Some(crate::auth::forgejo::ForgejoSettings {
+                    secret,
+                    max_age: self.forgejo_run_max_age,
+                    leeway: self.token_leeway,
+                })
+            }
+            None => None,
+        };
         Ok(Config {
             lifecycle,
             tokens,
+            forgejo,
+            namespaces,
+            anonymous: self.anonymous_access.0,
             signing_key,
             signing_key_file: self
                 .signing_key_file

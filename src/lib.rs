@@ -18,7 +18,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{ApiConfig, AppState};
-use crate::auth::{UrlSigner, Verifier};
+use crate::auth::{Callers, UrlSigner, Verifier};
 use crate::blob::FsStore;
 use crate::cache::{Cache, Policy};
 use crate::config::Config;
@@ -102,6 +102,9 @@ pub async fn build_state(
     if config.tokens.insecure_skip_validation {
         warnings.push(UNVERIFIED_TOKENS_WARNING.to_owned());
     }
+    if config.anonymous.is_some() {
+        warnings.push(auth::callers::ANONYMOUS_WARNING.to_owned());
+    }
     let api = ApiConfig {
         public_url: config.public_url.clone(),
         upload_url_ttl: config.upload_url_ttl,
@@ -113,7 +116,12 @@ pub async fn build_state(
         api,
         cache,
         signer,
-        Verifier::new(config.tokens.clone()).map_err(ServeError::Tokens)?,
+        Callers {
+            tokens: Verifier::new(config.tokens.clone()).map_err(ServeError::Tokens)?,
+            forgejo: config.forgejo.clone(),
+            namespaces: config.namespaces.clone(),
+            anonymous: config.anonymous,
+        },
         shutdown,
     ))
 }

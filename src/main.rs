@@ -120,6 +120,9 @@ async fn serve(args: ServeArgs) -> ExitCode {
     if config.tokens.insecure_skip_validation {
         tracing::warn!("{}", hoard::UNVERIFIED_TOKENS_WARNING);
     }
+    if config.anonymous.is_some() {
+        tracing::warn!("{}", hoard::auth::callers::ANONYMOUS_WARNING);
+    }
     tracing::info!("metadata in {}", config.database.redacted());
     match listener.local_addr() {
         Ok(addr) => tracing::info!("listening on {addr}"),

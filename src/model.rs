@@ -166,6 +166,8 @@ impl fmt::Display for Scope {
     }
 }
 
+const RANGE_TAG: &[u8] = b"\0v1-range:";
+
 /// A block id from Put Block, after URL decoding: opaque bytes, ordered only by the block list
 /// (PROTOCOL.md §3.4, §12). Never empty: the empty id is reserved for single-shot Put Blob.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -185,6 +187,21 @@ impl BlockId {
     /// The id under which a single-shot Put Blob stages its one chunk.
     pub fn whole_blob() -> Self {
         Self(Vec::new())
+    }
+
+    /// The id under which a v1 upload stages the byte range starting at `start`: a retried
+    /// range replaces its earlier copy, as a retried block does. (A client could stage such an
+    /// id through its own upload link; that only shapes its own upload.)
+    pub fn range(start: u64) -> Self {
+        let mut id = RANGE_TAG.to_vec();
+        id.extend_from_slice(&start.to_be_bytes());
+        Self(id)
+    }
+
+    /// The start offset of a range id made by [`BlockId::range`].
+    pub fn range_start(&self) -> Option<u64> {
+        let offset = self.0.strip_prefix(RANGE_TAG)?;
+        Some(u64::from_be_bytes(offset.try_into().ok()?))
     }
 
     pub fn from_stored(bytes: Vec<u8>) -> Self {

@@ -16,7 +16,7 @@ use super::{blocklist, AppState};
 use crate::auth::signing::SignatureError;
 use crate::auth::{LinkTarget, Purpose};
 use crate::blob::{BlobError, ByteStream};
-use crate::cache::{Cache, CacheError};
+use crate::cache::{Cache, CacheError, OpenEntry};
 use crate::model::BlockId;
 
 /// The x-ms-version we answer with; clients ignore the value.
@@ -233,7 +233,7 @@ fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, AzureError> {
 }
 
 /// The request body as a stream that fails if the client sends nothing for `idle`.
-fn body_stream(body: Body, idle: std::time::Duration) -> ByteStream {
+pub(super) fn body_stream(body: Body, idle: std::time::Duration) -> ByteStream {
     let frames = body.into_data_stream().map_err(std::io::Error::other);
     Box::pin(futures_util::stream::unfold(
         Some(frames),
@@ -440,13 +440,24 @@ async fn get(
         created_at: open.entry.created_at,
     };
     authorize(&app, Purpose::Download, target, &query)?;
+    serve_entry(cache, &method, &open, &headers).await
+}
+
+/// Answers a GET or HEAD of an entry the caller may read: whole, or the one range asked for
+/// (`x-ms-range` or `Range`), with the headers Azure-SDK clients need.
+pub(super) async fn serve_entry(
+    cache: &Cache,
+    method: &Method,
+    open: &OpenEntry,
+    headers: &HeaderMap,
+) -> Result<Response, AzureError> {
     let size = open.entry.size;
     let etag = format!(
         "\"0x{:X}{:04X}\"",
         open.entry.created_at,
         open.entry.id & 0xFFFF
     );
-    if let Some(wanted) = header_str(&headers, "if-match") {
+    if let Some(wanted) = header_str(headers, "if-match") {
         if wanted.trim() != "*" && !wanted.split(',').any(|t| t.trim() == etag) {
             return Err(AzureError::new(
                 StatusCode::PRECONDITION_FAILED,
@@ -456,7 +467,7 @@ async fn get(
         }
     }
     // x-ms-range wins over Range when both are present (§4.3).
-    let range_header = header_str(&headers, "x-ms-range").or_else(|| header_str(&headers, "range"));
+    let range_header = header_str(headers, "x-ms-range").or_else(|| header_str(headers, "range"));
     let (status, start, len) = match range::resolve(range_header, size) {
         RangeRequest::Full => (StatusCode::OK, 0, size),
         RangeRequest::Partial { start, len } => (StatusCode::PARTIAL_CONTENT, start, len),
@@ -476,7 +487,7 @@ async fn get(
     let body = if method == Method::HEAD || len == 0 {
         Body::empty()
     } else {
-        Body::from_stream(cache.read(&open, start, len).await?)
+        Body::from_stream(cache.read(open, start, len).await?)
     };
     let mut response = Response::new(body);
     *response.status_mut() = status;

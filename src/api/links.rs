@@ -18,12 +18,7 @@ pub struct NoLinkBase;
 pub const UPLOAD_PREFIX: &str = "/_blob/uploads/";
 pub const DOWNLOAD_PREFIX: &str = "/_blob/entries/";
 
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
+pub use crate::auth::unix_now;
 
 pub fn signed(
     app: &AppState,

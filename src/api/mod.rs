@@ -1,10 +1,13 @@
 //! HTTP: turns requests into domain calls and back. No business rules live here.
 //!
 //! Each protocol answers in its own error shape, including for unknown paths: twirp JSON under
-//! `/twirp/`, Azure XML under `/_blob/` (clients retry text errors, PROTOCOL.md §2.4).
+//! `/twirp/`, Azure XML under `/_blob/` (clients retry text errors, PROTOCOL.md §2.4), JSON with
+//! a `message` under `/_apis/artifactcache/`. Both cache services are also served under any
+//! path prefix, which may name a namespace (see `auth::namespaces`).
 
 mod blob;
 pub mod blocklist;
+mod legacy;
 mod links;
 pub mod proto;
 pub mod range;
@@ -24,7 +27,7 @@ use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
 use tracing::Level;
 use url::Url;
 
-use crate::auth::{UrlSigner, Verifier};
+use crate::auth::{Callers, UrlSigner};
 use crate::cache::Cache;
 use crate::config::Limits;
 
@@ -49,7 +52,7 @@ struct Inner {
     config: ApiConfig,
     cache: Cache,
     signer: UrlSigner,
-    tokens: Verifier,
+    callers: Callers,
     shutdown: CancellationToken,
 }
 
@@ -58,14 +61,14 @@ impl AppState {
         config: ApiConfig,
         cache: Cache,
         signer: UrlSigner,
-        tokens: Verifier,
+        callers: Callers,
         shutdown: CancellationToken,
     ) -> Self {
         Self(Arc::new(Inner {
             config,
             cache,
             signer,
-            tokens,
+            callers,
             shutdown,
         }))
     }
@@ -78,8 +81,8 @@ impl AppState {
     fn signer(&self) -> &UrlSigner {
         &self.0.signer
     }
-    fn tokens(&self) -> &Verifier {
-        &self.0.tokens
+    fn callers(&self) -> &Callers {
+        &self.0.callers
     }
 }
 
@@ -98,6 +101,7 @@ pub fn router(state: AppState) -> Router {
         .on_failure(DefaultOnFailure::new().level(Level::ERROR));
     Router::new()
         .route(&service_route, any(twirp::call))
+        .route(&format!("{}{{*rest}}", legacy::BASE), any(legacy::root))
         .route(
             &format!("{}{{id}}", links::UPLOAD_PREFIX),
             any(blob::upload),
@@ -154,9 +158,15 @@ async fn fallback(
     let path = uri.path();
     if let Some(idx) = path.find(twirp::SERVICE_PATH) {
         let rpc = &path[idx + twirp::SERVICE_PATH.len()..];
-        return twirp::dispatch(&app, rpc, &method, &headers, body)
+        let prefix = path[..idx].trim_matches('/');
+        return twirp::dispatch(&app, prefix, rpc, &method, &headers, body)
             .await
             .unwrap_or_else(IntoResponse::into_response);
+    }
+    if let Some(idx) = path.find(legacy::BASE) {
+        let prefix = path[..idx].trim_matches('/');
+        let rest = &path[idx + legacy::BASE.len()..];
+        return legacy::dispatch(&app, prefix, rest, &method, &uri, &headers, body).await;
     }
     if path.contains("/twirp/") {
         return twirp::TwirpError::new("bad_route", format!("no such route {path}"))

@@ -14,7 +14,7 @@ use super::proto::{
     GetCacheEntryDownloadUrlResponse,
 };
 use super::{links, AppState};
-use crate::auth::{Identity, Purpose, TokenError};
+use crate::auth::{CallerError, Identity, Purpose, TokenError};
 use crate::cache::CacheError;
 use crate::model::Lookup;
 
@@ -114,6 +114,19 @@ impl From<links::NoLinkBase> for TwirpError {
     }
 }
 
+impl From<CallerError> for TwirpError {
+    fn from(e: CallerError) -> Self {
+        match e {
+            CallerError::Token(e) => e.into(),
+            CallerError::Forgejo(e) => {
+                tracing::info!(target: "hoard::audit", action = "refused", reason = %e);
+                Self::new("permission_denied", e.to_string())
+            }
+            CallerError::UnknownPrefix => Self::new("bad_route", "no such route"),
+        }
+    }
+}
+
 impl From<TokenError> for TwirpError {
     fn from(e: TokenError) -> Self {
         tracing::info!(target: "hoard::audit", action = "refused", reason = %e);
@@ -192,13 +205,16 @@ pub async fn call(
     body: Body,
 ) -> Response {
     links::host_from_authority(&mut headers, &uri);
-    dispatch(&app, &method, &http_method, &headers, body)
+    dispatch(&app, "", &method, &http_method, &headers, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
+/// Serves one call; `prefix` is the path before `/twirp/` (clients that keep the path of
+/// `ACTIONS_RESULTS_URL`), which may name a namespace.
 pub(super) async fn dispatch(
     app: &AppState,
+    prefix: &str,
     method: &str,
     http_method: &Method,
     headers: &HeaderMap,
@@ -233,10 +249,7 @@ pub(super) async fn dispatch(
                 format!("request bodies are limited to {MAX_REQUEST_BYTES} bytes"),
             )
         })?;
-    let authorization = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    let who = app.tokens().identify(authorization).await?;
+    let who = app.callers().identify(headers, prefix).await?.identity;
     match handler {
         Rpc::Create => create(app, &who, headers, encoding.decode(&body)?)
             .await

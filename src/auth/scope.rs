@@ -28,10 +28,16 @@ pub struct Scopes {
     pub write: Option<Scope>,
 }
 
+/// One exception to "write is not read": Gitea's tokens grant `[{"Scope":"","Permission":2}]`,
+/// writing to the empty scope, which is no git ref and so never in a GitHub token. A forge
+/// identity that may write the empty scope may read it too, or Gitea jobs could never restore
+/// what they saved; every token naming a ref keeps GitHub's rule.
 pub fn derive_scopes(grants: &[AccessGrant]) -> Scopes {
     let mut scopes = Scopes::default();
     for grant in grants {
-        if grant.permission & READ != 0 && !scopes.read.iter().any(|s| s.as_str() == grant.scope) {
+        let readable = grant.permission & READ != 0
+            || (grant.scope.is_empty() && grant.permission & WRITE != 0);
+        if readable && !scopes.read.iter().any(|s| s.as_str() == grant.scope) {
             scopes.read.push(Scope::new(grant.scope.clone()));
         }
         if grant.permission & WRITE != 0 && scopes.write.is_none() {
@@ -85,6 +91,16 @@ mod tests {
         ));
         assert_eq!(s.read, [Scope::new("b")]);
         assert_eq!(s.write, Some(Scope::new("a")));
+    }
+
+    #[test]
+    fn giteas_write_grant_on_the_empty_scope_reads_it_too() {
+        let s = derive_scopes(&grants(r#"[{"Scope":"","Permission":2}]"#));
+        assert_eq!(s.read, [Scope::new("")]);
+        assert_eq!(s.write, Some(Scope::new("")));
+        // A ref is never widened that way.
+        let s = derive_scopes(&grants(r#"[{"Scope":"refs/heads/main","Permission":2}]"#));
+        assert!(s.read.is_empty());
     }
 
     #[test]

@@ -17,6 +17,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::RwLock;
 
 use super::token::{claims_from_json, identity_from_claims, Identity, TokenError};
+use super::unix_now;
 
 /// GitHub's issuer for Actions tokens (PROTOCOL.md §8).
 pub const GITHUB_ISSUER: &str = "https://token.actions.githubusercontent.com";
@@ -110,13 +111,6 @@ fn keys_of(set: &JwkSet) -> Vec<VerificationKey> {
             })
         })
         .collect()
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
 
 fn normalize_issuer(iss: &str) -> &str {

@@ -11,6 +11,7 @@ pub mod durability;
 mod integrity;
 pub mod lifecycle;
 pub mod matching;
+mod ranges;
 pub mod recent;
 pub mod upload;
 pub mod usage;
@@ -51,6 +52,8 @@ pub enum CacheError {
     NothingUploaded,
     #[error("uploaded {stored} bytes but the client declared {declared}")]
     SizeMismatch { stored: u64, declared: u64 },
+    #[error("{0}")]
+    BadRanges(upload::RangeProblem),
     #[error("no such entry")]
     EntryNotFound,
     #[error("too many uploads are open for this repository; retry later")]
@@ -104,6 +107,8 @@ pub struct Hit {
     /// What the download link opens.
     pub entry: LinkTarget,
     pub matched_key: String,
+    /// The scope the entry was saved in (the v1 answer names it).
+    pub scope: crate::model::Scope,
 }
 
 /// An upload as a signed link found it: the upload and its blocks.
@@ -428,14 +433,26 @@ impl Cache {
         if size > self.policy.max_entry_size {
             return Err(CacheError::TooLarge(self.policy.max_entry_size));
         }
-        let entry = retry_stale(|_| self.try_finalize(&slot, size)).await?;
+        let entry = retry_stale(|_| self.try_finalize(&slot, size, None)).await?;
         audit("finalize", who, &slot, entry);
         Ok(entry)
     }
 
-    async fn try_finalize(&self, slot: &Slot, size: u64) -> Result<EntryId, CacheError> {
+    /// Finalizes the slot's open upload; with `expected`, only if it is that upload (a v1
+    /// commit names its upload, and must never finalize a later reservation of the slot).
+    async fn try_finalize(
+        &self,
+        slot: &Slot,
+        size: u64,
+        expected: Option<UploadId>,
+    ) -> Result<EntryId, CacheError> {
         let state = self.meta.finalize_state(slot).await?;
         let now = self.clock.now();
+        if let (Some(id), Some((open, _))) = (expected, &state.open) {
+            if open.id != id {
+                return Err(CacheError::UploadClosed);
+            }
+        }
         match upload::decide_finalize(&state, size) {
             Finalizing::Commit {
                 upload,
@@ -532,6 +549,7 @@ impl Cache {
                 created_at: best.created_at,
             },
             matched_key: best.key.clone(),
+            scope: best.scope.clone(),
         }))
     }
 

@@ -196,6 +196,61 @@ pub fn assemble(
     Ok(Assembly { parts, garbage })
 }
 
+/// Why the byte ranges of a v1 upload cannot become an entry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RangeProblem {
+    #[error("no byte range was uploaded")]
+    Empty,
+    #[error("the uploaded ranges leave a gap at byte {0}")]
+    Gap(u64),
+    #[error("the uploaded ranges overlap at byte {0}")]
+    Overlap(u64),
+    #[error("uploaded {stored} bytes but the client declared {declared}")]
+    Size { stored: u64, declared: u64 },
+    #[error("the upload holds blocks that are not byte ranges")]
+    NotRanges,
+}
+
+/// A v1 commit: the staged ranges, each a chunk at its offset (a retried range replaced its
+/// earlier copy when it was staged), must tile `[0, size)` exactly, with no gap and no overlap.
+/// They become the committed parts in offset order; earlier committed parts are garbage.
+pub fn tile_ranges(blocks: &UploadBlocks, size: u64) -> Result<Assembly, RangeProblem> {
+    let mut ranges = Vec::with_capacity(blocks.staged.len());
+    for (id, chunk) in &blocks.staged {
+        let start = id.range_start().ok_or(RangeProblem::NotRanges)?;
+        ranges.push((start, id, chunk));
+    }
+    if ranges.is_empty() {
+        return Err(RangeProblem::Empty);
+    }
+    ranges.sort_by_key(|(start, _, _)| *start);
+    let mut end = 0u64;
+    for (start, _, chunk) in &ranges {
+        if *start > end {
+            return Err(RangeProblem::Gap(end));
+        }
+        if *start < end {
+            return Err(RangeProblem::Overlap(*start));
+        }
+        end = start.saturating_add(chunk.size);
+    }
+    if end != size {
+        return Err(RangeProblem::Size {
+            stored: end,
+            declared: size,
+        });
+    }
+    let parts: Vec<(BlockId, Chunk)> = ranges
+        .into_iter()
+        .map(|(_, id, chunk)| (id.clone(), chunk.clone()))
+        .collect();
+    let garbage = unreferenced(
+        blocks.parts.iter().map(|(_, c)| c),
+        parts.iter().map(|(_, c)| c),
+    );
+    Ok(Assembly { parts, garbage })
+}
+
 /// The blobs of `dropped` that no chunk of `kept` refers to, sorted, each once: what a change
 /// leaves unreferenced, to delete once it is applied.
 fn unreferenced<'a>(
@@ -313,6 +368,54 @@ mod tests {
             &committed,
         );
         assert!(only_committed.is_err());
+    }
+
+    fn ranges(spans: &[(u64, u64)]) -> UploadBlocks {
+        let mut blocks = UploadBlocks::default();
+        for (start, len) in spans {
+            blocks.staged.insert(BlockId::range(*start), chunk(*len));
+        }
+        blocks
+    }
+
+    #[test]
+    fn ranges_uploaded_out_of_order_tile_in_offset_order() {
+        let blocks = ranges(&[(30, 5), (0, 10), (20, 10), (10, 10)]);
+        let tiled = tile_ranges(&blocks, 35).unwrap();
+        let starts: Vec<u64> = tiled
+            .parts
+            .iter()
+            .map(|(id, _)| id.range_start().unwrap())
+            .collect();
+        assert_eq!(starts, [0, 10, 20, 30]);
+        assert!(tiled.garbage.is_empty());
+    }
+
+    #[test]
+    fn gaps_overlaps_and_wrong_sizes_are_refused() {
+        assert_eq!(
+            tile_ranges(&ranges(&[(0, 10), (11, 5)]), 16),
+            Err(RangeProblem::Gap(10))
+        );
+        assert_eq!(
+            tile_ranges(&ranges(&[(5, 5)]), 10),
+            Err(RangeProblem::Gap(0))
+        );
+        assert_eq!(
+            tile_ranges(&ranges(&[(0, 10), (8, 5)]), 13),
+            Err(RangeProblem::Overlap(8))
+        );
+        assert_eq!(
+            tile_ranges(&ranges(&[(0, 10), (10, 5)]), 16),
+            Err(RangeProblem::Size {
+                stored: 15,
+                declared: 16
+            })
+        );
+        assert_eq!(tile_ranges(&ranges(&[]), 0), Err(RangeProblem::Empty));
+        let mut mixed = ranges(&[(0, 3)]);
+        mixed.staged.insert(id("azure-block"), chunk(3));
+        assert_eq!(tile_ranges(&mixed, 6), Err(RangeProblem::NotRanges));
     }
 
     #[test]

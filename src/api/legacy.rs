@@ -1,0 +1,474 @@
+//! The legacy cache service (`_apis/artifactcache`, PROTOCOL.md §5) for `@actions/cache` < 4,
+//! GHES and forge clients (Gitea, Forgejo, act), at the origin root and under any path prefix
+//! (`ACTIONS_CACHE_URL=http://hoard:3000/<prefix>/`). Same store, same entries and same rules as
+//! v2: a v1 upload's ranges are chunks, and an entry saved by either protocol restores through
+//! the other. Errors are JSON with a `message`, which the v1 client shows.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use axum::body::{to_bytes, Body};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use percent_encoding::percent_decode_str;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{blob, links, AppState};
+use crate::auth::{Caller, CallerError, Identity, Purpose};
+use crate::cache::CacheError;
+use crate::model::{EntryId, Lookup, UploadId};
+
+/// Where the service lives, under the origin or a prefix.
+pub const BASE: &str = "/_apis/artifactcache/";
+/// Reserve and commit bodies are a few dozen bytes.
+const MAX_JSON_BYTES: usize = 64 * 1024;
+
+/// A v1 error: `{"message": …}` (the client shows `message`), with GitHub's `typeKey` where
+/// the client or users look for one.
+#[derive(Debug)]
+pub struct LegacyError {
+    status: StatusCode,
+    message: String,
+    type_key: Option<&'static str>,
+    retry_after: Option<u64>,
+}
+
+impl LegacyError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            type_key: None,
+            retry_after: None,
+        }
+    }
+
+    fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    fn not_found() -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not found")
+    }
+}
+
+impl IntoResponse for LegacyError {
+    fn into_response(self) -> Response {
+        let mut body = json!({ "message": self.message });
+        if let Some(type_key) = self.type_key {
+            body["typeKey"] = type_key.into();
+        }
+        let mut response = (
+            self.status,
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response();
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, seconds.into());
+        }
+        response
+    }
+}
+
+impl From<CallerError> for LegacyError {
+    fn from(e: CallerError) -> Self {
+        tracing::info!(target: "hoard::audit", action = "refused", reason = %e);
+        match e {
+            CallerError::Token(e) => Self::new(StatusCode::UNAUTHORIZED, e.to_string()),
+            CallerError::Forgejo(e) => Self::new(StatusCode::FORBIDDEN, e.to_string()),
+            CallerError::UnknownPrefix => Self::not_found(),
+        }
+    }
+}
+
+impl From<CacheError> for LegacyError {
+    fn from(e: CacheError) -> Self {
+        match e {
+            CacheError::WriteDenied | CacheError::ReadDenied => {
+                Self::new(StatusCode::FORBIDDEN, e.to_string())
+            }
+            CacheError::UploadNotFound => Self::new(StatusCode::NOT_FOUND, "no such cache"),
+            CacheError::EntryNotFound => Self::new(StatusCode::NOT_FOUND, "no such entry"),
+            CacheError::UploadClosed => {
+                Self::bad_request("the cache is already committed or was abandoned")
+            }
+            CacheError::TooManyUploads => Self {
+                retry_after: Some(60),
+                ..Self::new(StatusCode::TOO_MANY_REQUESTS, e.to_string())
+            },
+            CacheError::StorageFull => {
+                tracing::warn!("a v1 request was refused: the cache storage is full");
+                Self::new(StatusCode::INSUFFICIENT_STORAGE, e.to_string())
+            }
+            // 503 is what the v1 client retries (once, after 5 s).
+            ref e if e.is_transient() => {
+                tracing::warn!(error = %e, "v1 request could not be served now");
+                Self {
+                    retry_after: Some(1),
+                    ..Self::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+                }
+            }
+            CacheError::Blob(crate::blob::BlobError::LengthMismatch { .. }) => {
+                Self::bad_request(e.to_string())
+            }
+            CacheError::Blob(crate::blob::BlobError::Body(_)) => {
+                Self::bad_request("the request body ended early or failed")
+            }
+            CacheError::Blob(_) | CacheError::Meta(_) => {
+                tracing::error!(error = %e, "v1 request failed");
+                Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
+            }
+            // Invalid input, a conflict outside a reservation, sizes and ranges that do not
+            // add up, entries over the size limit (the client's "data cap" answer is 400).
+            other => Self::bad_request(other.to_string()),
+        }
+    }
+}
+
+impl From<links::NoLinkBase> for LegacyError {
+    fn from(e: links::NoLinkBase) -> Self {
+        Self::bad_request(e.to_string())
+    }
+}
+
+/// `/_apis/artifactcache/…` at the origin root.
+pub async fn root(
+    State(app): State<AppState>,
+    method: Method,
+    uri: Uri,
+    mut headers: HeaderMap,
+    body: Body,
+) -> Response {
+    links::host_from_authority(&mut headers, &uri);
+    let rest = uri.path().strip_prefix(BASE).unwrap_or("");
+    dispatch(&app, "", rest, &method, &uri, &headers, body).await
+}
+
+/// One v1 call: `prefix` is the path before `/_apis/artifactcache/` (without slashes) and
+/// `rest` the resource after it.
+pub(super) async fn dispatch(
+    app: &AppState,
+    prefix: &str,
+    rest: &str,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Body,
+) -> Response {
+    serve(app, prefix, rest, method, uri, headers, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// The resources of the service.
+enum Resource {
+    /// `cache?keys=&version=`
+    Lookup,
+    /// `caches`
+    Caches,
+    /// `caches/{id}`
+    Upload(UploadId),
+    /// `artifacts/{id}`, a download through a Forgejo proxy
+    Artifact(EntryId),
+    /// `clean` (act and Forgejo answer it and do nothing)
+    Clean,
+}
+
+impl Resource {
+    fn parse(rest: &str) -> Option<Self> {
+        let id = |raw: &str| raw.parse::<i64>().ok().filter(|id| *id > 0);
+        Some(match rest.trim_end_matches('/') {
+            "cache" => Self::Lookup,
+            "caches" => Self::Caches,
+            "clean" => Self::Clean,
+            other => match other.split_once('/')? {
+                ("caches", raw) => Self::Upload(id(raw)?),
+                ("artifacts", raw) => Self::Artifact(id(raw)?),
+                _ => return None,
+            },
+        })
+    }
+}
+
+async fn serve(
+    app: &AppState,
+    prefix: &str,
+    rest: &str,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, LegacyError> {
+    let resource = Resource::parse(rest).ok_or_else(LegacyError::not_found)?;
+    let caller = app.callers().identify(headers, prefix).await?;
+    let who = &caller.identity;
+    let not_allowed = || {
+        LegacyError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("{method} is not supported here"),
+        )
+    };
+    match (resource, method.as_str()) {
+        (Resource::Lookup, "GET") => lookup(app, &caller, uri, headers).await,
+        (Resource::Caches, "POST") => reserve(app, who, body).await,
+        (Resource::Upload(id), "PATCH") => upload(app, who, id, headers, body).await,
+        (Resource::Upload(id), "POST") => commit(app, who, id, body).await,
+        (Resource::Artifact(id), "GET" | "HEAD") => {
+            let open = app.cache().readable_entry(who, id).await?;
+            Ok(blob::serve_entry(app.cache(), method, &open, headers)
+                .await
+                .into_response())
+        }
+        (Resource::Clean, "POST") => Ok(Json::ok(json!({}))),
+        _ => Err(not_allowed()),
+    }
+}
+
+/// JSON success answers.
+struct Json;
+
+impl Json {
+    fn ok(body: serde_json::Value) -> Response {
+        Self::with(StatusCode::OK, body)
+    }
+
+    fn with(status: StatusCode, body: serde_json::Value) -> Response {
+        (
+            status,
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response()
+    }
+}
+
+/// Query parameters, percent-decoded without reading `+` as a space (the client encodes keys
+/// with `encodeURIComponent`, so a literal `+` is a `+`).
+fn query_param(uri: &Uri, name: &str) -> Option<String> {
+    uri.query()?.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == name).then(|| percent_decode_str(v).decode_utf8_lossy().into_owned())
+    })
+}
+
+/// `GET cache?keys=k1,k2&version=V`: 200 with `archiveLocation`, or 204 on a miss.
+async fn lookup(
+    app: &AppState,
+    caller: &Caller,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Result<Response, LegacyError> {
+    let keys = query_param(uri, "keys")
+        .ok_or_else(|| LegacyError::bad_request("the keys parameter is required"))?;
+    let version = query_param(uri, "version")
+        .ok_or_else(|| LegacyError::bad_request("the version parameter is required"))?;
+    let mut keys = keys.split(',').map(str::to_owned);
+    let primary = keys.next().unwrap_or_default();
+    let restore: Vec<String> = keys.collect();
+    let lookup = Lookup::parse(&primary, &restore, &version).map_err(CacheError::from)?;
+    let Some(hit) = app.cache().lookup(&caller.identity, &lookup).await? else {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    };
+    let archive_location = match caller.forgejo.as_ref() {
+        // The job reaches the cache only through its runner's proxy, which adds the MAC to
+        // the download too; the lookup's authorization covers the entry.
+        Some(run) if run.proxy_url.is_some() && run.run_id.is_some() => format!(
+            "{}/{}{BASE}artifacts/{}",
+            run.proxy_url.as_deref().unwrap_or_default(),
+            run.run_id.as_deref().unwrap_or_default(),
+            hit.entry.id
+        ),
+        _ => links::signed(app, headers, Purpose::Download, hit.entry)?,
+    };
+    let created = UNIX_EPOCH + Duration::from_millis(hit.entry.created_at.max(0) as u64);
+    Ok(Json::ok(json!({
+        "scope": hit.scope.as_str(),
+        "cacheKey": hit.matched_key,
+        "cacheVersion": version,
+        "creationTime": humantime::format_rfc3339_millis(created).to_string(),
+        "archiveLocation": archive_location,
+    })))
+}
+
+/// Reads a small JSON body, within the idle timeout however it trickles.
+async fn json_body<T: for<'de> Deserialize<'de>>(
+    app: &AppState,
+    body: Body,
+) -> Result<T, LegacyError> {
+    let idle = app.config().limits.idle_timeout;
+    let bytes = tokio::time::timeout(idle, to_bytes(body, MAX_JSON_BYTES))
+        .await
+        .map_err(|_| LegacyError::bad_request("the request body did not arrive in time"))?
+        .map_err(|_| {
+            LegacyError::bad_request(format!(
+                "request bodies are limited to {MAX_JSON_BYTES} bytes"
+            ))
+        })?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| LegacyError::bad_request(format!("the JSON request body is invalid: {e}")))
+}
+
+#[derive(Deserialize)]
+struct ReserveRequest {
+    key: String,
+    version: String,
+    /// Absent from very old clients.
+    #[serde(rename = "cacheSize", default)]
+    cache_size: Option<u64>,
+}
+
+/// `POST caches`: 201 `{"cacheId"}`, 409 when the key is saved or being saved, 400 over the
+/// size limit (the client reports it as the data cap).
+async fn reserve(app: &AppState, who: &Identity, body: Body) -> Result<Response, LegacyError> {
+    let req: ReserveRequest = json_body(app, body).await?;
+    let max = app.config().limits.max_entry_size;
+    if let Some(size) = req.cache_size.filter(|size| *size > max) {
+        return Err(LegacyError::bad_request(format!(
+            "Cache size of {size} B is over the limit of {max} B per entry, not saving cache."
+        )));
+    }
+    match app.cache().reserve(who, &req.key, &req.version).await {
+        Ok(upload) => Ok(Json::with(
+            StatusCode::CREATED,
+            json!({ "cacheId": upload.id }),
+        )),
+        Err(CacheError::Conflict) => {
+            let scope = who.write_scope.as_ref().map_or("", |s| s.as_str());
+            Err(LegacyError {
+                type_key: Some("ArtifactCacheAlreadyExistsException"),
+                ..LegacyError::new(
+                    StatusCode::CONFLICT,
+                    format!(
+                        "Cache already exists. Scope: {scope}, Key: {}, Version: {}",
+                        req.key, req.version
+                    ),
+                )
+            })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `Content-Range: bytes <start>-<end>/<total or *>` (end inclusive) as (start, length).
+fn content_range(headers: &HeaderMap) -> Result<(u64, u64), LegacyError> {
+    let bad = || {
+        LegacyError::bad_request("Content-Range must be bytes <start>-<end>/* with start <= end")
+    };
+    let raw = headers
+        .get(header::CONTENT_RANGE)
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(bad)?;
+    let spec = raw.trim().strip_prefix("bytes ").ok_or_else(bad)?;
+    let (span, total) = spec.split_once('/').ok_or_else(bad)?;
+    let (start, end) = span.split_once('-').ok_or_else(bad)?;
+    let start: u64 = start.trim().parse().map_err(|_| bad())?;
+    let end: u64 = end.trim().parse().map_err(|_| bad())?;
+    if end < start {
+        return Err(bad());
+    }
+    let total = total.trim();
+    if total != "*" && total.parse::<u64>().map_or(true, |t| end >= t) {
+        return Err(bad());
+    }
+    Ok((start, end - start + 1))
+}
+
+/// `PATCH caches/{id}`: one range of the archive, streamed to its own chunk; 204.
+async fn upload(
+    app: &AppState,
+    who: &Identity,
+    id: UploadId,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, LegacyError> {
+    let (start, len) = content_range(headers)?;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .map(|v| v.to_str().ok().and_then(|s| s.parse::<u64>().ok()));
+    match declared {
+        Some(Some(n)) if n != len => {
+            return Err(LegacyError::bad_request(format!(
+                "Content-Length {n} does not match the {len} bytes of Content-Range"
+            )))
+        }
+        Some(None) => return Err(LegacyError::bad_request("Content-Length is not a number")),
+        _ => {}
+    }
+    let body = blob::body_stream(body, app.config().limits.idle_timeout);
+    app.cache().stage_range(who, id, start, len, body).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Deserialize)]
+struct CommitRequest {
+    size: u64,
+}
+
+/// `POST caches/{id}` with `{"size"}`: the ranges become the entry; 204.
+async fn commit(
+    app: &AppState,
+    who: &Identity,
+    id: UploadId,
+    body: Body,
+) -> Result<Response, LegacyError> {
+    let req: CommitRequest = json_body(app, body).await?;
+    app.cache().commit_ranges(who, id, req.size).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn range(value: &str) -> Result<(u64, u64), LegacyError> {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_RANGE, HeaderValue::from_str(value).unwrap());
+        content_range(&h)
+    }
+
+    #[test]
+    fn content_ranges_are_inclusive_spans() {
+        assert_eq!(range("bytes 0-33554431/*").unwrap(), (0, 32 << 20));
+        assert_eq!(range("bytes 10-10/*").unwrap(), (10, 1));
+        assert_eq!(range("bytes 0-9/10").unwrap(), (0, 10));
+        for bad in [
+            "bytes 5-4/*",
+            "bytes 0-9/9",
+            "bytes -1-3/*",
+            "items 0-1/*",
+            "bytes 0-/*",
+            "bytes 0-1",
+            "bytes 0-99999999999999999999/*",
+        ] {
+            assert!(range(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn resources_are_parsed_strictly() {
+        assert!(matches!(Resource::parse("cache"), Some(Resource::Lookup)));
+        assert!(matches!(
+            Resource::parse("caches/7"),
+            Some(Resource::Upload(7))
+        ));
+        assert!(matches!(
+            Resource::parse("artifacts/9"),
+            Some(Resource::Artifact(9))
+        ));
+        for bad in [
+            "caches/0",
+            "caches/-1",
+            "caches/x",
+            "caches/1/2",
+            "nope",
+            "",
+        ] {
+            assert!(Resource::parse(bad).is_none(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! Who is calling, from everything a request may carry: a Forgejo proxy's MAC headers, a
+//! runtime token, a namespace's secret path prefix, or nothing (anonymous access, when the
+//! operator turned it on). Each protocol asks here and answers refusals in its own shape.
+
+use axum::http::{header, HeaderMap};
+
+use super::forgejo::{self, ForgejoError, ForgejoRun, ForgejoSettings};
+use super::namespaces::{shared_identity, Access, Namespaces};
+use super::token::{Identity, TokenError};
+use super::verify::Verifier;
+
+/// Warning shown at start-up and on `/readyz` when anonymous access is on.
+pub const ANONYMOUS_WARNING: &str = "--anonymous-access is on: clients without credentials share one namespace that anyone who can reach this server can use";
+
+/// The ways of identifying a caller the operator configured.
+#[derive(Debug)]
+pub struct Callers {
+    pub tokens: Verifier,
+    pub forgejo: Option<ForgejoSettings>,
+    pub namespaces: Namespaces,
+    /// What a request with no credential at all may do; `None` refuses it.
+    pub anonymous: Option<Access>,
+}
+
+/// Why a caller was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum CallerError {
+    /// No credential, or a token that does not verify: 401.
+    #[error(transparent)]
+    Token(#[from] TokenError),
+    /// A Forgejo proxy's headers that do not verify: 403.
+    #[error(transparent)]
+    Forgejo(#[from] ForgejoError),
+    /// A path prefix that is no namespace, without a token that verifies: 404, saying
+    /// nothing about which namespaces exist.
+    #[error("not found")]
+    UnknownPrefix,
+}
+
+/// A caller, and the Forgejo run it came through if it did.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub identity: Identity,
+    pub forgejo: Option<ForgejoRun>,
+}
+
+impl Callers {
+    /// Identifies a request to a protocol endpoint under `prefix` (the path before
+    /// `/_apis/artifactcache/` or `/twirp/`, without slashes; empty at the root).
+    ///
+    /// Order: Forgejo headers, when present, decide alone. Then a token that verifies keeps
+    /// its identity under any prefix. Then a namespace's prefix names the caller, whatever
+    /// unverifiable token it sends (act and Gitea send tokens only they can check). At the
+    /// root, a request without a token is anonymous if that is on.
+    pub async fn identify(&self, headers: &HeaderMap, prefix: &str) -> Result<Caller, CallerError> {
+        if forgejo::is_forgejo(headers) {
+            let settings = self.forgejo.as_ref().ok_or(ForgejoError::NotConfigured)?;
+            let (identity, run) = forgejo::verify(settings, headers, super::unix_now())?;
+            return Ok(Caller {
+                identity,
+                forgejo: Some(run),
+            });
+        }
+        let authorization = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        let token = match authorization {
+            Some(value) => Some(self.tokens.identify(Some(value)).await),
+            None => None,
+        };
+        let identity = match token {
+            Some(Ok(identity)) => identity,
+            // Without namespaces there is nothing to hide: the token's refusal says more.
+            _ if !prefix.is_empty() && !self.namespaces.is_empty() => self
+                .namespaces
+                .identify(prefix)
+                .ok_or(CallerError::UnknownPrefix)?,
+            Some(Err(e)) => return Err(e.into()),
+            None => match self.anonymous {
+                Some(access) => shared_identity("anonymous".into(), access),
+                None => return Err(TokenError::Missing.into()),
+            },
+        };
+        Ok(Caller {
+            identity,
+            forgejo: None,
+        })
+    }
+}

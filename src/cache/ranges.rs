@@ -1,0 +1,134 @@
+//! The legacy protocol's uploads (PROTOCOL.md §5): a reservation is addressed by its id, each
+//! `PATCH` range is a chunk at its offset, and the commit turns ranges that tile the entry
+//! exactly into the same entry a v2 upload makes. No merge step: the ranges stay chunks.
+
+use std::sync::Arc;
+
+use super::upload::{self, RangeProblem};
+use super::{audit, retry_stale, Cache, CacheError, LinkedUpload, OpenEntry};
+use crate::auth::Identity;
+use crate::blob::ByteStream;
+use crate::model::{BlockId, CacheKey, EntryId, Slot, Upload, UploadId, UploadState, Version};
+
+impl Cache {
+    /// The upload `id` if `who` may write it: its repository and write scope. Anyone else's
+    /// upload is not found, so ids reveal nothing.
+    pub async fn writable_upload(
+        &self,
+        who: &Identity,
+        id: UploadId,
+    ) -> Result<LinkedUpload, CacheError> {
+        let write_scope = who.write_scope.as_ref().ok_or(CacheError::WriteDenied)?;
+        let linked = self.upload(id).await?;
+        if linked.upload.repository != who.repository || &linked.upload.scope != write_scope {
+            return Err(CacheError::UploadNotFound);
+        }
+        Ok(linked)
+    }
+
+    /// `PATCH caches/{id}`: stores bytes `[start, start + len)` of the upload. A retried range
+    /// (same start) replaces its earlier copy.
+    pub async fn stage_range(
+        &self,
+        who: &Identity,
+        id: UploadId,
+        start: u64,
+        len: u64,
+        body: ByteStream,
+    ) -> Result<(), CacheError> {
+        let max = self.policy.max_entry_size;
+        if start.saturating_add(len) > max {
+            return Err(CacheError::TooLarge(max));
+        }
+        let linked = self.writable_upload(who, id).await?;
+        Self::accepts_data(&linked.upload)?;
+        self.stage_block(&linked, BlockId::range(start), body, Some(len))
+            .await
+    }
+
+    /// `POST caches/{id}`: the ranges must tile `[0, size)`; they become the entry. Ranges that
+    /// do not (a gap, an overlap, another size) abort the upload: nothing becomes visible and
+    /// the key is free for the next save. A retried commit answers the entry again.
+    pub async fn commit_ranges(
+        &self,
+        who: &Identity,
+        id: UploadId,
+        size: u64,
+    ) -> Result<EntryId, CacheError> {
+        let max = self.policy.max_entry_size;
+        if size > max {
+            return Err(CacheError::TooLarge(max));
+        }
+        let linked = self.writable_upload(who, id).await?;
+        let slot = slot_of(&linked.upload)?;
+        match linked.upload.state {
+            UploadState::Aborted => return Err(CacheError::UploadClosed),
+            UploadState::Finalized => {}
+            UploadState::Open => self.commit_tiled(&linked, size).await?,
+        }
+        let entry = retry_stale(|_| self.try_finalize(&slot, size, Some(id))).await?;
+        audit("finalize", who, &slot, entry);
+        Ok(entry)
+    }
+
+    async fn commit_tiled(&self, linked: &LinkedUpload, size: u64) -> Result<(), CacheError> {
+        let (linked, size) = (linked, size);
+        let outcome = retry_stale(|attempt| async move {
+            let (upload, blocks) = self.decide_on(linked, attempt).await?;
+            let now = self.clock.now();
+            match upload::tile_ranges(&blocks, size) {
+                Ok(assembly) => {
+                    self.meta
+                        .commit_parts(&upload, &assembly.parts, now)
+                        .await?;
+                    Ok(Ok(assembly.garbage))
+                }
+                Err(problem) => {
+                    self.meta.abort_upload(&upload, now).await?;
+                    Ok(Err((problem, blocks.blobs())))
+                }
+            }
+        })
+        .await?;
+        match outcome {
+            Ok(garbage) => {
+                self.collect(garbage).await;
+                Ok(())
+            }
+            Err((problem, garbage)) => {
+                self.collect(garbage).await;
+                Err(match problem {
+                    RangeProblem::Size { stored, declared } => {
+                        CacheError::SizeMismatch { stored, declared }
+                    }
+                    other => CacheError::BadRanges(other),
+                })
+            }
+        }
+    }
+
+    /// An entry `who` may read: its repository and one of its readable scopes. Anyone else's
+    /// entry is not found.
+    pub async fn readable_entry(
+        &self,
+        who: &Identity,
+        id: EntryId,
+    ) -> Result<Arc<OpenEntry>, CacheError> {
+        let open = self.open_entry(id).await?;
+        let entry = &open.entry;
+        if entry.repository != who.repository || !who.read_scopes.contains(&entry.scope) {
+            return Err(CacheError::EntryNotFound);
+        }
+        Ok(open)
+    }
+}
+
+/// The slot an upload was reserved for.
+fn slot_of(upload: &Upload) -> Result<Slot, CacheError> {
+    Ok(Slot {
+        repository: upload.repository.clone(),
+        scope: upload.scope.clone(),
+        key: CacheKey::parse(&upload.key)?,
+        version: Version::parse(&upload.version)?,
+    })
+}
