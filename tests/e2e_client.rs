@@ -115,6 +115,17 @@ impl Drop for Hoard {
     }
 }
 
+/// Which real client speaks which protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// 6.3.0 with ACTIONS_CACHE_SERVICE_V2 on github.com.
+    V2,
+    /// 3.2.4, the last client before v2.
+    V1With3,
+    /// 6.3.0 forced onto v1 by a forge's GITHUB_SERVER_URL.
+    V1With6,
+}
+
 /// One job's workspace: a directory with the files to cache and a RUNNER_TEMP.
 struct Workspace {
     dir: tempfile::TempDir,
@@ -158,28 +169,60 @@ impl Workspace {
         }
     }
 
-    /// Spawns the real client: `node client.mjs ARGS…` with the job's environment.
+    /// Spawns the real 6.3.0 client on v2: `node client.mjs ARGS…` with the job's environment.
     fn client(&self, server: &str, token: &str, args: &[&str]) -> Command {
+        self.client_via(Via::V2, server, token, args)
+    }
+
+    /// Spawns a real client speaking `via`; for v1, `server` may end in a path prefix.
+    fn client_via(&self, via: Via, server: &str, token: &str, args: &[&str]) -> Command {
         let e2e = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e");
         assert!(
-            e2e.join("node_modules/@actions/cache").exists(),
-            "the real client is not installed: run `npm ci --prefix tests/e2e` (scripts/test does)"
+            e2e.join("node_modules/@actions/cache").exists()
+                && e2e.join("node_modules/actions-cache-3").exists(),
+            "the real clients are not installed: run `npm ci --prefix tests/e2e` (scripts/test does)"
         );
         let mut cmd = Command::new("node");
         cmd.arg(e2e.join("client.mjs"))
             .args(args)
             .current_dir(self.dir.path())
-            .env("ACTIONS_RESULTS_URL", format!("{server}/"))
-            .env("ACTIONS_CACHE_SERVICE_V2", "true")
             .env("ACTIONS_RUNTIME_TOKEN", token)
             .env("RUNNER_TEMP", self.path("runner-temp"))
             .env("GITHUB_WORKSPACE", self.dir.path())
             .env_remove("GITHUB_SERVER_URL")
             .env_remove("ACTIONS_CACHE_URL")
+            .env_remove("ACTIONS_RESULTS_URL")
+            .env_remove("ACTIONS_CACHE_SERVICE_V2")
             .env_remove("ACTIONS_CACHE_MODE")
+            .env_remove("HOARD_E2E_CLIENT")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        match via {
+            Via::V2 => {
+                cmd.env("ACTIONS_RESULTS_URL", format!("{server}/"))
+                    .env("ACTIONS_CACHE_SERVICE_V2", "true");
+            }
+            // 3.2.4 knows only v1.
+            Via::V1With3 => {
+                cmd.env("ACTIONS_CACHE_URL", format!("{server}/"))
+                    .env("HOARD_E2E_CLIENT", "3");
+            }
+            // 6.3.0 on a forge or GHES: v1 whatever ACTIONS_CACHE_SERVICE_V2 says.
+            Via::V1With6 => {
+                cmd.env("ACTIONS_CACHE_URL", format!("{server}/"))
+                    .env("ACTIONS_CACHE_SERVICE_V2", "true")
+                    .env("GITHUB_SERVER_URL", "https://forge.example");
+            }
+        }
         cmd
+    }
+
+    fn run_via(&self, via: Via, server: &str, token: &str, args: &[&str]) -> (Value, String) {
+        let out = self
+            .client_via(via, server, token, args)
+            .output()
+            .expect("run node");
+        finish(out)
     }
 
     /// Runs the client to completion; returns its `RESULT` value and its whole output.
@@ -990,4 +1033,98 @@ fn a_repository_over_its_quota_loses_its_least_recently_used_entries() {
     }
     let (res, out) = ws.restore(srv, &other, "quota-other", &[], &["q"]);
     assert_eq!(res, "quota-other", "other repositories keep theirs:\n{out}");
+}
+
+/// Successful v1 range uploads so far, from the request log.
+fn v1_patches(hoard: &Hoard) -> usize {
+    let log = hoard.log.lock().unwrap();
+    log.iter()
+        .filter(|l| l.contains("method=PATCH") && l.contains("status=204"))
+        .count()
+}
+
+/// The legacy protocol with the real clients: 3.2.4 (v1 only) under a path prefix and at the
+/// root, 6.3.0 forced onto v1 by a forge's GITHUB_SERVER_URL, a ~150 MiB entry over several
+/// concurrent ranges, and entries crossing protocols with the same version.
+#[test]
+fn legacy_clients_save_and_restore_under_a_prefix_and_at_the_root() {
+    let data = tempfile::tempdir().unwrap();
+    let hoard = Hoard::start(data.path());
+    let t = main_token();
+    let root = hoard.base.clone();
+    let prefixed = format!("{}/runner-7/job", hoard.base);
+    let ws = Workspace::new();
+
+    for (n, (via, server)) in [(Via::V1With3, &prefixed), (Via::V1With6, &root)]
+        .into_iter()
+        .enumerate()
+    {
+        let seed = 60 + n as u64 * 10;
+        let key = |suffix: &str| format!("v1-{via:?}-{suffix}");
+        let sum = ws.write_random("v1/small.bin", MIB, seed);
+        let (res, out) = ws.run_via(via, server, &t, &["save", &key("1"), "v1"]);
+        saved_id(&res, &out);
+        assert!(out.contains("Cache saved successfully"), "{out}");
+        assert!(
+            out.contains(&format!("{server}/_apis/artifactcache/caches")),
+            "{via:?} spoke v1 to {server}:\n{out}"
+        );
+        ws.remove("v1");
+        let restore_keys = key("");
+        let (res, out) = ws.run_via(
+            via,
+            server,
+            &t,
+            &["restore", &key("2"), "--restore-keys", &restore_keys, "v1"],
+        );
+        assert_eq!(res, key("1").as_str(), "{out}");
+        assert_eq!(sha256_file(&ws.path("v1/small.bin")), sum, "{via:?}");
+
+        let (res, out) = ws.run_via(via, server, &t, &["restore", "absent", "v1"]);
+        assert_eq!(res, Value::Null, "{out}");
+        assert!(!out.contains("::warning::"), "a miss is quiet:\n{out}");
+
+        ws.write_random("v1/small.bin", MIB, seed + 1);
+        let (res, out) = ws.run_via(via, server, &t, &["save", &key("1"), "v1"]);
+        assert_eq!(res, -1, "{out}");
+        assert!(out.contains("Cache already exists."), "{out}");
+        ws.remove("v1");
+        ws.run_via(via, server, &t, &["restore", &key("1"), "v1"]);
+        assert_eq!(
+            sha256_file(&ws.path("v1/small.bin")),
+            sum,
+            "the first save stays"
+        );
+    }
+
+    // ~150 MiB: five 32 MiB ranges, four at a time and out of order, at the root; restored
+    // under a prefix (any prefix reaches the same service for a token that verifies).
+    let patches_before = v1_patches(&hoard);
+    let big = ws.write_random("big/data.bin", 150 * MIB, 90);
+    let (res, out) = ws.run_via(Via::V1With3, &root, &t, &["save", "v1-big", "big"]);
+    saved_id(&res, &out);
+    wait_until(|| v1_patches(&hoard) >= patches_before + 5);
+    assert_eq!(v1_patches(&hoard), patches_before + 5, "{out}");
+    ws.remove("big");
+    let (res, out) = ws.run_via(Via::V1With3, &prefixed, &t, &["restore", "v1-big", "big"]);
+    assert_eq!(res, "v1-big", "{out}");
+    assert_eq!(sha256_file(&ws.path("big/data.bin")), big);
+    ws.remove("big");
+
+    // One store, two protocols.
+    let sum = ws.write_random("x/data.bin", MIB, 95);
+    let (res, out) = ws.run_via(Via::V1With3, &root, &t, &["save", "cross-v1", "x"]);
+    saved_id(&res, &out);
+    ws.remove("x");
+    let (res, out) = ws.run_via(Via::V2, &root, &t, &["restore", "cross-v1", "x"]);
+    assert_eq!(res, "cross-v1", "saved by v1, restored by v2:\n{out}");
+    assert_eq!(sha256_file(&ws.path("x/data.bin")), sum);
+
+    let sum = ws.write_random("x/data.bin", MIB, 96);
+    let (res, out) = ws.run_via(Via::V2, &root, &t, &["save", "cross-v2", "x"]);
+    saved_id(&res, &out);
+    ws.remove("x");
+    let (res, out) = ws.run_via(Via::V1With3, &prefixed, &t, &["restore", "cross-v2", "x"]);
+    assert_eq!(res, "cross-v2", "saved by v2, restored by v1:\n{out}");
+    assert_eq!(sha256_file(&ws.path("x/data.bin")), sum);
 }

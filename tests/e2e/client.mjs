@@ -1,12 +1,15 @@
 // Drives the real @actions/cache client against a server named by the environment
-// (ACTIONS_RESULTS_URL, ACTIONS_CACHE_SERVICE_V2, ACTIONS_RUNTIME_TOKEN, RUNNER_TEMP).
+// (ACTIONS_RESULTS_URL or ACTIONS_CACHE_URL, ACTIONS_CACHE_SERVICE_V2, ACTIONS_RUNTIME_TOKEN,
+// RUNNER_TEMP). HOARD_E2E_CLIENT=3 picks the 3.2.4 client (v1 only) instead of 6.3.0.
 //
 //   node client.mjs save    KEY PATH...
 //   node client.mjs restore KEY [--restore-keys K1,K2] [--lookup-only] PATH...
 //
 // The client's own log goes to stdout as in a job; the last line is `RESULT <json>` so the Rust
 // test can read what the call returned: the cache id for save, the matched key (or null) for restore.
-import * as cache from '@actions/cache';
+const cache = process.env.HOARD_E2E_CLIENT === '3'
+  ? (await import('actions-cache-3')).default
+  : await import('@actions/cache');
 
 const [command, key, ...rest] = process.argv.slice(2);
 let restoreKeys = [];
