@@ -629,3 +629,49 @@ async fn gitea_tokens_restore_what_they_saved() {
     v1.save("gitea-1", b"from gitea", 4).await;
     assert_eq!(v1.restore("gitea-").await.unwrap().1, b"from gitea");
 }
+
+#[tokio::test]
+async fn listings_name_every_readable_version_of_a_key() {
+    let srv = TestServer::start().await;
+    let t = token("1", &[("refs/pull/9/merge", 3), (MAIN, 1)]);
+    let main = main_token();
+    srv.save(&main, "Tools", VERSION, b"main").await;
+    srv.save(&main, "tools", "other-version", b"other").await;
+    srv.save(&t, "TOOLS", VERSION, b"pr").await;
+    srv.save(&main, "tools-longer", VERSION, b"not this key")
+        .await;
+    srv.save(
+        &token("2", &[(MAIN, 3)]),
+        "tools",
+        VERSION,
+        b"other repository",
+    )
+    .await;
+    let pr = V1::new(&srv, "", Auth::Bearer(t));
+    let (status, body) = V1::send(pr.request(reqwest::Method::GET, "caches?key=tools")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["totalCount"], 3, "{body}");
+    let listed: Vec<(&str, &str, &str)> = body["artifactCaches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["scope"].as_str().unwrap(),
+                e["cacheKey"].as_str().unwrap(),
+                e["cacheVersion"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("refs/pull/9/merge", "TOOLS", VERSION),
+            (MAIN, "tools", "other-version"),
+            (MAIN, "Tools", VERSION),
+        ],
+        "the pull request's scope first, then the base branch's, newest first"
+    );
+    let (status, body) = V1::send(pr.request(reqwest::Method::GET, "caches")).await;
+    assert_eq!(status, 400, "{body}");
+}

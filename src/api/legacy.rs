@@ -168,7 +168,7 @@ pub(super) async fn dispatch(
 enum Resource {
     /// `cache?keys=&version=`
     Lookup,
-    /// `caches`
+    /// `caches` (POST reserves, GET lists)
     Caches,
     /// `caches/{id}`
     Upload(UploadId),
@@ -215,6 +215,7 @@ async fn serve(
     match (resource, method.as_str()) {
         (Resource::Lookup, "GET") => lookup(app, &caller, uri, headers).await,
         (Resource::Caches, "POST") => reserve(app, who, body).await,
+        (Resource::Caches, "GET") => list(app, who, uri).await,
         (Resource::Upload(id), "PATCH") => upload(app, who, id, headers, body).await,
         (Resource::Upload(id), "POST") => commit(app, who, id, body).await,
         (Resource::Artifact(id), "GET" | "HEAD") => {
@@ -284,14 +285,41 @@ async fn lookup(
         ),
         _ => links::signed(app, headers, Purpose::Download, hit.entry)?,
     };
-    let created = UNIX_EPOCH + Duration::from_millis(hit.entry.created_at.max(0) as u64);
     Ok(Json::ok(json!({
         "scope": hit.scope.as_str(),
         "cacheKey": hit.matched_key,
         "cacheVersion": version,
-        "creationTime": humantime::format_rfc3339_millis(created).to_string(),
+        "creationTime": creation_time(hit.entry.created_at),
         "archiveLocation": archive_location,
     })))
+}
+
+/// Milliseconds since the epoch as the RFC 3339 time GitHub answered.
+fn creation_time(millis: i64) -> String {
+    let at = UNIX_EPOCH + Duration::from_millis(millis.max(0) as u64);
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+/// `GET caches?key=K`: the entries of that exact key, any version, that the caller may read.
+/// Clients ask only with debug logging on, after a miss, to name the versions that exist.
+async fn list(app: &AppState, who: &Identity, uri: &Uri) -> Result<Response, LegacyError> {
+    let key = query_param(uri, "key")
+        .ok_or_else(|| LegacyError::bad_request("the key parameter is required"))?;
+    let entries = app.cache().list_key(who, &key).await?;
+    let listed: Vec<serde_json::Value> = entries
+        .iter()
+        .map(|e| {
+            json!({
+                "cacheKey": e.key,
+                "scope": e.scope.as_str(),
+                "cacheVersion": e.version,
+                "creationTime": creation_time(e.created_at),
+            })
+        })
+        .collect();
+    Ok(Json::ok(
+        json!({ "totalCount": listed.len(), "artifactCaches": listed }),
+    ))
 }
 
 /// Reads a small JSON body, within the idle timeout however it trickles.

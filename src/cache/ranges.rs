@@ -8,7 +8,12 @@ use super::upload::{self, RangeProblem};
 use super::{audit, retry_stale, Cache, CacheError, LinkedUpload, OpenEntry};
 use crate::auth::Identity;
 use crate::blob::ByteStream;
-use crate::model::{BlockId, CacheKey, EntryId, Slot, Upload, UploadId, UploadState, Version};
+use crate::model::{
+    BlockId, CacheKey, Entry, EntryId, Slot, Upload, UploadId, UploadState, Version,
+};
+
+/// Most entries one listing returns.
+pub const MAX_LISTED: usize = 100;
 
 impl Cache {
     /// The upload `id` if `who` may write it: its repository and write scope. Anyone else's
@@ -105,6 +110,28 @@ impl Cache {
                 })
             }
         }
+    }
+
+    /// `GET caches?key=`: the entries `who` may read whose key is `key` (any version), in
+    /// scope order and newest first within a scope, at most [`MAX_LISTED`].
+    pub async fn list_key(&self, who: &Identity, key: &str) -> Result<Vec<Entry>, CacheError> {
+        if who.read_scopes.is_empty() {
+            return Err(CacheError::ReadDenied);
+        }
+        let folded = CacheKey::parse(key)?.folded();
+        let mut listed = Vec::new();
+        for scope in who.read_scopes.iter().take(crate::model::MAX_READ_SCOPES) {
+            let room = MAX_LISTED - listed.len();
+            if room == 0 {
+                break;
+            }
+            listed.extend(
+                self.meta
+                    .entries_with_key(&who.repository, scope, &folded, room)
+                    .await?,
+            );
+        }
+        Ok(listed)
     }
 
     /// An entry `who` may read: its repository and one of its readable scopes. Anyone else's

@@ -24,6 +24,7 @@ pub async fn run_all(store: Arc<dyn MetaStore>) {
     keys_match_case_insensitively_and_nothing_else_is_folded(store.as_ref()).await;
     prefix_matches_are_byte_wise_and_newest_first(store.as_ref()).await;
     repositories_scopes_and_versions_are_separate(store.as_ref()).await;
+    listings_find_every_version_of_a_key_in_one_scope(store.as_ref()).await;
     longest_keys_and_versions_fit(store.as_ref()).await;
     restores_are_recorded(store.as_ref()).await;
     usage_follows_finalize_and_removal(store.as_ref()).await;
@@ -512,6 +513,54 @@ async fn repositories_scopes_and_versions_are_separate(store: &dyn MetaStore) {
     )
     .await;
     save(store, &slot_in("iso-a", MAIN, "k", "v2"), &[1], 2).await;
+}
+
+async fn listings_find_every_version_of_a_key_in_one_scope(store: &dyn MetaStore) {
+    let v1 = save(store, &slot_in("list", MAIN, "Deps", "v1"), &[3], 10).await;
+    let v2 = save(store, &slot_in("list", MAIN, "deps", "v2"), &[4], 20).await;
+    let v3 = save(store, &slot_in("list", MAIN, "DEPS", "v3"), &[5], 30).await;
+    save(store, &slot_in("list", MAIN, "deps-longer", "v1"), &[1], 40).await;
+    save(
+        store,
+        &slot_in("list", "refs/heads/dev", "deps", "v1"),
+        &[1],
+        50,
+    )
+    .await;
+    save(store, &slot_in("list-other", MAIN, "deps", "v1"), &[1], 60).await;
+    let (repo, main) = (RepoId::new("list"), Scope::new(MAIN));
+    let found = store
+        .entries_with_key(&repo, &main, "deps", 10)
+        .await
+        .unwrap();
+    let ids: Vec<i64> = found.iter().map(|e| e.id).collect();
+    assert_eq!(
+        ids,
+        [v3, v2, v1],
+        "newest first, exact key, one scope, one repository"
+    );
+    assert_eq!(
+        (
+            found[0].key.as_str(),
+            found[0].version.as_str(),
+            found[0].size
+        ),
+        ("DEPS", "v3", 5),
+        "entries come back as stored"
+    );
+    let two = store
+        .entries_with_key(&repo, &main, "deps", 2)
+        .await
+        .unwrap();
+    assert_eq!(two.len(), 2, "at most the limit");
+    assert!(
+        store
+            .entries_with_key(&repo, &main, "dep", 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "no prefix matching"
+    );
 }
 
 async fn longest_keys_and_versions_fit(store: &dyn MetaStore) {

@@ -211,6 +211,29 @@ impl MetaStore for MemoryStore {
         Ok(out)
     }
 
+    async fn entries_with_key(
+        &self,
+        repository: &RepoId,
+        scope: &Scope,
+        folded_key: &str,
+        limit: usize,
+    ) -> Result<Vec<Entry>, MetaError> {
+        let state = self.state();
+        let mut found: Vec<Entry> = state
+            .entries
+            .values()
+            .filter(|e| {
+                &e.entry.repository == repository
+                    && &e.entry.scope == scope
+                    && e.folded == folded_key
+            })
+            .map(|e| e.entry.clone())
+            .collect();
+        found.sort_by_key(|e| std::cmp::Reverse((e.created_at, e.id)));
+        found.truncate(limit);
+        Ok(found)
+    }
+
     async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
         let state = self.state();
         Ok(state

@@ -188,6 +188,16 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug + 'static {
         folded_keys: &[String],
     ) -> Result<Vec<Candidate>, MetaError>;
 
+    /// The visible entries of `repository` in `scope` whose folded key is `folded_key`, of any
+    /// version, newest first, at most `limit`: the v1 listing (`GET caches?key=`).
+    async fn entries_with_key(
+        &self,
+        repository: &RepoId,
+        scope: &Scope,
+        folded_key: &str,
+        limit: usize,
+    ) -> Result<Vec<Entry>, MetaError>;
+
     /// A visible entry and its chunks in order.
     async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError>;
 

@@ -416,6 +416,41 @@ impl MetaStore for MySqlStore {
             .collect()
     }
 
+    async fn entries_with_key(
+        &self,
+        repository: &RepoId,
+        scope: &Scope,
+        folded_key: &str,
+        limit: usize,
+    ) -> Result<Vec<Entry>, MetaError> {
+        let rows = sqlx::query(
+            "SELECT id, repository, scope, `key`, version, size, created_at, last_used_at, hits FROM entries
+             WHERE repository = ? AND scope = ? AND key_folded = ? ORDER BY created_at DESC, id DESC LIMIT ?",
+        )
+        .bind(repository.as_str())
+        .bind(scope.as_str())
+        .bind(folded_key)
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(from_sqlx)?;
+        rows.iter()
+            .map(|r| {
+                Ok(Entry {
+                    id: int(r, 0)?,
+                    repository: RepoId::new(text(r, 1)?),
+                    scope: Scope::new(text(r, 2)?),
+                    key: text(r, 3)?,
+                    version: text(r, 4)?,
+                    size: int(r, 5)?.max(0) as u64,
+                    created_at: int(r, 6)?,
+                    last_used_at: int(r, 7)?,
+                    hits: int(r, 8)?.max(0) as u64,
+                })
+            })
+            .collect()
+    }
+
     async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
         // One statement, one snapshot: an entry deleted meanwhile is gone whole.
         let rows = sqlx::query(

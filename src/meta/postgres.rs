@@ -324,6 +324,42 @@ impl MetaStore for PostgresStore {
             .collect()
     }
 
+    async fn entries_with_key(
+        &self,
+        repository: &RepoId,
+        scope: &Scope,
+        folded_key: &str,
+        limit: usize,
+    ) -> Result<Vec<Entry>, MetaError> {
+        let rows = sqlx::query(
+            "SELECT id, repository, scope, key, version, size, created_at, last_used_at, hits FROM entries
+             WHERE repository = $1 AND scope = $2 AND key_folded = $3 ORDER BY created_at DESC, id DESC LIMIT $4",
+        )
+        .bind(repository.as_str())
+        .bind(scope.as_str())
+        .bind(folded_key)
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(from_sqlx)?;
+        rows.iter()
+            .map(|r| {
+                let get_i64 = |col: usize| r.try_get::<i64, _>(col).map_err(from_sqlx);
+                Ok(Entry {
+                    id: get_i64(0)?,
+                    repository: RepoId::new(r.try_get::<String, _>(1).map_err(from_sqlx)?),
+                    scope: Scope::new(r.try_get::<String, _>(2).map_err(from_sqlx)?),
+                    key: r.try_get(3).map_err(from_sqlx)?,
+                    version: r.try_get(4).map_err(from_sqlx)?,
+                    size: get_i64(5)?.max(0) as u64,
+                    created_at: get_i64(6)?,
+                    last_used_at: get_i64(7)?,
+                    hits: get_i64(8)?.max(0) as u64,
+                })
+            })
+            .collect()
+    }
+
     async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
         // One statement, one snapshot: an entry deleted meanwhile is gone whole.
         let rows = sqlx::query(

@@ -560,6 +560,43 @@ impl MetaStore for SqliteStore {
         .await
     }
 
+    async fn entries_with_key(
+        &self,
+        repository: &RepoId,
+        scope: &Scope,
+        folded_key: &str,
+        limit: usize,
+    ) -> Result<Vec<Entry>, MetaError> {
+        let params = (
+            repository.as_str().to_owned(),
+            scope.as_str().to_owned(),
+            folded_key.to_owned(),
+        );
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT id, repository, scope, key, version, size, created_at, last_used_at, hits FROM entries
+                 WHERE repository = ? AND scope = ? AND key_folded = ? ORDER BY created_at DESC, id DESC LIMIT ?",
+            )?;
+            let entries = stmt
+                .query_map(params![params.0, params.1, params.2, limit as i64], |r| {
+                    Ok(Entry {
+                        id: r.get(0)?,
+                        repository: RepoId::new(r.get::<_, String>(1)?),
+                        scope: Scope::new(r.get::<_, String>(2)?),
+                        key: r.get(3)?,
+                        version: r.get(4)?,
+                        size: r.get::<_, i64>(5)? as u64,
+                        created_at: r.get(6)?,
+                        last_used_at: r.get(7)?,
+                        hits: r.get::<_, i64>(8)? as u64,
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(entries)
+        })
+        .await
+    }
+
     async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
         self.read_consistent(move |conn| {
             let head = conn
@@ -1108,6 +1145,11 @@ mod tests {
             .await
             .unwrap();
         assert!(found.iter().any(|c| c.id == new_id));
+        let listed = store
+            .entries_with_key(&repo, &scopes[0], "key-new", 50)
+            .await
+            .unwrap();
+        assert!(listed.iter().any(|e| e.id == new_id));
         store.entry(new_id).await.unwrap().unwrap();
         store.record_hits(&[(new_id, 1, 200_004)]).await.unwrap();
         assert!(store.repository_usage(&repo).await.unwrap() > 0);
