@@ -199,12 +199,15 @@ async fn ranges_out_of_order_and_retried_make_one_entry() {
     assert_eq!(status, 409);
 }
 
+/// A range to upload: its start and its bytes.
+type Range<'a> = (u64, &'a [u8]);
+
 #[tokio::test]
 async fn gaps_overlaps_and_wrong_sizes_are_refused_and_leave_nothing() {
     let srv = TestServer::start().await;
     let v1 = V1::new(&srv, "", Auth::Bearer(main_token()));
     let data = random_bytes(30, 2);
-    let cases: [(&str, &[(u64, &[u8])], u64, &str); 3] = [
+    let cases: [(&str, &[Range], u64, &str); 3] = [
         (
             "gap",
             &[(0, &data[..10]), (20, &data[20..])],
