@@ -152,7 +152,8 @@ fn identity(run: &ForgejoRun) -> Identity {
     }
 }
 
-/// An http(s) origin with nothing that could change a URL built on it.
+/// An http(s) URL (the proxy's origin, or the runner's `actions_cache_url_override`, which may
+/// have a path) with nothing that could change the structure of a URL built on it.
 fn is_proxy_url(raw: &str) -> bool {
     let Some(rest) = raw
         .strip_prefix("http://")
@@ -160,12 +161,15 @@ fn is_proxy_url(raw: &str) -> bool {
     else {
         return false;
     };
-    let authority = rest.trim_end_matches('/');
-    !authority.is_empty()
-        && authority.len() <= 255
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let authority_ok = !authority.is_empty()
         && authority.bytes().all(|b| {
             b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']' | b'_')
-        })
+        });
+    let path_ok = path
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b'~' | b'/'));
+    authority_ok && path_ok && raw.len() <= 512
 }
 
 /// The MAC the proxy computes (Forgejo's `ComputeMac`), for tests and tools.
