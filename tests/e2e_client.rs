@@ -1055,12 +1055,15 @@ fn legacy_clients_save_and_restore_under_a_prefix_and_at_the_root() {
     let prefixed = format!("{}/runner-7/job", hoard.base);
     let ws = Workspace::new();
 
-    for (n, (via, server)) in [(Via::V1With3, &prefixed), (Via::V1With6, &root)]
-        .into_iter()
-        .enumerate()
-    {
+    let places = [
+        (Via::V1With3, &prefixed),
+        (Via::V1With3, &root),
+        (Via::V1With6, &prefixed),
+        (Via::V1With6, &root),
+    ];
+    for (n, (via, server)) in places.into_iter().enumerate() {
         let seed = 60 + n as u64 * 10;
-        let key = |suffix: &str| format!("v1-{via:?}-{suffix}");
+        let key = |suffix: &str| format!("v1-{via:?}-{n}-{suffix}");
         let sum = ws.write_random("v1/small.bin", MIB, seed);
         let (res, out) = ws.run_via(via, server, &t, &["save", &key("1"), "v1"]);
         saved_id(&res, &out);
@@ -1097,19 +1100,29 @@ fn legacy_clients_save_and_restore_under_a_prefix_and_at_the_root() {
         );
     }
 
-    // ~150 MiB: five 32 MiB ranges, four at a time and out of order, at the root; restored
-    // under a prefix (any prefix reaches the same service for a token that verifies).
-    let patches_before = v1_patches(&hoard);
-    let big = ws.write_random("big/data.bin", 150 * MIB, 90);
-    let (res, out) = ws.run_via(Via::V1With3, &root, &t, &["save", "v1-big", "big"]);
-    saved_id(&res, &out);
-    wait_until(|| v1_patches(&hoard) >= patches_before + 5);
-    assert_eq!(v1_patches(&hoard), patches_before + 5, "{out}");
-    ws.remove("big");
-    let (res, out) = ws.run_via(Via::V1With3, &prefixed, &t, &["restore", "v1-big", "big"]);
-    assert_eq!(res, "v1-big", "{out}");
-    assert_eq!(sha256_file(&ws.path("big/data.bin")), big);
-    ws.remove("big");
+    // ~150 MiB: five 32 MiB ranges, four at a time and out of order, saved by each client and
+    // restored by the other, at the root and under a prefix (any prefix reaches the same
+    // service for a token that verifies).
+    for (n, (save_via, save_at, restore_via, restore_at)) in [
+        (Via::V1With3, &root, Via::V1With6, &prefixed),
+        (Via::V1With6, &prefixed, Via::V1With3, &root),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let key = format!("v1-big-{n}");
+        let patches_before = v1_patches(&hoard);
+        let big = ws.write_random("big/data.bin", 150 * MIB, 90 + n as u64);
+        let (res, out) = ws.run_via(save_via, save_at, &t, &["save", &key, "big"]);
+        saved_id(&res, &out);
+        wait_until(|| v1_patches(&hoard) >= patches_before + 5);
+        assert_eq!(v1_patches(&hoard), patches_before + 5, "{out}");
+        ws.remove("big");
+        let (res, out) = ws.run_via(restore_via, restore_at, &t, &["restore", &key, "big"]);
+        assert_eq!(res, key.as_str(), "{out}");
+        assert_eq!(sha256_file(&ws.path("big/data.bin")), big);
+        ws.remove("big");
+    }
 
     // One store, two protocols.
     let sum = ws.write_random("x/data.bin", MIB, 95);
