@@ -1123,6 +1123,12 @@ fn legacy_clients_save_and_restore_under_a_prefix_and_at_the_root() {
         assert_eq!(sha256_file(&ws.path("big/data.bin")), big);
         ws.remove("big");
     }
+    // Four concurrent 32 MiB ranges stream to disk: memory does not grow with them.
+    let peak_mib = hoard.peak_rss_kib() / 1024;
+    assert!(
+        peak_mib < 100,
+        "peak RSS {peak_mib} MiB after 300 MiB of v1 ranges"
+    );
 
     // One store, two protocols.
     let sum = ws.write_random("x/data.bin", MIB, 95);
