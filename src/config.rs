@@ -39,6 +39,12 @@ pub struct ServeArgs {
     #[arg(long, env = "HOARD_PUBLIC_URL")]
     pub public_url: Option<String>,
 
+    /// Forward every request that is not hoard's own (for example actions/upload-artifact's
+    /// ArtifactService calls, which share ACTIONS_RESULTS_URL) to this results service. On
+    /// github.com: https://results-receiver.actions.githubusercontent.com/ [default: off].
+    #[arg(long, env = "HOARD_UPSTREAM_RESULTS_URL")]
+    pub upstream_results_url: Option<String>,
+
     /// How long a signed upload link stays valid.
     #[arg(long, env = "HOARD_UPLOAD_URL_TTL", default_value = "6h", value_parser = humantime::parse_duration)]
     pub upload_url_ttl: Duration,
@@ -226,6 +232,7 @@ pub struct Config {
     /// Root of the local chunk store.
     pub storage_dir: PathBuf,
     pub public_url: Option<Url>,
+    pub upstream_results_url: Option<Url>,
     pub upload_url_ttl: Duration,
     pub download_url_ttl: Duration,
     pub reservation_ttl: Duration,
@@ -275,6 +282,11 @@ impl ServeArgs {
             Some(url) => storage_dir(url)?,
         };
         let public_url = self.public_url.as_deref().map(public_url).transpose()?;
+        let upstream_results_url = self
+            .upstream_results_url
+            .as_deref()
+            .map(|raw| http_url("--upstream-results-url", "HOARD_UPSTREAM_RESULTS_URL", raw))
+            .transpose()?;
         for (flag, env, value) in [
             (
                 "--upload-url-ttl",
@@ -375,6 +387,7 @@ impl ServeArgs {
             database_pool_size: self.database_pool_size,
             storage_dir,
             public_url,
+            upstream_results_url,
             upload_url_ttl: self.upload_url_ttl,
             download_url_ttl: self.download_url_ttl,
             reservation_ttl: self.reservation_ttl,
@@ -492,20 +505,22 @@ fn storage_dir(url: &str) -> Result<PathBuf, ConfigError> {
 }
 
 fn public_url(raw: &str) -> Result<Url, ConfigError> {
-    let url = Url::parse(raw).map_err(|e| {
-        ConfigError(format!(
-            "--public-url (HOARD_PUBLIC_URL) is not a URL ({e}): {raw:?}."
-        ))
-    })?;
+    http_url("--public-url", "HOARD_PUBLIC_URL", raw)
+}
+
+/// An http(s) URL with a host and no query or fragment, for option `flag` (variable `env`).
+fn http_url(flag: &str, env: &str, raw: &str) -> Result<Url, ConfigError> {
+    let url = Url::parse(raw)
+        .map_err(|e| ConfigError(format!("{flag} ({env}) is not a URL ({e}): {raw:?}.")))?;
     if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
         return Err(ConfigError(format!(
-            "--public-url (HOARD_PUBLIC_URL) must be an http:// or https:// URL with a host, not {raw:?}."
+            "{flag} ({env}) must be an http:// or https:// URL with a host, not {raw:?}."
         )));
     }
     if url.query().is_some() || url.fragment().is_some() {
-        return Err(ConfigError(
-            "--public-url (HOARD_PUBLIC_URL) must not have a query or fragment.".into(),
-        ));
+        return Err(ConfigError(format!(
+            "{flag} ({env}) must not have a query or fragment."
+        )));
     }
     Ok(url)
 }

@@ -45,6 +45,8 @@ pub enum ServeError {
     Recover(#[from] cache::CacheError),
     #[error("{0}")]
     Tokens(String),
+    #[error("{0}")]
+    Upstream(String),
     #[error("cannot load the URL signing key: {0}")]
     SigningKey(std::io::Error),
     #[error("server error: {0}")]
@@ -111,6 +113,13 @@ pub async fn build_state(
         download_url_ttl: config.download_url_ttl,
         warnings,
         limits: config.limits.clone(),
+        upstream: match &config.upstream_results_url {
+            Some(url) => Some(
+                api::proxy::Upstream::new(url.clone(), config.limits.idle_timeout)
+                    .map_err(ServeError::Upstream)?,
+            ),
+            None => None,
+        },
     };
     Ok(AppState::new(
         api,

@@ -10,6 +10,7 @@ pub mod blocklist;
 mod legacy;
 mod links;
 pub mod proto;
+pub mod proxy;
 pub mod range;
 mod twirp;
 
@@ -41,6 +42,8 @@ pub struct ApiConfig {
     /// Start-up warnings also reported by `/readyz` (e.g. token verification being off).
     pub warnings: Vec<String>,
     pub limits: Limits,
+    /// Where requests that are not hoard's own go; `None` answers them with 404.
+    pub upstream: Option<proxy::Upstream>,
 }
 
 /// Shared state of every handler; cheap to clone.
@@ -168,12 +171,15 @@ async fn fallback(
         let rest = &path[idx + legacy::BASE.len()..];
         return legacy::dispatch(&app, prefix, rest, &method, &uri, &headers, body).await;
     }
+    if path.starts_with("/_blob/") {
+        return blob::AzureError::not_found().into_response();
+    }
+    if let Some(upstream) = &app.config().upstream {
+        return upstream.forward(method, &uri, headers, body).await;
+    }
     if path.contains("/twirp/") {
         return twirp::TwirpError::new("bad_route", format!("no such route {path}"))
             .into_response();
-    }
-    if path.starts_with("/_blob/") {
-        return blob::AzureError::not_found().into_response();
     }
     (
         StatusCode::NOT_FOUND,
