@@ -39,6 +39,15 @@ pub struct ServeArgs {
     #[arg(long, env = "HOARD_PUBLIC_URL")]
     pub public_url: Option<String>,
 
+    /// Serve HTTPS with the certificate chain in this PEM file (with --tls-key). Re-read on
+    /// SIGHUP, so a renewed certificate is served without a restart.
+    #[arg(long, env = "HOARD_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key of --tls-cert, in PEM (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "HOARD_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
     /// Forward every request that is not hoard's own (for example actions/upload-artifact's
     /// ArtifactService calls, which share ACTIONS_RESULTS_URL) to this results service. On
     /// github.com: https://results-receiver.actions.githubusercontent.com/ [default: off].
@@ -233,6 +242,8 @@ pub struct Config {
     pub storage_dir: PathBuf,
     pub public_url: Option<Url>,
     pub upstream_results_url: Option<Url>,
+    /// HTTPS certificate and key; `None` serves plain HTTP.
+    pub tls: Option<crate::tls::TlsFiles>,
     pub upload_url_ttl: Duration,
     pub download_url_ttl: Duration,
     pub reservation_ttl: Duration,
@@ -282,6 +293,24 @@ impl ServeArgs {
             Some(url) => storage_dir(url)?,
         };
         let public_url = self.public_url.as_deref().map(public_url).transpose()?;
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => {
+                let files = crate::tls::TlsFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                };
+                files
+                    .load()
+                    .map_err(|e| ConfigError(format!("{e} (HOARD_TLS_CERT, HOARD_TLS_KEY).")))?;
+                Some(files)
+            }
+            (None, None) => None,
+            _ => {
+                return Err(ConfigError(
+                    "--tls-cert (HOARD_TLS_CERT) and --tls-key (HOARD_TLS_KEY) go together.".into(),
+                ))
+            }
+        };
         let upstream_results_url = self
             .upstream_results_url
             .as_deref()
@@ -388,6 +417,7 @@ impl ServeArgs {
             storage_dir,
             public_url,
             upstream_results_url,
+            tls,
             upload_url_ttl: self.upload_url_ttl,
             download_url_ttl: self.download_url_ttl,
             reservation_ttl: self.reservation_ttl,

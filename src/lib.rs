@@ -11,6 +11,7 @@ pub mod cache;
 pub mod config;
 pub mod meta;
 pub mod model;
+pub mod tls;
 
 use std::sync::Arc;
 
@@ -47,6 +48,8 @@ pub enum ServeError {
     Tokens(String),
     #[error("{0}")]
     Upstream(String),
+    #[error("{0}")]
+    Tls(String),
     #[error("cannot load the URL signing key: {0}")]
     SigningKey(std::io::Error),
     #[error("server error: {0}")]
@@ -113,6 +116,7 @@ pub async fn build_state(
         download_url_ttl: config.download_url_ttl,
         warnings,
         limits: config.limits.clone(),
+        tls: config.tls.is_some(),
         upstream: match &config.upstream_results_url {
             Some(url) => Some(
                 api::proxy::Upstream::new(url.clone(), config.limits.idle_timeout)
@@ -135,6 +139,29 @@ pub async fn build_state(
     ))
 }
 
+/// Reads the TLS certificate and key again on each SIGHUP until `stop`. Without TLS, SIGHUP
+/// (a service manager's reload) is logged and otherwise ignored rather than ending the process.
+async fn reload_on_sighup(tls: Option<Arc<tls::Reloadable>>, stop: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("cannot watch SIGHUP, TLS certificates will not be reloaded: {e}");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            Some(()) = hangups.recv() => match tls.as_deref().map(|t| (t, t.reload())) {
+                Some((t, Ok(()))) => tracing::info!(cert = %t.cert_path().display(), "SIGHUP: TLS certificate reloaded"),
+                Some((_, Err(e))) => tracing::error!("SIGHUP: TLS certificate not reloaded, the previous one stays: {e}"),
+                None => tracing::info!("SIGHUP: nothing to reload (no --tls-cert)"),
+            },
+            () = stop.cancelled() => return,
+        }
+    }
+}
+
 /// Serves on `listener` until `shutdown` is cancelled, then lets in-flight requests finish for
 /// up to `config.shutdown_timeout`.
 ///
@@ -151,6 +178,13 @@ pub async fn serve(
     use hyper_util::service::TowerToHyperService;
 
     let background = state.cache().spawn_background(shutdown.clone());
+    let tls = match &config.tls {
+        Some(files) => Some(Arc::new(
+            tls::Reloadable::new(files.clone()).map_err(ServeError::Tls)?,
+        )),
+        None => None,
+    };
+    tokio::spawn(reload_on_sighup(tls.clone(), shutdown.clone()));
     let router = api::router(state);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -175,12 +209,34 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(router.clone());
-        let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-            .into_owned();
-        let watched = graceful.watch(connection);
+        let Some(tls) = &tls else {
+            let connection = builder
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                .into_owned();
+            let watched = graceful.watch(connection);
+            tokio::spawn(async move {
+                let _ = watched.await;
+            });
+            continue;
+        };
+        // The handshake runs in the connection's own task, within the header timeout, so a
+        // slow or silent client holds up nobody.
+        let (acceptor, builder, watcher) = (tls.acceptor(), builder.clone(), graceful.watcher());
+        let handshake_timeout = config.limits.header_timeout;
         tokio::spawn(async move {
-            let _ = watched.await;
+            let stream =
+                match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+            let connection = builder
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                .into_owned();
+            let _ = watcher.watch(connection).await;
         });
     }
     drop(listener);

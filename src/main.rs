@@ -124,6 +124,12 @@ async fn serve(args: ServeArgs) -> ExitCode {
         tracing::warn!("{}", hoard::auth::callers::ANONYMOUS_WARNING);
     }
     tracing::info!("metadata in {}", config.database.redacted());
+    if let Some(tls) = &config.tls {
+        tracing::info!(
+            "serving HTTPS with {} (re-read on SIGHUP)",
+            tls.cert.display()
+        );
+    }
     match listener.local_addr() {
         Ok(addr) => tracing::info!("listening on {addr}"),
         Err(_) => tracing::info!("listening on {}", config.listen),

@@ -63,6 +63,10 @@ fn base_url(app: &AppState, headers: &HeaderMap) -> Result<String, NoLinkBase> {
         .and_then(|v| v.to_str().ok())
         .filter(|h| is_authority(h))
         .ok_or(NoLinkBase)?;
+    if app.config().tls {
+        // hoard terminates TLS itself: the runner came over https, whatever a header says.
+        return Ok(format!("https://{host}"));
+    }
     let proto = headers
         .get("x-forwarded-proto")
         .and_then(|v| v.to_str().ok())

@@ -42,6 +42,8 @@ pub struct ApiConfig {
     /// Start-up warnings also reported by `/readyz` (e.g. token verification being off).
     pub warnings: Vec<String>,
     pub limits: Limits,
+    /// Whether hoard itself serves HTTPS: links are then `https`.
+    pub tls: bool,
     /// Where requests that are not hoard's own go; `None` answers them with 404.
     pub upstream: Option<proxy::Upstream>,
 }
