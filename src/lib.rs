@@ -9,6 +9,7 @@ pub mod bench;
 pub mod blob;
 pub mod cache;
 pub mod config;
+pub mod doctor;
 pub mod meta;
 pub mod model;
 pub mod tls;

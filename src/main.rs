@@ -32,6 +32,19 @@ enum Command {
     /// missing, and exits with 1 if any were found. Takes the same options as `serve`; safe while
     /// servers run.
     Verify(Box<ServeArgs>),
+    /// Say why caching works or not here: run it on a runner machine or in a job step.
+    ///
+    /// Reads the environment the way the cache clients do (ACTIONS_RESULTS_URL,
+    /// ACTIONS_CACHE_URL, ACTIONS_CACHE_SERVICE_V2, GITHUB_SERVER_URL, ACTIONS_RUNTIME_TOKEN,
+    /// ACTIONS_CACHE_MODE), says which protocol they will pick and why, then checks that the
+    /// server answers, the clock, that the token is accepted (never printing it), and that a
+    /// tiny entry saves, restores and matches. Each finding comes with its fix; exits with 1 if
+    /// any check failed.
+    Doctor {
+        /// How long each request may take.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+    },
     /// Measure servers with the published benchmark method, side by side.
     Bench(Box<BenchArgs>),
     /// The null baseline server that `hoard bench --baseline` starts.
@@ -74,6 +87,17 @@ fn main() -> ExitCode {
         Command::Serve(args) => runtime.block_on(serve(*args)),
         Command::Gc(args) => runtime.block_on(gc(*args)),
         Command::Verify(args) => runtime.block_on(verify(*args)),
+        Command::Doctor { timeout } => {
+            let env = hoard::doctor::Env::read(|name| std::env::var(name).ok());
+            let report = runtime.block_on(hoard::doctor::run(env, timeout));
+            // The report is the command's output; logs go to standard error.
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), report.render().as_bytes());
+            if report.failed() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
         Command::Bench(args) => match runtime.block_on(hoard::bench::run(*args)) {
             Ok(_) => ExitCode::SUCCESS,
             Err(e) => {
