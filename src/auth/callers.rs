@@ -50,8 +50,9 @@ impl Callers {
     ///
     /// Order: Forgejo headers, when present, decide alone. Then a token that verifies keeps
     /// its identity under any prefix. Then a namespace's prefix names the caller, whatever
-    /// unverifiable token it sends (act and Gitea send tokens only they can check). At the
-    /// root, a request without a token is anonymous if that is on.
+    /// unverifiable token it sends (act and Gitea send tokens only they can check); with
+    /// namespaces configured, any other prefix is not found. Otherwise a request without a
+    /// token is anonymous if that is on.
     pub async fn identify(&self, headers: &HeaderMap, prefix: &str) -> Result<Caller, CallerError> {
         if forgejo::is_forgejo(headers) {
             let settings = self.forgejo.as_ref().ok_or(ForgejoError::NotConfigured)?;
