@@ -321,3 +321,61 @@ async fn stalled_upload_bodies_are_abandoned() {
     );
     assert!(srv.chunk_files().is_empty());
 }
+
+/// Both framings at once (the request-smuggling shape): hyper drops the Content-Length, reads
+/// the body as chunked (RFC 9112 §6.3) and closes the connection after the answer, so no second
+/// request can hide in the body. The services never see the ambiguity, nor does the upstream of
+/// the pass-through.
+#[tokio::test]
+async fn requests_framed_both_ways_are_read_as_chunked_and_the_connection_closed() {
+    let srv = TestServer::start().await;
+    let url = srv.reserve(&main_token(), "smuggle", VERSION).await;
+    let upload = url.trim_start_matches(&srv.base).to_owned();
+    let token = main_token();
+    for (method, path, extra, answer) in [
+        // The block is the 4-byte chunk, not 10 bytes of Content-Length.
+        (
+            "PUT",
+            format!("{upload}&comp=block&blockid=YQ%3D%3D"),
+            String::new(),
+            "HTTP/1.1 201",
+        ),
+        (
+            "POST",
+            "/twirp/github.actions.results.api.v1.CacheService/CreateCacheEntry".to_owned(),
+            format!("authorization: Bearer {token}\r\ncontent-type: application/json\r\n"),
+            "HTTP/1.1 400",
+        ),
+        (
+            "POST",
+            "/_apis/artifactcache/caches".to_owned(),
+            format!("authorization: Bearer {token}\r\n"),
+            "HTTP/1.1 400",
+        ),
+    ] {
+        let mut stream = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nhost: {}\r\n{extra}content-length: 10\r\ntransfer-encoding: chunked\r\n\r\n4\r\nabcd\r\n0\r\n\r\nGET /healthz HTTP/1.1\r\nhost: x\r\n\r\n",
+            srv.addr
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut buf = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut buf))
+            .await
+            .expect("the connection was not closed")
+            .unwrap();
+        let text = String::from_utf8_lossy(&buf);
+        assert!(text.starts_with(answer), "{path}: {text}");
+        assert_eq!(
+            text.matches("HTTP/1.1 ").count(),
+            1,
+            "the request smuggled after the body was not served: {text}"
+        );
+    }
+    let blocks: Vec<u64> = srv
+        .chunk_files()
+        .iter()
+        .map(|f| std::fs::metadata(f).unwrap().len())
+        .collect();
+    assert_eq!(blocks, [4], "one block, of the chunked body's 4 bytes");
+}
