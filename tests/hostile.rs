@@ -379,3 +379,25 @@ async fn requests_framed_both_ways_are_read_as_chunked_and_the_connection_closed
         .collect();
     assert_eq!(blocks, [4], "one block, of the chunked body's 4 bytes");
 }
+
+/// The token is checked before a Twirp body is read: a caller without one is answered at once,
+/// without the server waiting for (or buffering) a body it promised and never sends.
+#[tokio::test]
+async fn twirp_calls_are_refused_before_their_body_is_read() {
+    let srv = TestServer::start_with(&["--idle-timeout", "30s"]).await;
+    let mut stream = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    let head = format!(
+        "POST /twirp/github.actions.results.api.v1.CacheService/CreateCacheEntry HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: 60000\r\n\r\n{{\"key\":",
+        srv.addr
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
+        .await
+        .expect("the server waited for the body before checking the token")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf[..n]);
+    assert!(text.starts_with("HTTP/1.1 401"), "{text}");
+    assert!(text.contains("\"code\":\"unauthenticated\""), "{text}");
+    assert!(srv.chunk_files().is_empty());
+}

@@ -238,6 +238,8 @@ pub(super) async fn dispatch(
         }
     };
     let encoding = Encoding::of(headers)?;
+    // Who is calling is settled before the body is read: a stranger costs no body read.
+    let who = app.callers().identify(headers, prefix).await?.identity;
     // A control request is small: it must arrive within the idle timeout, however it trickles.
     let idle = app.config().limits.idle_timeout;
     let body = tokio::time::timeout(idle, to_bytes(body, MAX_REQUEST_BYTES))
@@ -249,7 +251,6 @@ pub(super) async fn dispatch(
                 format!("request bodies are limited to {MAX_REQUEST_BYTES} bytes"),
             )
         })?;
-    let who = app.callers().identify(headers, prefix).await?.identity;
     match handler {
         Rpc::Create => create(app, &who, headers, encoding.decode(&body)?)
             .await
