@@ -255,7 +255,7 @@ pub struct Config {
     pub namespaces: crate::auth::namespaces::Namespaces,
     pub anonymous: Option<crate::auth::namespaces::Access>,
     /// The link signing key, if given directly; else `signing_key_file` is used.
-    pub signing_key: Option<Vec<u8>>,
+    pub signing_key: Option<crate::secret::Secret>,
     pub signing_key_file: PathBuf,
     pub limits: Limits,
     pub lifecycle: crate::cache::lifecycle::Limits,
@@ -352,7 +352,7 @@ impl ServeArgs {
                     "--signing-key (HOARD_SIGNING_KEY) must be at least 32 characters.".into(),
                 ))
             }
-            Some(key) => Some(key.as_bytes().to_vec()),
+            Some(key) => Some(crate::secret::Secret::new(key.as_bytes())),
             None => None,
         };
         if self.max_open_uploads == 0 {
@@ -386,7 +386,7 @@ impl ServeArgs {
                     ));
                 }
                 Some(crate::auth::forgejo::ForgejoSettings {
-                    secret,
+                    secret: crate::secret::Secret::new(secret),
                     max_age: self.forgejo_run_max_age,
                     leeway: self.token_leeway,
                 })
@@ -500,7 +500,7 @@ impl ServeArgs {
                         "--token-hs256-secret-file (HOARD_TOKEN_HS256_SECRET_FILE) must hold at least 32 bytes.".into(),
                     ));
                 }
-                Some(secret)
+                Some(crate::secret::Secret::new(secret))
             }
             None => None,
         };
@@ -690,6 +690,44 @@ mod tests {
         assert!(err.0.contains("--jwks-file"), "{err}");
         let err = args(&["--signing-key", "short"]).validate().unwrap_err();
         assert!(err.0.contains("HOARD_SIGNING_KEY"), "{err}");
+    }
+
+    #[test]
+    fn no_secret_shows_in_the_configuration_as_printed() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            path.to_str().unwrap().to_owned()
+        };
+        let hs256 = file("hs256", "hs256-secret-hs256-secret-hs256-secret");
+        let forgejo = file("forgejo", "forgejo-secret-value");
+        let namespaces = file("ns", "act nssecretnssecret0123 read-write\n");
+        let c = args(&[
+            "--signing-key",
+            "signing-key-signing-key-signing-key",
+            "--database-url",
+            "postgres://hoard:db-password-value@db:5432/hoard",
+            "--token-hs256-secret-file",
+            &hs256,
+            "--forgejo-cache-secret-file",
+            &forgejo,
+            "--namespaces-file",
+            &namespaces,
+        ])
+        .validate()
+        .unwrap();
+        let shown = format!("{c:?} {c:#?}");
+        for secret in [
+            "signing-key-signing",
+            "db-password-value",
+            "hs256-secret",
+            "forgejo-secret-value",
+            "nssecretnssecret",
+        ] {
+            assert!(!shown.contains(secret), "{secret} shows in {shown}");
+        }
+        assert!(shown.contains("act"), "namespace names do show");
     }
 
     #[test]

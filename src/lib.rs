@@ -12,6 +12,7 @@ pub mod config;
 pub mod doctor;
 pub mod meta;
 pub mod model;
+pub mod secret;
 pub mod tls;
 
 use std::sync::Arc;

@@ -21,21 +21,13 @@ use crate::model::{RepoId, Scope};
 pub const MAC_HEADER: &str = "forgejo-cache-mac";
 
 /// How a Forgejo request is checked.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct ForgejoSettings {
-    pub secret: Vec<u8>,
+    pub secret: crate::secret::Secret,
     /// How old a run's timestamp may be (a run's calls all carry its start time).
     pub max_age: Duration,
     /// How far in the future a timestamp may be (clock skew between runner and hoard).
     pub leeway: Duration,
-}
-
-impl std::fmt::Debug for ForgejoSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ForgejoSettings")
-            .field("max_age", &self.max_age)
-            .finish_non_exhaustive()
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -104,7 +96,7 @@ pub fn verify(
     };
     let mac = required(MAC_HEADER, "MAC")?;
     let expected = hex::decode(mac).map_err(|_| ForgejoError::BadMac)?;
-    let mut hmac = Hmac::<Sha256>::new_from_slice(&settings.secret)
+    let mut hmac = Hmac::<Sha256>::new_from_slice(settings.secret.expose())
         .map_err(|_| ForgejoError::NotConfigured)?;
     for (i, part) in [
         &run.repository,
@@ -197,7 +189,7 @@ mod tests {
 
     fn settings() -> ForgejoSettings {
         ForgejoSettings {
-            secret: SECRET.to_vec(),
+            secret: crate::secret::Secret::new(SECRET),
             max_age: Duration::from_secs(24 * 3600),
             leeway: Duration::from_secs(60),
         }

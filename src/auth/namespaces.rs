@@ -54,10 +54,18 @@ struct Namespace {
 }
 
 /// The namespaces of the file, found by a hash of their secret so that a lookup's time does not
-/// depend on how much of a guessed secret is right.
-#[derive(Debug, Clone, Default)]
+/// depend on how much of a guessed secret is right. `Debug` shows their names only.
+#[derive(Clone, Default)]
 pub struct Namespaces {
     by_secret: HashMap<[u8; 32], Namespace>,
+}
+
+impl std::fmt::Debug for Namespaces {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut names: Vec<&str> = self.by_secret.values().map(|n| n.name.as_str()).collect();
+        names.sort_unstable();
+        f.debug_struct("Namespaces").field("names", &names).finish()
+    }
 }
 
 impl Namespaces {

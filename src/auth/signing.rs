@@ -6,6 +6,7 @@
 //! so is the target's creation time, so a link can never open a later row that reused its id
 //! (SQLite may reuse the ids of deleted rows).
 
+use crate::secret::Secret;
 use std::fs;
 use std::io::{self, Write};
 use std::path::Path;
@@ -50,19 +51,13 @@ pub enum SignatureError {
     Expired,
 }
 
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct UrlSigner {
-    key: Vec<u8>,
-}
-
-impl std::fmt::Debug for UrlSigner {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("UrlSigner(***)")
-    }
+    key: Secret,
 }
 
 impl UrlSigner {
-    pub fn new(key: Vec<u8>) -> Self {
+    pub fn new(key: Secret) -> Self {
         Self { key }
     }
 
@@ -70,7 +65,7 @@ impl UrlSigner {
     /// links survive restarts (and replicas sharing the file accept each other's links).
     pub fn load_or_create(path: &Path) -> io::Result<Self> {
         match fs::read(path) {
-            Ok(key) if key.len() >= 32 => return Ok(Self::new(key)),
+            Ok(key) if key.len() >= 32 => return Ok(Self::new(Secret::new(key))),
             Ok(_) => {
                 return Err(io::Error::other(format!(
                     "signing key {} is shorter than 32 bytes",
@@ -96,7 +91,7 @@ impl UrlSigner {
         let linked = written.and_then(|()| fs::hard_link(&staging, path));
         let _ = fs::remove_file(&staging);
         match linked {
-            Ok(()) => Ok(Self::new(key)),
+            Ok(()) => Ok(Self::new(Secret::new(key))),
             // Another process made it first: use theirs.
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Self::load_or_create(path),
             Err(e) => Err(e),
@@ -104,7 +99,8 @@ impl UrlSigner {
     }
 
     fn mac(&self, purpose: Purpose, target: LinkTarget, expires: u64) -> HmacSha256 {
-        let mut mac = HmacSha256::new_from_slice(&self.key).expect("HMAC takes keys of any length");
+        let mut mac =
+            HmacSha256::new_from_slice(self.key.expose()).expect("HMAC takes keys of any length");
         let LinkTarget { id, created_at } = target;
         mac.update(format!("{}\n{id}\n{created_at}\n{expires}", purpose.label()).as_bytes());
         mac
@@ -166,7 +162,7 @@ mod tests {
     }
 
     fn signer() -> UrlSigner {
-        UrlSigner::new(vec![7; 32])
+        UrlSigner::new(Secret::new(vec![7; 32]))
     }
 
     #[test]
@@ -200,7 +196,7 @@ mod tests {
             s.verify(Purpose::Upload, t(5), Some("2000"), Some(&sig), 0),
             forged
         );
-        let other = UrlSigner::new(vec![8; 32]);
+        let other = UrlSigner::new(Secret::new(vec![8; 32]));
         assert_eq!(
             other.verify(Purpose::Upload, t(5), Some("1000"), Some(&sig), 0),
             forged

@@ -35,7 +35,7 @@ pub struct TokenSettings {
     /// Keys for every issuer, instead of discovery.
     pub jwks: Option<JwkSet>,
     /// Secret for HS256 tokens (forges, tests); HS256 is refused without one.
-    pub hs256_secret: Option<Vec<u8>>,
+    pub hs256_secret: Option<crate::secret::Secret>,
     /// Clock skew allowed on `exp` and `nbf`.
     pub leeway: Duration,
     /// Decode claims without checking anything (explicit operator choice; warned about).
@@ -237,7 +237,11 @@ impl Verifier {
                         "HS256 tokens are not accepted (no --token-hs256-secret-file)".into(),
                     )
                 })?;
-                decode(token, &DecodingKey::from_secret(secret), &validation)?
+                decode(
+                    token,
+                    &DecodingKey::from_secret(secret.expose()),
+                    &validation,
+                )?
             }
             Algorithm::RS256 | Algorithm::ES256 => {
                 let iss = peek_payload(token)?

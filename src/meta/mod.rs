@@ -324,14 +324,20 @@ pub async fn open(
     })
 }
 
-/// A validated `--database-url`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A validated `--database-url`. Its `Debug` is [`DatabaseUrl::redacted`]: no password.
+#[derive(Clone, PartialEq, Eq)]
 pub enum DatabaseUrl {
     Sqlite(std::path::PathBuf),
     /// `postgres://` or `postgresql://`, passed to the driver as given.
     Postgres(String),
     /// `mysql://` (MySQL 8 and MariaDB 10.11+), passed to the driver as given.
     MySql(String),
+}
+
+impl std::fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.redacted())
+    }
 }
 
 impl DatabaseUrl {

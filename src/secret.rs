@@ -1,0 +1,54 @@
+//! Secrets held in memory (the link signing key, token and Forgejo secrets, database
+//! passwords): a type whose `Debug` and `Display` print nothing of them, so that no log line,
+//! panic message or `{:?}` of a configuration can leak one.
+
+use std::fmt;
+
+/// Bytes that must never be printed. [`Secret::expose`] is the one way to them.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(Vec<u8>);
+
+impl Secret {
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Self {
+        Self(bytes.into())
+    }
+
+    /// The secret itself, for the code that signs or verifies with it.
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(redacted)")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nothing_of_a_secret_is_printed() {
+        let s = Secret::new(b"hunter2-hunter2".to_vec());
+        for shown in [format!("{s:?}"), format!("{s}"), format!("{s:#?}")] {
+            assert!(!shown.contains("hunter"), "{shown}");
+        }
+        assert_eq!(s.expose(), b"hunter2-hunter2");
+    }
+}
