@@ -147,19 +147,26 @@ async fn insecure_mode_must_be_asked_for_and_reads_unsigned_tokens() {
     assert_eq!(status, 200);
 }
 
-/// An OIDC issuer on a local port: discovery document and JWKS, counting key fetches.
+/// An OIDC issuer on a local port: discovery document and JWKS, counting key fetches. Each
+/// key fetch waits for a permit of `gate` (plenty, unless a test holds them back).
 struct DiscoveryServer {
     url: String,
     jwks_fetches: Arc<AtomicUsize>,
     jwks: Arc<std::sync::Mutex<Value>>,
+    gate: Arc<tokio::sync::Semaphore>,
 }
 
 async fn discovery_server() -> DiscoveryServer {
+    gated_discovery_server(tokio::sync::Semaphore::MAX_PERMITS).await
+}
+
+async fn gated_discovery_server(permits: usize) -> DiscoveryServer {
     use axum::routing::get;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let jwks_fetches = Arc::new(AtomicUsize::new(0));
     let jwks = Arc::new(std::sync::Mutex::new(json!({ "keys": [] })));
+    let gate = Arc::new(tokio::sync::Semaphore::new(permits));
     let config = json!({ "issuer": url, "jwks_uri": format!("{url}/.well-known/jwks") });
     let app = axum::Router::new()
         .route(
@@ -169,9 +176,10 @@ async fn discovery_server() -> DiscoveryServer {
         .route(
             "/.well-known/jwks",
             get({
-                let (fetches, jwks) = (jwks_fetches.clone(), jwks.clone());
+                let (fetches, jwks, gate) = (jwks_fetches.clone(), jwks.clone(), gate.clone());
                 move || async move {
                     fetches.fetch_add(1, Ordering::SeqCst);
+                    gate.acquire().await.unwrap().forget();
                     axum::Json(jwks.lock().unwrap().clone())
                 }
             }),
@@ -181,7 +189,58 @@ async fn discovery_server() -> DiscoveryServer {
         url,
         jwks_fetches,
         jwks,
+        gate,
     }
+}
+
+/// A key fetch under way holds up no token whose keys are known, and the requests that need
+/// it share that one fetch.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_fetch_under_way_blocks_nobody_else_and_is_shared() {
+    let (slow, fast) = (gated_discovery_server(0).await, discovery_server().await);
+    let (slow_issuer, fast_issuer) = (Issuer::new(&slow.url), Issuer::new(&fast.url));
+    *slow.jwks.lock().unwrap() = slow_issuer.jwks.clone();
+    *fast.jwks.lock().unwrap() = fast_issuer.jwks.clone();
+    let issuers = format!("{},{}", slow.url, fast.url);
+    let srv = Arc::new(TestServer::start_with(&["--token-issuer", &issuers]).await);
+    assert_eq!(
+        lookup_status(&srv, &fast_issuer.token("1", &[(MAIN, 3)]))
+            .await
+            .0,
+        200
+    );
+
+    // Eight jobs of the slow issuer's first use, each with its own token: one key fetch,
+    // held back by the issuer.
+    let waiting: Vec<_> = (0..8)
+        .map(|i| {
+            let (srv, token) = (srv.clone(), slow_issuer.token(&i.to_string(), &[(MAIN, 3)]));
+            tokio::spawn(async move { lookup_status(&srv, &token).await.0 })
+        })
+        .collect();
+    let started = eventually(std::time::Duration::from_secs(10), || {
+        slow.jwks_fetches.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    assert!(started, "the slow issuer's keys were never asked for");
+    // Meanwhile tokens of the other issuer verify: nothing waits on the slow fetch.
+    for i in 0..3 {
+        let token = fast_issuer.token(&format!("fast-{i}"), &[(MAIN, 3)]);
+        assert_eq!(lookup_status(&srv, &token).await.0, 200);
+    }
+    assert!(
+        waiting.iter().all(|w| !w.is_finished()),
+        "the slow jobs still wait"
+    );
+    slow.gate.add_permits(100);
+    for w in waiting {
+        assert_eq!(w.await.unwrap(), 200);
+    }
+    assert_eq!(
+        slow.jwks_fetches.load(Ordering::SeqCst),
+        1,
+        "the waiting requests shared one fetch"
+    );
 }
 
 #[tokio::test]

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::{URL_SAFE, URL_SAFE_NO_PAD};
@@ -68,6 +68,8 @@ pub struct Verifier {
     settings: TokenSettings,
     static_keys: Vec<VerificationKey>,
     discovered: RwLock<HashMap<String, IssuerKeys>>,
+    /// One gate per trusted issuer (a bounded set): held while its keys are fetched.
+    refreshing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     http: reqwest::Client,
     verified: Mutex<HashMap<[u8; 32], (Identity, u64)>>,
 }
@@ -168,6 +170,7 @@ impl Verifier {
             settings,
             static_keys,
             discovered: RwLock::new(HashMap::new()),
+            refreshing: Mutex::new(HashMap::new()),
             http,
             verified: Mutex::new(HashMap::new()),
         })
@@ -337,12 +340,20 @@ impl Verifier {
         if let Some(decided) = decide(self.discovered.read().await.get(&issuer)) {
             return decided;
         }
-        let mut known = self.discovered.write().await;
-        // Another request may have refreshed meanwhile.
-        if let Some(decided) = decide(known.get(&issuer)) {
+        // One refresh per issuer at a time, and no lock on the known keys while it runs:
+        // tokens whose keys are known keep verifying. Requests that queued behind a refresh
+        // find its keys and share that one fetch.
+        let gate = {
+            let mut gates = self.refreshing.lock().unwrap_or_else(|p| p.into_inner());
+            gates.entry(issuer.clone()).or_default().clone()
+        };
+        let _turn = gate.lock().await;
+        if let Some(decided) = decide(self.discovered.read().await.get(&issuer)) {
             return decided;
         }
-        match self.discover(&issuer).await {
+        let fetched = self.discover(&issuer).await;
+        let mut known = self.discovered.write().await;
+        match fetched {
             Ok(keys) => {
                 let matching = pick(&keys);
                 known.insert(
