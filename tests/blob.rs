@@ -449,3 +449,49 @@ async fn a_block_list_longer_than_azures_limit_is_400_block_list_too_long() {
     let res = srv.put_block_list(&url, block_list(&ids, "Latest")).await;
     assert_eq!(res.status(), 201);
 }
+
+/// A link's signature is checked before its row is loaded: with the metadata tables gone from
+/// under the server, forged links to rows it never loaded are still refused as forged (403),
+/// not answered with a database error, and a link stripped of its row time is malformed.
+#[tokio::test]
+async fn signatures_are_checked_before_any_row_is_read() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    let upload = srv.reserve(&t, "k", VERSION).await;
+    let res = srv.put_blob(&upload, b"bytes".to_vec()).await;
+    assert_eq!(res.status(), 201);
+    srv.finalize(&t, "k", VERSION, 5).await;
+    let (_, hit) = srv.lookup(&t, "k", &[], VERSION).await;
+    let download = hit["signed_download_url"].as_str().unwrap().to_owned();
+    assert!(download.contains("&ct="), "{download}");
+
+    // Another connection removes the rows' tables: any load now fails.
+    let db = rusqlite::Connection::open(srv.data.path().join("hoard.db")).unwrap();
+    db.execute_batch("PRAGMA foreign_keys=OFF; DROP TABLE entry_chunks; DROP TABLE entries; DROP TABLE staged_blocks; DROP TABLE upload_parts; DROP TABLE uploads;")
+        .unwrap();
+    drop(db);
+
+    let forge = |link: &str, id: &str| {
+        let (path, query) = link.split_once('?').unwrap();
+        let path = format!("{}/{id}", path.rsplit_once('/').unwrap().0);
+        let query = query.replace("sig=", "sig=AAAA");
+        format!("{path}?{query}")
+    };
+    for link in [forge(&download, "999"), forge(&upload, "999")] {
+        let res = if link.contains("/uploads/") {
+            srv.put_blob(&link, b"x".to_vec()).await
+        } else {
+            srv.http.get(&link).send().await.unwrap()
+        };
+        assert_eq!(res.status(), 403, "{link}");
+        let body = res.text().await.unwrap();
+        assert!(body.contains("<Code>AuthenticationFailed</Code>"), "{body}");
+    }
+    let stripped: String = download
+        .split('&')
+        .filter(|p| !p.starts_with("ct="))
+        .collect::<Vec<_>>()
+        .join("&");
+    let res = srv.http.get(&stripped).send().await.unwrap();
+    assert_eq!(res.status(), 403);
+}

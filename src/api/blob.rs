@@ -191,13 +191,19 @@ fn link_id(raw: &str) -> Result<i64, AzureError> {
         .ok_or_else(AzureError::not_found)
 }
 
-/// Checks a link's signature for `purpose` and the row it names.
+/// Checks a link's signature for `purpose` before anything is loaded: the id is the path's,
+/// the row's creation time the link's `ct`. Returns the target the signature covers.
 fn authorize(
     app: &AppState,
     purpose: Purpose,
-    target: LinkTarget,
+    id: i64,
     query: &Query,
-) -> Result<(), AzureError> {
+) -> Result<LinkTarget, AzureError> {
+    let created_at = query
+        .str("ct")
+        .and_then(|ct| ct.parse().ok())
+        .ok_or(SignatureError::Malformed)?;
+    let target = LinkTarget { id, created_at };
     app.signer().verify(
         purpose,
         target,
@@ -205,7 +211,7 @@ fn authorize(
         query.str("sig"),
         unix_now(),
     )?;
-    Ok(())
+    Ok(target)
 }
 
 /// A link to a row that does not exist is refused like a forged one: it cannot have been
@@ -307,17 +313,13 @@ async fn put(
         ));
     }
     let query = Query::parse(&uri);
+    let target = authorize(&app, Purpose::Upload, link_id(&id)?, &query)?;
     let cache = app.cache();
-    let linked = match cache.upload(link_id(&id)?).await {
-        Ok(upload) => upload,
-        Err(CacheError::UploadNotFound) => return Err(no_such_target()),
+    let linked = match cache.upload(target.id).await {
+        Ok(linked) if linked.upload.created_at == target.created_at => linked,
+        Ok(_) | Err(CacheError::UploadNotFound) => return Err(no_such_target()),
         Err(e) => return Err(e.into()),
     };
-    let target = LinkTarget {
-        id: linked.upload.id,
-        created_at: linked.upload.created_at,
-    };
-    authorize(&app, Purpose::Upload, target, &query)?;
     match query.str("comp") {
         None => {
             let blob_type = headers.get("x-ms-blob-type").and_then(|v| v.to_str().ok());
@@ -428,18 +430,13 @@ async fn get(
         ));
     }
     let query = Query::parse(&uri);
-    let entry_id = link_id(&id)?;
+    let target = authorize(&app, Purpose::Download, link_id(&id)?, &query)?;
     let cache = app.cache();
-    let open = match cache.open_entry(entry_id).await {
-        Ok(open) => open,
-        Err(CacheError::EntryNotFound) => return Err(no_such_target()),
+    let open = match cache.open_entry(target.id).await {
+        Ok(open) if open.entry.created_at == target.created_at => open,
+        Ok(_) | Err(CacheError::EntryNotFound) => return Err(no_such_target()),
         Err(e) => return Err(e.into()),
     };
-    let target = LinkTarget {
-        id: open.entry.id,
-        created_at: open.entry.created_at,
-    };
-    authorize(&app, Purpose::Download, target, &query)?;
     serve_entry(cache, &method, &open, &headers).await
 }
 

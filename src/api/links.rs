@@ -1,4 +1,8 @@
-//! Signed blob links handed to clients (PROTOCOL.md §3.2): `<base>/_blob/<kind>/<id>?se=…&sig=…`.
+//! Signed blob links handed to clients (PROTOCOL.md §3.2):
+//! `<base>/_blob/<kind>/<id>?se=<expiry>&ct=<row creation>&sig=…`. The link names the row's
+//! creation time, which the signature covers, so a request is checked before any row is
+//! loaded; the row loaded must then have that creation time (an id reused after a reset opens
+//! nothing).
 //!
 //! Three non-empty path segments satisfy the Azure SDK's URL parser for every host form, and the
 //! query is never empty (sccache needs one, §12). The base is `--public-url` if set, else the
@@ -34,8 +38,8 @@ pub fn signed(
     let expires = unix_now() + ttl.as_secs().max(1);
     let sig = app.signer().sign(purpose, target, expires);
     Ok(format!(
-        "{base}{prefix}{}?se={expires}&sig={sig}",
-        target.id
+        "{base}{prefix}{}?se={expires}&ct={}&sig={sig}",
+        target.id, target.created_at
     ))
 }
 
