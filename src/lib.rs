@@ -9,6 +9,7 @@ pub mod bench;
 pub mod blob;
 pub mod cache;
 pub mod config;
+mod conn;
 pub mod doctor;
 pub mod meta;
 pub mod model;
@@ -175,9 +176,8 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
-    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::rt::{TokioExecutor, TokioTimer};
     use hyper_util::server::conn::auto;
-    use hyper_util::service::TowerToHyperService;
 
     let background = state.cache().spawn_background(shutdown.clone());
     let tls = match &config.tls {
@@ -187,7 +187,6 @@ pub async fn serve(
         None => None,
     };
     tokio::spawn(reload_on_sighup(tls.clone(), shutdown.clone()));
-    let router = api::router(state);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -195,7 +194,13 @@ pub async fn serve(
         .header_read_timeout(config.limits.header_timeout)
         .keep_alive(true);
     builder.http2().timer(TokioTimer::new());
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let connections = conn::Connections::new(
+        builder,
+        api::router(state),
+        tls,
+        config.limits.header_timeout,
+        shutdown.clone(),
+    );
     loop {
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -209,43 +214,12 @@ pub async fn serve(
             },
             () = shutdown.cancelled() => break,
         };
-        let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
-        let Some(tls) = &tls else {
-            let connection = builder
-                .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                .into_owned();
-            let watched = graceful.watch(connection);
-            tokio::spawn(async move {
-                let _ = watched.await;
-            });
-            continue;
-        };
-        // The handshake runs in the connection's own task, within the header timeout, so a
-        // slow or silent client holds up nobody.
-        let (acceptor, builder, watcher) = (tls.acceptor(), builder.clone(), graceful.watcher());
-        let handshake_timeout = config.limits.header_timeout;
-        tokio::spawn(async move {
-            let stream =
-                match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                    Ok(Ok(stream)) => stream,
-                    Ok(Err(e)) => {
-                        tracing::debug!(error = %e, "TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => return,
-                };
-            let connection = builder
-                .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                .into_owned();
-            let _ = watcher.watch(connection).await;
-        });
+        connections.serve(stream);
     }
     drop(listener);
     let grace = config.shutdown_timeout;
-    tokio::select! {
-        () = graceful.shutdown() => {}
-        () = tokio::time::sleep(grace) => tracing::warn!("in-flight requests did not finish within {grace:?}; stopping anyway"),
+    if !connections.drain(grace).await {
+        tracing::warn!("in-flight requests did not finish within {grace:?}; stopping anyway");
     }
     let _ = background.await;
     Ok(())

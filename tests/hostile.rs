@@ -401,3 +401,38 @@ async fn twirp_calls_are_refused_before_their_body_is_read() {
     assert!(text.contains("\"code\":\"unauthenticated\""), "{text}");
     assert!(srv.chunk_files().is_empty());
 }
+
+/// An HTTP/2 connection that completes no request is closed after the header timeout, as an
+/// HTTP/1.1 one is: a client that opens one and stays silent, or sends a header block and never
+/// finishes it, holds it no longer.
+#[tokio::test]
+async fn silent_or_slow_http2_clients_are_cut_off() {
+    let srv = TestServer::start_with(&["--header-timeout", "1s"]).await;
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    const SETTINGS: [u8; 9] = [0, 0, 0, 4, 0, 0, 0, 0, 0];
+    // HEADERS on stream 1 without END_HEADERS: the block is never finished.
+    const PARTIAL_HEADERS: [u8; 10] = [0, 0, 1, 1, 0x1, 0, 0, 0, 1, 0x83];
+    for (what, frames) in [
+        ("silent", [&SETTINGS[..]].concat()),
+        (
+            "slow headers",
+            [&SETTINGS[..], &PARTIAL_HEADERS[..]].concat(),
+        ),
+    ] {
+        let mut stream = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+        stream.write_all(PREFACE).await.unwrap();
+        stream.write_all(&frames).await.unwrap();
+        let mut buf = Vec::new();
+        let read =
+            tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut buf)).await;
+        assert!(
+            read.is_ok(),
+            "{what}: the connection was still open after 10 s"
+        );
+        // The server spoke HTTP/2 (its SETTINGS frame) before closing.
+        assert!(buf.len() >= 9 && buf[3] == 4, "{what}: {buf:?}");
+    }
+    // A connection serving a request is not cut off while it waits for it.
+    let res = srv.http.get(srv.url("/healthz")).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+}
