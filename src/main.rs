@@ -53,6 +53,14 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: std::net::SocketAddr,
     },
+    /// The disk floor server that `hoard bench --baseline-disk` starts.
+    #[command(hide = true)]
+    DiskFloorServer {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: std::net::SocketAddr,
+        #[arg(long)]
+        dir: std::path::PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -105,6 +113,15 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::DiskFloorServer { listen, dir } => {
+            match runtime.block_on(hoard::bench::floor::run(listen, &dir)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::NullServer { listen } => match runtime.block_on(hoard::bench::null::run(listen)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

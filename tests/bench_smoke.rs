@@ -36,9 +36,19 @@ fn notes(report: &Value) -> Vec<&str> {
 }
 
 #[test]
-fn a_small_bench_run_reports_every_metric_for_hoard_and_the_baseline() {
-    let (report, stdout) = bench(&["--baseline", "--scale", "0.01", "--rounds", "2"]);
-    assert_eq!(report["targets"], serde_json::json!(["hoard", "baseline"]));
+fn a_small_bench_run_reports_every_metric_for_hoard_and_both_references() {
+    let (report, stdout) = bench(&[
+        "--baseline",
+        "--baseline-disk",
+        "--scale",
+        "0.01",
+        "--rounds",
+        "2",
+    ]);
+    assert_eq!(
+        report["targets"],
+        serde_json::json!(["hoard", "baseline", "disk floor"])
+    );
     assert_eq!(report["rounds"], 2);
     let rows = report["rows"].as_array().unwrap();
     let metrics: Vec<&str> = rows.iter().map(|r| r["metric"].as_str().unwrap()).collect();
@@ -97,8 +107,27 @@ fn a_small_bench_run_reports_every_metric_for_hoard_and_the_baseline() {
             .any(|n| n.starts_with("baseline: every download checked")),
         "{notes:?}"
     );
-    // The Markdown table went to stdout too, one column per target.
-    assert!(stdout.contains("| metric | hoard | baseline |"), "{stdout}");
+    // The disk floor keeps real bytes: its downloads are compared too.
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with("disk floor: every download checked")
+                && n.contains("byte for byte")),
+        "{notes:?}"
+    );
+    // The Markdown table went to stdout too, one column per target, with both ratios.
+    assert!(
+        stdout.contains("| metric | hoard | baseline | disk floor |"),
+        "{stdout}"
+    );
+    let upload = stdout
+        .lines()
+        .find(|l| l.starts_with("| Upload 8 entries in parallel"))
+        .unwrap();
+    assert!(
+        upload.contains("% null, ") && upload.contains("% disk)"),
+        "{upload}"
+    );
 }
 
 #[test]

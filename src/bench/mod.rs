@@ -2,6 +2,7 @@
 //! side by side, plus a null baseline, alternating targets round by round and reporting medians.
 
 mod client;
+pub mod floor;
 pub mod null;
 mod procstat;
 pub mod report;
@@ -44,6 +45,11 @@ pub struct BenchArgs {
     /// Also run the null baseline (a trivial server, started as its own process) as a column.
     #[arg(long)]
     pub baseline: bool,
+
+    /// Also run the disk floor (the simplest correct disk-backed server: files, no database,
+    /// no hashing; its own process and temporary directory) as a column.
+    #[arg(long)]
+    pub baseline_disk: bool,
 
     /// Rounds; targets alternate within each round and the report shows medians.
     #[arg(long, default_value_t = 3)]
@@ -397,6 +403,27 @@ async fn prepare_targets(args: &BenchArgs) -> Result<Vec<Target>, BenchFailure> 
             )
             .await?,
         );
+    }
+    if args.baseline_disk {
+        let port = free_port()?;
+        let dir = tempfile::tempdir().map_err(|e| usage(e.to_string()))?;
+        let mut cmd = Command::new(&exe);
+        cmd.args([
+            "disk-floor-server",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--dir",
+        ])
+        .arg(dir.path());
+        let mut floor = spawned(
+            report::FLOOR.into(),
+            cmd,
+            &format!("http://127.0.0.1:{port}/healthz"),
+            true,
+        )
+        .await?;
+        floor._data = Some(dir);
+        targets.push(floor);
     }
     let mut labels: Vec<&str> = targets.iter().map(|t| t.label.as_str()).collect();
     labels.sort_unstable();

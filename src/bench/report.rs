@@ -56,9 +56,19 @@ fn format_value(v: f64, unit: &str) -> String {
 }
 
 impl Report {
-    /// The Markdown table, with ratios to the first target named `baseline` when there is one.
+    /// The Markdown table. Each cell shows its ratio to the references present, other than
+    /// itself: the null baseline (`baseline`) and the disk floor (`disk floor`), as a
+    /// percentage where more is better and as a multiple where less is.
     pub fn to_markdown(&self) -> String {
-        let baseline = self.targets.iter().position(|t| t == "baseline");
+        let references: Vec<(usize, &str)> = [("baseline", "null"), (FLOOR, "disk")]
+            .into_iter()
+            .filter_map(|(label, short)| {
+                self.targets
+                    .iter()
+                    .position(|t| t == label)
+                    .map(|i| (i, short))
+            })
+            .collect();
         let mut out = String::new();
         out.push_str("| metric |");
         for t in &self.targets {
@@ -73,29 +83,49 @@ impl Report {
         for row in &self.rows {
             out.push_str(&format!("| {} ({}) |", row.metric, row.unit));
             for (i, v) in row.values.iter().enumerate() {
-                let cell = match (v, baseline.and_then(|b| row.values[b])) {
-                    (None, _) => "–".to_owned(),
-                    (Some(v), Some(base))
-                        if Some(i) != baseline && base > 0.0 && row.better == Better::Higher =>
-                    {
-                        format!("{} ({:.0}%)", format_value(*v, row.unit), 100.0 * v / base)
-                    }
-                    (Some(v), _) => format_value(*v, row.unit),
+                let Some(v) = v else {
+                    out.push_str(" – |");
+                    continue;
+                };
+                let ratios: Vec<String> = references
+                    .iter()
+                    .filter(|(r, _)| *r != i)
+                    .filter_map(|(r, short)| {
+                        let base = row.values[*r].filter(|b| *b > 0.0)?;
+                        Some(match row.better {
+                            Better::Higher => format!("{:.0}% {short}", 100.0 * v / base),
+                            Better::Lower => format!("{:.1}× {short}", v / base),
+                        })
+                    })
+                    .collect();
+                let cell = if ratios.is_empty() {
+                    format_value(*v, row.unit)
+                } else {
+                    format!("{} ({})", format_value(*v, row.unit), ratios.join(", "))
                 };
                 out.push_str(&format!(" {cell} |"));
             }
             out.push('\n');
         }
         out.push_str(&format!(
-            "\n{} round(s), medians; scale {}. Percentages are of the baseline column.\n",
+            "\n{} round(s), medians; scale {}.",
             self.rounds, self.scale
         ));
+        if !references.is_empty() {
+            out.push_str(
+                " In brackets: the share of the null baseline (null) and of the disk floor (disk) where more is better, the multiple of theirs where less is.",
+            );
+        }
+        out.push('\n');
         for note in &self.notes {
             out.push_str(&format!("- {note}\n"));
         }
         out
     }
 }
+
+/// The label of the disk floor's column.
+pub const FLOOR: &str = "disk floor";
 
 #[cfg(test)]
 mod tests {
@@ -136,11 +166,34 @@ mod tests {
         let lines: Vec<&str> = md.lines().collect();
         assert_eq!(lines[0], "| metric | hoard | baseline |");
         assert_eq!(lines[1], "|---|---:|---:|");
-        assert_eq!(lines[2], "| Upload (MiB/s) | 2,500 (90%) | 2,793 |");
-        assert_eq!(lines[3], "| Lookup p99 (ms) | 1.23 | 4.20 |");
+        assert_eq!(lines[2], "| Upload (MiB/s) | 2,500 (90% null) | 2,793 |");
+        assert_eq!(lines[3], "| Lookup p99 (ms) | 1.23 (0.3× null) | 4.20 |");
         assert_eq!(lines[4], "| Idle memory (MiB) | 4.50 | – |");
         assert!(md.contains("3 round(s), medians"));
         assert!(md.contains("- all downloads verified"));
+    }
+
+    #[test]
+    fn cells_show_their_ratio_to_both_references() {
+        let mut r = report();
+        r.targets.push(FLOOR.into());
+        r.rows[0].values.push(Some(2000.0));
+        r.rows[1].values.push(Some(2.0));
+        r.rows[2].values.push(Some(3.0));
+        let md = r.to_markdown();
+        let lines: Vec<&str> = md.lines().collect();
+        assert_eq!(
+            lines[2],
+            "| Upload (MiB/s) | 2,500 (90% null, 125% disk) | 2,793 (140% disk) | 2,000 (72% null) |"
+        );
+        assert_eq!(
+            lines[3],
+            "| Lookup p99 (ms) | 1.23 (0.3× null, 0.6× disk) | 4.20 (2.1× disk) | 2.00 (0.5× null) |"
+        );
+        assert_eq!(
+            lines[4],
+            "| Idle memory (MiB) | 4.50 (1.5× disk) | – | 3.00 |"
+        );
     }
 
     #[test]

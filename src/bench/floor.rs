@@ -1,0 +1,387 @@
+//! The disk floor (BENCHMARKS.md, "The disk floor"): the simplest correct disk-backed server,
+//! what any server that keeps entries on disk must at least pay. Each PUT body goes to its own
+//! file with large buffered writes on blocking threads (no database, no hashing, no fsync); a
+//! block list records the order of the files; a download streams them back in that order with
+//! 1 MiB reads; lookups are an in-memory map. `hoard bench --baseline-disk` runs it as its own
+//! process, on its own temporary directory, beside the null baseline.
+//!
+//! Plain hyper, no router, no logging, like the null baseline.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+
+const TWIRP: &str = "/twirp/github.actions.results.api.v1.CacheService/";
+/// Writes are gathered into buffers this large; reads are this large.
+const IO_SIZE: usize = 1 << 20;
+
+type Body = UnsyncBoxBody<Bytes, std::io::Error>;
+
+/// A file and its length.
+#[derive(Clone)]
+struct Part {
+    path: PathBuf,
+    len: u64,
+}
+
+#[derive(Default)]
+struct Upload {
+    key: String,
+    blocks: HashMap<Vec<u8>, Part>,
+    order: Vec<Part>,
+}
+
+struct State {
+    dir: PathBuf,
+    next: AtomicU64,
+    uploads: Mutex<HashMap<u64, Upload>>,
+    /// Finalized entries by key: their parts in order.
+    entries: Mutex<HashMap<String, (u64, Arc<Vec<Part>>)>>,
+    by_id: Mutex<HashMap<u64, Arc<Vec<Part>>>>,
+}
+
+fn full(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Body> {
+    let mut res = Response::new(
+        Full::new(body.into())
+            .map_err(|e| match e {})
+            .boxed_unsync(),
+    );
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(content_type),
+    );
+    res
+}
+
+fn json(value: serde_json::Value) -> Response<Body> {
+    full(StatusCode::OK, "application/json", value.to_string())
+}
+
+fn created() -> Response<Body> {
+    let mut res = full(
+        StatusCode::CREATED,
+        "application/octet-stream",
+        Bytes::new(),
+    );
+    res.headers_mut().insert(
+        "x-ms-request-id",
+        hyper::header::HeaderValue::from_static("00000000-0000-0000-0000-000000000000"),
+    );
+    res
+}
+
+/// Query value `name`, percent-decoded.
+fn query<'a>(req: &'a Request<Incoming>, name: &str) -> Option<std::borrow::Cow<'a, [u8]>> {
+    req.uri().query()?.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == name).then(|| percent_encoding::percent_decode_str(v).into())
+    })
+}
+
+/// Writes a body to `path` in `IO_SIZE` buffers, each write (the first one creating the file)
+/// on a blocking thread.
+async fn write_body(mut body: Incoming, path: PathBuf) -> std::io::Result<u64> {
+    let mut file: Option<std::fs::File> = None;
+    let mut buf = Vec::with_capacity(IO_SIZE);
+    let mut len = 0u64;
+    loop {
+        let frame = body.frame().await;
+        let done = frame.is_none();
+        if let Some(frame) = frame {
+            let frame = frame.map_err(std::io::Error::other)?;
+            if let Some(data) = frame.data_ref() {
+                buf.extend_from_slice(data);
+                len += data.len() as u64;
+            }
+        }
+        if buf.len() >= IO_SIZE || done {
+            let (open, chunk, path) = (file.take(), std::mem::take(&mut buf), path.clone());
+            let written = tokio::task::spawn_blocking(move || {
+                let mut f = match open {
+                    Some(f) => f,
+                    None => std::fs::File::create(&path)?,
+                };
+                f.write_all(&chunk)?;
+                Ok::<_, std::io::Error>(f)
+            })
+            .await
+            .map_err(std::io::Error::other)??;
+            file = Some(written);
+            buf.reserve(IO_SIZE);
+        }
+        if done {
+            return Ok(len);
+        }
+    }
+}
+
+/// Streams `parts` in order, 1 MiB per read, each read on a blocking thread.
+fn stream_parts(parts: Arc<Vec<Part>>) -> Body {
+    let reads = futures_util::stream::unfold(
+        (0usize, None::<std::fs::File>),
+        move |(mut index, mut file)| {
+            let parts = parts.clone();
+            async move {
+                loop {
+                    let mut current = match file.take() {
+                        Some(f) => f,
+                        None => {
+                            let part = parts.get(index)?;
+                            match std::fs::File::open(&part.path) {
+                                Ok(f) => f,
+                                Err(e) => return Some((Err(e), (parts.len(), None))),
+                            }
+                        }
+                    };
+                    let read = tokio::task::spawn_blocking(move || {
+                        let mut buf = vec![0u8; IO_SIZE];
+                        let n = current.read(&mut buf)?;
+                        buf.truncate(n);
+                        Ok::<_, std::io::Error>((current, buf))
+                    })
+                    .await
+                    .map_err(std::io::Error::other)
+                    .and_then(|r| r);
+                    match read {
+                        Err(e) => return Some((Err(e), (parts.len(), None))),
+                        Ok((_, buf)) if buf.is_empty() => index += 1,
+                        Ok((f, buf)) => {
+                            return Some((Ok(Frame::data(Bytes::from(buf))), (index, Some(f))))
+                        }
+                    }
+                }
+            }
+        },
+    );
+    StreamBody::new(reads).boxed_unsync()
+}
+
+async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    let path = req.uri().path().to_owned();
+    let host = req
+        .headers()
+        .get(hyper::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("127.0.0.1")
+        .to_owned();
+    if let Some(method) = path.strip_prefix(TWIRP) {
+        let method = method.to_owned();
+        let body: serde_json::Value = match req.into_body().collect().await {
+            Ok(b) => serde_json::from_slice(&b.to_bytes()).unwrap_or_default(),
+            Err(_) => serde_json::Value::Null,
+        };
+        let key = format!(
+            "{}\n{}",
+            body["version"].as_str().unwrap_or_default(),
+            body["key"].as_str().unwrap_or_default()
+        );
+        return Ok(twirp(&state, &method, &host, key, &body));
+    }
+    if let Some(id) = path
+        .strip_prefix("/floor/upload/")
+        .and_then(|s| s.parse::<u64>().ok())
+    {
+        return Ok(upload(&state, id, req).await);
+    }
+    if let Some(id) = path
+        .strip_prefix("/floor/download/")
+        .and_then(|s| s.parse::<u64>().ok())
+    {
+        let parts = state
+            .by_id
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned();
+        let Some(parts) = parts else {
+            return Ok(full(StatusCode::NOT_FOUND, "text/plain", "no such entry"));
+        };
+        let size: u64 = parts.iter().map(|p| p.len).sum();
+        let mut res = Response::new(stream_parts(parts));
+        res.headers_mut()
+            .insert(hyper::header::CONTENT_LENGTH, size.into());
+        return Ok(res);
+    }
+    if path == "/healthz" || path == "/readyz" {
+        return Ok(json(serde_json::json!({ "status": "ok" })));
+    }
+    Ok(full(StatusCode::NOT_FOUND, "text/plain", "not found"))
+}
+
+fn twirp(
+    state: &State,
+    method: &str,
+    host: &str,
+    key: String,
+    body: &serde_json::Value,
+) -> Response<Body> {
+    match method {
+        "CreateCacheEntry" => {
+            let id = state.next.fetch_add(1, Ordering::Relaxed);
+            state
+                .uploads
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(
+                    id,
+                    Upload {
+                        key,
+                        ..Upload::default()
+                    },
+                );
+            json(serde_json::json!({
+                "ok": true,
+                "signed_upload_url": format!("http://{host}/floor/upload/{id}?sig=x"),
+            }))
+        }
+        "FinalizeCacheEntryUpload" => {
+            let upload = state
+                .uploads
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .find(|(_, u)| u.key == key)
+                .map(|(id, _)| *id);
+            let Some(id) = upload else {
+                return json(serde_json::json!({ "ok": false }));
+            };
+            let upload = state
+                .uploads
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+            let parts = Arc::new(upload.map(|u| u.order).unwrap_or_default());
+            state
+                .by_id
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id, parts.clone());
+            state
+                .entries
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key, (id, parts));
+            json(serde_json::json!({ "ok": true, "entry_id": id.to_string() }))
+        }
+        "GetCacheEntryDownloadURL" => {
+            let version = body["version"].as_str().unwrap_or_default();
+            let restore = body["restore_keys"].as_array().cloned().unwrap_or_default();
+            let names = std::iter::once(body["key"].as_str().unwrap_or_default())
+                .chain(restore.iter().filter_map(|k| k.as_str()));
+            let hit = {
+                let entries = state.entries.lock().unwrap_or_else(|p| p.into_inner());
+                names.into_iter().find_map(|k| {
+                    entries
+                        .get(&format!("{version}\n{k}"))
+                        .map(|(id, _)| (k.to_owned(), *id))
+                })
+            };
+            match hit {
+                Some((matched, id)) => json(serde_json::json!({
+                    "ok": true,
+                    "signed_download_url": format!("http://{host}/floor/download/{id}?sig=x"),
+                    "matched_key": matched,
+                })),
+                None => json(serde_json::json!({ "ok": false })),
+            }
+        }
+        _ => full(
+            StatusCode::NOT_FOUND,
+            "application/json",
+            r#"{"code":"bad_route","msg":"no such method"}"#,
+        ),
+    }
+}
+
+async fn upload(state: &State, id: u64, req: Request<Incoming>) -> Response<Body> {
+    let comp = query(&req, "comp").map(|c| String::from_utf8_lossy(&c).into_owned());
+    match comp.as_deref() {
+        Some("blocklist") => {
+            let xml = match req.into_body().collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(_) => return full(StatusCode::BAD_REQUEST, "text/plain", "body"),
+            };
+            let Ok(list) = crate::api::blocklist::parse(&xml) else {
+                return full(StatusCode::BAD_REQUEST, "text/plain", "block list");
+            };
+            let mut uploads = state.uploads.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(upload) = uploads.get_mut(&id) else {
+                return full(StatusCode::NOT_FOUND, "text/plain", "no such upload");
+            };
+            let order: Option<Vec<Part>> = list
+                .iter()
+                .map(|b| upload.blocks.get(b.id.as_bytes()).cloned())
+                .collect();
+            match order {
+                Some(order) => upload.order = order,
+                None => return full(StatusCode::BAD_REQUEST, "text/plain", "unknown block"),
+            }
+            created()
+        }
+        other => {
+            let block = match other {
+                Some("block") => match query(&req, "blockid") {
+                    Some(b) => Some(b.into_owned()),
+                    None => return full(StatusCode::BAD_REQUEST, "text/plain", "blockid"),
+                },
+                _ => None,
+            };
+            let path = state.dir.join(format!(
+                "{id}-{}",
+                state.next.fetch_add(1, Ordering::Relaxed)
+            ));
+            let len = match write_body(req.into_body(), path.clone()).await {
+                Ok(len) => len,
+                Err(_) => return full(StatusCode::BAD_REQUEST, "text/plain", "body"),
+            };
+            let part = Part { path, len };
+            let mut uploads = state.uploads.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(upload) = uploads.get_mut(&id) else {
+                return full(StatusCode::NOT_FOUND, "text/plain", "no such upload");
+            };
+            match block {
+                Some(block) => {
+                    upload.blocks.insert(block, part);
+                }
+                None => upload.order = vec![part],
+            }
+            created()
+        }
+    }
+}
+
+/// Serves until the process is stopped, keeping its files under `dir`.
+pub async fn run(listen: SocketAddr, dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    tracing::info!("disk floor listening on {}", listener.local_addr()?);
+    let state = Arc::new(State {
+        dir: dir.to_owned(),
+        next: AtomicU64::new(1),
+        uploads: Mutex::default(),
+        entries: Mutex::default(),
+        by_id: Mutex::default(),
+    });
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let _ = stream.set_nodelay(true);
+        let state = state.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| handle(state.clone(), req));
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
