@@ -45,8 +45,8 @@ struct State {
     dir: PathBuf,
     next: AtomicU64,
     uploads: Mutex<HashMap<u64, Upload>>,
-    /// Finalized entries by key: their parts in order.
-    entries: Mutex<HashMap<String, (u64, Arc<Vec<Part>>)>>,
+    /// Finalized entries: their ids by version and key, their parts in order by id.
+    entries: Mutex<HashMap<String, u64>>,
     by_id: Mutex<HashMap<u64, Arc<Vec<Part>>>>,
 }
 
@@ -266,12 +266,12 @@ fn twirp(
                 .by_id
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(id, parts.clone());
+                .insert(id, parts);
             state
                 .entries
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(key, (id, parts));
+                .insert(key, id);
             json(serde_json::json!({ "ok": true, "entry_id": id.to_string() }))
         }
         "GetCacheEntryDownloadURL" => {
@@ -284,7 +284,7 @@ fn twirp(
                 names.into_iter().find_map(|k| {
                     entries
                         .get(&format!("{version}\n{k}"))
-                        .map(|(id, _)| (k.to_owned(), *id))
+                        .map(|id| (k.to_owned(), *id))
                 })
             };
             match hit {
