@@ -105,6 +105,8 @@ fn token_fix(message: &str) -> String {
         "add the token's issuer to the server's --token-issuer (HOARD_TOKEN_ISSUERS)".into()
     } else if message.contains("HS256") {
         "give the server the forge's token secret (--token-hs256-secret-file), or use a namespace prefix (--namespaces-file)".into()
+    } else if message.contains("signature") || message.contains("no key") {
+        "the token was signed with a key the server does not have: for GitHub tokens check --token-issuer (or --jwks-file), for a forge give --token-hs256-secret-file the forge's secret".into()
     } else if message.contains("expired") || message.contains("nbf") {
         "run hoard doctor inside the job, with the job's own token, and check both clocks".into()
     } else if message.contains("repository_id") {
