@@ -22,8 +22,10 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 
 const TWIRP: &str = "/twirp/github.actions.results.api.v1.CacheService/";
-/// Writes are gathered into buffers this large; reads are this large.
+/// Reads are this large.
 const IO_SIZE: usize = 1 << 20;
+/// Received buffers are written once this many bytes have gathered.
+const WRITE_BATCH: usize = 4 << 20;
 
 type Body = UnsyncBoxBody<Bytes, std::io::Error>;
 
@@ -89,38 +91,47 @@ fn query<'a>(req: &'a Request<Incoming>, name: &str) -> Option<std::borrow::Cow<
     })
 }
 
-/// Writes a body to `path` in `IO_SIZE` buffers, each write (the first one creating the file)
-/// on a blocking thread.
+/// Writes a body to `path` in batches of at least `WRITE_BATCH` bytes, straight from the
+/// received buffers, each batch (the first one creating the file) on a blocking thread while the
+/// next one arrives.
 async fn write_body(mut body: Incoming, path: PathBuf) -> std::io::Result<u64> {
-    let mut file: Option<std::fs::File> = None;
-    let mut buf = Vec::with_capacity(IO_SIZE);
+    type Write = tokio::task::JoinHandle<std::io::Result<std::fs::File>>;
+    let mut in_flight: Option<Write> = None;
+    let mut batch: Vec<Bytes> = Vec::new();
+    let mut batch_len = 0usize;
     let mut len = 0u64;
     loop {
         let frame = body.frame().await;
         let done = frame.is_none();
         if let Some(frame) = frame {
-            let frame = frame.map_err(std::io::Error::other)?;
-            if let Some(data) = frame.data_ref() {
-                buf.extend_from_slice(data);
+            if let Ok(data) = frame.map_err(std::io::Error::other)?.into_data() {
+                batch_len += data.len();
                 len += data.len() as u64;
+                batch.push(data);
             }
         }
-        if buf.len() >= IO_SIZE || done {
-            let (open, chunk, path) = (file.take(), std::mem::take(&mut buf), path.clone());
-            let written = tokio::task::spawn_blocking(move || {
+        if batch_len >= WRITE_BATCH || done {
+            let open = match in_flight.take() {
+                Some(write) => Some(write.await.map_err(std::io::Error::other)??),
+                None => None,
+            };
+            let (frames, path) = (std::mem::take(&mut batch), path.clone());
+            batch_len = 0;
+            in_flight = Some(tokio::task::spawn_blocking(move || {
                 let mut f = match open {
                     Some(f) => f,
                     None => std::fs::File::create(&path)?,
                 };
-                f.write_all(&chunk)?;
-                Ok::<_, std::io::Error>(f)
-            })
-            .await
-            .map_err(std::io::Error::other)??;
-            file = Some(written);
-            buf.reserve(IO_SIZE);
+                for frame in &frames {
+                    f.write_all(frame)?;
+                }
+                Ok(f)
+            }));
         }
         if done {
+            if let Some(write) = in_flight {
+                write.await.map_err(std::io::Error::other)??;
+            }
             return Ok(len);
         }
     }
