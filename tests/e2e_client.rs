@@ -125,13 +125,13 @@ impl Workspace {
             .client_via(via, server, token, args)
             .output()
             .expect("run node");
-        finish(out)
+        common::node_result(out)
     }
 
     /// Runs the client to completion; returns its `RESULT` value and its whole output.
     fn run(&self, server: &str, token: &str, args: &[&str]) -> (Value, String) {
         let out = self.client(server, token, args).output().expect("run node");
-        finish(out)
+        common::node_result(out)
     }
 
     fn save(&self, server: &str, token: &str, key: &str, paths: &[&str]) -> (Value, String) {
@@ -155,18 +155,6 @@ impl Workspace {
         args.extend(paths);
         self.run(server, token, &args)
     }
-}
-
-fn finish(out: std::process::Output) -> (Value, String) {
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let all = format!("{stdout}\n{stderr}");
-    assert!(out.status.success(), "client failed:\n{all}");
-    let result = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("RESULT "))
-        .unwrap_or_else(|| panic!("no RESULT line:\n{all}"));
-    (serde_json::from_str(result).unwrap(), all)
 }
 
 /// Polls `check` for up to 10 s (log lines arrive through a pipe, a moment after the response).
@@ -344,7 +332,7 @@ fn four_concurrent_saves_of_one_key_have_one_winner_with(server: Option<Server>)
         .collect();
     let results: Vec<Value> = children
         .into_iter()
-        .map(|c| finish(c.wait_with_output().unwrap()).0)
+        .map(|c| common::node_result(c.wait_with_output().unwrap()).0)
         .collect();
     let winners: Vec<usize> = (0..4)
         .filter(|&i| results[i].as_i64().unwrap_or(-1) > 0)

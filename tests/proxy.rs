@@ -230,17 +230,7 @@ fn artifact(hoard: &Hoard, token: &str, workspace: &Path, args: &[&str]) -> (Val
         .env_remove("GITHUB_SERVER_URL")
         .output()
         .unwrap();
-    let all = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "artifact client failed:\n{all}");
-    let result = all
-        .lines()
-        .find_map(|l| l.strip_prefix("RESULT "))
-        .unwrap_or_else(|| panic!("no RESULT line:\n{all}"));
-    (serde_json::from_str(result).unwrap(), all)
+    common::node_result(out)
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -119,17 +119,7 @@ fn real_client(base: &str, ca: &Path, workspace: &Path, args: &[&str]) -> (Value
         .env_remove("HOARD_E2E_CLIENT")
         .output()
         .unwrap();
-    let all = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "client failed:\n{all}");
-    let result = all
-        .lines()
-        .find_map(|l| l.strip_prefix("RESULT "))
-        .unwrap_or_else(|| panic!("no RESULT line:\n{all}"));
-    (serde_json::from_str(result).unwrap(), all)
+    common::node_result(out)
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -8,7 +8,6 @@
 //! Plain hyper, no router, no logging, like the null baseline.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -16,18 +15,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full, StreamBody};
+use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 
-const TWIRP: &str = "/twirp/github.actions.results.api.v1.CacheService/";
+use super::reference::{self, bad_route, created, full, json, lookup_answer, Body, TWIRP};
+
 /// Reads are this large.
 const IO_SIZE: usize = 1 << 20;
 /// Received buffers are written once this many bytes have gathered.
 const WRITE_BATCH: usize = 4 << 20;
-
-type Body = UnsyncBoxBody<Bytes, std::io::Error>;
 
 /// A file and its length.
 #[derive(Clone)]
@@ -50,37 +47,6 @@ struct State {
     /// Finalized entries: their ids by version and key, their parts in order by id.
     entries: Mutex<HashMap<String, u64>>,
     by_id: Mutex<HashMap<u64, Arc<Vec<Part>>>>,
-}
-
-fn full(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Body> {
-    let mut res = Response::new(
-        Full::new(body.into())
-            .map_err(|e| match e {})
-            .boxed_unsync(),
-    );
-    *res.status_mut() = status;
-    res.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static(content_type),
-    );
-    res
-}
-
-fn json(value: serde_json::Value) -> Response<Body> {
-    full(StatusCode::OK, "application/json", value.to_string())
-}
-
-fn created() -> Response<Body> {
-    let mut res = full(
-        StatusCode::CREATED,
-        "application/octet-stream",
-        Bytes::new(),
-    );
-    res.headers_mut().insert(
-        "x-ms-request-id",
-        hyper::header::HeaderValue::from_static("00000000-0000-0000-0000-000000000000"),
-    );
-    res
 }
 
 /// Query value `name`, percent-decoded.
@@ -178,20 +144,15 @@ fn stream_parts(parts: Arc<Vec<Part>>) -> Body {
     StreamBody::new(reads).boxed_unsync()
 }
 
-async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+async fn handle(
+    state: Arc<State>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, std::convert::Infallible> {
     let path = req.uri().path().to_owned();
-    let host = req
-        .headers()
-        .get(hyper::header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("127.0.0.1")
-        .to_owned();
+    let host = reference::host(&req);
     if let Some(method) = path.strip_prefix(TWIRP) {
         let method = method.to_owned();
-        let body: serde_json::Value = match req.into_body().collect().await {
-            Ok(b) => serde_json::from_slice(&b.to_bytes()).unwrap_or_default(),
-            Err(_) => serde_json::Value::Null,
-        };
+        let body = reference::json_body(req.into_body()).await;
         let key = format!(
             "{}\n{}",
             body["version"].as_str().unwrap_or_default(),
@@ -298,20 +259,13 @@ fn twirp(
                         .map(|id| (k.to_owned(), *id))
                 })
             };
-            match hit {
-                Some((matched, id)) => json(serde_json::json!({
-                    "ok": true,
-                    "signed_download_url": format!("http://{host}/floor/download/{id}?sig=x"),
-                    "matched_key": matched,
-                })),
-                None => json(serde_json::json!({ "ok": false })),
-            }
+            lookup_answer(
+                hit.map(|(matched, id)| {
+                    (matched, format!("http://{host}/floor/download/{id}?sig=x"))
+                }),
+            )
         }
-        _ => full(
-            StatusCode::NOT_FOUND,
-            "application/json",
-            r#"{"code":"bad_route","msg":"no such method"}"#,
-        ),
+        _ => bad_route(),
     }
 }
 
@@ -375,8 +329,6 @@ async fn upload(state: &State, id: u64, req: Request<Incoming>) -> Response<Body
 /// Serves until the process is stopped, keeping its files under `dir`.
 pub async fn run(listen: SocketAddr, dir: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    let listener = tokio::net::TcpListener::bind(listen).await?;
-    tracing::info!("disk floor listening on {}", listener.local_addr()?);
     let state = Arc::new(State {
         dir: dir.to_owned(),
         next: AtomicU64::new(1),
@@ -384,15 +336,5 @@ pub async fn run(listen: SocketAddr, dir: &Path) -> std::io::Result<()> {
         entries: Mutex::default(),
         by_id: Mutex::default(),
     });
-    loop {
-        let (stream, _) = listener.accept().await?;
-        let _ = stream.set_nodelay(true);
-        let state = state.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| handle(state.clone(), req));
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
+    reference::serve(listen, "disk floor", move |req| handle(state.clone(), req)).await
 }

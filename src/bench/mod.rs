@@ -5,6 +5,7 @@ mod client;
 pub mod floor;
 pub mod null;
 mod procstat;
+mod reference;
 pub mod report;
 mod scenarios;
 pub mod stats;

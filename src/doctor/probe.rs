@@ -354,16 +354,7 @@ impl Probe {
     }
 
     async fn twirp_json(&self, method: &'static str, body: Value) -> Result<Value, Step> {
-        let res = self
-            .twirp(method, body)
-            .await
-            .map_err(|e| Step::Failed(method, e.to_string()))?;
-        if !res.status().is_success() {
-            return Err(Step::Failed(
-                method,
-                format!("{} {}", res.status(), message_of(res).await),
-            ));
-        }
+        let res = succeeded(method, self.twirp(method, body).await).await?;
         res.json()
             .await
             .map_err(|e| Step::Failed(method, e.to_string()))
@@ -401,40 +392,32 @@ impl Probe {
             .await
             .map_err(|e| Step::Failed(step, e.to_string()))?;
         let id = reserved["cacheId"].as_i64().unwrap_or(0);
-        let step = "PATCH caches/{id} (upload)";
-        let res = send(
-            self.http
-                .patch(self.v1(&format!("caches/{id}")))
-                .header(header::CONTENT_TYPE, "application/octet-stream")
-                .header(
-                    header::CONTENT_RANGE,
-                    format!("bytes 0-{}/*", payload.len() - 1),
-                )
-                .body(payload.to_vec()),
+        succeeded(
+            "PATCH caches/{id} (upload)",
+            send(
+                self.http
+                    .patch(self.v1(&format!("caches/{id}")))
+                    .header(header::CONTENT_TYPE, "application/octet-stream")
+                    .header(
+                        header::CONTENT_RANGE,
+                        format!("bytes 0-{}/*", payload.len() - 1),
+                    )
+                    .body(payload.to_vec()),
+            )
+            .await,
         )
-        .await
-        .map_err(|e| Step::Failed(step, e.to_string()))?;
-        if !res.status().is_success() {
-            return Err(Step::Failed(
-                step,
-                format!("{} {}", res.status(), message_of(res).await),
-            ));
-        }
-        let step = "POST caches/{id} (commit)";
-        let res = send(
-            self.http
-                .post(self.v1(&format!("caches/{id}")))
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(json!({ "size": payload.len() }).to_string()),
+        .await?;
+        succeeded(
+            "POST caches/{id} (commit)",
+            send(
+                self.http
+                    .post(self.v1(&format!("caches/{id}")))
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(json!({ "size": payload.len() }).to_string()),
+            )
+            .await,
         )
-        .await
-        .map_err(|e| Step::Failed(step, e.to_string()))?;
-        if !res.status().is_success() {
-            return Err(Step::Failed(
-                step,
-                format!("{} {}", res.status(), message_of(res).await),
-            ));
-        }
+        .await?;
         let step = "GET cache (restore lookup)";
         let res = self
             .lookup_request()
@@ -480,6 +463,18 @@ impl Probe {
         }
         Ok(())
     }
+}
+
+/// A step's answer if it is a success; else where and how it failed.
+async fn succeeded(step: &'static str, sent: reqwest::Result<Response>) -> Result<Response, Step> {
+    let res = sent.map_err(|e| Step::Failed(step, e.to_string()))?;
+    if !res.status().is_success() {
+        return Err(Step::Failed(
+            step,
+            format!("{} {}", res.status(), message_of(res).await),
+        ));
+    }
+    Ok(res)
 }
 
 /// Where a save and restore stopped.

@@ -346,6 +346,20 @@ pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
     out
 }
 
+/// What a real client script (`tests/e2e/*.mjs`) returned: the JSON after its last line's
+/// `RESULT `, and its whole output. Fails loudly if it failed.
+pub fn node_result(out: std::process::Output) -> (Value, String) {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let all = format!("{stdout}\n{stderr}");
+    assert!(out.status.success(), "client failed:\n{all}");
+    let result = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .unwrap_or_else(|| panic!("no RESULT line:\n{all}"));
+    (serde_json::from_str(result).unwrap(), all)
+}
+
 /// Polls `check` until it returns true or `timeout` passes.
 pub async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
     let deadline = tokio::time::Instant::now() + timeout;
