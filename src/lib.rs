@@ -12,6 +12,7 @@ pub mod config;
 mod conn;
 pub mod doctor;
 pub mod meta;
+pub mod metrics;
 pub mod model;
 pub mod secret;
 pub mod tls;

@@ -204,7 +204,7 @@ async fn serve(
     body: Body,
 ) -> Result<Response, LegacyError> {
     let resource = Resource::parse(rest).ok_or_else(LegacyError::not_found)?;
-    let caller = app.callers().identify(headers, prefix).await?;
+    let caller = app.identify(headers, prefix).await?;
     let who = &caller.identity;
     let not_allowed = || {
         LegacyError::new(

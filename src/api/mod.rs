@@ -86,8 +86,19 @@ impl AppState {
     fn signer(&self) -> &UrlSigner {
         &self.0.signer
     }
-    fn callers(&self) -> &Callers {
-        &self.0.callers
+    /// Identifies a caller (see [`Callers::identify`]) and counts how.
+    async fn identify(
+        &self,
+        headers: &HeaderMap,
+        prefix: &str,
+    ) -> Result<crate::auth::Caller, crate::auth::CallerError> {
+        let caller = self.0.callers.identify(headers, prefix).await;
+        let metrics = self.cache().metrics();
+        match &caller {
+            Ok(c) => metrics.caller(c.how),
+            Err(_) => metrics.caller("refused"),
+        }
+        caller
     }
 }
 
@@ -117,9 +128,53 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .fallback(fallback)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            count_requests,
+        ))
         .layer(trace)
         .with_state(state)
+}
+
+/// Counts each answered request by route template (`other` for paths no route matched) and
+/// status class, with its time to the response's head.
+async fn count_requests(
+    State(app): State<AppState>,
+    req: Request<Body>,
+    next: axum::middleware::Next,
+) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("other", MatchedPath::as_str)
+        .to_owned();
+    let started = std::time::Instant::now();
+    let response = next.run(req).await;
+    app.cache()
+        .metrics()
+        .request(&route, response.status().as_u16(), started.elapsed());
+    response
+}
+
+/// `/metrics`: Prometheus text format.
+async fn metrics(State(app): State<AppState>) -> Response {
+    let stored = match app.cache().stored_bytes().await {
+        Ok(bytes) => Some(bytes),
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics: cannot read the stored bytes");
+            None
+        }
+    };
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        app.cache().metrics().render(stored),
+    )
+        .into_response()
 }
 
 async fn healthz() -> Json<serde_json::Value> {

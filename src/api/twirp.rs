@@ -239,7 +239,7 @@ pub(super) async fn dispatch(
     };
     let encoding = Encoding::of(headers)?;
     // Who is calling is settled before the body is read: a stranger costs no body read.
-    let who = app.callers().identify(headers, prefix).await?.identity;
+    let who = app.identify(headers, prefix).await?.identity;
     // A control request is small: it must arrive within the idle timeout, however it trickles.
     let idle = app.config().limits.idle_timeout;
     let body = tokio::time::timeout(idle, to_bytes(body, MAX_REQUEST_BYTES))

@@ -42,6 +42,8 @@ pub enum CallerError {
 pub struct Caller {
     pub identity: Identity,
     pub forgejo: Option<ForgejoRun>,
+    /// How it was identified: `token`, `forgejo`, `namespace` or `anonymous`.
+    pub how: &'static str,
 }
 
 impl Callers {
@@ -60,6 +62,7 @@ impl Callers {
             return Ok(Caller {
                 identity,
                 forgejo: Some(run),
+                how: "forgejo",
             });
         }
         let authorization = headers
@@ -69,22 +72,25 @@ impl Callers {
             Some(value) => Some(self.tokens.identify(Some(value)).await),
             None => None,
         };
-        let identity = match token {
-            Some(Ok(identity)) => identity,
+        let (identity, how) = match token {
+            Some(Ok(identity)) => (identity, "token"),
             // Without namespaces there is nothing to hide: the token's refusal says more.
-            _ if !prefix.is_empty() && !self.namespaces.is_empty() => self
-                .namespaces
-                .identify(prefix)
-                .ok_or(CallerError::UnknownPrefix)?,
+            _ if !prefix.is_empty() && !self.namespaces.is_empty() => (
+                self.namespaces
+                    .identify(prefix)
+                    .ok_or(CallerError::UnknownPrefix)?,
+                "namespace",
+            ),
             Some(Err(e)) => return Err(e.into()),
             None => match self.anonymous {
-                Some(access) => shared_identity("anonymous".into(), access),
+                Some(access) => (shared_identity("anonymous".into(), access), "anonymous"),
                 None => return Err(TokenError::Missing.into()),
             },
         };
         Ok(Caller {
             identity,
             forgejo: None,
+            how,
         })
     }
 }

@@ -263,6 +263,7 @@ impl Cache {
             delete_at: now.saturating_add(millis(self.policy.lifecycle.deletion_grace)),
         };
         let removed = self.meta.remove_entries(ids, removal).await?;
+        self.metrics.removed(cause.as_str(), removed.len() as u64);
         // Any lookup answer may name a removed entry; other entries' chunk lists still hold.
         self.lookups.invalidate();
         self.entries.forget(removed.iter().map(|e| e.id));
@@ -532,6 +533,7 @@ impl Cache {
                 return Ok(());
             }
             self.meta.deletions_done(&done).await?;
+            self.metrics.chunks_deleted("grace_over", done.len() as u64);
             for name in done {
                 tally.saw(Action::DeleteChunk(name));
             }
@@ -564,6 +566,7 @@ impl Cache {
                     }
                     if !dry_run {
                         self.collect(vec![name.clone()]).await;
+                        self.metrics.chunks_deleted("orphan", 1);
                     }
                     tally.saw(Action::DeleteOrphan(name));
                 }

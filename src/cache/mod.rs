@@ -169,6 +169,7 @@ pub struct Cache {
     quarantined: Arc<std::sync::atomic::AtomicU64>,
     /// Repositories whose quota a finalize is enforcing (see [`Cache::enforce_quota`]).
     evicting: Arc<lifecycle::Evicting>,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Cache {
@@ -189,6 +190,7 @@ impl Cache {
             entries: Arc::new(recent::Recent::new(policy_ttl)),
             quarantined: Arc::default(),
             evicting: Arc::default(),
+            metrics: Arc::default(),
         }
     }
 
@@ -222,6 +224,16 @@ impl Cache {
             let _ = sync.await;
             let _ = maintenance.await;
         })
+    }
+
+    /// What this process counts (see [`crate::metrics`]).
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.metrics
+    }
+
+    /// Bytes of all entries, as the metadata database counts them.
+    pub async fn stored_bytes(&self) -> Result<u64, CacheError> {
+        Ok(self.meta.total_usage().await?)
     }
 
     pub async fn ready(&self) -> Result<(), CacheError> {
@@ -540,8 +552,17 @@ impl Cache {
             })
             .await?;
         let Some(best) = matching::best_match(&who.read_scopes, &folded, &candidates) else {
+            self.metrics.lookup(crate::metrics::LookupOutcome::Miss);
             return Ok(None);
         };
+        let primary = folded.first().map_or("", String::as_str);
+        self.metrics.lookup(if best.key_folded == primary {
+            crate::metrics::LookupOutcome::Exact
+        } else if best.key_folded.starts_with(primary) {
+            crate::metrics::LookupOutcome::Prefix
+        } else {
+            crate::metrics::LookupOutcome::RestoreKey
+        });
         self.usage.record(best.id, self.clock.now());
         Ok(Some(Hit {
             entry: LinkTarget {
@@ -586,6 +607,7 @@ impl Cache {
             return Ok(Box::pin(futures_util::stream::empty()));
         };
         let head = self.open_chunk(entry, first).await?;
+        let counted = self.metrics.clone();
         let cache = self.clone();
         let tail = futures_util::stream::iter(parts)
             .then(move |part| {
@@ -600,7 +622,12 @@ impl Cache {
                 }
             })
             .flatten();
-        Ok(Box::pin(head.chain(tail)))
+        // Bytes count as downloaded as they leave, so a cut-off download counts what went.
+        Ok(Box::pin(head.chain(tail).inspect(move |frame| {
+            if let Ok(bytes) = frame {
+                counted.downloaded(bytes.len() as u64);
+            }
+        })))
     }
 
     /// Opens `len` bytes of a chunk of `entry` from `offset`, checked if the read is whole.
@@ -661,7 +688,11 @@ impl Cache {
                 }
                 Err(CacheError::StorageFull)
             }
-            other => Ok(other?),
+            other => {
+                let chunk = other?;
+                self.metrics.uploaded(chunk.size);
+                Ok(chunk)
+            }
         }
     }
 

@@ -1,0 +1,260 @@
+//! Prometheus metrics, served at `/metrics` in the text format. Cardinality stays bounded:
+//! labels are route templates, status classes, outcomes and causes, never keys, entries or
+//! repositories.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    route: String,
+    status: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CauseLabels {
+    cause: &'static str,
+}
+
+/// How a lookup ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LookupOutcome {
+    /// The primary key itself.
+    Exact,
+    /// The newest entry whose key starts with the primary key.
+    Prefix,
+    /// One of the restore keys, exactly or as a prefix.
+    RestoreKey,
+    Miss,
+}
+
+impl LookupOutcome {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Exact => "exact_hit",
+            Self::Prefix => "prefix_hit",
+            Self::RestoreKey => "restore_key_hit",
+            Self::Miss => "miss",
+        }
+    }
+}
+
+fn latency_buckets() -> Histogram {
+    // 0.5 ms to ~16 s: lookups sit at the bottom, large uploads at the top.
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.0005, 2.0, 16,
+    ))
+}
+
+/// Every metric hoard exports.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    durations: Family<RouteLabels, Histogram, fn() -> Histogram>,
+    lookups: Family<OutcomeLabels, Counter>,
+    uploaded: Counter,
+    downloaded: Counter,
+    tokens: Family<OutcomeLabels, Counter>,
+    removed: Family<CauseLabels, Counter>,
+    chunks_deleted: Family<CauseLabels, Counter>,
+    stored_bytes: Gauge,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("hoard");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "http_requests",
+            "HTTP requests by route template and status class",
+            requests.clone(),
+        );
+        let durations = Family::<RouteLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+            latency_buckets,
+        );
+        registry.register_with_unit(
+            "http_request_duration",
+            "Time to the response's head, by route template (downloads stream after it)",
+            Unit::Seconds,
+            durations.clone(),
+        );
+        let lookups = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "lookups",
+            "Cache lookups by outcome: exact_hit, prefix_hit, restore_key_hit, miss",
+            lookups.clone(),
+        );
+        let uploaded = Counter::default();
+        registry.register_with_unit(
+            "uploaded",
+            "Bytes stored as chunks (uploads and v1 ranges)",
+            Unit::Bytes,
+            uploaded.clone(),
+        );
+        let downloaded = Counter::default();
+        registry.register_with_unit(
+            "downloaded",
+            "Bytes of entries sent to clients",
+            Unit::Bytes,
+            downloaded.clone(),
+        );
+        let tokens = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "caller_checks",
+            "Callers identified, by how: token, forgejo, namespace, anonymous; or refused",
+            tokens.clone(),
+        );
+        let removed = Family::<CauseLabels, Counter>::default();
+        registry.register(
+            "entries_removed",
+            "Entries removed, by cause: evicted, expired, quarantined",
+            removed.clone(),
+        );
+        let chunks_deleted = Family::<CauseLabels, Counter>::default();
+        registry.register(
+            "chunks_deleted",
+            "Chunks deleted by maintenance: grace_over (removed entries), orphan",
+            chunks_deleted.clone(),
+        );
+        let stored_bytes = Gauge::default();
+        registry.register_with_unit(
+            "stored",
+            "Bytes of all entries (read from the metadata database at each scrape)",
+            Unit::Bytes,
+            stored_bytes.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            durations,
+            lookups,
+            uploaded,
+            downloaded,
+            tokens,
+            removed,
+            chunks_deleted,
+            stored_bytes,
+        }
+    }
+
+    /// One answered request: its route template (or `other`), status and time to the head.
+    pub fn request(&self, route: &str, status: u16, elapsed: Duration) {
+        let class = match status {
+            100..=199 => "1xx",
+            200..=299 => "2xx",
+            300..=399 => "3xx",
+            400..=499 => "4xx",
+            _ => "5xx",
+        };
+        let route = route.to_owned();
+        self.requests
+            .get_or_create(&RequestLabels {
+                route: route.clone(),
+                status: class,
+            })
+            .inc();
+        self.durations
+            .get_or_create(&RouteLabels { route })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    pub fn lookup(&self, outcome: LookupOutcome) {
+        self.lookups
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.label(),
+            })
+            .inc();
+    }
+
+    pub fn uploaded(&self, bytes: u64) {
+        self.uploaded.inc_by(bytes);
+    }
+
+    pub fn downloaded(&self, bytes: u64) {
+        self.downloaded.inc_by(bytes);
+    }
+
+    /// How a caller was identified (`token`, `forgejo`, `namespace`, `anonymous`) or refused
+    /// (`refused`).
+    pub fn caller(&self, outcome: &'static str) {
+        self.tokens.get_or_create(&OutcomeLabels { outcome }).inc();
+    }
+
+    pub fn removed(&self, cause: &'static str, entries: u64) {
+        self.removed
+            .get_or_create(&CauseLabels { cause })
+            .inc_by(entries);
+    }
+
+    pub fn chunks_deleted(&self, cause: &'static str, chunks: u64) {
+        self.chunks_deleted
+            .get_or_create(&CauseLabels { cause })
+            .inc_by(chunks);
+    }
+
+    /// The text exposition, with the stored bytes as read now.
+    pub fn render(&self, stored_bytes: Option<u64>) -> String {
+        if let Some(bytes) = stored_bytes {
+            self.stored_bytes.set(bytes.min(i64::MAX as u64) as i64);
+        }
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_and_histograms_render_as_prometheus_text() {
+        let m = Metrics::new();
+        m.request("/healthz", 200, Duration::from_millis(1));
+        m.request("/healthz", 503, Duration::from_millis(1));
+        m.lookup(LookupOutcome::Miss);
+        m.uploaded(10);
+        let text = m.render(Some(42));
+        for line in [
+            "hoard_http_requests_total{route=\"/healthz\",status=\"2xx\"} 1",
+            "hoard_http_requests_total{route=\"/healthz\",status=\"5xx\"} 1",
+            "hoard_http_request_duration_seconds_count{route=\"/healthz\"} 2",
+            "hoard_lookups_total{outcome=\"miss\"} 1",
+            "hoard_uploaded_bytes_total 10",
+            "hoard_stored_bytes 42",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"));
+    }
+}
