@@ -74,6 +74,8 @@ pub struct Metrics {
     removed: Family<CauseLabels, Counter>,
     chunks_deleted: Family<CauseLabels, Counter>,
     stored_bytes: Gauge,
+    stored_entries: Gauge,
+    open_uploads: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -151,8 +153,22 @@ impl Metrics {
             Unit::Bytes,
             stored_bytes.clone(),
         );
+        let stored_entries = Gauge::default();
+        registry.register(
+            "stored_entries",
+            "Entries of all repositories (read from the metadata database at each scrape)",
+            stored_entries.clone(),
+        );
+        let open_uploads = Gauge::default();
+        registry.register(
+            "open_uploads",
+            "Uploads reserved and not yet finalized or abandoned (read at each scrape)",
+            open_uploads.clone(),
+        );
         Self {
             registry,
+            stored_entries,
+            open_uploads,
             requests,
             durations,
             lookups,
@@ -220,10 +236,13 @@ impl Metrics {
             .inc_by(chunks);
     }
 
-    /// The text exposition, with the stored bytes as read now.
-    pub fn render(&self, stored_bytes: Option<u64>) -> String {
-        if let Some(bytes) = stored_bytes {
-            self.stored_bytes.set(bytes.min(i64::MAX as u64) as i64);
+    /// The text exposition, with the store's totals as read now.
+    pub fn render(&self, totals: Option<crate::meta::Totals>) -> String {
+        if let Some(t) = totals {
+            let gauge = |n: u64| n.min(i64::MAX as u64) as i64;
+            self.stored_bytes.set(gauge(t.bytes));
+            self.stored_entries.set(gauge(t.entries));
+            self.open_uploads.set(gauge(t.open_uploads));
         }
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
@@ -244,7 +263,11 @@ mod tests {
         m.request("/healthz", 503, Duration::from_millis(1));
         m.lookup(LookupOutcome::Miss);
         m.uploaded(10);
-        let text = m.render(Some(42));
+        let text = m.render(Some(crate::meta::Totals {
+            bytes: 42,
+            entries: 2,
+            open_uploads: 1,
+        }));
         for line in [
             "hoard_http_requests_total{route=\"/healthz\",status=\"2xx\"} 1",
             "hoard_http_requests_total{route=\"/healthz\",status=\"5xx\"} 1",
@@ -252,6 +275,8 @@ mod tests {
             "hoard_lookups_total{outcome=\"miss\"} 1",
             "hoard_uploaded_bytes_total 10",
             "hoard_stored_bytes 42",
+            "hoard_stored_entries 2",
+            "hoard_open_uploads 1",
         ] {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }

@@ -101,6 +101,8 @@ async fn a_known_sequence_gives_exact_counts() {
     assert_eq!(value(&m, "hoard_uploaded_bytes_total"), 3000.0);
     assert_eq!(value(&m, "hoard_downloaded_bytes_total"), 1000.0);
     assert_eq!(value(&m, "hoard_stored_bytes"), 3000.0);
+    assert_eq!(value(&m, "hoard_stored_entries"), 2.0);
+    assert_eq!(value(&m, "hoard_open_uploads"), 0.0);
     // Two saves (reserve and finalize each) and four lookups with the token; one refused.
     assert_eq!(
         value(&m, "hoard_caller_checks_total{outcome=\"token\"}"),
@@ -144,11 +146,14 @@ async fn evictions_are_counted_by_cause() {
     let t = main_token();
     srv.save(&t, "old", VERSION, &[1u8; 1000]).await;
     srv.save(&t, "new", VERSION, &[2u8; 2000]).await;
+    srv.reserve(&t, "being-saved", VERSION).await;
     let m = scrape(&srv).await;
     assert_eq!(
         value(&m, "hoard_entries_removed_total{cause=\"evicted\"}"),
         1.0
     );
     assert_eq!(value(&m, "hoard_stored_bytes"), 2000.0);
+    assert_eq!(value(&m, "hoard_stored_entries"), 1.0);
+    assert_eq!(value(&m, "hoard_open_uploads"), 1.0);
     assert!(!m.keys().any(|k| k.contains("cause=\"expired\"")));
 }

@@ -160,10 +160,10 @@ async fn count_requests(
 
 /// `/metrics`: Prometheus text format.
 async fn metrics(State(app): State<AppState>) -> Response {
-    let stored = match app.cache().stored_bytes().await {
-        Ok(bytes) => Some(bytes),
+    let stored = match app.cache().totals().await {
+        Ok(totals) => Some(totals),
         Err(e) => {
-            tracing::warn!(error = %e, "metrics: cannot read the stored bytes");
+            tracing::warn!(error = %e, "metrics: cannot read the store's totals");
             None
         }
     };

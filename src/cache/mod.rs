@@ -231,9 +231,9 @@ impl Cache {
         &self.metrics
     }
 
-    /// Bytes of all entries, as the metadata database counts them.
-    pub async fn stored_bytes(&self) -> Result<u64, CacheError> {
-        Ok(self.meta.total_usage().await?)
+    /// What the metadata database holds: bytes, entries, open uploads.
+    pub async fn totals(&self) -> Result<crate::meta::Totals, CacheError> {
+        Ok(self.meta.totals().await?)
     }
 
     pub async fn ready(&self) -> Result<(), CacheError> {

@@ -28,6 +28,7 @@ pub async fn run_all(store: Arc<dyn MetaStore>) {
     longest_keys_and_versions_fit(store.as_ref()).await;
     restores_are_recorded(store.as_ref()).await;
     usage_follows_finalize_and_removal(store.as_ref()).await;
+    totals_count_bytes_entries_and_open_uploads(store.as_ref()).await;
     removed_chunks_wait_for_their_deletion_time(store.as_ref()).await;
     least_recently_used_come_first(store.as_ref()).await;
     expiry_finds_unused_and_old_entries(store.as_ref()).await;
@@ -635,6 +636,27 @@ fn removal(cause: &RemovalCause, delete_at: i64) -> Removal<'_> {
         now: delete_at - 100,
         delete_at,
     }
+}
+
+async fn totals_count_bytes_entries_and_open_uploads(store: &dyn MetaStore) {
+    let before = store.totals().await.unwrap();
+    save(store, &slot("lc-totals", "a"), &[3, 4], 1).await;
+    let open = reserve(store, &slot("lc-totals", "b"), 2).await;
+    let after = store.totals().await.unwrap();
+    assert_eq!(after.bytes, before.bytes + 7, "bytes of the new entry");
+    assert_eq!(after.entries, before.entries + 1, "one entry more");
+    assert_eq!(
+        after.open_uploads,
+        before.open_uploads + 1,
+        "one open upload more"
+    );
+    store.abort_upload(&open, 3).await.unwrap();
+    let closed = store.totals().await.unwrap();
+    assert_eq!(
+        closed.open_uploads, before.open_uploads,
+        "an aborted upload is not open"
+    );
+    assert_eq!(closed.bytes, store.total_usage().await.unwrap());
 }
 
 async fn usage_follows_finalize_and_removal(store: &dyn MetaStore) {

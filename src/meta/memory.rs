@@ -407,6 +407,19 @@ impl MetaStore for MemoryStore {
         Ok(self.state().entries.values().map(|e| e.entry.size).sum())
     }
 
+    async fn totals(&self) -> Result<super::Totals, MetaError> {
+        let state = self.state();
+        Ok(super::Totals {
+            bytes: state.entries.values().map(|e| e.entry.size).sum(),
+            entries: state.entries.len() as u64,
+            open_uploads: state
+                .uploads
+                .values()
+                .filter(|u| u.upload.is_open())
+                .count() as u64,
+        })
+    }
+
     async fn pending_deletions(&self) -> Result<u64, MetaError> {
         Ok(self.state().doomed.values().map(|(size, _)| size).sum())
     }

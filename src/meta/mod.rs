@@ -248,6 +248,10 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug + 'static {
     /// Bytes of every entry.
     async fn total_usage(&self) -> Result<u64, MetaError>;
 
+    /// What the store holds, for metrics: bytes and entries of all repositories, and open
+    /// uploads.
+    async fn totals(&self) -> Result<Totals, MetaError>;
+
     /// Bytes of chunks whose deletion is scheduled but not yet done.
     async fn pending_deletions(&self) -> Result<u64, MetaError>;
 
@@ -322,6 +326,14 @@ pub async fn open(
         }
         DatabaseUrl::MySql(url) => std::sync::Arc::new(MySqlStore::open(url, pool_size).await?),
     })
+}
+
+/// What a store holds (see [`MetaStore::totals`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub bytes: u64,
+    pub entries: u64,
+    pub open_uploads: u64,
 }
 
 /// A validated `--database-url`. Its `Debug` is [`DatabaseUrl::redacted`]: no password.

@@ -749,6 +749,22 @@ impl MetaStore for MySqlStore {
         Ok(bytes.max(0) as u64)
     }
 
+    async fn totals(&self) -> Result<super::Totals, MetaError> {
+        let (bytes, entries, open): (i64, i64, i64) = sqlx::query_as(
+            "SELECT CAST(COALESCE(SUM(bytes), 0) AS SIGNED), CAST(COALESCE(SUM(entries), 0) AS SIGNED),
+                    (SELECT COUNT(*) FROM uploads WHERE state = 'open')
+             FROM repository_usage",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .map_err(from_sqlx)?;
+        Ok(super::Totals {
+            bytes: bytes.max(0) as u64,
+            entries: entries.max(0) as u64,
+            open_uploads: open.max(0) as u64,
+        })
+    }
+
     async fn pending_deletions(&self) -> Result<u64, MetaError> {
         let bytes: i64 = sqlx::query_scalar(
             "SELECT CAST(COALESCE(SUM(size), 0) AS SIGNED) FROM pending_deletions",

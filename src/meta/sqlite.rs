@@ -825,6 +825,25 @@ impl MetaStore for SqliteStore {
         .await
     }
 
+    async fn totals(&self) -> Result<super::Totals, MetaError> {
+        self.read(|conn| {
+            let (bytes, entries): (i64, i64) = conn
+                .prepare_cached(
+                    "SELECT COALESCE(SUM(bytes), 0), COALESCE(SUM(entries), 0) FROM repository_usage",
+                )?
+                .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            let open: i64 = conn
+                .prepare_cached("SELECT COUNT(*) FROM uploads WHERE state = 'open'")?
+                .query_row([], |r| r.get(0))?;
+            Ok(super::Totals {
+                bytes: bytes.max(0) as u64,
+                entries: entries.max(0) as u64,
+                open_uploads: open.max(0) as u64,
+            })
+        })
+        .await
+    }
+
     async fn pending_deletions(&self) -> Result<u64, MetaError> {
         self.read(|conn| {
             let bytes: i64 = conn
