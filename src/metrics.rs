@@ -190,15 +190,15 @@ impl Metrics {
             400..=499 => "4xx",
             _ => "5xx",
         };
-        let route = route.to_owned();
-        self.requests
-            .get_or_create(&RequestLabels {
-                route: route.clone(),
-                status: class,
-            })
-            .inc();
+        let labels = RequestLabels {
+            route: route.to_owned(),
+            status: class,
+        };
+        self.requests.get_or_create(&labels).inc();
         self.durations
-            .get_or_create(&RouteLabels { route })
+            .get_or_create(&RouteLabels {
+                route: labels.route,
+            })
             .observe(elapsed.as_secs_f64());
     }
 

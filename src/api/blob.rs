@@ -150,11 +150,12 @@ fn request_id() -> HeaderValue {
 }
 
 /// Query parameters, percent-decoded without turning `+` into a space: block ids are base64
-/// and may carry a literal `+` (PROTOCOL.md §12).
-struct Query(Vec<(String, Vec<u8>)>);
+/// and may carry a literal `+` (PROTOCOL.md §12), and v1 clients encode keys with
+/// `encodeURIComponent`, so a literal `+` is a `+`.
+pub(super) struct Query(Vec<(String, Vec<u8>)>);
 
 impl Query {
-    fn parse(uri: &Uri) -> Self {
+    pub(super) fn parse(uri: &Uri) -> Self {
         let pairs = uri
             .query()
             .unwrap_or("")
@@ -178,7 +179,7 @@ impl Query {
             .map(|(_, v)| v.as_slice())
     }
 
-    fn str(&self, name: &str) -> Option<&str> {
+    pub(super) fn str(&self, name: &str) -> Option<&str> {
         self.bytes(name).and_then(|v| std::str::from_utf8(v).ok())
     }
 }

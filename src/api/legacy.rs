@@ -10,7 +10,6 @@ use axum::body::{to_bytes, Body};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use percent_encoding::percent_decode_str;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -59,24 +58,13 @@ impl IntoResponse for LegacyError {
         if let Some(type_key) = self.type_key {
             body["typeKey"] = type_key.into();
         }
-        let mut response = (
-            self.status,
-            [(header::CONTENT_TYPE, "application/json")],
-            body.to_string(),
-        )
-            .into_response();
-        if let Some(seconds) = self.retry_after {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, seconds.into());
-        }
-        response
+        super::json_response(self.status, &body, self.retry_after)
     }
 }
 
+/// A refused caller (audited where it was identified).
 impl From<CallerError> for LegacyError {
     fn from(e: CallerError) -> Self {
-        tracing::info!(target: "hoard::audit", action = "refused", reason = %e);
         match e {
             CallerError::Token(e) => Self::new(StatusCode::UNAUTHORIZED, e.to_string()),
             CallerError::Forgejo(e) => Self::new(StatusCode::FORBIDDEN, e.to_string()),
@@ -238,22 +226,8 @@ impl Json {
     }
 
     fn with(status: StatusCode, body: serde_json::Value) -> Response {
-        (
-            status,
-            [(header::CONTENT_TYPE, "application/json")],
-            body.to_string(),
-        )
-            .into_response()
+        super::json_response(status, &body, None)
     }
-}
-
-/// Query parameters, percent-decoded without reading `+` as a space (the client encodes keys
-/// with `encodeURIComponent`, so a literal `+` is a `+`).
-fn query_param(uri: &Uri, name: &str) -> Option<String> {
-    uri.query()?.split('&').find_map(|pair| {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        (k == name).then(|| percent_decode_str(v).decode_utf8_lossy().into_owned())
-    })
 }
 
 /// `GET cache?keys=k1,k2&version=V`: 200 with `archiveLocation`, or 204 on a miss.
@@ -263,14 +237,17 @@ async fn lookup(
     uri: &Uri,
     headers: &HeaderMap,
 ) -> Result<Response, LegacyError> {
-    let keys = query_param(uri, "keys")
+    let query = blob::Query::parse(uri);
+    let keys = query
+        .str("keys")
         .ok_or_else(|| LegacyError::bad_request("the keys parameter is required"))?;
-    let version = query_param(uri, "version")
+    let version = query
+        .str("version")
         .ok_or_else(|| LegacyError::bad_request("the version parameter is required"))?;
     let mut keys = keys.split(',').map(str::to_owned);
     let primary = keys.next().unwrap_or_default();
     let restore: Vec<String> = keys.collect();
-    let lookup = Lookup::parse(&primary, &restore, &version).map_err(CacheError::from)?;
+    let lookup = Lookup::parse(&primary, &restore, version).map_err(CacheError::from)?;
     let Some(hit) = app.cache().lookup(&caller.identity, &lookup).await? else {
         return Ok(StatusCode::NO_CONTENT.into_response());
     };
@@ -303,8 +280,10 @@ fn creation_time(millis: i64) -> String {
 /// `GET caches?key=K`: the entries of that exact key, any version, that the caller may read.
 /// Clients ask only with debug logging on, after a miss, to name the versions that exist.
 async fn list(app: &AppState, who: &Identity, uri: &Uri) -> Result<Response, LegacyError> {
-    let key = query_param(uri, "key")
-        .ok_or_else(|| LegacyError::bad_request("the key parameter is required"))?;
+    let key = blob::Query::parse(uri)
+        .str("key")
+        .ok_or_else(|| LegacyError::bad_request("the key parameter is required"))?
+        .to_owned();
     let entries = app.cache().list_key(who, &key).await?;
     let listed: Vec<serde_json::Value> = entries
         .iter()

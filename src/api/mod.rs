@@ -48,6 +48,27 @@ pub struct ApiConfig {
     pub upstream: Option<proxy::Upstream>,
 }
 
+/// A JSON answer (`Content-Type: application/json`), with `Retry-After` when given: the shape
+/// of every Twirp and v1 answer, errors included.
+fn json_response(
+    status: StatusCode,
+    body: &serde_json::Value,
+    retry_after: Option<u64>,
+) -> Response {
+    let mut response = (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response();
+    if let Some(seconds) = retry_after {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, seconds.into());
+    }
+    response
+}
+
 /// Shared state of every handler; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct AppState(Arc<Inner>);
@@ -86,7 +107,7 @@ impl AppState {
     fn signer(&self) -> &UrlSigner {
         &self.0.signer
     }
-    /// Identifies a caller (see [`Callers::identify`]) and counts how.
+    /// Identifies a caller (see [`Callers::identify`]), counts how, and audits a refusal.
     async fn identify(
         &self,
         headers: &HeaderMap,
@@ -96,7 +117,10 @@ impl AppState {
         let metrics = self.cache().metrics();
         match &caller {
             Ok(c) => metrics.caller(c.how),
-            Err(_) => metrics.caller("refused"),
+            Err(e) => {
+                metrics.caller("refused");
+                tracing::info!(target: "hoard::audit", action = "refused", reason = %e);
+            }
         }
         caller
     }
@@ -145,16 +169,15 @@ async fn count_requests(
     req: Request<Body>,
     next: axum::middleware::Next,
 ) -> Response {
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or("other", MatchedPath::as_str)
-        .to_owned();
+    // A shared string: no copy of the route per request until the labels need one.
+    let route = req.extensions().get::<MatchedPath>().cloned();
     let started = std::time::Instant::now();
     let response = next.run(req).await;
-    app.cache()
-        .metrics()
-        .request(&route, response.status().as_u16(), started.elapsed());
+    app.cache().metrics().request(
+        route.as_ref().map_or("other", MatchedPath::as_str),
+        response.status().as_u16(),
+        started.elapsed(),
+    );
     response
 }
 
@@ -238,10 +261,9 @@ async fn fallback(
         return twirp::TwirpError::new("bad_route", format!("no such route {path}"))
             .into_response();
     }
-    (
+    json_response(
         StatusCode::NOT_FOUND,
-        [(header::CONTENT_TYPE, "application/json")],
-        serde_json::json!({ "message": "not found" }).to_string(),
+        &serde_json::json!({ "message": "not found" }),
+        None,
     )
-        .into_response()
 }

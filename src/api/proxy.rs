@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderName, Method, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use futures_util::TryStreamExt;
 use url::Url;
 
@@ -117,12 +117,7 @@ fn unreachable(host: &str) -> Response {
         "code": "unavailable",
         "msg": format!("hoard could not reach the upstream results service at {host}"),
     });
-    (
-        StatusCode::BAD_GATEWAY,
-        [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
-        .into_response()
+    super::json_response(StatusCode::BAD_GATEWAY, &body, None)
 }
 
 #[cfg(test)]

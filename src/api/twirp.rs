@@ -14,7 +14,7 @@ use super::proto::{
     GetCacheEntryDownloadUrlResponse,
 };
 use super::{links, AppState};
-use crate::auth::{CallerError, Identity, Purpose, TokenError};
+use crate::auth::{CallerError, Identity, Purpose};
 use crate::cache::CacheError;
 use crate::model::Lookup;
 
@@ -59,18 +59,7 @@ impl TwirpError {
 impl IntoResponse for TwirpError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({ "code": self.code, "msg": self.msg });
-        let mut response = (
-            self.status(),
-            [(header::CONTENT_TYPE, "application/json")],
-            body.to_string(),
-        )
-            .into_response();
-        if let Some(seconds) = self.retry_after {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, seconds.into());
-        }
-        response
+        super::json_response(self.status(), &body, self.retry_after)
     }
 }
 
@@ -114,23 +103,14 @@ impl From<links::NoLinkBase> for TwirpError {
     }
 }
 
+/// A refused caller (audited where it was identified).
 impl From<CallerError> for TwirpError {
     fn from(e: CallerError) -> Self {
         match e {
-            CallerError::Token(e) => e.into(),
-            CallerError::Forgejo(e) => {
-                tracing::info!(target: "hoard::audit", action = "refused", reason = %e);
-                Self::new("permission_denied", e.to_string())
-            }
+            CallerError::Token(e) => Self::new("unauthenticated", e.to_string()),
+            CallerError::Forgejo(e) => Self::new("permission_denied", e.to_string()),
             CallerError::UnknownPrefix => Self::new("bad_route", "no such route"),
         }
-    }
-}
-
-impl From<TokenError> for TwirpError {
-    fn from(e: TokenError) -> Self {
-        tracing::info!(target: "hoard::audit", action = "refused", reason = %e);
-        Self::new("unauthenticated", e.to_string())
     }
 }
 

@@ -336,6 +336,17 @@ pub struct Totals {
     pub open_uploads: u64,
 }
 
+impl Totals {
+    /// From the signed counts SQL answers with.
+    pub(crate) fn from_counts(bytes: i64, entries: i64, open_uploads: i64) -> Self {
+        Self {
+            bytes: bytes.max(0) as u64,
+            entries: entries.max(0) as u64,
+            open_uploads: open_uploads.max(0) as u64,
+        }
+    }
+}
+
 /// A validated `--database-url`. Its `Debug` is [`DatabaseUrl::redacted`]: no password.
 #[derive(Clone, PartialEq, Eq)]
 pub enum DatabaseUrl {

@@ -758,11 +758,7 @@ impl MetaStore for MySqlStore {
         .fetch_one(&self.pool)
         .await
         .map_err(from_sqlx)?;
-        Ok(super::Totals {
-            bytes: bytes.max(0) as u64,
-            entries: entries.max(0) as u64,
-            open_uploads: open.max(0) as u64,
-        })
+        Ok(super::Totals::from_counts(bytes, entries, open))
     }
 
     async fn pending_deletions(&self) -> Result<u64, MetaError> {

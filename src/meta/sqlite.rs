@@ -835,11 +835,7 @@ impl MetaStore for SqliteStore {
             let open: i64 = conn
                 .prepare_cached("SELECT COUNT(*) FROM uploads WHERE state = 'open'")?
                 .query_row([], |r| r.get(0))?;
-            Ok(super::Totals {
-                bytes: bytes.max(0) as u64,
-                entries: entries.max(0) as u64,
-                open_uploads: open.max(0) as u64,
-            })
+            Ok(super::Totals::from_counts(bytes, entries, open))
         })
         .await
     }
