@@ -137,6 +137,7 @@ fn identity(run: &ForgejoRun) -> Identity {
     };
     Identity {
         repository: RepoId::new(format!("forgejo:{}", run.repository)),
+        repository_name: run.repository.clone(),
         read_scopes,
         write_scope: Some(write_scope),
         subject: format!("forgejo:{}", run.repository),

@@ -40,6 +40,7 @@ pub fn shared_identity(repository: String, access: Access) -> Identity {
     let scope = Scope::new("");
     Identity {
         subject: repository.clone(),
+        repository_name: repository.clone(),
         repository: RepoId::new(repository),
         read_scopes: vec![scope.clone()],
         write_scope: (access == Access::ReadWrite).then_some(scope),

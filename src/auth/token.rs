@@ -15,6 +15,9 @@ use crate::model::{RepoId, Scope};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
     pub repository: RepoId,
+    /// The repository's name for people (owner/name), or empty: shown to operators, never
+    /// used to decide anything.
+    pub repository_name: String,
     /// Readable scopes in token order: current ref first, then base and default branches.
     pub read_scopes: Vec<Scope>,
     /// Where writes go; `None` for read-only tokens.
@@ -51,6 +54,9 @@ pub(crate) struct Claims {
     ac: Option<serde_json::Value>,
     #[serde(default)]
     repository_id: Option<serde_json::Value>,
+    /// `owner/name`, when the issuer includes it.
+    #[serde(default)]
+    repository: Option<serde_json::Value>,
     #[serde(default)]
     sub: Option<String>,
     #[serde(default)]
@@ -100,8 +106,14 @@ pub(crate) fn identity_from_claims(claims: Claims) -> Result<Identity, TokenErro
         // token in the namespace forge tokens share.
         Some(_) => return Err(TokenError::BadRepository),
     };
+    // Only a display name: a value of another type or an overlong one is left out, not refused.
+    let repository_name = match claims.repository {
+        Some(serde_json::Value::String(s)) if s.len() <= MAX_REPOSITORY_ID => s,
+        _ => String::new(),
+    };
     Ok(Identity {
         repository: RepoId::new(repository),
+        repository_name,
         read_scopes: scopes.read,
         write_scope: scopes.write,
         subject: claims.sub.unwrap_or_default(),

@@ -445,7 +445,7 @@ impl Cache {
         if size > self.policy.max_entry_size {
             return Err(CacheError::TooLarge(self.policy.max_entry_size));
         }
-        let entry = retry_stale(|_| self.try_finalize(&slot, size, None)).await?;
+        let entry = retry_stale(|_| self.try_finalize(who, &slot, size, None)).await?;
         audit("finalize", who, &slot, entry);
         Ok(entry)
     }
@@ -454,6 +454,7 @@ impl Cache {
     /// commit names its upload, and must never finalize a later reservation of the slot).
     async fn try_finalize(
         &self,
+        who: &Identity,
         slot: &Slot,
         size: u64,
         expected: Option<UploadId>,
@@ -474,6 +475,7 @@ impl Cache {
                 let new = NewEntry {
                     slot,
                     key: &upload.key,
+                    repository_name: &who.repository_name,
                     chunks: &chunks,
                     now,
                 };

@@ -71,7 +71,7 @@ impl Cache {
             UploadState::Finalized => {}
             UploadState::Open => self.commit_tiled(&linked, size).await?,
         }
-        let entry = retry_stale(|_| self.try_finalize(&slot, size, Some(id))).await?;
+        let entry = retry_stale(|_| self.try_finalize(who, &slot, size, Some(id))).await?;
         audit("finalize", who, &slot, entry);
         Ok(entry)
     }

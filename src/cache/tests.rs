@@ -70,6 +70,7 @@ fn world() -> World {
 fn who(repo: &str) -> Identity {
     Identity {
         repository: RepoId::new(repo),
+        repository_name: format!("octo/{repo}"),
         read_scopes: vec![Scope::new(MAIN)],
         write_scope: Some(Scope::new(MAIN)),
         subject: "test".into(),

@@ -5,7 +5,10 @@
 
 use std::sync::Arc;
 
-use super::{MetaError, MetaStore, NewEntry, NewUpload, Removal};
+use super::{
+    EntryFilter, EntryOrder, EntryPage, MetaError, MetaStore, NewEntry, NewUpload, Removal,
+    RepositoryUsage,
+};
 use crate::model::{
     BlobName, BlockId, CacheKey, Chunk, RemovalCause, RepoId, Scope, Slot, Upload, UploadState,
     Version,
@@ -35,6 +38,8 @@ pub async fn run_all(store: Arc<dyn MetaStore>) {
     removals_race_and_count_once(store.clone()).await;
     references_cover_every_table(store.as_ref()).await;
     abandoned_uploads_are_found_and_closed_ones_pruned(store.as_ref()).await;
+    operators_filter_sort_and_page_entries(store.as_ref()).await;
+    repositories_keep_names_usage_hits_and_misses(store.as_ref()).await;
     forgetting_after_a_crash_drops_new_entries_and_open_uploads(store.as_ref()).await;
     store.checkpoint().await.unwrap();
 }
@@ -85,6 +90,17 @@ async fn reserve(store: &dyn MetaStore, slot: &Slot, now: i64) -> Upload {
 
 /// Reserves, commits one chunk per size and finalizes at `now`; returns the entry id.
 async fn save(store: &dyn MetaStore, slot: &Slot, sizes: &[u64], now: i64) -> i64 {
+    save_named(store, slot, sizes, now, "").await
+}
+
+/// [`save`] by a caller that names the repository `name`.
+async fn save_named(
+    store: &dyn MetaStore,
+    slot: &Slot,
+    sizes: &[u64],
+    now: i64,
+    name: &str,
+) -> i64 {
     let upload = reserve(store, slot, now).await;
     let parts: Vec<(BlockId, Chunk)> = sizes
         .iter()
@@ -97,6 +113,7 @@ async fn save(store: &dyn MetaStore, slot: &Slot, sizes: &[u64], now: i64) -> i6
     let entry = NewEntry {
         slot,
         key: slot.key.as_str(),
+        repository_name: name,
         chunks: &chunks,
         now,
     };
@@ -284,6 +301,7 @@ async fn blocks_stage_commit_and_finalize_into_an_entry(store: &dyn MetaStore) {
         .finalize(
             &upload,
             NewEntry {
+                repository_name: "",
                 slot: &s,
                 key: "Life-Key",
                 chunks: &chunks,
@@ -340,6 +358,7 @@ async fn changes_at_an_old_revision_or_to_a_closed_upload_change_nothing(store: 
         .finalize(
             &loaded,
             NewEntry {
+                repository_name: "",
                 slot: &s,
                 key: "k",
                 chunks: &[chunk(1)],
@@ -384,6 +403,7 @@ async fn a_second_entry_for_a_slot_is_refused_and_leaves_nothing_behind(store: &
         .finalize(
             &second,
             NewEntry {
+                repository_name: "",
                 slot: &s,
                 key: "k",
                 chunks: &[chunk(10)],
@@ -861,5 +881,201 @@ async fn abandoned_uploads_are_found_and_closed_ones_pruned(store: &dyn MetaStor
     assert!(
         store.upload(open.id).await.unwrap().is_some(),
         "open uploads stay"
+    );
+}
+
+/// The ids a listing returns, page by page until it runs out, `limit` at a time.
+async fn list_ids(
+    store: &dyn MetaStore,
+    filter: &EntryFilter,
+    order: EntryOrder,
+    descending: bool,
+    limit: usize,
+) -> Vec<Vec<i64>> {
+    let mut pages = Vec::new();
+    let mut after = None;
+    loop {
+        let page = EntryPage {
+            filter,
+            order,
+            descending,
+            after,
+            limit,
+        };
+        let listed = store.list_entries(&page).await.unwrap();
+        let Some(last) = listed.last() else {
+            return pages;
+        };
+        after = Some((order.value_of(&last.entry), last.entry.id));
+        pages.push(listed.iter().map(|l| l.entry.id).collect());
+        assert!(pages.len() < 100, "paging does not end");
+    }
+}
+
+async fn operators_filter_sort_and_page_entries(store: &dyn MetaStore) {
+    let dev = "refs/heads/dev";
+    let a = save_named(
+        store,
+        &slot_in("adm", MAIN, "Linux-npm-1", "v1"),
+        &[10],
+        100,
+        "octo/adm",
+    )
+    .await;
+    let b = save(
+        store,
+        &slot_in("adm", MAIN, "linux-npm-2", "v2"),
+        &[30],
+        200,
+    )
+    .await;
+    let c = save(store, &slot_in("adm", dev, "linux-cargo", "v1"), &[20], 300).await;
+    let d = save(
+        store,
+        &slot_in("adm", MAIN, "windows-npm", "v1"),
+        &[20],
+        400,
+    )
+    .await;
+    save(store, &slot("adm-other", "linux-npm-9"), &[5], 500).await;
+    store.record_hits(&[(a, 1, 1000)]).await.unwrap();
+
+    let repo = EntryFilter {
+        repository: Some("adm".into()),
+        ..EntryFilter::default()
+    };
+    let by_name = EntryFilter {
+        repository: Some("octo/adm".into()),
+        ..EntryFilter::default()
+    };
+    assert_eq!(
+        store.count_entries(&repo).await.unwrap(),
+        4,
+        "count by repository id"
+    );
+    assert_eq!(
+        store.count_entries(&by_name).await.unwrap(),
+        4,
+        "a repository is found by the name its first caller gave, which later callers without one keep"
+    );
+    assert_eq!(
+        list_ids(store, &repo, EntryOrder::LastUsed, true, 10).await,
+        vec![vec![a, d, c, b]],
+        "most recently used first (a restore counts)"
+    );
+    assert_eq!(
+        list_ids(store, &repo, EntryOrder::LastUsed, true, 3).await,
+        vec![vec![a, d, c], vec![b]],
+        "pages continue where the last one ended"
+    );
+    assert_eq!(
+        list_ids(store, &repo, EntryOrder::Size, false, 2).await,
+        vec![vec![a, c], vec![d, b]],
+        "ties in the sort value are ordered by id, also across a page boundary"
+    );
+    assert_eq!(
+        list_ids(store, &repo, EntryOrder::Size, true, 2).await,
+        vec![vec![b, d], vec![c, a]],
+        "descending ties go by id descending"
+    );
+    assert_eq!(
+        list_ids(store, &repo, EntryOrder::Created, false, 10).await,
+        vec![vec![a, b, c, d]]
+    );
+    let prefix = EntryFilter {
+        folded_key_prefix: Some("linux-npm".into()),
+        ..repo.clone()
+    };
+    assert_eq!(
+        list_ids(store, &prefix, EntryOrder::Created, false, 10).await,
+        vec![vec![a, b]],
+        "a key prefix matches folded keys, within the repository"
+    );
+    let scoped = EntryFilter {
+        scope: Some(Scope::new(dev)),
+        ..repo.clone()
+    };
+    assert_eq!(
+        list_ids(store, &scoped, EntryOrder::Created, false, 10).await,
+        vec![vec![c]]
+    );
+    let versioned = EntryFilter {
+        version: Some("v2".into()),
+        ..repo.clone()
+    };
+    assert_eq!(
+        list_ids(store, &versioned, EntryOrder::Created, false, 10).await,
+        vec![vec![b]]
+    );
+    assert_eq!(store.count_entries(&versioned).await.unwrap(), 1);
+
+    let page = EntryPage {
+        filter: &repo,
+        order: EntryOrder::Created,
+        descending: false,
+        after: None,
+        limit: 1,
+    };
+    let listed = store.list_entries(&page).await.unwrap();
+    assert_eq!(
+        listed[0].repository_name, "octo/adm",
+        "listings carry the repository's name"
+    );
+    assert_eq!(
+        listed[0].entry.key, "Linux-npm-1",
+        "keys are listed as the client spelled them"
+    );
+    assert_eq!((listed[0].entry.size, listed[0].entry.hits), (10, 1));
+}
+
+async fn repositories_keep_names_usage_hits_and_misses(store: &dyn MetaStore) {
+    let a = save_named(store, &slot("rep-a", "k"), &[100], 10, "octo/a").await;
+    save(store, &slot("rep-a", "k2"), &[50], 11).await;
+    store.record_hits(&[(a, 3, 20)]).await.unwrap();
+    store
+        .record_misses(&[
+            (RepoId::new("rep-a"), String::new(), 2),
+            (RepoId::new("rep-b"), "octo/b".into(), 4),
+        ])
+        .await
+        .unwrap();
+    store
+        .record_misses(&[(RepoId::new("rep-b"), String::new(), 1)])
+        .await
+        .unwrap();
+    let usage = |repository: &str, name: &str, counts: [u64; 4]| RepositoryUsage {
+        repository: RepoId::new(repository),
+        name: name.into(),
+        bytes: counts[0],
+        entries: counts[1],
+        hits: counts[2],
+        misses: counts[3],
+    };
+    assert_eq!(
+        store.repositories(Some("octo/a"), 10).await.unwrap(),
+        vec![usage("rep-a", "octo/a", [150, 2, 3, 2])],
+        "a repository's bytes, entries, hits and misses, found by name"
+    );
+    assert_eq!(
+        store.repositories(Some("rep-b"), 10).await.unwrap(),
+        vec![usage("rep-b", "octo/b", [0, 0, 0, 5])],
+        "a repository that only missed is listed, by id"
+    );
+    let all = store.repositories(None, 10_000).await.unwrap();
+    assert!(
+        all.windows(2).all(|w| w[0].bytes >= w[1].bytes),
+        "most bytes first"
+    );
+    let position = |id: &str| {
+        all.iter()
+            .position(|r| r.repository.as_str() == id)
+            .unwrap()
+    };
+    assert!(position("rep-a") < position("rep-b"));
+    assert_eq!(store.count_repositories().await.unwrap(), all.len() as u64);
+    assert_eq!(
+        store.repositories(None, 1).await.unwrap().len(),
+        1,
+        "the limit holds"
     );
 }

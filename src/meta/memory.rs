@@ -8,7 +8,8 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use super::{
-    EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, Removal, SlotState,
+    EntryChunk, EntryFilter, EntryPage, FinalizeState, ListedEntry, MetaError, MetaStore, NewEntry,
+    NewUpload, Removal, RepositoryUsage, SlotState,
 };
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, RemovalCause, RepoId,
@@ -27,6 +28,24 @@ struct State {
     doomed: BTreeMap<BlobName, (u64, Millis)>,
     /// Quarantined entries and why.
     quarantined: Vec<(Entry, String)>,
+    /// Every repository seen by a finalize or a miss: its name, hits and misses.
+    repositories: HashMap<RepoId, Seen>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Seen {
+    name: String,
+    hits: u64,
+    misses: u64,
+}
+
+impl Seen {
+    fn named(&mut self, name: &str) -> &mut Self {
+        if !name.is_empty() {
+            self.name = name.to_owned();
+        }
+        self
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -76,6 +95,28 @@ impl StoredEntry {
 }
 
 impl State {
+    fn name_of(&self, repository: &RepoId) -> String {
+        self.repositories
+            .get(repository)
+            .map(|seen| seen.name.clone())
+            .unwrap_or_default()
+    }
+
+    /// Whether `filter` selects `e`, as the SQL stores decide it.
+    fn selects(&self, filter: &EntryFilter, e: &StoredEntry) -> bool {
+        let entry = &e.entry;
+        filter
+            .repository
+            .as_ref()
+            .is_none_or(|r| entry.repository.as_str() == r || self.name_of(&entry.repository) == *r)
+            && filter.scope.as_ref().is_none_or(|s| &entry.scope == s)
+            && filter
+                .folded_key_prefix
+                .as_ref()
+                .is_none_or(|p| e.folded.starts_with(p.as_str()))
+            && filter.version.as_ref().is_none_or(|v| &entry.version == v)
+    }
+
     fn next_id(&mut self) -> i64 {
         self.next_id += 1;
         self.next_id
@@ -348,6 +389,11 @@ impl MetaStore for MemoryStore {
                 chunks: new.chunks.to_vec(),
             },
         );
+        state
+            .repositories
+            .entry(slot.repository.clone())
+            .or_default()
+            .named(new.repository_name);
         let s = state.claim(upload)?;
         s.upload.state = UploadState::Finalized;
         s.blocks = UploadBlocks::default();
@@ -361,9 +407,93 @@ impl MetaStore for MemoryStore {
             if let Some(e) = state.entries.get_mut(id) {
                 e.entry.hits += count;
                 e.entry.last_used_at = e.entry.last_used_at.max(*last_used);
+                let repository = e.entry.repository.clone();
+                if let Some(seen) = state.repositories.get_mut(&repository) {
+                    seen.hits += count;
+                }
             }
         }
         Ok(())
+    }
+
+    async fn record_misses(&self, misses: &[(RepoId, String, u64)]) -> Result<(), MetaError> {
+        let mut state = self.state();
+        for (repository, name, count) in misses {
+            let seen = state.repositories.entry(repository.clone()).or_default();
+            seen.named(name).misses += count;
+        }
+        Ok(())
+    }
+
+    async fn list_entries(&self, page: &EntryPage<'_>) -> Result<Vec<ListedEntry>, MetaError> {
+        let state = self.state();
+        let sort_key = |e: &Entry| (page.order.value_of(e), e.id);
+        let mut found: Vec<&StoredEntry> = state
+            .entries
+            .values()
+            .filter(|e| state.selects(page.filter, e))
+            .filter(|e| match page.after {
+                None => true,
+                Some(after) if page.descending => sort_key(&e.entry) < after,
+                Some(after) => sort_key(&e.entry) > after,
+            })
+            .collect();
+        found.sort_by_key(|e| sort_key(&e.entry));
+        if page.descending {
+            found.reverse();
+        }
+        Ok(found
+            .into_iter()
+            .take(page.limit)
+            .map(|e| ListedEntry {
+                entry: e.entry.clone(),
+                repository_name: state.name_of(&e.entry.repository),
+            })
+            .collect())
+    }
+
+    async fn count_entries(&self, filter: &EntryFilter) -> Result<u64, MetaError> {
+        let state = self.state();
+        Ok(state
+            .entries
+            .values()
+            .filter(|e| state.selects(filter, e))
+            .count() as u64)
+    }
+
+    async fn repositories(
+        &self,
+        only: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<RepositoryUsage>, MetaError> {
+        let state = self.state();
+        let mut out: Vec<RepositoryUsage> = state
+            .repositories
+            .iter()
+            .filter(|(id, seen)| only.is_none_or(|o| id.as_str() == o || seen.name == o))
+            .map(|(id, seen)| {
+                let held = state.entries.values().filter(|e| &e.entry.repository == id);
+                RepositoryUsage {
+                    repository: id.clone(),
+                    name: seen.name.clone(),
+                    bytes: held.clone().map(|e| e.entry.size).sum(),
+                    entries: held.count() as u64,
+                    hits: seen.hits,
+                    misses: seen.misses,
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            b.bytes
+                .cmp(&a.bytes)
+                .then_with(|| a.repository.as_str().cmp(b.repository.as_str()))
+        });
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    async fn count_repositories(&self) -> Result<u64, MetaError> {
+        Ok(self.state().repositories.len() as u64)
     }
 
     async fn forget_after(

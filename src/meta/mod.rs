@@ -107,6 +107,9 @@ pub struct NewEntry<'a> {
     pub slot: &'a Slot,
     /// The key as the client spelled it at reservation.
     pub key: &'a str,
+    /// The repository's name (owner/name) if the caller's identity carries one: kept so that
+    /// operators see names, not numbers. An empty name leaves a known one alone.
+    pub repository_name: &'a str,
     pub chunks: &'a [Chunk],
     pub now: Millis,
 }
@@ -236,9 +239,33 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug + 'static {
     /// upload's blocks. `Conflict` if an entry already holds the slot.
     async fn finalize(&self, upload: &Upload, entry: NewEntry<'_>) -> Result<EntryId, MetaError>;
 
-    /// Records restores: for each entry, hits to add and the latest use. Entries that no
-    /// longer exist are skipped.
+    /// Records restores: for each entry, hits to add and the latest use, also counted for the
+    /// entry's repository. Entries that no longer exist are skipped.
     async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError>;
+
+    /// Records lookups that found nothing: per repository, its name (as in [`NewEntry`]) and
+    /// how many.
+    async fn record_misses(&self, misses: &[(RepoId, String, u64)]) -> Result<(), MetaError>;
+
+    // ---- administration ----
+
+    /// A page of the visible entries that `page.filter` selects, in `page`'s order.
+    async fn list_entries(&self, page: &EntryPage<'_>) -> Result<Vec<ListedEntry>, MetaError>;
+
+    /// How many visible entries `filter` selects.
+    async fn count_entries(&self, filter: &EntryFilter) -> Result<u64, MetaError>;
+
+    /// Every repository the store has seen (one whose entries all went stays, with zero
+    /// bytes), most bytes first, then by id; at most `limit`, only the one `only` names (by
+    /// id or name) if given.
+    async fn repositories(
+        &self,
+        only: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<RepositoryUsage>, MetaError>;
+
+    /// How many repositories [`MetaStore::repositories`] would list without a limit.
+    async fn count_repositories(&self) -> Result<u64, MetaError>;
 
     // ---- lifecycle ----
 
@@ -326,6 +353,76 @@ pub async fn open(
         }
         DatabaseUrl::MySql(url) => std::sync::Arc::new(MySqlStore::open(url, pool_size).await?),
     })
+}
+
+/// Which entries an operator asks for. Every part that is set must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EntryFilter {
+    /// A repository's id or its name (owner/name).
+    pub repository: Option<String>,
+    pub scope: Option<Scope>,
+    /// A prefix of the key, folded as keys are matched (case-insensitively).
+    pub folded_key_prefix: Option<String>,
+    pub version: Option<String>,
+}
+
+impl EntryFilter {
+    /// Selects every entry.
+    pub fn is_everything(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// The order of a listing; ties are broken by entry id in the same direction.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EntryOrder {
+    /// By last restore (or creation, if never restored).
+    #[default]
+    LastUsed,
+    Size,
+    Created,
+}
+
+impl EntryOrder {
+    /// The value an entry sorts by.
+    pub fn value_of(self, entry: &Entry) -> i64 {
+        match self {
+            Self::LastUsed => entry.last_used_at,
+            Self::Size => entry.size as i64,
+            Self::Created => entry.created_at,
+        }
+    }
+}
+
+/// One page of a listing: the entries after `after` (the sort value and id of the last entry
+/// of the previous page), at most `limit`.
+#[derive(Debug, Clone)]
+pub struct EntryPage<'a> {
+    pub filter: &'a EntryFilter,
+    pub order: EntryOrder,
+    pub descending: bool,
+    pub after: Option<(i64, EntryId)>,
+    pub limit: usize,
+}
+
+/// An entry as an operator sees it: with its repository's name (empty if none is known).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedEntry {
+    pub entry: Entry,
+    pub repository_name: String,
+}
+
+/// What one repository holds and how its lookups went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepositoryUsage {
+    pub repository: RepoId,
+    /// Owner/name, empty if no caller named it.
+    pub name: String,
+    pub bytes: u64,
+    pub entries: u64,
+    /// Restores and lookups that found nothing, since the repository was first seen.
+    pub hits: u64,
+    pub misses: u64,
 }
 
 /// What a store holds (see [`MetaStore::totals`]).

@@ -18,11 +18,13 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{AssertSqlSafe, Executor, MySql, Row, Transaction};
 
 use super::sql::{
-    bucket, candidates_sql, chunk_from_parts, collect_blocks, from_sqlx, prefix_end, slot_hash,
-    upload_from_parts, upload_with_blocks_sql, xxh3_column, BlockRow, UploadRow,
+    bucket, candidates_sql, chunk_from_parts, collect_blocks, count_entries_sql, from_sqlx,
+    list_entries_sql, prefix_end, repositories_sql, repository_from_parts, slot_hash,
+    upload_from_parts, upload_with_blocks_sql, xxh3_column, BlockRow, ListedRow, Param, UploadRow,
 };
 use super::{
-    EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, Removal, SlotState,
+    EntryChunk, EntryFilter, EntryPage, FinalizeState, ListedEntry, MetaError, MetaStore, NewEntry,
+    NewUpload, Removal, RepositoryUsage, SlotState,
 };
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, RemovalCause, RepoId,
@@ -34,6 +36,7 @@ use crate::model::{
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("migrations/mysql/0001_init.sql")),
     (2, include_str!("migrations/mysql/0002_lifecycle.sql")),
+    (3, include_str!("migrations/mysql/0003_repositories.sql")),
 ];
 const MIGRATION_LOCK: &str = "hoard_migrations";
 /// Rows per multi-row INSERT, well under the 65,535 parameters a statement may have.
@@ -141,6 +144,20 @@ fn text(row: &MySqlRow, col: usize) -> Result<String, MetaError> {
 
 fn int(row: &MySqlRow, col: usize) -> Result<i64, MetaError> {
     row.try_get(col).map_err(from_sqlx)
+}
+
+/// Binds a built statement's parameters in order.
+fn bind_all(
+    mut query: sqlx::query::Query<'_, MySql, sqlx::mysql::MySqlArguments>,
+    params: Vec<Param>,
+) -> sqlx::query::Query<'_, MySql, sqlx::mysql::MySqlArguments> {
+    for param in params {
+        query = match param {
+            Param::Text(text) => query.bind(text),
+            Param::Int(n) => query.bind(n),
+        };
+    }
+    query
 }
 
 const UPLOAD_COLS: &str =
@@ -652,11 +669,13 @@ impl MetaStore for MySqlStore {
         .await?;
         drop_blocks(&mut tx, upload.id).await?;
         sqlx::query(
-            "INSERT INTO repository_usage (repository, bytes, entries) VALUES (?, ?, 1)
-             ON DUPLICATE KEY UPDATE bytes = bytes + VALUES(bytes), entries = entries + 1",
+            "INSERT INTO repository_usage (repository, bytes, entries, name) VALUES (?, ?, 1, ?)
+             ON DUPLICATE KEY UPDATE bytes = bytes + VALUES(bytes), entries = entries + 1,
+                 name = IF(VALUES(name) = '', name, VALUES(name))",
         )
         .bind(slot.repository.as_str().as_bytes())
         .bind(size as i64)
+        .bind(new.repository_name.as_bytes())
         .execute(&mut *tx)
         .await
         .map_err(from_sqlx)?;
@@ -676,8 +695,98 @@ impl MetaStore for MySqlStore {
             .execute(&mut *tx)
             .await
             .map_err(from_sqlx)?;
+            sqlx::query(
+                "UPDATE repository_usage u JOIN entries e ON e.repository = u.repository
+                 SET u.hits = u.hits + ? WHERE e.id = ?",
+            )
+            .bind(*count as i64)
+            .bind(*entry)
+            .execute(&mut *tx)
+            .await
+            .map_err(from_sqlx)?;
         }
         tx.commit().await.map_err(from_sqlx)
+    }
+
+    async fn record_misses(&self, misses: &[(RepoId, String, u64)]) -> Result<(), MetaError> {
+        let mut tx = self.begin().await?;
+        for (repository, name, count) in misses {
+            sqlx::query(
+                "INSERT INTO repository_usage (repository, bytes, entries, name, misses) VALUES (?, 0, 0, ?, ?)
+                 ON DUPLICATE KEY UPDATE misses = misses + VALUES(misses),
+                     name = IF(VALUES(name) = '', name, VALUES(name))",
+            )
+            .bind(repository.as_str().as_bytes())
+            .bind(name.as_bytes())
+            .bind(*count as i64)
+            .execute(&mut *tx)
+            .await
+            .map_err(from_sqlx)?;
+        }
+        tx.commit().await.map_err(from_sqlx)
+    }
+
+    async fn list_entries(&self, page: &EntryPage<'_>) -> Result<Vec<ListedEntry>, MetaError> {
+        let (sql, params) = list_entries_sql(page, |_| "?".into());
+        let rows = bind_all(sqlx::query(AssertSqlSafe(sql)), params)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(from_sqlx)?;
+        rows.iter()
+            .map(|r| {
+                Ok(ListedRow {
+                    id: int(r, 0)?,
+                    repository: text(r, 1)?,
+                    scope: text(r, 2)?,
+                    key: text(r, 3)?,
+                    version: text(r, 4)?,
+                    size: int(r, 5)?,
+                    created_at: int(r, 6)?,
+                    last_used_at: int(r, 7)?,
+                    hits: int(r, 8)?,
+                    repository_name: text(r, 9)?,
+                }
+                .into_listed())
+            })
+            .collect()
+    }
+
+    async fn count_entries(&self, filter: &EntryFilter) -> Result<u64, MetaError> {
+        let (sql, params) = count_entries_sql(filter, |_| "?".into());
+        let row = bind_all(sqlx::query(AssertSqlSafe(sql)), params)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(from_sqlx)?;
+        Ok(int(&row, 0)?.max(0) as u64)
+    }
+
+    async fn repositories(
+        &self,
+        only: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<RepositoryUsage>, MetaError> {
+        let (sql, params) = repositories_sql(only, limit, |_| "?".into());
+        let rows = bind_all(sqlx::query(AssertSqlSafe(sql)), params)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(from_sqlx)?;
+        rows.iter()
+            .map(|r| {
+                Ok(repository_from_parts(
+                    text(r, 0)?,
+                    text(r, 1)?,
+                    [int(r, 2)?, int(r, 3)?, int(r, 4)?, int(r, 5)?],
+                ))
+            })
+            .collect()
+    }
+
+    async fn count_repositories(&self) -> Result<u64, MetaError> {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM repository_usage")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(from_sqlx)?;
+        Ok(n.max(0) as u64)
     }
 
     async fn forget_after(

@@ -17,11 +17,13 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Row};
 
 use super::sql::{
-    bucket, candidates_sql, chunk_from_parts, collect_blocks, from_sqlx, prefix_end, slot_hash,
-    upload_from_parts, upload_with_blocks_sql, xxh3_column, BlockRow, UploadRow,
+    bucket, candidates_sql, chunk_from_parts, collect_blocks, count_entries_sql, from_sqlx,
+    list_entries_sql, prefix_end, repositories_sql, repository_from_parts, slot_hash,
+    upload_from_parts, upload_with_blocks_sql, xxh3_column, BlockRow, ListedRow, Param, UploadRow,
 };
 use super::{
-    EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, Removal, SlotState,
+    EntryChunk, EntryFilter, EntryPage, FinalizeState, ListedEntry, MetaError, MetaStore, NewEntry,
+    NewUpload, Removal, RepositoryUsage, SlotState,
 };
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, RemovalCause, RepoId,
@@ -32,6 +34,7 @@ use crate::model::{
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("migrations/postgres/0001_init.sql")),
     (2, include_str!("migrations/postgres/0002_lifecycle.sql")),
+    (3, include_str!("migrations/postgres/0003_repositories.sql")),
 ];
 /// Key of the advisory lock that serializes migrations across processes ("hoard" in ASCII).
 const MIGRATION_LOCK: i64 = 0x68_6f61_7264;
@@ -564,10 +567,11 @@ impl MetaStore for PostgresStore {
                  SELECT entry.id, c.* FROM entry,
                      UNNEST($13::int[], $14::bigint[], $15::text[], $16::bigint[], $17::bytea[], $18::bigint[]) AS c),
              usage AS (
-                 INSERT INTO repository_usage (repository, bytes, entries)
-                 SELECT $4, $11, 1 FROM entry
+                 INSERT INTO repository_usage (repository, bytes, entries, name)
+                 SELECT $4, $11, 1, $19 FROM entry
                  ON CONFLICT (repository) DO UPDATE
-                 SET bytes = repository_usage.bytes + EXCLUDED.bytes, entries = repository_usage.entries + 1)
+                 SET bytes = repository_usage.bytes + EXCLUDED.bytes, entries = repository_usage.entries + 1,
+                     name = CASE WHEN EXCLUDED.name = '' THEN repository_usage.name ELSE EXCLUDED.name END)
              SELECT id FROM entry",
             claim(", state = 'finalized', entry_id = nextval(pg_get_serial_sequence('entries', 'id'))")
         )))
@@ -589,6 +593,7 @@ impl MetaStore for PostgresStore {
         .bind(sizes)
         .bind(digests)
         .bind(checks)
+        .bind(new.repository_name)
         .fetch_optional(&self.pool)
         .await
         .map_err(from_sqlx)?;
@@ -600,10 +605,15 @@ impl MetaStore for PostgresStore {
         let counts: Vec<i64> = hits.iter().map(|h| h.1 as i64).collect();
         let last: Vec<i64> = hits.iter().map(|h| h.2).collect();
         sqlx::query(
-            "UPDATE entries e SET hits = e.hits + h.count, last_used_at = GREATEST(e.last_used_at, h.last)
-             FROM (SELECT id, SUM(count) AS count, MAX(last) AS last
-                   FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[]) AS u(id, count, last) GROUP BY id) AS h
-             WHERE e.id = h.id",
+            "WITH h AS (SELECT id, SUM(count) AS count, MAX(last) AS last
+                        FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[]) AS u(id, count, last) GROUP BY id),
+             used AS (
+                 UPDATE entries e SET hits = e.hits + h.count, last_used_at = GREATEST(e.last_used_at, h.last)
+                 FROM h WHERE e.id = h.id
+                 RETURNING e.repository, h.count)
+             UPDATE repository_usage r SET hits = r.hits + per.count
+             FROM (SELECT repository, SUM(count)::bigint AS count FROM used GROUP BY repository) AS per
+             WHERE r.repository = per.repository",
         )
         .bind(ids)
         .bind(counts)
@@ -612,6 +622,95 @@ impl MetaStore for PostgresStore {
         .await
         .map_err(from_sqlx)?;
         Ok(())
+    }
+
+    async fn record_misses(&self, misses: &[(RepoId, String, u64)]) -> Result<(), MetaError> {
+        let repositories: Vec<&str> = misses.iter().map(|m| m.0.as_str()).collect();
+        let names: Vec<&str> = misses.iter().map(|m| m.1.as_str()).collect();
+        let counts: Vec<i64> = misses.iter().map(|m| m.2 as i64).collect();
+        sqlx::query(
+            "INSERT INTO repository_usage (repository, bytes, entries, name, misses)
+             SELECT repository, 0, 0, MAX(name), SUM(count)::bigint
+             FROM UNNEST($1::text[], $2::text[], $3::bigint[]) AS m(repository, name, count)
+             GROUP BY repository
+             ORDER BY repository
+             ON CONFLICT (repository) DO UPDATE
+             SET misses = repository_usage.misses + EXCLUDED.misses,
+                 name = CASE WHEN EXCLUDED.name = '' THEN repository_usage.name ELSE EXCLUDED.name END",
+        )
+        .bind(repositories)
+        .bind(names)
+        .bind(counts)
+        .execute(&self.pool)
+        .await
+        .map_err(from_sqlx)?;
+        Ok(())
+    }
+
+    async fn list_entries(&self, page: &EntryPage<'_>) -> Result<Vec<ListedEntry>, MetaError> {
+        let (sql, params) = list_entries_sql(page, |n| format!("${n}"));
+        let rows = bind_all(sqlx::query(AssertSqlSafe(sql)), params)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(from_sqlx)?;
+        rows.iter()
+            .map(|r| {
+                Ok(ListedRow {
+                    id: r.try_get(0)?,
+                    repository: r.try_get(1)?,
+                    scope: r.try_get(2)?,
+                    key: r.try_get(3)?,
+                    version: r.try_get(4)?,
+                    size: r.try_get(5)?,
+                    created_at: r.try_get(6)?,
+                    last_used_at: r.try_get(7)?,
+                    hits: r.try_get(8)?,
+                    repository_name: r.try_get(9)?,
+                }
+                .into_listed())
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(from_sqlx)
+    }
+
+    async fn count_entries(&self, filter: &EntryFilter) -> Result<u64, MetaError> {
+        let (sql, params) = count_entries_sql(filter, |n| format!("${n}"));
+        let row = bind_all(sqlx::query(AssertSqlSafe(sql)), params)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(from_sqlx)?;
+        let n: i64 = row.try_get(0).map_err(from_sqlx)?;
+        Ok(n.max(0) as u64)
+    }
+
+    async fn repositories(
+        &self,
+        only: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<RepositoryUsage>, MetaError> {
+        let (sql, params) = repositories_sql(only, limit, |n| format!("${n}"));
+        let rows = bind_all(sqlx::query(AssertSqlSafe(sql)), params)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(from_sqlx)?;
+        rows.iter()
+            .map(|r| {
+                Ok(repository_from_parts(
+                    r.try_get(0)?,
+                    r.try_get(1)?,
+                    [r.try_get(2)?, r.try_get(3)?, r.try_get(4)?, r.try_get(5)?],
+                ))
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(from_sqlx)
+    }
+
+    async fn count_repositories(&self) -> Result<u64, MetaError> {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM repository_usage")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(from_sqlx)?;
+        Ok(n.max(0) as u64)
     }
 
     async fn forget_after(
@@ -872,4 +971,18 @@ fn use_from_row(r: &PgRow) -> Result<EntryUse, MetaError> {
         created_at: r.try_get(3).map_err(from_sqlx)?,
         last_used_at: r.try_get(4).map_err(from_sqlx)?,
     })
+}
+
+/// Binds a built statement's parameters in order.
+fn bind_all(
+    mut query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    params: Vec<Param>,
+) -> sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    for param in params {
+        query = match param {
+            Param::Text(text) => query.bind(text),
+            Param::Int(n) => query.bind(n),
+        };
+    }
+    query
 }

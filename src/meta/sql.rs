@@ -130,6 +130,184 @@ pub(super) fn candidates_sql(pairs: usize, placeholder: impl Fn(usize) -> String
     sql
 }
 
+/// A parameter of a statement built at run time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Param {
+    Text(String),
+    Int(i64),
+}
+
+/// The columns every listing statement selects, in [`ListedRow`]'s order; `e` is `entries`, `u`
+/// its repository's `repository_usage` row.
+const LISTED_COLUMNS: &str =
+    "e.id, e.repository, e.scope, e.key, e.version, e.size, e.created_at, \
+     e.last_used_at, e.hits, COALESCE(u.name, '')";
+
+/// A row of a listing statement.
+pub(super) struct ListedRow {
+    pub id: i64,
+    pub repository: String,
+    pub scope: String,
+    pub key: String,
+    pub version: String,
+    pub size: i64,
+    pub created_at: i64,
+    pub last_used_at: i64,
+    pub hits: i64,
+    pub repository_name: String,
+}
+
+impl ListedRow {
+    pub fn into_listed(self) -> super::ListedEntry {
+        super::ListedEntry {
+            entry: crate::model::Entry {
+                id: self.id,
+                repository: RepoId::new(self.repository),
+                scope: Scope::new(self.scope),
+                key: self.key,
+                version: self.version,
+                size: self.size.max(0) as u64,
+                created_at: self.created_at,
+                last_used_at: self.last_used_at,
+                hits: self.hits.max(0) as u64,
+            },
+            repository_name: self.repository_name,
+        }
+    }
+}
+
+/// `FROM … WHERE …` selecting what `filter` asks for, with its parameters pushed to `params`.
+fn filtered(
+    filter: &super::EntryFilter,
+    params: &mut Vec<Param>,
+    placeholder: &dyn Fn(usize) -> String,
+) -> String {
+    let mut sql = String::from(
+        " FROM entries e LEFT JOIN repository_usage u ON u.repository = e.repository WHERE 1 = 1",
+    );
+    let p = |value: Param, params: &mut Vec<Param>| {
+        params.push(value);
+        placeholder(params.len())
+    };
+    if let Some(repository) = &filter.repository {
+        let (id, name) = (
+            p(Param::Text(repository.clone()), params),
+            p(Param::Text(repository.clone()), params),
+        );
+        sql.push_str(&format!(" AND (e.repository = {id} OR u.name = {name})"));
+    }
+    if let Some(scope) = &filter.scope {
+        let s = p(Param::Text(scope.as_str().to_owned()), params);
+        sql.push_str(&format!(" AND e.scope = {s}"));
+    }
+    if let Some(prefix) = &filter.folded_key_prefix {
+        let from = p(Param::Text(prefix.clone()), params);
+        let to = p(Param::Text(prefix_end(prefix)), params);
+        sql.push_str(&format!(
+            " AND e.key_folded >= {from} AND e.key_folded < {to}"
+        ));
+    }
+    if let Some(version) = &filter.version {
+        let v = p(Param::Text(version.clone()), params);
+        sql.push_str(&format!(" AND e.version = {v}"));
+    }
+    sql
+}
+
+/// The statement of [`super::MetaStore::list_entries`] and its parameters; the rows are
+/// [`ListedRow`]s. Paging is by key set (sort value, id), so a page costs the same wherever it
+/// starts.
+pub(super) fn list_entries_sql(
+    page: &super::EntryPage<'_>,
+    placeholder: impl Fn(usize) -> String,
+) -> (String, Vec<Param>) {
+    let mut params = Vec::new();
+    let mut sql = format!("SELECT {LISTED_COLUMNS}");
+    sql.push_str(&filtered(page.filter, &mut params, &placeholder));
+    let column = match page.order {
+        super::EntryOrder::LastUsed => "e.last_used_at",
+        super::EntryOrder::Size => "e.size",
+        super::EntryOrder::Created => "e.created_at",
+    };
+    let (beyond, direction) = if page.descending {
+        ("<", "DESC")
+    } else {
+        (">", "ASC")
+    };
+    if let Some((value, id)) = page.after {
+        params.push(Param::Int(value));
+        let v1 = placeholder(params.len());
+        params.push(Param::Int(value));
+        let v2 = placeholder(params.len());
+        params.push(Param::Int(id));
+        let i = placeholder(params.len());
+        sql.push_str(&format!(
+            " AND ({column} {beyond} {v1} OR ({column} = {v2} AND e.id {beyond} {i}))"
+        ));
+    }
+    params.push(Param::Int(page.limit as i64));
+    sql.push_str(&format!(
+        " ORDER BY {column} {direction}, e.id {direction} LIMIT {}",
+        placeholder(params.len())
+    ));
+    (sql, params)
+}
+
+/// The statement of [`super::MetaStore::count_entries`] and its parameters.
+pub(super) fn count_entries_sql(
+    filter: &super::EntryFilter,
+    placeholder: impl Fn(usize) -> String,
+) -> (String, Vec<Param>) {
+    let mut params = Vec::new();
+    let sql = format!(
+        "SELECT COUNT(*){}",
+        filtered(filter, &mut params, &placeholder)
+    );
+    (sql, params)
+}
+
+/// The statement of [`super::MetaStore::repositories`] and its parameters; rows are
+/// repository, name, bytes, entries, hits, misses.
+pub(super) fn repositories_sql(
+    only: Option<&str>,
+    limit: usize,
+    placeholder: impl Fn(usize) -> String,
+) -> (String, Vec<Param>) {
+    let mut params = Vec::new();
+    let mut sql =
+        String::from("SELECT repository, name, bytes, entries, hits, misses FROM repository_usage");
+    if let Some(only) = only {
+        params.push(Param::Text(only.to_owned()));
+        let id = placeholder(params.len());
+        params.push(Param::Text(only.to_owned()));
+        let name = placeholder(params.len());
+        sql.push_str(&format!(" WHERE repository = {id} OR name = {name}"));
+    }
+    params.push(Param::Int(limit as i64));
+    sql.push_str(&format!(
+        " ORDER BY bytes DESC, repository LIMIT {}",
+        placeholder(params.len())
+    ));
+    (sql, params)
+}
+
+/// A `repository_usage` row.
+pub(super) fn repository_from_parts(
+    repository: String,
+    name: String,
+    counts: [i64; 4],
+) -> super::RepositoryUsage {
+    let [bytes, entries, hits, misses] = counts.map(|n| n.max(0) as u64);
+    super::RepositoryUsage {
+        repository: RepoId::new(repository),
+        name,
+        bytes,
+        entries,
+        hits,
+        misses,
+    }
+}
+
 /// A driver error as a backend-neutral kind: a unique index refused the change (`Conflict`), the
 /// database gave up on a transaction that may succeed if decided again (serialization failure
 /// or deadlock, SQLSTATE 40001 and 40P01: `Stale`), or the connection failed (`Unavailable`).

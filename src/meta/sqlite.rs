@@ -20,9 +20,13 @@ use rusqlite::{
     TransactionBehavior,
 };
 
-use super::sql::{chunk_from_parts, upload_from_parts, xxh3_column, UploadRow};
+use super::sql::{
+    chunk_from_parts, count_entries_sql, list_entries_sql, repositories_sql, repository_from_parts,
+    upload_from_parts, xxh3_column, ListedRow, Param, UploadRow,
+};
 use super::{
-    EntryChunk, FinalizeState, MetaError, MetaStore, NewEntry, NewUpload, Removal, SlotState,
+    EntryChunk, EntryFilter, EntryPage, FinalizeState, ListedEntry, MetaError, MetaStore, NewEntry,
+    NewUpload, Removal, RepositoryUsage, SlotState,
 };
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, RemovalCause, RepoId,
@@ -38,6 +42,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("migrations/sqlite/0002_upload_revision.sql"),
     ),
     (3, include_str!("migrations/sqlite/0003_lifecycle.sql")),
+    (4, include_str!("migrations/sqlite/0004_repositories.sql")),
 ];
 const MAX_READERS: usize = 8;
 
@@ -721,6 +726,7 @@ impl MetaStore for SqliteStore {
             entry.chunks.to_vec(),
             entry.now,
         );
+        let name = entry.repository_name.to_owned();
         self.write(move |tx| {
             claim(tx, &upload, now)?;
             let size: u64 = chunks.iter().map(|c| c.size).sum();
@@ -740,10 +746,11 @@ impl MetaStore for SqliteStore {
             tx.prepare_cached("UPDATE uploads SET state = 'finalized', entry_id = ? WHERE id = ?")?
                 .execute(params![entry, upload.id])?;
             tx.prepare_cached(
-                "INSERT INTO repository_usage (repository, bytes, entries) VALUES (?, ?, 1)
-                 ON CONFLICT (repository) DO UPDATE SET bytes = bytes + excluded.bytes, entries = entries + 1",
+                "INSERT INTO repository_usage (repository, bytes, entries, name) VALUES (?, ?, 1, ?)
+                 ON CONFLICT (repository) DO UPDATE SET bytes = bytes + excluded.bytes, entries = entries + 1,
+                     name = CASE WHEN excluded.name = '' THEN name ELSE excluded.name END",
             )?
-            .execute(params![repo, size as i64])?;
+            .execute(params![repo, size as i64, name])?;
             Ok(entry)
         })
         .await
@@ -754,10 +761,101 @@ impl MetaStore for SqliteStore {
         self.write(move |tx| {
             let mut update =
                 tx.prepare_cached("UPDATE entries SET last_used_at = MAX(last_used_at, ?), hits = hits + ? WHERE id = ?")?;
+            let mut per_repository = tx.prepare_cached(
+                "UPDATE repository_usage SET hits = hits + ? WHERE repository = (SELECT repository FROM entries WHERE id = ?)",
+            )?;
             for (entry, count, last_used) in hits {
                 update.execute(params![last_used, count as i64, entry])?;
+                per_repository.execute(params![count as i64, entry])?;
             }
             Ok(())
+        })
+        .await
+    }
+
+    async fn record_misses(&self, misses: &[(RepoId, String, u64)]) -> Result<(), MetaError> {
+        let misses = misses.to_vec();
+        self.write(move |tx| {
+            let mut upsert = tx.prepare_cached(
+                "INSERT INTO repository_usage (repository, bytes, entries, name, misses) VALUES (?, 0, 0, ?, ?)
+                 ON CONFLICT (repository) DO UPDATE SET misses = misses + excluded.misses,
+                     name = CASE WHEN excluded.name = '' THEN name ELSE excluded.name END",
+            )?;
+            for (repository, name, count) in misses {
+                upsert.execute(params![repository.as_str(), name, count as i64])?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn list_entries(&self, page: &EntryPage<'_>) -> Result<Vec<ListedEntry>, MetaError> {
+        let (sql, params) = list_entries_sql(page, |_| "?".into());
+        self.read(move |conn| {
+            // Not cached: operators' statements vary and would push the hot ones out.
+            let mut stmt = conn.prepare(&sql)?;
+            let mut rows = stmt.query(rusqlite::params_from_iter(params))?;
+            let mut out = Vec::new();
+            while let Some(r) = rows.next()? {
+                let row = ListedRow {
+                    id: r.get(0)?,
+                    repository: r.get(1)?,
+                    scope: r.get(2)?,
+                    key: r.get(3)?,
+                    version: r.get(4)?,
+                    size: r.get(5)?,
+                    created_at: r.get(6)?,
+                    last_used_at: r.get(7)?,
+                    hits: r.get(8)?,
+                    repository_name: r.get(9)?,
+                };
+                out.push(row.into_listed());
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn count_entries(&self, filter: &EntryFilter) -> Result<u64, MetaError> {
+        let (sql, params) = count_entries_sql(filter, |_| "?".into());
+        self.read(move |conn| {
+            let n: i64 = conn
+                .prepare(&sql)?
+                .query_row(rusqlite::params_from_iter(params), |r| r.get(0))?;
+            Ok(n.max(0) as u64)
+        })
+        .await
+    }
+
+    async fn repositories(
+        &self,
+        only: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<RepositoryUsage>, MetaError> {
+        let (sql, params) = repositories_sql(only, limit, |_| "?".into());
+        self.read(move |conn| {
+            // Not cached: operators' statements vary and would push the hot ones out.
+            let mut stmt = conn.prepare(&sql)?;
+            let mut rows = stmt.query(rusqlite::params_from_iter(params))?;
+            let mut out = Vec::new();
+            while let Some(r) = rows.next()? {
+                out.push(repository_from_parts(
+                    r.get(0)?,
+                    r.get(1)?,
+                    [r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?],
+                ));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn count_repositories(&self) -> Result<u64, MetaError> {
+        self.read(|conn| {
+            let n: i64 = conn
+                .prepare_cached("SELECT COUNT(*) FROM repository_usage")?
+                .query_row([], |r| r.get(0))?;
+            Ok(n.max(0) as u64)
         })
         .await
     }
@@ -1043,6 +1141,15 @@ impl MetaStore for SqliteStore {
 }
 
 /// A slot as bound parameters: repository, scope, folded key, version.
+impl rusqlite::ToSql for Param {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        Ok(match self {
+            Param::Text(text) => text.as_str().into(),
+            Param::Int(n) => (*n).into(),
+        })
+    }
+}
+
 fn slot_params(slot: &Slot) -> (String, String, String, String) {
     (
         slot.repository.as_str().to_owned(),
@@ -1145,6 +1252,7 @@ mod tests {
         let entry = NewEntry {
             slot: &s,
             key: "key-new",
+            repository_name: "",
             chunks: &chunks,
             now: 200_003,
         };
