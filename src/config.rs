@@ -178,6 +178,27 @@ pub struct ServeArgs {
     #[arg(long, env = "HOARD_GC_INTERVAL", default_value = "10m", value_parser = humantime::parse_duration)]
     pub gc_interval: Duration,
 
+    /// File holding the admin token (one line). It turns on the admin API and the dashboard
+    /// at /_hoard/, which `hoard caches` and `hoard status` use; without a token they are off
+    /// and answer 404.
+    #[arg(long, env = "HOARD_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+
+    /// The admin token itself, instead of a file (best from the environment: a flag shows in
+    /// the process list).
+    #[arg(
+        long,
+        env = "HOARD_ADMIN_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "admin_token_file"
+    )]
+    pub admin_token: Option<String>,
+
+    /// Serve /metrics on this address (such as 127.0.0.1:9300) instead of on --listen, so that
+    /// runners cannot read it [default: on --listen].
+    #[arg(long, env = "HOARD_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
+
     /// A client must send a request's headers within this time.
     #[arg(long, env = "HOARD_HEADER_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub header_timeout: Duration,
@@ -221,6 +242,13 @@ pub fn parse_size(raw: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{raw:?} is too large"))
 }
 
+/// Admin tokens shorter than this are accepted with a warning: guessing one must be hopeless.
+pub const SHORT_ADMIN_TOKEN: usize = 16;
+
+/// The warning for an admin token shorter than [`SHORT_ADMIN_TOKEN`].
+pub const SHORT_ADMIN_TOKEN_WARNING: &str =
+    "the admin token is shorter than 16 characters and could be guessed; make one with: openssl rand -hex 32";
+
 /// Limits applied to requests.
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -259,6 +287,10 @@ pub struct Config {
     pub signing_key_file: PathBuf,
     pub limits: Limits,
     pub lifecycle: crate::cache::lifecycle::Limits,
+    /// Turns on the admin API and dashboard.
+    pub admin_token: Option<crate::secret::Secret>,
+    /// Where /metrics is served if not on `listen`.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -366,6 +398,20 @@ impl ServeArgs {
             ));
         }
         let lifecycle = self.lifecycle()?;
+        let admin_token = self.admin_token()?;
+        let metrics_listen = match &self.metrics_listen {
+            None => None,
+            Some(raw) => Some(raw.parse::<SocketAddr>().map_err(|_| {
+                ConfigError(format!(
+                    "--metrics-listen (HOARD_METRICS_LISTEN) must be an IP address and port such as 127.0.0.1:9300, not {raw:?}."
+                ))
+            })?),
+        };
+        if metrics_listen == Some(listen) {
+            return Err(ConfigError(
+                "--metrics-listen (HOARD_METRICS_LISTEN) must differ from --listen; leave it unset to serve /metrics there.".into(),
+            ));
+        }
         let namespaces = match &self.namespaces_file {
             Some(path) => crate::auth::namespaces::Namespaces::load(path).map_err(|e| {
                 ConfigError(format!("--namespaces-file (HOARD_NAMESPACES_FILE): {e}."))
@@ -394,6 +440,8 @@ impl ServeArgs {
             None => None,
         };
         Ok(Config {
+            admin_token,
+            metrics_listen,
             lifecycle,
             tokens,
             forgejo,
@@ -429,6 +477,33 @@ impl ServeArgs {
 }
 
 impl ServeArgs {
+    fn admin_token(&self) -> Result<Option<crate::secret::Secret>, ConfigError> {
+        let token = match (&self.admin_token, &self.admin_token_file) {
+            (Some(token), _) => token.trim().to_owned(),
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map_err(|e| {
+                    ConfigError(format!(
+                        "--admin-token-file (HOARD_ADMIN_TOKEN_FILE): cannot read {}: {e}.",
+                        path.display()
+                    ))
+                })?
+                .trim()
+                .to_owned(),
+            (None, None) => return Ok(None),
+        };
+        if token.is_empty() {
+            return Err(ConfigError(
+                "the admin token (--admin-token-file, HOARD_ADMIN_TOKEN) is empty; make one with: openssl rand -hex 32".into(),
+            ));
+        }
+        if token.chars().any(|c| c.is_control() || c == ' ') {
+            return Err(ConfigError(
+                "the admin token (--admin-token-file, HOARD_ADMIN_TOKEN) must not contain spaces or control characters.".into(),
+            ));
+        }
+        Ok(Some(crate::secret::Secret::new(token.into_bytes())))
+    }
+
     fn lifecycle(&self) -> Result<crate::cache::lifecycle::Limits, ConfigError> {
         use crate::cache::lifecycle::{FreeSpace, Limits};
         // A reader may open a removed entry until this process's reuse of it lapses, then

@@ -114,6 +114,11 @@ pub async fn build_state(
     if config.anonymous.is_some() {
         warnings.push(auth::callers::ANONYMOUS_WARNING.to_owned());
     }
+    if let Some(token) = &config.admin_token {
+        if token.len() < config::SHORT_ADMIN_TOKEN {
+            warnings.push(config::SHORT_ADMIN_TOKEN_WARNING.to_owned());
+        }
+    }
     let api = ApiConfig {
         public_url: config.public_url.clone(),
         upload_url_ttl: config.upload_url_ttl,
@@ -121,6 +126,17 @@ pub async fn build_state(
         warnings,
         limits: config.limits.clone(),
         tls: config.tls.is_some(),
+        admin_token: config.admin_token.clone(),
+        metrics_elsewhere: config.metrics_listen.is_some(),
+        started: std::time::SystemTime::now(),
+        backends: api::admin::Backends {
+            database: match config.database {
+                meta::DatabaseUrl::Sqlite(_) => "sqlite",
+                meta::DatabaseUrl::Postgres(_) => "postgres",
+                meta::DatabaseUrl::MySql(_) => "mysql",
+            },
+            storage: "file",
+        },
         upstream: match &config.upstream_results_url {
             Some(url) => Some(
                 api::proxy::Upstream::new(url.clone(), config.limits.idle_timeout)
@@ -141,6 +157,17 @@ pub async fn build_state(
         },
         shutdown,
     ))
+}
+
+/// Serves `/metrics` alone on `listener` (`--metrics-listen`) until `shutdown`.
+pub async fn serve_metrics(state: AppState, listener: TcpListener, shutdown: CancellationToken) {
+    let router = api::metrics_router(state);
+    if let Err(e) = axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+    {
+        tracing::error!("the metrics listener stopped: {e}");
+    }
 }
 
 /// Reads the TLS certificate and key again on each SIGHUP until `stop`. Without TLS, SIGHUP

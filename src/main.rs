@@ -175,6 +175,26 @@ async fn serve(args: ServeArgs) -> ExitCode {
         Ok(addr) => tracing::info!("listening on {addr}"),
         Err(_) => tracing::info!("listening on {}", config.listen),
     }
+    if let Some(addr) = config.metrics_listen {
+        let listener = match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(
+                    "cannot listen on {addr} (--metrics-listen, HOARD_METRICS_LISTEN): {e}"
+                );
+                return ExitCode::FAILURE;
+            }
+        };
+        tracing::info!("metrics on http://{addr}/metrics");
+        tokio::spawn(hoard::serve_metrics(
+            state.clone(),
+            listener,
+            shutdown.clone(),
+        ));
+    }
+    if config.admin_token.is_some() {
+        tracing::info!("admin API and dashboard on /_hoard/");
+    }
     tokio::spawn(stop_on_signal(shutdown.clone()));
     match hoard::serve(&config, state, listener, shutdown).await {
         Ok(()) => {

@@ -137,7 +137,7 @@ impl Metrics {
         let removed = Family::<CauseLabels, Counter>::default();
         registry.register(
             "entries_removed",
-            "Entries removed, by cause: evicted, expired, quarantined",
+            "Entries removed, by cause: evicted, expired, quarantined, deleted (by an operator)",
             removed.clone(),
         );
         let chunks_deleted = Family::<CauseLabels, Counter>::default();
@@ -208,6 +208,26 @@ impl Metrics {
                 outcome: outcome.label(),
             })
             .inc();
+    }
+
+    /// Lookups since start that found an entry, and that found none.
+    pub fn lookup_totals(&self) -> (u64, u64) {
+        let count = |outcome: LookupOutcome| {
+            self.lookups
+                .get_or_create(&OutcomeLabels {
+                    outcome: outcome.label(),
+                })
+                .get()
+        };
+        let hits = [
+            LookupOutcome::Exact,
+            LookupOutcome::Prefix,
+            LookupOutcome::RestoreKey,
+        ]
+        .into_iter()
+        .map(count)
+        .sum();
+        (hits, count(LookupOutcome::Miss))
     }
 
     pub fn uploaded(&self, bytes: u64) {

@@ -128,7 +128,7 @@ impl Lookup {
 }
 
 /// Repository identity from the runtime token's `repository_id` claim.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RepoId(String);
 
 impl RepoId {
@@ -392,6 +392,8 @@ pub enum RemovalCause {
     Expired,
     /// A chunk failed its integrity check or is missing: never to be served again.
     Quarantined(String),
+    /// An operator deleted it.
+    Deleted,
 }
 
 impl RemovalCause {
@@ -400,6 +402,7 @@ impl RemovalCause {
             Self::Evicted => "evicted",
             Self::Expired => "expired",
             Self::Quarantined(_) => "quarantined",
+            Self::Deleted => "deleted",
         }
     }
 }

@@ -9,7 +9,9 @@ use std::collections::HashMap;
 
 use common::{main_token, TestServer, VERSION};
 
-const TWIRP_ROUTE: &str = "/twirp/github.actions.results.api.v1.CacheService/{method}";
+const CREATE: &str = "/twirp/github.actions.results.api.v1.CacheService/CreateCacheEntry";
+const FINALIZE: &str = "/twirp/github.actions.results.api.v1.CacheService/FinalizeCacheEntryUpload";
+const LOOKUP: &str = "/twirp/github.actions.results.api.v1.CacheService/GetCacheEntryDownloadURL";
 
 /// Scrapes `/metrics` and parses every sample: `name{labels}` → value. Panics on any line that
 /// is not a comment, a sample or the final `# EOF`.
@@ -118,16 +120,18 @@ async fn a_known_sequence_gives_exact_counts() {
             &format!("hoard_http_requests_total{{route=\"{route}\",status=\"{status}\"}}"),
         )
     };
-    assert_eq!(requests(TWIRP_ROUTE, "2xx"), 8.0);
-    assert_eq!(requests(TWIRP_ROUTE, "4xx"), 1.0);
+    assert_eq!(requests(CREATE, "2xx"), 2.0);
+    assert_eq!(requests(FINALIZE, "2xx"), 2.0);
+    assert_eq!(requests(LOOKUP, "2xx"), 4.0);
+    assert_eq!(requests(LOOKUP, "4xx"), 1.0);
     assert_eq!(requests("/_blob/uploads/{id}", "2xx"), 2.0);
     assert_eq!(requests("/_blob/entries/{id}", "2xx"), 1.0);
     assert_eq!(
         value(
             &m,
-            &format!("hoard_http_request_duration_seconds_count{{route=\"{TWIRP_ROUTE}\"}}")
+            &format!("hoard_http_request_duration_seconds_count{{route=\"{LOOKUP}\"}}")
         ),
-        9.0
+        5.0
     );
     // The first scrape was counted once it was answered.
     let again = scrape(&srv).await;

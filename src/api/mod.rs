@@ -5,6 +5,7 @@
 //! a `message` under `/_apis/artifactcache/`. Both cache services are also served under any
 //! path prefix, which may name a namespace (see `auth::namespaces`).
 
+pub mod admin;
 mod blob;
 pub mod blocklist;
 mod legacy;
@@ -46,6 +47,13 @@ pub struct ApiConfig {
     pub tls: bool,
     /// Where requests that are not hoard's own go; `None` answers them with 404.
     pub upstream: Option<proxy::Upstream>,
+    /// Turns on the admin API and dashboard (`None`: both answer 404).
+    pub admin_token: Option<crate::secret::Secret>,
+    /// Whether `/metrics` is served on its own address instead (then 404 here).
+    pub metrics_elsewhere: bool,
+    /// When the server started, for `status`.
+    pub started: std::time::SystemTime,
+    pub backends: admin::Backends,
 }
 
 /// A JSON answer (`Content-Type: application/json`), with `Retry-After` when given: the shape
@@ -153,6 +161,10 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/_hoard", get(admin::dashboard))
+        .route("/_hoard/", get(admin::dashboard))
+        .route("/_hoard/api/v1/{*rest}", any(admin::api))
+        .route("/_hoard/{*rest}", any(admin::dashboard))
         .fallback(fallback)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -171,18 +183,39 @@ async fn count_requests(
 ) -> Response {
     // A shared string: no copy of the route per request until the labels need one.
     let route = req.extensions().get::<MatchedPath>().cloned();
+    // The cache service's calls share one route template: each known call is its own label.
+    let rpc = twirp::rpc_route(req.uri().path());
     let started = std::time::Instant::now();
     let response = next.run(req).await;
     app.cache().metrics().request(
-        route.as_ref().map_or("other", MatchedPath::as_str),
+        rpc.unwrap_or_else(|| route.as_ref().map_or("other", MatchedPath::as_str)),
         response.status().as_u16(),
         started.elapsed(),
     );
     response
 }
 
-/// `/metrics`: Prometheus text format.
+/// The router of `--metrics-listen`: `/metrics` alone.
+pub fn metrics_router(state: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_anywhere))
+        .with_state(state)
+}
+
+/// `/metrics` on the main address, unless it is served elsewhere.
 async fn metrics(State(app): State<AppState>) -> Response {
+    if app.config().metrics_elsewhere {
+        return json_response(
+            StatusCode::NOT_FOUND,
+            &serde_json::json!({ "message": "not found" }),
+            None,
+        );
+    }
+    metrics_anywhere(State(app)).await
+}
+
+/// `/metrics`: Prometheus text format.
+async fn metrics_anywhere(State(app): State<AppState>) -> Response {
     let stored = match app.cache().totals().await {
         Ok(totals) => Some(totals),
         Err(e) => {

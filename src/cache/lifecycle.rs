@@ -248,7 +248,7 @@ fn millis(d: Duration) -> Millis {
 impl Cache {
     /// Removes entries and schedules their chunks' deletion; forgets them in this process's
     /// reuse caches. Returns what was removed here (not by another process first).
-    async fn remove(
+    pub(super) async fn remove(
         &self,
         ids: &[EntryId],
         cause: RemovalCause,

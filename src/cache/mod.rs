@@ -7,6 +7,7 @@
 //! decided again on fresh state, so concurrent requests, in this process or another one sharing
 //! the database, never apply a decision made on state that no longer holds.
 
+pub mod admin;
 pub mod durability;
 mod integrity;
 pub mod lifecycle;
@@ -555,6 +556,8 @@ impl Cache {
             .await?;
         let Some(best) = matching::best_match(&who.read_scopes, &folded, &candidates) else {
             self.metrics.lookup(crate::metrics::LookupOutcome::Miss);
+            self.usage
+                .record_miss(&who.repository, &who.repository_name);
             return Ok(None);
         };
         let primary = folded.first().map_or("", String::as_str);

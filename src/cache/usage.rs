@@ -1,4 +1,5 @@
-//! Restore bookkeeping (last-used time and hit count) kept in memory and written in batches.
+//! Restore bookkeeping (last-used time and hit count, and each repository's misses) kept in
+//! memory and written in batches.
 //!
 //! Every hit used to be one write transaction on the lookup path; a restore-heavy workload then
 //! queued on the database writer. Hits are now folded per entry and flushed every second (and at
@@ -12,49 +13,90 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::meta::MetaStore;
-use crate::model::{EntryId, Millis};
+use crate::model::{EntryId, Millis, RepoId};
 
 pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
 
-/// Hits not yet written: entry → (hits, latest use).
+/// Restores and misses not yet written.
 #[derive(Debug, Default, Clone)]
-pub struct UsageBuffer(Arc<Mutex<HashMap<EntryId, (u64, Millis)>>>);
+pub struct UsageBuffer(Arc<Mutex<Pending>>);
+
+#[derive(Debug, Default)]
+struct Pending {
+    /// Entry → (hits, latest use).
+    hits: HashMap<EntryId, (u64, Millis)>,
+    /// Repository → (its name, lookups that found nothing).
+    misses: HashMap<RepoId, (String, u64)>,
+}
+
+type Batch = (Vec<(EntryId, u64, Millis)>, Vec<(RepoId, String, u64)>);
 
 impl UsageBuffer {
+    fn pending_batch(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     pub fn record(&self, entry: EntryId, now: Millis) {
-        let mut pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let slot = pending.entry(entry).or_insert((0, now));
+        let mut pending = self.pending_batch();
+        let slot = pending.hits.entry(entry).or_insert((0, now));
         slot.0 += 1;
         slot.1 = slot.1.max(now);
     }
 
+    /// A lookup of `repository` (called `name` by its caller, or "") that found nothing.
+    pub fn record_miss(&self, repository: &RepoId, name: &str) {
+        let mut pending = self.pending_batch();
+        match pending.misses.get_mut(repository) {
+            Some(slot) => slot.1 += 1,
+            None => {
+                pending
+                    .misses
+                    .insert(repository.clone(), (name.to_owned(), 1));
+            }
+        }
+    }
+
     /// The latest restore of `entry` not yet written, if any.
     pub fn pending_use(&self, entry: EntryId) -> Option<Millis> {
-        let pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        pending.get(&entry).map(|(_, last)| *last)
+        self.pending_batch().hits.get(&entry).map(|(_, last)| *last)
     }
 
-    fn take(&self) -> Vec<(EntryId, u64, Millis)> {
-        let mut pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        pending
+    fn take(&self) -> Batch {
+        let mut pending = self.pending_batch();
+        let hits = pending
+            .hits
             .drain()
             .map(|(id, (hits, last))| (id, hits, last))
-            .collect()
+            .collect();
+        let misses = pending
+            .misses
+            .drain()
+            .map(|(repository, (name, n))| (repository, name, n))
+            .collect();
+        (hits, misses)
     }
 
-    /// Writes what is pending; on failure the hits are kept for the next try.
+    /// Writes what is pending; on failure it is kept for the next try.
     pub async fn flush(&self, meta: &dyn MetaStore) {
-        let batch = self.take();
-        if batch.is_empty() {
-            return;
+        let (hits, misses) = self.take();
+        if !hits.is_empty() {
+            if let Err(e) = meta.record_hits(&hits).await {
+                tracing::warn!(error = %e, "could not record restores; will retry");
+                let mut pending = self.pending_batch();
+                for (id, n, last) in hits {
+                    let slot = pending.hits.entry(id).or_insert((0, last));
+                    slot.0 += n;
+                    slot.1 = slot.1.max(last);
+                }
+            }
         }
-        if let Err(e) = meta.record_hits(&batch).await {
-            tracing::warn!(error = %e, "could not record restores; will retry");
-            let mut pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
-            for (id, hits, last) in batch {
-                let slot = pending.entry(id).or_insert((0, last));
-                slot.0 += hits;
-                slot.1 = slot.1.max(last);
+        if !misses.is_empty() {
+            if let Err(e) = meta.record_misses(&misses).await {
+                tracing::warn!(error = %e, "could not record lookup misses; will retry");
+                let mut pending = self.pending_batch();
+                for (repository, name, n) in misses {
+                    pending.misses.entry(repository).or_insert((name, 0)).1 += n;
+                }
             }
         }
     }
@@ -84,9 +126,22 @@ mod tests {
         buf.record(1, 30);
         buf.record(1, 20);
         buf.record(2, 5);
-        let mut batch = buf.take();
+        let (mut batch, _) = buf.take();
         batch.sort();
         assert_eq!(batch, [(1, 3, 30), (2, 1, 5)]);
-        assert!(buf.take().is_empty());
+        assert!(buf.take().0.is_empty());
+    }
+
+    #[test]
+    fn misses_fold_per_repository_and_keep_the_first_name() {
+        let buf = UsageBuffer::default();
+        let (a, b) = (RepoId::new("1"), RepoId::new("2"));
+        buf.record_miss(&a, "octo/a");
+        buf.record_miss(&a, "");
+        buf.record_miss(&b, "");
+        let (_, mut batch) = buf.take();
+        batch.sort();
+        assert_eq!(batch, [(a, "octo/a".into(), 2), (b, String::new(), 1)]);
+        assert!(buf.take().1.is_empty());
     }
 }

@@ -1,0 +1,204 @@
+//! What operators do with the cache: list and inspect entries, delete them, and see what each
+//! repository holds and how its lookups go. The admin API and `hoard caches` come here; runtime
+//! tokens never do.
+
+use crate::meta::{EntryFilter, EntryOrder, EntryPage, ListedEntry, RepositoryUsage, Totals};
+use crate::model::{EntryId, RemovalCause};
+
+use super::{Cache, CacheError};
+
+/// The most entries one page lists.
+pub const MAX_PAGE: usize = 1000;
+
+/// Entries removed per round of a deletion by filter.
+const DELETE_BATCH: usize = 500;
+
+/// A page of entries.
+#[derive(Debug, Clone)]
+pub struct Listing {
+    /// How many entries the filter selects, on every page.
+    pub total: u64,
+    pub entries: Vec<ListedEntry>,
+    /// Where the next page starts (the last entry's sort value and id); `None` on the last page.
+    pub next: Option<(i64, EntryId)>,
+}
+
+/// A listing request.
+#[derive(Debug, Clone, Default)]
+pub struct ListQuery {
+    pub filter: EntryFilter,
+    pub order: EntryOrder,
+    pub descending: bool,
+    pub after: Option<(i64, EntryId)>,
+    /// Clamped to 1..=[`MAX_PAGE`].
+    pub limit: usize,
+}
+
+/// What the server holds and how it is set, for `status`.
+#[derive(Debug, Clone)]
+pub struct CacheStatus {
+    pub totals: Totals,
+    pub limits: super::lifecycle::Limits,
+    pub max_entry_size: u64,
+    /// Entries quarantined by this process since it started.
+    pub quarantined: u64,
+    /// Conditions an operator should act on, each one sentence.
+    pub warnings: Vec<String>,
+}
+
+impl Cache {
+    /// A page of the entries `query` selects.
+    pub async fn list_entries(&self, query: &ListQuery) -> Result<Listing, CacheError> {
+        self.write_usage().await;
+        let limit = query.limit.clamp(1, MAX_PAGE);
+        let page = EntryPage {
+            filter: &query.filter,
+            order: query.order,
+            descending: query.descending,
+            after: query.after,
+            // One more than asked tells whether another page follows.
+            limit: limit + 1,
+        };
+        let mut entries = self.meta.list_entries(&page).await?;
+        let next = if entries.len() > limit {
+            entries.truncate(limit);
+            entries
+                .last()
+                .map(|l| (query.order.value_of(&l.entry), l.entry.id))
+        } else {
+            None
+        };
+        let total = self.meta.count_entries(&query.filter).await?;
+        Ok(Listing {
+            total,
+            entries,
+            next,
+        })
+    }
+
+    /// One visible entry, with its repository's name.
+    pub async fn listed_entry(&self, id: EntryId) -> Result<Option<ListedEntry>, CacheError> {
+        self.write_usage().await;
+        let Some((entry, _)) = self.meta.entry(id).await? else {
+            return Ok(None);
+        };
+        let repository_name = self
+            .meta
+            .repositories(Some(entry.repository.as_str()), 2)
+            .await?
+            .into_iter()
+            .find(|r| r.repository == entry.repository)
+            .map(|r| r.name)
+            .unwrap_or_default();
+        Ok(Some(ListedEntry {
+            entry,
+            repository_name,
+        }))
+    }
+
+    /// Writes the restores and misses not yet written (see [`super::usage`]), so that what an
+    /// operator sees, and how it sorts, includes the latest. Operators ask rarely; lookups never
+    /// wait for this.
+    async fn write_usage(&self) {
+        self.usage.flush(self.meta.as_ref()).await;
+    }
+
+    /// Deletes entries for an operator (`by`, for the audit log): the next lookup misses, and
+    /// their chunks go after the deletion grace, so downloads under way finish. Returns the
+    /// entries that were deleted here (not already gone).
+    pub async fn delete_entries(
+        &self,
+        entries: &[ListedEntry],
+        by: &str,
+    ) -> Result<u64, CacheError> {
+        let ids: Vec<EntryId> = entries.iter().map(|l| l.entry.id).collect();
+        let removed = self.remove(&ids, RemovalCause::Deleted).await?;
+        for gone in &removed {
+            let Some(listed) = entries.iter().find(|l| l.entry.id == gone.id) else {
+                continue;
+            };
+            let e = &listed.entry;
+            tracing::info!(
+                target: "hoard::audit",
+                action = "delete",
+                by,
+                id = e.id,
+                repository = %e.repository,
+                repository_name = %listed.repository_name,
+                scope = %e.scope,
+                key = %e.key,
+                version = %e.version,
+                size = e.size,
+            );
+        }
+        Ok(removed.len() as u64)
+    }
+
+    /// Deletes every entry `filter` selects, in rounds; returns how many went.
+    pub async fn delete_matching(&self, filter: &EntryFilter, by: &str) -> Result<u64, CacheError> {
+        let mut deleted = 0;
+        let mut after = None;
+        loop {
+            let page = EntryPage {
+                filter,
+                order: EntryOrder::Created,
+                descending: false,
+                after,
+                limit: DELETE_BATCH,
+            };
+            let batch = self.meta.list_entries(&page).await?;
+            let Some(last) = batch.last() else {
+                return Ok(deleted);
+            };
+            after = Some((last.entry.created_at, last.entry.id));
+            deleted += self.delete_entries(&batch, by).await?;
+        }
+    }
+
+    /// Repositories by bytes held, at most `limit`, or only the one `only` names (id or name);
+    /// with the number of repositories known.
+    pub async fn repositories(
+        &self,
+        only: Option<&str>,
+        limit: usize,
+    ) -> Result<(u64, Vec<RepositoryUsage>), CacheError> {
+        self.write_usage().await;
+        let listed = self
+            .meta
+            .repositories(only, limit.clamp(1, MAX_PAGE))
+            .await?;
+        let count = self.meta.count_repositories().await?;
+        Ok((count, listed))
+    }
+
+    /// What the server holds, its limits, and what an operator should look at.
+    pub async fn status(&self) -> Result<CacheStatus, CacheError> {
+        let totals = self.meta.totals().await?;
+        let limits = self.policy.lifecycle.clone();
+        let quarantined = self.quarantined_count();
+        let mut warnings = Vec::new();
+        if let Some(max) = limits.max_storage {
+            if totals.bytes.saturating_mul(10) >= max.saturating_mul(9) {
+                warnings.push(format!(
+                    "Entries hold {} of the {} --max-storage allows: the least recently used are being evicted.",
+                    totals.bytes, max
+                ));
+            }
+        }
+        if quarantined > 0 {
+            warnings.push(format!(
+                "{quarantined} entries failed an integrity check since start-up and were quarantined: check the storage (the log names them)."
+            ));
+        }
+        if let Err(e) = self.blobs.ping().await {
+            warnings.push(format!("The chunk store cannot be written: {e}."));
+        }
+        Ok(CacheStatus {
+            totals,
+            limits,
+            max_entry_size: self.policy.max_entry_size,
+            quarantined,
+            warnings,
+        })
+    }
+}

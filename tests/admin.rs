@@ -1,0 +1,426 @@
+//! The admin API (`/_hoard/api/v1/`): off without an admin token, refused without the right
+//! one, and every endpoint with its filters, sorting, paging and errors; a deletion makes the
+//! entry a miss for the cache protocol.
+#![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
+
+mod common;
+
+use serde_json::{json, Value};
+
+use common::{claims, json_of, sign_hs256, TestServer, MAIN, VERSION};
+
+const ADMIN: &str = "admin-token-for-tests-0123456789";
+const DEV: &str = "refs/heads/dev";
+
+async fn start() -> TestServer {
+    TestServer::start_with(&["--admin-token", ADMIN]).await
+}
+
+/// A runtime token of `repository` (id) that names it `name`, reading and writing `scope`.
+fn token_of(repository: &str, name: &str, scope: &str) -> String {
+    let mut c = claims(repository, &[(scope, 3)]);
+    c["repository"] = json!(name);
+    sign_hs256(&c)
+}
+
+async fn admin(srv: &TestServer, method: reqwest::Method, path: &str) -> (u16, Value) {
+    let res = srv
+        .http
+        .request(method, srv.url(&format!("/_hoard/api/v1/{path}")))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        res.headers()["cache-control"],
+        "no-store",
+        "admin answers are never cached"
+    );
+    json_of(res).await
+}
+
+async fn get(srv: &TestServer, path: &str) -> (u16, Value) {
+    admin(srv, reqwest::Method::GET, path).await
+}
+
+async fn delete(srv: &TestServer, path: &str) -> (u16, Value) {
+    admin(srv, reqwest::Method::DELETE, path).await
+}
+
+fn keys(listing: &Value) -> Vec<&str> {
+    listing["actions_caches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["key"].as_str().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn without_an_admin_token_the_api_and_dashboard_are_off() {
+    let srv = TestServer::start().await;
+    for path in [
+        "/_hoard/",
+        "/_hoard/api/v1/status",
+        "/_hoard/api/v1/openapi.json",
+    ] {
+        let res = srv
+            .http
+            .get(srv.url(path))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap();
+        let (status, body) = json_of(res).await;
+        assert_eq!(status, 404, "{path}");
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap()
+                .contains("--admin-token-file"),
+            "says how to turn it on: {body}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn calls_need_the_admin_token() {
+    let srv = start().await;
+    let url = srv.url("/_hoard/api/v1/caches");
+    let missing = srv.http.get(&url).send().await.unwrap();
+    assert_eq!(
+        missing.headers()["www-authenticate"],
+        "Bearer realm=\"hoard admin\""
+    );
+    let (status, body) = json_of(missing).await;
+    assert_eq!(status, 401);
+    assert!(
+        body["message"].as_str().unwrap().contains("Bearer"),
+        "{body}"
+    );
+    for wrong in [&format!("{ADMIN}x"), "admin", &ADMIN[..ADMIN.len() - 1]] {
+        let res = srv
+            .http
+            .delete(&url)
+            .bearer_auth(wrong)
+            .send()
+            .await
+            .unwrap();
+        let (status, body) = json_of(res).await;
+        assert_eq!(status, 401, "{body}");
+        assert_eq!(body["message"], "the admin token was refused");
+    }
+    // A runtime token is not an admin token.
+    let runtime = token_of("1", "octo/one", MAIN);
+    let res = srv
+        .http
+        .get(&url)
+        .bearer_auth(runtime)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 401);
+    let (status, _) = get(&srv, "caches").await;
+    assert_eq!(status, 200);
+    // The description of the API is public.
+    let res = srv
+        .http
+        .get(srv.url("/_hoard/api/v1/openapi.json"))
+        .send()
+        .await
+        .unwrap();
+    let (status, doc) = json_of(res).await;
+    assert_eq!(status, 200);
+    assert_eq!(doc["openapi"], "3.1.0");
+    for path in ["/status", "/usage", "/caches", "/caches/{id}"] {
+        assert!(doc["paths"][path].is_object(), "{path} is described");
+    }
+}
+
+#[tokio::test]
+async fn entries_are_listed_filtered_sorted_and_paged() {
+    let srv = start().await;
+    let (a, b) = (
+        token_of("10", "octo/alpha", MAIN),
+        token_of("20", "octo/beta", MAIN),
+    );
+    let a_dev = token_of("10", "octo/alpha", DEV);
+    srv.save(&a, "Linux-npm-1", VERSION, &[1u8; 100]).await;
+    srv.save(&a, "linux-npm-2", VERSION, &[2u8; 300]).await;
+    srv.save(&a_dev, "linux-cargo", VERSION, &[3u8; 200]).await;
+    srv.save(&a, "other-version", "v2", &[4u8; 50]).await;
+    srv.save(&b, "linux-npm-1", VERSION, &[5u8; 400]).await;
+    // A restore makes an entry the most recently used and counts a hit.
+    assert!(srv.restore(&a, "linux-npm-1", VERSION).await.is_some());
+
+    let (status, all) = get(&srv, "caches").await;
+    assert_eq!(status, 200, "{all}");
+    assert_eq!(all["total_count"], 5);
+    assert_eq!(all["next_cursor"], Value::Null);
+    assert_eq!(keys(&all)[0], "Linux-npm-1", "last used first: {all}");
+    let first = &all["actions_caches"][0];
+    assert_eq!(first["repository_id"], "10");
+    assert_eq!(first["repository"], "octo/alpha");
+    assert_eq!(first["ref"], MAIN);
+    assert_eq!(first["version"], VERSION);
+    assert_eq!(first["size_in_bytes"], 100);
+    assert_eq!(first["hits"], 1, "the restore is counted at once");
+    for field in ["created_at", "last_accessed_at"] {
+        let at = first[field].as_str().unwrap();
+        assert!(
+            at.ends_with('Z') && at.len() == 24,
+            "RFC 3339 with milliseconds: {at}"
+        );
+    }
+
+    // Sorting by size, both ways.
+    let (_, by_size) = get(&srv, "caches?sort=size_in_bytes&direction=asc").await;
+    assert_eq!(
+        keys(&by_size),
+        [
+            "other-version",
+            "Linux-npm-1",
+            "linux-cargo",
+            "linux-npm-2",
+            "linux-npm-1"
+        ]
+    );
+    let (_, newest) = get(&srv, "caches?sort=created_at").await;
+    assert_eq!(keys(&newest)[0], "linux-npm-1");
+    assert_eq!(newest["actions_caches"][0]["repository"], "octo/beta");
+
+    // Paging: two at a time, every entry once, in order.
+    let mut seen = Vec::new();
+    let mut path = "caches?sort=size_in_bytes&direction=asc&per_page=2".to_owned();
+    loop {
+        let (status, page) = get(&srv, &path).await;
+        assert_eq!(status, 200, "{page}");
+        assert_eq!(page["total_count"], 5, "every page tells the total");
+        seen.extend(keys(&page).into_iter().map(str::to_owned));
+        match page["next_cursor"].as_str() {
+            Some(cursor) => {
+                path = format!(
+                    "caches?sort=size_in_bytes&direction=asc&per_page=2&cursor={}",
+                    common::percent_encode(cursor)
+                )
+            }
+            None => break,
+        }
+    }
+    assert_eq!(seen, keys(&by_size));
+
+    // Filters: a key prefix (case-insensitive), a ref, a repository by id or name, a version.
+    let (_, npm) = get(&srv, "caches?key=LINUX-NPM&sort=created_at&direction=asc").await;
+    assert_eq!(keys(&npm), ["Linux-npm-1", "linux-npm-2", "linux-npm-1"]);
+    let (_, dev) = get(&srv, &format!("caches?ref={}", common::percent_encode(DEV))).await;
+    assert_eq!(keys(&dev), ["linux-cargo"]);
+    let (_, beta) = get(&srv, "caches?repository=octo%2Fbeta").await;
+    assert_eq!(keys(&beta), ["linux-npm-1"]);
+    let (_, by_id) = get(&srv, "caches?repository=20").await;
+    assert_eq!(keys(&by_id), ["linux-npm-1"]);
+    let (_, v2) = get(&srv, "caches?version=v2").await;
+    assert_eq!(
+        (v2["total_count"].as_u64(), keys(&v2)),
+        (Some(1), vec!["other-version"])
+    );
+    let (_, both) = get(&srv, "caches?repository=10&key=linux-npm&per_page=1").await;
+    assert_eq!(both["total_count"], 2);
+    assert_eq!(keys(&both).len(), 1);
+    assert!(both["next_cursor"].is_string());
+
+    // Bad parameters are refused with a sentence.
+    for bad in [
+        "caches?sort=key",
+        "caches?direction=up",
+        "caches?per_page=0",
+        "caches?per_page=1001",
+        "caches?cursor=nonsense",
+        "caches?sort=created_at&cursor=size_in_bytes.desc.1.1",
+        "caches?key=a%2Cb",
+        "usage?limit=x",
+    ] {
+        let (status, body) = get(&srv, bad).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert!(!body["message"].as_str().unwrap().is_empty(), "{bad}");
+    }
+}
+
+#[tokio::test]
+async fn one_entry_is_shown_and_deleted_and_then_misses() {
+    let srv = start().await;
+    let t = token_of("7", "octo/seven", MAIN);
+    let id = srv.save(&t, "deps-linux", VERSION, b"hello").await;
+    let keep = srv.save(&t, "deps-windows", VERSION, b"world").await;
+
+    let (status, shown) = get(&srv, &format!("caches/{id}")).await;
+    assert_eq!(status, 200, "{shown}");
+    assert_eq!(shown["id"], id);
+    assert_eq!(shown["key"], "deps-linux");
+    assert_eq!(shown["repository"], "octo/seven");
+    assert_eq!(shown["size_in_bytes"], 5);
+
+    let (status, deleted) = delete(&srv, &format!("caches/{id}")).await;
+    assert_eq!((status, deleted), (200, json!({ "deleted": 1 })));
+    let (_, lookup) = srv.lookup(&t, "deps-linux", &[], VERSION).await;
+    assert_eq!(lookup["ok"], false, "a deleted entry is a miss: {lookup}");
+    // A prefix lookup no longer finds it either, but finds the other entry.
+    let (_, prefix) = srv.lookup(&t, "deps-", &[], VERSION).await;
+    assert_eq!(prefix["matched_key"], "deps-windows");
+
+    for path in [
+        format!("caches/{id}"),
+        "caches/abc".into(),
+        "caches/-1".into(),
+    ] {
+        let (status, body) = get(&srv, &path).await;
+        assert_eq!(status, 404, "{path}: {body}");
+        let (status, body) = delete(&srv, &path).await;
+        assert_eq!(status, 404, "{path}: {body}");
+        assert_eq!(body["message"], "no such cache entry");
+    }
+    let (status, _) = get(&srv, &format!("caches/{keep}")).await;
+    assert_eq!(status, 200, "the other entry stays");
+    let (status, _) = admin(&srv, reqwest::Method::PUT, &format!("caches/{keep}")).await;
+    assert_eq!(status, 405);
+    let (status, _) = get(&srv, "nothing-here").await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn entries_are_deleted_by_key_prefix_or_repository() {
+    let srv = start().await;
+    let (a, b) = (token_of("1", "octo/a", MAIN), token_of("2", "octo/b", MAIN));
+    for key in ["npm-1", "npm-2", "cargo-1"] {
+        srv.save(&a, key, VERSION, key.as_bytes()).await;
+        srv.save(&b, key, VERSION, key.as_bytes()).await;
+    }
+    let (status, body) = delete(&srv, "caches").await;
+    assert_eq!(status, 400, "deleting everything must be asked for: {body}");
+    let (_, all) = get(&srv, "caches").await;
+    assert_eq!(all["total_count"], 6, "nothing was deleted");
+
+    let (status, body) = delete(&srv, "caches?key=NPM-&repository=octo%2Fa").await;
+    assert_eq!((status, body), (200, json!({ "deleted": 2 })));
+    let (_, left) = get(&srv, "caches?repository=1").await;
+    assert_eq!(keys(&left), ["cargo-1"]);
+    assert!(srv.restore(&a, "npm-1", VERSION).await.is_none());
+    assert_eq!(srv.restore(&b, "npm-1", VERSION).await.unwrap(), b"npm-1");
+
+    let (_, body) = delete(&srv, "caches?repository=2").await;
+    assert_eq!(body, json!({ "deleted": 3 }));
+    let (_, body) = delete(&srv, "caches?all=true").await;
+    assert_eq!(body, json!({ "deleted": 1 }));
+    let (_, none) = get(&srv, "caches").await;
+    assert_eq!(none["total_count"], 0);
+}
+
+#[tokio::test]
+async fn usage_and_status_report_repositories_and_the_server() {
+    let srv = TestServer::start_with(&[
+        "--admin-token",
+        ADMIN,
+        "--max-storage",
+        "1MiB",
+        "--repo-quota",
+        "512KiB",
+    ])
+    .await;
+    let (a, b) = (token_of("1", "octo/a", MAIN), token_of("2", "", MAIN));
+    srv.save(&a, "big", VERSION, &[1u8; 3000]).await;
+    srv.save(&a, "small", VERSION, &[1u8; 1000]).await;
+    srv.save(&b, "only", VERSION, &[1u8; 2000]).await;
+    assert!(srv.restore(&a, "big", VERSION).await.is_some());
+    assert!(srv.restore(&a, "small", VERSION).await.is_some());
+    assert!(srv.restore(&a, "nothing", VERSION).await.is_none());
+    assert!(srv.restore(&b, "nothing", VERSION).await.is_none());
+    // Restores and misses are written within a second, and at once when an operator asks.
+    let (status, usage) = get(&srv, "usage").await;
+    assert_eq!(status, 200, "{usage}");
+    assert_eq!(
+        usage["total"],
+        json!({ "size_in_bytes": 6000, "entries": 3, "open_uploads": 0 })
+    );
+    assert_eq!(usage["repository_count"], 2);
+    assert_eq!(
+        usage["repositories"],
+        json!([
+            { "repository_id": "1", "full_name": "octo/a", "active_caches_size_in_bytes": 4000,
+              "active_caches_count": 2, "hits": 2, "misses": 1, "hit_ratio": 0.667 },
+            { "repository_id": "2", "full_name": "", "active_caches_size_in_bytes": 2000,
+              "active_caches_count": 1, "hits": 0, "misses": 1, "hit_ratio": 0.0 },
+        ])
+    );
+    let (_, one) = get(&srv, "usage?repository=octo%2Fa").await;
+    assert_eq!(one["repositories"].as_array().unwrap().len(), 1);
+    let (_, top) = get(&srv, "usage?limit=1").await;
+    assert_eq!(top["repositories"][0]["full_name"], "octo/a");
+
+    let (status, status_body) = get(&srv, "status").await;
+    assert_eq!(status, 200, "{status_body}");
+    assert_eq!(status_body["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(status_body["database"], "sqlite");
+    assert_eq!(status_body["storage"], "file");
+    assert_eq!(status_body["usage"]["entries"], 3);
+    assert_eq!(status_body["limits"]["max_storage"], 1 << 20);
+    assert_eq!(status_body["limits"]["repository_quota"], 512 << 10);
+    assert_eq!(status_body["limits"]["max_age_seconds"], Value::Null);
+    assert_eq!(
+        status_body["lookups"],
+        json!({ "hits": 2, "misses": 2, "hit_ratio": 0.5 })
+    );
+    assert!(status_body["uptime_seconds"].is_u64());
+    assert!(
+        status_body["warnings"].as_array().unwrap().is_empty(),
+        "{status_body}"
+    );
+}
+
+#[tokio::test]
+async fn the_dashboard_is_served_from_the_binary_with_a_strict_policy() {
+    let srv = start().await;
+    let res = srv.http.get(srv.url("/_hoard/")).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert!(res.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/html"));
+    let csp = res.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(csp.contains("default-src 'self'") && csp.contains("frame-ancestors 'none'"));
+    let html = res.text().await.unwrap();
+    assert!(html.contains("/_hoard/app.js") && html.contains("/_hoard/style.css"));
+    assert!(
+        !html.contains("http://") && !html.contains("https://"),
+        "no outside assets"
+    );
+    for (path, kind) in [
+        ("/_hoard/app.js", "text/javascript"),
+        ("/_hoard/style.css", "text/css"),
+    ] {
+        let res = srv.http.get(srv.url(path)).send().await.unwrap();
+        assert_eq!(res.status(), 200, "{path}");
+        assert!(res.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with(kind));
+    }
+    let res = srv
+        .http
+        .get(srv.url("/_hoard/missing.js"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 404);
+    let no_slash = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .get(srv.url("/_hoard"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(no_slash.status(), 308);
+    assert_eq!(no_slash.headers()["location"], "/_hoard/");
+}
