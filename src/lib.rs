@@ -3,6 +3,7 @@
 //! `api` turns HTTP into calls on `cache` (the rules), which talks to `meta` (metadata) and
 //! `blob` (chunk bytes) through traits; `auth` reads tokens and signs links (DESIGN.md §3).
 
+pub mod admin_cli;
 pub mod api;
 pub mod auth;
 pub mod bench;

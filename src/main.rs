@@ -45,6 +45,23 @@ enum Command {
         #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
         timeout: std::time::Duration,
     },
+    /// List, inspect and delete cache entries on a running server, or see usage per repository.
+    ///
+    /// Talks to the admin API of the server at --server (HOARD_SERVER) with the admin token from
+    /// HOARD_ADMIN_TOKEN or --token-file. Tables by default, --json for scripts.
+    Caches {
+        #[command(flatten)]
+        server: hoard::admin_cli::ServerArgs,
+        #[command(subcommand)]
+        command: hoard::admin_cli::CachesCommand,
+    },
+    /// A running server's version, uptime, backends, storage, limits, lookups and warnings.
+    ///
+    /// Talks to the admin API like `hoard caches`.
+    Status {
+        #[command(flatten)]
+        server: hoard::admin_cli::ServerArgs,
+    },
     /// Measure servers with the published benchmark method, side by side.
     Bench(Box<BenchArgs>),
     /// The null baseline server that `hoard bench --baseline` starts.
@@ -106,6 +123,12 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
         }
+        Command::Caches { server, command } => {
+            print_or_fail(runtime.block_on(hoard::admin_cli::caches(&server, &command)))
+        }
+        Command::Status { server } => {
+            print_or_fail(runtime.block_on(hoard::admin_cli::status(&server)))
+        }
         Command::Bench(args) => match runtime.block_on(hoard::bench::run(*args)) {
             Ok(_) => ExitCode::SUCCESS,
             Err(e) => {
@@ -129,6 +152,23 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+    }
+}
+
+/// A command's output on standard output, or its failure as one sentence on standard error.
+fn print_or_fail(result: Result<String, hoard::admin_cli::CliError>) -> ExitCode {
+    match result {
+        Ok(out) => {
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), out.as_bytes());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            let _ = std::io::Write::write_all(
+                &mut std::io::stderr(),
+                format!("hoard: {e}\n").as_bytes(),
+            );
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -150,7 +150,9 @@ async fn entries_are_listed_filtered_sorted_and_paged() {
     srv.save(&a_dev, "linux-cargo", VERSION, &[3u8; 200]).await;
     srv.save(&a, "other-version", "v2", &[4u8; 50]).await;
     srv.save(&b, "linux-npm-1", VERSION, &[5u8; 400]).await;
-    // A restore makes an entry the most recently used and counts a hit.
+    // A restore makes an entry the most recently used and counts a hit. (Times are in
+    // milliseconds: it must come after the last save's.)
+    tokio::time::sleep(std::time::Duration::from_millis(3)).await;
     assert!(srv.restore(&a, "linux-npm-1", VERSION).await.is_some());
 
     let (status, all) = get(&srv, "caches").await;

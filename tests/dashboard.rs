@@ -109,7 +109,7 @@ async fn an_operator_finds_and_deletes_an_entry_in_the_dashboard() {
             "{}",
             path.display()
         );
-        println!("screenshot: {}", path.display());
+        eprintln!("screenshot: {}", path.display());
     }
 
     // The deletion is a miss for the real client.

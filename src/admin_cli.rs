@@ -1,0 +1,550 @@
+//! `hoard caches ls|rm|usage` and `hoard status`: the admin API from a shell. Readable tables by
+//! default, `--json` for scripts (the API's own answers); on failure, one sentence on standard
+//! error and exit status 1.
+
+use std::fmt::Write as _;
+use std::time::{Duration, SystemTime};
+
+use serde_json::Value;
+
+/// Where the server is and how to sign in to it.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServerArgs {
+    /// The hoard server's base URL.
+    #[arg(
+        long,
+        env = "HOARD_SERVER",
+        default_value = "http://127.0.0.1:3000",
+        global = true
+    )]
+    pub server: String,
+
+    /// File holding the admin token [default: the HOARD_ADMIN_TOKEN variable].
+    #[arg(long, env = "HOARD_ADMIN_TOKEN_FILE", global = true)]
+    pub token_file: Option<std::path::PathBuf>,
+
+    /// Print the API's JSON answer instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum CachesCommand {
+    /// List cache entries, most recently used first.
+    Ls(ListArgs),
+    /// Delete entries: by id, or every entry a filter selects.
+    Rm(RemoveArgs),
+    /// Bytes, entries, hits and misses per repository, largest first.
+    Usage {
+        /// Only this repository (owner/name or id).
+        #[arg(long)]
+        repository: Option<String>,
+        /// Most repositories shown.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+}
+
+/// What selects entries.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct FilterArgs {
+    /// Entries whose key starts with this (case-insensitive).
+    #[arg(long)]
+    pub key: Option<String>,
+    /// Entries of this repository (owner/name or id).
+    #[arg(long)]
+    pub repository: Option<String>,
+    /// Entries saved in this ref (such as refs/heads/main).
+    #[arg(long = "ref")]
+    pub git_ref: Option<String>,
+    /// Entries of this exact version.
+    #[arg(long)]
+    pub version: Option<String>,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub filter: FilterArgs,
+    /// Sort by last use, size or creation.
+    #[arg(long, default_value = "last-used", value_parser = ["last-used", "size", "created"])]
+    pub sort: String,
+    /// Smallest or oldest first.
+    #[arg(long)]
+    pub asc: bool,
+    /// Most entries shown.
+    #[arg(long, default_value_t = 50)]
+    pub limit: usize,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RemoveArgs {
+    /// Ids of the entries to delete (as `ls` shows them).
+    pub ids: Vec<i64>,
+    #[command(flatten)]
+    pub filter: FilterArgs,
+    /// Delete every entry (when no id or filter is given).
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// A failure, as the one sentence the user sees.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct CliError(String);
+
+struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+impl Client {
+    fn new(args: &ServerArgs) -> Result<Self, CliError> {
+        let token = match &args.token_file {
+            Some(path) => std::fs::read_to_string(path).map_err(|e| {
+                CliError(format!(
+                    "cannot read the admin token file {}: {e}",
+                    path.display()
+                ))
+            })?,
+            None => std::env::var("HOARD_ADMIN_TOKEN").map_err(|_| {
+                CliError("no admin token: set HOARD_ADMIN_TOKEN or pass --token-file".into())
+            })?,
+        };
+        let token = token.trim().to_owned();
+        if token.is_empty() {
+            return Err(CliError("the admin token is empty".into()));
+        }
+        let base = args.server.trim_end_matches('/').to_owned();
+        url::Url::parse(&base)
+            .ok()
+            .filter(|u| matches!(u.scheme(), "http" | "https"))
+            .ok_or_else(|| {
+                CliError(format!(
+                    "--server (HOARD_SERVER) must be an http(s) URL, not {base:?}"
+                ))
+            })?;
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(300))
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| CliError(format!("cannot make an HTTP client: {e}")))?;
+        Ok(Self { http, base, token })
+    }
+
+    /// Calls the admin API; any answer but 200 is an error carrying the server's message.
+    async fn call(&self, method: reqwest::Method, path_and_query: &str) -> Result<Value, CliError> {
+        let url = format!("{}/_hoard/api/v1/{path_and_query}", self.base);
+        let response = self
+            .http
+            .request(method, &url)
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|e| {
+                CliError(format!(
+                    "cannot reach hoard at {}: {}",
+                    self.base,
+                    root_cause(&e)
+                ))
+            })?;
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        if status.is_success() {
+            return Ok(body);
+        }
+        let message = body["message"].as_str().unwrap_or("no explanation given");
+        Err(CliError(match status.as_u16() {
+            401 => format!("{} refused the admin token ({message})", self.base),
+            _ => format!("{} answered {status}: {message}", self.base),
+        }))
+    }
+}
+
+/// The innermost error: "Connection refused", not reqwest's wrapping of it.
+fn root_cause(e: &dyn std::error::Error) -> String {
+    let mut cause = e;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    cause.to_string()
+}
+
+/// `key=value&…` of the filter's set parts, percent-encoded.
+fn filter_query(filter: &FilterArgs) -> url::form_urlencoded::Serializer<'static, String> {
+    let mut query = url::form_urlencoded::Serializer::new(String::new());
+    for (name, value) in [
+        ("key", &filter.key),
+        ("repository", &filter.repository),
+        ("ref", &filter.git_ref),
+        ("version", &filter.version),
+    ] {
+        if let Some(value) = value {
+            query.append_pair(name, value);
+        }
+    }
+    query
+}
+
+/// Runs `hoard caches …`; returns what to print.
+pub async fn caches(server: &ServerArgs, command: &CachesCommand) -> Result<String, CliError> {
+    let client = Client::new(server)?;
+    match command {
+        CachesCommand::Ls(args) => list(&client, server.json, args).await,
+        CachesCommand::Rm(args) => remove(&client, server.json, args).await,
+        CachesCommand::Usage { repository, limit } => {
+            let mut query = url::form_urlencoded::Serializer::new(String::new());
+            query.append_pair("limit", &limit.clamp(&1, &1000).to_string());
+            if let Some(r) = repository {
+                query.append_pair("repository", r);
+            }
+            let usage = client
+                .call(reqwest::Method::GET, &format!("usage?{}", query.finish()))
+                .await?;
+            Ok(if server.json {
+                pretty(&usage)
+            } else {
+                usage_table(&usage)
+            })
+        }
+    }
+}
+
+/// Runs `hoard status`; returns what to print.
+pub async fn status(server: &ServerArgs) -> Result<String, CliError> {
+    let client = Client::new(server)?;
+    let status = client.call(reqwest::Method::GET, "status").await?;
+    Ok(if server.json {
+        pretty(&status)
+    } else {
+        status_text(&status)
+    })
+}
+
+async fn list(client: &Client, json: bool, args: &ListArgs) -> Result<String, CliError> {
+    let sort = match args.sort.as_str() {
+        "size" => "size_in_bytes",
+        "created" => "created_at",
+        _ => "last_accessed_at",
+    };
+    let limit = args.limit.max(1);
+    let mut entries: Vec<Value> = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut total;
+    // Pages until `limit` entries or the end.
+    loop {
+        let mut query = filter_query(&args.filter);
+        query
+            .append_pair("sort", sort)
+            .append_pair("direction", if args.asc { "asc" } else { "desc" })
+            .append_pair("per_page", &(limit - entries.len()).min(1000).to_string());
+        if let Some(c) = &cursor {
+            query.append_pair("cursor", c);
+        }
+        let page = client
+            .call(reqwest::Method::GET, &format!("caches?{}", query.finish()))
+            .await?;
+        total = page["total_count"].as_u64().unwrap_or(0);
+        entries.extend(
+            page["actions_caches"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default(),
+        );
+        cursor = page["next_cursor"].as_str().map(str::to_owned);
+        if cursor.is_none() || entries.len() >= limit {
+            break;
+        }
+    }
+    if json {
+        return Ok(pretty(
+            &serde_json::json!({ "total_count": total, "actions_caches": entries }),
+        ));
+    }
+    if entries.is_empty() {
+        return Ok("No cache entries match.\n".into());
+    }
+    let now = SystemTime::now();
+    let rows: Vec<Vec<String>> = entries
+        .iter()
+        .map(|e| {
+            vec![
+                e["id"].to_string(),
+                repository_label(&e["repository"], &e["repository_id"]),
+                text(&e["ref"]),
+                text(&e["key"]),
+                size(e["size_in_bytes"].as_u64().unwrap_or(0)),
+                ago(&e["last_accessed_at"], now),
+                e["hits"].to_string(),
+            ]
+        })
+        .collect();
+    let mut out = table(
+        &[
+            "ID",
+            "REPOSITORY",
+            "REF",
+            "KEY",
+            "SIZE",
+            "LAST USED",
+            "HITS",
+        ],
+        &rows,
+    );
+    let _ = writeln!(out, "{} of {total} entries", entries.len());
+    Ok(out)
+}
+
+async fn remove(client: &Client, json: bool, args: &RemoveArgs) -> Result<String, CliError> {
+    let has_filter = [
+        &args.filter.key,
+        &args.filter.repository,
+        &args.filter.git_ref,
+        &args.filter.version,
+    ]
+    .iter()
+    .any(|v| v.is_some());
+    let deleted = match (args.ids.is_empty(), has_filter || args.all) {
+        (false, false) => {
+            let mut deleted = 0;
+            for id in &args.ids {
+                let answer = client
+                    .call(reqwest::Method::DELETE, &format!("caches/{id}"))
+                    .await
+                    .map_err(|e| CliError(format!("entry {id}: {e}")))?;
+                deleted += answer["deleted"].as_u64().unwrap_or(0);
+            }
+            deleted
+        }
+        (true, true) => {
+            let mut query = filter_query(&args.filter);
+            if args.all && !has_filter {
+                query.append_pair("all", "true");
+            }
+            let answer = client
+                .call(reqwest::Method::DELETE, &format!("caches?{}", query.finish()))
+                .await?;
+            answer["deleted"].as_u64().unwrap_or(0)
+        }
+        (false, true) => {
+            return Err(CliError("give entry ids or a filter (--key, --repository, --ref, --version, --all), not both".into()))
+        }
+        (true, false) => {
+            return Err(CliError("say what to delete: entry ids, a filter (--key, --repository, --ref, --version) or --all".into()))
+        }
+    };
+    Ok(if json {
+        pretty(&serde_json::json!({ "deleted": deleted }))
+    } else {
+        format!(
+            "Deleted {deleted} {}.\n",
+            if deleted == 1 { "entry" } else { "entries" }
+        )
+    })
+}
+
+fn usage_table(usage: &Value) -> String {
+    let repositories = usage["repositories"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut out = String::new();
+    if !repositories.is_empty() {
+        let rows: Vec<Vec<String>> = repositories
+            .iter()
+            .map(|r| {
+                vec![
+                    repository_label(&r["full_name"], &r["repository_id"]),
+                    size(r["active_caches_size_in_bytes"].as_u64().unwrap_or(0)),
+                    r["active_caches_count"].to_string(),
+                    r["hits"].to_string(),
+                    r["misses"].to_string(),
+                    percent(&r["hit_ratio"]),
+                ]
+            })
+            .collect();
+        out = table(
+            &[
+                "REPOSITORY",
+                "SIZE",
+                "ENTRIES",
+                "HITS",
+                "MISSES",
+                "HIT RATIO",
+            ],
+            &rows,
+        );
+    }
+    let total = &usage["total"];
+    let _ = writeln!(
+        out,
+        "{} in {} entries across {} repositories; {} uploads in progress",
+        size(total["size_in_bytes"].as_u64().unwrap_or(0)),
+        total["entries"],
+        usage["repository_count"],
+        total["open_uploads"],
+    );
+    out
+}
+
+fn status_text(status: &Value) -> String {
+    let limits = &status["limits"];
+    let usage = &status["usage"];
+    let lookups = &status["lookups"];
+    let limit = |v: &Value| v.as_u64().map_or("none".to_owned(), size);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "hoard {} up {}",
+        text(&status["version"]),
+        duration(status["uptime_seconds"].as_u64().unwrap_or(0))
+    );
+    let _ = writeln!(out, "database   {}", text(&status["database"]));
+    let _ = writeln!(out, "storage    {}", text(&status["storage"]));
+    let _ = writeln!(
+        out,
+        "stored     {} in {} entries; {} uploads in progress",
+        size(usage["size_in_bytes"].as_u64().unwrap_or(0)),
+        usage["entries"],
+        usage["open_uploads"]
+    );
+    let _ = writeln!(
+        out,
+        "limits     {} in all, {} per repository, {} per entry",
+        limit(&limits["max_storage"]),
+        limit(&limits["repository_quota"]),
+        limit(&limits["max_entry_size"])
+    );
+    let _ = writeln!(
+        out,
+        "lookups    {} hits, {} misses since start ({} hit ratio)",
+        lookups["hits"],
+        lookups["misses"],
+        percent(&lookups["hit_ratio"])
+    );
+    let warnings = status["warnings"].as_array().cloned().unwrap_or_default();
+    if warnings.is_empty() {
+        out.push_str("warnings   none\n");
+    }
+    for w in warnings {
+        let _ = writeln!(out, "WARNING    {}", text(&w));
+    }
+    out
+}
+
+fn pretty(value: &Value) -> String {
+    format!(
+        "{}\n",
+        serde_json::to_string_pretty(value).unwrap_or_default()
+    )
+}
+
+fn text(value: &Value) -> String {
+    value
+        .as_str()
+        .map_or_else(|| value.to_string(), str::to_owned)
+}
+
+fn repository_label(name: &Value, id: &Value) -> String {
+    match name.as_str() {
+        Some(name) if !name.is_empty() => name.to_owned(),
+        _ => format!("id {}", text(id)),
+    }
+}
+
+fn percent(ratio: &Value) -> String {
+    ratio
+        .as_f64()
+        .map_or("-".to_owned(), |r| format!("{:.1}%", r * 100.0))
+}
+
+/// Bytes in binary units: `512 B`, `1.5 KiB`, `3.2 GiB`.
+pub fn size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+fn duration(seconds: u64) -> String {
+    match seconds {
+        s if s < 60 => format!("{s} s"),
+        s if s < 3600 => format!("{} min", s / 60),
+        s if s < 86_400 => format!("{} h {} min", s / 3600, s % 3600 / 60),
+        s => format!("{} d {} h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+/// How long ago an RFC 3339 time was: `just now`, `5 min ago`, `3 h ago`, `2 d ago`.
+fn ago(at: &Value, now: SystemTime) -> String {
+    let Some(at) = at.as_str().and_then(|s| humantime::parse_rfc3339(s).ok()) else {
+        return "-".into();
+    };
+    match now.duration_since(at).map(|d| d.as_secs()).unwrap_or(0) {
+        s if s < 60 => "just now".into(),
+        s if s < 3600 => format!("{} min ago", s / 60),
+        s if s < 86_400 => format!("{} h ago", s / 3600),
+        s => format!("{} d ago", s / 86_400),
+    }
+}
+
+/// Columns padded to their widest cell; numbers-looking last columns stay left-aligned too,
+/// so that the table reads the same in any terminal.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut text = String::new();
+        for (i, cell) in cells.enumerate() {
+            if i > 0 {
+                text.push_str("  ");
+            }
+            let _ = write!(text, "{cell:<width$}", width = widths[i]);
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(&mut header.iter().copied());
+    for row in rows {
+        line(&mut row.iter().map(String::as_str));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_in_binary_units() {
+        assert_eq!(size(0), "0 B");
+        assert_eq!(size(1023), "1023 B");
+        assert_eq!(size(1536), "1.5 KiB");
+        assert_eq!(size(10 << 30), "10.0 GiB");
+    }
+
+    #[test]
+    fn tables_align_columns() {
+        let t = table(
+            &["ID", "KEY"],
+            &[
+                vec!["1".into(), "a".into()],
+                vec!["100".into(), "bcd".into()],
+            ],
+        );
+        assert_eq!(t, "ID   KEY\n1    a\n100  bcd\n");
+    }
+}

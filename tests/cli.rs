@@ -1,0 +1,253 @@
+//! `hoard caches ls|rm|usage` and `hoard status` against a running server: tables, `--json`,
+//! deletions, and one clear sentence with a non-zero exit on every kind of failure.
+#![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
+
+mod common;
+
+use std::process::Output;
+
+use serde_json::{json, Value};
+
+use common::{claims, sign_hs256, TestServer, MAIN, VERSION};
+
+const ADMIN: &str = "cli-admin-token-0123456789abcdef";
+
+/// Runs the hoard binary with `args` against `server`, the admin token in the environment.
+async fn hoard(server: &str, token: Option<&str>, args: &[&str]) -> Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hoard"));
+    cmd.args(args)
+        .env("HOARD_SERVER", server)
+        .env_remove("HOARD_ADMIN_TOKEN")
+        .env_remove("HOARD_ADMIN_TOKEN_FILE")
+        .env("RUST_LOG", "off");
+    if let Some(token) = token {
+        cmd.env("HOARD_ADMIN_TOKEN", token);
+    }
+    // The server runs on this test's runtime: wait for the command on another thread.
+    tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap()
+}
+
+fn stdout(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+/// A failure: exit status 1, nothing on standard output, one line on standard error.
+fn failure(out: &Output) -> String {
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    let err = String::from_utf8(out.stderr.clone()).unwrap();
+    assert_eq!(err.lines().count(), 1, "one sentence: {err}");
+    err
+}
+
+fn json_out(out: &Output) -> Value {
+    serde_json::from_str(&stdout(out)).unwrap()
+}
+
+async fn server_with_entries() -> (TestServer, Vec<i64>) {
+    let srv = TestServer::start_with(&["--admin-token", ADMIN]).await;
+    let mut c = claims("77", &[(MAIN, 3)]);
+    c["repository"] = json!("octo/cli");
+    let t = sign_hs256(&c);
+    let mut ids = Vec::new();
+    for (key, size) in [
+        ("npm-linux", 2048),
+        ("npm-macos", 100),
+        ("cargo-linux", 5000),
+    ] {
+        ids.push(srv.save(&t, key, VERSION, &vec![7u8; size]).await);
+    }
+    // Times are in milliseconds: the restore must come after the last save's.
+    tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+    assert!(srv.restore(&t, "npm-linux", VERSION).await.is_some());
+    assert!(srv.restore(&t, "missing", VERSION).await.is_none());
+    (srv, ids)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ls_usage_and_status_print_tables_and_json() {
+    let (srv, ids) = server_with_entries().await;
+    let base = srv.base.clone();
+
+    let table = stdout(&hoard(&base, Some(ADMIN), &["caches", "ls"]).await);
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(
+        lines[0].starts_with("ID") && lines[0].contains("LAST USED"),
+        "{table}"
+    );
+    assert!(
+        lines[1].contains("npm-linux") && lines[1].contains("octo/cli"),
+        "most recent first: {table}"
+    );
+    assert!(lines[1].contains("2.0 KiB"), "{table}");
+    assert_eq!(lines.last().unwrap(), &"3 of 3 entries");
+
+    let sized = stdout(
+        &hoard(
+            &base,
+            Some(ADMIN),
+            &["caches", "ls", "--sort", "size", "--asc", "--limit", "2"],
+        )
+        .await,
+    );
+    let rows: Vec<&str> = sized.lines().skip(1).collect();
+    assert!(
+        rows[0].contains("npm-macos") && rows[1].contains("npm-linux"),
+        "{sized}"
+    );
+    assert_eq!(rows[2], "2 of 3 entries");
+
+    let listed = json_out(
+        &hoard(
+            &base,
+            Some(ADMIN),
+            &["caches", "ls", "--key", "NPM", "--json"],
+        )
+        .await,
+    );
+    assert_eq!(listed["total_count"], 2);
+    let ids_listed: Vec<i64> = listed["actions_caches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ids_listed, [ids[0], ids[1]]);
+    let none = stdout(
+        &hoard(
+            &base,
+            Some(ADMIN),
+            &["caches", "ls", "--repository", "octo/other"],
+        )
+        .await,
+    );
+    assert_eq!(none, "No cache entries match.\n");
+
+    let usage = stdout(&hoard(&base, Some(ADMIN), &["caches", "usage"]).await);
+    assert!(
+        usage.lines().next().unwrap().starts_with("REPOSITORY"),
+        "{usage}"
+    );
+    let row = usage.lines().nth(1).unwrap();
+    for cell in ["octo/cli", "7.0 KiB", "3", "50.0%"] {
+        assert!(row.contains(cell), "{cell} in {usage}");
+    }
+    let usage_json = json_out(&hoard(&base, Some(ADMIN), &["caches", "usage", "--json"]).await);
+    assert_eq!(usage_json["repositories"][0]["hits"], 1);
+    assert_eq!(usage_json["repositories"][0]["misses"], 1);
+
+    let status = stdout(&hoard(&base, Some(ADMIN), &["status"]).await);
+    assert!(
+        status.starts_with(&format!("hoard {} up", env!("CARGO_PKG_VERSION"))),
+        "{status}"
+    );
+    assert!(status.contains("database   sqlite"), "{status}");
+    assert!(status.contains("3 entries"), "{status}");
+    assert!(status.contains("1 hits, 1 misses"), "{status}");
+    let status_json = json_out(&hoard(&base, Some(ADMIN), &["status", "--json"]).await);
+    assert_eq!(status_json["usage"]["entries"], 3);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rm_deletes_by_id_or_filter() {
+    let (srv, ids) = server_with_entries().await;
+    let base = srv.base.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("admin-token");
+    std::fs::write(&token_file, format!("{ADMIN}\n")).unwrap();
+    let file = token_file.to_str().unwrap();
+
+    let out = stdout(
+        &hoard(
+            &base,
+            None,
+            &["caches", "rm", &ids[2].to_string(), "--token-file", file],
+        )
+        .await,
+    );
+    assert_eq!(out, "Deleted 1 entry.\n");
+    let err = failure(&hoard(&base, Some(ADMIN), &["caches", "rm", &ids[2].to_string()]).await);
+    assert!(
+        err.contains(&format!("entry {}", ids[2])) && err.contains("no such cache entry"),
+        "{err}"
+    );
+
+    let err = failure(&hoard(&base, Some(ADMIN), &["caches", "rm"]).await);
+    assert!(err.contains("say what to delete"), "{err}");
+    let err = failure(&hoard(&base, Some(ADMIN), &["caches", "rm", "1", "--key", "npm"]).await);
+    assert!(err.contains("not both"), "{err}");
+
+    let deleted = json_out(
+        &hoard(
+            &base,
+            Some(ADMIN),
+            &["caches", "rm", "--key", "npm-", "--json"],
+        )
+        .await,
+    );
+    assert_eq!(deleted, json!({ "deleted": 2 }));
+    let left = json_out(&hoard(&base, Some(ADMIN), &["caches", "ls", "--json"]).await);
+    assert_eq!(left["total_count"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn failures_are_one_sentence_and_exit_1() {
+    let (srv, _) = server_with_entries().await;
+    let base = srv.base.clone();
+
+    let err = failure(&hoard(&base, None, &["caches", "ls"]).await);
+    assert!(
+        err.contains("no admin token: set HOARD_ADMIN_TOKEN or pass --token-file"),
+        "{err}"
+    );
+    let err = failure(&hoard(&base, Some("wrong-token"), &["status"]).await);
+    assert!(err.contains("refused the admin token"), "{err}");
+    let err = failure(
+        &hoard(
+            &base,
+            Some(ADMIN),
+            &["caches", "ls", "--token-file", "/nonexistent/token"],
+        )
+        .await,
+    );
+    assert!(
+        err.contains("cannot read the admin token file /nonexistent/token"),
+        "{err}"
+    );
+
+    // Nothing listens on a port just released.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let err = failure(
+        &hoard(
+            &format!("http://127.0.0.1:{port}"),
+            Some(ADMIN),
+            &["status"],
+        )
+        .await,
+    );
+    assert!(
+        err.contains("cannot reach hoard at") && err.contains("refused"),
+        "{err}"
+    );
+    let err = failure(&hoard("ftp://example", Some(ADMIN), &["status"]).await);
+    assert!(err.contains("must be an http(s) URL"), "{err}");
+
+    // A server without an admin token says how to turn the API on.
+    let off = TestServer::start().await;
+    let err = failure(&hoard(&off.base, Some(ADMIN), &["caches", "usage"]).await);
+    assert!(
+        err.contains("404") && err.contains("--admin-token-file"),
+        "{err}"
+    );
+}
