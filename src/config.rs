@@ -407,7 +407,8 @@ impl ServeArgs {
                 ))
             })?),
         };
-        if metrics_listen == Some(listen) {
+        // Port 0 picks a free port for each.
+        if metrics_listen == Some(listen) && listen.port() != 0 {
             return Err(ConfigError(
                 "--metrics-listen (HOARD_METRICS_LISTEN) must differ from --listen; leave it unset to serve /metrics there.".into(),
             ));

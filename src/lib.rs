@@ -79,9 +79,13 @@ pub async fn open_cache(config: &Config) -> Result<Cache, ServeError> {
             source,
         })?;
     let blobs = FsStore::open(&config.storage_dir)?;
+    // Every database and storage operation is timed for /metrics.
+    let metrics = Arc::new(metrics::Metrics::new());
+    let meta = Arc::new(meta::Timed::new(meta, metrics.clone()));
+    let blobs = Arc::new(blob::Timed::new(Arc::new(blobs), metrics.clone()));
     Ok(Cache::new(
         meta,
-        Arc::new(blobs),
+        blobs,
         Policy {
             reservation_ttl: config.reservation_ttl,
             sync_interval: config.sync_interval,
@@ -91,7 +95,8 @@ pub async fn open_cache(config: &Config) -> Result<Cache, ServeError> {
             lifecycle: config.lifecycle.clone(),
         },
         Arc::new(SystemClock),
-    ))
+    )
+    .with_metrics(metrics))
 }
 
 /// Opens storage and metadata (running migrations) and builds the handlers' state, so that bad

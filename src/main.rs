@@ -225,7 +225,8 @@ async fn serve(args: ServeArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        tracing::info!("metrics on http://{addr}/metrics");
+        let bound = listener.local_addr().unwrap_or(addr);
+        tracing::info!("metrics on http://{bound}/metrics");
         tokio::spawn(hoard::serve_metrics(
             state.clone(),
             listener,

@@ -23,6 +23,11 @@ struct RouteLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperationLabels {
+    operation: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
     outcome: &'static str,
 }
@@ -76,6 +81,8 @@ pub struct Metrics {
     stored_bytes: Gauge,
     stored_entries: Gauge,
     open_uploads: Gauge,
+    database: Family<OperationLabels, Histogram, fn() -> Histogram>,
+    storage: Family<OperationLabels, Histogram, fn() -> Histogram>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -165,7 +172,28 @@ impl Metrics {
             "Uploads reserved and not yet finalized or abandoned (read at each scrape)",
             open_uploads.clone(),
         );
+        let database =
+            Family::<OperationLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                latency_buckets,
+            );
+        registry.register_with_unit(
+            "database_operation_duration",
+            "Time of metadata database operations, by operation (the metadata store's method)",
+            Unit::Seconds,
+            database.clone(),
+        );
+        let storage = Family::<OperationLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+            latency_buckets,
+        );
+        registry.register_with_unit(
+            "storage_operation_duration",
+            "Time of chunk store operations: put (receiving and storing a chunk), get (opening one), delete, list, sync, ping, capacity",
+            Unit::Seconds,
+            storage.clone(),
+        );
         Self {
+            database,
+            storage,
             registry,
             stored_entries,
             open_uploads,
@@ -208,6 +236,20 @@ impl Metrics {
                 outcome: outcome.label(),
             })
             .inc();
+    }
+
+    /// One metadata database operation and how long it took.
+    pub fn database(&self, operation: &'static str, elapsed: Duration) {
+        self.database
+            .get_or_create(&OperationLabels { operation })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// One chunk store operation and how long it took.
+    pub fn storage(&self, operation: &'static str, elapsed: Duration) {
+        self.storage
+            .get_or_create(&OperationLabels { operation })
+            .observe(elapsed.as_secs_f64());
     }
 
     /// Lookups since start that found an entry, and that found none.

@@ -7,6 +7,7 @@ mod common;
 
 use std::collections::HashMap;
 
+use common::process::Hoard;
 use common::{main_token, TestServer, VERSION};
 
 const CREATE: &str = "/twirp/github.actions.results.api.v1.CacheService/CreateCacheEntry";
@@ -105,6 +106,28 @@ async fn a_known_sequence_gives_exact_counts() {
     assert_eq!(value(&m, "hoard_stored_bytes"), 3000.0);
     assert_eq!(value(&m, "hoard_stored_entries"), 2.0);
     assert_eq!(value(&m, "hoard_open_uploads"), 0.0);
+    // Database and storage operations are timed by operation.
+    let database = |op: &str| {
+        value(
+            &m,
+            &format!("hoard_database_operation_duration_seconds_count{{operation=\"{op}\"}}"),
+        )
+    };
+    assert_eq!(database("create_upload"), 2.0);
+    assert_eq!(database("finalize"), 2.0);
+    assert_eq!(
+        database("find_candidates"),
+        4.0,
+        "four lookups of different keys"
+    );
+    let storage = |op: &str| {
+        value(
+            &m,
+            &format!("hoard_storage_operation_duration_seconds_count{{operation=\"{op}\"}}"),
+        )
+    };
+    assert_eq!(storage("put"), 2.0);
+    assert_eq!(storage("get"), 1.0);
     // Two saves (reserve and finalize each) and four lookups with the token; one refused.
     assert_eq!(
         value(&m, "hoard_caller_checks_total{outcome=\"token\"}"),
@@ -160,4 +183,38 @@ async fn evictions_are_counted_by_cause() {
     assert_eq!(value(&m, "hoard_stored_entries"), 1.0);
     assert_eq!(value(&m, "hoard_open_uploads"), 1.0);
     assert!(!m.keys().any(|k| k.contains("cause=\"expired\"")));
+}
+
+#[tokio::test]
+async fn metrics_can_be_served_on_their_own_address_only() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Hoard::start_with(data.path(), &["--metrics-listen", "127.0.0.1:0"]);
+    let log = server.log.lock().unwrap().join("\n");
+    let metrics_url = log
+        .split("metrics on ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("the metrics address is logged: {log}"))
+        .to_owned();
+    let http = reqwest::Client::new();
+    let own = http.get(&metrics_url).send().await.unwrap();
+    assert_eq!(own.status(), 200);
+    let text = own.text().await.unwrap();
+    assert!(text.contains("hoard_uploaded_bytes_total"), "{text}");
+    let main = http
+        .get(format!("{}/metrics", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(main.status(), 404, "runners cannot read the metrics");
+    let other = http
+        .get(metrics_url.replace("/metrics", "/readyz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        other.status(),
+        404,
+        "the metrics address serves nothing else"
+    );
 }

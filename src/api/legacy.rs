@@ -20,6 +20,20 @@ use crate::model::{EntryId, Lookup, UploadId};
 
 /// Where the service lives, under the origin or a prefix.
 pub const BASE: &str = "/_apis/artifactcache/";
+
+/// The route label of a v1 request, at the origin root or under a prefix: the endpoint's
+/// template. `None` for paths that are no v1 endpoint.
+pub fn route_label(path: &str) -> Option<&'static str> {
+    let rest = &path[path.find(BASE)? + BASE.len()..];
+    Some(match rest.split_once('/') {
+        None if rest == "cache" => "/_apis/artifactcache/cache",
+        None if rest == "caches" => "/_apis/artifactcache/caches",
+        None if rest == "clean" => "/_apis/artifactcache/clean",
+        Some(("caches", _)) => "/_apis/artifactcache/caches/{id}",
+        Some(("artifacts", _)) => "/_apis/artifactcache/artifacts/{id}",
+        _ => return None,
+    })
+}
 /// Reserve and commit bodies are a few dozen bytes.
 const MAX_JSON_BYTES: usize = 64 * 1024;
 
@@ -429,6 +443,25 @@ async fn commit(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn requests_are_labelled_by_endpoint_wherever_they_are_served() {
+        use super::route_label;
+        assert_eq!(
+            route_label("/_apis/artifactcache/cache"),
+            Some("/_apis/artifactcache/cache")
+        );
+        assert_eq!(
+            route_label("/secret-prefix/_apis/artifactcache/caches/42"),
+            Some("/_apis/artifactcache/caches/{id}")
+        );
+        assert_eq!(
+            route_label("/_apis/artifactcache/artifacts/7"),
+            Some("/_apis/artifactcache/artifacts/{id}")
+        );
+        assert_eq!(route_label("/_apis/artifactcache/unknown"), None);
+        assert_eq!(route_label("/healthz"), None);
+    }
+
     use super::*;
     use axum::http::HeaderValue;
 

@@ -183,8 +183,10 @@ async fn count_requests(
 ) -> Response {
     // A shared string: no copy of the route per request until the labels need one.
     let route = req.extensions().get::<MatchedPath>().cloned();
-    // The cache service's calls share one route template: each known call is its own label.
-    let rpc = twirp::rpc_route(req.uri().path());
+    // The cache services' calls share route templates (and are also served under any prefix,
+    // through the fallback): each known call is its own label.
+    let path = req.uri().path();
+    let rpc = twirp::rpc_route(path).or_else(|| legacy::route_label(path));
     let started = std::time::Instant::now();
     let response = next.run(req).await;
     app.cache().metrics().request(

@@ -21,18 +21,16 @@ use crate::model::Lookup;
 /// Path of the service, served at the origin root (§2.1).
 pub const SERVICE_PATH: &str = "/twirp/github.actions.results.api.v1.CacheService/";
 
-/// The route label of a call of the cache service at the origin root, by the call's name; `None`
-/// for other paths and for unknown calls (whose names are the client's to choose).
+/// The route label of a call of the cache service, at the origin root or under a prefix, by the
+/// call's name; `None` for other paths and for unknown calls (whose names are the client's).
 pub fn rpc_route(path: &str) -> Option<&'static str> {
     const ROUTES: [&str; 3] = [
         "/twirp/github.actions.results.api.v1.CacheService/CreateCacheEntry",
         "/twirp/github.actions.results.api.v1.CacheService/FinalizeCacheEntryUpload",
         "/twirp/github.actions.results.api.v1.CacheService/GetCacheEntryDownloadURL",
     ];
-    if !path.starts_with(SERVICE_PATH) {
-        return None;
-    }
-    ROUTES.into_iter().find(|route| *route == path)
+    let call = &path[path.find(SERVICE_PATH)?..];
+    ROUTES.into_iter().find(|route| *route == call)
 }
 /// Twirp requests are small; anything bigger is not a cache call.
 const MAX_REQUEST_BYTES: usize = 64 * 1024;

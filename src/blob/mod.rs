@@ -12,6 +12,7 @@
 
 pub mod conformance;
 mod fs;
+mod timed;
 
 use std::io;
 use std::pin::Pin;
@@ -21,6 +22,7 @@ use bytes::Bytes;
 use futures_util::Stream;
 
 pub use fs::FsStore;
+pub use timed::Timed;
 
 use crate::model::{BlobName, Chunk, Millis};
 

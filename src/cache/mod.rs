@@ -195,6 +195,12 @@ impl Cache {
         }
     }
 
+    /// Counts into `metrics` (shared with the stores' timing) instead of a registry of its own.
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
     /// Start-up recovery: forgets entries a machine crash may have damaged (see
     /// [`durability`]). Run before serving.
     pub async fn recover(&self) -> Result<(), CacheError> {

@@ -24,6 +24,7 @@ mod mysql;
 mod postgres;
 mod sql;
 mod sqlite;
+mod timed;
 
 pub mod conformance;
 pub mod memory;
@@ -34,6 +35,7 @@ pub use memory::MemoryStore;
 pub use mysql::MySqlStore;
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
+pub use timed::Timed;
 
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, RemovalCause, RepoId,
