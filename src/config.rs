@@ -199,6 +199,11 @@ pub struct ServeArgs {
     #[arg(long, env = "HOARD_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
 
+    /// Also export lookups per repository (hit or miss), for at most this many repositories;
+    /// later ones are counted as `other`. 0 turns these series off.
+    #[arg(long, env = "HOARD_METRICS_REPOSITORIES", default_value_t = 0)]
+    pub metrics_repositories: usize,
+
     /// A client must send a request's headers within this time.
     #[arg(long, env = "HOARD_HEADER_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub header_timeout: Duration,
@@ -291,6 +296,8 @@ pub struct Config {
     pub admin_token: Option<crate::secret::Secret>,
     /// Where /metrics is served if not on `listen`.
     pub metrics_listen: Option<SocketAddr>,
+    /// Repositories with their own lookup series (0: none).
+    pub metrics_repositories: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -440,7 +447,13 @@ impl ServeArgs {
             }
             None => None,
         };
+        if self.metrics_repositories > 10_000 {
+            return Err(ConfigError(
+                "--metrics-repositories (HOARD_METRICS_REPOSITORIES) must be at most 10000: each is a series in every scrape.".into(),
+            ));
+        }
         Ok(Config {
+            metrics_repositories: self.metrics_repositories,
             admin_token,
             metrics_listen,
             lifecycle,

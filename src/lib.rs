@@ -80,7 +80,7 @@ pub async fn open_cache(config: &Config) -> Result<Cache, ServeError> {
         })?;
     let blobs = FsStore::open(&config.storage_dir)?;
     // Every database and storage operation is timed for /metrics.
-    let metrics = Arc::new(metrics::Metrics::new());
+    let metrics = Arc::new(metrics::Metrics::new().with_repositories(config.metrics_repositories));
     let meta = Arc::new(meta::Timed::new(meta, metrics.clone()));
     let blobs = Arc::new(blob::Timed::new(Arc::new(blobs), metrics.clone()));
     Ok(Cache::new(

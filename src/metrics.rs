@@ -1,6 +1,6 @@
 //! Prometheus metrics, served at `/metrics` in the text format. Cardinality stays bounded:
-//! labels are route templates, status classes, outcomes and causes, never keys, entries or
-//! repositories.
+//! labels are route templates, status classes, outcomes, causes and operations, never keys or
+//! entries; repositories only behind `--metrics-repositories`, capped.
 
 use std::time::Duration;
 
@@ -21,6 +21,23 @@ struct RequestLabels {
 struct RouteLabels {
     route: String,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RepositoryLabels {
+    repository: String,
+    outcome: &'static str,
+}
+
+/// Lookups per repository for the first `cap` repositories this process sees; the rest are
+/// counted as `other`, so the series stay bounded.
+struct PerRepository {
+    cap: usize,
+    seen: std::sync::Mutex<std::collections::HashSet<String>>,
+    lookups: Family<RepositoryLabels, Counter>,
+}
+
+/// The label of repositories past the cap.
+const OTHER_REPOSITORIES: &str = "other";
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OperationLabels {
@@ -83,6 +100,7 @@ pub struct Metrics {
     open_uploads: Gauge,
     database: Family<OperationLabels, Histogram, fn() -> Histogram>,
     storage: Family<OperationLabels, Histogram, fn() -> Histogram>,
+    per_repository: Option<PerRepository>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -192,6 +210,7 @@ impl Metrics {
             storage.clone(),
         );
         Self {
+            per_repository: None,
             database,
             storage,
             registry,
@@ -234,6 +253,51 @@ impl Metrics {
         self.lookups
             .get_or_create(&OutcomeLabels {
                 outcome: outcome.label(),
+            })
+            .inc();
+    }
+
+    /// Also counts lookups per repository (`hoard_repository_lookups_total`), for the first
+    /// `cap` repositories seen.
+    pub fn with_repositories(mut self, cap: usize) -> Self {
+        if cap == 0 {
+            return self;
+        }
+        let lookups = Family::<RepositoryLabels, Counter>::default();
+        self.registry.register(
+            "repository_lookups",
+            "Cache lookups per repository (owner/name, else its id) by outcome: hit, miss; repositories past --metrics-repositories are `other`",
+            lookups.clone(),
+        );
+        self.per_repository = Some(PerRepository {
+            cap,
+            seen: Default::default(),
+            lookups,
+        });
+        self
+    }
+
+    /// A lookup of a repository (its name, or its id if it has none), if per-repository
+    /// series are on.
+    pub fn repository_lookup(&self, repository: &str, hit: bool) {
+        let Some(per) = &self.per_repository else {
+            return;
+        };
+        let label = {
+            let mut seen = per.seen.lock().unwrap_or_else(|p| p.into_inner());
+            if seen.contains(repository) {
+                repository
+            } else if seen.len() < per.cap {
+                seen.insert(repository.to_owned());
+                repository
+            } else {
+                OTHER_REPOSITORIES
+            }
+        };
+        per.lookups
+            .get_or_create(&RepositoryLabels {
+                repository: label.to_owned(),
+                outcome: if hit { "hit" } else { "miss" },
             })
             .inc();
     }

@@ -189,7 +189,13 @@ async fn evictions_are_counted_by_cause() {
 async fn metrics_can_be_served_on_their_own_address_only() {
     let data = tempfile::tempdir().unwrap();
     let server = Hoard::start_with(data.path(), &["--metrics-listen", "127.0.0.1:0"]);
-    let log = server.log.lock().unwrap().join("\n");
+    // The metrics address is logged just after the main one.
+    let logged = || server.log.lock().unwrap().join("\n");
+    common::eventually(std::time::Duration::from_secs(10), || {
+        logged().contains("metrics on ")
+    })
+    .await;
+    let log = logged();
     let metrics_url = log
         .split("metrics on ")
         .nth(1)
@@ -217,4 +223,47 @@ async fn metrics_can_be_served_on_their_own_address_only() {
         404,
         "the metrics address serves nothing else"
     );
+}
+
+#[tokio::test]
+async fn per_repository_lookups_are_capped() {
+    let srv = TestServer::start_with(&["--metrics-repositories", "1"]).await;
+    let mut named = common::claims("5", &[(common::MAIN, 3)]);
+    named["repository"] = serde_json::json!("octo/named");
+    let first = common::sign_hs256(&named);
+    let second = common::token("6", &[(common::MAIN, 3)]);
+    srv.save(&first, "k", VERSION, b"data").await;
+    srv.lookup(&first, "k", &[], VERSION).await;
+    srv.lookup(&first, "absent", &[], VERSION).await;
+    srv.lookup(&second, "k", &[], VERSION).await;
+    srv.lookup(&second, "other-absent", &[], VERSION).await;
+    let m = scrape(&srv).await;
+    let lookups = |repository: &str, outcome: &str| {
+        value(
+            &m,
+            &format!(
+                "hoard_repository_lookups_total{{repository=\"{repository}\",outcome=\"{outcome}\"}}"
+            ),
+        )
+    };
+    assert_eq!(
+        lookups("octo/named", "hit"),
+        1.0,
+        "named by the token's repository claim"
+    );
+    assert_eq!(lookups("octo/named", "miss"), 1.0);
+    assert_eq!(
+        lookups("other", "miss"),
+        2.0,
+        "past the cap, repositories are `other`"
+    );
+    assert!(!m.keys().any(|k| k.contains("repository=\"6\"")));
+
+    // Off by default.
+    let plain = TestServer::start().await;
+    plain.lookup(&main_token(), "k", &[], VERSION).await;
+    assert!(!scrape(&plain)
+        .await
+        .keys()
+        .any(|k| k.contains("repository_lookups")));
 }

@@ -28,6 +28,17 @@ pub struct Identity {
     pub run: String,
 }
 
+impl Identity {
+    /// How people know the repository: its name, else its id.
+    pub fn display_repository(&self) -> &str {
+        if self.repository_name.is_empty() {
+            self.repository.as_str()
+        } else {
+            &self.repository_name
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TokenError {
     #[error("missing bearer token")]

@@ -562,6 +562,8 @@ impl Cache {
             .await?;
         let Some(best) = matching::best_match(&who.read_scopes, &folded, &candidates) else {
             self.metrics.lookup(crate::metrics::LookupOutcome::Miss);
+            self.metrics
+                .repository_lookup(who.display_repository(), false);
             self.usage
                 .record_miss(&who.repository, &who.repository_name);
             return Ok(None);
@@ -574,6 +576,8 @@ impl Cache {
         } else {
             crate::metrics::LookupOutcome::RestoreKey
         });
+        self.metrics
+            .repository_lookup(who.display_repository(), true);
         self.usage.record(best.id, self.clock.now());
         Ok(Some(Hit {
             entry: LinkTarget {
