@@ -27,12 +27,20 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::metrics::Metrics;
 use crate::tls::Reloadable;
+
+/// What serves each request: the router, and the metrics every request is counted in.
+#[derive(Clone)]
+pub struct App {
+    pub router: Router,
+    pub metrics: Arc<Metrics>,
+}
 
 /// Serves every accepted connection in a task of its own.
 pub struct Connections {
     builder: auto::Builder<TokioExecutor>,
-    router: Router,
+    app: App,
     tls: Option<Arc<Reloadable>>,
     /// How long a connection may go without serving a request, and a TLS handshake may take.
     idle: Duration,
@@ -43,14 +51,14 @@ pub struct Connections {
 impl Connections {
     pub fn new(
         builder: auto::Builder<TokioExecutor>,
-        router: Router,
+        app: App,
         tls: Option<Arc<Reloadable>>,
         idle: Duration,
         stop: CancellationToken,
     ) -> Self {
         Self {
             builder,
-            router,
+            app,
             tls,
             idle,
             tasks: TaskTracker::new(),
@@ -60,16 +68,16 @@ impl Connections {
 
     pub fn serve(&self, stream: TcpStream) {
         let _ = stream.set_nodelay(true);
-        let (builder, router, idle, stop) = (
+        let (builder, app, idle, stop) = (
             self.builder.clone(),
-            self.router.clone(),
+            self.app.clone(),
             self.idle,
             self.stop.clone(),
         );
         let acceptor = self.tls.as_ref().map(|tls| tls.acceptor());
         self.tasks.spawn(async move {
             match acceptor {
-                None => run(stream, builder, router, idle, stop).await,
+                None => run(stream, builder, app, idle, stop).await,
                 Some(acceptor) => {
                     let stream = match tokio::time::timeout(idle, acceptor.accept(stream)).await {
                         Ok(Ok(stream)) => stream,
@@ -79,7 +87,7 @@ impl Connections {
                         }
                         Err(_) => return,
                     };
-                    run(stream, builder, router, idle, stop).await;
+                    run(stream, builder, app, idle, stop).await;
                 }
             }
         });
@@ -98,7 +106,7 @@ impl Connections {
 async fn run<I>(
     io: I,
     builder: auto::Builder<TokioExecutor>,
-    router: Router,
+    app: App,
     idle: Duration,
     stop: CancellationToken,
 ) where
@@ -106,7 +114,7 @@ async fn run<I>(
 {
     let activity = Arc::new(Activity::new());
     let service = TowerToHyperService::new(Tracked {
-        inner: router,
+        app,
         activity: activity.clone(),
     });
     let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
@@ -189,7 +197,7 @@ impl Drop for InFlight {
 /// The router, counting what it serves.
 #[derive(Clone)]
 struct Tracked {
-    inner: Router,
+    app: App,
     activity: Arc<Activity>,
 }
 
@@ -204,9 +212,15 @@ impl tower::Service<Request<Incoming>> for Tracked {
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
         let guard = InFlight::new(self.activity.clone());
-        let mut router = self.inner.clone();
+        let mut router = self.app.router.clone();
+        let metrics = self.app.metrics.clone();
+        // Counted here rather than in a router middleware, which costs allocations per
+        // request; the label comes from the path as the router would route it.
+        let route = crate::api::route_label(req.uri().path());
+        let started = Instant::now();
         Box::pin(async move {
             let response = tower::Service::call(&mut router, req.map(Body::new)).await?;
+            metrics.request(route, response.status().as_u16(), started.elapsed());
             Ok(response.map(|body| {
                 Body::new(Counted {
                     body,

@@ -80,7 +80,11 @@ pub async fn open_cache(config: &Config) -> Result<Cache, ServeError> {
         })?;
     let blobs = FsStore::open(&config.storage_dir)?;
     // Every database and storage operation is timed for /metrics.
-    let metrics = Arc::new(metrics::Metrics::new().with_repositories(config.metrics_repositories));
+    let metrics = Arc::new(
+        metrics::Metrics::new()
+            .with_routes(api::ROUTE_LABELS)
+            .with_repositories(config.metrics_repositories),
+    );
     let meta = Arc::new(meta::Timed::new(meta, metrics.clone()));
     let blobs = Arc::new(blob::Timed::new(Arc::new(blobs), metrics.clone()));
     Ok(Cache::new(
@@ -228,9 +232,13 @@ pub async fn serve(
         .header_read_timeout(config.limits.header_timeout)
         .keep_alive(true);
     builder.http2().timer(TokioTimer::new());
+    let app = conn::App {
+        metrics: state.cache().metrics().clone(),
+        router: api::router(state),
+    };
     let connections = conn::Connections::new(
         builder,
-        api::router(state),
+        app,
         tls,
         config.limits.header_timeout,
         shutdown.clone(),

@@ -2,6 +2,7 @@
 //! labels are route templates, status classes, outcomes, causes and operations, never keys or
 //! entries; repositories only behind `--metrics-repositories`, capped.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -35,6 +36,19 @@ struct PerRepository {
     seen: std::sync::Mutex<std::collections::HashSet<String>>,
     lookups: Family<RepositoryLabels, Counter>,
 }
+
+/// A route's request counters (by status class) and duration histogram, resolved once: the
+/// request path then counts with an atomic add instead of hashing its labels in the family.
+#[derive(Default)]
+struct RouteHandles {
+    statuses: [OnceLock<Counter>; 5],
+    duration: OnceLock<Histogram>,
+}
+
+const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// How callers are identified, in the order of [`Metrics::callers`].
+const CALLER_OUTCOMES: [&str; 5] = ["token", "forgejo", "namespace", "anonymous", "refused"];
 
 /// The label of repositories past the cap.
 const OTHER_REPOSITORIES: &str = "other";
@@ -101,6 +115,12 @@ pub struct Metrics {
     database: Family<OperationLabels, Histogram, fn() -> Histogram>,
     storage: Family<OperationLabels, Histogram, fn() -> Histogram>,
     per_repository: Option<PerRepository>,
+    /// Routes whose handles are kept (see [`Metrics::with_routes`]), and their handles.
+    known_routes: &'static [&'static str],
+    route_handles: Box<[RouteHandles]>,
+    /// Lookups by [`LookupOutcome`], and callers by [`CALLER_OUTCOMES`], resolved once.
+    outcomes: [OnceLock<Counter>; 4],
+    callers: [OnceLock<Counter>; 5],
 }
 
 impl std::fmt::Debug for Metrics {
@@ -211,6 +231,10 @@ impl Metrics {
         );
         Self {
             per_repository: None,
+            known_routes: &[],
+            route_handles: Box::default(),
+            outcomes: Default::default(),
+            callers: Default::default(),
             database,
             storage,
             registry,
@@ -228,33 +252,73 @@ impl Metrics {
         }
     }
 
+    /// Keeps the handles of these routes' series once they are first used, so that counting
+    /// a request on them neither allocates nor hashes. Other routes are counted too, through
+    /// the families.
+    pub fn with_routes(mut self, routes: &'static [&'static str]) -> Self {
+        self.known_routes = routes;
+        self.route_handles = routes.iter().map(|_| RouteHandles::default()).collect();
+        self
+    }
+
     /// One answered request: its route template (or `other`), status and time to the head.
     pub fn request(&self, route: &str, status: u16, elapsed: Duration) {
         let class = match status {
-            100..=199 => "1xx",
-            200..=299 => "2xx",
-            300..=399 => "3xx",
-            400..=499 => "4xx",
-            _ => "5xx",
+            100..=199 => 0,
+            200..=299 => 1,
+            300..=399 => 2,
+            400..=499 => 3,
+            _ => 4,
         };
-        let labels = RequestLabels {
-            route: route.to_owned(),
-            status: class,
+        let counter_of = || {
+            self.requests
+                .get_or_create(&RequestLabels {
+                    route: route.to_owned(),
+                    status: STATUS_CLASSES[class],
+                })
+                .clone()
         };
-        self.requests.get_or_create(&labels).inc();
-        self.durations
-            .get_or_create(&RouteLabels {
-                route: labels.route,
-            })
-            .observe(elapsed.as_secs_f64());
+        let histogram_of = || {
+            self.durations
+                .get_or_create(&RouteLabels {
+                    route: route.to_owned(),
+                })
+                .clone()
+        };
+        match self.known_routes.iter().position(|known| *known == route) {
+            Some(i) => {
+                let handles = &self.route_handles[i];
+                handles.statuses[class].get_or_init(counter_of).inc();
+                handles
+                    .duration
+                    .get_or_init(histogram_of)
+                    .observe(elapsed.as_secs_f64());
+            }
+            None => {
+                counter_of().inc();
+                histogram_of().observe(elapsed.as_secs_f64());
+            }
+        }
+    }
+
+    fn outcome(&self, outcome: LookupOutcome) -> &Counter {
+        let index = match outcome {
+            LookupOutcome::Exact => 0,
+            LookupOutcome::Prefix => 1,
+            LookupOutcome::RestoreKey => 2,
+            LookupOutcome::Miss => 3,
+        };
+        self.outcomes[index].get_or_init(|| {
+            self.lookups
+                .get_or_create(&OutcomeLabels {
+                    outcome: outcome.label(),
+                })
+                .clone()
+        })
     }
 
     pub fn lookup(&self, outcome: LookupOutcome) {
-        self.lookups
-            .get_or_create(&OutcomeLabels {
-                outcome: outcome.label(),
-            })
-            .inc();
+        self.outcome(outcome).inc();
     }
 
     /// Also counts lookups per repository (`hoard_repository_lookups_total`), for the first
@@ -318,13 +382,7 @@ impl Metrics {
 
     /// Lookups since start that found an entry, and that found none.
     pub fn lookup_totals(&self) -> (u64, u64) {
-        let count = |outcome: LookupOutcome| {
-            self.lookups
-                .get_or_create(&OutcomeLabels {
-                    outcome: outcome.label(),
-                })
-                .get()
-        };
+        let count = |outcome: LookupOutcome| self.outcome(outcome).get();
         let hits = [
             LookupOutcome::Exact,
             LookupOutcome::Prefix,
@@ -347,7 +405,15 @@ impl Metrics {
     /// How a caller was identified (`token`, `forgejo`, `namespace`, `anonymous`) or refused
     /// (`refused`).
     pub fn caller(&self, outcome: &'static str) {
-        self.tokens.get_or_create(&OutcomeLabels { outcome }).inc();
+        let counter = |outcome| {
+            self.tokens
+                .get_or_create(&OutcomeLabels { outcome })
+                .clone()
+        };
+        match CALLER_OUTCOMES.iter().position(|known| *known == outcome) {
+            Some(i) => self.callers[i].get_or_init(|| counter(outcome)).inc(),
+            None => counter(outcome).inc(),
+        };
     }
 
     pub fn removed(&self, cause: &'static str, entries: u64) {

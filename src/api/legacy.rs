@@ -24,15 +24,23 @@ pub const BASE: &str = "/_apis/artifactcache/";
 /// The route label of a v1 request, at the origin root or under a prefix: the endpoint's
 /// template. `None` for paths that are no v1 endpoint.
 pub fn route_label(path: &str) -> Option<&'static str> {
-    let rest = &path[path.find(BASE)? + BASE.len()..];
-    Some(match rest.split_once('/') {
-        None if rest == "cache" => "/_apis/artifactcache/cache",
-        None if rest == "caches" => "/_apis/artifactcache/caches",
-        None if rest == "clean" => "/_apis/artifactcache/clean",
-        Some(("caches", _)) => "/_apis/artifactcache/caches/{id}",
-        Some(("artifacts", _)) => "/_apis/artifactcache/artifacts/{id}",
-        _ => return None,
-    })
+    // Suffix compares, not a search: this runs on every request.
+    const ENDPOINTS: [&str; 3] = [
+        "/_apis/artifactcache/cache",
+        "/_apis/artifactcache/caches",
+        "/_apis/artifactcache/clean",
+    ];
+    if let Some(endpoint) = ENDPOINTS.into_iter().find(|e| path.ends_with(e)) {
+        return Some(endpoint);
+    }
+    let (parent, _id) = path.rsplit_once('/')?;
+    if parent.ends_with("/_apis/artifactcache/caches") {
+        Some("/_apis/artifactcache/caches/{id}")
+    } else if parent.ends_with("/_apis/artifactcache/artifacts") {
+        Some("/_apis/artifactcache/artifacts/{id}")
+    } else {
+        None
+    }
 }
 /// Reserve and commit bodies are a few dozen bytes.
 const MAX_JSON_BYTES: usize = 64 * 1024;

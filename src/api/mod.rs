@@ -134,8 +134,69 @@ impl AppState {
     }
 }
 
+const TWIRP_ROUTE: &str = "/twirp/github.actions.results.api.v1.CacheService/{method}";
+const LEGACY_ROUTE: &str = "/_apis/artifactcache/{*rest}";
+
+/// The label a request to `path` is counted under in the request metrics: the route template
+/// the router matches it to, except that the cache services' calls are labelled by call
+/// (also when served under a path prefix, through the fallback), and `other` for the rest.
+/// Cheap (prefix and suffix compares), as it runs on every request.
+pub fn route_label(path: &str) -> &'static str {
+    if let Some(call) = twirp::rpc_route(path) {
+        return call;
+    }
+    if let Some(blob) = path.strip_prefix("/_blob/") {
+        return match blob.split_once('/') {
+            Some(("uploads", id)) if !id.is_empty() && !id.contains('/') => "/_blob/uploads/{id}",
+            Some(("entries", id)) if !id.is_empty() && !id.contains('/') => "/_blob/entries/{id}",
+            _ => "other",
+        };
+    }
+    if let Some(endpoint) = legacy::route_label(path) {
+        return endpoint;
+    }
+    match path {
+        "/healthz" => "/healthz",
+        "/readyz" => "/readyz",
+        "/metrics" => "/metrics",
+        "/_hoard" => "/_hoard",
+        "/_hoard/" => "/_hoard/",
+        _ if path.starts_with("/_hoard/api/v1/") => "/_hoard/api/v1/{*rest}",
+        _ if path.starts_with("/_hoard/") => "/_hoard/{*rest}",
+        _ if path.starts_with(twirp::SERVICE_PATH) => TWIRP_ROUTE,
+        _ if path.starts_with(legacy::BASE) => LEGACY_ROUTE,
+        _ => "other",
+    }
+}
+
+/// Every label [`route_label`] gives, so that metrics keep their handles (see
+/// `Metrics::with_routes`).
+pub const ROUTE_LABELS: &[&str] = &[
+    "/twirp/github.actions.results.api.v1.CacheService/GetCacheEntryDownloadURL",
+    "/_blob/entries/{id}",
+    "/_blob/uploads/{id}",
+    "/twirp/github.actions.results.api.v1.CacheService/CreateCacheEntry",
+    "/twirp/github.actions.results.api.v1.CacheService/FinalizeCacheEntryUpload",
+    "/_apis/artifactcache/cache",
+    "/_apis/artifactcache/caches",
+    "/_apis/artifactcache/caches/{id}",
+    "/_apis/artifactcache/artifacts/{id}",
+    "/_apis/artifactcache/clean",
+    TWIRP_ROUTE,
+    LEGACY_ROUTE,
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/_hoard",
+    "/_hoard/",
+    "/_hoard/api/v1/{*rest}",
+    "/_hoard/{*rest}",
+    "other",
+];
+
 pub fn router(state: AppState) -> Router {
-    let service_route = format!("{}{{method}}", twirp::SERVICE_PATH);
+    let service_route = TWIRP_ROUTE.to_owned();
+    debug_assert_eq!(service_route, format!("{}{{method}}", twirp::SERVICE_PATH));
     // Request logs name the route template, never the raw URI: links carry signatures.
     let trace = TraceLayer::new_for_http()
         .make_span_with(|req: &Request<Body>| {
@@ -149,7 +210,7 @@ pub fn router(state: AppState) -> Router {
         .on_failure(DefaultOnFailure::new().level(Level::ERROR));
     Router::new()
         .route(&service_route, any(twirp::call))
-        .route(&format!("{}{{*rest}}", legacy::BASE), any(legacy::root))
+        .route(LEGACY_ROUTE, any(legacy::root))
         .route(
             &format!("{}{{id}}", links::UPLOAD_PREFIX),
             any(blob::upload),
@@ -166,35 +227,8 @@ pub fn router(state: AppState) -> Router {
         .route("/_hoard/api/v1/{*rest}", any(admin::api))
         .route("/_hoard/{*rest}", any(admin::dashboard))
         .fallback(fallback)
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            count_requests,
-        ))
         .layer(trace)
         .with_state(state)
-}
-
-/// Counts each answered request by route template (`other` for paths no route matched) and
-/// status class, with its time to the response's head.
-async fn count_requests(
-    State(app): State<AppState>,
-    req: Request<Body>,
-    next: axum::middleware::Next,
-) -> Response {
-    // A shared string: no copy of the route per request until the labels need one.
-    let route = req.extensions().get::<MatchedPath>().cloned();
-    // The cache services' calls share route templates (and are also served under any prefix,
-    // through the fallback): each known call is its own label.
-    let path = req.uri().path();
-    let rpc = twirp::rpc_route(path).or_else(|| legacy::route_label(path));
-    let started = std::time::Instant::now();
-    let response = next.run(req).await;
-    app.cache().metrics().request(
-        rpc.unwrap_or_else(|| route.as_ref().map_or("other", MatchedPath::as_str)),
-        response.status().as_u16(),
-        started.elapsed(),
-    );
-    response
 }
 
 /// The router of `--metrics-listen`: `/metrics` alone.
@@ -301,4 +335,39 @@ async fn fallback(
         &serde_json::json!({ "message": "not found" }),
         None,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{route_label, ROUTE_LABELS};
+
+    #[test]
+    fn requests_are_labelled_as_the_router_routes_them() {
+        let lookup = "/twirp/github.actions.results.api.v1.CacheService/GetCacheEntryDownloadURL";
+        for (path, label) in [
+            (lookup, lookup),
+            (&format!("/some/prefix{lookup}")[..], lookup),
+            (
+                "/twirp/github.actions.results.api.v1.CacheService/Nope",
+                super::TWIRP_ROUTE,
+            ),
+            ("/_blob/uploads/12", "/_blob/uploads/{id}"),
+            ("/_blob/entries/7", "/_blob/entries/{id}"),
+            ("/_blob/entries/7/x", "other"),
+            ("/_blob/other", "other"),
+            ("/_apis/artifactcache/cache", "/_apis/artifactcache/cache"),
+            (
+                "/secret/_apis/artifactcache/caches/9",
+                "/_apis/artifactcache/caches/{id}",
+            ),
+            ("/_apis/artifactcache/nope", super::LEGACY_ROUTE),
+            ("/healthz", "/healthz"),
+            ("/_hoard/api/v1/caches/3", "/_hoard/api/v1/{*rest}"),
+            ("/_hoard/app.js", "/_hoard/{*rest}"),
+            ("/anything/else", "other"),
+        ] {
+            assert_eq!(route_label(path), label, "{path}");
+            assert!(ROUTE_LABELS.contains(&label), "{label} has kept handles");
+        }
+    }
 }

@@ -29,8 +29,8 @@ pub fn rpc_route(path: &str) -> Option<&'static str> {
         "/twirp/github.actions.results.api.v1.CacheService/FinalizeCacheEntryUpload",
         "/twirp/github.actions.results.api.v1.CacheService/GetCacheEntryDownloadURL",
     ];
-    let call = &path[path.find(SERVICE_PATH)?..];
-    ROUTES.into_iter().find(|route| *route == call)
+    // A suffix compare, not a search: this runs on every request.
+    ROUTES.into_iter().find(|route| path.ends_with(route))
 }
 /// Twirp requests are small; anything bigger is not a cache call.
 const MAX_REQUEST_BYTES: usize = 64 * 1024;

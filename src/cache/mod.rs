@@ -234,7 +234,7 @@ impl Cache {
     }
 
     /// What this process counts (see [`crate::metrics`]).
-    pub fn metrics(&self) -> &crate::metrics::Metrics {
+    pub fn metrics(&self) -> &Arc<crate::metrics::Metrics> {
         &self.metrics
     }
 
