@@ -117,7 +117,7 @@ impl Client {
             return Err(CliError("the admin token is empty".into()));
         }
         let base = args.server.trim_end_matches('/').to_owned();
-        url::Url::parse(&base)
+        let url = url::Url::parse(&base)
             .ok()
             .filter(|u| matches!(u.scheme(), "http" | "https"))
             .ok_or_else(|| {
@@ -125,6 +125,14 @@ impl Client {
                     "--server (HOARD_SERVER) must be an http(s) URL, not {base:?}"
                 ))
             })?;
+        // The admin API is at the root; a path is a runner's prefix (a namespace's secret, a
+        // proxy's route), where the admin token does not belong.
+        if url.path() != "/" || url.query().is_some() {
+            return Err(CliError(format!(
+                "--server (HOARD_SERVER) must be the server's origin, such as {}, without a path (the admin API is at its root)",
+                url.origin().ascii_serialization()
+            )));
+        }
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(300))
             .connect_timeout(Duration::from_secs(10))
@@ -150,10 +158,16 @@ impl Client {
                 ))
             })?;
         let status = response.status();
-        let body: Value = response.json().await.unwrap_or(Value::Null);
+        let body: Option<Value> = response.json().await.ok();
         if status.is_success() {
-            return Ok(body);
+            return body.filter(Value::is_object).ok_or_else(|| {
+                CliError(format!(
+                    "{} answered {status} but not with the admin API's JSON: is it a hoard server?",
+                    self.base
+                ))
+            });
         }
+        let body = body.unwrap_or(Value::Null);
         let message = body["message"].as_str().unwrap_or("no explanation given");
         Err(CliError(match status.as_u16() {
             401 => format!("{} refused the admin token ({message})", self.base),

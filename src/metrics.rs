@@ -342,10 +342,22 @@ impl Metrics {
     }
 
     /// A lookup of a repository (its name, or its id if it has none), if per-repository
-    /// series are on.
+    /// series are on. Characters other than letters, digits and `._/:@-` become `_`: the name
+    /// comes from a token, and the text format writes label values as they are.
     pub fn repository_lookup(&self, repository: &str, hit: bool) {
         let Some(per) = &self.per_repository else {
             return;
+        };
+        let safe = |c: char| c.is_ascii_alphanumeric() || "._/:@-".contains(c);
+        let cleaned;
+        let repository = if repository.chars().all(safe) {
+            repository
+        } else {
+            cleaned = repository
+                .chars()
+                .map(|c| if safe(c) { c } else { '_' })
+                .collect::<String>();
+            &cleaned
         };
         let label = {
             let mut seen = per.seen.lock().unwrap_or_else(|p| p.into_inner());
@@ -446,6 +458,29 @@ impl Metrics {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn repository_labels_are_capped_and_cleaned() {
+        let m = Metrics::new().with_repositories(2);
+        m.repository_lookup("octo/a", true);
+        m.repository_lookup("evil\"} 1\nhoard_fake 9", false);
+        m.repository_lookup("octo/c", true);
+        let text = m.render(None);
+        assert!(
+            text.contains("repository=\"octo/a\",outcome=\"hit\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("repository=\"evil___1_hoard_fake_9\""),
+            "{text}"
+        );
+        assert!(
+            text.contains("repository=\"other\",outcome=\"hit\"} 1"),
+            "{text}"
+        );
+        assert!(!text.contains("hoard_fake 9"), "{text}");
+    }
+
     use super::*;
 
     #[test]

@@ -308,6 +308,21 @@ async fn entries_are_deleted_by_key_prefix_or_repository() {
     assert!(srv.restore(&a, "npm-1", VERSION).await.is_none());
     assert_eq!(srv.restore(&b, "npm-1", VERSION).await.unwrap(), b"npm-1");
 
+    // Names are not unique (a forge's octo/b and GitHub's, say): a deletion by a name that
+    // several repositories carry is refused rather than guessed.
+    let twin = token_of("3", "octo/b", MAIN);
+    srv.save(&twin, "npm-1", VERSION, b"twin").await;
+    let (status, body) = delete(&srv, "caches?repository=octo%2Fb").await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("delete by repository id"),
+        "{body}"
+    );
+    let (_, body) = delete(&srv, "caches?repository=3").await;
+    assert_eq!(body, json!({ "deleted": 1 }));
     let (_, body) = delete(&srv, "caches?repository=2").await;
     assert_eq!(body, json!({ "deleted": 3 }));
     let (_, body) = delete(&srv, "caches?all=true").await;

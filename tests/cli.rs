@@ -242,6 +242,36 @@ async fn failures_are_one_sentence_and_exit_1() {
     );
     let err = failure(&hoard("ftp://example", Some(ADMIN), &["status"]).await);
     assert!(err.contains("must be an http(s) URL"), "{err}");
+    let prefixed = format!("{base}/namespace-secret-0123456789");
+    let err = failure(&hoard(&prefixed, Some(ADMIN), &["status"]).await);
+    assert!(err.contains("without a path"), "{err}");
+    assert!(
+        !err.contains("namespace-secret"),
+        "the path is not echoed: {err}"
+    );
+
+    // Something that answers 200 with a page (a login portal, another service) is no success.
+    let portal = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let portal_url = format!("http://{}", portal.local_addr().unwrap());
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut socket, _)) = portal.accept().await {
+            let mut buf = [0u8; 4096];
+            let _ = socket.read(&mut buf).await;
+            let page = "<html>sign in</html>";
+            let _ = socket
+                .write_all(
+                    format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
+                        page.len()
+                    )
+                    .as_bytes(),
+                )
+                .await;
+        }
+    });
+    let err = failure(&hoard(&portal_url, Some(ADMIN), &["caches", "rm", "--all"]).await);
+    assert!(err.contains("not with the admin API's JSON"), "{err}");
 
     // A server without an admin token says how to turn the API on.
     let off = TestServer::start().await;

@@ -428,3 +428,28 @@ async fn without_an_upstream_other_services_are_not_found() {
     assert_eq!(status, 404, "{body}");
     assert_eq!(body["code"], "bad_route");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn admin_paths_are_never_forwarded() {
+    let up = Upstream::start().await;
+    let (_data, hoard) = hoard_forwarding_to(&up.base);
+    let http = reqwest::Client::new();
+    for path in [
+        "/some-prefix/_hoard/api/v1/caches",
+        "/ns/_hoard/",
+        "/_hoard/api/v1/status",
+    ] {
+        let res = http
+            .get(format!("{}{path}", hoard.base))
+            .bearer_auth("the-admin-token-0123456789")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 404, "{path}");
+    }
+    assert!(
+        up.seen().is_empty(),
+        "nothing reached the upstream: {:?}",
+        up.seen()
+    );
+}

@@ -171,6 +171,7 @@ fn filter_of(pairs: &[(String, String)]) -> Result<EntryFilter, AdminError> {
     };
     Ok(EntryFilter {
         repository: bounded("repository")?,
+        repository_id: None,
         scope: bounded("ref")?.map(Scope::new),
         folded_key_prefix: key,
         version: bounded("version")?,
@@ -224,7 +225,10 @@ fn parse_cursor(raw: &str, order: EntryOrder, descending: bool) -> Result<(i64, 
 }
 
 fn time(millis: i64) -> String {
-    let at = UNIX_EPOCH + Duration::from_millis(millis.max(0) as u64);
+    // RFC 3339 has four-digit years: a stored time past 9999 (a bad clock) is shown as the last
+    // instant it can name rather than failing the answer.
+    const LAST: i64 = 253_402_300_799_999;
+    let at = UNIX_EPOCH + Duration::from_millis(millis.clamp(0, LAST) as u64);
     humantime::format_rfc3339_millis(at).to_string()
 }
 
@@ -449,14 +453,46 @@ async fn list(app: &AppState, pairs: &[(String, String)]) -> AdminResult {
 /// `DELETE caches?key=…&repository=…&ref=…&version=…`: every entry the filter selects. A
 /// filter is required: deleting everything takes `all=true`, so a forgotten parameter cannot.
 async fn delete_matching(app: &AppState, pairs: &[(String, String)]) -> AdminResult {
-    let filter = filter_of(pairs)?;
+    let mut filter = filter_of(pairs)?;
     if filter.is_everything() && param(pairs, "all") != Some("true") {
         return Err(AdminError::bad(
             "name what to delete with key, repository, ref or version (or all=true to delete every entry)",
         ));
     }
+    // Names are not unique: a deletion resolves the repository to one id first.
+    if let Some(wanted) = filter.repository.take() {
+        match one_repository(app, &wanted).await? {
+            Some(id) => filter.repository_id = Some(id),
+            None => return ok(json!({ "deleted": 0 })),
+        }
+    }
     let deleted = app.cache().delete_matching(&filter, "admin").await?;
     ok(json!({ "deleted": deleted }))
+}
+
+/// The one repository `wanted` names: the repository with that id, else the only one with that
+/// name; `None` if there is none; 409 if several share the name.
+async fn one_repository(app: &AppState, wanted: &str) -> Result<Option<String>, AdminError> {
+    let (_, found) = app.cache().repositories(Some(wanted), 100).await?;
+    if found.iter().any(|r| r.repository.as_str() == wanted) {
+        return Ok(Some(wanted.to_owned()));
+    }
+    match found.as_slice() {
+        [] => Ok(None),
+        [one] => Ok(Some(one.repository.as_str().to_owned())),
+        several => Err(AdminError(
+            StatusCode::CONFLICT,
+            format!(
+                "{} repositories are named {wanted:?} (ids {}); delete by repository id",
+                several.len(),
+                several
+                    .iter()
+                    .map(|r| format!("{:?}", r.repository.as_str()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )),
+    }
 }
 
 /// The dashboard's files, and 404 for other `/_hoard/` paths.

@@ -323,6 +323,15 @@ async fn fallback(
     if path.starts_with("/_blob/") {
         return blob::AzureError::not_found().into_response();
     }
+    // The admin API lives at the root only. Under a prefix it is an error, never forwarded:
+    // its bearer token is the admin token.
+    if path.contains("/_hoard/") {
+        return json_response(
+            StatusCode::NOT_FOUND,
+            &serde_json::json!({ "message": "the admin API and dashboard are at /_hoard/ on the server's root, not under a path prefix" }),
+            None,
+        );
+    }
     if let Some(upstream) = &app.config().upstream {
         return upstream.forward(method, &uri, headers, body).await;
     }

@@ -61,18 +61,23 @@ impl UsageBuffer {
         self.pending_batch().hits.get(&entry).map(|(_, last)| *last)
     }
 
+    /// What is pending, sorted: every process then writes rows in the same order, so two
+    /// flushes to a shared database never wait on each other in a cycle.
     fn take(&self) -> Batch {
         let mut pending = self.pending_batch();
-        let hits = pending
+        let mut hits: Vec<_> = pending
             .hits
             .drain()
             .map(|(id, (hits, last))| (id, hits, last))
             .collect();
-        let misses = pending
+        let mut misses: Vec<_> = pending
             .misses
             .drain()
             .map(|(repository, (name, n))| (repository, name, n))
             .collect();
+        drop(pending);
+        hits.sort_unstable();
+        misses.sort_unstable();
         (hits, misses)
     }
 

@@ -999,6 +999,25 @@ async fn operators_filter_sort_and_page_entries(store: &dyn MetaStore) {
         list_ids(store, &scoped, EntryOrder::Created, false, 10).await,
         vec![vec![c]]
     );
+    let exact = EntryFilter {
+        repository_id: Some("adm".into()),
+        folded_key_prefix: Some("linux-npm".into()),
+        ..EntryFilter::default()
+    };
+    assert_eq!(
+        list_ids(store, &exact, EntryOrder::Created, false, 10).await,
+        vec![vec![a, b]],
+        "an exact repository id"
+    );
+    let by_name_as_id = EntryFilter {
+        repository_id: Some("octo/adm".into()),
+        ..EntryFilter::default()
+    };
+    assert_eq!(
+        store.count_entries(&by_name_as_id).await.unwrap(),
+        0,
+        "ids are not names"
+    );
     let versioned = EntryFilter {
         version: Some("v2".into()),
         ..repo.clone()

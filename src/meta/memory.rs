@@ -109,6 +109,10 @@ impl State {
             .repository
             .as_ref()
             .is_none_or(|r| entry.repository.as_str() == r || self.name_of(&entry.repository) == *r)
+            && filter
+                .repository_id
+                .as_ref()
+                .is_none_or(|id| entry.repository.as_str() == id)
             && filter.scope.as_ref().is_none_or(|s| &entry.scope == s)
             && filter
                 .folded_key_prefix

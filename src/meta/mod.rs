@@ -360,8 +360,11 @@ pub async fn open(
 /// Which entries an operator asks for. Every part that is set must match.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EntryFilter {
-    /// A repository's id or its name (owner/name).
+    /// A repository's id or its name (owner/name). Names are not unique: a forge's and
+    /// GitHub's `owner/x` share one, and a repository keeps its old name until it saves again.
     pub repository: Option<String>,
+    /// Exactly this repository id (what deletions use).
+    pub repository_id: Option<String>,
     pub scope: Option<Scope>,
     /// A prefix of the key, folded as keys are matched (case-insensitively).
     pub folded_key_prefix: Option<String>,

@@ -196,6 +196,10 @@ fn filtered(
         );
         sql.push_str(&format!(" AND (e.repository = {id} OR u.name = {name})"));
     }
+    if let Some(id) = &filter.repository_id {
+        let i = p(Param::Text(id.clone()), params);
+        sql.push_str(&format!(" AND e.repository = {i}"));
+    }
     if let Some(scope) = &filter.scope {
         let s = p(Param::Text(scope.as_str().to_owned()), params);
         sql.push_str(&format!(" AND e.scope = {s}"));

@@ -1140,7 +1140,7 @@ impl MetaStore for SqliteStore {
     }
 }
 
-/// A slot as bound parameters: repository, scope, folded key, version.
+/// A built statement's parameter, as SQLite binds it.
 impl rusqlite::ToSql for Param {
     fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
         Ok(match self {
@@ -1150,6 +1150,7 @@ impl rusqlite::ToSql for Param {
     }
 }
 
+/// A slot as bound parameters: repository, scope, folded key, version.
 fn slot_params(slot: &Slot) -> (String, String, String, String) {
     (
         slot.repository.as_str().to_owned(),
