@@ -270,6 +270,15 @@ fn repository_json(r: &RepositoryUsage) -> Value {
     })
 }
 
+/// The entry `caches/{id}` names.
+async fn entry(app: &AppState, id: Option<&str>) -> Result<ListedEntry, AdminError> {
+    let id = id_of(id.unwrap_or_default())?;
+    app.cache()
+        .listed_entry(id)
+        .await?
+        .ok_or_else(|| AdminError::not_found("no such cache entry"))
+}
+
 fn id_of(raw: &str) -> Result<i64, AdminError> {
     raw.parse::<i64>()
         .ok()
@@ -305,38 +314,23 @@ async fn route(
     }
     authorize(app, headers)?;
     let pairs = query_pairs(uri);
-    match (method, rest.trim_end_matches('/')) {
+    let path = rest.trim_end_matches('/');
+    let one = path.strip_prefix("caches/");
+    match (method, path) {
         (&Method::GET, "status") => status(app).await,
         (&Method::GET, "usage") => usage(app, &pairs).await,
         (&Method::GET, "caches") => list(app, &pairs).await,
         (&Method::DELETE, "caches") => delete_matching(app, &pairs).await,
-        (&Method::GET, path) if path.starts_with("caches/") => {
-            let id = id_of(&path["caches/".len()..])?;
-            let listed = app
-                .cache()
-                .listed_entry(id)
-                .await?
-                .ok_or_else(|| AdminError::not_found("no such cache entry"))?;
-            ok(entry_json(&listed))
-        }
-        (&Method::DELETE, path) if path.starts_with("caches/") => {
-            let id = id_of(&path["caches/".len()..])?;
-            let listed = app
-                .cache()
-                .listed_entry(id)
-                .await?
-                .ok_or_else(|| AdminError::not_found("no such cache entry"))?;
-            let deleted = app.cache().delete_entries(&[listed], "admin").await?;
-            if deleted == 0 {
-                return Err(AdminError::not_found("no such cache entry"));
+        (&Method::GET, _) if one.is_some() => ok(entry_json(&entry(app, one).await?)),
+        (&Method::DELETE, _) if one.is_some() => {
+            let listed = entry(app, one).await?;
+            match app.cache().delete_entries(&[listed], "admin").await? {
+                0 => Err(AdminError::not_found("no such cache entry")),
+                deleted => ok(json!({ "deleted": deleted })),
             }
-            ok(json!({ "deleted": deleted }))
         }
-        (_, "status" | "usage" | "caches") => Err(AdminError(
-            StatusCode::METHOD_NOT_ALLOWED,
-            format!("{method} is not allowed here"),
-        )),
-        (_, path) if path.starts_with("caches/") => Err(AdminError(
+        // A known endpoint, another method.
+        _ if one.is_some() || matches!(path, "status" | "usage" | "caches") => Err(AdminError(
             StatusCode::METHOD_NOT_ALLOWED,
             format!("{method} is not allowed here"),
         )),
