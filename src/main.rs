@@ -45,7 +45,7 @@ enum Command {
         #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
         timeout: std::time::Duration,
     },
-    /// List, inspect and delete cache entries on a running server, or see usage per repository.
+    /// List and delete cache entries on a running server, or see usage per repository.
     ///
     /// Talks to the admin API of the server at --server (HOARD_SERVER) with the admin token from
     /// HOARD_ADMIN_TOKEN or --token-file. Tables by default, --json for scripts.
