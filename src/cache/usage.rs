@@ -47,7 +47,12 @@ impl UsageBuffer {
     pub fn record_miss(&self, repository: &RepoId, name: &str) {
         let mut pending = self.pending_batch();
         match pending.misses.get_mut(repository) {
-            Some(slot) => slot.1 += 1,
+            Some(slot) => {
+                slot.1 += 1;
+                if slot.0.is_empty() && !name.is_empty() {
+                    slot.0 = name.to_owned();
+                }
+            }
             None => {
                 pending
                     .misses
@@ -131,22 +136,25 @@ mod tests {
         buf.record(1, 30);
         buf.record(1, 20);
         buf.record(2, 5);
-        let (mut batch, _) = buf.take();
-        batch.sort();
-        assert_eq!(batch, [(1, 3, 30), (2, 1, 5)]);
+        let (batch, _) = buf.take();
+        assert_eq!(batch, [(1, 3, 30), (2, 1, 5)], "folded, in entry order");
         assert!(buf.take().0.is_empty());
     }
 
     #[test]
-    fn misses_fold_per_repository_and_keep_the_first_name() {
+    fn misses_fold_per_repository_and_keep_a_name() {
         let buf = UsageBuffer::default();
         let (a, b) = (RepoId::new("1"), RepoId::new("2"));
+        buf.record_miss(&b, "");
         buf.record_miss(&a, "octo/a");
         buf.record_miss(&a, "");
-        buf.record_miss(&b, "");
-        let (_, mut batch) = buf.take();
-        batch.sort();
-        assert_eq!(batch, [(a, "octo/a".into(), 2), (b, String::new(), 1)]);
+        buf.record_miss(&b, "octo/b");
+        let (_, batch) = buf.take();
+        assert_eq!(
+            batch,
+            [(a, "octo/a".into(), 2), (b, "octo/b".into(), 2)],
+            "folded, named, in repository order"
+        );
         assert!(buf.take().1.is_empty());
     }
 }
