@@ -38,7 +38,8 @@ impl Hoard {
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data)
             .args(extra)
-            .env("RUST_LOG", "info")
+            // Request lines (debug level) too: tests count uploads by them.
+            .env("RUST_LOG", "info,tower_http=debug,hoard::api=debug")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
