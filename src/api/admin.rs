@@ -524,22 +524,13 @@ pub async fn dashboard(State(app): State<AppState>, uri: Uri) -> Response {
     response
 }
 
-/// Start-up time and backends, for `status`.
+/// What the metadata and the entry bytes are kept in, for `status`.
 #[derive(Debug, Clone)]
 pub struct Backends {
     /// `sqlite`, `postgres` or `mysql`.
     pub database: &'static str,
     /// `file`, for now.
     pub storage: &'static str,
-}
-
-impl Default for Backends {
-    fn default() -> Self {
-        Self {
-            database: "sqlite",
-            storage: "file",
-        }
-    }
 }
 
 #[cfg(test)]

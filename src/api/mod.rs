@@ -195,8 +195,6 @@ pub const ROUTE_LABELS: &[&str] = &[
 ];
 
 pub fn router(state: AppState) -> Router {
-    let service_route = TWIRP_ROUTE.to_owned();
-    debug_assert_eq!(service_route, format!("{}{{method}}", twirp::SERVICE_PATH));
     // Request logs name the route template, never the raw URI: links carry signatures. They
     // are debug-level: a span and a line per request cost a lookup about a sixth of its
     // instructions (docs/benchmarks.md), and /metrics counts requests. Decisions (reserve,
@@ -213,7 +211,7 @@ pub fn router(state: AppState) -> Router {
         .on_response(DefaultOnResponse::new().level(Level::DEBUG))
         .on_failure(DefaultOnFailure::new().level(Level::ERROR));
     Router::new()
-        .route(&service_route, any(twirp::call))
+        .route(TWIRP_ROUTE, any(twirp::call))
         .route(LEGACY_ROUTE, any(legacy::root))
         .route(
             &format!("{}{{id}}", links::UPLOAD_PREFIX),
@@ -353,6 +351,18 @@ async fn fallback(
 #[cfg(test)]
 mod tests {
     use super::{route_label, ROUTE_LABELS};
+
+    #[test]
+    fn the_route_templates_name_the_services_paths() {
+        assert_eq!(
+            super::TWIRP_ROUTE,
+            format!("{}{{method}}", super::twirp::SERVICE_PATH)
+        );
+        assert_eq!(
+            super::LEGACY_ROUTE,
+            format!("{}{{*rest}}", super::legacy::BASE)
+        );
+    }
 
     #[test]
     fn requests_are_labelled_as_the_router_routes_them() {

@@ -18,9 +18,9 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{AssertSqlSafe, Executor, MySql, Row, Transaction};
 
 use super::sql::{
-    bucket, candidates_sql, chunk_from_parts, collect_blocks, count_entries_sql, from_sqlx,
-    list_entries_sql, prefix_end, repositories_sql, repository_from_parts, slot_hash,
-    upload_from_parts, upload_with_blocks_sql, xxh3_column, BlockRow, ListedRow, Param, UploadRow,
+    bind_all, bucket, candidates_sql, chunk_from_parts, collect_blocks, count_entries_sql,
+    from_sqlx, list_entries_sql, prefix_end, repositories_sql, repository_from_parts, slot_hash,
+    upload_from_parts, upload_with_blocks_sql, xxh3_column, BlockRow, ListedRow, UploadRow,
 };
 use super::{
     EntryChunk, EntryFilter, EntryPage, FinalizeState, ListedEntry, MetaError, MetaStore, NewEntry,
@@ -144,20 +144,6 @@ fn text(row: &MySqlRow, col: usize) -> Result<String, MetaError> {
 
 fn int(row: &MySqlRow, col: usize) -> Result<i64, MetaError> {
     row.try_get(col).map_err(from_sqlx)
-}
-
-/// Binds a built statement's parameters in order.
-fn bind_all(
-    mut query: sqlx::query::Query<'_, MySql, sqlx::mysql::MySqlArguments>,
-    params: Vec<Param>,
-) -> sqlx::query::Query<'_, MySql, sqlx::mysql::MySqlArguments> {
-    for param in params {
-        query = match param {
-            Param::Text(text) => query.bind(text),
-            Param::Int(n) => query.bind(n),
-        };
-    }
-    query
 }
 
 const UPLOAD_COLS: &str =

@@ -17,9 +17,9 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Row};
 
 use super::sql::{
-    bucket, candidates_sql, chunk_from_parts, collect_blocks, count_entries_sql, from_sqlx,
-    list_entries_sql, prefix_end, repositories_sql, repository_from_parts, slot_hash,
-    upload_from_parts, upload_with_blocks_sql, xxh3_column, BlockRow, ListedRow, Param, UploadRow,
+    bind_all, bucket, candidates_sql, chunk_from_parts, collect_blocks, count_entries_sql,
+    from_sqlx, list_entries_sql, prefix_end, repositories_sql, repository_from_parts, slot_hash,
+    upload_from_parts, upload_with_blocks_sql, xxh3_column, BlockRow, ListedRow, UploadRow,
 };
 use super::{
     EntryChunk, EntryFilter, EntryPage, FinalizeState, ListedEntry, MetaError, MetaStore, NewEntry,
@@ -971,18 +971,4 @@ fn use_from_row(r: &PgRow) -> Result<EntryUse, MetaError> {
         created_at: r.try_get(3).map_err(from_sqlx)?,
         last_used_at: r.try_get(4).map_err(from_sqlx)?,
     })
-}
-
-/// Binds a built statement's parameters in order.
-fn bind_all(
-    mut query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
-    params: Vec<Param>,
-) -> sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments> {
-    for param in params {
-        query = match param {
-            Param::Text(text) => query.bind(text),
-            Param::Int(n) => query.bind(n),
-        };
-    }
-    query
 }

@@ -137,6 +137,26 @@ pub(super) enum Param {
     Int(i64),
 }
 
+/// Binds a built statement's parameters in order (PostgreSQL and MySQL; SQLite binds
+/// [`Param`] through its `ToSql`).
+pub(super) fn bind_all<DB>(
+    mut query: sqlx::query::Query<'_, DB, DB::Arguments>,
+    params: Vec<Param>,
+) -> sqlx::query::Query<'_, DB, DB::Arguments>
+where
+    DB: sqlx::Database,
+    String: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+{
+    for param in params {
+        query = match param {
+            Param::Text(text) => query.bind(text),
+            Param::Int(n) => query.bind(n),
+        };
+    }
+    query
+}
+
 /// The columns every listing statement selects, in [`ListedRow`]'s order; `e` is `entries`, `u`
 /// its repository's `repository_usage` row.
 const LISTED_COLUMNS: &str =
