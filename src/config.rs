@@ -30,9 +30,18 @@ pub struct ServeArgs {
     #[arg(long, env = "HOARD_DATABASE_POOL_SIZE", default_value_t = 16)]
     pub database_pool_size: u32,
 
-    /// Where entry bytes live: file://DIR [default: file://<data-dir>].
+    /// Where entry bytes live: file://DIR, s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or
+    /// az://CONTAINER/PREFIX. Object storage reads its credentials, region and endpoint from
+    /// the cloud's usual environment variables (AWS_*, GOOGLE_*, AZURE_*; docs/scale-out.md)
+    /// [default: file://<data-dir>].
     #[arg(long, env = "HOARD_STORAGE_URL")]
     pub storage_url: Option<String>,
+
+    /// Answer downloads of object-stored entries with a redirect to a short-lived presigned
+    /// URL of the object store, so the bytes flow from the store to the runner. Only plain GETs
+    /// of single-chunk entries are redirected; the rest stream through hoard.
+    #[arg(long, env = "HOARD_DIRECT_DOWNLOADS")]
+    pub direct_downloads: bool,
 
     /// Base URL runners use to reach this server, used in signed upload and download links
     /// [default: the scheme (X-Forwarded-Proto) and Host of each request].
@@ -271,8 +280,10 @@ pub struct Config {
     /// The metadata database.
     pub database: DatabaseUrl,
     pub database_pool_size: u32,
-    /// Root of the local chunk store.
-    pub storage_dir: PathBuf,
+    /// Where chunk bytes are kept.
+    pub storage: Storage,
+    /// Redirect downloads to presigned object URLs.
+    pub direct_downloads: bool,
     pub public_url: Option<Url>,
     pub upstream_results_url: Option<Url>,
     /// HTTPS certificate and key; `None` serves plain HTTP.
@@ -327,10 +338,15 @@ impl ServeArgs {
                 "--database-pool-size (HOARD_DATABASE_POOL_SIZE) must be at least 1.".into(),
             ));
         }
-        let storage_dir = match &self.storage_url {
-            None => self.data_dir.clone(),
-            Some(url) => storage_dir(url)?,
+        let storage = match &self.storage_url {
+            None => Storage::Dir(self.data_dir.clone()),
+            Some(url) => storage(url)?,
         };
+        if self.direct_downloads && matches!(storage, Storage::Dir(_)) {
+            return Err(ConfigError(
+                "--direct-downloads (HOARD_DIRECT_DOWNLOADS) needs object storage (--storage-url s3://, gs:// or az://).".into(),
+            ));
+        }
         let public_url = self.public_url.as_deref().map(public_url).transpose()?;
         let tls = match (&self.tls_cert, &self.tls_key) {
             (Some(cert), Some(key)) => {
@@ -476,7 +492,8 @@ impl ServeArgs {
             data_dir: self.data_dir.clone(),
             database,
             database_pool_size: self.database_pool_size,
-            storage_dir,
+            storage,
+            direct_downloads: self.direct_downloads,
             public_url,
             upstream_results_url,
             tls,
@@ -608,11 +625,25 @@ impl ServeArgs {
     }
 }
 
-fn storage_dir(url: &str) -> Result<PathBuf, ConfigError> {
+/// Where chunk bytes are kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Storage {
+    /// A local directory.
+    Dir(PathBuf),
+    /// A bucket (or container) of S3, GCS or Azure Blob.
+    Object(crate::blob::ObjectStorageUrl),
+}
+
+fn storage(url: &str) -> Result<Storage, ConfigError> {
+    if let Some(object) = crate::blob::ObjectStorageUrl::parse(url) {
+        return object
+            .map(Storage::Object)
+            .map_err(|e| ConfigError(format!("--storage-url (HOARD_STORAGE_URL) {e}.")));
+    }
     let path = url.strip_prefix("file://").ok_or_else(|| {
         let scheme = url.split(':').next().unwrap_or(url);
         ConfigError(format!(
-            "--storage-url (HOARD_STORAGE_URL) must be file://DIR; {scheme:?} storage is not supported by this version."
+            "--storage-url (HOARD_STORAGE_URL) must be file://DIR, s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://CONTAINER/PREFIX; {scheme:?} is none of them."
         ))
     })?;
     if path.is_empty() {
@@ -620,7 +651,7 @@ fn storage_dir(url: &str) -> Result<PathBuf, ConfigError> {
             "--storage-url (HOARD_STORAGE_URL) names no directory.".into(),
         ));
     }
-    Ok(PathBuf::from(path))
+    Ok(Storage::Dir(PathBuf::from(path)))
 }
 
 fn public_url(raw: &str) -> Result<Url, ConfigError> {
@@ -669,7 +700,7 @@ mod tests {
             c.database,
             DatabaseUrl::Sqlite(PathBuf::from("./hoard-data/hoard.db"))
         );
-        assert_eq!(c.storage_dir, PathBuf::from("./hoard-data"));
+        assert_eq!(c.storage, Storage::Dir(PathBuf::from("./hoard-data")));
         assert!(c.public_url.is_none());
     }
 
@@ -681,10 +712,12 @@ mod tests {
             .validate()
             .unwrap_err();
         assert!(err.0.contains("HOARD_DATABASE_URL"), "{err}");
-        let err = args(&["--storage-url", "s3://bucket"])
-            .validate()
-            .unwrap_err();
-        assert!(err.0.contains("HOARD_STORAGE_URL"), "{err}");
+        for bad in ["ftp://bucket", "s3://", "gs://bucket/a//b"] {
+            let err = args(&["--storage-url", bad]).validate().unwrap_err();
+            assert!(err.0.contains("HOARD_STORAGE_URL"), "{err}");
+        }
+        let err = args(&["--direct-downloads"]).validate().unwrap_err();
+        assert!(err.0.contains("HOARD_DIRECT_DOWNLOADS"), "{err}");
         let err = args(&["--public-url", "ftp://x"]).validate().unwrap_err();
         assert!(err.0.contains("HOARD_PUBLIC_URL"), "{err}");
         let err = args(&["--upload-url-ttl", "0s"]).validate().unwrap_err();
@@ -832,7 +865,19 @@ mod tests {
         .validate()
         .unwrap();
         assert_eq!(c.database, DatabaseUrl::Sqlite(PathBuf::from("/tmp/x.db")));
-        assert_eq!(c.storage_dir, PathBuf::from("/srv/chunks"));
+        assert_eq!(c.storage, Storage::Dir(PathBuf::from("/srv/chunks")));
         assert_eq!(c.public_url.unwrap().as_str(), "https://cache.example/");
+        let c = args(&["--storage-url", "s3://bucket/ci", "--direct-downloads"])
+            .validate()
+            .unwrap();
+        assert_eq!(
+            c.storage,
+            Storage::Object(
+                crate::blob::ObjectStorageUrl::parse("s3://bucket/ci")
+                    .unwrap()
+                    .unwrap()
+            )
+        );
+        assert!(c.direct_downloads);
     }
 }

@@ -78,7 +78,10 @@ pub async fn open_cache(config: &Config) -> Result<Cache, ServeError> {
             url: config.database.redacted(),
             source,
         })?;
-    let blobs = FsStore::open(&config.storage_dir)?;
+    let blobs: Arc<dyn blob::BlobStore> = match &config.storage {
+        config::Storage::Dir(dir) => Arc::new(FsStore::open(dir)?),
+        config::Storage::Object(url) => Arc::new(blob::ObjectStorage::open(url).await?),
+    };
     // Every database and storage operation is timed for /metrics.
     let metrics = Arc::new(
         metrics::Metrics::new()
@@ -86,7 +89,7 @@ pub async fn open_cache(config: &Config) -> Result<Cache, ServeError> {
             .with_repositories(config.metrics_repositories),
     );
     let meta = Arc::new(meta::Timed::new(meta, metrics.clone()));
-    let blobs = Arc::new(blob::Timed::new(Arc::new(blobs), metrics.clone()));
+    let blobs = Arc::new(blob::Timed::new(blobs, metrics.clone()));
     Ok(Cache::new(
         meta,
         blobs,
@@ -145,8 +148,9 @@ pub async fn build_state(
                 meta::DatabaseUrl::Postgres(_) => "postgres",
                 meta::DatabaseUrl::MySql(_) => "mysql",
             },
-            storage: "file",
+            storage: cache.storage_kind(),
         },
+        direct_downloads: config.direct_downloads,
         upstream: match &config.upstream_results_url {
             Some(url) => Some(
                 api::proxy::Upstream::new(url.clone(), config.limits.idle_timeout)

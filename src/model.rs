@@ -221,7 +221,7 @@ pub struct BlobName(String);
 impl BlobName {
     pub fn random() -> Self {
         let mut bytes = [0u8; 16];
-        rand::thread_rng().fill_bytes(&mut bytes);
+        rand::rng().fill_bytes(&mut bytes);
         Self(hex::encode(bytes))
     }
 

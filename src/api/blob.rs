@@ -438,17 +438,49 @@ async fn get(
         Ok(_) | Err(CacheError::EntryNotFound) => return Err(no_such_target()),
         Err(e) => return Err(e.into()),
     };
-    serve_entry(cache, &method, &open, &headers).await
+    serve_entry(&app, &method, &open, &headers).await
 }
 
+/// How long the object store's link in a direct-download redirect stays valid: the runner
+/// follows it at once, and the store checks it only when the request starts.
+const DIRECT_LINK_TTL: Duration = Duration::from_secs(300);
+
+/// Headers that only this server can answer: the ETag is hoard's, and the store would not
+/// honour Azure's range header.
+const NOT_REDIRECTED: [&str; 5] = [
+    "if-match",
+    "if-none-match",
+    "if-modified-since",
+    "if-unmodified-since",
+    "x-ms-range",
+];
+
 /// Answers a GET or HEAD of an entry the caller may read: whole, or the one range asked for
-/// (`x-ms-range` or `Range`), with the headers Azure-SDK clients need.
+/// (`x-ms-range` or `Range`), with the headers Azure-SDK clients need. With
+/// `--direct-downloads`, a plain GET of an entry stored as one object is redirected to it.
 pub(super) async fn serve_entry(
-    cache: &Cache,
+    app: &AppState,
     method: &Method,
     open: &OpenEntry,
     headers: &HeaderMap,
 ) -> Result<Response, AzureError> {
+    let cache = app.cache();
+    if app.config().direct_downloads
+        && method == Method::GET
+        && !NOT_REDIRECTED.iter().any(|h| headers.contains_key(*h))
+    {
+        if let Some(link) = cache.direct_link(open, DIRECT_LINK_TTL).await? {
+            if let Ok(location) = HeaderValue::from_str(link.as_str()) {
+                let mut response = Response::new(Body::empty());
+                *response.status_mut() = StatusCode::TEMPORARY_REDIRECT;
+                response.headers_mut().insert(header::LOCATION, location);
+                response
+                    .headers_mut()
+                    .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+                return Ok(response);
+            }
+        }
+    }
     let size = open.entry.size;
     let etag = format!(
         "\"0x{:X}{:04X}\"",

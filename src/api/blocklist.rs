@@ -57,10 +57,27 @@ pub fn parse(body: &[u8]) -> Result<Vec<BlockRef>, BadBlockList> {
             }
             Event::Text(t) => match current.as_mut() {
                 Some((_, id)) => {
-                    let text = t.unescape().map_err(|e| {
+                    let text = t.decode().map_err(|e| {
                         BadBlockList::Malformed(format!("bad text in the block list: {e}"))
                     })?;
                     id.extend_from_slice(text.trim().as_bytes());
+                }
+                None => return Err(bad("text outside a block element")),
+            },
+            // `&amp;`, `&#65;`: quick-xml hands entity references over on their own.
+            Event::GeneralRef(r) => match current.as_mut() {
+                Some((_, id)) => {
+                    let unknown = || bad("unknown entity in the block list");
+                    let ch = match r.resolve_char_ref().map_err(|_| unknown())? {
+                        Some(ch) => ch,
+                        None => {
+                            let name = r.decode().map_err(|_| unknown())?;
+                            quick_xml::escape::resolve_predefined_entity(&name)
+                                .and_then(|s| s.chars().next())
+                                .ok_or_else(unknown)?
+                        }
+                    };
+                    id.extend_from_slice(ch.encode_utf8(&mut [0; 4]).as_bytes());
                 }
                 None => return Err(bad("text outside a block element")),
             },
@@ -113,14 +130,14 @@ mod tests {
 
     #[test]
     fn accepts_every_source_and_escaped_ids() {
-        let body = b"<BlockList>\n  <Committed>a+/=</Committed>\n  <Uncommitted>b&amp;c</Uncommitted>\n  <Latest>d</Latest>\n</BlockList>";
+        let body = b"<BlockList>\n  <Committed>a+/=</Committed>\n  <Uncommitted>b&amp;c</Uncommitted>\n  <Latest>d&#65;&#x42;</Latest>\n</BlockList>";
         let list = parse(body).unwrap();
         assert_eq!(
             ids(&list),
             [
                 (&b"a+/="[..], BlockSource::Committed),
                 (&b"b&c"[..], BlockSource::Uncommitted),
-                (&b"d"[..], BlockSource::Latest)
+                (&b"dAB"[..], BlockSource::Latest)
             ]
         );
         assert!(parse(b"<BlockList/>").unwrap().is_empty());
@@ -131,6 +148,7 @@ mod tests {
         for bad in [
             &b""[..],
             b"not xml",
+            b"<BlockList><Latest>&bogus;</Latest></BlockList>",
             b"<BlockList><Latest>a</Latest>",
             b"<Other><Latest>a</Latest></Other>",
             b"<BlockList><Block>a</Block></BlockList>",

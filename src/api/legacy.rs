@@ -230,7 +230,7 @@ async fn serve(
         (Resource::Upload(id), "POST") => commit(app, who, id, body).await,
         (Resource::Artifact(id), "GET" | "HEAD") => {
             let open = app.cache().readable_entry(who, id).await?;
-            Ok(blob::serve_entry(app.cache(), method, &open, headers)
+            Ok(blob::serve_entry(app, method, &open, headers)
                 .await
                 .into_response())
         }

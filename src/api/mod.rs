@@ -54,6 +54,8 @@ pub struct ApiConfig {
     /// When the server started, for `status`.
     pub started: std::time::SystemTime,
     pub backends: admin::Backends,
+    /// Answer plain downloads with a redirect to the object store (`--direct-downloads`).
+    pub direct_downloads: bool,
 }
 
 /// A JSON answer (`Content-Type: application/json`), with `Retry-After` when given: the shape

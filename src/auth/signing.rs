@@ -76,7 +76,7 @@ impl UrlSigner {
             Err(e) => return Err(e),
         }
         let mut key = vec![0u8; 32];
-        rand::thread_rng().fill_bytes(&mut key);
+        rand::rng().fill_bytes(&mut key);
         // Written whole under a private name, then linked into place: a process starting at
         // the same moment sees either no key or a complete one, and the first link wins.
         let staging = path.with_extension(format!("new-{}", std::process::id()));

@@ -26,9 +26,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use sha2::{Digest, Sha256};
 
-use super::{BlobError, BlobStore, ByteStream, Capacity, Listed, NameStream};
+use super::{BlobError, BlobStore, ByteStream, Capacity, Digests, Listed, NameStream};
 use crate::model::{now_millis, BlobName, Chunk, Millis};
 
 const LAYOUT_VERSION: &str = "1";
@@ -205,26 +204,6 @@ impl Drop for Staging {
 /// The file being written and the digests so far, passed to each blocking write and back.
 type Sink = (File, Digests);
 
-/// What a put computes over the bytes: SHA-256 (the record) and XXH3 (the check on reads).
-struct Digests {
-    sha256: Sha256,
-    xxh3: Box<xxhash_rust::xxh3::Xxh3>,
-}
-
-impl Digests {
-    fn new() -> Self {
-        Self {
-            sha256: Sha256::new(),
-            xxh3: Box::new(xxhash_rust::xxh3::Xxh3::new()),
-        }
-    }
-
-    fn update(&mut self, bytes: &[u8]) {
-        self.sha256.update(bytes);
-        self.xxh3.update(bytes);
-    }
-}
-
 /// The sink of a put: free (not opened yet for a small chunk), or being written to by a
 /// blocking task.
 enum Disk {
@@ -359,7 +338,7 @@ impl BlobStore for FsStore {
             let (file, digests) = write_batch(sink, &path, &batch)?;
             drop(file);
             publish(&path, &final_path)?;
-            Ok((digests.sha256.finalize().into(), digests.xxh3.digest()))
+            Ok(digests.finish())
         })
         .await
         .map_err(|e| fail()(io::Error::other(e)))?
@@ -497,6 +476,17 @@ impl BlobStore for FsStore {
 
     fn lost_since(&self) -> Option<Millis> {
         self.lost_since
+    }
+    async fn presigned_get(
+        &self,
+        _name: &BlobName,
+        _ttl: std::time::Duration,
+    ) -> Result<Option<url::Url>, BlobError> {
+        Ok(None)
+    }
+
+    fn kind(&self) -> &'static str {
+        "file"
     }
 
     async fn sync(&self, force: bool) -> Result<(), BlobError> {

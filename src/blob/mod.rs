@@ -11,17 +11,22 @@
 //!   from which instant puts may have been lost to such a crash.
 
 pub mod conformance;
+mod digests;
 mod fs;
+mod object;
 mod timed;
 
 use std::io;
 use std::pin::Pin;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::Stream;
 
+use digests::Digests;
 pub use fs::FsStore;
+pub use object::{ObjectStorage, ObjectStorageUrl};
 pub use timed::Timed;
 
 use crate::model::{BlobName, Chunk, Millis};
@@ -116,4 +121,16 @@ pub trait BlobStore: Send + Sync + std::fmt::Debug + 'static {
     /// Set when the machine crashed since the last run: puts completed after this instant may
     /// be gone or incomplete.
     fn lost_since(&self) -> Option<Millis>;
+
+    /// A link that lets anyone holding it `GET` the whole of `name` (with or without a `Range`)
+    /// straight from the store for `ttl`, so the bytes need not pass through this server.
+    /// `None` for stores that cannot presign (local disk).
+    async fn presigned_get(
+        &self,
+        name: &BlobName,
+        ttl: Duration,
+    ) -> Result<Option<url::Url>, BlobError>;
+
+    /// What kind of store this is, for `/readyz` and the admin API: `file`, `s3`, `gcs`, `azure`.
+    fn kind(&self) -> &'static str;
 }

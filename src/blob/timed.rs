@@ -4,7 +4,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
@@ -69,5 +69,18 @@ impl BlobStore for Timed {
 
     fn lost_since(&self) -> Option<Millis> {
         self.inner.lost_since()
+    }
+
+    async fn presigned_get(
+        &self,
+        name: &BlobName,
+        ttl: Duration,
+    ) -> Result<Option<url::Url>, BlobError> {
+        self.time("presign", self.inner.presigned_get(name, ttl))
+            .await
+    }
+
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
     }
 }

@@ -602,6 +602,28 @@ impl Cache {
             .await
     }
 
+    /// A link straight to the stored object holding the whole of `open`, valid for `ttl`, if
+    /// the store can make one and the entry is one non-empty chunk (the store's object is then
+    /// byte for byte the entry, ranges included). Its bytes are not checked on the way, since
+    /// they do not pass through here.
+    pub async fn direct_link(
+        &self,
+        open: &OpenEntry,
+        ttl: std::time::Duration,
+    ) -> Result<Option<url::Url>, CacheError> {
+        match open.chunks.as_slice() {
+            [only] if only.chunk.size > 0 && only.chunk.size == open.entry.size => {
+                Ok(self.blobs.presigned_get(&only.chunk.blob, ttl).await?)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// What kind of store holds the chunks: `file`, `s3`, `gcs` or `azure`.
+    pub fn storage_kind(&self) -> &'static str {
+        self.blobs.kind()
+    }
+
     /// Streams bytes `[start, start + len)` of an entry, chunk after chunk, each chunk read
     /// whole checked against its hash (see [`integrity`]). The first chunk is opened before
     /// this returns, later ones as the stream reaches them. A damaged or missing chunk

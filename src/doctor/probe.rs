@@ -48,7 +48,7 @@ pub async fn probe(protocol: Protocol, base: &Url, token: &str, timeout: Duratio
 
 fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
-    rand::thread_rng().fill_bytes(&mut buf);
+    rand::rng().fill_bytes(&mut buf);
     hex::encode(buf)
 }
 
@@ -269,7 +269,7 @@ impl Probe {
     /// Saves a tiny entry, restores it and compares the bytes.
     async fn round_trip(&self, out: &mut Vec<Finding>) {
         let mut payload = vec![0u8; PROBE_BYTES];
-        rand::thread_rng().fill_bytes(&mut payload);
+        rand::rng().fill_bytes(&mut payload);
         let started = Instant::now();
         let result = match self.protocol {
             Protocol::V2 => self.round_trip_v2(&payload).await,

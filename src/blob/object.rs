@@ -1,0 +1,510 @@
+//! Chunk bytes in object storage (S3 and S3-compatible servers, Google Cloud Storage, Azure Blob)
+//! through the `object_store` crate.
+//!
+//! Layout under the URL's prefix: `chunks/<name>` for chunks and `VERSION`, the layout marker,
+//! written at start-up (which proves the store can be written) and read by [`BlobStore::ping`].
+//!
+//! A chunk streams to the store as it arrives and is hashed on the way. Up to [`PART_SIZE`] it
+//! is one PUT; a larger one is a multipart upload of [`PART_SIZE`] parts with at most
+//! [`PARTS_IN_FLIGHT`] being sent, so a put holds at most `(PARTS_IN_FLIGHT + 1) × PART_SIZE`
+//! bytes whatever the chunk size. An object appears only when its PUT, or the completion of its
+//! multipart upload, succeeds: no reader ever sees part of a chunk. A multipart upload cut short
+//! by a crash stays invisible and is billed until the bucket's lifecycle rule for incomplete
+//! multipart uploads removes it (docs/scale-out.md).
+//!
+//! Durability is the store's: a put is durable when it returns, so `sync` has nothing to do and
+//! nothing is ever lost to a crash of this machine.
+
+use std::fmt;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::signer::Signer;
+use object_store::{
+    ClientConfigKey, GetOptions, GetRange, ObjectStore, PutPayload, WriteMultipart,
+};
+use url::Url;
+
+use super::{BlobError, BlobStore, ByteStream, Capacity, Digests, Listed, NameStream};
+use crate::model::{BlobName, Chunk, Millis};
+
+const LAYOUT_VERSION: &str = "1";
+/// Chunks up to this size are one PUT; larger ones are multipart uploads of parts this size
+/// (S3 and GCS want at least 5 MiB per part but the last).
+const PART_SIZE: usize = 8 << 20;
+/// Parts of one chunk being sent at once.
+const PARTS_IN_FLIGHT: usize = 2;
+/// The longest one request to the store may take, body included. The clients' default (30 s)
+/// would cut a download that a slow runner takes minutes to read.
+const REQUEST_TIMEOUT: &str = "15m";
+
+/// Failed requests are retried (throttling, a dropped connection, a download resumed where it
+/// broke off), but a store that is down fails start-up and `/readyz` within seconds.
+fn retries() -> object_store::RetryConfig {
+    object_store::RetryConfig {
+        max_retries: 5,
+        retry_timeout: Duration::from_secs(60),
+        ..object_store::RetryConfig::default()
+    }
+}
+
+/// Which object store, and where in it: `s3://BUCKET/PREFIX`, `gs://BUCKET/PREFIX` or
+/// `az://CONTAINER/PREFIX`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectStorageUrl {
+    pub kind: ObjectKind,
+    pub bucket: String,
+    /// Without leading or trailing slashes; may be empty.
+    pub prefix: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObjectKind {
+    S3,
+    Gcs,
+    Azure,
+}
+
+impl ObjectKind {
+    fn name(self) -> &'static str {
+        match self {
+            Self::S3 => "s3",
+            Self::Gcs => "gcs",
+            Self::Azure => "azure",
+        }
+    }
+
+    fn scheme(self) -> &'static str {
+        match self {
+            Self::S3 => "s3",
+            Self::Gcs => "gs",
+            Self::Azure => "az",
+        }
+    }
+}
+
+impl ObjectStorageUrl {
+    /// Reads `s3://`, `gs://` and `az://` URLs; `None` for any other scheme. The error says
+    /// what is wrong with a URL of one of these schemes.
+    pub fn parse(raw: &str) -> Option<Result<Self, String>> {
+        let (scheme, rest) = raw.split_once("://")?;
+        let kind = match scheme {
+            "s3" => ObjectKind::S3,
+            "gs" => ObjectKind::Gcs,
+            "az" => ObjectKind::Azure,
+            _ => return None,
+        };
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        let prefix = prefix.trim_matches('/');
+        let ok_char = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
+        if bucket.is_empty() || !bucket.chars().all(ok_char) {
+            return Some(Err(format!(
+                "names no valid bucket (expected {scheme}://BUCKET/PREFIX)"
+            )));
+        }
+        if rest.contains(['?', '#']) {
+            return Some(Err(
+                "must not carry a query or fragment; credentials and endpoints come from the environment"
+                    .into(),
+            ));
+        }
+        if prefix
+            .split('/')
+            .any(|s| s.is_empty() || s == "." || s == "..")
+            && !prefix.is_empty()
+        {
+            return Some(Err("has an empty, `.` or `..` segment in its prefix".into()));
+        }
+        Some(Ok(Self {
+            kind,
+            bucket: bucket.to_owned(),
+            prefix: prefix.to_owned(),
+        }))
+    }
+}
+
+impl fmt::Display for ObjectStorageUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}://{}", self.kind.scheme(), self.bucket)?;
+        if !self.prefix.is_empty() {
+            write!(f, "/{}", self.prefix)?;
+        }
+        Ok(())
+    }
+}
+
+type SharedSigner = Arc<dyn Signer>;
+
+/// A [`BlobStore`] on S3, GCS or Azure Blob.
+pub struct ObjectStorage {
+    store: Arc<dyn ObjectStore>,
+    signer: SharedSigner,
+    url: ObjectStorageUrl,
+    chunks: Path,
+    marker: Path,
+}
+
+// By hand: the clients' own `Debug` would print their credentials.
+impl fmt::Debug for ObjectStorage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ObjectStorage")
+            .field("url", &self.url.to_string())
+            .finish_non_exhaustive()
+    }
+}
+
+fn store_err(what: impl fmt::Display, e: object_store::Error) -> BlobError {
+    BlobError::Io {
+        what: what.to_string(),
+        source: io::Error::other(e),
+    }
+}
+
+impl ObjectStorage {
+    /// Connects with credentials, region and endpoint from each cloud's standard environment
+    /// variables (`AWS_*`, `GOOGLE_*`, `AZURE_*`), then writes and reads the layout marker, so
+    /// that wrong credentials or an unreachable store fail here rather than on the first upload.
+    pub async fn open(url: &ObjectStorageUrl) -> Result<Self, BlobError> {
+        let (store, signer) = Self::client(url).map_err(|e| store_err(url, e))?;
+        let root = Path::from(url.prefix.as_str());
+        let this = Self {
+            store,
+            signer,
+            chunks: root.child("chunks"),
+            marker: root.child("VERSION"),
+            url: url.clone(),
+        };
+        this.check_layout().await?;
+        Ok(this)
+    }
+
+    fn client(
+        url: &ObjectStorageUrl,
+    ) -> Result<(Arc<dyn ObjectStore>, SharedSigner), object_store::Error> {
+        let bucket_url = format!("{}://{}", url.kind.scheme(), url.bucket);
+        Ok(match url.kind {
+            ObjectKind::S3 => {
+                use object_store::aws::AmazonS3ConfigKey as Key;
+                let mut builder = object_store::aws::AmazonS3Builder::from_env()
+                    .with_url(bucket_url)
+                    .with_retry(retries())
+                    .with_config(Key::Client(ClientConfigKey::Timeout), REQUEST_TIMEOUT);
+                // An S3-compatible server on plain HTTP: the endpoint says so, no second switch.
+                let endpoint = builder.get_config_value(&Key::Endpoint).unwrap_or_default();
+                if endpoint.starts_with("http://") {
+                    builder = builder.with_allow_http(true);
+                }
+                let s3 = Arc::new(builder.build()?);
+                (s3.clone(), s3)
+            }
+            ObjectKind::Gcs => {
+                use object_store::gcp::GoogleConfigKey as Key;
+                let gcs = Arc::new(
+                    object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                        .with_url(bucket_url)
+                        .with_retry(retries())
+                        .with_config(Key::Client(ClientConfigKey::Timeout), REQUEST_TIMEOUT)
+                        .build()?,
+                );
+                (gcs.clone(), gcs)
+            }
+            ObjectKind::Azure => {
+                use object_store::azure::AzureConfigKey as Key;
+                let mut builder = object_store::azure::MicrosoftAzureBuilder::from_env()
+                    .with_url(bucket_url)
+                    .with_retry(retries())
+                    .with_config(Key::Client(ClientConfigKey::Timeout), REQUEST_TIMEOUT);
+                let emulator = builder
+                    .get_config_value(&Key::UseEmulator)
+                    .is_some_and(|v| v == "true");
+                let endpoint = builder.get_config_value(&Key::Endpoint).unwrap_or_default();
+                if emulator || endpoint.starts_with("http://") {
+                    builder = builder.with_allow_http(true);
+                }
+                let azure = Arc::new(builder.build()?);
+                (azure.clone(), azure)
+            }
+        })
+    }
+
+    /// Writes the layout marker if there is none, and refuses a layout this version cannot read.
+    async fn check_layout(&self) -> Result<(), BlobError> {
+        let what = || format!("{}/VERSION", self.url);
+        match self.store.get(&self.marker).await {
+            Ok(found) => {
+                let text = found.bytes().await.map_err(|e| store_err(what(), e))?;
+                if text.trim_ascii() != LAYOUT_VERSION.as_bytes() {
+                    return Err(BlobError::Io {
+                        what: what(),
+                        source: io::Error::other(format!(
+                            "data layout version {} is not supported (expected {LAYOUT_VERSION})",
+                            String::from_utf8_lossy(text.trim_ascii())
+                        )),
+                    });
+                }
+                Ok(())
+            }
+            Err(object_store::Error::NotFound { .. }) => {
+                let marker = PutPayload::from(format!("{LAYOUT_VERSION}\n"));
+                self.store
+                    .put(&self.marker, marker)
+                    .await
+                    .map_err(|e| store_err(what(), e))?;
+                Ok(())
+            }
+            Err(e) => Err(store_err(what(), e)),
+        }
+    }
+
+    fn path_of(&self, name: &BlobName) -> Path {
+        self.chunks.child(name.as_str())
+    }
+
+    fn not_found_or(name: &BlobName, e: object_store::Error) -> BlobError {
+        match e {
+            object_store::Error::NotFound { .. } => BlobError::NotFound(name.clone()),
+            e => store_err(format!("chunk {name}"), e),
+        }
+    }
+}
+
+/// A chunk being written: held whole while it is small, a multipart upload once it is not.
+enum Upload {
+    Small(Vec<Bytes>, usize),
+    Multipart(WriteMultipart),
+}
+
+impl Upload {
+    /// Gives up the upload, removing any parts already sent.
+    async fn abort(self) {
+        if let Self::Multipart(parts) = self {
+            // Best effort: an upload left behind is invisible and expires by lifecycle rule.
+            let _ = parts.abort().await;
+        }
+    }
+}
+
+#[async_trait]
+impl BlobStore for ObjectStorage {
+    async fn put(
+        &self,
+        name: &BlobName,
+        mut body: ByteStream,
+        declared_len: Option<u64>,
+    ) -> Result<Chunk, BlobError> {
+        let path = self.path_of(name);
+        let fail = |e| store_err(format!("chunk {name}"), e);
+        let mut digests = Digests::new();
+        let mut received: u64 = 0;
+        let mut upload = Upload::Small(Vec::new(), 0);
+        while let Some(frame) = body.next().await {
+            let frame = match frame {
+                Ok(frame) => frame,
+                Err(e) => {
+                    upload.abort().await;
+                    return Err(BlobError::Body(e));
+                }
+            };
+            received += frame.len() as u64;
+            if let Some(declared) = declared_len.filter(|&d| received > d) {
+                upload.abort().await;
+                return Err(BlobError::LengthMismatch {
+                    declared,
+                    actual: received,
+                });
+            }
+            digests.update(&frame);
+            upload = match upload {
+                Upload::Small(mut frames, len) if len + frame.len() < PART_SIZE => {
+                    let len = len + frame.len();
+                    frames.push(frame);
+                    Upload::Small(frames, len)
+                }
+                Upload::Small(frames, _) => {
+                    let started = self.store.put_multipart(&path).await.map_err(fail)?;
+                    let mut parts = WriteMultipart::new_with_chunk_size(started, PART_SIZE);
+                    for held in frames {
+                        parts.put(held);
+                    }
+                    parts.put(frame);
+                    Upload::Multipart(parts)
+                }
+                Upload::Multipart(mut parts) => {
+                    if let Err(e) = parts.wait_for_capacity(PARTS_IN_FLIGHT).await {
+                        let _ = parts.abort().await;
+                        return Err(fail(e));
+                    }
+                    parts.put(frame);
+                    Upload::Multipart(parts)
+                }
+            };
+        }
+        if let Some(declared) = declared_len.filter(|&d| received != d) {
+            upload.abort().await;
+            return Err(BlobError::LengthMismatch {
+                declared,
+                actual: received,
+            });
+        }
+        match upload {
+            Upload::Small(frames, _) => {
+                let payload: PutPayload = frames.into_iter().collect();
+                self.store.put(&path, payload).await.map_err(fail)?;
+            }
+            // `finish` aborts the upload itself when completing it fails.
+            Upload::Multipart(parts) => {
+                parts.finish().await.map_err(fail)?;
+            }
+        }
+        let (sha256, xxh3) = digests.finish();
+        Ok(Chunk {
+            blob: name.clone(),
+            size: received,
+            sha256,
+            xxh3: Some(xxh3),
+        })
+    }
+
+    async fn get(&self, name: &BlobName, offset: u64, len: u64) -> Result<ByteStream, BlobError> {
+        let path = self.path_of(name);
+        if len == 0 {
+            // A zero-length range is not a range the stores accept; the chunk must still exist.
+            self.store
+                .head(&path)
+                .await
+                .map_err(|e| Self::not_found_or(name, e))?;
+            return Ok(Box::pin(futures_util::stream::empty()));
+        }
+        // One GET for the whole range: a response under way keeps streaming if the chunk is
+        // deleted meanwhile, and the connection's flow control bounds what is buffered.
+        let options = GetOptions {
+            range: Some(GetRange::Bounded(offset..offset + len)),
+            ..GetOptions::default()
+        };
+        let found = self
+            .store
+            .get_opts(&path, options)
+            .await
+            .map_err(|e| Self::not_found_or(name, e))?;
+        if found.range != (offset..offset + len) {
+            return Err(BlobError::Io {
+                what: format!("chunk {name}"),
+                source: io::Error::other(format!(
+                    "asked for bytes {offset}..{} and the store answered {:?}",
+                    offset + len,
+                    found.range
+                )),
+            });
+        }
+        Ok(Box::pin(found.into_stream().map_err(io::Error::other)))
+    }
+
+    async fn delete(&self, name: &BlobName) -> Result<(), BlobError> {
+        match self.store.delete(&self.path_of(name)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(store_err(format!("chunk {name}"), e)),
+        }
+    }
+
+    async fn list(&self) -> Result<NameStream, BlobError> {
+        let url = self.url.to_string();
+        let listed = self.store.list(Some(&self.chunks)).filter_map(move |item| {
+            let url = url.clone();
+            async move {
+                match item {
+                    // Anything else under the prefix is not ours to collect.
+                    Ok(meta) => BlobName::parse(meta.location.filename()?).map(|name| {
+                        Ok(Listed {
+                            name,
+                            modified: meta.last_modified.timestamp_millis() as Millis,
+                        })
+                    }),
+                    Err(e) => Some(Err(store_err(format!("listing {url}"), e))),
+                }
+            }
+        });
+        Ok(Box::pin(listed))
+    }
+
+    async fn capacity(&self) -> Result<Option<Capacity>, BlobError> {
+        Ok(None)
+    }
+
+    /// Reads the layout marker: a cheap request that needs the credentials to work. (Writing
+    /// was proved at start-up.)
+    async fn ping(&self) -> Result<(), BlobError> {
+        self.store
+            .head(&self.marker)
+            .await
+            .map(|_| ())
+            .map_err(|e| store_err(format!("{}/VERSION", self.url), e))
+    }
+
+    async fn sync(&self, _force: bool) -> Result<(), BlobError> {
+        Ok(())
+    }
+
+    fn lost_since(&self) -> Option<Millis> {
+        None
+    }
+
+    async fn presigned_get(
+        &self,
+        name: &BlobName,
+        ttl: Duration,
+    ) -> Result<Option<Url>, BlobError> {
+        let url = self
+            .signer
+            .signed_url(reqwest::Method::GET, &self.path_of(name), ttl)
+            .await
+            .map_err(|e| store_err(format!("signing a link to chunk {name}"), e))?;
+        Ok(Some(url))
+    }
+
+    fn kind(&self) -> &'static str {
+        self.url.kind.name()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_name_a_store_a_bucket_and_a_prefix() {
+        let url = ObjectStorageUrl::parse("s3://my-bucket/ci/cache/")
+            .unwrap()
+            .unwrap();
+        assert_eq!(url.kind, ObjectKind::S3);
+        assert_eq!(url.bucket, "my-bucket");
+        assert_eq!(url.prefix, "ci/cache");
+        assert_eq!(url.to_string(), "s3://my-bucket/ci/cache");
+        let url = ObjectStorageUrl::parse("gs://b").unwrap().unwrap();
+        assert_eq!((url.kind, url.prefix.as_str()), (ObjectKind::Gcs, ""));
+        assert_eq!(url.to_string(), "gs://b");
+        let url = ObjectStorageUrl::parse("az://container/p")
+            .unwrap()
+            .unwrap();
+        assert_eq!(url.kind, ObjectKind::Azure);
+        assert!(ObjectStorageUrl::parse("file:///srv").is_none());
+        assert!(ObjectStorageUrl::parse("/srv").is_none());
+        for bad in [
+            "s3://",
+            "s3:///prefix",
+            "s3://bucket?region=x",
+            "s3://user:secret@bucket/p",
+            "s3://bucket/a//b",
+            "gs://bucket/../other",
+        ] {
+            assert!(
+                ObjectStorageUrl::parse(bad).unwrap().is_err(),
+                "{bad} should be refused"
+            );
+        }
+    }
+}
