@@ -6,8 +6,9 @@
 //!
 //! A chunk streams to the store as it arrives and is hashed on the way. Up to [`PART_SIZE`] it
 //! is one PUT; a larger one is a multipart upload of [`PART_SIZE`] parts with at most
-//! [`PARTS_IN_FLIGHT`] being sent, so a put holds at most `(PARTS_IN_FLIGHT + 1) × PART_SIZE`
-//! bytes whatever the chunk size. An object appears only when its PUT, or the completion of its
+//! [`PARTS_IN_FLIGHT`] being sent. All puts together hold at most [`UPLOAD_BUFFER_PARTS`]
+//! part-sized buffers (plus chunks under 1 MiB), whatever the chunk sizes and however many
+//! uploads run at once. An object appears only when its PUT, or the completion of its
 //! multipart upload, succeeds: no reader ever sees part of a chunk. A multipart upload cut short
 //! by a crash stays invisible and is billed until the bucket's lifecycle rule for incomplete
 //! multipart uploads removes it (docs/scale-out.md).
@@ -26,8 +27,10 @@ use futures_util::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::signer::Signer;
 use object_store::{
-    ClientConfigKey, GetOptions, GetRange, ObjectStore, PutPayload, WriteMultipart,
+    ClientConfigKey, GetOptions, GetRange, MultipartUpload, ObjectStore, PutPayload,
 };
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
 use url::Url;
 
 use super::{BlobError, BlobStore, ByteStream, Capacity, Digests, Listed, NameStream};
@@ -39,6 +42,11 @@ const LAYOUT_VERSION: &str = "1";
 const PART_SIZE: usize = 8 << 20;
 /// Parts of one chunk being sent at once.
 const PARTS_IN_FLIGHT: usize = 2;
+/// Part-sized buffers all puts together may hold: what bounds the memory of many block
+/// uploads at once (the JS client sends 8 blocks of 64 MiB in parallel).
+const UPLOAD_BUFFER_PARTS: usize = 6;
+/// Chunks declared this small are received whole outside the budget.
+const SMALL: u64 = 1 << 20;
 /// The longest one request to the store may take, body included. The clients' default (30 s)
 /// would cut a download that a slow runner takes minutes to read.
 const REQUEST_TIMEOUT: &str = "15m";
@@ -147,6 +155,8 @@ pub struct ObjectStorage {
     url: ObjectStorageUrl,
     chunks: Path,
     marker: Path,
+    /// Shares of [`UPLOAD_BUFFER_PARTS`], one per part-sized buffer being filled or sent.
+    upload_budget: Arc<Semaphore>,
 }
 
 // By hand: the clients' own `Debug` would print their credentials.
@@ -178,6 +188,7 @@ impl ObjectStorage {
             chunks: root.child("chunks"),
             marker: root.child("VERSION"),
             url: url.clone(),
+            upload_budget: Arc::new(Semaphore::new(UPLOAD_BUFFER_PARTS)),
         };
         this.check_layout().await?;
         Ok(this)
@@ -273,25 +284,55 @@ impl ObjectStorage {
     }
 }
 
-/// A chunk being written: held whole while it is small, a multipart upload once it is not.
-enum Upload {
-    Small(Vec<Bytes>, usize),
-    Multipart(WriteMultipart),
+/// The parts of a chunk being sent, each a task holding its share of the buffer budget until
+/// the store has it. Dropping this (a put cut short) stops them.
+struct Parts {
+    upload: Box<dyn MultipartUpload>,
+    sending: JoinSet<object_store::Result<()>>,
 }
 
-impl Upload {
-    /// Gives up the upload, removing any parts already sent.
-    async fn abort(self) {
-        if let Self::Multipart(parts) = self {
-            // Best effort: an upload left behind is invisible and expires by lifecycle rule.
-            let _ = parts.abort().await;
+impl Parts {
+    /// Starts sending `frames` as the next part.
+    fn send(&mut self, frames: Vec<Bytes>, permit: OwnedSemaphorePermit) {
+        let part = self.upload.put_part(frames.into_iter().collect());
+        self.sending.spawn(async move {
+            let sent = part.await;
+            drop(permit);
+            sent
+        });
+    }
+
+    /// Waits until fewer than `at_most` parts are being sent.
+    async fn wait_below(&mut self, at_most: usize) -> object_store::Result<()> {
+        while self.sending.len() >= at_most.max(1) {
+            match self.sending.join_next().await {
+                Some(Ok(sent)) => sent?,
+                Some(Err(e)) => {
+                    return Err(object_store::Error::Generic {
+                        store: "hoard",
+                        source: Box::new(e),
+                    })
+                }
+                None => break,
+            }
         }
+        Ok(())
+    }
+
+    /// Gives up the upload; the store drops the parts it had.
+    async fn abort(mut self) {
+        self.sending.shutdown().await;
+        // Best effort: an upload left behind is invisible and expires by lifecycle rule.
+        let _ = self.upload.abort().await;
     }
 }
 
-#[async_trait]
-impl BlobStore for ObjectStorage {
-    async fn put(
+impl ObjectStorage {
+    /// Receives, hashes and stores `body`; see [`BlobStore::put`]. Bytes are held in part-sized
+    /// buffers, each taken from the store-wide budget before it fills, so a put waits rather
+    /// than hold more memory than [`UPLOAD_BUFFER_PARTS`] parts in all. A put never needs a
+    /// second share while it waits for one, so puts cannot deadlock on the budget.
+    async fn put_streaming(
         &self,
         name: &BlobName,
         mut body: ByteStream,
@@ -301,64 +342,83 @@ impl BlobStore for ObjectStorage {
         let fail = |e| store_err(format!("chunk {name}"), e);
         let mut digests = Digests::new();
         let mut received: u64 = 0;
-        let mut upload = Upload::Small(Vec::new(), 0);
-        while let Some(frame) = body.next().await {
-            let frame = match frame {
-                Ok(frame) => frame,
-                Err(e) => {
-                    upload.abort().await;
-                    return Err(BlobError::Body(e));
+        let mut buffer: Vec<Bytes> = Vec::new();
+        let mut buffered = 0usize;
+        // Small chunks are held whole outside the budget, as the disk store holds them.
+        let budgeted = declared_len.is_none_or(|len| len > SMALL);
+        let mut share: Option<OwnedSemaphorePermit> = None;
+        let mut parts: Option<Parts> = None;
+        let outcome: Result<(), BlobError> = async {
+            while let Some(frame) = body.next().await {
+                let frame = frame.map_err(BlobError::Body)?;
+                received += frame.len() as u64;
+                if let Some(declared) = declared_len.filter(|&d| received > d) {
+                    return Err(BlobError::LengthMismatch {
+                        declared,
+                        actual: received,
+                    });
                 }
-            };
-            received += frame.len() as u64;
-            if let Some(declared) = declared_len.filter(|&d| received > d) {
-                upload.abort().await;
+                digests.update(&frame);
+                if budgeted && share.is_none() {
+                    let budget = self.upload_budget.clone();
+                    share = Some(
+                        budget
+                            .acquire_owned()
+                            .await
+                            .map_err(io::Error::other)
+                            .map_err(BlobError::Body)?,
+                    );
+                }
+                buffered += frame.len();
+                buffer.push(frame);
+                if buffered >= PART_SIZE {
+                    if parts.is_none() {
+                        let upload = self.store.put_multipart(&path).await.map_err(fail)?;
+                        parts = Some(Parts {
+                            upload,
+                            sending: JoinSet::new(),
+                        });
+                    }
+                    let sending = parts.as_mut().expect("started above");
+                    sending.wait_below(PARTS_IN_FLIGHT).await.map_err(fail)?;
+                    let permit = share.take().expect("large bodies are budgeted");
+                    sending.send(std::mem::take(&mut buffer), permit);
+                    buffered = 0;
+                }
+            }
+            if let Some(declared) = declared_len.filter(|&d| received != d) {
                 return Err(BlobError::LengthMismatch {
                     declared,
                     actual: received,
                 });
             }
-            digests.update(&frame);
-            upload = match upload {
-                Upload::Small(mut frames, len) if len + frame.len() < PART_SIZE => {
-                    let len = len + frame.len();
-                    frames.push(frame);
-                    Upload::Small(frames, len)
-                }
-                Upload::Small(frames, _) => {
-                    let started = self.store.put_multipart(&path).await.map_err(fail)?;
-                    let mut parts = WriteMultipart::new_with_chunk_size(started, PART_SIZE);
-                    for held in frames {
-                        parts.put(held);
-                    }
-                    parts.put(frame);
-                    Upload::Multipart(parts)
-                }
-                Upload::Multipart(mut parts) => {
-                    if let Err(e) = parts.wait_for_capacity(PARTS_IN_FLIGHT).await {
-                        let _ = parts.abort().await;
-                        return Err(fail(e));
-                    }
-                    parts.put(frame);
-                    Upload::Multipart(parts)
-                }
-            };
+            Ok(())
         }
-        if let Some(declared) = declared_len.filter(|&d| received != d) {
-            upload.abort().await;
-            return Err(BlobError::LengthMismatch {
-                declared,
-                actual: received,
-            });
+        .await;
+        if let Err(e) = outcome {
+            if let Some(parts) = parts {
+                parts.abort().await;
+            }
+            return Err(e);
         }
-        match upload {
-            Upload::Small(frames, _) => {
-                let payload: PutPayload = frames.into_iter().collect();
+        match parts {
+            None => {
+                let payload: PutPayload = buffer.into_iter().collect();
                 self.store.put(&path, payload).await.map_err(fail)?;
             }
-            // `finish` aborts the upload itself when completing it fails.
-            Upload::Multipart(parts) => {
-                parts.finish().await.map_err(fail)?;
+            Some(mut sending) => {
+                if !buffer.is_empty() {
+                    let permit = share.take().expect("large bodies are budgeted");
+                    sending.send(buffer, permit);
+                }
+                let sent = match sending.wait_below(1).await {
+                    Ok(()) => sending.upload.complete().await.map(|_| ()),
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = sent {
+                    sending.abort().await;
+                    return Err(fail(e));
+                }
             }
         }
         let (sha256, xxh3) = digests.finish();
@@ -368,6 +428,18 @@ impl BlobStore for ObjectStorage {
             sha256,
             xxh3: Some(xxh3),
         })
+    }
+}
+
+#[async_trait]
+impl BlobStore for ObjectStorage {
+    async fn put(
+        &self,
+        name: &BlobName,
+        body: ByteStream,
+        declared_len: Option<u64>,
+    ) -> Result<Chunk, BlobError> {
+        self.put_streaming(name, body, declared_len).await
     }
 
     async fn get(&self, name: &BlobName, offset: u64, len: u64) -> Result<ByteStream, BlobError> {
