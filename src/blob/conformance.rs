@@ -14,6 +14,7 @@ use crate::model::BlobName;
 pub async fn run_all(store: &dyn BlobStore) {
     store.ping().await.unwrap();
     put_then_read_whole_and_ranges(store).await;
+    large_chunks_round_trip_while_others_are_stored(store).await;
     a_body_of_the_wrong_length_stores_nothing(store).await;
     a_failing_body_stores_nothing(store).await;
     empty_chunks_are_chunks(store).await;
@@ -102,8 +103,43 @@ async fn put_then_read_whole_and_ranges(store: &dyn BlobStore) {
     assert_eq!(read(store, &small, 0, 3).await, b"abc");
 }
 
+/// Chunks larger than any buffer a store keeps (object stores send them in parts), several at
+/// once (more than an object store's part budget holds), each read back whole and in ranges.
+async fn large_chunks_round_trip_while_others_are_stored(store: &dyn BlobStore) {
+    let data: Vec<Vec<u8>> = (0..8u8)
+        .map(|i| bytes((20 << 20) + 4099 * i as usize, 10 + i))
+        .collect();
+    let names: Vec<BlobName> = data.iter().map(|_| BlobName::random()).collect();
+    let puts = data
+        .iter()
+        .zip(&names)
+        .map(|(d, name)| store.put(name, body(d, 200_003), Some(d.len() as u64)));
+    let chunks = futures_util::future::try_join_all(puts).await.unwrap();
+    for ((chunk, d), name) in chunks.iter().zip(&data).zip(&names) {
+        assert_eq!(chunk.size, d.len() as u64);
+        assert_eq!(chunk.sha256, <[u8; 32]>::from(Sha256::digest(d)));
+        assert_eq!(
+            read(store, name, 0, d.len() as u64).await,
+            *d,
+            "a large chunk reads back whole"
+        );
+        let (offset, len) = ((8 << 20) - 3, (8 << 20) + 7);
+        assert_eq!(
+            read(store, name, offset, len).await,
+            &d[offset as usize..(offset + len) as usize]
+        );
+        store.delete(name).await.unwrap();
+    }
+}
+
 async fn a_body_of_the_wrong_length_stores_nothing(store: &dyn BlobStore) {
-    for (declared, actual) in [(10, 9), (10, 11), (5 << 20, (5 << 20) - 1)] {
+    for (declared, actual) in [
+        (10, 9),
+        (10, 11),
+        (5 << 20, (5 << 20) - 1),
+        (18 << 20, 17 << 20),
+        (17 << 20, 18 << 20),
+    ] {
         let name = BlobName::random();
         let result = store
             .put(&name, body(&bytes(actual, 2), 4096), Some(declared))
@@ -136,6 +172,21 @@ async fn a_failing_body_stores_nothing(store: &dyn BlobStore) {
         !names(store).await.contains(&name),
         "nothing of a failed put is listed"
     );
+    // The same after more than one part was sent.
+    let name = BlobName::random();
+    let frames: Vec<Result<Bytes, std::io::Error>> = (0..20)
+        .map(|i| Ok(Bytes::from(bytes(1 << 20, i))))
+        .chain([Err(std::io::Error::other("client hung up"))])
+        .collect();
+    let result = store
+        .put(&name, Box::pin(futures_util::stream::iter(frames)), None)
+        .await;
+    assert!(matches!(result, Err(BlobError::Body(_))), "{result:?}");
+    assert!(!names(store).await.contains(&name));
+    assert!(matches!(
+        store.get(&name, 0, 1).await,
+        Err(BlobError::NotFound(_))
+    ));
 }
 
 async fn empty_chunks_are_chunks(store: &dyn BlobStore) {

@@ -129,11 +129,16 @@ impl TestDatabase {
 /// database on a server.
 pub struct Backend {
     database: Option<TestDatabase>,
+    /// `--storage-url` and the environment it needs (object storage); `None`: the data dir.
+    storage: Option<(String, Vec<(String, String)>)>,
 }
 
 impl Backend {
     pub fn sqlite() -> Self {
-        Self { database: None }
+        Self {
+            database: None,
+            storage: None,
+        }
     }
 
     /// SQLite for `None`; else a fresh database on the server, or `None` when the user asked
@@ -149,15 +154,31 @@ impl Backend {
         let database = rt.block_on(TestDatabase::create(server))?;
         Some(Self {
             database: Some(database),
+            storage: None,
         })
+    }
+
+    /// The same, with chunks at `storage_url` (object storage configured by `env`).
+    pub fn with_storage(mut self, storage_url: String, env: Vec<(String, String)>) -> Self {
+        self.storage = Some((storage_url, env));
+        self
+    }
+
+    /// The environment `hoard serve` needs for this backend's storage.
+    pub fn env(&self) -> &[(String, String)] {
+        self.storage.as_ref().map_or(&[], |(_, env)| env.as_slice())
     }
 
     /// The `hoard serve` arguments that select it.
     pub fn args(&self) -> Vec<&str> {
-        match &self.database {
+        let mut args = match &self.database {
             Some(db) => vec!["--database-url", db.url.as_str()],
             None => Vec::new(),
+        };
+        if let Some((url, _)) = &self.storage {
+            args.extend(["--storage-url", url.as_str()]);
         }
+        args
     }
 }
 

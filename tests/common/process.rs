@@ -30,14 +30,20 @@ impl Hoard {
         let secret = super::secret_file(data);
         let mut args = vec!["--token-hs256-secret-file", secret.to_str().unwrap()];
         args.extend(backend.args());
-        Self::start_with(data, &args)
+        Self::start_with_env(data, &args, backend.env())
     }
 
     pub fn start_with(data: &Path, extra: &[&str]) -> Self {
+        Self::start_with_env(data, extra, &[])
+    }
+
+    /// Like [`Hoard::start_with`], with `env` set for the server (object storage settings).
+    pub fn start_with_env(data: &Path, extra: &[&str], env: &[(String, String)]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_hoard"))
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data)
             .args(extra)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             // Request lines (debug level) too: tests count uploads by them.
             .env("RUST_LOG", "info,tower_http=debug,hoard::api=debug")
             .stdout(Stdio::null())
