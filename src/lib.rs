@@ -45,7 +45,7 @@ pub enum ServeError {
         url: String,
         source: meta::MetaError,
     },
-    #[error("cannot open the chunk store: {0}")]
+    #[error("cannot open the chunk store (--storage-url, HOARD_STORAGE_URL): {0}")]
     Blob(#[from] blob::BlobError),
     #[error("start-up recovery failed: {0}")]
     Recover(#[from] cache::CacheError),

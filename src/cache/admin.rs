@@ -191,7 +191,7 @@ impl Cache {
             ));
         }
         if let Err(e) = self.blobs.ping().await {
-            warnings.push(format!("The chunk store cannot be written: {e}."));
+            warnings.push(format!("The chunk store does not answer: {e}."));
         }
         Ok(CacheStatus {
             totals,

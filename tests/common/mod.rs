@@ -12,6 +12,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 pub mod databases;
+pub mod emulators;
 pub mod issuer;
 pub mod process;
 
