@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::databases::{Backend, Server};
+use common::emulators;
 use common::process::Hoard;
 use common::{files_under, main_token, random_bytes, token, MAIN, SERVICE};
 use serde_json::Value;
@@ -172,6 +173,27 @@ fn sha256_file(path: &Path) -> String {
     hex::encode(hasher.finalize())
 }
 
+/// The environment `hoard serve` gets for the test S3 server, as an operator would write it:
+/// `AWS_ENDPOINT_URL`, and no `AWS_ALLOW_HTTP` (hoard allows the http:// endpoint it was given).
+fn s3_env() -> Vec<(String, String)> {
+    emulators::s3()
+        .env()
+        .into_iter()
+        .filter(|(k, _)| k != "AWS_ALLOW_HTTP")
+        .map(|(k, v)| match k.as_str() {
+            "AWS_ENDPOINT" => ("AWS_ENDPOINT_URL".to_owned(), v),
+            _ => (k, v),
+        })
+        .collect()
+}
+
+/// A fresh database on `server` and a fresh bucket on the test S3 server; `None` when the
+/// user asked to skip that database server.
+fn on_s3(server: Server) -> Option<Backend> {
+    let bucket = emulators::s3().bucket();
+    Backend::create(Some(server)).map(|b| b.with_storage(format!("s3://{bucket}/cache"), s3_env()))
+}
+
 fn saved_id(result: &Value, output: &str) -> i64 {
     let id = result.as_i64().unwrap_or(-1);
     assert!(id > 0, "save failed:\n{output}");
@@ -179,9 +201,12 @@ fn saved_id(result: &Value, output: &str) -> i64 {
 }
 
 fn small_entries_round_trip_and_follow_githubs_rules_with(server: Option<Server>) {
-    let Some(backend) = Backend::create(server) else {
-        return;
-    };
+    if let Some(backend) = Backend::create(server) {
+        small_entries_round_trip_and_follow_githubs_rules_on(backend);
+    }
+}
+
+fn small_entries_round_trip_and_follow_githubs_rules_on(backend: Backend) {
     let data = tempfile::tempdir().unwrap();
     let hoard = Hoard::start_on(data.path(), &backend);
     let (srv, t) = (hoard.base.as_str(), main_token());
@@ -259,9 +284,12 @@ fn small_entries_round_trip_and_follow_githubs_rules_with(server: Option<Server>
 }
 
 fn large_entries_use_single_put_and_block_paths_in_bounded_memory_with(server: Option<Server>) {
-    let Some(backend) = Backend::create(server) else {
-        return;
-    };
+    if let Some(backend) = Backend::create(server) {
+        large_entries_use_single_put_and_block_paths_in_bounded_memory_on(backend);
+    }
+}
+
+fn large_entries_use_single_put_and_block_paths_in_bounded_memory_on(backend: Backend) {
     let data = tempfile::tempdir().unwrap();
     let hoard = Hoard::start_on(data.path(), &backend);
     let (srv, t) = (hoard.base.as_str(), main_token());
@@ -309,9 +337,12 @@ fn large_entries_use_single_put_and_block_paths_in_bounded_memory_with(server: O
 }
 
 fn four_concurrent_saves_of_one_key_have_one_winner_with(server: Option<Server>) {
-    let Some(backend) = Backend::create(server) else {
-        return;
-    };
+    if let Some(backend) = Backend::create(server) {
+        four_concurrent_saves_of_one_key_have_one_winner_on(backend);
+    }
+}
+
+fn four_concurrent_saves_of_one_key_have_one_winner_on(backend: Backend) {
     let data = tempfile::tempdir().unwrap();
     let hoard = Hoard::start_on(data.path(), &backend);
     let (srv, t) = (hoard.base.as_str(), main_token());
@@ -735,6 +766,13 @@ fn small_entries_round_trip_and_follow_githubs_rules_on_mariadb() {
 }
 
 #[test]
+fn small_entries_round_trip_and_follow_githubs_rules_on_postgres_and_s3() {
+    if let Some(backend) = on_s3(Server::Postgres) {
+        small_entries_round_trip_and_follow_githubs_rules_on(backend);
+    }
+}
+
+#[test]
 fn large_entries_use_single_put_and_block_paths_in_bounded_memory() {
     large_entries_use_single_put_and_block_paths_in_bounded_memory_with(None);
 }
@@ -750,6 +788,13 @@ fn large_entries_use_single_put_and_block_paths_in_bounded_memory_on_mariadb() {
 }
 
 #[test]
+fn large_entries_use_single_put_and_block_paths_in_bounded_memory_on_postgres_and_s3() {
+    if let Some(backend) = on_s3(Server::Postgres) {
+        large_entries_use_single_put_and_block_paths_in_bounded_memory_on(backend);
+    }
+}
+
+#[test]
 fn four_concurrent_saves_of_one_key_have_one_winner() {
     four_concurrent_saves_of_one_key_have_one_winner_with(None);
 }
@@ -762,6 +807,13 @@ fn four_concurrent_saves_of_one_key_have_one_winner_on_postgres() {
 #[test]
 fn four_concurrent_saves_of_one_key_have_one_winner_on_mariadb() {
     four_concurrent_saves_of_one_key_have_one_winner_with(Some(Server::MySql));
+}
+
+#[test]
+fn four_concurrent_saves_of_one_key_have_one_winner_on_postgres_and_s3() {
+    if let Some(backend) = on_s3(Server::Postgres) {
+        four_concurrent_saves_of_one_key_have_one_winner_on(backend);
+    }
 }
 
 #[test]
