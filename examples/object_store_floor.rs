@@ -11,6 +11,8 @@
 //! same `object_store` client as hoard, with one PUT per 32 MiB object (no multipart), which is
 //! the least work a client can do to store these bytes.
 
+#![allow(clippy::print_stdout)] // A report for the terminal.
+
 use std::sync::Arc;
 use std::time::Instant;
 

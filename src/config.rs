@@ -634,6 +634,15 @@ pub enum Storage {
     Object(crate::blob::ObjectStorageUrl),
 }
 
+impl std::fmt::Display for Storage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Dir(dir) => write!(f, "file://{}", dir.display()),
+            Self::Object(url) => url.fmt(f),
+        }
+    }
+}
+
 fn storage(url: &str) -> Result<Storage, ConfigError> {
     if let Some(object) = crate::blob::ObjectStorageUrl::parse(url) {
         return object

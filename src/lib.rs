@@ -47,6 +47,8 @@ pub enum ServeError {
     },
     #[error("cannot open the chunk store (--storage-url, HOARD_STORAGE_URL): {0}")]
     Blob(#[from] blob::BlobError),
+    #[error("--direct-downloads (HOARD_DIRECT_DOWNLOADS) needs storage credentials that can presign links: {0}")]
+    DirectDownloads(String),
     #[error("start-up recovery failed: {0}")]
     Recover(#[from] cache::CacheError),
     #[error("{0}")]
@@ -120,6 +122,12 @@ pub async fn build_state(
         }
     };
     cache.recover().await?;
+    if config.direct_downloads {
+        cache
+            .can_presign()
+            .await
+            .map_err(ServeError::DirectDownloads)?;
+    }
     let mut warnings = Vec::new();
     if config.tokens.insecure_skip_validation {
         warnings.push(UNVERIFIED_TOKENS_WARNING.to_owned());

@@ -205,6 +205,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         tracing::warn!("{}", hoard::auth::callers::ANONYMOUS_WARNING);
     }
     tracing::info!("metadata in {}", config.database.redacted());
+    tracing::info!("chunks in {}", config.storage);
     if let Some(tls) = &config.tls {
         tracing::info!(
             "serving HTTPS with {} (re-read on SIGHUP)",

@@ -334,6 +334,7 @@ fn large_entries_use_single_put_and_block_paths_in_bounded_memory_on(backend: Ba
         peak_mib < 100,
         "peak RSS {peak_mib} MiB after serving 300 MiB"
     );
+    eprintln!("peak RSS {peak_mib} MiB");
 }
 
 fn four_concurrent_saves_of_one_key_have_one_winner_with(server: Option<Server>) {
@@ -1088,4 +1089,358 @@ fn legacy_clients_save_and_restore_under_a_prefix_and_at_the_root() {
     let (res, out) = ws.run_via(Via::V1With3, &prefixed, &t, &["restore", "cross-v2", "x"]);
     assert_eq!(res, "cross-v2", "saved by v2, restored by v1:\n{out}");
     assert_eq!(sha256_file(&ws.path("x/data.bin")), sum);
+}
+
+/// A load balancer in front of replicas for the replica test: each request goes to the replica
+/// `pick` names, with the Host header kept, so links point back at the balancer.
+struct Balancer {
+    base: String,
+    /// (method, path, replica index) of every request, in arrival order.
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(String, String, usize)>>>,
+}
+
+type Pick = fn(&str, &str, usize) -> usize;
+
+struct Lb {
+    replicas: Vec<String>,
+    pick: Pick,
+    http: reqwest::Client,
+    puts: std::sync::atomic::AtomicUsize,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(String, String, usize)>>>,
+}
+
+async fn forward(
+    axum::extract::State(lb): axum::extract::State<std::sync::Arc<Lb>>,
+    req: axum::extract::Request,
+) -> axum::response::Response {
+    let (parts, body) = req.into_parts();
+    let (method, path) = (
+        parts.method.as_str().to_owned(),
+        parts.uri.path().to_owned(),
+    );
+    let n = if method == "PUT" {
+        lb.puts.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    } else {
+        0
+    };
+    let i = (lb.pick)(&method, &path, n);
+    lb.seen.lock().unwrap().push((method, path, i));
+    let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut out = lb
+        .http
+        .request(parts.method.clone(), format!("{}{pq}", lb.replicas[i]))
+        .body(reqwest::Body::wrap_stream(body.into_data_stream()));
+    for (name, value) in &parts.headers {
+        out = out.header(name, value);
+    }
+    let answer = out.send().await.unwrap();
+    let mut response = axum::response::Response::builder().status(answer.status());
+    for (name, value) in answer.headers() {
+        response = response.header(name, value);
+    }
+    response
+        .body(axum::body::Body::from_stream(answer.bytes_stream()))
+        .unwrap()
+}
+
+impl Balancer {
+    /// Starts on its own runtime thread, for synchronous tests.
+    fn start(replicas: Vec<String>, pick: Pick) -> Self {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let lb = std::sync::Arc::new(Lb {
+            replicas,
+            pick,
+            http: reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .unwrap(),
+            puts: Default::default(),
+            seen: seen.clone(),
+        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                tx.send(listener.local_addr().unwrap()).unwrap();
+                let app = axum::Router::new().fallback(forward).with_state(lb);
+                axum::serve(listener, app).await.unwrap();
+            });
+        });
+        let addr = rx.recv().unwrap();
+        Self {
+            base: format!("http://{addr}"),
+            seen,
+        }
+    }
+
+    /// Which replicas received requests whose path contains `part` and whose method is `method`.
+    fn replicas_for(&self, method: &str, part: &str) -> Vec<usize> {
+        let seen = self.seen.lock().unwrap();
+        seen.iter()
+            .filter(|(m, p, _)| m == method && p.contains(part))
+            .map(|(_, _, i)| *i)
+            .collect()
+    }
+}
+
+/// Starts `n` replicas on one database and one bucket, each with its own data directory and
+/// the same signing key.
+fn replicas(backend: &Backend, n: usize) -> Vec<(Hoard, tempfile::TempDir)> {
+    (0..n)
+        .map(|_| {
+            let data = tempfile::tempdir().unwrap();
+            let secret = common::secret_file(data.path());
+            let mut args = vec![
+                "--token-hs256-secret-file",
+                secret.to_str().unwrap(),
+                "--signing-key",
+                "replicas-share-this-signing-key-0123456789",
+            ];
+            args.extend(backend.args());
+            (
+                Hoard::start_with_env(data.path(), &args, backend.env()),
+                data,
+            )
+        })
+        .collect()
+}
+
+/// Three replicas on PostgreSQL + S3 are one cache (issue #8): the real client saves through
+/// A with its blocks spread over A and B and finalizes through B, then restores through C; a
+/// reservation race across the three has one winner; a replica killed with SIGKILL in the
+/// middle of an upload leaves no entry, and the others keep serving.
+#[test]
+fn three_replicas_on_postgres_and_s3_are_one_cache() {
+    let Some(backend) = on_s3(Server::Postgres) else {
+        return;
+    };
+    let mut nodes = replicas(&backend, 3);
+    let bases: Vec<String> = nodes.iter().map(|(h, _)| h.base.clone()).collect();
+    let t = main_token();
+
+    // Reserve at A, blocks alternately to A and B, finalize at B, anything else at C.
+    let lb = Balancer::start(bases.clone(), |method, path, puts| {
+        if path.ends_with("/CreateCacheEntry") {
+            0
+        } else if path.ends_with("/FinalizeCacheEntryUpload") {
+            1
+        } else if method == "PUT" {
+            puts % 2
+        } else {
+            2
+        }
+    });
+    let ws = Workspace::new();
+    // Over the client's 128 MiB single-put limit: 64 MiB blocks, then Put Block List.
+    let sum = ws.write_random("big/data.bin", 150 * MIB, 80);
+    let (res, out) = ws.save(&lb.base, &t, "replicated", &["big"]);
+    saved_id(&res, &out);
+    let blob_puts = lb.replicas_for("PUT", "/_blob/uploads/");
+    assert!(
+        blob_puts.len() >= 4 && blob_puts.contains(&0) && blob_puts.contains(&1),
+        "blocks and block list spread over A and B: {blob_puts:?}"
+    );
+    assert_eq!(lb.replicas_for("POST", "/CreateCacheEntry"), [0]);
+    assert_eq!(lb.replicas_for("POST", "/FinalizeCacheEntryUpload"), [1]);
+    ws.remove("big");
+    let (res, out) = ws.restore(&bases[2], &t, "replicated", &[], &["big"]);
+    assert_eq!(res, "replicated", "restored through C: {out}");
+    assert_eq!(sha256_file(&ws.path("big/data.bin")), sum);
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let http = reqwest::Client::new();
+        // Nine concurrent reservations of one key, three at each replica: one winner.
+        let attempts: Vec<_> = (0..9)
+            .map(|i| {
+                let (http, t, base) = (http.clone(), t.clone(), bases[i % 3].clone());
+                tokio::spawn(async move {
+                    let body = serde_json::json!({"key": "raced", "version": common::VERSION});
+                    twirp(&http, &base, &t, "CreateCacheEntry", body).await
+                })
+            })
+            .collect();
+        let mut winners = 0;
+        for attempt in attempts {
+            if attempt.await.unwrap()["ok"] == true {
+                winners += 1;
+            }
+        }
+        assert_eq!(winners, 1, "one winner across three replicas");
+
+        // An upload to A that A never finishes: 4 MiB arrive, then A is killed.
+        let body = serde_json::json!({"key": "cut-short", "version": common::VERSION});
+        let reserved = twirp(&http, &bases[0], &t, "CreateCacheEntry", body).await;
+        let link = reserved["signed_upload_url"].as_str().unwrap().to_owned();
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, std::io::Error>>(4);
+        tx.send(Ok(bytes::Bytes::from(random_bytes(4 * MIB, 81))))
+            .await
+            .unwrap();
+        let stalled = tokio::spawn({
+            let http = http.clone();
+            async move {
+                http.put(format!("{link}&comp=block&blockid=QUFBQQ=="))
+                    .header("content-length", (8 * MIB).to_string())
+                    .body(reqwest::Body::wrap_stream(
+                        tokio_stream_from(rx),
+                    ))
+                    .send()
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let (a, _a_data) = nodes.remove(0);
+        a.kill_9();
+        drop(tx);
+        assert!(stalled.await.unwrap().is_err(), "A died mid-upload");
+        let body = serde_json::json!({"key": "cut-short", "version": common::VERSION, "size_bytes": 8 * MIB});
+        let fin = twirp(&http, &bases[1], &t, "FinalizeCacheEntryUpload", body).await;
+        assert_ne!(fin["ok"], true, "nothing was committed: {fin}");
+        for base in &bases[1..] {
+            let body = serde_json::json!({"key": "cut-short", "version": common::VERSION});
+            let hit = twirp(&http, base, &t, "GetCacheEntryDownloadURL", body).await;
+            assert_ne!(hit["ok"], true, "no entry from a killed upload: {hit}");
+        }
+    });
+
+    // B and C keep serving, for the real client too.
+    let ws = Workspace::new();
+    let sum = ws.write_random("after/data.bin", MIB, 82);
+    saved_id(
+        &ws.save(&bases[1], &t, "after-kill", &["after"]).0,
+        "save through B",
+    );
+    ws.remove("after");
+    let (res, out) = ws.restore(&bases[2], &t, "after-kill", &[], &["after"]);
+    assert_eq!(res, "after-kill", "{out}");
+    assert_eq!(sha256_file(&ws.path("after/data.bin")), sum);
+    let (res, _) = ws.restore(&bases[1], &t, "replicated", &[], &["big"]);
+    assert_eq!(res, "replicated");
+}
+
+/// The receiving end of `rx` as a body stream.
+fn tokio_stream_from(
+    rx: tokio::sync::mpsc::Receiver<Result<bytes::Bytes, std::io::Error>>,
+) -> impl futures_util::Stream<Item = Result<bytes::Bytes, std::io::Error>> {
+    futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    })
+}
+
+/// Samples of hoard's `/metrics` whose line starts with `prefix`, summed.
+async fn metric(http: &reqwest::Client, base: &str, prefix: &str) -> f64 {
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// `--direct-downloads` (issue #8): the real client restores an entry through a redirect to
+/// the S3 server, and hoard sends none of its bytes; entries of several chunks, Azure ranges
+/// and HEAD still stream through hoard.
+#[test]
+fn direct_downloads_send_the_real_client_to_the_object_store() {
+    let bucket = emulators::s3().bucket();
+    let backend = Backend::sqlite().with_storage(format!("s3://{bucket}"), s3_env());
+    let data = tempfile::tempdir().unwrap();
+    let secret = common::secret_file(data.path());
+    let mut args = vec![
+        "--token-hs256-secret-file",
+        secret.to_str().unwrap(),
+        "--direct-downloads",
+    ];
+    args.extend(backend.args());
+    let hoard = Hoard::start_with_env(data.path(), &args, backend.env());
+    let (srv, t) = (hoard.base.as_str(), main_token());
+    let ws = Workspace::new();
+    let sum = ws.write_random("deps/data.bin", MIB, 90);
+    saved_id(&ws.save(srv, &t, "direct", &["deps"]).0, "save");
+    ws.remove("deps");
+    let (res, out) = ws.restore(srv, &t, "direct", &[], &["deps"]);
+    assert_eq!(res, "direct", "{out}");
+    assert_eq!(sha256_file(&ws.path("deps/data.bin")), sum);
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let entries = "hoard_http_requests_total{route=\"/_blob/entries/{id}\"";
+        assert_eq!(metric(&http, srv, &format!("{entries},status=\"3xx\"}}")).await, 1.0);
+        assert_eq!(metric(&http, srv, &format!("{entries},status=\"2xx\"}}")).await, 0.0);
+        assert_eq!(metric(&http, srv, "hoard_downloaded_bytes_total").await, 0.0);
+
+        // An entry of two blocks: streamed, whole and by range.
+        let body = serde_json::json!({"key": "two-blocks", "version": common::VERSION});
+        let reserved = twirp(&http, srv, &t, "CreateCacheEntry", body).await;
+        let link = reserved["signed_upload_url"].as_str().unwrap().to_owned();
+        let payload = random_bytes(300_000, 91);
+        for (id, part) in [("QUFBQQ==", &payload[..100_000]), ("QkJCQg==", &payload[100_000..])] {
+            let put = http
+                .put(format!("{link}&comp=block&blockid={}", common::percent_encode(id)))
+                .body(part.to_vec())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(put.status(), 201);
+        }
+        let list = "<BlockList><Latest>QUFBQQ==</Latest><Latest>QkJCQg==</Latest></BlockList>";
+        let put = http
+            .put(format!("{link}&comp=blocklist"))
+            .body(list)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(put.status(), 201);
+        let body = serde_json::json!({"key": "two-blocks", "version": common::VERSION, "size_bytes": payload.len()});
+        assert_eq!(twirp(&http, srv, &t, "FinalizeCacheEntryUpload", body).await["ok"], true);
+        let body = serde_json::json!({"key": "two-blocks", "version": common::VERSION});
+        let hit = twirp(&http, srv, &t, "GetCacheEntryDownloadURL", body).await;
+        let url = hit["signed_download_url"].as_str().unwrap().to_owned();
+        let whole = http.get(&url).send().await.unwrap();
+        assert_eq!(whole.status(), 200, "two chunks stream through hoard");
+        assert_eq!(whole.bytes().await.unwrap(), payload);
+
+        // The one-chunk entry: Range is redirected (the store serves ranges itself); x-ms-range
+        // and HEAD are answered here.
+        let body = serde_json::json!({"key": "one-chunk", "version": common::VERSION});
+        let reserved = twirp(&http, srv, &t, "CreateCacheEntry", body).await;
+        let link = reserved["signed_upload_url"].as_str().unwrap().to_owned();
+        let put = http
+            .put(&link)
+            .header("x-ms-blob-type", "BlockBlob")
+            .body(payload.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(put.status(), 201);
+        let body = serde_json::json!({"key": "one-chunk", "version": common::VERSION, "size_bytes": payload.len()});
+        assert_eq!(twirp(&http, srv, &t, "FinalizeCacheEntryUpload", body).await["ok"], true);
+        let body = serde_json::json!({"key": "one-chunk", "version": common::VERSION});
+        let hit = twirp(&http, srv, &t, "GetCacheEntryDownloadURL", body).await;
+        let url = hit["signed_download_url"].as_str().unwrap().to_owned();
+        let ranged = http.get(&url).header("range", "bytes=0-9").send().await.unwrap();
+        assert_eq!(ranged.status(), 307);
+        let store_url = ranged.headers()["location"].to_str().unwrap().to_owned();
+        assert!(store_url.starts_with(&emulators::s3().endpoint), "{store_url}");
+        let from_store = http.get(&store_url).header("range", "bytes=0-9").send().await.unwrap();
+        assert_eq!(from_store.status(), 206);
+        let azure = http.get(&url).header("x-ms-range", "bytes=0-9").send().await.unwrap();
+        assert_eq!(azure.status(), 206);
+        let from_store = from_store.bytes().await.unwrap();
+        assert_eq!(from_store, payload[..10]);
+        assert_eq!(azure.bytes().await.unwrap(), from_store);
+        let head = http.head(&url).send().await.unwrap();
+        assert_eq!(head.status(), 200);
+    });
 }

@@ -469,7 +469,15 @@ pub(super) async fn serve_entry(
         && method == Method::GET
         && !NOT_REDIRECTED.iter().any(|h| headers.contains_key(*h))
     {
-        if let Some(link) = cache.direct_link(open, DIRECT_LINK_TTL).await? {
+        let link = cache
+            .direct_link(open, DIRECT_LINK_TTL)
+            .await
+            .unwrap_or_else(|e| {
+                // Start-up proved presigning works; streaming is still a right answer.
+                tracing::warn!(entry = open.entry.id, error = %e, "cannot presign a direct download link; streaming instead");
+                None
+            });
+        if let Some(link) = link {
             if let Ok(location) = HeaderValue::from_str(link.as_str()) {
                 let mut response = Response::new(Body::empty());
                 *response.status_mut() = StatusCode::TEMPORARY_REDIRECT;

@@ -44,7 +44,9 @@ const PART_SIZE: usize = 8 << 20;
 const PARTS_IN_FLIGHT: usize = 2;
 /// Part-sized buffers all puts together may hold: what bounds the memory of many block
 /// uploads at once (the JS client sends 8 blocks of 64 MiB in parallel).
-const UPLOAD_BUFFER_PARTS: usize = 6;
+const UPLOAD_BUFFER_PARTS: usize = 4;
+/// How long `/readyz` waits for the store.
+const PING_TIMEOUT: Duration = Duration::from_secs(5);
 /// Chunks declared this small are received whole outside the budget.
 const SMALL: u64 = 1 << 20;
 /// The longest one request to the store may take, body included. The clients' default (30 s)
@@ -110,7 +112,12 @@ impl ObjectStorageUrl {
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         let prefix = prefix.trim_matches('/');
         let ok_char = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
-        if bucket.is_empty() || !bucket.chars().all(ok_char) {
+        // Azure container names are lowercase letters, digits and hyphens only.
+        let azure_ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+        if bucket.is_empty()
+            || !bucket.chars().all(ok_char)
+            || (kind == ObjectKind::Azure && !bucket.chars().all(azure_ok))
+        {
             return Some(Err(format!(
                 "names no valid bucket (expected {scheme}://BUCKET/PREFIX)"
             )));
@@ -258,6 +265,15 @@ impl ObjectStorage {
                         )),
                     });
                 }
+                // Written again (the same bytes): every start proves the credentials can
+                // write, not only the first.
+                self.store
+                    .put(
+                        &self.marker,
+                        PutPayload::from(format!("{LAYOUT_VERSION}\n")),
+                    )
+                    .await
+                    .map_err(|e| store_err(what(), e))?;
                 Ok(())
             }
             Err(object_store::Error::NotFound { .. }) => {
@@ -359,18 +375,11 @@ impl ObjectStorage {
                     });
                 }
                 digests.update(&frame);
-                if budgeted && share.is_none() {
-                    let budget = self.upload_budget.clone();
-                    share = Some(
-                        budget
-                            .acquire_owned()
-                            .await
-                            .map_err(io::Error::other)
-                            .map_err(BlobError::Body)?,
-                    );
+                if frame.is_empty() {
+                    continue;
                 }
-                buffered += frame.len();
-                buffer.push(frame);
+                // A full buffer becomes a part once more bytes follow it, so a chunk of
+                // exactly PART_SIZE is still one PUT.
                 if buffered >= PART_SIZE {
                     if parts.is_none() {
                         let upload = self.store.put_multipart(&path).await.map_err(fail)?;
@@ -385,6 +394,18 @@ impl ObjectStorage {
                     sending.send(std::mem::take(&mut buffer), permit);
                     buffered = 0;
                 }
+                if budgeted && share.is_none() {
+                    let budget = self.upload_budget.clone();
+                    share = Some(
+                        budget
+                            .acquire_owned()
+                            .await
+                            .map_err(io::Error::other)
+                            .map_err(BlobError::Body)?,
+                    );
+                }
+                buffered += frame.len();
+                buffer.push(frame);
             }
             if let Some(declared) = declared_len.filter(|&d| received != d) {
                 return Err(BlobError::LengthMismatch {
@@ -510,11 +531,19 @@ impl BlobStore for ObjectStorage {
     /// Reads the layout marker: a cheap request that needs the credentials to work. (Writing
     /// was proved at start-up.)
     async fn ping(&self) -> Result<(), BlobError> {
-        self.store
-            .head(&self.marker)
-            .await
-            .map(|_| ())
-            .map_err(|e| store_err(format!("{}/VERSION", self.url), e))
+        let what = || format!("{}/VERSION", self.url);
+        // Without retries' patience: a readiness probe wants an answer now.
+        match tokio::time::timeout(PING_TIMEOUT, self.store.head(&self.marker)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(store_err(what(), e)),
+            Err(_) => Err(BlobError::Io {
+                what: what(),
+                source: io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no answer within {PING_TIMEOUT:?}"),
+                ),
+            }),
+        }
     }
 
     async fn sync(&self, _force: bool) -> Result<(), BlobError> {
@@ -572,6 +601,7 @@ mod tests {
             "s3://user:secret@bucket/p",
             "s3://bucket/a//b",
             "gs://bucket/../other",
+            "az://My.Container",
         ] {
             assert!(
                 ObjectStorageUrl::parse(bad).unwrap().is_err(),

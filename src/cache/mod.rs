@@ -619,6 +619,24 @@ impl Cache {
         }
     }
 
+    /// Whether the store can presign links with the credentials it has (`--direct-downloads`
+    /// checks at start-up rather than on every download).
+    pub async fn can_presign(&self) -> Result<(), String> {
+        let probe = crate::model::BlobName::random();
+        match self
+            .blobs
+            .presigned_get(&probe, std::time::Duration::from_secs(60))
+            .await
+        {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(format!(
+                "{} storage has no presigned links",
+                self.blobs.kind()
+            )),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     /// What kind of store holds the chunks: `file`, `s3`, `gcs` or `azure`.
     pub fn storage_kind(&self) -> &'static str {
         self.blobs.kind()
