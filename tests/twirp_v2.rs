@@ -702,7 +702,7 @@ async fn readiness_failures_do_not_echo_internal_errors() {
     let (status, body) = json_of(srv.http.get(srv.url("/readyz")).send().await.unwrap()).await;
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["status"], "unavailable");
-    assert_eq!(body["error"], "the chunk store cannot be written");
+    assert_eq!(body["error"], "the chunk store does not answer");
     let text = body.to_string();
     let dir = srv.data.path().to_str().unwrap();
     assert!(!text.contains(dir), "no path in the answer: {text}");
