@@ -228,3 +228,33 @@ fn readyz_fails_when_the_store_stops_answering() {
     assert!(log.contains("readiness check failed"), "{log}");
     assert!(!log.contains(&s3.secret_access_key), "{log}");
 }
+
+/// A prefix written by a layout this version does not know is refused, not overwritten.
+#[tokio::test(flavor = "multi_thread")]
+async fn another_layout_version_is_refused() {
+    let s3 = emulators::s3();
+    set_env(&s3.env());
+    let bucket = s3.bucket();
+    let raw = object_store::aws::AmazonS3Builder::from_env()
+        .with_url(format!("s3://{bucket}"))
+        .build()
+        .unwrap();
+    object_store::ObjectStore::put(&raw, &"p/VERSION".into(), Bytes::from_static(b"2\n").into())
+        .await
+        .unwrap();
+    let url = ObjectStorageUrl::parse(&format!("s3://{bucket}/p"))
+        .unwrap()
+        .unwrap();
+    let err = ObjectStorage::open(&url).await.unwrap_err().to_string();
+    assert!(
+        err.contains("data layout version 2 is not supported"),
+        "{err}"
+    );
+    let kept = object_store::ObjectStore::get(&raw, &"p/VERSION".into())
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(kept.as_ref(), b"2\n", "the marker is left as it was");
+}

@@ -250,7 +250,8 @@ impl ObjectStorage {
         })
     }
 
-    /// Writes the layout marker if there is none, and refuses a layout this version cannot read.
+    /// Refuses a layout this version cannot read, then writes the layout marker (again, with
+    /// the same bytes, after the first start): every start proves the credentials can write.
     async fn check_layout(&self) -> Result<(), BlobError> {
         let what = || format!("{}/VERSION", self.url);
         match self.store.get(&self.marker).await {
@@ -265,27 +266,16 @@ impl ObjectStorage {
                         )),
                     });
                 }
-                // Written again (the same bytes): every start proves the credentials can
-                // write, not only the first.
-                self.store
-                    .put(
-                        &self.marker,
-                        PutPayload::from(format!("{LAYOUT_VERSION}\n")),
-                    )
-                    .await
-                    .map_err(|e| store_err(what(), e))?;
-                Ok(())
             }
-            Err(object_store::Error::NotFound { .. }) => {
-                let marker = PutPayload::from(format!("{LAYOUT_VERSION}\n"));
-                self.store
-                    .put(&self.marker, marker)
-                    .await
-                    .map_err(|e| store_err(what(), e))?;
-                Ok(())
-            }
-            Err(e) => Err(store_err(what(), e)),
+            Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(store_err(what(), e)),
         }
+        let marker = PutPayload::from(format!("{LAYOUT_VERSION}\n"));
+        self.store
+            .put(&self.marker, marker)
+            .await
+            .map_err(|e| store_err(what(), e))?;
+        Ok(())
     }
 
     fn path_of(&self, name: &BlobName) -> Path {
