@@ -1270,9 +1270,7 @@ fn three_replicas_on_postgres_and_s3_are_one_cache() {
         assert_eq!(winners, 1, "one winner across three replicas");
 
         // An upload to A that A never finishes: 4 MiB arrive, then A is killed.
-        let body = serde_json::json!({"key": "cut-short", "version": common::VERSION});
-        let reserved = twirp(&http, &bases[0], &t, "CreateCacheEntry", body).await;
-        let link = reserved["signed_upload_url"].as_str().unwrap().to_owned();
+        let link = reserve_at(&http, &bases[0], &t, "cut-short").await;
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, std::io::Error>>(4);
         tx.send(Ok(bytes::Bytes::from(random_bytes(4 * MIB, 81))))
             .await
@@ -1328,6 +1326,31 @@ fn tokio_stream_from(
     })
 }
 
+/// Reserves `key` (the test version) and returns the upload link.
+async fn reserve_at(http: &reqwest::Client, base: &str, t: &str, key: &str) -> String {
+    let body = serde_json::json!({"key": key, "version": common::VERSION});
+    let reserved = twirp(http, base, t, "CreateCacheEntry", body).await;
+    reserved["signed_upload_url"].as_str().unwrap().to_owned()
+}
+
+/// Finalizes `key` at `size` bytes, then looks it up and returns its download link.
+async fn finalize_and_find(
+    http: &reqwest::Client,
+    base: &str,
+    t: &str,
+    key: &str,
+    size: usize,
+) -> String {
+    let body = serde_json::json!({"key": key, "version": common::VERSION, "size_bytes": size});
+    assert_eq!(
+        twirp(http, base, t, "FinalizeCacheEntryUpload", body).await["ok"],
+        true
+    );
+    let body = serde_json::json!({"key": key, "version": common::VERSION});
+    let hit = twirp(http, base, t, "GetCacheEntryDownloadURL", body).await;
+    hit["signed_download_url"].as_str().unwrap().to_owned()
+}
+
 /// Samples of hoard's `/metrics` whose line starts with `prefix`, summed.
 async fn metric(http: &reqwest::Client, base: &str, prefix: &str) -> f64 {
     let text = http
@@ -1376,18 +1399,31 @@ fn direct_downloads_send_the_real_client_to_the_object_store() {
             .build()
             .unwrap();
         let entries = "hoard_http_requests_total{route=\"/_blob/entries/{id}\"";
-        assert_eq!(metric(&http, srv, &format!("{entries},status=\"3xx\"}}")).await, 1.0);
-        assert_eq!(metric(&http, srv, &format!("{entries},status=\"2xx\"}}")).await, 0.0);
-        assert_eq!(metric(&http, srv, "hoard_downloaded_bytes_total").await, 0.0);
+        assert_eq!(
+            metric(&http, srv, &format!("{entries},status=\"3xx\"}}")).await,
+            1.0
+        );
+        assert_eq!(
+            metric(&http, srv, &format!("{entries},status=\"2xx\"}}")).await,
+            0.0
+        );
+        assert_eq!(
+            metric(&http, srv, "hoard_downloaded_bytes_total").await,
+            0.0
+        );
 
         // An entry of two blocks: streamed, whole and by range.
-        let body = serde_json::json!({"key": "two-blocks", "version": common::VERSION});
-        let reserved = twirp(&http, srv, &t, "CreateCacheEntry", body).await;
-        let link = reserved["signed_upload_url"].as_str().unwrap().to_owned();
+        let link = reserve_at(&http, srv, &t, "two-blocks").await;
         let payload = random_bytes(300_000, 91);
-        for (id, part) in [("QUFBQQ==", &payload[..100_000]), ("QkJCQg==", &payload[100_000..])] {
+        for (id, part) in [
+            ("QUFBQQ==", &payload[..100_000]),
+            ("QkJCQg==", &payload[100_000..]),
+        ] {
             let put = http
-                .put(format!("{link}&comp=block&blockid={}", common::percent_encode(id)))
+                .put(format!(
+                    "{link}&comp=block&blockid={}",
+                    common::percent_encode(id)
+                ))
                 .body(part.to_vec())
                 .send()
                 .await
@@ -1402,20 +1438,14 @@ fn direct_downloads_send_the_real_client_to_the_object_store() {
             .await
             .unwrap();
         assert_eq!(put.status(), 201);
-        let body = serde_json::json!({"key": "two-blocks", "version": common::VERSION, "size_bytes": payload.len()});
-        assert_eq!(twirp(&http, srv, &t, "FinalizeCacheEntryUpload", body).await["ok"], true);
-        let body = serde_json::json!({"key": "two-blocks", "version": common::VERSION});
-        let hit = twirp(&http, srv, &t, "GetCacheEntryDownloadURL", body).await;
-        let url = hit["signed_download_url"].as_str().unwrap().to_owned();
+        let url = finalize_and_find(&http, srv, &t, "two-blocks", payload.len()).await;
         let whole = http.get(&url).send().await.unwrap();
         assert_eq!(whole.status(), 200, "two chunks stream through hoard");
         assert_eq!(whole.bytes().await.unwrap(), payload);
 
         // The one-chunk entry: Range is redirected (the store serves ranges itself); x-ms-range
         // and HEAD are answered here.
-        let body = serde_json::json!({"key": "one-chunk", "version": common::VERSION});
-        let reserved = twirp(&http, srv, &t, "CreateCacheEntry", body).await;
-        let link = reserved["signed_upload_url"].as_str().unwrap().to_owned();
+        let link = reserve_at(&http, srv, &t, "one-chunk").await;
         let put = http
             .put(&link)
             .header("x-ms-blob-type", "BlockBlob")
@@ -1424,18 +1454,32 @@ fn direct_downloads_send_the_real_client_to_the_object_store() {
             .await
             .unwrap();
         assert_eq!(put.status(), 201);
-        let body = serde_json::json!({"key": "one-chunk", "version": common::VERSION, "size_bytes": payload.len()});
-        assert_eq!(twirp(&http, srv, &t, "FinalizeCacheEntryUpload", body).await["ok"], true);
-        let body = serde_json::json!({"key": "one-chunk", "version": common::VERSION});
-        let hit = twirp(&http, srv, &t, "GetCacheEntryDownloadURL", body).await;
-        let url = hit["signed_download_url"].as_str().unwrap().to_owned();
-        let ranged = http.get(&url).header("range", "bytes=0-9").send().await.unwrap();
+        let url = finalize_and_find(&http, srv, &t, "one-chunk", payload.len()).await;
+        let ranged = http
+            .get(&url)
+            .header("range", "bytes=0-9")
+            .send()
+            .await
+            .unwrap();
         assert_eq!(ranged.status(), 307);
         let store_url = ranged.headers()["location"].to_str().unwrap().to_owned();
-        assert!(store_url.starts_with(&emulators::s3().endpoint), "{store_url}");
-        let from_store = http.get(&store_url).header("range", "bytes=0-9").send().await.unwrap();
+        assert!(
+            store_url.starts_with(&emulators::s3().endpoint),
+            "{store_url}"
+        );
+        let from_store = http
+            .get(&store_url)
+            .header("range", "bytes=0-9")
+            .send()
+            .await
+            .unwrap();
         assert_eq!(from_store.status(), 206);
-        let azure = http.get(&url).header("x-ms-range", "bytes=0-9").send().await.unwrap();
+        let azure = http
+            .get(&url)
+            .header("x-ms-range", "bytes=0-9")
+            .send()
+            .await
+            .unwrap();
         assert_eq!(azure.status(), 206);
         let from_store = from_store.bytes().await.unwrap();
         assert_eq!(from_store, payload[..10]);

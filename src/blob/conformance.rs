@@ -110,10 +110,12 @@ async fn large_chunks_round_trip_while_others_are_stored(store: &dyn BlobStore) 
         .map(|i| bytes((20 << 20) + 4099 * i as usize, 10 + i))
         .collect();
     let names: Vec<BlobName> = data.iter().map(|_| BlobName::random()).collect();
-    let puts = data
-        .iter()
-        .zip(&names)
-        .map(|(d, name)| store.put(name, body(d, 200_003), Some(d.len() as u64)));
+    // Half with a declared length, half without (v1's chunked uploads): stores may treat the
+    // two differently.
+    let puts = data.iter().zip(&names).enumerate().map(|(i, (d, name))| {
+        let declared = (i % 2 == 0).then_some(d.len() as u64);
+        store.put(name, body(d, 200_003), declared)
+    });
     let chunks = futures_util::future::try_join_all(puts).await.unwrap();
     for ((chunk, d), name) in chunks.iter().zip(&data).zip(&names) {
         assert_eq!(chunk.size, d.len() as u64);
@@ -172,7 +174,24 @@ async fn a_failing_body_stores_nothing(store: &dyn BlobStore) {
         !names(store).await.contains(&name),
         "nothing of a failed put is listed"
     );
-    // The same after more than one part was sent.
+    // The same with a declared length, and after more than one part was sent without one.
+    let name = BlobName::random();
+    let frames: Vec<Result<Bytes, std::io::Error>> = (0..12)
+        .map(|i| Ok(Bytes::from(bytes(1 << 20, i))))
+        .chain([Err(std::io::Error::other("client hung up"))])
+        .collect();
+    let result = store
+        .put(
+            &name,
+            Box::pin(futures_util::stream::iter(frames)),
+            Some(20 << 20),
+        )
+        .await;
+    assert!(matches!(result, Err(BlobError::Body(_))), "{result:?}");
+    assert!(matches!(
+        store.get(&name, 0, 1).await,
+        Err(BlobError::NotFound(_))
+    ));
     let name = BlobName::random();
     let frames: Vec<Result<Bytes, std::io::Error>> = (0..20)
         .map(|i| Ok(Bytes::from(bytes(1 << 20, i))))

@@ -45,6 +45,9 @@ const PARTS_IN_FLIGHT: usize = 2;
 /// Part-sized buffers all puts together may hold: what bounds the memory of many block
 /// uploads at once (the JS client sends 8 blocks of 64 MiB in parallel).
 const UPLOAD_BUFFER_PARTS: usize = 4;
+/// How long an upload link the server makes for itself stays valid: the store checks it when
+/// the request starts, and the request starts at once.
+const LINK_TTL: Duration = Duration::from_secs(600);
 /// How long `/readyz` waits for the store.
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
 /// Chunks declared this small are received whole outside the budget.
@@ -164,6 +167,8 @@ pub struct ObjectStorage {
     marker: Path,
     /// Shares of [`UPLOAD_BUFFER_PARTS`], one per part-sized buffer being filled or sent.
     upload_budget: Arc<Semaphore>,
+    /// For streaming uploads through presigned links.
+    http: reqwest::Client,
 }
 
 // By hand: the clients' own `Debug` would print their credentials.
@@ -196,6 +201,13 @@ impl ObjectStorage {
             marker: root.child("VERSION"),
             url: url.clone(),
             upload_budget: Arc::new(Semaphore::new(UPLOAD_BUFFER_PARTS)),
+            http: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(5))
+                .build()
+                .map_err(|e| BlobError::Io {
+                    what: url.to_string(),
+                    source: io::Error::other(e),
+                })?,
         };
         this.check_layout().await?;
         Ok(this)
@@ -278,6 +290,18 @@ impl ObjectStorage {
         Ok(())
     }
 
+    /// A link to `name` for `method`, signed with the store's credentials.
+    async fn presigned_get_or_put(
+        &self,
+        name: &BlobName,
+        method: reqwest::Method,
+    ) -> Result<Url, BlobError> {
+        self.signer
+            .signed_url(method, &self.path_of(name), LINK_TTL)
+            .await
+            .map_err(|e| store_err(format!("signing a link to chunk {name}"), e))
+    }
+
     fn path_of(&self, name: &BlobName) -> Path {
         self.chunks.child(name.as_str())
     }
@@ -334,11 +358,116 @@ impl Parts {
 }
 
 impl ObjectStorage {
+    /// Streams a body of known length to the store in one PUT through a presigned link: no
+    /// buffer, one request, the frames passed on as they arrive and hashed on the way. Only
+    /// the client's retry can repeat it, since the body cannot be replayed.
+    async fn put_through_link(
+        &self,
+        name: &BlobName,
+        link: Url,
+        mut body: ByteStream,
+        declared: u64,
+    ) -> Result<Chunk, BlobError> {
+        // The request reads from a channel this function feeds: it reads the client's body to
+        // its end even after the declared bytes went out (the request stops there), so that a
+        // longer body is seen; one shorter than declared fails the request rather than end it.
+        let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<Bytes>>(2);
+        let outgoing = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        });
+        let mut request = self
+            .http
+            .put(link)
+            .header(reqwest::header::CONTENT_LENGTH, declared)
+            .body(reqwest::Body::wrap_stream(outgoing));
+        if self.url.kind == ObjectKind::Azure {
+            request = request.header("x-ms-blob-type", "BlockBlob");
+        }
+        let feed = async move {
+            let mut digests = Digests::new();
+            let mut received: u64 = 0;
+            while let Some(frame) = body.next().await {
+                let frame = match frame {
+                    Ok(frame) => frame,
+                    Err(e) => {
+                        let _ = tx
+                            .send(Err(io::Error::other("the client's body failed")))
+                            .await;
+                        return Err(BlobError::Body(e));
+                    }
+                };
+                received += frame.len() as u64;
+                if received > declared {
+                    let _ = tx
+                        .send(Err(io::Error::other("body longer than declared")))
+                        .await;
+                    return Err(BlobError::LengthMismatch {
+                        declared,
+                        actual: received,
+                    });
+                }
+                digests.update(&frame);
+                // A closed channel means the request is over; its outcome tells why.
+                let _ = tx.send(Ok(frame)).await;
+            }
+            if received < declared {
+                let _ = tx
+                    .send(Err(io::Error::other("body shorter than declared")))
+                    .await;
+                return Err(BlobError::LengthMismatch {
+                    declared,
+                    actual: received,
+                });
+            }
+            Ok(digests.finish())
+        };
+        let (sent, fed) = tokio::join!(request.send(), feed);
+        let what = || format!("chunk {name}");
+        let stored = match sent {
+            // The link's query is a credential: never in an error.
+            Err(e) => Err(BlobError::Io {
+                what: what(),
+                source: io::Error::other(e.without_url()),
+            }),
+            Ok(answer) if !answer.status().is_success() => {
+                let status = answer.status();
+                let text: String = answer
+                    .text()
+                    .await
+                    .unwrap_or_default()
+                    .chars()
+                    .take(300)
+                    .collect();
+                Err(BlobError::Io {
+                    what: what(),
+                    source: io::Error::other(format!("the store answered {status}: {text}")),
+                })
+            }
+            Ok(_) => Ok(()),
+        };
+        match (fed, stored) {
+            (Ok((sha256, xxh3)), Ok(())) => Ok(Chunk {
+                blob: name.clone(),
+                size: declared,
+                sha256,
+                xxh3: Some(xxh3),
+            }),
+            (Ok(_), Err(e)) => Err(e),
+            (Err(e), stored) => {
+                // The store may have taken the declared bytes before the excess was seen.
+                if stored.is_ok() {
+                    let _ = self.store.delete(&self.path_of(name)).await;
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// Receives, hashes and stores `body`; see [`BlobStore::put`]. Bytes are held in part-sized
     /// buffers, each taken from the store-wide budget before it fills, so a put waits rather
     /// than hold more memory than [`UPLOAD_BUFFER_PARTS`] parts in all. A put never needs a
     /// second share while it waits for one, so puts cannot deadlock on the budget.
-    async fn put_streaming(
+    async fn put_buffered(
         &self,
         name: &BlobName,
         mut body: ByteStream,
@@ -450,7 +579,15 @@ impl BlobStore for ObjectStorage {
         body: ByteStream,
         declared_len: Option<u64>,
     ) -> Result<Chunk, BlobError> {
-        self.put_streaming(name, body, declared_len).await
+        // A body of known length streams straight through in one PUT; one of unknown length
+        // (v1's chunked PATCH), or too small to be worth a link, is buffered into parts.
+        if let Some(declared) = declared_len.filter(|&len| len > SMALL) {
+            match self.presigned_get_or_put(name, reqwest::Method::PUT).await {
+                Ok(link) => return self.put_through_link(name, link, body, declared).await,
+                Err(e) => tracing::debug!(error = %e, "no presigned upload link; buffering"),
+            }
+        }
+        self.put_buffered(name, body, declared_len).await
     }
 
     async fn get(&self, name: &BlobName, offset: u64, len: u64) -> Result<ByteStream, BlobError> {
