@@ -4,14 +4,16 @@
 //! Layout under the URL's prefix: `chunks/<name>` for chunks and `VERSION`, the layout marker,
 //! written at start-up (which proves the store can be written) and read by [`BlobStore::ping`].
 //!
-//! A chunk streams to the store as it arrives and is hashed on the way. Up to [`PART_SIZE`] it
-//! is one PUT; a larger one is a multipart upload of [`PART_SIZE`] parts with at most
-//! [`PARTS_IN_FLIGHT`] being sent. All puts together hold at most [`UPLOAD_BUFFER_PARTS`]
-//! part-sized buffers (plus chunks under 1 MiB), whatever the chunk sizes and however many
-//! uploads run at once. An object appears only when its PUT, or the completion of its
-//! multipart upload, succeeds: no reader ever sees part of a chunk. A multipart upload cut short
-//! by a crash stays invisible and is billed until the bucket's lifecycle rule for incomplete
-//! multipart uploads removes it (docs/scale-out.md).
+//! A chunk streams to the store as it arrives and is hashed on the way. A body of declared
+//! length goes in one PUT through a link this server presigns for itself, frames passed on as
+//! they come: no buffer. A body of unknown length (v1's chunked PATCH) is buffered: up to
+//! [`PART_SIZE`] it is one PUT, a larger one a multipart upload of [`PART_SIZE`] parts with at
+//! most [`PARTS_IN_FLIGHT`] being sent, and all such puts together hold at most
+//! [`UPLOAD_BUFFER_PARTS`] part-sized buffers (plus chunks under 1 MiB), however many run at
+//! once. An object appears only when its PUT, or the completion of its multipart upload,
+//! succeeds: no reader ever sees part of a chunk. A multipart upload cut short by a crash stays
+//! invisible and is billed until the bucket's lifecycle rule for incomplete multipart uploads
+//! removes it (docs/scale-out.md).
 //!
 //! Durability is the store's: a put is durable when it returns, so `sync` has nothing to do and
 //! nothing is ever lost to a crash of this machine.
