@@ -477,6 +477,7 @@ impl BlobStore for FsStore {
     fn lost_since(&self) -> Option<Millis> {
         self.lost_since
     }
+
     async fn presigned_get(
         &self,
         _name: &BlobName,

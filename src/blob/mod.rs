@@ -131,6 +131,6 @@ pub trait BlobStore: Send + Sync + std::fmt::Debug + 'static {
         ttl: Duration,
     ) -> Result<Option<url::Url>, BlobError>;
 
-    /// What kind of store this is, for `/readyz` and the admin API: `file`, `s3`, `gcs`, `azure`.
+    /// What kind of store this is, for the admin API's status: `file`, `s3`, `gcs`, `azure`.
     fn kind(&self) -> &'static str;
 }

@@ -292,14 +292,15 @@ impl ObjectStorage {
         Ok(())
     }
 
-    /// A link to `name` for `method`, signed with the store's credentials.
-    async fn presigned_get_or_put(
+    /// A link to `name` for `method`, valid for `ttl`, signed with the store's credentials.
+    async fn presigned_link(
         &self,
         name: &BlobName,
         method: reqwest::Method,
+        ttl: Duration,
     ) -> Result<Url, BlobError> {
         self.signer
-            .signed_url(method, &self.path_of(name), LINK_TTL)
+            .signed_url(method, &self.path_of(name), ttl)
             .await
             .map_err(|e| store_err(format!("signing a link to chunk {name}"), e))
     }
@@ -409,8 +410,10 @@ impl ObjectStorage {
                     });
                 }
                 digests.update(&frame);
-                // A closed channel means the request is over; its outcome tells why.
-                let _ = tx.send(Ok(frame)).await;
+                if tx.send(Ok(frame)).await.is_err() {
+                    // The request is over early (the store refused it): its answer says why.
+                    return Ok(None);
+                }
             }
             if received < declared {
                 let _ = tx
@@ -421,7 +424,7 @@ impl ObjectStorage {
                     actual: received,
                 });
             }
-            Ok(digests.finish())
+            Ok(Some(digests.finish()))
         };
         let (sent, fed) = tokio::join!(request.send(), feed);
         let what = || format!("chunk {name}");
@@ -448,11 +451,15 @@ impl ObjectStorage {
             Ok(_) => Ok(()),
         };
         match (fed, stored) {
-            (Ok((sha256, xxh3)), Ok(())) => Ok(Chunk {
+            (Ok(Some((sha256, xxh3))), Ok(())) => Ok(Chunk {
                 blob: name.clone(),
                 size: declared,
                 sha256,
                 xxh3: Some(xxh3),
+            }),
+            (Ok(None), Ok(())) => Err(BlobError::Io {
+                what: what(),
+                source: io::Error::other("the store answered before the whole body was sent"),
             }),
             (Ok(_), Err(e)) => Err(e),
             (Err(e), stored) => {
@@ -584,7 +591,10 @@ impl BlobStore for ObjectStorage {
         // A body of known length streams straight through in one PUT; one of unknown length
         // (v1's chunked PATCH), or too small to be worth a link, is buffered into parts.
         if let Some(declared) = declared_len.filter(|&len| len > SMALL) {
-            match self.presigned_get_or_put(name, reqwest::Method::PUT).await {
+            match self
+                .presigned_link(name, reqwest::Method::PUT, LINK_TTL)
+                .await
+            {
                 Ok(link) => return self.put_through_link(name, link, body, declared).await,
                 Err(e) => tracing::debug!(error = %e, "no presigned upload link; buffering"),
             }
@@ -688,12 +698,9 @@ impl BlobStore for ObjectStorage {
         name: &BlobName,
         ttl: Duration,
     ) -> Result<Option<Url>, BlobError> {
-        let url = self
-            .signer
-            .signed_url(reqwest::Method::GET, &self.path_of(name), ttl)
-            .await
-            .map_err(|e| store_err(format!("signing a link to chunk {name}"), e))?;
-        Ok(Some(url))
+        Ok(Some(
+            self.presigned_link(name, reqwest::Method::GET, ttl).await?,
+        ))
     }
 
     fn kind(&self) -> &'static str {
