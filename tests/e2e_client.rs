@@ -1488,3 +1488,26 @@ fn direct_downloads_send_the_real_client_to_the_object_store() {
         assert_eq!(head.status(), 200);
     });
 }
+
+/// Cache service v1 on object storage: the real 3.2.4 client and 6.3.0 forced onto v1 send
+/// 32 MiB chunked PATCHes of unknown length, which take the buffered multipart path to S3.
+#[test]
+fn v1_clients_save_and_restore_large_entries_on_s3() {
+    let bucket = emulators::s3().bucket();
+    let backend = Backend::sqlite().with_storage(format!("s3://{bucket}/v1"), s3_env());
+    let data = tempfile::tempdir().unwrap();
+    let hoard = Hoard::start_on(data.path(), &backend);
+    let t = main_token();
+    let ws = Workspace::new();
+    for (n, via) in [Via::V1With3, Via::V1With6].into_iter().enumerate() {
+        let key = format!("v1-large-{n}");
+        let sum = ws.write_random("v1/large.bin", 40 * MIB, 95 + n as u64);
+        let (res, out) = ws.run_via(via, &hoard.base, &t, &["save", &key, "v1"]);
+        saved_id(&res, &out);
+        ws.remove("v1");
+        let (res, out) = ws.run_via(via, &hoard.base, &t, &["restore", &key, "v1"]);
+        assert_eq!(res, key.as_str(), "{via:?}: {out}");
+        assert_eq!(sha256_file(&ws.path("v1/large.bin")), sum, "{via:?}");
+    }
+    assert!(v1_patches(&hoard) >= 4, "two PATCHes per save at least");
+}
