@@ -836,6 +836,37 @@ fn branches_pull_requests_and_repositories_are_isolated_for_the_real_client_on_m
     ));
 }
 
+/// Sends `n` concurrent reservations of `key`, the i-th to `bases[i % bases.len()]`; returns
+/// the base and signed upload link of each that won.
+async fn reservation_winners(
+    http: &reqwest::Client,
+    bases: &[String],
+    t: &str,
+    key: &str,
+    n: usize,
+) -> Vec<(String, String)> {
+    let attempts: Vec<_> = (0..n)
+        .map(|i| {
+            let (http, t, base) = (http.clone(), t.to_owned(), bases[i % bases.len()].clone());
+            let body = serde_json::json!({"key": key, "version": common::VERSION});
+            tokio::spawn(async move {
+                (
+                    twirp(&http, &base, &t, "CreateCacheEntry", body).await,
+                    base,
+                )
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    for attempt in attempts {
+        let (res, base) = attempt.await.unwrap();
+        if res["ok"] == true {
+            winners.push((base, res["signed_upload_url"].as_str().unwrap().to_owned()));
+        }
+    }
+    winners
+}
+
 /// Two `hoard serve` processes on one database, one data directory and one signing key
 /// (issue #7, point 5): a reservation race across them has one winner, an entry saved through
 /// one restores through the other with the real client, and a link signed by one is honoured
@@ -877,23 +908,8 @@ fn two_processes_share_one_database(server: Server) {
     rt.block_on(async {
         let http = reqwest::Client::new();
         // Eight concurrent reservations of one key, alternating between the processes.
-        let attempts: Vec<_> = (0..8)
-            .map(|i| {
-                let (http, t) = (http.clone(), t.clone());
-                let base = if i % 2 == 0 { a.base.clone() } else { b.base.clone() };
-                tokio::spawn(async move {
-                    let body = serde_json::json!({"key": "raced", "version": common::VERSION});
-                    (twirp(&http, &base, &t, "CreateCacheEntry", body).await, base)
-                })
-            })
-            .collect();
-        let mut winners = Vec::new();
-        for attempt in attempts {
-            let (res, base) = attempt.await.unwrap();
-            if res["ok"] == true {
-                winners.push((base, res["signed_upload_url"].as_str().unwrap().to_owned()));
-            }
-        }
+        let bases = [a.base.clone(), b.base.clone()];
+        let winners = reservation_winners(&http, &bases, &t, "raced", 8).await;
         assert_eq!(winners.len(), 1, "one winner across both processes");
 
         // The winner's link, signed by whichever process answered, is taken by the other one;
@@ -1252,22 +1268,8 @@ fn three_replicas_on_postgres_and_s3_are_one_cache() {
     rt.block_on(async {
         let http = reqwest::Client::new();
         // Nine concurrent reservations of one key, three at each replica: one winner.
-        let attempts: Vec<_> = (0..9)
-            .map(|i| {
-                let (http, t, base) = (http.clone(), t.clone(), bases[i % 3].clone());
-                tokio::spawn(async move {
-                    let body = serde_json::json!({"key": "raced", "version": common::VERSION});
-                    twirp(&http, &base, &t, "CreateCacheEntry", body).await
-                })
-            })
-            .collect();
-        let mut winners = 0;
-        for attempt in attempts {
-            if attempt.await.unwrap()["ok"] == true {
-                winners += 1;
-            }
-        }
-        assert_eq!(winners, 1, "one winner across three replicas");
+        let winners = reservation_winners(&http, &bases, &t, "raced", 9).await;
+        assert_eq!(winners.len(), 1, "one winner across three replicas");
 
         // An upload to A that A never finishes: 4 MiB arrive, then A is killed.
         let link = reserve_at(&http, &bases[0], &t, "cut-short").await;

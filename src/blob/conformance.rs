@@ -160,52 +160,30 @@ async fn a_body_of_the_wrong_length_stores_nothing(store: &dyn BlobStore) {
     }
 }
 
+/// A body of `mib` 1 MiB frames, then a failure: a client hanging up.
+fn failing_body(mib: u8) -> ByteStream {
+    let frames: Vec<Result<Bytes, std::io::Error>> = (0..mib)
+        .map(|i| Ok(Bytes::from(bytes(1 << 20, i))))
+        .chain([Err(std::io::Error::other("client hung up"))])
+        .collect();
+    Box::pin(futures_util::stream::iter(frames))
+}
+
 async fn a_failing_body_stores_nothing(store: &dyn BlobStore) {
-    let name = BlobName::random();
-    let frames: Vec<Result<Bytes, std::io::Error>> = vec![
-        Ok(Bytes::from(bytes(1 << 20, 3))),
-        Err(std::io::Error::other("client hung up")),
-    ];
-    let result = store
-        .put(&name, Box::pin(futures_util::stream::iter(frames)), None)
-        .await;
-    assert!(matches!(result, Err(BlobError::Body(_))), "{result:?}");
-    assert!(
-        !names(store).await.contains(&name),
-        "nothing of a failed put is listed"
-    );
-    // The same with a declared length, and after more than one part was sent without one.
-    let name = BlobName::random();
-    let frames: Vec<Result<Bytes, std::io::Error>> = (0..12)
-        .map(|i| Ok(Bytes::from(bytes(1 << 20, i))))
-        .chain([Err(std::io::Error::other("client hung up"))])
-        .collect();
-    let result = store
-        .put(
-            &name,
-            Box::pin(futures_util::stream::iter(frames)),
-            Some(20 << 20),
-        )
-        .await;
-    assert!(matches!(result, Err(BlobError::Body(_))), "{result:?}");
-    assert!(matches!(
-        store.get(&name, 0, 1).await,
-        Err(BlobError::NotFound(_))
-    ));
-    let name = BlobName::random();
-    let frames: Vec<Result<Bytes, std::io::Error>> = (0..20)
-        .map(|i| Ok(Bytes::from(bytes(1 << 20, i))))
-        .chain([Err(std::io::Error::other("client hung up"))])
-        .collect();
-    let result = store
-        .put(&name, Box::pin(futures_util::stream::iter(frames)), None)
-        .await;
-    assert!(matches!(result, Err(BlobError::Body(_))), "{result:?}");
-    assert!(!names(store).await.contains(&name));
-    assert!(matches!(
-        store.get(&name, 0, 1).await,
-        Err(BlobError::NotFound(_))
-    ));
+    // Early, with a declared length, and after more than one part was sent without one.
+    for (mib, declared) in [(1, None), (12, Some(20 << 20)), (20, None)] {
+        let name = BlobName::random();
+        let result = store.put(&name, failing_body(mib), declared).await;
+        assert!(matches!(result, Err(BlobError::Body(_))), "{result:?}");
+        assert!(
+            !names(store).await.contains(&name),
+            "nothing of a failed put is listed"
+        );
+        assert!(matches!(
+            store.get(&name, 0, 1).await,
+            Err(BlobError::NotFound(_))
+        ));
+    }
 }
 
 async fn empty_chunks_are_chunks(store: &dyn BlobStore) {

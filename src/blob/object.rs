@@ -401,13 +401,7 @@ impl ObjectStorage {
                 };
                 received += frame.len() as u64;
                 if received > declared {
-                    let _ = tx
-                        .send(Err(io::Error::other("body longer than declared")))
-                        .await;
-                    return Err(BlobError::LengthMismatch {
-                        declared,
-                        actual: received,
-                    });
+                    break;
                 }
                 digests.update(&frame);
                 if tx.send(Ok(frame)).await.is_err() {
@@ -415,10 +409,9 @@ impl ObjectStorage {
                     return Ok(None);
                 }
             }
-            if received < declared {
-                let _ = tx
-                    .send(Err(io::Error::other("body shorter than declared")))
-                    .await;
+            if received != declared {
+                // Fails the request, so the store keeps nothing of it.
+                let _ = tx.send(Err(io::Error::other("body length mismatch"))).await;
                 return Err(BlobError::LengthMismatch {
                     declared,
                     actual: received,
