@@ -223,6 +223,12 @@ fn readyz_fails_when_the_store_stops_answering() {
         assert_eq!(ready.status(), 503);
         let body: serde_json::Value = ready.json().await.unwrap();
         assert_eq!(body["error"], "the chunk store does not answer", "{body}");
+        // Log lines come through a pipe, a moment after the answer.
+        let logged = || {
+            let log = hoard.log.lock().unwrap();
+            log.iter().any(|l| l.contains("readiness check failed"))
+        };
+        common::eventually(Duration::from_secs(10), logged).await;
     });
     let log = hoard.log.lock().unwrap().join("\n");
     assert!(log.contains("readiness check failed"), "{log}");
