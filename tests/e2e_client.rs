@@ -1511,5 +1511,6 @@ fn v1_clients_save_and_restore_large_entries_on_s3() {
         assert_eq!(res, key.as_str(), "{via:?}: {out}");
         assert_eq!(sha256_file(&ws.path("v1/large.bin")), sum, "{via:?}");
     }
+    wait_until(|| v1_patches(&hoard) >= 4);
     assert!(v1_patches(&hoard) >= 4, "two PATCHes per save at least");
 }
