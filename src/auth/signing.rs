@@ -51,14 +51,25 @@ pub enum SignatureError {
     Expired,
 }
 
-#[derive(Debug, Clone)]
+/// Signs and checks links with one key.
+#[derive(Clone)]
 pub struct UrlSigner {
-    key: Secret,
+    /// The HMAC with the key already absorbed: each link then costs the message's blocks only,
+    /// not the key schedule's two more. Derived from the key, so as secret as the key.
+    keyed: HmacSha256,
+}
+
+impl std::fmt::Debug for UrlSigner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UrlSigner(***)")
+    }
 }
 
 impl UrlSigner {
     pub fn new(key: Secret) -> Self {
-        Self { key }
+        Self {
+            keyed: HmacSha256::new_from_slice(key.expose()).expect("HMAC takes keys of any length"),
+        }
     }
 
     /// Loads the key kept in `path`, or makes one and keeps it there with mode 0600 so that
@@ -99,8 +110,7 @@ impl UrlSigner {
     }
 
     fn mac(&self, purpose: Purpose, target: LinkTarget, expires: u64) -> HmacSha256 {
-        let mut mac =
-            HmacSha256::new_from_slice(self.key.expose()).expect("HMAC takes keys of any length");
+        let mut mac = self.keyed.clone();
         let LinkTarget { id, created_at } = target;
         mac.update(format!("{}\n{id}\n{created_at}\n{expires}", purpose.label()).as_bytes());
         mac

@@ -16,10 +16,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{
-    params, Connection, ErrorCode, OpenFlags, OptionalExtension, Row, Transaction,
-    TransactionBehavior,
+    params, Connection, ErrorCode, OpenFlags, OptionalExtension, Row, TransactionBehavior,
 };
 
+use super::group_commit::{GroupCommit, Guard};
 use super::sql::{
     chunk_from_parts, count_entries_sql, list_entries_sql, repositories_sql, repository_from_parts,
     upload_from_parts, xxh3_column, ListedRow, Param, UploadRow,
@@ -60,7 +60,7 @@ const HARD_LIMIT_WAIT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
-    writer: Arc<tokio::sync::Mutex<Connection>>,
+    writer: Arc<GroupCommit>,
     readers: Arc<ReaderPool>,
     wal: Arc<WalBound>,
 }
@@ -96,6 +96,33 @@ impl WalBound {
             self.wanted.notify_one();
         }
         size > WAL_HARD_LIMIT
+    }
+}
+
+impl WalBound {
+    /// Before a batch of writes, with the writer connection held: past the hard bound, the
+    /// durability loop has not kept up (a large checkpoint takes seconds on a busy disk), or a
+    /// reader holds an old snapshot. Writes then queue here, checkpointing when they can, and
+    /// are refused if the log cannot start over in time. The bound holds.
+    async fn wait_for_room<'a>(&self, conn: Guard<'a>) -> Result<Guard<'a>, MetaError> {
+        if !self.over_hard_limit() {
+            return Ok(conn);
+        }
+        let deadline = tokio::time::Instant::now() + HARD_LIMIT_WAIT;
+        loop {
+            // Busy (another checkpoint runs, a reader stays): look again shortly.
+            let _ = checkpoint_now(&conn, Duration::ZERO);
+            if self.size() <= WAL_HARD_LIMIT {
+                return Ok(conn);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(MetaError::Unavailable(format!(
+                    "the write-ahead log is at its bound ({} MiB) and a long read transaction prevents a checkpoint",
+                    WAL_HARD_LIMIT >> 20
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
 
@@ -180,7 +207,7 @@ impl SqliteStore {
         let mut wal_path = path.clone().into_os_string();
         wal_path.push("-wal");
         let store = Self {
-            writer: Arc::new(tokio::sync::Mutex::new(conn)),
+            writer: Arc::new(GroupCommit::new(conn)),
             readers: Arc::new(ReaderPool {
                 path,
                 idle: Mutex::new(Vec::new()),
@@ -230,36 +257,16 @@ impl SqliteStore {
         .await
     }
 
-    /// Runs `f` in one immediate transaction on the writer connection.
+    /// Runs `f` in a write transaction on the writer connection, together with the changes
+    /// that queued meanwhile, each in its own savepoint (group commit: `group_commit.rs`).
     async fn write<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&Transaction<'_>) -> Result<T, MetaError> + Send + 'static,
+        f: impl FnOnce(&Connection) -> Result<T, MetaError> + Send + 'static,
     ) -> Result<T, MetaError> {
-        let mut conn = self.writer.lock().await;
-        if self.wal.over_hard_limit() {
-            // The durability loop has not kept up (a large checkpoint takes seconds on a busy
-            // disk), or a reader holds an old snapshot: writes queue here, checkpointing when
-            // they can, and are refused if the log cannot start over in time. The bound holds.
-            let deadline = tokio::time::Instant::now() + HARD_LIMIT_WAIT;
-            loop {
-                // Busy (another checkpoint runs, a reader stays): look again shortly.
-                let _ = checkpoint_now(&conn, Duration::ZERO);
-                if self.wal.size() <= WAL_HARD_LIMIT {
-                    break;
-                }
-                if tokio::time::Instant::now() >= deadline {
-                    return Err(MetaError::Unavailable(format!(
-                        "the write-ahead log is at its bound ({} MiB) and a long read transaction prevents a checkpoint",
-                        WAL_HARD_LIMIT >> 20
-                    )));
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let value = f(&tx)?;
-        tx.commit()?;
-        Ok(value)
+        let wal = &self.wal;
+        self.writer
+            .write(f, |conn| async move { wal.wait_for_room(conn).await })
+            .await
     }
 
     /// Runs `f` on a pooled read-only connection, on the calling task's thread.
@@ -299,9 +306,9 @@ impl SqliteStore {
         f: impl FnOnce(&Connection) -> Result<T, MetaError> + Send + 'static,
     ) -> Result<T, MetaError> {
         self.read(move |conn| {
-            conn.execute_batch("BEGIN")?;
+            conn.prepare_cached("BEGIN")?.execute([])?;
             let result = f(conn);
-            conn.execute_batch("COMMIT")?;
+            conn.prepare_cached("COMMIT")?.execute([])?;
             result
         })
         .await
@@ -384,7 +391,7 @@ fn load_blocks(conn: &Connection, upload: UploadId) -> Result<UploadBlocks, Meta
 }
 
 /// Claims the upload for a change: bumps its revision if it is still open at the loaded one.
-fn claim(tx: &Transaction<'_>, upload: &Upload, now: Millis) -> Result<(), MetaError> {
+fn claim(tx: &Connection, upload: &Upload, now: Millis) -> Result<(), MetaError> {
     let changed = tx
         .prepare_cached(
             "UPDATE uploads SET revision = revision + 1, updated_at = ?
@@ -397,7 +404,7 @@ fn claim(tx: &Transaction<'_>, upload: &Upload, now: Millis) -> Result<(), MetaE
     Ok(())
 }
 
-fn drop_blocks(tx: &Transaction<'_>, upload: UploadId) -> Result<(), MetaError> {
+fn drop_blocks(tx: &Connection, upload: UploadId) -> Result<(), MetaError> {
     tx.prepare_cached("DELETE FROM staged_blocks WHERE upload_id = ?")?
         .execute([upload])?;
     tx.prepare_cached("DELETE FROM upload_parts WHERE upload_id = ?")?
@@ -405,7 +412,7 @@ fn drop_blocks(tx: &Transaction<'_>, upload: UploadId) -> Result<(), MetaError> 
     Ok(())
 }
 
-fn set_state(tx: &Transaction<'_>, upload: UploadId, state: UploadState) -> Result<(), MetaError> {
+fn set_state(tx: &Connection, upload: UploadId, state: UploadState) -> Result<(), MetaError> {
     tx.prepare_cached("UPDATE uploads SET state = ? WHERE id = ?")?
         .execute(params![state.as_str(), upload])?;
     Ok(())
