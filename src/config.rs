@@ -24,7 +24,7 @@ pub struct ServeArgs {
     /// mysql://USER:PASS@HOST:PORT/DB (MySQL 8, MariaDB 10.11+)
     /// [default: sqlite://<data-dir>/hoard.db].
     #[arg(long, env = "HOARD_DATABASE_URL", hide_env_values = true)]
-    pub database_url: Option<String>,
+    pub database_url: Option<crate::secret::SecretText>,
 
     /// Connections to a PostgreSQL or MySQL database this process may hold.
     #[arg(long, env = "HOARD_DATABASE_POOL_SIZE", default_value_t = 16)]
@@ -136,7 +136,7 @@ pub struct ServeArgs {
 
     /// The link signing key itself (at least 32 characters), instead of a file.
     #[arg(long, env = "HOARD_SIGNING_KEY", hide_env_values = true)]
-    pub signing_key: Option<String>,
+    pub signing_key: Option<crate::secret::SecretText>,
 
     /// Largest entry accepted, in bytes or with a unit (KiB, MiB, GiB).
     #[arg(long, env = "HOARD_MAX_ENTRY_SIZE", default_value = "10GiB", value_parser = parse_size)]
@@ -201,7 +201,7 @@ pub struct ServeArgs {
         hide_env_values = true,
         conflicts_with = "admin_token_file"
     )]
-    pub admin_token: Option<String>,
+    pub admin_token: Option<crate::secret::SecretText>,
 
     /// Serve /metrics on this address (such as 127.0.0.1:9300) instead of on --listen, so that
     /// runners cannot read it [default: on --listen].
@@ -330,7 +330,7 @@ impl ServeArgs {
         }
         let database = match &self.database_url {
             None => DatabaseUrl::Sqlite(self.data_dir.join("hoard.db")),
-            Some(url) => DatabaseUrl::parse(url)
+            Some(url) => DatabaseUrl::parse(url.expose())
                 .map_err(|e| ConfigError(format!("--database-url (HOARD_DATABASE_URL) {e}.")))?,
         };
         if self.database_pool_size == 0 {
@@ -402,12 +402,12 @@ impl ServeArgs {
         }
         let tokens = self.token_settings()?;
         let signing_key = match &self.signing_key {
-            Some(key) if key.len() < 32 => {
+            Some(key) if key.expose().len() < 32 => {
                 return Err(ConfigError(
                     "--signing-key (HOARD_SIGNING_KEY) must be at least 32 characters.".into(),
                 ))
             }
-            Some(key) => Some(crate::secret::Secret::new(key.as_bytes())),
+            Some(key) => Some(crate::secret::Secret::new(key.expose().as_bytes())),
             None => None,
         };
         if self.max_open_uploads == 0 {
@@ -510,7 +510,7 @@ impl ServeArgs {
 impl ServeArgs {
     fn admin_token(&self) -> Result<Option<crate::secret::Secret>, ConfigError> {
         let token = match (&self.admin_token, &self.admin_token_file) {
-            (Some(token), _) => token.trim().to_owned(),
+            (Some(token), _) => token.expose().trim().to_owned(),
             (None, Some(path)) => std::fs::read_to_string(path)
                 .map_err(|e| {
                     ConfigError(format!(

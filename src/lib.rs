@@ -52,8 +52,6 @@ pub enum ServeError {
     #[error("start-up recovery failed: {0}")]
     Recover(#[from] cache::CacheError),
     #[error("{0}")]
-    Tokens(String),
-    #[error("{0}")]
     Upstream(String),
     #[error("{0}")]
     Tls(String),
@@ -172,7 +170,7 @@ pub async fn build_state(
         cache,
         signer,
         Callers {
-            tokens: Verifier::new(config.tokens.clone()).map_err(ServeError::Tokens)?,
+            tokens: Verifier::new(config.tokens.clone()),
             forgejo: config.forgejo.clone(),
             namespaces: config.namespaces.clone(),
             anonymous: config.anonymous,

@@ -246,6 +246,30 @@ impl fmt::Display for BlobName {
 }
 
 /// A random RFC 4122-shaped id (`8-4-4-4-12` hex), for request ids and block-id prefixes.
+/// Text a client chose (a token's claims, a path, a driver's message quoting a statement),
+/// shown in a log line or an error message at most [`Clipped::MAX`] bytes long: what one request
+/// can make the server write is bounded whatever it sends.
+#[derive(Debug, Clone, Copy)]
+pub struct Clipped<'a>(pub &'a str);
+
+impl Clipped<'_> {
+    pub const MAX: usize = 300;
+}
+
+impl fmt::Display for Clipped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let text = self.0;
+        if text.len() <= Self::MAX {
+            return f.write_str(text);
+        }
+        let mut end = Self::MAX;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        write!(f, "{}… ({} bytes)", &text[..end], text.len())
+    }
+}
+
 pub fn random_uuid() -> String {
     let name = BlobName::random();
     let h = name.as_str();

@@ -39,6 +39,32 @@ impl fmt::Display for Secret {
     }
 }
 
+/// A secret as given on the command line or in the environment (`--signing-key`,
+/// `--admin-token`, `--database-url` with its password), before it is checked: the parsed
+/// flags print nothing of it either.
+#[derive(Clone)]
+pub struct SecretText(String);
+
+impl SecretText {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::str::FromStr for SecretText {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self(s.to_owned()))
+    }
+}
+
+impl fmt::Debug for SecretText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SecretText(redacted)")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -50,5 +76,8 @@ mod tests {
             assert!(!shown.contains("hunter"), "{shown}");
         }
         assert_eq!(s.expose(), b"hunter2-hunter2");
+        let t: SecretText = "hunter2-hunter2".parse().unwrap();
+        assert!(!format!("{t:?}").contains("hunter"));
+        assert_eq!(t.expose(), "hunter2-hunter2");
     }
 }

@@ -70,7 +70,9 @@ pub struct Verifier {
     discovered: RwLock<HashMap<String, IssuerKeys>>,
     /// One gate per trusted issuer (a bounded set): held while its keys are fetched.
     refreshing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    http: reqwest::Client,
+    /// Made on the first key fetch: loading the system's root certificates costs start-up
+    /// several milliseconds and idle memory, and a server on HS256 or a JWKS file never fetches.
+    http: std::sync::OnceLock<reqwest::Client>,
     verified: Mutex<HashMap<[u8; 32], (Identity, u64)>>,
 }
 
@@ -159,21 +161,16 @@ fn map_jwt_error(e: jsonwebtoken::errors::Error) -> TokenError {
 }
 
 impl Verifier {
-    /// Fails only if no HTTP client can be built for discovery (an unusable TLS trust store).
-    pub fn new(settings: TokenSettings) -> Result<Self, String> {
+    pub fn new(settings: TokenSettings) -> Self {
         let static_keys = settings.jwks.as_ref().map(keys_of).unwrap_or_default();
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| format!("cannot build the HTTP client for token key discovery: {e}"))?;
-        Ok(Self {
+        Self {
             settings,
             static_keys,
             discovered: RwLock::new(HashMap::new()),
             refreshing: Mutex::new(HashMap::new()),
-            http,
+            http: std::sync::OnceLock::new(),
             verified: Mutex::new(HashMap::new()),
-        })
+        }
     }
 
     pub fn is_insecure(&self) -> bool {
@@ -257,7 +254,8 @@ impl Verifier {
                     .any(|i| normalize_issuer(i) == normalize_issuer(&iss));
                 if !trusted {
                     return Err(TokenError::Rejected(format!(
-                        "the token's issuer {iss:?} is not trusted"
+                        "the token's issuer {:?} is not trusted",
+                        crate::model::Clipped(&iss).to_string()
                     )));
                 }
                 validation.set_issuer(&[iss.as_str()]);
@@ -385,6 +383,18 @@ impl Verifier {
         }
     }
 
+    /// The client for key fetches, made the first time one is needed.
+    fn http(&self) -> Result<&reqwest::Client, String> {
+        if let Some(client) = self.http.get() {
+            return Ok(client);
+        }
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| format!("cannot build the HTTP client for token key discovery: {e}"))?;
+        Ok(self.http.get_or_init(|| client))
+    }
+
     /// OIDC discovery: `<issuer>/.well-known/openid-configuration` → `jwks_uri` → keys.
     async fn discover(&self, issuer: &str) -> Result<Vec<VerificationKey>, String> {
         #[derive(Deserialize)]
@@ -392,8 +402,8 @@ impl Verifier {
             jwks_uri: String,
         }
         let config_url = format!("{issuer}/.well-known/openid-configuration");
-        let discovery: Discovery = self
-            .http
+        let http = self.http()?;
+        let discovery: Discovery = http
             .get(&config_url)
             .send()
             .await
@@ -402,8 +412,7 @@ impl Verifier {
             .json()
             .await
             .map_err(|e| format!("{config_url}: {e}"))?;
-        let set: JwkSet = self
-            .http
+        let set: JwkSet = http
             .get(&discovery.jwks_uri)
             .send()
             .await

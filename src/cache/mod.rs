@@ -26,8 +26,8 @@ use crate::auth::{Identity, LinkTarget};
 use crate::blob::{BlobError, BlobStore, ByteStream};
 use crate::meta::{EntryChunk, MetaError, MetaStore, NewEntry, NewUpload};
 use crate::model::{
-    BlobName, BlockId, BlockRef, CacheKey, Clock, Entry, EntryId, Lookup, Millis, Slot, Upload,
-    UploadBlocks, UploadId, Version,
+    BlobName, BlockId, BlockRef, CacheKey, Clipped, Clock, Entry, EntryId, Lookup, Millis, Slot,
+    Upload, UploadBlocks, UploadId, Version,
 };
 use upload::{Finalizing, Reservation, Staging};
 
@@ -345,9 +345,14 @@ impl Cache {
         declared_len: Option<u64>,
     ) -> Result<(), CacheError> {
         Self::accepts_data(&linked.upload)?;
+        let max = self.policy.max_entry_size;
+        match upload::refused_before_body(&linked.blocks, &block, declared_len, max) {
+            Some(Staging::TooLarge) => return Err(CacheError::TooLarge(max)),
+            Some(Staging::TooManyBlocks) => return Err(CacheError::TooManyBlocks),
+            Some(Staging::Record { .. }) | None => {}
+        }
         let name = BlobName::random();
         let chunk = self.store_chunk(linked, &name, body, declared_len).await?;
-        let max = self.policy.max_entry_size;
         let (block, chunk) = (&block, &chunk);
         let recorded = retry_stale(|attempt| async move {
             let (upload, blocks) = self.decide_on(linked, attempt).await?;
@@ -780,7 +785,8 @@ impl Cache {
     }
 }
 
-/// The audit trail of writes: who reserved or finalized what (issue #4, point 5).
+/// The audit trail of writes: who reserved or finalized what (issue #4, point 5). The token's
+/// claims are the client's text, so they are clipped.
 fn audit(action: &str, who: &Identity, slot: &Slot, id: i64) {
     tracing::info!(
         target: "hoard::audit",
@@ -789,8 +795,8 @@ fn audit(action: &str, who: &Identity, slot: &Slot, id: i64) {
         scope = %slot.scope,
         key = %slot.key,
         version = %slot.version,
-        subject = %who.subject,
-        run = %who.run,
+        subject = %Clipped(&who.subject),
+        run = %Clipped(&who.run),
         id,
     );
 }

@@ -75,17 +75,8 @@ pub fn decide_stage(
     chunk: &Chunk,
     max_staged: u64,
 ) -> Staging {
-    let others: u64 = blocks
-        .staged
-        .iter()
-        .filter(|(id, _)| *id != block)
-        .map(|(_, c)| c.size)
-        .sum();
-    if others.saturating_add(chunk.size) > max_staged {
-        return Staging::TooLarge;
-    }
-    if !blocks.staged.contains_key(block) && blocks.staged.len() >= MAX_STAGED_BLOCKS {
-        return Staging::TooManyBlocks;
+    if let Some(refused) = over_limits(blocks, block, chunk.size, max_staged) {
+        return refused;
     }
     // The replaced copy may still be a committed part (Azure keeps the committed list).
     let garbage = unreferenced(
@@ -93,6 +84,39 @@ pub fn decide_stage(
         blocks.parts.iter().map(|(_, c)| c),
     );
     Staging::Record { garbage }
+}
+
+/// The limits of [`decide_stage`] for a block of `declared` bytes, decided on the state its link
+/// loaded before its body is read, so that a block the upload cannot take costs no disk write.
+/// (The change that records the block decides again, on the chunk as stored.)
+pub fn refused_before_body(
+    blocks: &UploadBlocks,
+    block: &BlockId,
+    declared: Option<u64>,
+    max_staged: u64,
+) -> Option<Staging> {
+    over_limits(blocks, block, declared.unwrap_or(0), max_staged)
+}
+
+fn over_limits(
+    blocks: &UploadBlocks,
+    block: &BlockId,
+    size: u64,
+    max_staged: u64,
+) -> Option<Staging> {
+    let others: u64 = blocks
+        .staged
+        .iter()
+        .filter(|(id, _)| *id != block)
+        .map(|(_, c)| c.size)
+        .sum();
+    if others.saturating_add(size) > max_staged {
+        return Some(Staging::TooLarge);
+    }
+    if !blocks.staged.contains_key(block) && blocks.staged.len() >= MAX_STAGED_BLOCKS {
+        return Some(Staging::TooManyBlocks);
+    }
+    None
 }
 
 /// Put Blob: `chunk` becomes the only committed part; everything staged or committed before
@@ -319,6 +343,28 @@ mod tests {
         // A retried block replaces its copy: still allowed at the limit.
         let retried = decide_stage(&blocks, &id("b7"), &chunk(1), u64::MAX);
         assert!(matches!(retried, Staging::Record { .. }));
+        // The same answers before any body is read.
+        assert_eq!(
+            refused_before_body(&blocks, &id("one-more"), None, u64::MAX),
+            Some(Staging::TooManyBlocks)
+        );
+        assert_eq!(
+            refused_before_body(&blocks, &id("b7"), None, u64::MAX),
+            None
+        );
+    }
+
+    #[test]
+    fn a_declared_length_past_the_entry_limit_is_refused_before_the_body() {
+        let mut blocks = UploadBlocks::default();
+        blocks.staged.insert(id("a"), chunk(6));
+        let refused =
+            |block: &str, declared| refused_before_body(&blocks, &id(block), declared, 10);
+        assert_eq!(refused("b", Some(5)), Some(Staging::TooLarge));
+        assert_eq!(refused("b", Some(4)), None);
+        // A retried block replaces its own copy, and an unknown length is decided once stored.
+        assert_eq!(refused("a", Some(10)), None);
+        assert_eq!(refused("b", None), None);
     }
 
     #[test]

@@ -20,6 +20,7 @@
 //!   matching gives the same answer everywhere.
 //! - Errors are backend-neutral kinds; no driver type crosses this module's boundary.
 
+mod group_commit;
 mod mysql;
 mod postgres;
 mod sql;
@@ -42,7 +43,7 @@ use crate::model::{
     Scope, Slot, Upload, UploadBlocks, UploadId, Version,
 };
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum MetaError {
     /// Another writer holds the slot: an open upload or an entry already exists.
     #[error("another upload or entry already holds this key and version")]
@@ -63,15 +64,10 @@ pub enum MetaError {
 /// A driver's error message, cut to a length fit for a log line and an error value: some
 /// drivers quote the whole statement, which a large lookup makes long.
 pub(crate) fn bounded(message: String) -> String {
-    const MAX: usize = 300;
-    if message.len() <= MAX {
+    if message.len() <= crate::model::Clipped::MAX {
         return message;
     }
-    let mut end = MAX;
-    while !message.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… ({} bytes)", &message[..end], message.len())
+    crate::model::Clipped(&message).to_string()
 }
 
 /// A new reservation.
