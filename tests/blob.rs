@@ -444,15 +444,83 @@ async fn a_block_list_longer_than_azures_limit_is_400_block_list_too_long() {
     assert_azure_error(res, 400, "BlockListTooLong").await;
     let (_, body) = srv.finalize(&t, "long-list", VERSION, 2).await;
     assert_eq!(body["ok"], false, "nothing was committed");
-    // The same block listed up to the limit is fine.
-    let ids: Vec<String> = (0..3).map(|_| js_block_id(0)).collect();
+    assert_eq!(
+        srv.chunk_files().len(),
+        1,
+        "the staged block is all that is kept"
+    );
+    // Azure's limit itself is allowed: the same block listed exactly 50,000 times.
+    let ids: Vec<String> = (0..50_000).map(|_| js_block_id(0)).collect();
     let res = srv.put_block_list(&url, block_list(&ids, "Latest")).await;
     assert_eq!(res.status(), 201);
+    let (_, body) = srv.finalize(&t, "long-list", VERSION, 100_000).await;
+    assert_eq!(body["ok"], true, "{body}");
+}
+
+/// The id of an upload link: its path's last segment.
+fn upload_id(url: &str) -> i64 {
+    let path = url.split('?').next().unwrap();
+    path.rsplit('/').next().unwrap().parse().unwrap()
+}
+
+/// Azure keeps at most 100,000 uncommitted blocks per blob, and so does hoard: one more is 409
+/// `BlockCountExceedsLimit` and is not kept, while a retried id, which replaces its copy, still
+/// fits.
+#[tokio::test]
+async fn an_upload_holds_at_most_azures_count_of_uncommitted_blocks() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    let url = srv.reserve(&t, "many", VERSION).await;
+    let id = upload_id(&url);
+    // 100,000 staged blocks, written as rows: 100,000 Put Block calls would take minutes.
+    let db = rusqlite::Connection::open(srv.data.path().join("hoard.db")).unwrap();
+    db.busy_timeout(std::time::Duration::from_secs(10)).unwrap();
+    db.execute(
+        "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 99999)
+         INSERT INTO staged_blocks (upload_id, block_id, blob_name, size, sha256, xxh3)
+         SELECT ?1, CAST(printf('seeded-%06d', i) AS BLOB), printf('%032x', i), 1, zeroblob(32), NULL
+         FROM n",
+        [id],
+    )
+    .unwrap();
+    let staged = |block: &str| -> (i64, i64) {
+        db.query_row(
+            "SELECT COUNT(*), COUNT(CASE WHEN block_id = CAST(?2 AS BLOB) THEN 1 END)
+             FROM staged_blocks WHERE upload_id = ?1",
+            rusqlite::params![id, block],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap()
+    };
+    assert_eq!(staged("one-more"), (100_000, 0));
+
+    let res = srv.put_block(&url, "one-more", b"abc".to_vec()).await;
+    assert_azure_error(res, 409, "BlockCountExceedsLimit").await;
+    assert_eq!(
+        staged("one-more"),
+        (100_000, 0),
+        "the refused block is not recorded"
+    );
+    assert!(
+        eventually(std::time::Duration::from_secs(5), || srv
+            .chunk_files()
+            .is_empty())
+        .await,
+        "the refused block's bytes are deleted"
+    );
+
+    let res = srv.put_block(&url, "seeded-000007", b"abc".to_vec()).await;
+    assert_eq!(res.status(), 201, "{}", res.text().await.unwrap());
+    assert_eq!(staged("seeded-000007"), (100_000, 1));
+    assert_eq!(srv.chunk_files().len(), 1);
+    let (_, body) = srv.finalize(&t, "many", VERSION, 3).await;
+    assert_eq!(body["ok"], false, "staged blocks are no entry: {body}");
 }
 
 /// A link's signature is checked before its row is loaded: with the metadata tables gone from
 /// under the server, forged links to rows it never loaded are still refused as forged (403),
-/// not answered with a database error, and a link stripped of its row time is malformed.
+/// not answered with a database error, no row load is even tried (the store's call counts in
+/// `/metrics` stay), and a link stripped of its row time is refused too.
 #[tokio::test]
 async fn signatures_are_checked_before_any_row_is_read() {
     let srv = TestServer::start().await;
@@ -477,15 +545,32 @@ async fn signatures_are_checked_before_any_row_is_read() {
         let query = query.replace("sig=", "sig=AAAA");
         format!("{path}?{query}")
     };
-    for link in [forge(&download, "999"), forge(&upload, "999")] {
+    let chunks = || {
+        let mut files = srv.chunk_files();
+        files.sort();
+        files
+    };
+    let chunks_before = chunks();
+    // Every load of an upload or an entry is a timed database call, failed ones included.
+    let loads = || async {
+        database_calls(&srv, "upload_with_blocks").await + database_calls(&srv, "entry").await
+    };
+    let loads_before = loads().await;
+    // Forged links to rows that never existed (no cache holds them), and to the upload the test
+    // made (uploads are read from the database by every request): a server that loaded the
+    // rows first would fail (500), not refuse.
+    let reservation = upload_id(&upload).to_string();
+    for link in [
+        forge(&download, "999"),
+        forge(&upload, "999"),
+        forge(&upload, &reservation),
+    ] {
         let res = if link.contains("/uploads/") {
             srv.put_blob(&link, b"x".to_vec()).await
         } else {
             srv.http.get(&link).send().await.unwrap()
         };
-        assert_eq!(res.status(), 403, "{link}");
-        let body = res.text().await.unwrap();
-        assert!(body.contains("<Code>AuthenticationFailed</Code>"), "{body}");
+        assert_azure_error(res, 403, "AuthenticationFailed").await;
     }
     let stripped: String = download
         .split('&')
@@ -493,5 +578,29 @@ async fn signatures_are_checked_before_any_row_is_read() {
         .collect::<Vec<_>>()
         .join("&");
     let res = srv.http.get(&stripped).send().await.unwrap();
-    assert_eq!(res.status(), 403);
+    assert_azure_error(res, 403, "AuthenticationFailed").await;
+    assert_eq!(chunks(), chunks_before, "nothing stored by refused links");
+    assert_eq!(
+        loads().await,
+        loads_before,
+        "no row was loaded for a refused link"
+    );
+}
+
+/// Calls of the metadata store operation `operation` so far, from `/metrics`.
+async fn database_calls(srv: &TestServer, operation: &str) -> f64 {
+    let text = srv
+        .http
+        .get(srv.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let name =
+        format!("hoard_database_operation_duration_seconds_count{{operation=\"{operation}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&name))
+        .map_or(0.0, |v| v.parse().unwrap())
 }

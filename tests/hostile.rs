@@ -22,6 +22,18 @@ fn footprint(srv: &TestServer) -> (usize, usize) {
     (entries as usize, srv.chunk_files().len())
 }
 
+/// Upload records of any state: a reservation leaves one even before any byte arrives.
+fn uploads(srv: &TestServer) -> usize {
+    let db = srv.data.path().join("hoard.db");
+    let conn =
+        rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    let count: i64 = conn
+        .query_row("SELECT COUNT(*) FROM uploads", [], |r| r.get(0))
+        .unwrap();
+    count as usize
+}
+
 async fn post_raw(
     srv: &TestServer,
     method: &str,
@@ -246,6 +258,12 @@ async fn oversized_block_lists_are_refused() {
     let res = srv.put_block_list(&url, huge).await;
     assert_eq!(res.status(), 413);
     assert_eq!(res.headers()["content-type"], "application/xml");
+    assert_eq!(res.headers()["x-ms-error-code"], "RequestBodyTooLarge");
+    let body = res.text().await.unwrap();
+    assert!(body.contains("<Code>RequestBodyTooLarge</Code>"), "{body}");
+    let (_, body) = srv.finalize(&main_token(), "k", VERSION, 0).await;
+    assert_eq!(body["ok"], false, "nothing was committed: {body}");
+    assert_eq!(footprint(&srv), (0, 0));
 }
 
 #[tokio::test]
@@ -305,21 +323,106 @@ async fn stalled_upload_bodies_are_abandoned() {
     let head = format!("PUT {path} HTTP/1.1\r\nhost: {}\r\nx-ms-blob-type: BlockBlob\r\ncontent-length: 100000\r\n\r\n", srv.addr);
     stream.write_all(head.as_bytes()).await.unwrap();
     stream.write_all(&[7u8; 1000]).await.unwrap();
-    let mut buf = vec![0u8; 4096];
-    let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf))
-        .await
-        .expect("no answer")
-        .unwrap();
-    let text = String::from_utf8_lossy(&buf[..n]);
+    let text = read_azure_answer(&mut stream).await;
     assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.contains("x-ms-error-code: IncompleteBody"), "{text}");
+    assert!(text.contains("<Code>IncompleteBody</Code>"), "{text}");
+    assert_abandoned(&srv).await;
+}
+
+/// Reads an answer up to the end of its Azure XML error body (or the connection's end).
+async fn read_azure_answer(stream: &mut tokio::net::TcpStream) -> String {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !String::from_utf8_lossy(&out).contains("</Error>") {
+        let n = tokio::time::timeout_at(deadline, stream.read(&mut buf))
+            .await
+            .expect("no answer")
+            .unwrap();
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Nothing of a stalled upload was kept: no staging file, no chunk, nothing to finalize.
+async fn assert_abandoned(srv: &TestServer) {
     assert!(
         eventually(Duration::from_secs(5), || files_under(
             &srv.data.path().join("tmp")
         )
         .is_empty())
-        .await
+        .await,
+        "the staging file was left behind"
     );
     assert!(srv.chunk_files().is_empty());
+    let (status, body) = srv.finalize(&main_token(), "k", VERSION, 1000).await;
+    assert_eq!((status, body["ok"].as_bool()), (200, Some(false)), "{body}");
+    assert_eq!(footprint(srv), (0, 0));
+}
+
+/// The idle timeout holds on HTTP/2 as on HTTP/1.1: an upload body or a Twirp body that stops
+/// moving is abandoned with the endpoint's error, and nothing of it is kept.
+#[tokio::test]
+async fn stalled_http2_bodies_are_abandoned() {
+    let srv = TestServer::start_with(&["--idle-timeout", "1s"]).await;
+    let url = srv.reserve(&main_token(), "k", VERSION).await;
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    // A first piece of the body, and then nothing, with the stream left open.
+    let stalled = || {
+        let first = futures_util::stream::iter([Ok::<_, std::io::Error>(vec![7u8; 1000])]);
+        reqwest::Body::wrap_stream(futures_util::StreamExt::chain(
+            first,
+            futures_util::stream::pending(),
+        ))
+    };
+    let res = tokio::time::timeout(
+        Duration::from_secs(10),
+        h2.put(&url)
+            .header("x-ms-blob-type", "BlockBlob")
+            .header("content-length", "100000")
+            .body(stalled())
+            .send(),
+    )
+    .await
+    .expect("the stalled upload was not answered: HTTP/2 has no idle timeout")
+    .unwrap();
+    assert_eq!(res.version(), reqwest::Version::HTTP_2);
+    assert_eq!(res.status(), 400);
+    assert_eq!(res.headers()["x-ms-error-code"], "IncompleteBody");
+    let body = tokio::time::timeout(Duration::from_secs(5), res.text())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(body.contains("<Code>IncompleteBody</Code>"), "{body}");
+    assert_abandoned(&srv).await;
+
+    let res = tokio::time::timeout(
+        Duration::from_secs(10),
+        h2.post(srv.url(&format!("{SERVICE}CreateCacheEntry")))
+            .bearer_auth(main_token())
+            .header("content-type", "application/json")
+            .body(stalled())
+            .send(),
+    )
+    .await
+    .expect("the stalled Twirp body was not answered: HTTP/2 has no idle timeout")
+    .unwrap();
+    assert_eq!(res.version(), reqwest::Version::HTTP_2);
+    let (status, body) = json_of(res).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (400, Some("malformed")),
+        "{body}"
+    );
+    assert_eq!(body["msg"], "the request body did not arrive in time");
+    assert_eq!(uploads(&srv), 1, "only the first reservation");
 }
 
 /// Both framings at once (the request-smuggling shape): hyper drops the Content-Length, reads
@@ -332,25 +435,30 @@ async fn requests_framed_both_ways_are_read_as_chunked_and_the_connection_closed
     let url = srv.reserve(&main_token(), "smuggle", VERSION).await;
     let upload = url.trim_start_matches(&srv.base).to_owned();
     let token = main_token();
-    for (method, path, extra, answer) in [
+    for (method, path, extra, answer, error) in [
         // The block is the 4-byte chunk, not 10 bytes of Content-Length.
         (
             "PUT",
             format!("{upload}&comp=block&blockid=YQ%3D%3D"),
             String::new(),
             "HTTP/1.1 201",
+            None,
         ),
+        // "abcd" is no JSON: read as the chunked body, the call is malformed (10 bytes of
+        // Content-Length would be too, but would leave the smuggled request to be served).
         (
             "POST",
             "/twirp/github.actions.results.api.v1.CacheService/CreateCacheEntry".to_owned(),
             format!("authorization: Bearer {token}\r\ncontent-type: application/json\r\n"),
             "HTTP/1.1 400",
+            Some("\"code\":\"malformed\""),
         ),
         (
             "POST",
             "/_apis/artifactcache/caches".to_owned(),
             format!("authorization: Bearer {token}\r\n"),
             "HTTP/1.1 400",
+            Some("{\"message\":"),
         ),
     ] {
         let mut stream = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
@@ -366,40 +474,72 @@ async fn requests_framed_both_ways_are_read_as_chunked_and_the_connection_closed
             .unwrap();
         let text = String::from_utf8_lossy(&buf);
         assert!(text.starts_with(answer), "{path}: {text}");
+        if let Some(error) = error {
+            assert!(text.contains(error), "{path}: {text}");
+        }
         assert_eq!(
             text.matches("HTTP/1.1 ").count(),
             1,
             "the request smuggled after the body was not served: {text}"
         );
     }
-    let blocks: Vec<u64> = srv
+    let blocks: Vec<Vec<u8>> = srv
         .chunk_files()
         .iter()
-        .map(|f| std::fs::metadata(f).unwrap().len())
+        .map(|f| std::fs::read(f).unwrap())
         .collect();
-    assert_eq!(blocks, [4], "one block, of the chunked body's 4 bytes");
+    assert_eq!(
+        blocks,
+        [b"abcd"],
+        "one block, of the chunked body's 4 bytes"
+    );
+    assert_eq!(uploads(&srv), 1, "no reservation but the test's own");
+    assert_eq!(footprint(&srv).0, 0);
 }
 
-/// The token is checked before a Twirp body is read: a caller without one is answered at once,
-/// without the server waiting for (or buffering) a body it promised and never sends.
+/// The token is checked before a Twirp body is read: a caller without a token, or with one that
+/// does not verify, is answered at once, without the server waiting for (or buffering) a body it
+/// promised and never sends; at the origin root and under a path prefix alike.
 #[tokio::test]
 async fn twirp_calls_are_refused_before_their_body_is_read() {
     let srv = TestServer::start_with(&["--idle-timeout", "30s"]).await;
-    let mut stream = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
-    let head = format!(
-        "POST /twirp/github.actions.results.api.v1.CacheService/CreateCacheEntry HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: 60000\r\n\r\n{{\"key\":",
-        srv.addr
-    );
-    stream.write_all(head.as_bytes()).await.unwrap();
-    let mut buf = vec![0u8; 4096];
-    let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
-        .await
-        .expect("the server waited for the body before checking the token")
-        .unwrap();
-    let text = String::from_utf8_lossy(&buf[..n]);
-    assert!(text.starts_with("HTTP/1.1 401"), "{text}");
-    assert!(text.contains("\"code\":\"unauthenticated\""), "{text}");
-    assert!(srv.chunk_files().is_empty());
+    let forged = {
+        let key = jsonwebtoken::EncodingKey::from_secret(b"not-the-servers-secret-not-the-servers");
+        let header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+        jsonwebtoken::encode(&header, &claims("1", &[(MAIN, 3)]), &key).unwrap()
+    };
+    let credentials = [
+        ("no token", String::new()),
+        ("garbage", "authorization: Bearer not.a.jwt\r\n".to_owned()),
+        ("forged", format!("authorization: Bearer {forged}\r\n")),
+    ];
+    for prefix in ["", "/some/prefix"] {
+        for (what, credential) in &credentials {
+            let mut stream = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+            let head = format!(
+                "POST {prefix}{SERVICE}CreateCacheEntry HTTP/1.1\r\nhost: {}\r\n{credential}content-type: application/json\r\ncontent-length: 60000\r\n\r\n{{\"key\":",
+                srv.addr
+            );
+            stream.write_all(head.as_bytes()).await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "{prefix} {what}: the server waited for the body before checking the token"
+                    )
+                })
+                .unwrap();
+            let text = String::from_utf8_lossy(&buf[..n]);
+            assert!(text.starts_with("HTTP/1.1 401"), "{prefix} {what}: {text}");
+            assert!(
+                text.contains("\"code\":\"unauthenticated\""),
+                "{prefix} {what}: {text}"
+            );
+        }
+    }
+    assert_eq!(uploads(&srv), 0, "nothing was reserved");
+    assert_eq!(footprint(&srv), (0, 0));
 }
 
 /// An HTTP/2 connection that completes no request is closed after the header timeout, as an

@@ -93,22 +93,121 @@ async fn mysql_migrations_are_safe_to_start_concurrently() {
     concurrent_starts_migrate_once(Server::MySql).await;
 }
 
-/// A database that cannot be reached fails at once, naming the cause.
+/// A database that cannot be reached fails at once, naming the cause and not the password.
 #[tokio::test]
 async fn an_unreachable_database_fails_with_its_cause() {
     for url in [
-        "postgres://hoard@127.0.0.1:1/hoard",
-        "mysql://hoard@127.0.0.1:1/hoard",
+        "postgres://hoard:db-password-value@127.0.0.1:1/hoard",
+        "mysql://hoard:db-password-value@127.0.0.1:1/hoard",
     ] {
-        let err = meta::open(&DatabaseUrl::parse(url).unwrap(), 2)
-            .await
-            .map(|_| ())
-            .unwrap_err();
+        let url = DatabaseUrl::parse(url).unwrap();
+        let err = meta::open(&url, 2).await.map(|_| ()).unwrap_err();
         assert!(
             matches!(err, hoard::meta::MetaError::Unavailable(ref m) if m.contains("refused")),
-            "{url}: {err}"
+            "{url:?}: {err}"
         );
+        let shown = format!("{err} {err:?} {url:?} {}", url.redacted());
+        assert!(!shown.contains("db-password-value"), "{shown}");
     }
+}
+
+/// The widest lookup hoard makes, 16 readable scopes (`MAX_READ_SCOPES`) × 10 keys
+/// (`MAX_LOOKUP_KEYS`) of the longest kind, is answered by every backend (no statement limit
+/// is met) and finds the entries it should: the exact key in the last scope and the newest
+/// prefix match.
+async fn the_widest_lookup_is_answered(store: Arc<dyn MetaStore>) {
+    use hoard::meta::{NewEntry, NewUpload};
+    use hoard::model::{
+        BlobName, BlockId, CacheKey, Chunk, RepoId, Scope, Slot, Version, MAX_KEY_CHARS,
+        MAX_LOOKUP_KEYS, MAX_READ_SCOPES,
+    };
+    let version = Version::parse(&"v".repeat(512)).unwrap();
+    let scopes: Vec<Scope> = (0..MAX_READ_SCOPES)
+        .map(|i| Scope::new(format!("refs/heads/{i:02}-{}", "b".repeat(240))))
+        .collect();
+    // Keys of 512 characters of four UTF-8 bytes, told apart by their first character.
+    let keys: Vec<String> = (0..MAX_LOOKUP_KEYS)
+        .map(|i| format!("{i}{}", "\u{1F600}".repeat(MAX_KEY_CHARS - 1)))
+        .collect();
+    let save = |scope: usize, key: String, now: i64| {
+        let (store, scope, version) = (store.clone(), scopes[scope].clone(), version.clone());
+        async move {
+            let slot = Slot {
+                repository: RepoId::new("wide"),
+                scope,
+                key: CacheKey::parse(&key).unwrap(),
+                version,
+            };
+            let new = NewUpload {
+                slot: &slot,
+                created_by: "wide",
+                now,
+            };
+            let id = store.create_upload(new, None).await.unwrap();
+            let upload = store.upload(id).await.unwrap().unwrap();
+            let chunk = Chunk {
+                blob: BlobName::random(),
+                size: 1,
+                sha256: [1; 32],
+                xxh3: None,
+            };
+            let parts = [(BlockId::parse(b"b").unwrap(), chunk.clone())];
+            store.commit_parts(&upload, &parts, now).await.unwrap();
+            let upload = store.upload(id).await.unwrap().unwrap();
+            let entry = NewEntry {
+                slot: &slot,
+                key: &key,
+                repository_name: "",
+                chunks: &[chunk],
+                now,
+            };
+            store.finalize(&upload, entry).await.unwrap()
+        }
+    };
+    let exact = save(MAX_READ_SCOPES - 1, keys[0].clone(), 1).await;
+    // The last key asked is a prefix of two entries' keys: the newer is the one found.
+    let prefix: String = keys[MAX_LOOKUP_KEYS - 1]
+        .chars()
+        .take(MAX_KEY_CHARS - 6)
+        .collect();
+    let older = save(3, format!("{prefix}-older"), 2).await;
+    let newer = save(3, format!("{prefix}-newer"), 3).await;
+    let mut asked: Vec<String> = keys.iter().map(|k| k.to_lowercase()).collect();
+    asked[MAX_LOOKUP_KEYS - 1] = prefix.to_lowercase();
+    let found = store
+        .find_candidates(&RepoId::new("wide"), &version, &scopes, &asked)
+        .await
+        .unwrap();
+    let ids: std::collections::BTreeSet<i64> = found.iter().map(|c| c.id).collect();
+    assert!(ids.contains(&exact), "the exact key in the last scope");
+    assert!(ids.contains(&newer), "the newest prefix match");
+    assert!(!ids.contains(&older), "only the newest prefix match");
+}
+
+#[tokio::test]
+async fn the_widest_lookup_is_answered_by_the_in_memory_fake_and_sqlite() {
+    the_widest_lookup_is_answered(Arc::new(MemoryStore::new())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = DatabaseUrl::Sqlite(dir.path().join("hoard.db"));
+    the_widest_lookup_is_answered(meta::open(&url, 4).await.unwrap()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_widest_lookup_is_answered_by_postgres() {
+    let Some(db) = TestDatabase::create(Server::Postgres).await else {
+        return;
+    };
+    let url = DatabaseUrl::parse(&db.url).unwrap();
+    the_widest_lookup_is_answered(meta::open(&url, 4).await.unwrap()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_widest_lookup_is_answered_by_mysql() {
+    let Some(db) = TestDatabase::create(Server::MySql).await else {
+        return;
+    };
+    let url = DatabaseUrl::parse(&db.url).unwrap();
+    the_widest_lookup_is_answered(meta::open(&url, 4).await.unwrap()).await;
 }
 
 #[tokio::test]

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use common::issuer::Issuer;
+use common::process::Hoard;
 use common::*;
 use serde_json::{json, Value};
 
@@ -298,8 +299,129 @@ async fn keys_are_found_by_discovery_cached_and_refreshed_on_an_unknown_kid() {
     assert!(oidc.jwks_fetches.load(Ordering::SeqCst) <= 3);
 }
 
+/// An unknown `kid` (the issuer rotated its keys) refetches the issuer's keys: the requests
+/// that need the new key share one fetch, and while it is under way, tokens of keys already
+/// known, of the same issuer, verify at once (no lock is held across the fetch).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unknown_kid_refetch_is_shared_and_holds_up_no_known_key() {
+    let oidc = gated_discovery_server(1).await; // The first fetch goes through; later ones wait.
+    let (issuer, rotated) = (Issuer::new(&oidc.url), Issuer::new(&oidc.url));
+    *oidc.jwks.lock().unwrap() = issuer.jwks.clone();
+    let srv = Arc::new(TestServer::start_with(&["--token-issuer", &oidc.url]).await);
+    let first = issuer.token("first", &[(MAIN, 3)]);
+    assert_eq!(lookup_status(&srv, &first).await.0, 200);
+    assert_eq!(oidc.jwks_fetches.load(Ordering::SeqCst), 1);
+
+    // The issuer adds a key under a new kid and keeps the old ones.
+    let mut jwks = issuer.jwks.clone();
+    let mut added = rotated.jwks["keys"][1].clone();
+    added["kid"] = json!("ec-2");
+    jwks["keys"].as_array_mut().unwrap().push(added);
+    *oidc.jwks.lock().unwrap() = jwks;
+    // Unknown kids cost no fetch within 10 s of the last one; after that, one is made.
+    tokio::time::sleep(std::time::Duration::from_millis(10_300)).await;
+    let waiting: Vec<_> = (0..8)
+        .map(|i| {
+            let claims = rotated.claims(&format!("new-{i}"), &[(MAIN, 3)]);
+            let (srv, token) = (srv.clone(), rotated.es256_with_kid(&claims, "ec-2"));
+            tokio::spawn(async move { lookup_status(&srv, &token).await.0 })
+        })
+        .collect();
+    let started = eventually(std::time::Duration::from_secs(10), || {
+        oidc.jwks_fetches.load(Ordering::SeqCst) >= 2
+    })
+    .await;
+    assert!(started, "the unknown kid caused no fetch");
+    // Meanwhile tokens of the known keys (new tokens, so none is remembered) verify at once.
+    for i in 0..3 {
+        let token = issuer.token(&format!("known-{i}"), &[(MAIN, 3)]);
+        let answer = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            lookup_status(&srv, &token),
+        )
+        .await
+        .expect("a token of a known key waited for the key fetch");
+        assert_eq!(answer.0, 200, "{}", answer.1);
+    }
+    assert!(
+        waiting.iter().all(|w| !w.is_finished()),
+        "the tokens of the new key wait for the fetch"
+    );
+    oidc.gate.add_permits(100);
+    for w in waiting {
+        assert_eq!(w.await.unwrap(), 200);
+    }
+    assert_eq!(
+        oidc.jwks_fetches.load(Ordering::SeqCst),
+        2,
+        "the eight requests of the new key shared one fetch"
+    );
+}
+
+/// `repository_id` must be a string or an integer. Any other JSON is refused (401), not read as
+/// "no repository", the namespace forge tokens share; an integer names the same repository as
+/// its decimal string.
 #[tokio::test]
-async fn an_unreachable_issuer_fails_closed_with_a_clear_answer() {
+async fn repository_ids_must_be_strings_or_integers() {
+    const BAD: &str =
+        "the token's repository_id claim must be a string or an integer of at most 255 bytes";
+    let hs256 = TestServer::start().await;
+    let issuer = Issuer::new(ISS);
+    let (rs256, _keys) = server_trusting(&issuer, &[]).await;
+    let bad = [
+        (json!({}), BAD, "the token has no repository_id claim"),
+        (json!([1]), BAD, "the token has no repository_id claim"),
+        (json!(true), BAD, "the token has no repository_id claim"),
+        (json!(1.5), BAD, BAD),
+        (json!("7".repeat(256)), BAD, BAD),
+    ];
+    for (value, hs256_msg, rs256_msg) in bad {
+        let mut hs = claims("1", &[(MAIN, 3)]);
+        hs["repository_id"] = value.clone();
+        let mut rs = issuer.claims("1", &[(MAIN, 3)]);
+        rs["repository_id"] = value.clone();
+        for (srv, token, msg) in [
+            (&hs256, sign_hs256(&hs), hs256_msg),
+            (&rs256, issuer.rs256(&rs), rs256_msg),
+        ] {
+            let (status, body) = lookup_status(srv, &token).await;
+            assert_eq!(status, 401, "{value}: {body}");
+            assert_eq!(body["code"], "unauthenticated", "{value}");
+            assert_eq!(body["msg"], msg, "{value}");
+            assert_refused(srv, &token, &value.to_string()).await;
+        }
+    }
+    for srv in [&hs256, &rs256] {
+        let db = srv.data.path().join("hoard.db");
+        let conn =
+            rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+                .unwrap();
+        let uploads: i64 = conn
+            .query_row("SELECT COUNT(*) FROM uploads", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(uploads, 0, "a refused token reserved nothing");
+    }
+    // 123 and "123" are one repository.
+    let mut numeric = claims("1", &[(MAIN, 3)]);
+    numeric["repository_id"] = json!(123);
+    hs256
+        .save(&sign_hs256(&numeric), "k", VERSION, b"numeric")
+        .await;
+    let by_name = token("123", &[(MAIN, 1)]);
+    assert_eq!(
+        hs256.restore(&by_name, "k", VERSION).await.unwrap(),
+        b"numeric"
+    );
+    assert!(hs256
+        .restore(&token("", &[(MAIN, 1)]), "k", VERSION)
+        .await
+        .is_none());
+}
+
+/// A key fetch that fails is a 401 saying only that the keys are unavailable: the cause (the
+/// issuer's address, the connection error) goes to the log, not to the client.
+#[test]
+fn an_unreachable_issuer_fails_closed_with_a_clear_answer() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -307,14 +429,130 @@ async fn an_unreachable_issuer_fails_closed_with_a_clear_answer() {
         .port();
     let iss = format!("http://127.0.0.1:{port}");
     let issuer = Issuer::new(&iss);
-    let srv = TestServer::start_with(&["--token-issuer", &iss]).await;
-    let (status, body) = lookup_status(&srv, &issuer.token("1", &[(MAIN, 3)])).await;
-    assert_eq!(status, 401, "{body}");
+    let data = tempfile::tempdir().unwrap();
+    let hoard = Hoard::start_with(data.path(), &["--token-issuer", &iss]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let http = reqwest::Client::new();
+        let token = issuer.token("1", &[(MAIN, 3)]);
+        let (status, body) = twirp_at(
+            &http,
+            &hoard.base,
+            &token,
+            "GetCacheEntryDownloadURL",
+            json!({ "key": "k", "version": VERSION }),
+        )
+        .await;
+        assert_eq!(status, 401, "{body}");
+        assert_eq!(
+            body,
+            json!({
+                "code": "unauthenticated",
+                "msg": "the token issuer's keys are unavailable; retry later",
+            })
+        );
+        let (status, body) = twirp_at(
+            &http,
+            &hoard.base,
+            &token,
+            "CreateCacheEntry",
+            json!({ "key": "k", "version": VERSION }),
+        )
+        .await;
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (401, Some("unauthenticated"))
+        );
+        let logged = eventually(std::time::Duration::from_secs(10), || {
+            let log = hoard.log.lock().unwrap();
+            log.iter()
+                .any(|l| l.contains("cannot fetch the token issuer's keys"))
+        })
+        .await;
+        assert!(logged, "{:#?}", hoard.log.lock().unwrap());
+    });
+    let log = hoard.log.lock().unwrap().clone();
+    let line = log
+        .iter()
+        .find(|l| l.contains("cannot fetch the token issuer's keys"))
+        .unwrap();
+    assert!(line.contains("ERROR"), "{line}");
     assert!(
-        body["msg"]
-            .as_str()
-            .unwrap()
-            .contains("keys are unavailable"),
-        "{body}"
+        line.contains(&format!("{iss}/.well-known/openid-configuration")),
+        "the cause is logged: {line}"
     );
+    let conn = rusqlite::Connection::open_with_flags(
+        data.path().join("hoard.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
+    let uploads: i64 = conn
+        .query_row("SELECT COUNT(*) FROM uploads", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(uploads, 0);
+}
+
+/// What a client puts in a token reaches the log only bounded: a refusal's reason (here, an
+/// untrusted issuer of 100,000 characters, read before any signature is checked) and the audit
+/// line of a reservation (a token subject of 50,000 characters) stay short lines.
+#[test]
+fn refusals_and_audit_lines_log_bounded_text() {
+    let issuer = Issuer::new(ISS);
+    let data = tempfile::tempdir().unwrap();
+    let jwks = issuer.write_jwks(data.path());
+    let secret = secret_file(data.path());
+    let hoard = Hoard::start_with(
+        data.path(),
+        &[
+            "--token-issuer",
+            ISS,
+            "--jwks-file",
+            jwks.to_str().unwrap(),
+            "--token-hs256-secret-file",
+            secret.to_str().unwrap(),
+        ],
+    );
+    let mut untrusted = issuer.claims("1", &[(MAIN, 3)]);
+    untrusted["iss"] = json!(format!("https://evil.example/{}", "x".repeat(100_000)));
+    let mut long_subject = claims("1", &[(MAIN, 3)]);
+    long_subject["sub"] = json!("s".repeat(50_000));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let http = reqwest::Client::new();
+        let (status, body) = twirp_at(
+            &http,
+            &hoard.base,
+            &issuer.rs256(&untrusted),
+            "GetCacheEntryDownloadURL",
+            json!({ "key": "k", "version": VERSION }),
+        )
+        .await;
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (401, Some("unauthenticated"))
+        );
+        let (status, body) = twirp_at(
+            &http,
+            &hoard.base,
+            &sign_hs256(&long_subject),
+            "CreateCacheEntry",
+            json!({ "key": "k", "version": VERSION }),
+        )
+        .await;
+        assert_eq!((status, body["ok"].as_bool()), (200, Some(true)), "{body}");
+        let logged = eventually(std::time::Duration::from_secs(10), || {
+            let log = hoard.log.lock().unwrap();
+            let audited = |action: &str| log.iter().any(|l| l.contains(action));
+            audited("action=\"refused\"") && audited("action=\"reserve\"")
+        })
+        .await;
+        assert!(logged, "the refusal and the reservation are audited");
+    });
+    let log = hoard.log.lock().unwrap().clone();
+    let long: Vec<String> = log
+        .iter()
+        .filter(|l| l.len() > 2048)
+        .map(|l| format!("{} bytes: {}…", l.len(), &l[..l.len().min(200)]))
+        .collect();
+    assert!(long.is_empty(), "log lines over 2 KiB: {long:#?}");
 }
