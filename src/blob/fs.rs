@@ -2,8 +2,11 @@
 //!
 //! Layout under the root: `chunks/<first two hex chars>/<name>` for published chunks, `tmp/` for
 //! chunks being written, a `VERSION` file naming the layout, and `synced`, the durability record.
-//! A chunk is written to the process's own staging directory under `tmp/` and hashed while it is
-//! written, then renamed into place: a crash of the process leaves only staging files. Several
+//! A large chunk is written to the process's own staging directory under `tmp/` and hashed while
+//! it is written, then renamed into place; a small one (up to 1 MiB, received whole) is written
+//! under its own name at once. A crash of the process leaves staging files, which the next start
+//! sweeps, and at most the small chunks being written, which no metadata names yet: garbage
+//! collection removes those once they are older than the deletion grace. Several
 //! processes may share one root: each holds a lock on its staging directory for as long as it
 //! runs, and a starting process sweeps only the directories nobody holds.
 //!
@@ -221,9 +224,19 @@ impl Disk {
     }
 }
 
-/// Creates the staging file of a put.
+/// Creates the file a put writes: a staging file, or a small chunk's own (whose shard directory
+/// is made the first time it is needed).
 fn create_staging(path: &Path) -> io::Result<Sink> {
-    let file = OpenOptions::new().write(true).create_new(true).open(path)?;
+    let create = || OpenOptions::new().write(true).create_new(true).open(path);
+    let file = match create() {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if let Some(dir) = path.parent() {
+                fs::create_dir_all(dir)?;
+            }
+            create()?
+        }
+        other => other?,
+    };
     Ok((file, Digests::new()))
 }
 
@@ -282,16 +295,25 @@ impl BlobStore for FsStore {
     ) -> Result<Chunk, BlobError> {
         self.unsynced.store(true, Ordering::Release);
         let fail = || io_err(format!("chunk {name}"));
+        let final_path = self.path_of(name);
+        // A small chunk is received whole, then created under its own name, written and hashed
+        // in one blocking call: no staging file and no rename (a rename across directories takes
+        // the file system's rename lock, which every small save would queue on). Nothing reads a
+        // chunk before its metadata exists, which is recorded only after this put returns; if the
+        // process dies during the write, the file is an unreferenced young chunk, which garbage
+        // collection removes after the deletion grace. A large one is staged under `tmp/` and
+        // written batch by batch by blocking tasks, one in flight while the next batch crosses
+        // the network: no thread ever waits on a slow client. Its file is created up front, so
+        // that no task can create it after an early return.
+        let small = declared_len.is_some_and(|d| d <= SMALL);
         let mut staging = Staging {
-            path: self.tmp.join(format!("{}.part", BlobName::random())),
+            path: if small {
+                final_path.clone()
+            } else {
+                self.tmp.join(format!("{}.part", BlobName::random()))
+            },
             published: false,
         };
-        let final_path = self.path_of(name);
-        // A small chunk is received whole, then created, written, hashed and published in one
-        // blocking call. A large one is written batch by batch by blocking tasks, one in flight
-        // while the next batch crosses the network: no thread ever waits on a slow client. Its
-        // file is created up front, so that no task can create it after an early return.
-        let small = declared_len.is_some_and(|d| d <= SMALL);
         let flush_at = if small { usize::MAX } else { IO_BLOCK };
         let mut disk = Disk::Idle(None);
         if !small {
@@ -337,7 +359,9 @@ impl BlobStore for FsStore {
         let (sha256, xxh3) = tokio::task::spawn_blocking(move || -> io::Result<([u8; 32], u64)> {
             let (file, digests) = write_batch(sink, &path, &batch)?;
             drop(file);
-            publish(&path, &final_path)?;
+            if !small {
+                publish(&path, &final_path)?;
+            }
             Ok(digests.finish())
         })
         .await

@@ -444,7 +444,9 @@ impl MetaStore for SqliteStore {
 
     async fn slot_state(&self, slot: &Slot, live_since: Millis) -> Result<SlotState, MetaError> {
         let (repo, scope, folded, version) = slot_params(slot);
-        self.read(move |conn| {
+        // One read transaction for the three statements: one snapshot, and one take of the
+        // log's read lock instead of three.
+        self.read_consistent(move |conn| {
             let entry_exists = conn
                 .prepare_cached("SELECT 1 FROM entries WHERE repository = ? AND version = ? AND scope = ? AND key_folded = ?")?
                 .exists(params![repo, version, scope, folded])?;
