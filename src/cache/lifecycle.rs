@@ -262,7 +262,9 @@ impl Cache {
             now,
             delete_at: now.saturating_add(millis(self.policy.lifecycle.deletion_grace)),
         };
+        let forget = super::ForgetIfDropped::new(self);
         let removed = self.meta.remove_entries(ids, removal).await?;
+        forget.disarm();
         self.metrics.removed(cause.as_str(), removed.len() as u64);
         // Any lookup answer may name a removed entry; other entries' chunk lists still hold.
         self.lookups.invalidate();

@@ -492,10 +492,12 @@ impl Cache {
                     now,
                 };
                 let started = self.entries.generation();
+                let forget = ForgetIfDropped::new(self);
                 let entry = match self.meta.finalize(upload, new).await {
                     Err(MetaError::Conflict) => return Err(CacheError::Conflict),
                     other => other?,
                 };
+                forget.disarm();
                 self.lookups.invalidate();
                 let open = OpenEntry::new(entry, slot, &upload.key, &chunks, now);
                 self.entries.put(entry, started, now, Arc::new(open));
@@ -781,6 +783,34 @@ impl Cache {
             if let Err(e) = self.blobs.delete(&name).await {
                 tracing::warn!(blob = %name, error = %e, "could not delete an unreferenced chunk");
             }
+        }
+    }
+}
+
+/// Forgets every reused answer (lookups and entries' chunk lists) unless disarmed: held across
+/// a change that outdates answers, so that a change committed after its caller gave up (another
+/// caller's batch may commit it, `meta/group_commit.rs`) outdates them all the same. Forgetting
+/// too much only costs a query.
+pub(crate) struct ForgetIfDropped<'a> {
+    cache: &'a Cache,
+    armed: bool,
+}
+
+impl<'a> ForgetIfDropped<'a> {
+    pub(crate) fn new(cache: &'a Cache) -> Self {
+        Self { cache, armed: true }
+    }
+
+    pub(crate) fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for ForgetIfDropped<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.cache.lookups.invalidate();
+            self.cache.entries.invalidate();
         }
     }
 }

@@ -8,11 +8,13 @@
 //! is rolled back to its savepoint, and the others in the batch commit without it. Nobody hears
 //! of a success before the batch's `COMMIT` succeeded.
 //!
-//! Whoever holds the connection runs the whole queue, so no thread waits for the database and
-//! no extra task exists: a change queued while a batch runs is taken by the next holder, which
-//! may be its own caller. A caller that gives up (a dropped future) takes its change off the
-//! queue if no batch has taken it yet; a batch runs without an `.await`, so a change that was
-//! taken is also done.
+//! Whoever holds the connection runs the queue (up to [`MAX_BATCH`] changes), so no extra task
+//! exists: a change queued while a batch runs is taken by the next holder, which may be its own
+//! caller. Every reply, a failure's too, is sent once the batch's transaction has ended, so a
+//! caller that retries on fresh state reads what the batch committed. A caller that gives up (a
+//! dropped future) takes its change off the queue if no batch has taken it yet; a batch runs
+//! without an `.await`, so a change that was taken is also done, and may be committed after its
+//! caller is gone (the domain forgets what such a change may outdate: `cache::ForgetIfDropped`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -24,14 +26,16 @@ use super::MetaError;
 
 /// One change as queued: run inside a batch, or refused before it could run.
 trait Queued: Send {
-    /// Runs the change. `Some` holds the reply to send once the batch is committed; `None`
-    /// means the change failed and its error was sent already.
-    fn run(self: Box<Self>, conn: &Connection) -> Option<Box<dyn Reply>>;
+    /// Runs the change; the reply is sent once the batch's transaction has ended, whatever
+    /// the change's outcome, so that a caller told of a failure (and retrying on fresh state)
+    /// reads what the batch committed. `true` if the change succeeded.
+    fn run(self: Box<Self>, conn: &Connection) -> (bool, Box<dyn Reply>);
     fn refuse(self: Box<Self>, error: MetaError);
 }
 
-/// A change's reply, held until its batch is committed (or not).
+/// A change's reply, held until its batch's transaction has ended.
 trait Reply: Send {
+    /// `committed` is the fate of the batch; a change that failed reports its own error.
     fn send(self: Box<Self>, committed: Result<(), MetaError>);
 }
 
@@ -41,7 +45,7 @@ struct Change<F, T> {
 }
 
 struct Held<T> {
-    value: T,
+    outcome: Result<T, MetaError>,
     reply: oneshot::Sender<Result<T, MetaError>>,
 }
 
@@ -50,15 +54,10 @@ where
     F: FnOnce(&Connection) -> Result<T, MetaError> + Send + 'static,
     T: Send + 'static,
 {
-    fn run(self: Box<Self>, conn: &Connection) -> Option<Box<dyn Reply>> {
+    fn run(self: Box<Self>, conn: &Connection) -> (bool, Box<dyn Reply>) {
         let Self { change, reply } = *self;
-        match change(conn) {
-            Ok(value) => Some(Box::new(Held { value, reply })),
-            Err(e) => {
-                let _ = reply.send(Err(e));
-                None
-            }
-        }
+        let outcome = change(conn);
+        (outcome.is_ok(), Box::new(Held { outcome, reply }))
     }
 
     fn refuse(self: Box<Self>, error: MetaError) {
@@ -68,8 +67,8 @@ where
 
 impl<T: Send> Reply for Held<T> {
     fn send(self: Box<Self>, committed: Result<(), MetaError>) {
-        let Self { value, reply } = *self;
-        let _ = reply.send(committed.map(|()| value));
+        let Self { outcome, reply } = *self;
+        let _ = reply.send(outcome.and_then(|value| committed.map(|()| value)));
     }
 }
 
@@ -118,9 +117,10 @@ impl GroupCommit {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs `change` in a write transaction, with whatever else is queued by then, and returns
-    /// its outcome once that transaction is committed. `before` runs on the connection before
-    /// each batch (with the batch's changes still queued); its error refuses the whole batch.
+    /// Runs `change` in a write transaction, with whatever else is queued by then (up to
+    /// [`MAX_BATCH`] changes), and returns its outcome once that transaction has ended.
+    /// `before` runs on the connection once per turn at it; its error refuses what this turn
+    /// would have run, this change included.
     pub(super) async fn write<'a, T, F, B, BF>(
         &'a self,
         change: F,
@@ -130,7 +130,7 @@ impl GroupCommit {
         F: FnOnce(&Connection) -> Result<T, MetaError> + Send + 'static,
         T: Send + 'static,
         B: FnOnce(Guard<'a>) -> BF,
-        BF: std::future::Future<Output = Result<Guard<'a>, MetaError>>,
+        BF: std::future::Future<Output = (Guard<'a>, Result<(), MetaError>)>,
     {
         let (reply, mut outcome) = oneshot::channel();
         let number = self.next_ticket.fetch_add(1, Ordering::Relaxed);
@@ -149,29 +149,37 @@ impl GroupCommit {
                 return done.unwrap_or_else(|_| Err(lost()));
             }
             conn = self.conn.lock() => {
-                let conn = match before(conn).await {
-                    Ok(conn) => conn,
-                    Err(e) => {
-                        ticket.armed = false;
-                        let refused: Vec<_> = std::mem::take(&mut *self.queue());
-                        for (_, change) in refused {
-                            change.refuse(e.clone());
-                        }
-                        return outcome.await.unwrap_or_else(|_| Err(lost()));
+                let (conn, room) = before(conn).await;
+                loop {
+                    // One turn of the scheduler first: requests already under way reach their
+                    // writes and join this batch, instead of each waiting for a commit of its
+                    // own. (Between slices of a long queue, it lets other tasks run.)
+                    tokio::task::yield_now().await;
+                    let batch: Vec<_> = {
+                        let mut queue = self.queue();
+                        let take = queue.len().min(MAX_BATCH);
+                        queue.drain(..take).collect()
+                    };
+                    let batch = batch.into_iter().map(|(_, c)| c);
+                    match &room {
+                        Ok(()) => run_batch(&conn, batch.collect()),
+                        Err(e) => batch.for_each(|change| change.refuse(e.clone())),
                     }
-                };
-                // One turn of the scheduler first: requests already under way reach their
-                // writes and join this batch, instead of each waiting for a commit of its own.
-                tokio::task::yield_now().await;
-                let batch: Vec<_> = std::mem::take(&mut *self.queue());
-                ticket.armed = false;
-                run_batch(&conn, batch.into_iter().map(|(_, c)| c).collect());
+                    // Done once this change was in a batch, this caller's or an earlier one's.
+                    if !self.queue().iter().any(|(n, _)| *n == number) {
+                        ticket.armed = false;
+                        break;
+                    }
+                }
             }
         }
-        // This change was in the batch just run, or in an earlier one: either way it is done.
         outcome.await.unwrap_or_else(|_| Err(lost()))
     }
 }
+
+/// Most changes one batch takes: a batch runs without a pause on one runtime thread, so a long
+/// queue (built up while writes waited for a checkpoint) is taken a slice at a time.
+const MAX_BATCH: usize = 256;
 
 fn lost() -> MetaError {
     MetaError::Internal("a queued change was dropped without an answer".into())
@@ -186,6 +194,13 @@ fn exec(conn: &Connection, sql: &str) -> Result<(), MetaError> {
 /// transaction (a full disk, an I/O error), in which case what ran in it is refused and the
 /// rest go on in a new one.
 fn run_batch(conn: &Connection, changes: Vec<Box<dyn Queued>>) {
+    // A transaction left open (only a panic in a change could leave one; release builds abort
+    // on panic) would make every later BEGIN fail: end it first.
+    if !conn.is_autocommit() {
+        if let Err(e) = exec(conn, "ROLLBACK") {
+            tracing::error!(error = %e, "the writer connection is inside a transaction that cannot be rolled back");
+        }
+    }
     let alone = changes.len() == 1;
     let mut changes = changes.into_iter();
     let mut next = changes.next();
@@ -203,44 +218,44 @@ fn run_batch(conn: &Connection, changes: Vec<Box<dyn Queued>>) {
             // A change alone needs no savepoint: a failure rolls the transaction back.
             if !alone {
                 if let Err(e) = exec(conn, "SAVEPOINT change") {
-                    change.refuse(e);
-                    continue;
-                }
-            }
-            match change.run(conn) {
-                Some(reply) => {
-                    replies.push(reply);
-                    if !alone {
-                        if let Err(e) = exec(conn, "RELEASE change") {
-                            ended = Some(e);
-                            break;
-                        }
-                    }
-                }
-                None if conn.is_autocommit() => {
-                    ended = Some(MetaError::Unavailable(
-                        "the database rolled back the transaction".into(),
-                    ));
+                    change.refuse(e.clone());
+                    ended = Some(e);
                     break;
                 }
-                None if alone => {}
-                None => {
-                    let undone = exec(conn, "ROLLBACK TO change")
-                        .and_then(|()| exec(conn, "RELEASE change"));
-                    if let Err(e) = undone {
-                        ended = Some(e);
-                        break;
-                    }
+            }
+            let (succeeded, reply) = change.run(conn);
+            replies.push(reply);
+            if conn.is_autocommit() {
+                // The database rolled the whole transaction back (or a change ended it).
+                ended = Some(MetaError::Unavailable(
+                    "the database rolled back the transaction".into(),
+                ));
+                break;
+            }
+            if alone {
+                if !succeeded {
+                    ended = Some(MetaError::Internal("the change failed".into()));
                 }
+                continue;
+            }
+            let finished = if succeeded {
+                exec(conn, "RELEASE change")
+            } else {
+                exec(conn, "ROLLBACK TO change").and_then(|()| exec(conn, "RELEASE change"))
+            };
+            if let Err(e) = finished {
+                ended = Some(e);
+                break;
             }
         }
         let committed = match ended {
             Some(e) => Err(e),
-            None if replies.is_empty() => Err(MetaError::Internal("nothing to commit".into())),
             None => exec(conn, "COMMIT"),
         };
         if committed.is_err() && !conn.is_autocommit() {
-            let _ = exec(conn, "ROLLBACK");
+            if let Err(e) = exec(conn, "ROLLBACK") {
+                tracing::error!(error = %e, "a write transaction could not be rolled back");
+            }
         }
         for reply in replies {
             reply.send(committed.clone());
@@ -263,7 +278,7 @@ mod tests {
     async fn insert(w: &GroupCommit, k: &'static str) -> Result<usize, MetaError> {
         w.write(
             move |c| Ok(c.execute("INSERT INTO t (k, n) VALUES (?, 1)", [k])?),
-            |g| async { Ok(g) },
+            |g| async { (g, Ok(())) },
         )
         .await
     }
@@ -271,7 +286,7 @@ mod tests {
     async fn count(w: &GroupCommit) -> i64 {
         w.write(
             |c| Ok(c.query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))?),
-            |g| async { Ok(g) },
+            |g| async { (g, Ok(())) },
         )
         .await
         .unwrap()
@@ -318,7 +333,7 @@ mod tests {
                         c.execute("INSERT INTO t (k, n) VALUES ('half', 1)", [])?;
                         Err::<(), _>(MetaError::Stale)
                     },
-                    |g| async { Ok(g) },
+                    |g| async { (g, Ok(())) },
                 )
                 .await
             })
@@ -340,7 +355,7 @@ mod tests {
                     let rows = s.query_map([], |r| r.get::<_, String>(0))?;
                     Ok(rows.collect::<Result<Vec<_>, _>>()?)
                 },
-                |g| async { Ok(g) },
+                |g| async { (g, Ok(())) },
             )
             .await
             .unwrap();
@@ -375,7 +390,7 @@ mod tests {
             tokio::spawn(async move {
                 w.write(
                     |c| Ok(c.execute("INSERT INTO t (k, n) VALUES ('y', 1)", [])?),
-                    |_g| async { Err(MetaError::Unavailable("full".into())) },
+                    |g| async { (g, Err(MetaError::Unavailable("full".into()))) },
                 )
                 .await
             })

@@ -1,6 +1,7 @@
 //! SQLite metadata store: WAL, one writer connection and a pool of reader connections.
 //!
-//! Every write method runs as one closure on the writer connection, inside one transaction,
+//! Every write method runs as one closure on the writer connection, inside one transaction
+//! (shared with the writes that queued meanwhile, each in its own savepoint: `group_commit.rs`),
 //! behind an async mutex: writers queue in-process instead of meeting `SQLITE_BUSY`, and never
 //! block readers (WAL). Reads use pooled read-only connections. Statements run in place on the
 //! calling task's thread: commits do not fsync (see `checkpoint`), so a statement takes tens of
@@ -104,22 +105,23 @@ impl WalBound {
     /// durability loop has not kept up (a large checkpoint takes seconds on a busy disk), or a
     /// reader holds an old snapshot. Writes then queue here, checkpointing when they can, and
     /// are refused if the log cannot start over in time. The bound holds.
-    async fn wait_for_room<'a>(&self, conn: Guard<'a>) -> Result<Guard<'a>, MetaError> {
+    async fn wait_for_room<'a>(&self, conn: Guard<'a>) -> (Guard<'a>, Result<(), MetaError>) {
         if !self.over_hard_limit() {
-            return Ok(conn);
+            return (conn, Ok(()));
         }
         let deadline = tokio::time::Instant::now() + HARD_LIMIT_WAIT;
         loop {
             // Busy (another checkpoint runs, a reader stays): look again shortly.
             let _ = checkpoint_now(&conn, Duration::ZERO);
             if self.size() <= WAL_HARD_LIMIT {
-                return Ok(conn);
+                return (conn, Ok(()));
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(MetaError::Unavailable(format!(
+                let refused = MetaError::Unavailable(format!(
                     "the write-ahead log is at its bound ({} MiB) and a long read transaction prevents a checkpoint",
                     WAL_HARD_LIMIT >> 20
-                )));
+                ));
+                return (conn, Err(refused));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -196,6 +198,10 @@ impl SqliteStore {
             // request where ext4 would make them wait for every dirty chunk.
             conn.pragma_update(None, "wal_autocheckpoint", 0)?;
             conn.pragma_update(None, "journal_size_limit", WAL_SOFT_LIMIT as i64)?;
+            // A batch's savepoints keep the pages they change in a sub-journal: in memory (a few
+            // pages per change, freed at its release), not in a temporary file written page by
+            // page.
+            conn.pragma_update(None, "temp_store", "MEMORY")?;
             migrate(&mut conn)?;
             // A log left large by a crash or a long reader is emptied now, not carried on.
             checkpoint_now(&conn, Duration::from_secs(1))?;
