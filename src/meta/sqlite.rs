@@ -437,12 +437,22 @@ impl MetaStore for SqliteStore {
 
     async fn checkpoint(&self) -> Result<(), MetaError> {
         let path = self.readers.path.clone();
+        let wal = self.wal.clone();
         tokio::task::spawn_blocking(move || -> Result<(), MetaError> {
             let conn = Connection::open(&path)?;
             configure(&conn)?;
             conn.pragma_update(None, "journal_size_limit", WAL_SOFT_LIMIT as i64)?;
-            // Waits a moment for readers to leave the log, so that it can start over.
-            checkpoint_now(&conn, Duration::from_secs(1))
+            // A passive checkpoint copies the log into the database without holding writers
+            // back (a truncating one makes every write wait until it is done, and a write waits
+            // on a runtime thread). Once it is all copied, the next write starts the log over
+            // in the same file, cut back to `journal_size_limit`; its pages are reused instead
+            // of allocated anew. Only a log left past the soft limit is truncated here, waiting
+            // a moment for readers to leave it.
+            conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
+            if wal.size() > WAL_SOFT_LIMIT {
+                checkpoint_now(&conn, Duration::from_secs(1))?;
+            }
+            Ok(())
         })
         .await
         .map_err(|e| MetaError::Internal(e.to_string()))?
