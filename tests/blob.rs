@@ -553,7 +553,8 @@ async fn signatures_are_checked_before_any_row_is_read() {
     let chunks_before = chunks();
     // Every load of an upload or an entry is a timed database call, failed ones included.
     let loads = || async {
-        database_calls(&srv, "upload_with_blocks").await + database_calls(&srv, "entry").await
+        database_calls(&srv.http, &srv.base, "upload_with_blocks").await
+            + database_calls(&srv.http, &srv.base, "entry").await
     };
     let loads_before = loads().await;
     // Forged links to rows that never existed (no cache holds them), and to the upload the test
@@ -585,22 +586,4 @@ async fn signatures_are_checked_before_any_row_is_read() {
         loads_before,
         "no row was loaded for a refused link"
     );
-}
-
-/// Calls of the metadata store operation `operation` so far, from `/metrics`.
-async fn database_calls(srv: &TestServer, operation: &str) -> f64 {
-    let text = srv
-        .http
-        .get(srv.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let name =
-        format!("hoard_database_operation_duration_seconds_count{{operation=\"{operation}\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&name))
-        .map_or(0.0, |v| v.parse().unwrap())
 }

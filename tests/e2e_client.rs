@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::databases::{Backend, Server};
 use common::emulators;
 use common::process::Hoard;
-use common::{files_under, main_token, random_bytes, token, MAIN, SERVICE};
+use common::{files_under, main_token, metric, random_bytes, token, MAIN, SERVICE};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -1351,22 +1351,6 @@ async fn finalize_and_find(
     let body = serde_json::json!({"key": key, "version": common::VERSION});
     let hit = twirp(http, base, t, "GetCacheEntryDownloadURL", body).await;
     hit["signed_download_url"].as_str().unwrap().to_owned()
-}
-
-/// Samples of hoard's `/metrics` whose line starts with `prefix`, summed.
-async fn metric(http: &reqwest::Client, base: &str, prefix: &str) -> f64 {
-    let text = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// `--direct-downloads` (issue #8): the real client restores an entry through a redirect to

@@ -653,23 +653,6 @@ async fn http2_clients_get_links_to_the_authority_they_used() {
     );
 }
 
-/// Samples of the metadata store operation `operation` so far, from `/metrics` (one per call).
-async fn database_calls(http: &reqwest::Client, base: &str, operation: &str) -> f64 {
-    let text = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let name =
-        format!("hoard_database_operation_duration_seconds_count{{operation=\"{operation}\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&name))
-        .map_or(0.0, |v| v.parse().unwrap())
-}
-
 /// Rows of `table` in a data directory's SQLite database.
 fn rows(data: &std::path::Path, table: &str) -> i64 {
     let conn = rusqlite::Connection::open_with_flags(

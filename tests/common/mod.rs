@@ -30,6 +30,29 @@ pub fn unix_now() -> u64 {
         .as_secs()
 }
 
+/// Samples of hoard's `/metrics` at `base` whose line starts with `prefix`, summed.
+pub async fn metric(http: &reqwest::Client, base: &str, prefix: &str) -> f64 {
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Calls of the metadata store operation `operation` so far (one timing sample per call).
+pub async fn database_calls(http: &reqwest::Client, base: &str, operation: &str) -> f64 {
+    let name =
+        format!("hoard_database_operation_duration_seconds_count{{operation=\"{operation}\"}} ");
+    metric(http, base, &name).await
+}
+
 /// The claims of a runtime token with the given grants (`(scope, permission bits)`).
 pub fn claims(repository: &str, grants: &[(&str, u8)]) -> Value {
     let ac: Vec<Value> = grants
