@@ -119,7 +119,7 @@ impl From<CacheError> for LegacyError {
                 tracing::warn!(error = %e, "v1 request could not be served now");
                 Self {
                     retry_after: Some(1),
-                    ..Self::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+                    ..Self::new(StatusCode::SERVICE_UNAVAILABLE, e.client_message())
                 }
             }
             CacheError::Blob(crate::blob::BlobError::LengthMismatch { .. }) => {
@@ -451,6 +451,17 @@ async fn commit(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_unavailable_database_is_a_503_that_names_no_host() {
+        use super::*;
+        let e = CacheError::Meta(crate::meta::MetaError::Unavailable(
+            "error connecting to db.internal:5432: connection refused".into(),
+        ));
+        let v1 = LegacyError::from(e);
+        assert_eq!(v1.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(!v1.message.contains("db.internal"), "{}", v1.message);
+    }
+
     #[test]
     fn requests_are_labelled_by_endpoint_wherever_they_are_served() {
         use super::route_label;

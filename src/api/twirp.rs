@@ -97,7 +97,7 @@ impl From<CacheError> for TwirpError {
                 tracing::warn!(error = %e, "cache service call could not be served now");
                 Self {
                     retry_after: Some(1),
-                    ..Self::new("unavailable", e.to_string())
+                    ..Self::new("unavailable", e.client_message())
                 }
             }
             CacheError::Blob(_) | CacheError::Meta(_) => {
@@ -343,6 +343,17 @@ async fn lookup(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unavailable_database_is_a_503_that_names_no_host() {
+        let e = CacheError::Meta(crate::meta::MetaError::Unavailable(
+            "error connecting to db.internal:5432: connection refused".into(),
+        ));
+        let twirp = TwirpError::from(e);
+        assert_eq!((twirp.code, twirp.status().as_u16()), ("unavailable", 503));
+        assert_eq!(twirp.retry_after, Some(1));
+        assert!(!twirp.msg.contains("db.internal"), "{}", twirp.msg);
+    }
 
     #[test]
     fn codes_map_to_twirps_http_statuses() {

@@ -82,6 +82,17 @@ impl CacheError {
     pub fn is_transient(&self) -> bool {
         matches!(self, Self::Busy | Self::Meta(MetaError::Unavailable(_)))
     }
+
+    /// What a client is told of a transient failure: the database's own words (which may name
+    /// a host or quote a statement) stay in the log.
+    pub fn client_message(&self) -> String {
+        match self {
+            Self::Meta(MetaError::Unavailable(_)) => {
+                "the cache's database is unavailable; retry later".to_owned()
+            }
+            other => other.to_string(),
+        }
+    }
 }
 
 /// Domain settings.
