@@ -30,17 +30,22 @@ pub fn signed(
     purpose: Purpose,
     target: LinkTarget,
 ) -> Result<String, NoLinkBase> {
-    let base = base_url(app, headers)?;
+    use std::fmt::Write as _;
     let (prefix, ttl) = match purpose {
         Purpose::Upload => (UPLOAD_PREFIX, app.config().upload_url_ttl),
         Purpose::Download => (DOWNLOAD_PREFIX, app.config().download_url_ttl),
     };
     let expires = unix_now() + ttl.as_secs().max(1);
-    let sig = app.signer().sign(purpose, target, expires);
-    Ok(format!(
-        "{base}{prefix}{}?se={expires}&ct={}&sig={sig}",
+    // Built in one buffer: every lookup and reservation makes a link.
+    let mut link = String::with_capacity(192);
+    push_base_url(app, headers, &mut link)?;
+    let _ = write!(
+        link,
+        "{prefix}{}?se={expires}&ct={}&sig=",
         target.id, target.created_at
-    ))
+    );
+    app.signer().sign_into(purpose, target, expires, &mut link);
+    Ok(link)
 }
 
 /// HTTP/2 requests name their origin in the `:authority` pseudo-header, not `Host`: copy it
@@ -57,33 +62,28 @@ pub fn host_from_authority(headers: &mut HeaderMap, uri: &axum::http::Uri) {
     }
 }
 
-/// Scheme and authority (and any path prefix of `--public-url`) without a trailing slash.
-fn base_url(app: &AppState, headers: &HeaderMap) -> Result<String, NoLinkBase> {
+/// Appends the scheme and authority (and any path prefix of `--public-url`), without a trailing
+/// slash.
+fn push_base_url(app: &AppState, headers: &HeaderMap, out: &mut String) -> Result<(), NoLinkBase> {
     if let Some(public) = &app.config().public_url {
-        return Ok(public.as_str().trim_end_matches('/').to_owned());
+        out.push_str(public.as_str().trim_end_matches('/'));
+        return Ok(());
     }
     let host = headers
         .get(header::HOST)
         .and_then(|v| v.to_str().ok())
         .filter(|h| is_authority(h))
         .ok_or(NoLinkBase)?;
-    if app.config().tls {
-        // hoard terminates TLS itself: the runner came over https, whatever a header says.
-        return Ok(format!("https://{host}"));
-    }
-    let proto = headers
-        .get("x-forwarded-proto")
-        .and_then(|v| v.to_str().ok())
-        .map(|p| {
-            p.split(',')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase()
-        })
-        .filter(|p| p == "http" || p == "https")
-        .unwrap_or_else(|| "http".to_owned());
-    Ok(format!("{proto}://{host}"))
+    // hoard terminates TLS itself: the runner came over https, whatever a header says.
+    let https = app.config().tls
+        || headers
+            .get("x-forwarded-proto")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|p| p.split(',').next())
+            .is_some_and(|p| p.trim().eq_ignore_ascii_case("https"));
+    out.push_str(if https { "https://" } else { "http://" });
+    out.push_str(host);
+    Ok(())
 }
 
 /// A host[:port] with nothing that could change the URL's structure.

@@ -118,7 +118,15 @@ impl UrlSigner {
 
     /// The `sig` value for a link.
     pub fn sign(&self, purpose: Purpose, target: LinkTarget, expires: u64) -> String {
-        URL_SAFE_NO_PAD.encode(self.mac(purpose, target, expires).finalize().into_bytes())
+        let mut sig = String::with_capacity(43);
+        self.sign_into(purpose, target, expires, &mut sig);
+        sig
+    }
+
+    /// Appends the `sig` value for a link to `out`.
+    pub fn sign_into(&self, purpose: Purpose, target: LinkTarget, expires: u64, out: &mut String) {
+        let mac = self.mac(purpose, target, expires).finalize().into_bytes();
+        URL_SAFE_NO_PAD.encode_string(mac, out);
     }
 
     /// Checks a link's `se` and `sig` at time `now` (Unix seconds).
