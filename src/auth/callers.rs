@@ -40,7 +40,8 @@ pub enum CallerError {
 /// A caller, and the Forgejo run it came through if it did.
 #[derive(Debug, Clone)]
 pub struct Caller {
-    pub identity: Identity,
+    /// Shared with the verified-token cache: a job's requests reuse one identity, uncopied.
+    pub identity: std::sync::Arc<Identity>,
     pub forgejo: Option<ForgejoRun>,
     /// How it was identified: `token`, `forgejo`, `namespace` or `anonymous`.
     pub how: &'static str,
@@ -60,7 +61,7 @@ impl Callers {
             let settings = self.forgejo.as_ref().ok_or(ForgejoError::NotConfigured)?;
             let (identity, run) = forgejo::verify(settings, headers, super::unix_now())?;
             return Ok(Caller {
-                identity,
+                identity: identity.into(),
                 forgejo: Some(run),
                 how: "forgejo",
             });
@@ -78,12 +79,16 @@ impl Callers {
             _ if !prefix.is_empty() && !self.namespaces.is_empty() => (
                 self.namespaces
                     .identify(prefix)
-                    .ok_or(CallerError::UnknownPrefix)?,
+                    .ok_or(CallerError::UnknownPrefix)?
+                    .into(),
                 "namespace",
             ),
             Some(Err(e)) => return Err(e.into()),
             None => match self.anonymous {
-                Some(access) => (shared_identity("anonymous".into(), access), "anonymous"),
+                Some(access) => (
+                    shared_identity("anonymous".into(), access).into(),
+                    "anonymous",
+                ),
                 None => return Err(TokenError::Missing.into()),
             },
         };

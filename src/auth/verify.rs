@@ -73,7 +73,7 @@ pub struct Verifier {
     /// Made on the first key fetch: loading the system's root certificates costs start-up
     /// several milliseconds and idle memory, and a server on HS256 or a JWKS file never fetches.
     http: std::sync::OnceLock<reqwest::Client>,
-    verified: Mutex<HashMap<[u8; 32], (Identity, u64)>>,
+    verified: Mutex<HashMap<[u8; 32], (Arc<Identity>, u64)>>,
 }
 
 impl std::fmt::Debug for Verifier {
@@ -178,7 +178,7 @@ impl Verifier {
     }
 
     /// Reads the `Authorization` header value (`Bearer <jwt>`).
-    pub async fn identify(&self, authorization: Option<&str>) -> Result<Identity, TokenError> {
+    pub async fn identify(&self, authorization: Option<&str>) -> Result<Arc<Identity>, TokenError> {
         let header = authorization.ok_or(TokenError::Missing)?;
         let token = header
             .strip_prefix("Bearer ")
@@ -186,7 +186,7 @@ impl Verifier {
             .ok_or(TokenError::Missing)?
             .trim();
         if self.settings.insecure_skip_validation {
-            return super::token::identity_from_unverified_jwt(token);
+            return super::token::identity_from_unverified_jwt(token).map(Arc::new);
         }
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let now = unix_now();
@@ -194,11 +194,12 @@ impl Verifier {
             return Ok(identity);
         }
         let (identity, exp) = self.verify(token).await?;
+        let identity = Arc::new(identity);
         self.remember(digest, identity.clone(), exp, now);
         Ok(identity)
     }
 
-    fn remembered(&self, digest: &[u8; 32], now: u64) -> Option<Identity> {
+    fn remembered(&self, digest: &[u8; 32], now: u64) -> Option<Arc<Identity>> {
         let mut cache = self.verified.lock().unwrap_or_else(|p| p.into_inner());
         match cache.get(digest) {
             Some((identity, exp)) if now < exp + self.settings.leeway.as_secs() => {
@@ -212,7 +213,7 @@ impl Verifier {
         }
     }
 
-    fn remember(&self, digest: [u8; 32], identity: Identity, exp: u64, now: u64) {
+    fn remember(&self, digest: [u8; 32], identity: Arc<Identity>, exp: u64, now: u64) {
         let mut cache = self.verified.lock().unwrap_or_else(|p| p.into_inner());
         if cache.len() >= CACHE_CAPACITY {
             cache.retain(|_, (_, e)| now < *e);
