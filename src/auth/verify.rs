@@ -63,6 +63,9 @@ struct IssuerKeys {
     fetched: Instant,
 }
 
+/// A verified token's identity and its `exp`, by the SHA-256 of the token.
+type Remembered = (Arc<Identity>, u64);
+
 /// Turns bearer tokens into identities.
 pub struct Verifier {
     settings: TokenSettings,
@@ -73,7 +76,7 @@ pub struct Verifier {
     /// Made on the first key fetch: loading the system's root certificates costs start-up
     /// several milliseconds and idle memory, and a server on HS256 or a JWKS file never fetches.
     http: std::sync::OnceLock<reqwest::Client>,
-    verified: Mutex<HashMap<[u8; 32], (Arc<Identity>, u64)>>,
+    verified: Mutex<HashMap<[u8; 32], Remembered>>,
 }
 
 impl std::fmt::Debug for Verifier {
