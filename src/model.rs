@@ -245,7 +245,6 @@ impl fmt::Display for BlobName {
     }
 }
 
-/// A random RFC 4122-shaped id (`8-4-4-4-12` hex), for request ids and block-id prefixes.
 /// Text a client chose (a token's claims, a path, a driver's message quoting a statement),
 /// shown in a log line or an error message at most [`Clipped::MAX`] bytes long: what one request
 /// can make the server write is bounded whatever it sends.
@@ -270,6 +269,7 @@ impl fmt::Display for Clipped<'_> {
     }
 }
 
+/// A random RFC 4122-shaped id (`8-4-4-4-12` hex), for request ids and block-id prefixes.
 pub fn random_uuid() -> String {
     let name = BlobName::random();
     let h = name.as_str();

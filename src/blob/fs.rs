@@ -227,17 +227,24 @@ impl Disk {
 /// Creates the file a put writes: a staging file, or a small chunk's own (whose shard directory
 /// is made the first time it is needed).
 fn create_staging(path: &Path) -> io::Result<Sink> {
-    let create = || OpenOptions::new().write(true).create_new(true).open(path);
-    let file = match create() {
+    let file = in_its_directory(path, || {
+        OpenOptions::new().write(true).create_new(true).open(path)
+    })?;
+    Ok((file, Digests::new()))
+}
+
+/// Runs `op` on `path`, and once more after making `path`'s directory if it was missing: a shard
+/// directory is made the first time a chunk goes into it.
+fn in_its_directory<T>(path: &Path, op: impl Fn() -> io::Result<T>) -> io::Result<T> {
+    match op() {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             if let Some(dir) = path.parent() {
                 fs::create_dir_all(dir)?;
             }
-            create()?
+            op()
         }
-        other => other?,
-    };
-    Ok((file, Digests::new()))
+        other => other,
+    }
 }
 
 /// One blocking step of a put: opens the staging file if that has not happened yet, then hashes
@@ -272,17 +279,7 @@ fn write_all_vectored(out: &mut File, bufs: &[Bytes]) -> io::Result<()> {
 
 /// Moves a fully written staging file into place.
 fn publish(tmp_path: &Path, final_path: &Path) -> io::Result<()> {
-    match fs::rename(tmp_path, final_path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            fs::create_dir_all(
-                final_path
-                    .parent()
-                    .expect("chunk paths have a parent directory"),
-            )?;
-            fs::rename(tmp_path, final_path)
-        }
-        other => other,
-    }
+    in_its_directory(final_path, || fs::rename(tmp_path, final_path))
 }
 
 #[async_trait]

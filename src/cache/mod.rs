@@ -357,26 +357,22 @@ impl Cache {
     ) -> Result<(), CacheError> {
         Self::accepts_data(&linked.upload)?;
         let max = self.policy.max_entry_size;
-        match upload::refused_before_body(&linked.blocks, &block, declared_len, max) {
-            Some(Staging::TooLarge) => return Err(CacheError::TooLarge(max)),
-            Some(Staging::TooManyBlocks) => return Err(CacheError::TooManyBlocks),
-            Some(Staging::Record { .. }) | None => {}
+        // Refused before the body is read when the link's state already says so.
+        if let Some(refused) =
+            upload::refused_before_body(&linked.blocks, &block, declared_len, max)
+        {
+            staged_or_refused(refused, max)?;
         }
         let name = BlobName::random();
         let chunk = self.store_chunk(linked, &name, body, declared_len).await?;
         let (block, chunk) = (&block, &chunk);
         let recorded = retry_stale(|attempt| async move {
             let (upload, blocks) = self.decide_on(linked, attempt).await?;
-            match upload::decide_stage(&blocks, block, chunk, max) {
-                Staging::TooLarge => Err(CacheError::TooLarge(max)),
-                Staging::TooManyBlocks => Err(CacheError::TooManyBlocks),
-                Staging::Record { garbage } => {
-                    self.meta
-                        .stage_block(&upload, block, chunk, self.clock.now())
-                        .await?;
-                    Ok(garbage)
-                }
-            }
+            let garbage = staged_or_refused(upload::decide_stage(&blocks, block, chunk, max), max)?;
+            self.meta
+                .stage_block(&upload, block, chunk, self.clock.now())
+                .await?;
+            Ok(garbage)
         })
         .await;
         self.settle(recorded, name).await
@@ -795,6 +791,16 @@ impl Cache {
                 tracing::warn!(blob = %name, error = %e, "could not delete an unreferenced chunk");
             }
         }
+    }
+}
+
+/// What staging a block decided, for the protocols: the blobs recording it frees, or the limit
+/// it would pass (`max` being the entry size limit).
+fn staged_or_refused(staging: Staging, max: u64) -> Result<Vec<BlobName>, CacheError> {
+    match staging {
+        Staging::Record { garbage } => Ok(garbage),
+        Staging::TooLarge => Err(CacheError::TooLarge(max)),
+        Staging::TooManyBlocks => Err(CacheError::TooManyBlocks),
     }
 }
 

@@ -275,10 +275,22 @@ mod tests {
         Arc::new(GroupCommit::new(conn))
     }
 
+    /// The `before` of a writer whose log has room: refuses nothing.
+    async fn room(g: Guard<'_>) -> (Guard<'_>, Result<(), MetaError>) {
+        (g, Ok(()))
+    }
+
+    /// Waits until `n` changes are queued (the test holds the connection meanwhile).
+    async fn queued(w: &GroupCommit, n: usize) {
+        while w.queue().len() < n {
+            tokio::task::yield_now().await;
+        }
+    }
+
     async fn insert(w: &GroupCommit, k: &'static str) -> Result<usize, MetaError> {
         w.write(
             move |c| Ok(c.execute("INSERT INTO t (k, n) VALUES (?, 1)", [k])?),
-            |g| async { (g, Ok(())) },
+            room,
         )
         .await
     }
@@ -286,7 +298,7 @@ mod tests {
     async fn count(w: &GroupCommit) -> i64 {
         w.write(
             |c| Ok(c.query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))?),
-            |g| async { (g, Ok(())) },
+            room,
         )
         .await
         .unwrap()
@@ -304,9 +316,7 @@ mod tests {
                 tokio::spawn(async move { insert(&w, k).await })
             })
             .collect();
-        while w.queue().len() < 4 {
-            tokio::task::yield_now().await;
-        }
+        queued(&w, 4).await;
         drop(held);
         let mut outcomes = Vec::new();
         for t in tasks {
@@ -333,7 +343,7 @@ mod tests {
                         c.execute("INSERT INTO t (k, n) VALUES ('half', 1)", [])?;
                         Err::<(), _>(MetaError::Stale)
                     },
-                    |g| async { (g, Ok(())) },
+                    room,
                 )
                 .await
             })
@@ -342,9 +352,7 @@ mod tests {
             let w = w.clone();
             tokio::spawn(async move { insert(&w, "whole").await })
         };
-        while w.queue().len() < 2 {
-            tokio::task::yield_now().await;
-        }
+        queued(&w, 2).await;
         drop(held);
         assert!(matches!(partial.await.unwrap(), Err(MetaError::Stale)));
         assert_eq!(whole.await.unwrap().unwrap(), 1);
@@ -355,7 +363,7 @@ mod tests {
                     let rows = s.query_map([], |r| r.get::<_, String>(0))?;
                     Ok(rows.collect::<Result<Vec<_>, _>>()?)
                 },
-                |g| async { (g, Ok(())) },
+                room,
             )
             .await
             .unwrap();
@@ -370,9 +378,7 @@ mod tests {
             let w = w.clone();
             tokio::spawn(async move { insert(&w, "gone").await })
         };
-        while w.queue().is_empty() {
-            tokio::task::yield_now().await;
-        }
+        queued(&w, 1).await;
         abandoned.abort();
         let _ = abandoned.await;
         assert!(w.queue().is_empty());
@@ -395,16 +401,12 @@ mod tests {
                 .await
             })
         };
-        while w.queue().is_empty() {
-            tokio::task::yield_now().await;
-        }
+        queued(&w, 1).await;
         let queued_behind = {
             let w = w.clone();
             tokio::spawn(async move { insert(&w, "x").await })
         };
-        while w.queue().len() < 2 {
-            tokio::task::yield_now().await;
-        }
+        queued(&w, 2).await;
         drop(held);
         assert!(matches!(
             refusing.await.unwrap(),

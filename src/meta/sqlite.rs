@@ -53,8 +53,8 @@ pub const WAL_SOFT_LIMIT: u64 = 64 << 20;
 /// The log never grows past this (plus the writes in flight): a write that finds it larger waits
 /// for a checkpoint, and is refused as unavailable if a long read transaction prevents one.
 pub const WAL_HARD_LIMIT: u64 = 256 << 20;
-/// The log's size is looked at once every this many writes (a `stat`), and on every write while
-/// it is past the soft limit.
+/// The log's size is looked at once every this many batches of writes (a `stat`), and before
+/// every batch while it is past the soft limit.
 const WAL_CHECK_EVERY: u64 = 16;
 /// How long a write past the hard bound waits for a checkpoint before it is refused.
 const HARD_LIMIT_WAIT: Duration = Duration::from_secs(5);
@@ -82,9 +82,9 @@ impl WalBound {
         std::fs::metadata(&self.path).map_or(0, |m| m.len())
     }
 
-    /// Before a write: the log's size, looked at every [`WAL_CHECK_EVERY`] writes (every write
-    /// while it is large); past the soft limit the durability loop is asked for a checkpoint.
-    /// True when the write must wait for the log to come under its hard limit.
+    /// Before a batch of writes: the log's size, looked at every [`WAL_CHECK_EVERY`] batches
+    /// (every batch while it is large); past the soft limit the durability loop is asked for a
+    /// checkpoint. True when the batch must wait for the log to come under its hard limit.
     fn over_hard_limit(&self) -> bool {
         use std::sync::atomic::Ordering;
         let n = self.writes.fetch_add(1, Ordering::Relaxed);
@@ -98,9 +98,7 @@ impl WalBound {
         }
         size > WAL_HARD_LIMIT
     }
-}
 
-impl WalBound {
     /// Before a batch of writes, with the writer connection held: past the hard bound, the
     /// durability loop has not kept up (a large checkpoint takes seconds on a busy disk), or a
     /// reader holds an old snapshot. Writes then queue here, checkpointing when they can, and
@@ -269,9 +267,8 @@ impl SqliteStore {
         &self,
         f: impl FnOnce(&Connection) -> Result<T, MetaError> + Send + 'static,
     ) -> Result<T, MetaError> {
-        let wal = &self.wal;
         self.writer
-            .write(f, |conn| async move { wal.wait_for_room(conn).await })
+            .write(f, |conn| self.wal.wait_for_room(conn))
             .await
     }
 
