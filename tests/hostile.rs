@@ -12,26 +12,15 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Entries and chunk files, to show a refused request changed nothing.
 fn footprint(srv: &TestServer) -> (usize, usize) {
-    let db = srv.data.path().join("hoard.db");
-    let conn =
-        rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .unwrap();
-    let entries: i64 = conn
-        .query_row("SELECT COUNT(*) FROM entries", [], |r| r.get(0))
-        .unwrap();
-    (entries as usize, srv.chunk_files().len())
+    (
+        table_rows(srv.data.path(), "entries"),
+        srv.chunk_files().len(),
+    )
 }
 
 /// Upload records of any state: a reservation leaves one even before any byte arrives.
 fn uploads(srv: &TestServer) -> usize {
-    let db = srv.data.path().join("hoard.db");
-    let conn =
-        rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .unwrap();
-    let count: i64 = conn
-        .query_row("SELECT COUNT(*) FROM uploads", [], |r| r.get(0))
-        .unwrap();
-    count as usize
+    table_rows(srv.data.path(), "uploads")
 }
 
 async fn post_raw(

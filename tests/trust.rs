@@ -392,14 +392,11 @@ async fn repository_ids_must_be_strings_or_integers() {
         }
     }
     for srv in [&hs256, &rs256] {
-        let db = srv.data.path().join("hoard.db");
-        let conn =
-            rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-                .unwrap();
-        let uploads: i64 = conn
-            .query_row("SELECT COUNT(*) FROM uploads", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(uploads, 0, "a refused token reserved nothing");
+        assert_eq!(
+            table_rows(srv.data.path(), "uploads"),
+            0,
+            "a refused token reserved nothing"
+        );
     }
     // 123 and "123" are one repository.
     let mut numeric = claims("1", &[(MAIN, 3)]);
@@ -481,15 +478,7 @@ fn an_unreachable_issuer_fails_closed_with_a_clear_answer() {
         line.contains(&format!("{iss}/.well-known/openid-configuration")),
         "the cause is logged: {line}"
     );
-    let conn = rusqlite::Connection::open_with_flags(
-        data.path().join("hoard.db"),
-        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
-    )
-    .unwrap();
-    let uploads: i64 = conn
-        .query_row("SELECT COUNT(*) FROM uploads", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(uploads, 0);
+    assert_eq!(table_rows(data.path(), "uploads"), 0);
 }
 
 /// What a client puts in a token reaches the log only bounded: a refusal's reason (here, an

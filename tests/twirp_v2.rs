@@ -653,17 +653,6 @@ async fn http2_clients_get_links_to_the_authority_they_used() {
     );
 }
 
-/// Rows of `table` in a data directory's SQLite database.
-fn rows(data: &std::path::Path, table: &str) -> i64 {
-    let conn = rusqlite::Connection::open_with_flags(
-        data.join("hoard.db"),
-        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
-    )
-    .unwrap();
-    conn.query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))
-        .unwrap()
-}
-
 /// Waits for the server's log to hold `n` lines with `needle` (log lines come through a pipe,
 /// a moment after the answer), then returns the whole log.
 async fn log_once(hoard: &Hoard, needle: &str, n: usize) -> Vec<String> {
@@ -729,42 +718,38 @@ async fn lookups_search_at_most_sixteen_scopes() {
         token("1", &grants)
     };
 
+    // One lookup with `n` readable scopes: its answer and the database lookups it cost.
+    let ask = |n: usize| {
+        let (http, base, lookup, token) = (&http, &base, lookup.clone(), token_with(n));
+        async move {
+            let before = database_calls(http, base, "find_candidates").await;
+            let (status, body) =
+                twirp_at(http, base, &token, "GetCacheEntryDownloadURL", lookup).await;
+            let calls = database_calls(http, base, "find_candidates").await - before;
+            (status, body, calls)
+        }
+    };
     for n in [1, 16] {
-        let before = database_calls(&http, &base, "find_candidates").await;
-        let (status, body) = twirp_at(
-            &http,
-            &base,
-            &token_with(n),
-            "GetCacheEntryDownloadURL",
-            lookup.clone(),
-        )
-        .await;
+        let (status, body, calls) = ask(n).await;
         assert_eq!(status, 200, "{n} scopes: {body}");
         assert_eq!(body["matched_key"], "deep-key", "{n} scopes: {body}");
-        let calls = database_calls(&http, &base, "find_candidates").await - before;
         assert_eq!(calls, 1.0, "{n} scopes × 10 keys: one statement");
     }
     for n in [17, 26] {
-        let before = database_calls(&http, &base, "find_candidates").await;
-        let (status, body) = twirp_at(
-            &http,
-            &base,
-            &token_with(n),
-            "GetCacheEntryDownloadURL",
-            lookup.clone(),
-        )
-        .await;
+        let (status, body, calls) = ask(n).await;
         assert_eq!(status, 400, "{n} scopes: {body}");
         assert_eq!(body["code"], "invalid_argument", "{body}");
         assert_eq!(
             body["msg"],
             format!("the token grants {n} readable scopes; lookups search at most 16")
         );
-        let calls = database_calls(&http, &base, "find_candidates").await - before;
         assert_eq!(calls, 0.0, "{n} scopes: refused before any database work");
     }
     assert_eq!(
-        (rows(data.path(), "entries"), rows(data.path(), "uploads")),
+        (
+            table_rows(data.path(), "entries"),
+            table_rows(data.path(), "uploads")
+        ),
         (1, 1),
         "lookups store nothing"
     );

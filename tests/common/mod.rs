@@ -30,6 +30,20 @@ pub fn unix_now() -> u64 {
         .as_secs()
 }
 
+/// Rows of `table` in the SQLite database of the data directory `data`, read without a lock on
+/// the server: what a request stored, or did not.
+pub fn table_rows(data: &Path, table: &str) -> usize {
+    let conn = rusqlite::Connection::open_with_flags(
+        data.join("hoard.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
+    let n: i64 = conn
+        .query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))
+        .unwrap();
+    n as usize
+}
+
 /// Samples of hoard's `/metrics` at `base` whose line starts with `prefix`, summed.
 pub async fn metric(http: &reqwest::Client, base: &str, prefix: &str) -> f64 {
     let text = http
