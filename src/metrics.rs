@@ -441,7 +441,7 @@ impl Metrics {
     }
 
     /// The text exposition, with the store's totals as read now.
-    pub fn render(&self, totals: Option<crate::meta::Totals>) -> String {
+    pub fn render(&self, totals: Option<crate::model::Totals>) -> String {
         if let Some(t) = totals {
             let gauge = |n: u64| n.min(i64::MAX as u64) as i64;
             self.stored_bytes.set(gauge(t.bytes));
@@ -490,7 +490,7 @@ mod tests {
         m.request("/healthz", 503, Duration::from_millis(1));
         m.lookup(LookupOutcome::Miss);
         m.uploaded(10);
-        let text = m.render(Some(crate::meta::Totals {
+        let text = m.render(Some(crate::model::Totals {
             bytes: 42,
             entries: 2,
             open_uploads: 1,

@@ -5,6 +5,10 @@
 //! Every value that crosses the HTTP boundary is parsed into one of these before the domain sees
 //! it, so the rules (PROTOCOL.md §2.5, §9 "Key constraints") live in one place.
 
+pub mod listing;
+
+pub use listing::{EntryFilter, EntryOrder, EntryPage, ListedEntry, RepositoryUsage, Totals};
+
 use std::fmt;
 
 use rand::RngCore;

@@ -16,8 +16,8 @@ use serde_json::{json, Value};
 use super::AppState;
 use crate::cache::admin::{ListQuery, Listing, MAX_PAGE};
 use crate::cache::CacheError;
-use crate::meta::{EntryFilter, EntryOrder, ListedEntry, RepositoryUsage};
 use crate::model::{CacheKey, Scope};
+use crate::model::{EntryFilter, EntryOrder, ListedEntry, RepositoryUsage};
 use crate::secret::Secret;
 
 /// Where the dashboard lives; the API is under `API`.

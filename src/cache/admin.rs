@@ -2,7 +2,7 @@
 //! repository holds and how its lookups go. The admin API and `hoard caches` come here; runtime
 //! tokens never do.
 
-use crate::meta::{EntryFilter, EntryOrder, EntryPage, ListedEntry, RepositoryUsage, Totals};
+use crate::model::{EntryFilter, EntryOrder, EntryPage, ListedEntry, RepositoryUsage, Totals};
 use crate::model::{EntryId, RemovalCause};
 
 use super::{Cache, CacheError};

@@ -250,7 +250,7 @@ impl Cache {
     }
 
     /// What the metadata database holds: bytes, entries, open uploads.
-    pub async fn totals(&self) -> Result<crate::meta::Totals, CacheError> {
+    pub async fn totals(&self) -> Result<crate::model::Totals, CacheError> {
         Ok(self.meta.totals().await?)
     }
 

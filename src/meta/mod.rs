@@ -42,6 +42,7 @@ use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, RemovalCause, RepoId,
     Scope, Slot, Upload, UploadBlocks, UploadId, Version,
 };
+use crate::model::{EntryFilter, EntryOrder, EntryPage, ListedEntry, RepositoryUsage, Totals};
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum MetaError {
@@ -351,98 +352,6 @@ pub async fn open(
         }
         DatabaseUrl::MySql(url) => std::sync::Arc::new(MySqlStore::open(url, pool_size).await?),
     })
-}
-
-/// Which entries an operator asks for. Every part that is set must match.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct EntryFilter {
-    /// A repository's id or its name (owner/name). Names are not unique: a forge's and
-    /// GitHub's `owner/x` share one, and a repository keeps its old name until it saves again.
-    pub repository: Option<String>,
-    /// Exactly this repository id (what deletions use).
-    pub repository_id: Option<String>,
-    pub scope: Option<Scope>,
-    /// A prefix of the key, folded as keys are matched (case-insensitively).
-    pub folded_key_prefix: Option<String>,
-    pub version: Option<String>,
-}
-
-impl EntryFilter {
-    /// Selects every entry.
-    pub fn is_everything(&self) -> bool {
-        *self == Self::default()
-    }
-}
-
-/// The order of a listing; ties are broken by entry id in the same direction.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum EntryOrder {
-    /// By last restore (or creation, if never restored).
-    #[default]
-    LastUsed,
-    Size,
-    Created,
-}
-
-impl EntryOrder {
-    /// The value an entry sorts by.
-    pub fn value_of(self, entry: &Entry) -> i64 {
-        match self {
-            Self::LastUsed => entry.last_used_at,
-            Self::Size => entry.size as i64,
-            Self::Created => entry.created_at,
-        }
-    }
-}
-
-/// One page of a listing: the entries after `after` (the sort value and id of the last entry
-/// of the previous page), at most `limit`.
-#[derive(Debug, Clone)]
-pub struct EntryPage<'a> {
-    pub filter: &'a EntryFilter,
-    pub order: EntryOrder,
-    pub descending: bool,
-    pub after: Option<(i64, EntryId)>,
-    pub limit: usize,
-}
-
-/// An entry as an operator sees it: with its repository's name (empty if none is known).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ListedEntry {
-    pub entry: Entry,
-    pub repository_name: String,
-}
-
-/// What one repository holds and how its lookups went.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RepositoryUsage {
-    pub repository: RepoId,
-    /// Owner/name, empty if no caller named it.
-    pub name: String,
-    pub bytes: u64,
-    pub entries: u64,
-    /// Restores and lookups that found nothing, since the repository was first seen.
-    pub hits: u64,
-    pub misses: u64,
-}
-
-/// What a store holds (see [`MetaStore::totals`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Totals {
-    pub bytes: u64,
-    pub entries: u64,
-    pub open_uploads: u64,
-}
-
-impl Totals {
-    /// From the signed counts SQL answers with.
-    pub(crate) fn from_counts(bytes: i64, entries: i64, open_uploads: i64) -> Self {
-        Self {
-            bytes: bytes.max(0) as u64,
-            entries: entries.max(0) as u64,
-            open_uploads: open_uploads.max(0) as u64,
-        }
-    }
 }
 
 /// A validated `--database-url`. Its `Debug` is [`DatabaseUrl::redacted`]: no password.
