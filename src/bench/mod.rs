@@ -135,7 +135,7 @@ fn database_sizes(db: &std::path::Path) -> (u64, u64) {
 /// Stores `n` entries of one 64 KiB chunk each across 1,000 repositories, straight into the
 /// SQLite database at `db` (10,000 per transaction).
 async fn preload(db: &std::path::Path, n: u64) -> Result<Preloaded, BenchFailure> {
-    use crate::meta::MetaStore as _;
+    use crate::meta::Health as _;
     use crate::model::{BlobName, CacheKey, Chunk, RepoId, Scope, Slot, Version};
     let started = Instant::now();
     let fail = |e: crate::meta::MetaError| usage(format!("--preload: {e}"));

@@ -10,6 +10,7 @@
 //!   a later [`BlobStore::sync`] has returned; [`BlobStore::lost_since`] reports, at start-up,
 //!   from which instant puts may have been lost to such a crash.
 
+#[cfg(any(test, feature = "test-util"))]
 pub mod conformance;
 mod digests;
 mod fs;

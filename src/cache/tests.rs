@@ -9,7 +9,7 @@ use futures_util::TryStreamExt;
 
 use super::*;
 use crate::blob::FsStore;
-use crate::meta::MemoryStore;
+use crate::meta::{LifecycleStore, MemoryStore, RestoreStore, SaveStore};
 use crate::model::{BlockSource, Chunk, ManualClock, RepoId, Scope};
 
 const MAIN: &str = "refs/heads/main";
@@ -737,7 +737,7 @@ async fn abandoned_uploads_are_swept_and_their_bytes_deleted() {
     assert!(!w.stored(&blob).await, "the staged bytes are gone");
     // Its record goes too: closed, and as old as the reservation TTL.
     assert_eq!(report.pruned_uploads, 1);
-    assert!(w.meta.upload(link.id).await.unwrap().is_none());
+    assert!(w.meta.upload_with_blocks(link.id).await.unwrap().is_none());
     let err = w
         .cache
         .stage_block(&upload, block("b"), body(b"late"), Some(4))

@@ -1,4 +1,4 @@
-//! An in-memory [`MetaStore`]: the fake the domain's unit tests run against. It keeps the same
+//! An in-memory [`super::MetaStore`]: the fake the domain's unit tests run against. It keeps the same
 //! contract as the SQL stores (the conformance suite checks it), in one mutex-guarded state, so
 //! every method is trivially atomic.
 
@@ -8,8 +8,9 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use super::{
-    EntryChunk, EntryFilter, EntryPage, FinalizeState, ListedEntry, MetaError, MetaStore, NewEntry,
-    NewUpload, Removal, RepositoryUsage, SlotState,
+    AdminStore, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health, LifecycleStore,
+    ListedEntry, MetaError, NewEntry, NewUpload, Removal, RepositoryUsage, RestoreStore, SaveStore,
+    SlotState, Totals,
 };
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, RemovalCause, RepoId,
@@ -154,7 +155,7 @@ impl MemoryStore {
 }
 
 #[async_trait]
-impl MetaStore for MemoryStore {
+impl Health for MemoryStore {
     async fn ping(&self) -> Result<(), MetaError> {
         Ok(())
     }
@@ -162,7 +163,10 @@ impl MetaStore for MemoryStore {
     async fn checkpoint(&self) -> Result<(), MetaError> {
         Ok(())
     }
+}
 
+#[async_trait]
+impl SaveStore for MemoryStore {
     async fn slot_state(&self, slot: &Slot, live_since: Millis) -> Result<SlotState, MetaError> {
         let state = self.state();
         Ok(SlotState {
@@ -182,10 +186,6 @@ impl MetaStore for MemoryStore {
                 })
                 .count() as u64,
         })
-    }
-
-    async fn upload(&self, id: UploadId) -> Result<Option<Upload>, MetaError> {
-        Ok(self.state().uploads.get(&id).map(|u| u.upload.clone()))
     }
 
     async fn upload_with_blocks(
@@ -215,76 +215,6 @@ impl MetaStore for MemoryStore {
             .and_then(|id| state.entries.get(&id))
             .map(|e| (e.entry.id, e.entry.size));
         Ok(FinalizeState { open, finalized })
-    }
-
-    async fn find_candidates(
-        &self,
-        repository: &RepoId,
-        version: &Version,
-        scopes: &[Scope],
-        folded_keys: &[String],
-    ) -> Result<Vec<Candidate>, MetaError> {
-        let state = self.state();
-        let candidate = |e: &StoredEntry| Candidate {
-            id: e.entry.id,
-            scope: e.entry.scope.clone(),
-            key: e.entry.key.clone(),
-            key_folded: e.folded.clone(),
-            created_at: e.entry.created_at,
-        };
-        let mut out = Vec::new();
-        for scope in scopes {
-            for key in folded_keys {
-                let in_slot = || {
-                    state.entries.values().filter(|e| {
-                        &e.entry.repository == repository
-                            && e.entry.version == version.as_str()
-                            && &e.entry.scope == scope
-                    })
-                };
-                out.extend(in_slot().find(|e| &e.folded == key).map(candidate));
-                // The same byte range the SQL stores scan.
-                let end = super::sql::prefix_end(key);
-                out.extend(
-                    in_slot()
-                        .filter(|e| e.folded.as_str() >= key.as_str() && e.folded < end)
-                        .max_by_key(|e| (e.entry.created_at, e.entry.id))
-                        .map(candidate),
-                );
-            }
-        }
-        Ok(out)
-    }
-
-    async fn entries_with_key(
-        &self,
-        repository: &RepoId,
-        scope: &Scope,
-        folded_key: &str,
-        limit: usize,
-    ) -> Result<Vec<Entry>, MetaError> {
-        let state = self.state();
-        let mut found: Vec<Entry> = state
-            .entries
-            .values()
-            .filter(|e| {
-                &e.entry.repository == repository
-                    && &e.entry.scope == scope
-                    && e.folded == folded_key
-            })
-            .map(|e| e.entry.clone())
-            .collect();
-        found.sort_by_key(|e| std::cmp::Reverse((e.created_at, e.id)));
-        found.truncate(limit);
-        Ok(found)
-    }
-
-    async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
-        let state = self.state();
-        Ok(state
-            .entries
-            .get(&id)
-            .map(|e| (e.entry.clone(), EntryChunk::place(&e.chunks))))
     }
 
     async fn create_upload(
@@ -404,6 +334,79 @@ impl MetaStore for MemoryStore {
         s.entry = Some(id);
         Ok(id)
     }
+}
+
+#[async_trait]
+impl RestoreStore for MemoryStore {
+    async fn find_candidates(
+        &self,
+        repository: &RepoId,
+        version: &Version,
+        scopes: &[Scope],
+        folded_keys: &[String],
+    ) -> Result<Vec<Candidate>, MetaError> {
+        let state = self.state();
+        let candidate = |e: &StoredEntry| Candidate {
+            id: e.entry.id,
+            scope: e.entry.scope.clone(),
+            key: e.entry.key.clone(),
+            key_folded: e.folded.clone(),
+            created_at: e.entry.created_at,
+        };
+        let mut out = Vec::new();
+        for scope in scopes {
+            for key in folded_keys {
+                let in_slot = || {
+                    state.entries.values().filter(|e| {
+                        &e.entry.repository == repository
+                            && e.entry.version == version.as_str()
+                            && &e.entry.scope == scope
+                    })
+                };
+                out.extend(in_slot().find(|e| &e.folded == key).map(candidate));
+                // The same byte range the SQL stores scan.
+                let end = super::sql::prefix_end(key);
+                out.extend(
+                    in_slot()
+                        .filter(|e| e.folded.as_str() >= key.as_str() && e.folded < end)
+                        .max_by_key(|e| (e.entry.created_at, e.entry.id))
+                        .map(candidate),
+                );
+            }
+        }
+        Ok(out)
+    }
+
+    async fn entries_with_key(
+        &self,
+        repository: &RepoId,
+        scope: &Scope,
+        folded_key: &str,
+        limit: usize,
+    ) -> Result<Vec<Entry>, MetaError> {
+        let state = self.state();
+        let mut found: Vec<Entry> = state
+            .entries
+            .values()
+            .filter(|e| {
+                &e.entry.repository == repository
+                    && &e.entry.scope == scope
+                    && e.folded == folded_key
+            })
+            .map(|e| e.entry.clone())
+            .collect();
+        found.sort_by_key(|e| std::cmp::Reverse((e.created_at, e.id)));
+        found.truncate(limit);
+        Ok(found)
+    }
+
+    async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
+        let state = self.state();
+        Ok(state
+            .entries
+            .get(&id)
+            .map(|e| (e.entry.clone(), EntryChunk::place(&e.chunks))))
+    }
 
     async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError> {
         let mut state = self.state();
@@ -428,105 +431,10 @@ impl MetaStore for MemoryStore {
         }
         Ok(())
     }
+}
 
-    async fn list_entries(&self, page: &EntryPage<'_>) -> Result<Vec<ListedEntry>, MetaError> {
-        let state = self.state();
-        let sort_key = |e: &Entry| (page.order.value_of(e), e.id);
-        let mut found: Vec<&StoredEntry> = state
-            .entries
-            .values()
-            .filter(|e| state.selects(page.filter, e))
-            .filter(|e| match page.after {
-                None => true,
-                Some(after) if page.descending => sort_key(&e.entry) < after,
-                Some(after) => sort_key(&e.entry) > after,
-            })
-            .collect();
-        found.sort_by_key(|e| sort_key(&e.entry));
-        if page.descending {
-            found.reverse();
-        }
-        Ok(found
-            .into_iter()
-            .take(page.limit)
-            .map(|e| ListedEntry {
-                entry: e.entry.clone(),
-                repository_name: state.name_of(&e.entry.repository),
-            })
-            .collect())
-    }
-
-    async fn count_entries(&self, filter: &EntryFilter) -> Result<u64, MetaError> {
-        let state = self.state();
-        Ok(state
-            .entries
-            .values()
-            .filter(|e| state.selects(filter, e))
-            .count() as u64)
-    }
-
-    async fn repositories(
-        &self,
-        only: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<RepositoryUsage>, MetaError> {
-        let state = self.state();
-        let mut out: Vec<RepositoryUsage> = state
-            .repositories
-            .iter()
-            .filter(|(id, seen)| only.is_none_or(|o| id.as_str() == o || seen.name == o))
-            .map(|(id, seen)| {
-                let held = state.entries.values().filter(|e| &e.entry.repository == id);
-                RepositoryUsage {
-                    repository: id.clone(),
-                    name: seen.name.clone(),
-                    bytes: held.clone().map(|e| e.entry.size).sum(),
-                    entries: held.count() as u64,
-                    hits: seen.hits,
-                    misses: seen.misses,
-                }
-            })
-            .collect();
-        out.sort_by(|a, b| {
-            b.bytes
-                .cmp(&a.bytes)
-                .then_with(|| a.repository.as_str().cmp(b.repository.as_str()))
-        });
-        out.truncate(limit);
-        Ok(out)
-    }
-
-    async fn count_repositories(&self) -> Result<u64, MetaError> {
-        Ok(self.state().repositories.len() as u64)
-    }
-
-    async fn forget_after(
-        &self,
-        since: Millis,
-        _now: Millis,
-    ) -> Result<(usize, Vec<BlobName>), MetaError> {
-        let mut state = self.state();
-        let mut garbage = Vec::new();
-        let before = state.entries.len();
-        state.entries.retain(|_, e| {
-            let keep = e.entry.created_at <= since;
-            if !keep {
-                garbage.extend(e.chunks.iter().map(|c| c.blob.clone()));
-            }
-            keep
-        });
-        let forgotten = before - state.entries.len();
-        for u in state.uploads.values_mut().filter(|u| u.upload.is_open()) {
-            garbage.extend(u.blocks.blobs());
-            u.upload.state = UploadState::Aborted;
-            u.upload.revision += 1;
-            u.blocks = UploadBlocks::default();
-        }
-        garbage.sort();
-        garbage.dedup();
-        Ok((forgotten, garbage))
-    }
-
+#[async_trait]
+impl LifecycleStore for MemoryStore {
     async fn repository_usage(&self, repository: &RepoId) -> Result<u64, MetaError> {
         let state = self.state();
         Ok(state
@@ -539,19 +447,6 @@ impl MetaStore for MemoryStore {
 
     async fn total_usage(&self) -> Result<u64, MetaError> {
         Ok(self.state().entries.values().map(|e| e.entry.size).sum())
-    }
-
-    async fn totals(&self) -> Result<super::Totals, MetaError> {
-        let state = self.state();
-        Ok(super::Totals {
-            bytes: state.entries.values().map(|e| e.entry.size).sum(),
-            entries: state.entries.len() as u64,
-            open_uploads: state
-                .uploads
-                .values()
-                .filter(|u| u.upload.is_open())
-                .count() as u64,
-        })
     }
 
     async fn pending_deletions(&self) -> Result<u64, MetaError> {
@@ -681,5 +576,119 @@ impl MetaStore for MemoryStore {
             .take(limit)
             .map(|(id, _)| *id)
             .collect())
+    }
+
+    async fn forget_after(
+        &self,
+        since: Millis,
+        _now: Millis,
+    ) -> Result<(usize, Vec<BlobName>), MetaError> {
+        let mut state = self.state();
+        let mut garbage = Vec::new();
+        let before = state.entries.len();
+        state.entries.retain(|_, e| {
+            let keep = e.entry.created_at <= since;
+            if !keep {
+                garbage.extend(e.chunks.iter().map(|c| c.blob.clone()));
+            }
+            keep
+        });
+        let forgotten = before - state.entries.len();
+        for u in state.uploads.values_mut().filter(|u| u.upload.is_open()) {
+            garbage.extend(u.blocks.blobs());
+            u.upload.state = UploadState::Aborted;
+            u.upload.revision += 1;
+            u.blocks = UploadBlocks::default();
+        }
+        garbage.sort();
+        garbage.dedup();
+        Ok((forgotten, garbage))
+    }
+}
+
+#[async_trait]
+impl AdminStore for MemoryStore {
+    async fn list_entries(&self, page: &EntryPage<'_>) -> Result<Vec<ListedEntry>, MetaError> {
+        let state = self.state();
+        let sort_key = |e: &Entry| (page.order.value_of(e), e.id);
+        let mut found: Vec<&StoredEntry> = state
+            .entries
+            .values()
+            .filter(|e| state.selects(page.filter, e))
+            .filter(|e| match page.after {
+                None => true,
+                Some(after) if page.descending => sort_key(&e.entry) < after,
+                Some(after) => sort_key(&e.entry) > after,
+            })
+            .collect();
+        found.sort_by_key(|e| sort_key(&e.entry));
+        if page.descending {
+            found.reverse();
+        }
+        Ok(found
+            .into_iter()
+            .take(page.limit)
+            .map(|e| ListedEntry {
+                entry: e.entry.clone(),
+                repository_name: state.name_of(&e.entry.repository),
+            })
+            .collect())
+    }
+
+    async fn count_entries(&self, filter: &EntryFilter) -> Result<u64, MetaError> {
+        let state = self.state();
+        Ok(state
+            .entries
+            .values()
+            .filter(|e| state.selects(filter, e))
+            .count() as u64)
+    }
+
+    async fn repositories(
+        &self,
+        only: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<RepositoryUsage>, MetaError> {
+        let state = self.state();
+        let mut out: Vec<RepositoryUsage> = state
+            .repositories
+            .iter()
+            .filter(|(id, seen)| only.is_none_or(|o| id.as_str() == o || seen.name == o))
+            .map(|(id, seen)| {
+                let held = state.entries.values().filter(|e| &e.entry.repository == id);
+                RepositoryUsage {
+                    repository: id.clone(),
+                    name: seen.name.clone(),
+                    bytes: held.clone().map(|e| e.entry.size).sum(),
+                    entries: held.count() as u64,
+                    hits: seen.hits,
+                    misses: seen.misses,
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            b.bytes
+                .cmp(&a.bytes)
+                .then_with(|| a.repository.as_str().cmp(b.repository.as_str()))
+        });
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    async fn count_repositories(&self) -> Result<u64, MetaError> {
+        Ok(self.state().repositories.len() as u64)
+    }
+
+    async fn totals(&self) -> Result<Totals, MetaError> {
+        let state = self.state();
+        Ok(Totals {
+            bytes: state.entries.values().map(|e| e.entry.size).sum(),
+            entries: state.entries.len() as u64,
+            open_uploads: state
+                .uploads
+                .values()
+                .filter(|u| u.upload.is_open())
+                .count() as u64,
+        })
     }
 }

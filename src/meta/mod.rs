@@ -14,27 +14,26 @@
 //! - At most one open upload and at most one entry exist per [`Slot`] (repository, scope,
 //!   folded key, version). A change that would make a second one returns
 //!   [`MetaError::Conflict`] and changes nothing, whichever process or replica raced it.
-//! - An entry becomes visible to [`MetaStore::find_candidates`] only through
-//!   [`MetaStore::finalize`], and then with all its chunks.
+//! - An entry becomes visible to [`RestoreStore::find_candidates`] only through
+//!   [`SaveStore::finalize`], and then with all its chunks.
 //! - Keys compare byte-wise on their folded form, identically on every backend, so prefix
 //!   matching gives the same answer everywhere.
 //! - Errors are backend-neutral kinds; no driver type crosses this module's boundary.
 
-mod group_commit;
-mod mysql;
-mod postgres;
+#[macro_use]
+mod timed;
 mod sql;
 mod sqlite;
-mod timed;
+mod sqlx;
 
-pub mod conformance;
+#[cfg(any(test, feature = "test-util"))]
 pub mod memory;
 
 use async_trait::async_trait;
 
+pub use self::sqlx::{MySqlStore, PostgresStore};
+#[cfg(any(test, feature = "test-util"))]
 pub use memory::MemoryStore;
-pub use mysql::MySqlStore;
-pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 pub use timed::Timed;
 
@@ -147,8 +146,9 @@ pub struct Removal<'a> {
     pub delete_at: Millis,
 }
 
+/// What every store answers: whether the database is there, and durability.
 #[async_trait]
-pub trait MetaStore: Send + Sync + std::fmt::Debug + 'static {
+pub trait Health: Send + Sync + std::fmt::Debug + 'static {
     /// Checks that the database answers.
     async fn ping(&self) -> Result<(), MetaError>;
 
@@ -157,187 +157,149 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug + 'static {
     /// after the blob store synced.
     async fn checkpoint(&self) -> Result<(), MetaError>;
 
-    /// Resolves when the store wants [`MetaStore::checkpoint`] before the next interval
+    /// Resolves when the store wants [`Health::checkpoint`] before the next interval
     /// (SQLite: its write-ahead log grew past its soft bound). Never, for the others.
     async fn wants_checkpoint(&self) {
         std::future::pending::<()>().await
     }
-
-    // ---- loads ----
-
-    /// The slot's entry and open upload, and how many uploads of its repository are open and
-    /// were created at or after `live_since`.
-    async fn slot_state(&self, slot: &Slot, live_since: Millis) -> Result<SlotState, MetaError>;
-
-    async fn upload(&self, id: UploadId) -> Result<Option<Upload>, MetaError>;
-
-    /// An upload with its blocks, read together.
-    async fn upload_with_blocks(
-        &self,
-        id: UploadId,
-    ) -> Result<Option<(Upload, UploadBlocks)>, MetaError>;
-
-    async fn finalize_state(&self, slot: &Slot) -> Result<FinalizeState, MetaError>;
-
-    /// For each (scope, key) pair, the exact match and the newest prefix match (by creation
-    /// time, then id) of `version` in `repository`: a bounded superset of what
-    /// `matching::best_match` needs. `folded_keys` are already folded.
-    async fn find_candidates(
-        &self,
-        repository: &RepoId,
-        version: &Version,
-        scopes: &[Scope],
-        folded_keys: &[String],
-    ) -> Result<Vec<Candidate>, MetaError>;
-
-    /// The visible entries of `repository` in `scope` whose folded key is `folded_key`, of any
-    /// version, newest first, at most `limit`: the v1 listing (`GET caches?key=`).
-    async fn entries_with_key(
-        &self,
-        repository: &RepoId,
-        scope: &Scope,
-        folded_key: &str,
-        limit: usize,
-    ) -> Result<Vec<Entry>, MetaError>;
-
-    /// A visible entry and its chunks in order.
-    async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError>;
-
-    // ---- changes ----
-
-    /// Inserts an open upload for the slot, first aborting `replacing` (an abandoned upload of
-    /// the same slot, at the revision loaded) and dropping its blocks. `Conflict` if the slot
-    /// already has an open upload; `Stale` if `replacing` changed.
-    async fn create_upload(
-        &self,
-        new: NewUpload<'_>,
-        replacing: Option<&Upload>,
-    ) -> Result<UploadId, MetaError>;
-
-    /// Records `chunk` as the staged copy of `block`, replacing an earlier copy.
-    async fn stage_block(
-        &self,
-        upload: &Upload,
-        block: &BlockId,
-        chunk: &Chunk,
-        now: Millis,
-    ) -> Result<(), MetaError>;
-
-    /// Makes `parts` the upload's committed parts, in order, and drops every staged block.
-    async fn commit_parts(
-        &self,
-        upload: &Upload,
-        parts: &[(BlockId, Chunk)],
-        now: Millis,
-    ) -> Result<(), MetaError>;
-
-    /// Aborts the upload and drops its blocks.
-    async fn abort_upload(&self, upload: &Upload, now: Millis) -> Result<(), MetaError>;
-
-    /// Turns the open upload into a visible entry made of `entry.chunks`, and drops the
-    /// upload's blocks. `Conflict` if an entry already holds the slot.
-    async fn finalize(&self, upload: &Upload, entry: NewEntry<'_>) -> Result<EntryId, MetaError>;
-
-    /// Records restores: for each entry, hits to add and the latest use, also counted for the
-    /// entry's repository. Entries that no longer exist are skipped.
-    async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError>;
-
-    /// Records lookups that found nothing: per repository, its name (as in [`NewEntry`]) and
-    /// how many.
-    async fn record_misses(&self, misses: &[(RepoId, String, u64)]) -> Result<(), MetaError>;
-
-    // ---- administration ----
-
-    /// A page of the visible entries that `page.filter` selects, in `page`'s order.
-    async fn list_entries(&self, page: &EntryPage<'_>) -> Result<Vec<ListedEntry>, MetaError>;
-
-    /// How many visible entries `filter` selects.
-    async fn count_entries(&self, filter: &EntryFilter) -> Result<u64, MetaError>;
-
-    /// Every repository the store has seen (one whose entries all went stays, with zero
-    /// bytes), most bytes first, then by id; at most `limit`, only the one `only` names (by
-    /// id or name) if given.
-    async fn repositories(
-        &self,
-        only: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<RepositoryUsage>, MetaError>;
-
-    /// How many repositories [`MetaStore::repositories`] would list without a limit.
-    async fn count_repositories(&self) -> Result<u64, MetaError>;
-
-    // ---- lifecycle ----
-
-    /// Bytes of the repository's entries.
-    async fn repository_usage(&self, repository: &RepoId) -> Result<u64, MetaError>;
-
-    /// Bytes of every entry.
-    async fn total_usage(&self) -> Result<u64, MetaError>;
-
-    /// What the store holds, for metrics: bytes and entries of all repositories, and open
-    /// uploads.
-    async fn totals(&self) -> Result<Totals, MetaError>;
-
-    /// Bytes of chunks whose deletion is scheduled but not yet done.
-    async fn pending_deletions(&self) -> Result<u64, MetaError>;
-
-    /// Up to `limit` entries, least recently used first (then oldest id), of one repository
-    /// or of all.
-    async fn least_recently_used(
-        &self,
-        repository: Option<&RepoId>,
-        limit: usize,
-    ) -> Result<Vec<EntryUse>, MetaError>;
-
-    /// Up to `limit` entries last used before `unused_before`, or created before
-    /// `created_before`.
-    async fn expired(
-        &self,
-        unused_before: Millis,
-        created_before: Option<Millis>,
-        limit: usize,
-    ) -> Result<Vec<EntryUse>, MetaError>;
-
-    /// Removes the entries that still exist among `ids`, and schedules their chunks for deletion
-    /// at `removal.delete_at`. A quarantine is also recorded. Returns the entries removed, so
-    /// that two processes removing the same entry count it once.
-    async fn remove_entries(
-        &self,
-        ids: &[EntryId],
-        removal: Removal<'_>,
-    ) -> Result<Vec<EntryUse>, MetaError>;
-
-    /// Up to `limit` chunks whose scheduled deletion is due at `now`.
-    async fn due_deletions(&self, now: Millis, limit: usize) -> Result<Vec<BlobName>, MetaError>;
-
-    /// Forgets scheduled deletions that were carried out.
-    async fn deletions_done(&self, names: &[BlobName]) -> Result<(), MetaError>;
-
-    /// Those of `names` that any upload, entry or scheduled deletion refers to.
-    async fn referenced(&self, names: &[BlobName]) -> Result<Vec<BlobName>, MetaError>;
-
-    /// Up to `limit` open uploads created before `created_before`.
-    async fn stale_uploads(
-        &self,
-        created_before: Millis,
-        limit: usize,
-    ) -> Result<Vec<UploadId>, MetaError>;
-
-    /// Deletes finalized and aborted uploads created before `created_before` (they hold no
-    /// blocks); returns how many went.
-    async fn prune_uploads(&self, created_before: Millis) -> Result<u64, MetaError>;
-
-    /// Up to `limit` entry ids above `after`, in order: a walk over every entry.
-    async fn entry_ids(&self, after: EntryId, limit: usize) -> Result<Vec<EntryId>, MetaError>;
-
-    /// After a machine crash: deletes the entries finalized after `since` and aborts every open
-    /// upload. Returns how many entries went and the blobs of the dropped rows.
-    async fn forget_after(
-        &self,
-        since: Millis,
-        now: Millis,
-    ) -> Result<(usize, Vec<BlobName>), MetaError>;
 }
+
+store_trait! {
+    /// Saving: reservations, their blocks, and the finalize that makes an entry.
+    pub trait SaveStore {
+        /// The slot's entry and open upload, and how many uploads of its repository are open
+        /// and were created at or after `live_since`.
+        async fn slot_state(&self, slot: &Slot, live_since: Millis) -> Result<SlotState, MetaError>;
+
+        /// An upload, in whatever state, with its blocks, read together.
+        async fn upload_with_blocks(&self, id: UploadId) -> Result<Option<(Upload, UploadBlocks)>, MetaError>;
+
+        async fn finalize_state(&self, slot: &Slot) -> Result<FinalizeState, MetaError>;
+
+        /// Inserts an open upload for the slot, first aborting `replacing` (an abandoned upload
+        /// of the same slot, at the revision loaded) and dropping its blocks. `Conflict` if the
+        /// slot already has an open upload; `Stale` if `replacing` changed.
+        async fn create_upload(&self, new: NewUpload<'_>, replacing: Option<&Upload>) -> Result<UploadId, MetaError>;
+
+        /// Records `chunk` as the staged copy of `block`, replacing an earlier copy.
+        async fn stage_block(&self, upload: &Upload, block: &BlockId, chunk: &Chunk, now: Millis) -> Result<(), MetaError>;
+
+        /// Makes `parts` the upload's committed parts, in order, and drops every staged block.
+        async fn commit_parts(&self, upload: &Upload, parts: &[(BlockId, Chunk)], now: Millis) -> Result<(), MetaError>;
+
+        /// Aborts the upload and drops its blocks.
+        async fn abort_upload(&self, upload: &Upload, now: Millis) -> Result<(), MetaError>;
+
+        /// Turns the open upload into a visible entry made of `entry.chunks`, and drops the
+        /// upload's blocks. `Conflict` if an entry already holds the slot.
+        async fn finalize(&self, upload: &Upload, entry: NewEntry<'_>) -> Result<EntryId, MetaError>;
+    }
+}
+
+store_trait! {
+    /// Restoring: lookups, the entries they name, and the record of hits and misses.
+    pub trait RestoreStore {
+        /// For each (scope, key) pair, the exact match and the newest prefix match (by creation
+        /// time, then id) of `version` in `repository`: a bounded superset of what
+        /// `matching::best_match` needs. `folded_keys` are already folded.
+        async fn find_candidates(&self, repository: &RepoId, version: &Version, scopes: &[Scope], folded_keys: &[String]) -> Result<Vec<Candidate>, MetaError>;
+
+        /// The visible entries of `repository` in `scope` whose folded key is `folded_key`, of
+        /// any version, newest first, at most `limit`: the v1 listing (`GET caches?key=`).
+        async fn entries_with_key(&self, repository: &RepoId, scope: &Scope, folded_key: &str, limit: usize) -> Result<Vec<Entry>, MetaError>;
+
+        /// A visible entry and its chunks in order.
+        async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError>;
+
+        /// Records restores: for each entry, hits to add and the latest use, also counted for
+        /// the entry's repository. Entries that no longer exist are skipped.
+        async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError>;
+
+        /// Records lookups that found nothing: per repository, its name (as in [`NewEntry`])
+        /// and how many.
+        async fn record_misses(&self, misses: &[(RepoId, String, u64)]) -> Result<(), MetaError>;
+    }
+}
+
+store_trait! {
+    /// The lifecycle: usage and limits, eviction and expiry, deferred deletions, references for
+    /// garbage collection, abandoned uploads, integrity walks and crash recovery.
+    pub trait LifecycleStore {
+        /// Bytes of the repository's entries.
+        async fn repository_usage(&self, repository: &RepoId) -> Result<u64, MetaError>;
+
+        /// Bytes of every entry.
+        async fn total_usage(&self) -> Result<u64, MetaError>;
+
+        /// Bytes of chunks whose deletion is scheduled but not yet done.
+        async fn pending_deletions(&self) -> Result<u64, MetaError>;
+
+        /// Up to `limit` entries, least recently used first (then oldest id), of one repository
+        /// or of all.
+        async fn least_recently_used(&self, repository: Option<&RepoId>, limit: usize) -> Result<Vec<EntryUse>, MetaError>;
+
+        /// Up to `limit` entries last used before `unused_before`, or created before
+        /// `created_before`.
+        async fn expired(&self, unused_before: Millis, created_before: Option<Millis>, limit: usize) -> Result<Vec<EntryUse>, MetaError>;
+
+        /// Removes the entries that still exist among `ids`, and schedules their chunks for
+        /// deletion at `removal.delete_at`. A quarantine is also recorded. Returns the entries
+        /// removed, so that two processes removing the same entry count it once.
+        async fn remove_entries(&self, ids: &[EntryId], removal: Removal<'_>) -> Result<Vec<EntryUse>, MetaError>;
+
+        /// Up to `limit` chunks whose scheduled deletion is due at `now`.
+        async fn due_deletions(&self, now: Millis, limit: usize) -> Result<Vec<BlobName>, MetaError>;
+
+        /// Forgets scheduled deletions that were carried out.
+        async fn deletions_done(&self, names: &[BlobName]) -> Result<(), MetaError>;
+
+        /// Those of `names` that any upload, entry or scheduled deletion refers to.
+        async fn referenced(&self, names: &[BlobName]) -> Result<Vec<BlobName>, MetaError>;
+
+        /// Up to `limit` open uploads created before `created_before`.
+        async fn stale_uploads(&self, created_before: Millis, limit: usize) -> Result<Vec<UploadId>, MetaError>;
+
+        /// Deletes finalized and aborted uploads created before `created_before` (they hold no
+        /// blocks); returns how many went.
+        async fn prune_uploads(&self, created_before: Millis) -> Result<u64, MetaError>;
+
+        /// Up to `limit` entry ids above `after`, in order: a walk over every entry.
+        async fn entry_ids(&self, after: EntryId, limit: usize) -> Result<Vec<EntryId>, MetaError>;
+
+        /// After a machine crash: deletes the entries finalized after `since` and aborts every
+        /// open upload. Returns how many entries went and the blobs of the dropped rows.
+        async fn forget_after(&self, since: Millis, now: Millis) -> Result<(usize, Vec<BlobName>), MetaError>;
+    }
+}
+
+store_trait! {
+    /// Administration: what operators list and count, and the totals metrics report.
+    pub trait AdminStore {
+        /// A page of the visible entries that `page.filter` selects, in `page`'s order.
+        async fn list_entries(&self, page: &EntryPage<'_>) -> Result<Vec<ListedEntry>, MetaError>;
+
+        /// How many visible entries `filter` selects.
+        async fn count_entries(&self, filter: &EntryFilter) -> Result<u64, MetaError>;
+
+        /// Every repository the store has seen (one whose entries all went stays, with zero
+        /// bytes), most bytes first, then by id; at most `limit`, only the one `only` names (by
+        /// id or name) if given.
+        async fn repositories(&self, only: Option<&str>, limit: usize) -> Result<Vec<RepositoryUsage>, MetaError>;
+
+        /// How many repositories [`AdminStore::repositories`] would list without a limit.
+        async fn count_repositories(&self) -> Result<u64, MetaError>;
+
+        /// What the store holds, for metrics: bytes and entries of all repositories, and open
+        /// uploads.
+        async fn totals(&self) -> Result<Totals, MetaError>;
+    }
+}
+
+/// A whole metadata store: what `Cache` holds. Every backend is one, through the blanket
+/// implementation; a caller that needs only a part takes that trait (`&dyn LifecycleStore`).
+pub trait MetaStore: Health + SaveStore + RestoreStore + LifecycleStore + AdminStore {}
+
+impl<T: Health + SaveStore + RestoreStore + LifecycleStore + AdminStore> MetaStore for T {}
 
 /// Opens the store a database URL names (`sqlite://PATH`, `postgres://…`, `mysql://…`) and
 /// brings its schema up to date.

@@ -1,6 +1,6 @@
-//! What the SQL stores share: turning stored columns back into validated records, the bounds of
-//! a prefix range, the index hashes and statements of the networked stores, and the mapping of
-//! driver errors onto backend-neutral kinds.
+//! What the three SQL stores share: turning stored columns back into validated records, the
+//! bounds of a prefix range, the statements built at run time (lookups, listings), and the
+//! index hashes of the networked stores.
 
 use super::MetaError;
 use crate::model::{BlobName, Chunk, RepoId, Scope, Upload, UploadState};
@@ -132,29 +132,10 @@ pub(super) fn candidates_sql(pairs: usize, placeholder: impl Fn(usize) -> String
 
 /// A parameter of a statement built at run time.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Param {
+pub enum Param {
     Text(String),
     Int(i64),
-}
-
-/// Binds a built statement's parameters in order (PostgreSQL and MySQL; SQLite binds
-/// [`Param`] through its `ToSql`).
-pub(super) fn bind_all<DB>(
-    mut query: sqlx::query::Query<'_, DB, DB::Arguments>,
-    params: Vec<Param>,
-) -> sqlx::query::Query<'_, DB, DB::Arguments>
-where
-    DB: sqlx::Database,
-    String: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
-    i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
-{
-    for param in params {
-        query = match param {
-            Param::Text(text) => query.bind(text),
-            Param::Int(n) => query.bind(n),
-        };
-    }
-    query
+    Bytes(Vec<u8>),
 }
 
 /// The columns every listing statement selects, in [`ListedRow`]'s order; `e` is `entries`, `u`
@@ -329,24 +310,6 @@ pub(super) fn repository_from_parts(
         entries,
         hits,
         misses,
-    }
-}
-
-/// A driver error as a backend-neutral kind: a unique index refused the change (`Conflict`), the
-/// database gave up on a transaction that may succeed if decided again (serialization failure
-/// or deadlock, SQLSTATE 40001 and 40P01: `Stale`), or the connection failed (`Unavailable`).
-pub(super) fn from_sqlx(e: sqlx::Error) -> MetaError {
-    match &e {
-        sqlx::Error::Database(db) if db.is_unique_violation() => MetaError::Conflict,
-        sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40001" | "40P01")) => {
-            MetaError::Stale
-        }
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => MetaError::Unavailable(super::bounded(e.to_string())),
-        _ => MetaError::Internal(super::bounded(e.to_string())),
     }
 }
 

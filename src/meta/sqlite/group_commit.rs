@@ -22,7 +22,7 @@ use std::sync::Mutex;
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
-use super::MetaError;
+use crate::meta::MetaError;
 
 /// One change as queued: run inside a batch, or refused before it could run.
 trait Queued: Send {

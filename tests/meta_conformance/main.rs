@@ -1,14 +1,16 @@
-//! The metadata store contract (`hoard::meta::conformance`) on every backend: the in-memory
+//! The metadata store contract (`conformance/`, a part per store trait) on every backend: the in-memory
 //! fake, SQLite, PostgreSQL and MySQL/MariaDB. Migrations are idempotent: opening a store twice
 //! on one database keeps its data.
 #![allow(clippy::unwrap_used)]
 
+#[path = "../common/mod.rs"]
 mod common;
+mod conformance;
 
 use std::sync::Arc;
 
 use common::databases::{Server, TestDatabase};
-use hoard::meta::{self, conformance, DatabaseUrl, MemoryStore, MetaStore};
+use hoard::meta::{self, DatabaseUrl, MemoryStore, MetaStore};
 
 #[tokio::test]
 async fn the_in_memory_fake_conforms() {
@@ -144,7 +146,7 @@ async fn the_widest_lookup_is_answered(store: Arc<dyn MetaStore>) {
                 now,
             };
             let id = store.create_upload(new, None).await.unwrap();
-            let upload = store.upload(id).await.unwrap().unwrap();
+            let upload = store.upload_with_blocks(id).await.unwrap().unwrap().0;
             let chunk = Chunk {
                 blob: BlobName::random(),
                 size: 1,
@@ -153,7 +155,7 @@ async fn the_widest_lookup_is_answered(store: Arc<dyn MetaStore>) {
             };
             let parts = [(BlockId::parse(b"b").unwrap(), chunk.clone())];
             store.commit_parts(&upload, &parts, now).await.unwrap();
-            let upload = store.upload(id).await.unwrap().unwrap();
+            let upload = store.upload_with_blocks(id).await.unwrap().unwrap().0;
             let entry = NewEntry {
                 slot: &slot,
                 key: &key,

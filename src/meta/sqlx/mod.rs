@@ -1,0 +1,835 @@
+//! The networked stores, PostgreSQL and MySQL/MariaDB, through sqlx: every statement the two
+//! dialects share is written here once, and each [`Dialect`] holds what differs (connecting,
+//! migrations, parameter spelling, and the changes whose SQL cannot be the same: PostgreSQL does
+//! each in one statement with data-modifying CTEs, MySQL in a short transaction).
+//!
+//! Shared statements are written with `?` parameters and `{bigint}` for a cast to a 64-bit
+//! integer; [`Dialect::spell`] turns them into the dialect's. Strings compare byte-wise in both
+//! (PostgreSQL `COLLATE "C"`, MySQL binary columns), and the index keys of slots and lookups are
+//! fixed-size hashes ([`sql::bucket`], [`sql::slot_hash`]), so both answer exactly as SQLite does.
+
+mod mysql;
+mod postgres;
+
+use async_trait::async_trait;
+
+use super::sql::{
+    bucket, candidates_sql, chunk_from_parts, collect_blocks, count_entries_sql, list_entries_sql,
+    prefix_end, repositories_sql, repository_from_parts, slot_hash, upload_from_parts,
+    upload_with_blocks_sql, BlockRow, ListedRow, Param, UploadRow,
+};
+use super::{
+    AdminStore, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health, LifecycleStore,
+    ListedEntry, MetaError, NewEntry, NewUpload, Removal, RepositoryUsage, RestoreStore, SaveStore,
+    SlotState, Totals,
+};
+use crate::model::{
+    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, RepoId, Scope, Slot,
+    Upload, UploadBlocks, UploadId, Version,
+};
+
+/// The PostgreSQL store: several hoard processes may share one database.
+pub type PostgresStore = SqlxStore<postgres::PostgresDialect>;
+/// The MySQL 8 / MariaDB 10.11+ store: several hoard processes may share one database.
+pub type MySqlStore = SqlxStore<mysql::MySqlDialect>;
+
+/// Names per statement where a list of them is bound (`IN (…)`), well under the 65,535
+/// parameters either database takes.
+const NAMES_PER_STATEMENT: usize = 1000;
+
+/// A store on a networked database: the shared statements over a dialect.
+#[derive(Debug, Clone)]
+pub struct SqlxStore<D> {
+    db: D,
+}
+
+/// A row as the shared statements read it, by column index. Each dialect decodes its own column
+/// types (PostgreSQL's strict integer widths, MySQL's binary strings).
+pub trait SqlRow {
+    fn opt_int(&self, col: usize) -> Result<Option<i64>, MetaError>;
+    fn opt_text(&self, col: usize) -> Result<Option<String>, MetaError>;
+    fn opt_bytes(&self, col: usize) -> Result<Option<Vec<u8>>, MetaError>;
+
+    fn int(&self, col: usize) -> Result<i64, MetaError> {
+        self.opt_int(col)?.ok_or_else(|| null(col))
+    }
+    fn text(&self, col: usize) -> Result<String, MetaError> {
+        self.opt_text(col)?.ok_or_else(|| null(col))
+    }
+}
+
+fn null(col: usize) -> MetaError {
+    MetaError::Corrupt(format!("column {col} is NULL"))
+}
+
+/// One statement of a transaction run by [`Dialect::in_transaction`].
+pub enum Step {
+    /// Rows wanted.
+    Fetch(&'static str, Vec<Param>),
+    /// Only the count of rows changed.
+    Execute(&'static str, Vec<Param>),
+}
+
+/// What a [`Step`] gave.
+pub enum Done<R> {
+    Rows(Vec<R>),
+    Changed(u64),
+}
+
+/// What differs between PostgreSQL and MySQL.
+#[async_trait]
+pub trait Dialect: Send + Sync + std::fmt::Debug + 'static {
+    type Row: SqlRow + Send + Sync;
+
+    /// A cast to a 64-bit integer (`CAST(x AS {bigint})`).
+    const BIGINT: &'static str;
+
+    /// The n-th (1-based) parameter of a statement.
+    fn placeholder(n: usize) -> String;
+
+    /// A shared statement in this dialect: `?` become [`Dialect::placeholder`]s (no shared
+    /// statement has a `?` inside a string literal), `{bigint}` becomes [`Dialect::BIGINT`].
+    fn spell(template: &str) -> String {
+        let template = template.replace("{bigint}", Self::BIGINT);
+        if Self::placeholder(1) == "?" {
+            return template;
+        }
+        let mut out = String::with_capacity(template.len() + 16);
+        let mut n = 0;
+        for c in template.chars() {
+            if c == '?' {
+                n += 1;
+                out.push_str(&Self::placeholder(n));
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    async fn fetch(&self, sql: &str, params: Vec<Param>) -> Result<Vec<Self::Row>, MetaError>;
+
+    /// Runs a statement; returns how many rows it changed.
+    async fn execute(&self, sql: &str, params: Vec<Param>) -> Result<u64, MetaError>;
+
+    /// Runs shared statements in order, in one transaction.
+    async fn in_transaction(&self, steps: Vec<Step>) -> Result<Vec<Done<Self::Row>>, MetaError>;
+
+    // The changes whose SQL differs; each has the contract of the store method of its name.
+
+    async fn create_upload(
+        &self,
+        new: NewUpload<'_>,
+        replacing: Option<&Upload>,
+    ) -> Result<UploadId, MetaError>;
+    async fn stage_block(
+        &self,
+        upload: &Upload,
+        block: &BlockId,
+        chunk: &Chunk,
+        now: Millis,
+    ) -> Result<(), MetaError>;
+    async fn commit_parts(
+        &self,
+        upload: &Upload,
+        parts: &[(BlockId, Chunk)],
+        now: Millis,
+    ) -> Result<(), MetaError>;
+    async fn abort_upload(&self, upload: &Upload, now: Millis) -> Result<(), MetaError>;
+    async fn finalize(&self, upload: &Upload, new: NewEntry<'_>) -> Result<EntryId, MetaError>;
+    async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError>;
+    async fn record_misses(&self, misses: &[(RepoId, String, u64)]) -> Result<(), MetaError>;
+    async fn remove_entries(
+        &self,
+        ids: &[EntryId],
+        removal: Removal<'_>,
+    ) -> Result<Vec<EntryUse>, MetaError>;
+}
+
+impl<D: Dialect> SqlxStore<D> {
+    /// Runs a shared statement and returns its rows.
+    async fn rows(&self, template: &str, params: Vec<Param>) -> Result<Vec<D::Row>, MetaError> {
+        self.db.fetch(&D::spell(template), params).await
+    }
+
+    /// A shared statement's single integer (a count or a sum); 0 without a row.
+    async fn number(&self, template: &str, params: Vec<Param>) -> Result<u64, MetaError> {
+        let rows = self.rows(template, params).await?;
+        let n = match rows.first() {
+            Some(row) => row.opt_int(0)?.unwrap_or(0),
+            None => 0,
+        };
+        Ok(n.max(0) as u64)
+    }
+
+    /// An upload and its blocks from [`upload_with_blocks_sql`], the upload named by `key` in
+    /// each of the statement's three places.
+    async fn upload_and_blocks(
+        &self,
+        upload_id: &str,
+        which: &str,
+        key: Param,
+    ) -> Result<Option<(Upload, UploadBlocks)>, MetaError> {
+        let sql = upload_with_blocks_sql(upload_id, which);
+        let rows = self.rows(&sql, vec![key.clone(), key.clone(), key]).await?;
+        let Some(first) = rows.first() else {
+            return Ok(None);
+        };
+        let upload = upload_from_row(first)?;
+        let blocks = rows
+            .iter()
+            .map(|row| {
+                Ok(BlockRow {
+                    kind: row.opt_int(8)?,
+                    block_id: row.opt_bytes(10)?,
+                    blob_name: row.opt_text(11)?,
+                    size: row.opt_int(12)?,
+                    sha256: row.opt_bytes(13)?,
+                    xxh3: row.opt_int(14)?,
+                })
+            })
+            .collect::<Result<Vec<_>, MetaError>>()?;
+        Ok(Some((upload, collect_blocks(blocks)?)))
+    }
+
+    /// `names` in statements of at most [`NAMES_PER_STATEMENT`]: `template` with `{names}` as
+    /// the list, bound `times` over.
+    async fn per_names(
+        &self,
+        template: &str,
+        names: &[BlobName],
+        times: usize,
+    ) -> Result<Vec<D::Row>, MetaError> {
+        let mut found = Vec::new();
+        for batch in names.chunks(NAMES_PER_STATEMENT) {
+            let list = vec!["?"; batch.len()].join(", ");
+            let params: Vec<Param> = (0..times)
+                .flat_map(|_| batch.iter().map(|n| Param::Text(n.as_str().to_owned())))
+                .collect();
+            found.extend(
+                self.rows(&template.replace("{names}", &list), params)
+                    .await?,
+            );
+        }
+        Ok(found)
+    }
+}
+
+fn upload_from_row(r: &impl SqlRow) -> Result<Upload, MetaError> {
+    upload_from_parts(UploadRow {
+        id: r.int(0)?,
+        repository: r.text(1)?,
+        scope: r.text(2)?,
+        key: r.text(3)?,
+        version: r.text(4)?,
+        state: r.text(5)?,
+        created_at: r.int(6)?,
+        revision: r.int(7)?,
+    })
+}
+
+fn use_from_row(r: &impl SqlRow) -> Result<EntryUse, MetaError> {
+    Ok(EntryUse {
+        id: r.int(0)?,
+        repository: RepoId::new(r.text(1)?),
+        size: r.int(2)?.max(0) as u64,
+        created_at: r.int(3)?,
+        last_used_at: r.int(4)?,
+    })
+}
+
+fn names_from_rows(rows: &[impl SqlRow]) -> Result<Vec<BlobName>, MetaError> {
+    let mut names = Vec::with_capacity(rows.len());
+    for row in rows {
+        names.extend(BlobName::parse(&row.text(0)?));
+    }
+    Ok(names)
+}
+
+fn text(value: &str) -> Param {
+    Param::Text(value.to_owned())
+}
+
+const USE_COLS: &str = "SELECT id, repository, size, created_at, last_used_at FROM entries";
+
+#[async_trait]
+impl<D: Dialect> Health for SqlxStore<D> {
+    async fn ping(&self) -> Result<(), MetaError> {
+        self.rows("SELECT 1", Vec::new()).await.map(drop)
+    }
+
+    async fn checkpoint(&self) -> Result<(), MetaError> {
+        // Commits are durable when they return.
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl<D: Dialect> SaveStore for SqlxStore<D> {
+    async fn slot_state(&self, slot: &Slot, live_since: Millis) -> Result<SlotState, MetaError> {
+        let hash = Param::Bytes(slot_hash(slot));
+        let rows = self
+            .rows(
+                "SELECT u.id, u.repository, u.scope, u.key, u.version, u.state, u.created_at, u.revision,
+                        CASE WHEN EXISTS (SELECT 1 FROM entries WHERE slot_hash = ?) THEN 1 ELSE 0 END,
+                        (SELECT COUNT(*) FROM uploads WHERE repository = ? AND state = 'open' AND created_at >= ?)
+                 FROM (SELECT 1 AS one) AS one LEFT JOIN uploads u ON u.slot_hash = ? AND u.state = 'open'",
+                vec![hash.clone(), text(slot.repository.as_str()), Param::Int(live_since), hash],
+            )
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| MetaError::Internal("the slot's state has no row".into()))?;
+        let open = match row.opt_int(0)? {
+            Some(_) => Some(upload_from_row(row)?),
+            None => None,
+        };
+        Ok(SlotState {
+            entry_exists: row.int(8)? != 0,
+            open,
+            live_open_uploads: row.int(9)?.max(0) as u64,
+        })
+    }
+
+    async fn upload_with_blocks(
+        &self,
+        id: UploadId,
+    ) -> Result<Option<(Upload, UploadBlocks)>, MetaError> {
+        self.upload_and_blocks("?", "u.id = ?", Param::Int(id))
+            .await
+    }
+
+    async fn finalize_state(&self, slot: &Slot) -> Result<FinalizeState, MetaError> {
+        let hash = Param::Bytes(slot_hash(slot));
+        let open = self
+            .upload_and_blocks(
+                "(SELECT id FROM uploads WHERE slot_hash = ? AND state = 'open')",
+                "u.slot_hash = ? AND u.state = 'open'",
+                hash.clone(),
+            )
+            .await?;
+        if open.is_some() {
+            return Ok(FinalizeState {
+                open,
+                finalized: None,
+            });
+        }
+        // No open upload: perhaps a retry of a finalize that succeeded.
+        let rows = self
+            .rows(
+                "SELECT e.id, e.size FROM uploads u JOIN entries e ON e.id = u.entry_id
+                 WHERE u.slot_hash = ? AND u.state = 'finalized' ORDER BY u.id DESC LIMIT 1",
+                vec![hash],
+            )
+            .await?;
+        let finalized = match rows.first() {
+            Some(row) => Some((row.int(0)?, row.int(1)?.max(0) as u64)),
+            None => None,
+        };
+        Ok(FinalizeState { open, finalized })
+    }
+
+    async fn create_upload(
+        &self,
+        new: NewUpload<'_>,
+        replacing: Option<&Upload>,
+    ) -> Result<UploadId, MetaError> {
+        self.db.create_upload(new, replacing).await
+    }
+
+    async fn stage_block(
+        &self,
+        upload: &Upload,
+        block: &BlockId,
+        chunk: &Chunk,
+        now: Millis,
+    ) -> Result<(), MetaError> {
+        self.db.stage_block(upload, block, chunk, now).await
+    }
+
+    async fn commit_parts(
+        &self,
+        upload: &Upload,
+        parts: &[(BlockId, Chunk)],
+        now: Millis,
+    ) -> Result<(), MetaError> {
+        self.db.commit_parts(upload, parts, now).await
+    }
+
+    async fn abort_upload(&self, upload: &Upload, now: Millis) -> Result<(), MetaError> {
+        self.db.abort_upload(upload, now).await
+    }
+
+    async fn finalize(&self, upload: &Upload, new: NewEntry<'_>) -> Result<EntryId, MetaError> {
+        self.db.finalize(upload, new).await
+    }
+}
+
+#[async_trait]
+impl<D: Dialect> RestoreStore for SqlxStore<D> {
+    async fn find_candidates(
+        &self,
+        repository: &RepoId,
+        version: &Version,
+        scopes: &[Scope],
+        folded_keys: &[String],
+    ) -> Result<Vec<Candidate>, MetaError> {
+        if scopes.is_empty() || folded_keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = candidates_sql(scopes.len() * folded_keys.len(), D::placeholder);
+        let mut params = Vec::with_capacity(scopes.len() * folded_keys.len() * 11);
+        for scope in scopes {
+            let bucket = bucket(repository, version, scope);
+            for key in folded_keys {
+                for prefix in [false, true] {
+                    params.extend([
+                        Param::Bytes(bucket.clone()),
+                        text(repository.as_str()),
+                        text(version.as_str()),
+                        text(scope.as_str()),
+                        text(key),
+                    ]);
+                    if prefix {
+                        params.push(Param::Text(prefix_end(key)));
+                    }
+                }
+            }
+        }
+        let rows = self.db.fetch(&sql, params).await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Candidate {
+                    id: row.int(0)?,
+                    scope: Scope::new(row.text(1)?),
+                    key: row.text(2)?,
+                    key_folded: row.text(3)?,
+                    created_at: row.int(4)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn entries_with_key(
+        &self,
+        repository: &RepoId,
+        scope: &Scope,
+        folded_key: &str,
+        limit: usize,
+    ) -> Result<Vec<Entry>, MetaError> {
+        let rows = self
+            .rows(
+                "SELECT e.id, e.repository, e.scope, e.key, e.version, e.size, e.created_at, e.last_used_at, e.hits
+                 FROM entries e WHERE e.repository = ? AND e.scope = ? AND e.key_folded = ?
+                 ORDER BY e.created_at DESC, e.id DESC LIMIT ?",
+                vec![
+                    text(repository.as_str()),
+                    text(scope.as_str()),
+                    text(folded_key),
+                    Param::Int(limit as i64),
+                ],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Entry {
+                    id: r.int(0)?,
+                    repository: RepoId::new(r.text(1)?),
+                    scope: Scope::new(r.text(2)?),
+                    key: r.text(3)?,
+                    version: r.text(4)?,
+                    size: r.int(5)?.max(0) as u64,
+                    created_at: r.int(6)?,
+                    last_used_at: r.int(7)?,
+                    hits: r.int(8)?.max(0) as u64,
+                })
+            })
+            .collect()
+    }
+
+    async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
+        // One statement, one snapshot: an entry deleted meanwhile is gone whole.
+        let rows = self
+            .rows(
+                "SELECT e.repository, e.scope, e.key, e.version, e.size, e.created_at, e.last_used_at, e.hits,
+                        c.start, c.blob_name, c.size, c.sha256, c.xxh3
+                 FROM entries e JOIN entry_chunks c ON c.entry_id = e.id
+                 WHERE e.id = ? ORDER BY c.ordinal",
+                vec![Param::Int(id)],
+            )
+            .await?;
+        let Some(head) = rows.first() else {
+            return Ok(None);
+        };
+        let entry = Entry {
+            id,
+            repository: RepoId::new(head.text(0)?),
+            scope: Scope::new(head.text(1)?),
+            key: head.text(2)?,
+            version: head.text(3)?,
+            size: head.int(4)?.max(0) as u64,
+            created_at: head.int(5)?,
+            last_used_at: head.int(6)?,
+            hits: head.int(7)?.max(0) as u64,
+        };
+        let chunks = rows
+            .iter()
+            .map(|row| {
+                let digest = row.opt_bytes(11)?.ok_or_else(|| null(11))?;
+                Ok(EntryChunk {
+                    start: row.int(8)?.max(0) as u64,
+                    chunk: chunk_from_parts(row.text(9)?, row.int(10)?, digest, row.opt_int(12)?)?,
+                })
+            })
+            .collect::<Result<_, MetaError>>()?;
+        Ok(Some((entry, chunks)))
+    }
+
+    async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError> {
+        self.db.record_hits(hits).await
+    }
+
+    async fn record_misses(&self, misses: &[(RepoId, String, u64)]) -> Result<(), MetaError> {
+        self.db.record_misses(misses).await
+    }
+}
+
+#[async_trait]
+impl<D: Dialect> LifecycleStore for SqlxStore<D> {
+    async fn repository_usage(&self, repository: &RepoId) -> Result<u64, MetaError> {
+        self.number(
+            "SELECT bytes FROM repository_usage WHERE repository = ?",
+            vec![text(repository.as_str())],
+        )
+        .await
+    }
+
+    async fn total_usage(&self) -> Result<u64, MetaError> {
+        self.number(
+            "SELECT CAST(COALESCE(SUM(bytes), 0) AS {bigint}) FROM repository_usage",
+            Vec::new(),
+        )
+        .await
+    }
+
+    async fn pending_deletions(&self) -> Result<u64, MetaError> {
+        self.number(
+            "SELECT CAST(COALESCE(SUM(size), 0) AS {bigint}) FROM pending_deletions",
+            Vec::new(),
+        )
+        .await
+    }
+
+    async fn least_recently_used(
+        &self,
+        repository: Option<&RepoId>,
+        limit: usize,
+    ) -> Result<Vec<EntryUse>, MetaError> {
+        let limit = Param::Int(limit as i64);
+        let rows = match repository {
+            Some(repo) => {
+                self.rows(
+                    &format!("{USE_COLS} WHERE repository = ? ORDER BY last_used_at, id LIMIT ?"),
+                    vec![text(repo.as_str()), limit],
+                )
+                .await?
+            }
+            None => {
+                self.rows(
+                    &format!("{USE_COLS} ORDER BY last_used_at, id LIMIT ?"),
+                    vec![limit],
+                )
+                .await?
+            }
+        };
+        rows.iter().map(use_from_row).collect()
+    }
+
+    async fn expired(
+        &self,
+        unused_before: Millis,
+        created_before: Option<Millis>,
+        limit: usize,
+    ) -> Result<Vec<EntryUse>, MetaError> {
+        let limit = Param::Int(limit as i64);
+        let rows = self
+            .rows(
+                &format!(
+                    "SELECT * FROM (({USE_COLS} WHERE last_used_at < ? LIMIT ?)
+                     UNION ({USE_COLS} WHERE created_at < ? LIMIT ?)) AS expired LIMIT ?"
+                ),
+                vec![
+                    Param::Int(unused_before),
+                    limit.clone(),
+                    Param::Int(created_before.unwrap_or(Millis::MIN)),
+                    limit.clone(),
+                    limit,
+                ],
+            )
+            .await?;
+        rows.iter().map(use_from_row).collect()
+    }
+
+    async fn remove_entries(
+        &self,
+        ids: &[EntryId],
+        removal: Removal<'_>,
+    ) -> Result<Vec<EntryUse>, MetaError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.db.remove_entries(ids, removal).await
+    }
+
+    async fn due_deletions(&self, now: Millis, limit: usize) -> Result<Vec<BlobName>, MetaError> {
+        let rows = self
+            .rows(
+                "SELECT blob_name FROM pending_deletions WHERE delete_at <= ? ORDER BY delete_at LIMIT ?",
+                vec![Param::Int(now), Param::Int(limit as i64)],
+            )
+            .await?;
+        names_from_rows(&rows)
+    }
+
+    async fn deletions_done(&self, names: &[BlobName]) -> Result<(), MetaError> {
+        for batch in names.chunks(NAMES_PER_STATEMENT) {
+            let list = vec!["?"; batch.len()].join(", ");
+            let sql = format!("DELETE FROM pending_deletions WHERE blob_name IN ({list})");
+            let params = batch.iter().map(|n| text(n.as_str())).collect();
+            self.db.execute(&D::spell(&sql), params).await?;
+        }
+        Ok(())
+    }
+
+    async fn referenced(&self, names: &[BlobName]) -> Result<Vec<BlobName>, MetaError> {
+        let tables = [
+            "entry_chunks",
+            "staged_blocks",
+            "upload_parts",
+            "pending_deletions",
+        ];
+        let sql = tables
+            .map(|table| format!("SELECT blob_name FROM {table} WHERE blob_name IN ({{names}})"))
+            .join(" UNION ");
+        let rows = self.per_names(&sql, names, tables.len()).await?;
+        names_from_rows(&rows)
+    }
+
+    async fn stale_uploads(
+        &self,
+        created_before: Millis,
+        limit: usize,
+    ) -> Result<Vec<UploadId>, MetaError> {
+        let rows = self
+            .rows(
+                "SELECT id FROM uploads WHERE state = 'open' AND created_at < ? ORDER BY created_at LIMIT ?",
+                vec![Param::Int(created_before), Param::Int(limit as i64)],
+            )
+            .await?;
+        rows.iter().map(|r| r.int(0)).collect()
+    }
+
+    async fn prune_uploads(&self, created_before: Millis) -> Result<u64, MetaError> {
+        self.db
+            .execute(
+                &D::spell(
+                    "DELETE FROM uploads WHERE state IN ('finalized', 'aborted') AND created_at < ?",
+                ),
+                vec![Param::Int(created_before)],
+            )
+            .await
+    }
+
+    async fn entry_ids(&self, after: EntryId, limit: usize) -> Result<Vec<EntryId>, MetaError> {
+        let rows = self
+            .rows(
+                "SELECT id FROM entries WHERE id > ? ORDER BY id LIMIT ?",
+                vec![Param::Int(after), Param::Int(limit as i64)],
+            )
+            .await?;
+        rows.iter().map(|r| r.int(0)).collect()
+    }
+
+    async fn forget_after(
+        &self,
+        since: Millis,
+        now: Millis,
+    ) -> Result<(usize, Vec<BlobName>), MetaError> {
+        let since = Param::Int(since);
+        let done = self
+            .db
+            .in_transaction(vec![
+                Step::Fetch(
+                    "SELECT blob_name FROM entry_chunks WHERE entry_id IN (SELECT id FROM entries WHERE created_at > ?)
+                     UNION SELECT blob_name FROM staged_blocks WHERE upload_id IN (SELECT id FROM uploads WHERE state = 'open')
+                     UNION SELECT blob_name FROM upload_parts WHERE upload_id IN (SELECT id FROM uploads WHERE state = 'open')",
+                    vec![since.clone()],
+                ),
+                // Usage drops by what is forgotten: work in proportion to it, not to the
+                // database.
+                Step::Execute(
+                    "UPDATE repository_usage SET
+                         bytes = bytes - (SELECT COALESCE(SUM(e.size), 0) FROM entries e
+                                          WHERE e.repository = repository_usage.repository AND e.created_at > ?),
+                         entries = entries - (SELECT COUNT(*) FROM entries e
+                                              WHERE e.repository = repository_usage.repository AND e.created_at > ?)
+                     WHERE repository IN (SELECT repository FROM entries WHERE created_at > ?)",
+                    vec![since.clone(), since.clone(), since.clone()],
+                ),
+                Step::Execute("DELETE FROM entries WHERE created_at > ?", vec![since]),
+                Step::Execute(
+                    "DELETE FROM staged_blocks WHERE upload_id IN (SELECT id FROM uploads WHERE state = 'open')",
+                    Vec::new(),
+                ),
+                Step::Execute(
+                    "DELETE FROM upload_parts WHERE upload_id IN (SELECT id FROM uploads WHERE state = 'open')",
+                    Vec::new(),
+                ),
+                Step::Execute(
+                    "UPDATE uploads SET state = 'aborted', revision = revision + 1, updated_at = ? WHERE state = 'open'",
+                    vec![Param::Int(now)],
+                ),
+            ])
+            .await?;
+        let (Some(Done::Rows(names)), Some(Done::Changed(forgotten))) = (done.first(), done.get(2))
+        else {
+            return Err(MetaError::Internal(
+                "a step of the transaction gave no answer".into(),
+            ));
+        };
+        // UNION already made the names distinct.
+        Ok((*forgotten as usize, names_from_rows(names)?))
+    }
+}
+
+#[async_trait]
+impl<D: Dialect> AdminStore for SqlxStore<D> {
+    async fn list_entries(&self, page: &EntryPage<'_>) -> Result<Vec<ListedEntry>, MetaError> {
+        let (sql, params) = list_entries_sql(page, D::placeholder);
+        let rows = self.db.fetch(&sql, params).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(ListedRow {
+                    id: r.int(0)?,
+                    repository: r.text(1)?,
+                    scope: r.text(2)?,
+                    key: r.text(3)?,
+                    version: r.text(4)?,
+                    size: r.int(5)?,
+                    created_at: r.int(6)?,
+                    last_used_at: r.int(7)?,
+                    hits: r.int(8)?,
+                    repository_name: r.text(9)?,
+                }
+                .into_listed())
+            })
+            .collect()
+    }
+
+    async fn count_entries(&self, filter: &EntryFilter) -> Result<u64, MetaError> {
+        let (sql, params) = count_entries_sql(filter, D::placeholder);
+        let rows = self.db.fetch(&sql, params).await?;
+        Ok(rows
+            .first()
+            .map(|r| r.int(0))
+            .transpose()?
+            .unwrap_or(0)
+            .max(0) as u64)
+    }
+
+    async fn repositories(
+        &self,
+        only: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<RepositoryUsage>, MetaError> {
+        let (sql, params) = repositories_sql(only, limit, D::placeholder);
+        let rows = self.db.fetch(&sql, params).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(repository_from_parts(
+                    r.text(0)?,
+                    r.text(1)?,
+                    [r.int(2)?, r.int(3)?, r.int(4)?, r.int(5)?],
+                ))
+            })
+            .collect()
+    }
+
+    async fn count_repositories(&self) -> Result<u64, MetaError> {
+        self.number("SELECT COUNT(*) FROM repository_usage", Vec::new())
+            .await
+    }
+
+    async fn totals(&self) -> Result<Totals, MetaError> {
+        let rows = self
+            .rows(
+                "SELECT CAST(COALESCE(SUM(bytes), 0) AS {bigint}), CAST(COALESCE(SUM(entries), 0) AS {bigint}),
+                        (SELECT COUNT(*) FROM uploads WHERE state = 'open')
+                 FROM repository_usage",
+                Vec::new(),
+            )
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| MetaError::Internal("the totals have no row".into()))?;
+        Ok(Totals::from_counts(row.int(0)?, row.int(1)?, row.int(2)?))
+    }
+}
+
+/// A driver error as a backend-neutral kind: a unique index refused the change (`Conflict`), the
+/// database gave up on a transaction that may succeed if decided again (serialization failure
+/// or deadlock, SQLSTATE 40001 and 40P01: `Stale`), or the connection failed (`Unavailable`).
+pub(super) fn from_sqlx(e: ::sqlx::Error) -> MetaError {
+    use ::sqlx::Error;
+    match &e {
+        Error::Database(db) if db.is_unique_violation() => MetaError::Conflict,
+        Error::Database(db) if matches!(db.code().as_deref(), Some("40001" | "40P01")) => {
+            MetaError::Stale
+        }
+        Error::Io(_)
+        | Error::Tls(_)
+        | Error::PoolTimedOut
+        | Error::PoolClosed
+        | Error::WorkerCrashed => MetaError::Unavailable(super::bounded(e.to_string())),
+        _ => MetaError::Internal(super::bounded(e.to_string())),
+    }
+}
+
+/// Binds a statement's parameters in order.
+pub(super) fn bind_all<DB>(
+    mut query: ::sqlx::query::Query<'_, DB, DB::Arguments>,
+    params: Vec<Param>,
+) -> ::sqlx::query::Query<'_, DB, DB::Arguments>
+where
+    DB: ::sqlx::Database,
+    String: for<'t> ::sqlx::Encode<'t, DB> + ::sqlx::Type<DB>,
+    i64: for<'t> ::sqlx::Encode<'t, DB> + ::sqlx::Type<DB>,
+    Vec<u8>: for<'t> ::sqlx::Encode<'t, DB> + ::sqlx::Type<DB>,
+{
+    for param in params {
+        query = match param {
+            Param::Text(text) => query.bind(text),
+            Param::Int(n) => query.bind(n),
+            Param::Bytes(bytes) => query.bind(bytes),
+        };
+    }
+    query
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Dialect;
+
+    #[test]
+    fn shared_statements_are_spelled_in_each_dialect() {
+        let sql = "SELECT CAST(x AS {bigint}) FROM t WHERE a = ? AND b IN (?, ?) AND s = 'open'";
+        assert_eq!(
+            super::postgres::PostgresDialect::spell(sql),
+            "SELECT CAST(x AS BIGINT) FROM t WHERE a = $1 AND b IN ($2, $3) AND s = 'open'"
+        );
+        assert_eq!(
+            super::mysql::MySqlDialect::spell(sql),
+            "SELECT CAST(x AS SIGNED) FROM t WHERE a = ? AND b IN (?, ?) AND s = 'open'"
+        );
+    }
+}

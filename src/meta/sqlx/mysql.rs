@@ -1,0 +1,561 @@
+//! MySQL 8 and MariaDB 10.11+. The traps of the dialect and how they are met: default collations fold case and accents and
+//! ignore trailing spaces, so every compared string is VARBINARY or BLOB (byte-wise, as on
+//! SQLite); index entries may not exceed 3072 bytes, so slots and lookup ranges are indexed
+//! through fixed-size hashes (`sql::bucket`, `sql::slot_hash`); there are no partial unique
+//! indexes, so "one open upload per slot" is a unique index on a generated column that is NULL
+//! unless the upload is open; `KEY` is reserved; there is no `RETURNING`. Sessions run at READ
+//! COMMITTED, and changes to an upload first bump its revision where it still has the loaded one
+//! (`claim`), as on PostgreSQL. Migrations run under `GET_LOCK`.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
+use sqlx::{AssertSqlSafe, Executor, MySql, Row, Transaction};
+
+use super::{bind_all, from_sqlx, use_from_row, Dialect, Done, SqlRow, SqlxStore, Step, USE_COLS};
+use crate::meta::sql::{bucket, slot_hash, xxh3_column, Param};
+use crate::meta::{EntryChunk, MetaError, NewEntry, NewUpload, Removal};
+use crate::model::{
+    BlockId, Chunk, EntryId, EntryUse, Millis, RemovalCause, RepoId, Upload, UploadId,
+};
+
+/// Migrations compiled into the binary, applied in order; `hoard_schema` records the last one.
+/// MySQL runs one statement per call: statements are separated by lines holding only `;`.
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../migrations/mysql/0001_init.sql")),
+    (2, include_str!("../migrations/mysql/0002_lifecycle.sql")),
+    (3, include_str!("../migrations/mysql/0003_repositories.sql")),
+];
+const MIGRATION_LOCK: &str = "hoard_migrations";
+/// Rows per multi-row INSERT, well under the 65,535 parameters a statement may have.
+const ROWS_PER_INSERT: usize = 1000;
+
+#[derive(Debug, Clone)]
+pub struct MySqlDialect {
+    pool: MySqlPool,
+}
+
+impl SqlxStore<MySqlDialect> {
+    /// Connects (at most `pool_size` connections) and brings the schema up to date.
+    pub async fn open(url: &str, pool_size: u32) -> Result<Self, MetaError> {
+        Ok(Self {
+            db: MySqlDialect::open(url, pool_size).await?,
+        })
+    }
+}
+
+impl MySqlDialect {
+    async fn open(url: &str, pool_size: u32) -> Result<Self, MetaError> {
+        let options = MySqlConnectOptions::from_str(url)
+            .map_err(|e| MetaError::Unavailable(format!("bad MySQL URL: {e}")))?;
+        // One connection first: its error names the cause (refused, bad password, no such
+        // database) where the pool's would only say it timed out.
+        let probe = <sqlx::mysql::MySqlConnection as sqlx::Connection>::connect_with(&options)
+            .await
+            .map_err(from_sqlx)?;
+        let _ = sqlx::Connection::close(probe).await;
+        let pool = MySqlPoolOptions::new()
+            .max_connections(pool_size)
+            .min_connections(1)
+            .acquire_timeout(Duration::from_secs(10))
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .await?;
+                    Ok(())
+                })
+            })
+            .connect_with(options)
+            .await
+            .map_err(from_sqlx)?;
+        let store = Self { pool };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    async fn migrate(&self) -> Result<(), MetaError> {
+        let mut conn = self.pool.acquire().await.map_err(from_sqlx)?;
+        let locked: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 60)")
+            .bind(MIGRATION_LOCK)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(from_sqlx)?;
+        if locked != Some(1) {
+            return Err(MetaError::Unavailable(
+                "another hoard process held the migration lock for 60 s".into(),
+            ));
+        }
+        let applied = async {
+            sqlx::raw_sql(
+                "CREATE TABLE IF NOT EXISTS hoard_schema (version BIGINT NOT NULL PRIMARY KEY) ENGINE = InnoDB",
+            )
+            .execute(&mut *conn)
+            .await?;
+            let current: i64 = sqlx::query_scalar(
+                "SELECT CAST(COALESCE(MAX(version), 0) AS SIGNED) FROM hoard_schema",
+            )
+            .fetch_one(&mut *conn)
+            .await?;
+            let newest = MIGRATIONS.last().map_or(0, |m| m.0);
+            if current > newest {
+                return Ok(Err(MetaError::Corrupt(format!(
+                    "the database schema is version {current}, newer than this server's {newest}"
+                ))));
+            }
+            // DDL commits implicitly in MySQL: a migration is recorded after its last statement,
+            // and each is written to be applied once, under the lock.
+            for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+                for statement in sql.split("\n;\n").map(str::trim).filter(|s| !s.is_empty()) {
+                    sqlx::raw_sql(AssertSqlSafe(statement.to_owned()))
+                        .execute(&mut *conn)
+                        .await?;
+                }
+                sqlx::query("INSERT INTO hoard_schema (version) VALUES (?)")
+                    .bind(version)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            Ok(Ok(()))
+        }
+        .await;
+        let unlocked = sqlx::query("SELECT RELEASE_LOCK(?)")
+            .bind(MIGRATION_LOCK)
+            .execute(&mut *conn)
+            .await;
+        applied.map_err(from_sqlx)??;
+        unlocked.map_err(from_sqlx)?;
+        Ok(())
+    }
+
+    async fn begin(&self) -> Result<Transaction<'static, MySql>, MetaError> {
+        self.pool.begin().await.map_err(from_sqlx)
+    }
+}
+
+/// Bumps the upload's revision if it is still open at the loaded one, else `Stale`.
+async fn claim(
+    tx: &mut Transaction<'_, MySql>,
+    upload: &Upload,
+    now: Millis,
+) -> Result<(), MetaError> {
+    let changed = sqlx::query(
+        "UPDATE uploads SET revision = revision + 1, updated_at = ?
+         WHERE id = ? AND revision = ? AND state = 'open'",
+    )
+    .bind(now)
+    .bind(upload.id)
+    .bind(upload.revision)
+    .execute(&mut **tx)
+    .await
+    .map_err(from_sqlx)?;
+    if changed.rows_affected() == 0 {
+        return Err(MetaError::Stale);
+    }
+    Ok(())
+}
+
+async fn drop_blocks(tx: &mut Transaction<'_, MySql>, upload: UploadId) -> Result<(), MetaError> {
+    sqlx::query(
+        "DELETE s, p FROM uploads u
+         LEFT JOIN staged_blocks s ON s.upload_id = u.id
+         LEFT JOIN upload_parts p ON p.upload_id = u.id
+         WHERE u.id = ?",
+    )
+    .bind(upload)
+    .execute(&mut **tx)
+    .await
+    .map_err(from_sqlx)?;
+    Ok(())
+}
+
+async fn set_state(
+    tx: &mut Transaction<'_, MySql>,
+    upload: UploadId,
+    state: &str,
+) -> Result<(), MetaError> {
+    sqlx::query("UPDATE uploads SET state = ? WHERE id = ?")
+        .bind(state)
+        .bind(upload)
+        .execute(&mut **tx)
+        .await
+        .map_err(from_sqlx)?;
+    Ok(())
+}
+
+/// Inserts `rows` (each `width` values, bound by `bind`) in multi-row statements.
+async fn insert_rows<T>(
+    tx: &mut Transaction<'_, MySql>,
+    head: &str,
+    width: usize,
+    rows: &[T],
+    bind: impl for<'q> Fn(
+        sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments>,
+        &'q T,
+    ) -> sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments>,
+) -> Result<(), MetaError> {
+    let tuple = format!("({})", vec!["?"; width].join(", "));
+    for batch in rows.chunks(ROWS_PER_INSERT) {
+        let sql = format!(
+            "{head} VALUES {}",
+            vec![tuple.as_str(); batch.len()].join(", ")
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for row in batch {
+            query = bind(query, row);
+        }
+        query.execute(&mut **tx).await.map_err(from_sqlx)?;
+    }
+    Ok(())
+}
+
+impl SqlRow for MySqlRow {
+    fn opt_int(&self, col: usize) -> Result<Option<i64>, MetaError> {
+        self.try_get(col).map_err(from_sqlx)
+    }
+
+    /// Strings are stored as bytes (binary columns compare byte-wise): back as UTF-8.
+    fn opt_text(&self, col: usize) -> Result<Option<String>, MetaError> {
+        let Some(bytes) = self.opt_bytes(col)? else {
+            return Ok(None);
+        };
+        String::from_utf8(bytes)
+            .map(Some)
+            .map_err(|_| MetaError::Corrupt("a stored string is not UTF-8".into()))
+    }
+
+    fn opt_bytes(&self, col: usize) -> Result<Option<Vec<u8>>, MetaError> {
+        self.try_get(col).map_err(from_sqlx)
+    }
+}
+
+#[async_trait]
+impl Dialect for MySqlDialect {
+    type Row = MySqlRow;
+    const BIGINT: &'static str = "SIGNED";
+
+    fn placeholder(_: usize) -> String {
+        "?".to_owned()
+    }
+
+    async fn fetch(&self, sql: &str, params: Vec<Param>) -> Result<Vec<MySqlRow>, MetaError> {
+        bind_all(sqlx::query(AssertSqlSafe(sql.to_owned())), params)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(from_sqlx)
+    }
+
+    async fn execute(&self, sql: &str, params: Vec<Param>) -> Result<u64, MetaError> {
+        let done = bind_all(sqlx::query(AssertSqlSafe(sql.to_owned())), params)
+            .execute(&self.pool)
+            .await
+            .map_err(from_sqlx)?;
+        Ok(done.rows_affected())
+    }
+
+    async fn in_transaction(&self, steps: Vec<Step>) -> Result<Vec<Done<MySqlRow>>, MetaError> {
+        let mut tx = self.begin().await?;
+        let mut done = Vec::with_capacity(steps.len());
+        for step in steps {
+            done.push(match step {
+                Step::Fetch(sql, params) => Done::Rows(
+                    bind_all(sqlx::query(AssertSqlSafe(Self::spell(sql))), params)
+                        .fetch_all(&mut *tx)
+                        .await
+                        .map_err(from_sqlx)?,
+                ),
+                Step::Execute(sql, params) => Done::Changed(
+                    bind_all(sqlx::query(AssertSqlSafe(Self::spell(sql))), params)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(from_sqlx)?
+                        .rows_affected(),
+                ),
+            });
+        }
+        tx.commit().await.map_err(from_sqlx)?;
+        Ok(done)
+    }
+
+    async fn create_upload(
+        &self,
+        new: NewUpload<'_>,
+        replacing: Option<&Upload>,
+    ) -> Result<UploadId, MetaError> {
+        let slot = new.slot;
+        let insert = sqlx::query(
+            "INSERT INTO uploads (repository, scope, `key`, key_folded, version, slot_hash, state, created_by, created_at, updated_at)
+             VALUES (?, ?, ?, ?, ?, ?, 'open', ?, ?, ?)",
+        )
+        .bind(slot.repository.as_str().as_bytes())
+        .bind(slot.scope.as_str().as_bytes())
+        .bind(slot.key.as_str().as_bytes())
+        .bind(slot.key.folded().into_bytes())
+        .bind(slot.version.as_str().as_bytes())
+        .bind(slot_hash(slot))
+        .bind(new.created_by.as_bytes())
+        .bind(new.now)
+        .bind(new.now);
+        let Some(old) = replacing else {
+            let inserted = insert.execute(&self.pool).await.map_err(from_sqlx)?;
+            return Ok(inserted.last_insert_id() as i64);
+        };
+        // Taking over an abandoned upload: abort it and insert the new one together.
+        let mut tx = self.begin().await?;
+        claim(&mut tx, old, new.now).await?;
+        drop_blocks(&mut tx, old.id).await?;
+        set_state(&mut tx, old.id, "aborted").await?;
+        let inserted = insert.execute(&mut *tx).await.map_err(from_sqlx)?;
+        tx.commit().await.map_err(from_sqlx)?;
+        Ok(inserted.last_insert_id() as i64)
+    }
+
+    async fn stage_block(
+        &self,
+        upload: &Upload,
+        block: &BlockId,
+        chunk: &Chunk,
+        now: Millis,
+    ) -> Result<(), MetaError> {
+        let mut tx = self.begin().await?;
+        claim(&mut tx, upload, now).await?;
+        sqlx::query(
+            "INSERT INTO staged_blocks (upload_id, block_id, blob_name, size, sha256, xxh3) VALUES (?, ?, ?, ?, ?, ?)
+             ON DUPLICATE KEY UPDATE blob_name = VALUES(blob_name), size = VALUES(size), sha256 = VALUES(sha256),
+                                     xxh3 = VALUES(xxh3)",
+        )
+        .bind(upload.id)
+        .bind(block.as_bytes())
+        .bind(chunk.blob.as_str())
+        .bind(chunk.size as i64)
+        .bind(&chunk.sha256[..])
+        .bind(xxh3_column(chunk))
+        .execute(&mut *tx)
+        .await
+        .map_err(from_sqlx)?;
+        tx.commit().await.map_err(from_sqlx)
+    }
+
+    async fn commit_parts(
+        &self,
+        upload: &Upload,
+        parts: &[(BlockId, Chunk)],
+        now: Millis,
+    ) -> Result<(), MetaError> {
+        let mut tx = self.begin().await?;
+        claim(&mut tx, upload, now).await?;
+        drop_blocks(&mut tx, upload.id).await?;
+        let rows: Vec<(i64, usize, &BlockId, &Chunk)> = parts
+            .iter()
+            .enumerate()
+            .map(|(ordinal, (block, chunk))| (upload.id, ordinal, block, chunk))
+            .collect();
+        insert_rows(
+            &mut tx,
+            "INSERT INTO upload_parts (upload_id, ordinal, block_id, blob_name, size, sha256, xxh3)",
+            7,
+            &rows,
+            |q, (upload, ordinal, block, chunk)| {
+                q.bind(*upload)
+                    .bind(*ordinal as i64)
+                    .bind(block.as_bytes())
+                    .bind(chunk.blob.as_str())
+                    .bind(chunk.size as i64)
+                    .bind(&chunk.sha256[..])
+                    .bind(xxh3_column(chunk))
+            },
+        )
+        .await?;
+        tx.commit().await.map_err(from_sqlx)
+    }
+
+    async fn abort_upload(&self, upload: &Upload, now: Millis) -> Result<(), MetaError> {
+        let mut tx = self.begin().await?;
+        claim(&mut tx, upload, now).await?;
+        drop_blocks(&mut tx, upload.id).await?;
+        set_state(&mut tx, upload.id, "aborted").await?;
+        tx.commit().await.map_err(from_sqlx)
+    }
+
+    async fn finalize(&self, upload: &Upload, new: NewEntry<'_>) -> Result<EntryId, MetaError> {
+        let slot = new.slot;
+        let size: u64 = new.chunks.iter().map(|c| c.size).sum();
+        let mut tx = self.begin().await?;
+        // The entry first, for its id; if the upload turns out stale, the transaction is
+        // rolled back with it.
+        let inserted = sqlx::query(
+            "INSERT INTO entries (repository, scope, `key`, key_folded, version, bucket, slot_hash, size, chunk_count, created_at, last_used_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(slot.repository.as_str().as_bytes())
+        .bind(slot.scope.as_str().as_bytes())
+        .bind(new.key.as_bytes())
+        .bind(slot.key.folded().into_bytes())
+        .bind(slot.version.as_str().as_bytes())
+        .bind(bucket(&slot.repository, &slot.version, &slot.scope))
+        .bind(slot_hash(slot))
+        .bind(size as i64)
+        .bind(new.chunks.len() as i64)
+        .bind(new.now)
+        .bind(new.now)
+        .execute(&mut *tx)
+        .await
+        .map_err(from_sqlx)?;
+        let entry = inserted.last_insert_id() as i64;
+        let claimed = sqlx::query(
+            "UPDATE uploads SET revision = revision + 1, updated_at = ?, state = 'finalized', entry_id = ?
+             WHERE id = ? AND revision = ? AND state = 'open'",
+        )
+        .bind(new.now)
+        .bind(entry)
+        .bind(upload.id)
+        .bind(upload.revision)
+        .execute(&mut *tx)
+        .await
+        .map_err(from_sqlx)?;
+        if claimed.rows_affected() == 0 {
+            return Err(MetaError::Stale);
+        }
+        let placed = EntryChunk::place(new.chunks);
+        let rows: Vec<(i64, usize, u64, &Chunk)> = placed
+            .iter()
+            .enumerate()
+            .map(|(ordinal, c)| (entry, ordinal, c.start, &c.chunk))
+            .collect();
+        insert_rows(
+            &mut tx,
+            "INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256, xxh3)",
+            7,
+            &rows,
+            |q, (entry, ordinal, start, chunk)| {
+                q.bind(*entry)
+                    .bind(*ordinal as i64)
+                    .bind(*start as i64)
+                    .bind(chunk.blob.as_str())
+                    .bind(chunk.size as i64)
+                    .bind(&chunk.sha256[..])
+                    .bind(xxh3_column(chunk))
+            },
+        )
+        .await?;
+        drop_blocks(&mut tx, upload.id).await?;
+        sqlx::query(
+            "INSERT INTO repository_usage (repository, bytes, entries, name) VALUES (?, ?, 1, ?)
+             ON DUPLICATE KEY UPDATE bytes = bytes + VALUES(bytes), entries = entries + 1,
+                 name = IF(VALUES(name) = '', name, VALUES(name))",
+        )
+        .bind(slot.repository.as_str().as_bytes())
+        .bind(size as i64)
+        .bind(new.repository_name.as_bytes())
+        .execute(&mut *tx)
+        .await
+        .map_err(from_sqlx)?;
+        tx.commit().await.map_err(from_sqlx)?;
+        Ok(entry)
+    }
+
+    async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError> {
+        let mut tx = self.begin().await?;
+        for (entry, count, last_used) in hits {
+            sqlx::query(
+                "UPDATE entries SET hits = hits + ?, last_used_at = GREATEST(last_used_at, ?) WHERE id = ?",
+            )
+            .bind(*count as i64)
+            .bind(*last_used)
+            .bind(*entry)
+            .execute(&mut *tx)
+            .await
+            .map_err(from_sqlx)?;
+            sqlx::query(
+                "UPDATE repository_usage u JOIN entries e ON e.repository = u.repository
+                 SET u.hits = u.hits + ? WHERE e.id = ?",
+            )
+            .bind(*count as i64)
+            .bind(*entry)
+            .execute(&mut *tx)
+            .await
+            .map_err(from_sqlx)?;
+        }
+        tx.commit().await.map_err(from_sqlx)
+    }
+
+    async fn record_misses(&self, misses: &[(RepoId, String, u64)]) -> Result<(), MetaError> {
+        let mut tx = self.begin().await?;
+        for (repository, name, count) in misses {
+            sqlx::query(
+                "INSERT INTO repository_usage (repository, bytes, entries, name, misses) VALUES (?, 0, 0, ?, ?)
+                 ON DUPLICATE KEY UPDATE misses = misses + VALUES(misses),
+                     name = IF(VALUES(name) = '', name, VALUES(name))",
+            )
+            .bind(repository.as_str().as_bytes())
+            .bind(name.as_bytes())
+            .bind(*count as i64)
+            .execute(&mut *tx)
+            .await
+            .map_err(from_sqlx)?;
+        }
+        tx.commit().await.map_err(from_sqlx)
+    }
+
+    async fn remove_entries(
+        &self,
+        ids: &[EntryId],
+        removal: Removal<'_>,
+    ) -> Result<Vec<EntryUse>, MetaError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.begin().await?;
+        // Locks the entries that still exist: a process removing the same ones waits, then
+        // finds them gone and reports nothing.
+        let list = vec!["?"; ids.len()].join(", ");
+        let mut locking = sqlx::query(AssertSqlSafe(format!(
+            "{USE_COLS} WHERE id IN ({list}) ORDER BY id FOR UPDATE"
+        )));
+        for id in ids {
+            locking = locking.bind(*id);
+        }
+        let rows = locking.fetch_all(&mut *tx).await.map_err(from_sqlx)?;
+        let removed: Vec<EntryUse> = rows.iter().map(use_from_row).collect::<Result<_, _>>()?;
+        for entry in &removed {
+            sqlx::query(
+                "INSERT INTO pending_deletions (blob_name, size, delete_at)
+                 SELECT blob_name, size, ? FROM entry_chunks WHERE entry_id = ?
+                 ON DUPLICATE KEY UPDATE delete_at = VALUES(delete_at)",
+            )
+            .bind(removal.delete_at)
+            .bind(entry.id)
+            .execute(&mut *tx)
+            .await
+            .map_err(from_sqlx)?;
+            if let RemovalCause::Quarantined(reason) = removal.cause {
+                sqlx::query(
+                    "INSERT INTO quarantine (entry_id, repository, scope, `key`, version, size, reason, quarantined_at)
+                     SELECT id, repository, scope, `key`, version, size, ?, ? FROM entries WHERE id = ?",
+                )
+                .bind(reason.as_str())
+                .bind(removal.now)
+                .bind(entry.id)
+                .execute(&mut *tx)
+                .await
+                .map_err(from_sqlx)?;
+            }
+            sqlx::query("DELETE FROM entries WHERE id = ?")
+                .bind(entry.id)
+                .execute(&mut *tx)
+                .await
+                .map_err(from_sqlx)?;
+            sqlx::query(
+                "UPDATE repository_usage SET bytes = bytes - ?, entries = entries - 1 WHERE repository = ?",
+            )
+            .bind(entry.size as i64)
+            .bind(entry.repository.as_str().as_bytes())
+            .execute(&mut *tx)
+            .await
+            .map_err(from_sqlx)?;
+        }
+        tx.commit().await.map_err(from_sqlx)?;
+        Ok(removed)
+    }
+}

@@ -1,0 +1,245 @@
+//! `AdminStore`: totals, operators' filtered and paged listings, and repositories' usage.
+
+use super::*;
+
+pub async fn run(store: &dyn MetaStore) {
+    totals_count_bytes_entries_and_open_uploads(store).await;
+    operators_filter_sort_and_page_entries(store).await;
+    repositories_keep_names_usage_hits_and_misses(store).await;
+}
+
+/// The ids a listing returns, page by page until it runs out, `limit` at a time.
+async fn list_ids(
+    store: &dyn MetaStore,
+    filter: &EntryFilter,
+    order: EntryOrder,
+    descending: bool,
+    limit: usize,
+) -> Vec<Vec<i64>> {
+    let mut pages = Vec::new();
+    let mut after = None;
+    loop {
+        let page = EntryPage {
+            filter,
+            order,
+            descending,
+            after,
+            limit,
+        };
+        let listed = store.list_entries(&page).await.unwrap();
+        let Some(last) = listed.last() else {
+            return pages;
+        };
+        after = Some((order.value_of(&last.entry), last.entry.id));
+        pages.push(listed.iter().map(|l| l.entry.id).collect());
+        assert!(pages.len() < 100, "paging does not end");
+    }
+}
+
+async fn totals_count_bytes_entries_and_open_uploads(store: &dyn MetaStore) {
+    let before = store.totals().await.unwrap();
+    save(store, &slot("lc-totals", "a"), &[3, 4], 1).await;
+    let open = reserve(store, &slot("lc-totals", "b"), 2).await;
+    let after = store.totals().await.unwrap();
+    assert_eq!(after.bytes, before.bytes + 7, "bytes of the new entry");
+    assert_eq!(after.entries, before.entries + 1, "one entry more");
+    assert_eq!(
+        after.open_uploads,
+        before.open_uploads + 1,
+        "one open upload more"
+    );
+    store.abort_upload(&open, 3).await.unwrap();
+    let closed = store.totals().await.unwrap();
+    assert_eq!(
+        closed.open_uploads, before.open_uploads,
+        "an aborted upload is not open"
+    );
+    assert_eq!(closed.bytes, store.total_usage().await.unwrap());
+}
+
+async fn operators_filter_sort_and_page_entries(store: &dyn MetaStore) {
+    let dev = "refs/heads/dev";
+    let a = save_named(
+        store,
+        &slot_in("adm", MAIN, "Linux-npm-1", "v1"),
+        &[10],
+        100,
+        "octo/adm",
+    )
+    .await;
+    let b = save(
+        store,
+        &slot_in("adm", MAIN, "linux-npm-2", "v2"),
+        &[30],
+        200,
+    )
+    .await;
+    let c = save(store, &slot_in("adm", dev, "linux-cargo", "v1"), &[20], 300).await;
+    let d = save(
+        store,
+        &slot_in("adm", MAIN, "windows-npm", "v1"),
+        &[20],
+        400,
+    )
+    .await;
+    save(store, &slot("adm-other", "linux-npm-9"), &[5], 500).await;
+    store.record_hits(&[(a, 1, 1000)]).await.unwrap();
+
+    let repo = EntryFilter {
+        repository: Some("adm".into()),
+        ..EntryFilter::default()
+    };
+    let by_name = EntryFilter {
+        repository: Some("octo/adm".into()),
+        ..EntryFilter::default()
+    };
+    assert_eq!(
+        store.count_entries(&repo).await.unwrap(),
+        4,
+        "count by repository id"
+    );
+    assert_eq!(
+        store.count_entries(&by_name).await.unwrap(),
+        4,
+        "a repository is found by the name its first caller gave, which later callers without one keep"
+    );
+    assert_eq!(
+        list_ids(store, &repo, EntryOrder::LastUsed, true, 10).await,
+        vec![vec![a, d, c, b]],
+        "most recently used first (a restore counts)"
+    );
+    assert_eq!(
+        list_ids(store, &repo, EntryOrder::LastUsed, true, 3).await,
+        vec![vec![a, d, c], vec![b]],
+        "pages continue where the last one ended"
+    );
+    assert_eq!(
+        list_ids(store, &repo, EntryOrder::Size, false, 2).await,
+        vec![vec![a, c], vec![d, b]],
+        "ties in the sort value are ordered by id, also across a page boundary"
+    );
+    assert_eq!(
+        list_ids(store, &repo, EntryOrder::Size, true, 2).await,
+        vec![vec![b, d], vec![c, a]],
+        "descending ties go by id descending"
+    );
+    assert_eq!(
+        list_ids(store, &repo, EntryOrder::Created, false, 10).await,
+        vec![vec![a, b, c, d]]
+    );
+    let prefix = EntryFilter {
+        folded_key_prefix: Some("linux-npm".into()),
+        ..repo.clone()
+    };
+    assert_eq!(
+        list_ids(store, &prefix, EntryOrder::Created, false, 10).await,
+        vec![vec![a, b]],
+        "a key prefix matches folded keys, within the repository"
+    );
+    let scoped = EntryFilter {
+        scope: Some(Scope::new(dev)),
+        ..repo.clone()
+    };
+    assert_eq!(
+        list_ids(store, &scoped, EntryOrder::Created, false, 10).await,
+        vec![vec![c]]
+    );
+    let exact = EntryFilter {
+        repository_id: Some("adm".into()),
+        folded_key_prefix: Some("linux-npm".into()),
+        ..EntryFilter::default()
+    };
+    assert_eq!(
+        list_ids(store, &exact, EntryOrder::Created, false, 10).await,
+        vec![vec![a, b]],
+        "an exact repository id"
+    );
+    let by_name_as_id = EntryFilter {
+        repository_id: Some("octo/adm".into()),
+        ..EntryFilter::default()
+    };
+    assert_eq!(
+        store.count_entries(&by_name_as_id).await.unwrap(),
+        0,
+        "ids are not names"
+    );
+    let versioned = EntryFilter {
+        version: Some("v2".into()),
+        ..repo.clone()
+    };
+    assert_eq!(
+        list_ids(store, &versioned, EntryOrder::Created, false, 10).await,
+        vec![vec![b]]
+    );
+    assert_eq!(store.count_entries(&versioned).await.unwrap(), 1);
+
+    let page = EntryPage {
+        filter: &repo,
+        order: EntryOrder::Created,
+        descending: false,
+        after: None,
+        limit: 1,
+    };
+    let listed = store.list_entries(&page).await.unwrap();
+    assert_eq!(
+        listed[0].repository_name, "octo/adm",
+        "listings carry the repository's name"
+    );
+    assert_eq!(
+        listed[0].entry.key, "Linux-npm-1",
+        "keys are listed as the client spelled them"
+    );
+    assert_eq!((listed[0].entry.size, listed[0].entry.hits), (10, 1));
+}
+
+async fn repositories_keep_names_usage_hits_and_misses(store: &dyn MetaStore) {
+    let a = save_named(store, &slot("rep-a", "k"), &[100], 10, "octo/a").await;
+    save(store, &slot("rep-a", "k2"), &[50], 11).await;
+    store.record_hits(&[(a, 3, 20)]).await.unwrap();
+    store
+        .record_misses(&[
+            (RepoId::new("rep-a"), String::new(), 2),
+            (RepoId::new("rep-b"), "octo/b".into(), 4),
+        ])
+        .await
+        .unwrap();
+    store
+        .record_misses(&[(RepoId::new("rep-b"), String::new(), 1)])
+        .await
+        .unwrap();
+    let usage = |repository: &str, name: &str, counts: [u64; 4]| RepositoryUsage {
+        repository: RepoId::new(repository),
+        name: name.into(),
+        bytes: counts[0],
+        entries: counts[1],
+        hits: counts[2],
+        misses: counts[3],
+    };
+    assert_eq!(
+        store.repositories(Some("octo/a"), 10).await.unwrap(),
+        vec![usage("rep-a", "octo/a", [150, 2, 3, 2])],
+        "a repository's bytes, entries, hits and misses, found by name"
+    );
+    assert_eq!(
+        store.repositories(Some("rep-b"), 10).await.unwrap(),
+        vec![usage("rep-b", "octo/b", [0, 0, 0, 5])],
+        "a repository that only missed is listed, by id"
+    );
+    let all = store.repositories(None, 10_000).await.unwrap();
+    assert!(
+        all.windows(2).all(|w| w[0].bytes >= w[1].bytes),
+        "most bytes first"
+    );
+    let position = |id: &str| {
+        all.iter()
+            .position(|r| r.repository.as_str() == id)
+            .unwrap()
+    };
+    assert!(position("rep-a") < position("rep-b"));
+    assert_eq!(store.count_repositories().await.unwrap(), all.len() as u64);
+    assert_eq!(
+        store.repositories(None, 1).await.unwrap().len(),
+        1,
+        "the limit holds"
+    );
+}

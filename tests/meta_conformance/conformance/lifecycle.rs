@@ -1,0 +1,256 @@
+//! `LifecycleStore`: usage, deferred deletions, LRU, expiry, racing removals, references, abandoned uploads and crash recovery.
+
+use super::*;
+
+pub async fn run(store: Arc<dyn MetaStore>) {
+    usage_follows_finalize_and_removal(store.as_ref()).await;
+    removed_chunks_wait_for_their_deletion_time(store.as_ref()).await;
+    least_recently_used_come_first(store.as_ref()).await;
+    expiry_finds_unused_and_old_entries(store.as_ref()).await;
+    removals_race_and_count_once(store.clone()).await;
+    references_cover_every_table(store.as_ref()).await;
+    abandoned_uploads_are_found_and_closed_ones_pruned(store.as_ref()).await;
+    forgetting_after_a_crash_drops_new_entries_and_open_uploads(store.as_ref()).await;
+}
+
+fn removal(cause: &RemovalCause, delete_at: i64) -> Removal<'_> {
+    Removal {
+        cause,
+        now: delete_at - 100,
+        delete_at,
+    }
+}
+
+async fn usage_follows_finalize_and_removal(store: &dyn MetaStore) {
+    let repo = RepoId::new("lc-usage");
+    let total_before = store.total_usage().await.unwrap();
+    assert_eq!(store.repository_usage(&repo).await.unwrap(), 0);
+    let one = save(store, &slot("lc-usage", "one"), &[100], 1).await;
+    save(store, &slot("lc-usage", "two"), &[50, 150], 2).await;
+    save(store, &slot("lc-usage", "three"), &[300], 3).await;
+    assert_eq!(store.repository_usage(&repo).await.unwrap(), 600);
+    assert_eq!(store.total_usage().await.unwrap(), total_before + 600);
+
+    let evicted = RemovalCause::Evicted;
+    let removed = store
+        .remove_entries(&[one], removal(&evicted, 5_000))
+        .await
+        .unwrap();
+    assert_eq!(removed.len(), 1);
+    assert_eq!((removed[0].id, removed[0].size), (one, 100));
+    assert_eq!(removed[0].repository, repo);
+    assert!(store.entry(one).await.unwrap().is_none(), "removed at once");
+    assert!(lookup(store, "lc-usage", &["one"]).await.is_empty());
+    assert_eq!(store.repository_usage(&repo).await.unwrap(), 500);
+    assert_eq!(store.total_usage().await.unwrap(), total_before + 500);
+    let again = store
+        .remove_entries(&[one], removal(&evicted, 5_000))
+        .await
+        .unwrap();
+    assert!(
+        again.is_empty(),
+        "an entry already gone is not removed twice"
+    );
+    assert_eq!(store.repository_usage(&repo).await.unwrap(), 500);
+}
+
+async fn removed_chunks_wait_for_their_deletion_time(store: &dyn MetaStore) {
+    let id = save(store, &slot("lc-delete", "k"), &[10, 20], 1).await;
+    let (_, chunks) = store.entry(id).await.unwrap().unwrap();
+    let names: Vec<BlobName> = chunks.iter().map(|c| c.chunk.blob.clone()).collect();
+    let pending_before = store.pending_deletions().await.unwrap();
+    let cause = RemovalCause::Quarantined("a flipped byte".into());
+    store
+        .remove_entries(&[id], removal(&cause, 7_000_000))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.pending_deletions().await.unwrap(),
+        pending_before + 30
+    );
+    let early = store.due_deletions(6_999_999, 100_000).await.unwrap();
+    assert!(
+        names.iter().all(|n| !early.contains(n)),
+        "not due before its time"
+    );
+    let due = store.due_deletions(7_000_000, 100_000).await.unwrap();
+    assert!(names.iter().all(|n| due.contains(n)), "due at its time");
+    assert_eq!(
+        store.referenced(&names).await.unwrap().len(),
+        2,
+        "a pending deletion still refers to its chunks"
+    );
+    store.deletions_done(&names).await.unwrap();
+    assert!(store.referenced(&names).await.unwrap().is_empty());
+    let due = store.due_deletions(7_000_000, 100_000).await.unwrap();
+    assert!(names.iter().all(|n| !due.contains(n)), "done is forgotten");
+    assert_eq!(store.pending_deletions().await.unwrap(), pending_before);
+}
+
+async fn least_recently_used_come_first(store: &dyn MetaStore) {
+    let repo = RepoId::new("lc-lru");
+    let a = save(store, &slot("lc-lru", "a"), &[1], 10).await;
+    let b = save(store, &slot("lc-lru", "b"), &[1], 20).await;
+    let c = save(store, &slot("lc-lru", "c"), &[1], 30).await;
+    store.record_hits(&[(a, 1, 40)]).await.unwrap();
+    let ids =
+        |found: Vec<hoard::model::EntryUse>| found.into_iter().map(|e| e.id).collect::<Vec<_>>();
+    assert_eq!(
+        ids(store.least_recently_used(Some(&repo), 10).await.unwrap()),
+        [b, c, a],
+        "a restore makes an entry recent"
+    );
+    assert_eq!(
+        ids(store.least_recently_used(Some(&repo), 2).await.unwrap()),
+        [b, c]
+    );
+    let all = store.least_recently_used(None, 100_000).await.unwrap();
+    assert!(
+        all.windows(2)
+            .all(|w| (w[0].last_used_at, w[0].id) <= (w[1].last_used_at, w[1].id)),
+        "across repositories, in order of last use"
+    );
+    let mine: Vec<i64> = all
+        .iter()
+        .filter(|e| e.repository == repo)
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(mine, [b, c, a]);
+}
+
+async fn expiry_finds_unused_and_old_entries(store: &dyn MetaStore) {
+    let unused = save(store, &slot("lc-exp", "unused"), &[1], 5).await;
+    let used = save(store, &slot("lc-exp", "used"), &[1], 6).await;
+    store.record_hits(&[(used, 1, 9_000_000)]).await.unwrap();
+    let ids =
+        |found: Vec<hoard::model::EntryUse>| found.into_iter().map(|e| e.id).collect::<Vec<_>>();
+    let found = ids(store.expired(7, None, 100_000).await.unwrap());
+    assert!(found.contains(&unused));
+    assert!(!found.contains(&used), "a recent restore keeps an entry");
+    let found = ids(store.expired(i64::MIN, Some(7), 100_000).await.unwrap());
+    assert!(found.contains(&used), "too old expires, used or not");
+    assert!(found.contains(&unused));
+    assert!(!ids(store.expired(i64::MIN, Some(5), 100_000).await.unwrap()).contains(&unused));
+    assert_eq!(
+        store.expired(7, Some(7), 1).await.unwrap().len(),
+        1,
+        "limited"
+    );
+}
+
+async fn removals_race_and_count_once(store: Arc<dyn MetaStore>) {
+    let mut ids = Vec::new();
+    for i in 0..8 {
+        ids.push(save(store.as_ref(), &slot("lc-race", &format!("k{i}")), &[10], i).await);
+    }
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (store, ids) = (store.clone(), ids.clone());
+        tasks.push(tokio::spawn(async move {
+            let cause = RemovalCause::Expired;
+            store
+                .remove_entries(&ids, removal(&cause, 1_000))
+                .await
+                .unwrap()
+        }));
+    }
+    let mut removed = 0;
+    for task in tasks {
+        removed += task.await.unwrap().len();
+    }
+    assert_eq!(removed, 8, "every entry is removed exactly once");
+    assert_eq!(
+        store
+            .repository_usage(&RepoId::new("lc-race"))
+            .await
+            .unwrap(),
+        0
+    );
+}
+
+async fn references_cover_every_table(store: &dyn MetaStore) {
+    let staged = chunk(1);
+    let committed = chunk(2);
+    let upload = reserve(store, &slot("lc-refs", "open"), 1).await;
+    store
+        .stage_block(&upload, &block("s"), &staged, 1)
+        .await
+        .unwrap();
+    let upload = upload_of(store, upload.id).await.unwrap();
+    let other = reserve(store, &slot("lc-refs", "other"), 1).await;
+    store
+        .commit_parts(&other, &[(block("c"), committed.clone())], 1)
+        .await
+        .unwrap();
+    let entry = save(store, &slot("lc-refs", "entry"), &[3], 1).await;
+    let (_, chunks) = store.entry(entry).await.unwrap().unwrap();
+    let stray = BlobName::random();
+    let names = vec![
+        staged.blob.clone(),
+        committed.blob.clone(),
+        chunks[0].chunk.blob.clone(),
+        stray.clone(),
+    ];
+    let mut found = store.referenced(&names).await.unwrap();
+    found.sort();
+    let mut expected = names[..3].to_vec();
+    expected.sort();
+    assert_eq!(found, expected, "only the stray chunk is unreferenced");
+    store.abort_upload(&upload, 2).await.unwrap();
+    assert!(!store
+        .referenced(std::slice::from_ref(&staged.blob))
+        .await
+        .unwrap()
+        .contains(&staged.blob));
+    assert_eq!(
+        store.entry_ids(entry - 1, 1).await.unwrap(),
+        [entry],
+        "entries are walked in id order"
+    );
+}
+
+async fn abandoned_uploads_are_found_and_closed_ones_pruned(store: &dyn MetaStore) {
+    let open = reserve(store, &slot("lc-stale", "open"), 2).await;
+    let fresh = reserve(store, &slot("lc-stale", "fresh"), 9_000_000).await;
+    let done = reserve(store, &slot("lc-stale", "done"), 2).await;
+    store.abort_upload(&done, 3).await.unwrap();
+    let stale = store.stale_uploads(4, 100_000).await.unwrap();
+    assert!(stale.contains(&open.id));
+    assert!(!stale.contains(&done.id), "closed uploads are not stale");
+    assert!(!stale.contains(&fresh.id));
+    assert!(store.prune_uploads(4).await.unwrap() >= 1);
+    assert!(upload_of(store, done.id).await.is_none(), "pruned");
+    assert!(
+        upload_of(store, open.id).await.is_some(),
+        "open uploads stay"
+    );
+}
+
+async fn forgetting_after_a_crash_drops_new_entries_and_open_uploads(store: &dyn MetaStore) {
+    let old = save(store, &slot("forget", "old"), &[1], 1_000).await;
+    let new = save(store, &slot("forget", "new"), &[1], 3_000).await;
+    let (_, new_chunks) = store.entry(new).await.unwrap().unwrap();
+    let open = reserve(store, &slot("forget", "open"), 3_000).await;
+    let staged = chunk(7);
+    store
+        .stage_block(&open, &block("a"), &staged, 3_001)
+        .await
+        .unwrap();
+
+    let (forgotten, garbage) = store.forget_after(2_000, 4_000).await.unwrap();
+    assert!(forgotten >= 1);
+    assert!(store.entry(old).await.unwrap().is_some());
+    assert!(store.entry(new).await.unwrap().is_none());
+    assert!(garbage.contains(&new_chunks[0].chunk.blob));
+    assert!(garbage.contains(&staged.blob));
+    let open = upload_of(store, open.id).await.unwrap();
+    assert_eq!(open.state, UploadState::Aborted);
+    assert_eq!(
+        store
+            .repository_usage(&RepoId::new("forget"))
+            .await
+            .unwrap(),
+        1,
+        "usage is recounted after forgetting"
+    );
+}

@@ -1,0 +1,295 @@
+//! `SaveStore`: reservations, staging, commits, aborts and finalize, under concurrency and at stale revisions.
+
+use super::*;
+
+pub async fn run(store: Arc<dyn MetaStore>) {
+    reservations_of_one_slot_have_one_winner_under_concurrency(store.clone()).await;
+    an_abandoned_upload_is_replaced_only_at_the_revision_loaded(store.as_ref()).await;
+    blocks_stage_commit_and_finalize_into_an_entry(store.as_ref()).await;
+    changes_at_an_old_revision_or_to_a_closed_upload_change_nothing(store.as_ref()).await;
+    a_second_entry_for_a_slot_is_refused_and_leaves_nothing_behind(store.as_ref()).await;
+    longest_keys_and_versions_fit(store.as_ref()).await;
+}
+
+async fn reservations_of_one_slot_have_one_winner_under_concurrency(store: Arc<dyn MetaStore>) {
+    let s = slot("race", "race-key");
+    let attempts: Vec<_> = (0..16)
+        .map(|_| {
+            let (store, s) = (store.clone(), s.clone());
+            tokio::spawn(async move {
+                store
+                    .create_upload(
+                        NewUpload {
+                            slot: &s,
+                            created_by: "racer",
+                            now: 1,
+                        },
+                        None,
+                    )
+                    .await
+            })
+        })
+        .collect();
+    let mut won = 0;
+    for attempt in attempts {
+        match attempt.await.unwrap() {
+            Ok(_) => won += 1,
+            Err(MetaError::Conflict) => {}
+            Err(e) => panic!("a losing reservation must be a Conflict, not {e:?}"),
+        }
+    }
+    assert_eq!(won, 1, "exactly one concurrent reservation of a slot wins");
+    // Case folding is part of the slot.
+    let other_case = slot("race", "RACE-KEY");
+    let err = store
+        .create_upload(
+            NewUpload {
+                slot: &other_case,
+                created_by: "racer",
+                now: 2,
+            },
+            None,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, MetaError::Conflict), "{err:?}");
+    let state = store.slot_state(&s, 0).await.unwrap();
+    assert!(state.open.is_some() && !state.entry_exists);
+    assert_eq!(state.live_open_uploads, 1);
+    assert_eq!(store.slot_state(&s, 2).await.unwrap().live_open_uploads, 0);
+}
+
+async fn an_abandoned_upload_is_replaced_only_at_the_revision_loaded(store: &dyn MetaStore) {
+    let s = slot("takeover", "k");
+    let old = reserve(store, &s, 10).await;
+    store
+        .stage_block(&old, &block("a"), &chunk(5), 11)
+        .await
+        .unwrap();
+    // `old` as loaded before the block was staged: its revision is out of date.
+    let err = store
+        .create_upload(
+            NewUpload {
+                slot: &s,
+                created_by: "b",
+                now: 20,
+            },
+            Some(&old),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, MetaError::Stale), "{err:?}");
+    let current = upload_of(store, old.id).await.unwrap();
+    assert!(current.is_open(), "a refused takeover changes nothing");
+    assert!(
+        current.revision > old.revision,
+        "staging bumps the revision"
+    );
+
+    let new = store
+        .create_upload(
+            NewUpload {
+                slot: &s,
+                created_by: "b",
+                now: 20,
+            },
+            Some(&current),
+        )
+        .await
+        .unwrap();
+    let aborted = upload_of(store, old.id).await.unwrap();
+    assert_eq!(aborted.state, UploadState::Aborted);
+    let (_, blocks) = store.upload_with_blocks(old.id).await.unwrap().unwrap();
+    assert!(
+        blocks.staged.is_empty(),
+        "an aborted upload keeps no blocks"
+    );
+    let state = store.slot_state(&s, 0).await.unwrap();
+    assert_eq!(state.open.map(|u| u.id), Some(new));
+}
+
+async fn blocks_stage_commit_and_finalize_into_an_entry(store: &dyn MetaStore) {
+    let s = slot("life", "Life-Key");
+    let upload = reserve(store, &s, 100).await;
+    assert_eq!(upload.key, "Life-Key");
+    assert_eq!(upload.state, UploadState::Open);
+    let (a, b, a2) = (chunk(3), chunk(4), chunk(5));
+    store
+        .stage_block(&upload, &block("a"), &a, 101)
+        .await
+        .unwrap();
+    let upload = upload_of(store, upload.id).await.unwrap();
+    store
+        .stage_block(&upload, &block("b"), &b, 102)
+        .await
+        .unwrap();
+    let upload = upload_of(store, upload.id).await.unwrap();
+    // A retried block id replaces the earlier copy.
+    store
+        .stage_block(&upload, &block("a"), &a2, 103)
+        .await
+        .unwrap();
+    let (upload, blocks) = store.upload_with_blocks(upload.id).await.unwrap().unwrap();
+    assert_eq!(blocks.staged.len(), 2);
+    assert_eq!(blocks.staged[&block("a")], a2);
+    assert!(blocks.parts.is_empty());
+
+    let parts = vec![(block("b"), b.clone()), (block("a"), a2.clone())];
+    store.commit_parts(&upload, &parts, 104).await.unwrap();
+    let (upload, blocks) = store.upload_with_blocks(upload.id).await.unwrap().unwrap();
+    assert!(blocks.staged.is_empty(), "a commit drops staged blocks");
+    assert_eq!(blocks.parts, parts, "parts keep the committed order");
+
+    let state = store.finalize_state(&s).await.unwrap();
+    assert_eq!(state.open, Some((upload.clone(), blocks)));
+    assert_eq!(state.finalized, None);
+    let chunks = vec![b.clone(), a2.clone()];
+    let entry = store
+        .finalize(
+            &upload,
+            NewEntry {
+                repository_name: "",
+                slot: &s,
+                key: "Life-Key",
+                chunks: &chunks,
+                now: 105,
+            },
+        )
+        .await
+        .unwrap();
+
+    let (e, stored) = store.entry(entry).await.unwrap().unwrap();
+    assert_eq!((e.key.as_str(), e.size, e.created_at), ("Life-Key", 9, 105));
+    assert_eq!((e.repository.as_str(), e.scope.as_str()), ("life", MAIN));
+    let layout: Vec<(u64, Chunk)> = stored.into_iter().map(|c| (c.start, c.chunk)).collect();
+    assert_eq!(
+        layout,
+        [(0, b), (4, a2)],
+        "chunks in order with their offsets"
+    );
+    let done = upload_of(store, upload.id).await.unwrap();
+    assert_eq!(done.state, UploadState::Finalized);
+    let state = store.finalize_state(&s).await.unwrap();
+    assert_eq!(state.open, None);
+    assert_eq!(
+        state.finalized,
+        Some((entry, 9)),
+        "a retried finalize finds its entry"
+    );
+    let slot_state = store.slot_state(&s, 0).await.unwrap();
+    assert!(slot_state.entry_exists && slot_state.open.is_none());
+    assert_eq!(
+        lookup(store, "life", &["life-key"]).await,
+        [("Life-Key".into(), entry)]
+    );
+    assert!(store.entry(entry + 1_000_000).await.unwrap().is_none());
+}
+
+async fn changes_at_an_old_revision_or_to_a_closed_upload_change_nothing(store: &dyn MetaStore) {
+    let s = slot("stale", "k");
+    let loaded = reserve(store, &s, 1).await;
+    store
+        .stage_block(&loaded, &block("a"), &chunk(1), 2)
+        .await
+        .unwrap();
+    for result in [
+        store.stage_block(&loaded, &block("b"), &chunk(1), 3).await,
+        store
+            .commit_parts(&loaded, &[(block("a"), chunk(1))], 3)
+            .await,
+        store.abort_upload(&loaded, 3).await,
+    ] {
+        assert!(matches!(result, Err(MetaError::Stale)), "{result:?}");
+    }
+    let stale_finalize = store
+        .finalize(
+            &loaded,
+            NewEntry {
+                repository_name: "",
+                slot: &s,
+                key: "k",
+                chunks: &[chunk(1)],
+                now: 3,
+            },
+        )
+        .await;
+    assert!(
+        matches!(stale_finalize, Err(MetaError::Stale)),
+        "{stale_finalize:?}"
+    );
+    assert!(
+        lookup(store, "stale", &["k"]).await.is_empty(),
+        "no entry from a stale finalize"
+    );
+    let (current, blocks) = store.upload_with_blocks(loaded.id).await.unwrap().unwrap();
+    assert_eq!(blocks.staged.keys().collect::<Vec<_>>(), [&block("a")]);
+    assert!(blocks.parts.is_empty());
+
+    store.abort_upload(&current, 4).await.unwrap();
+    let closed = upload_of(store, current.id).await.unwrap();
+    assert_eq!(closed.state, UploadState::Aborted);
+    let late = store.stage_block(&closed, &block("c"), &chunk(1), 5).await;
+    assert!(
+        matches!(late, Err(MetaError::Stale)),
+        "a closed upload takes no blocks: {late:?}"
+    );
+}
+
+async fn a_second_entry_for_a_slot_is_refused_and_leaves_nothing_behind(store: &dyn MetaStore) {
+    let s = slot("twice", "k");
+    let first = save(store, &s, &[10], 1).await;
+    // The store enforces one open upload per slot; refusing a reservation because an entry
+    // exists is the domain's rule, so a second upload can be opened and must fail at finalize.
+    let second = reserve(store, &s, 2).await;
+    store
+        .commit_parts(&second, &[(block("x"), chunk(10))], 3)
+        .await
+        .unwrap();
+    let second = upload_of(store, second.id).await.unwrap();
+    let err = store
+        .finalize(
+            &second,
+            NewEntry {
+                repository_name: "",
+                slot: &s,
+                key: "k",
+                chunks: &[chunk(10)],
+                now: 4,
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, MetaError::Conflict), "{err:?}");
+    let after = upload_of(store, second.id).await.unwrap();
+    assert_eq!(after, second, "a refused finalize changes nothing");
+    assert_eq!(lookup(store, "twice", &["k"]).await, [("k".into(), first)]);
+    let (e, chunks) = store.entry(first).await.unwrap().unwrap();
+    assert_eq!((e.size, chunks.len()), (10, 1));
+}
+
+async fn longest_keys_and_versions_fit(store: &dyn MetaStore) {
+    let repo = "long";
+    // 512 characters of 3 and 4 UTF-8 bytes, a 512-byte version and a long ref.
+    let wide = "€".repeat(511) + "x";
+    let widest = "\u{1F600}".repeat(512);
+    let version = "f".repeat(512);
+    let scope = format!("refs/heads/{}", "b".repeat(240));
+    for key in [&wide, &widest] {
+        let s = slot_in(repo, &scope, key, &version);
+        let id = save(store, &s, &[1], 1).await;
+        let found = store
+            .find_candidates(
+                &RepoId::new(repo),
+                &s.version,
+                std::slice::from_ref(&s.scope),
+                &[key[..key.len() - 4].to_lowercase()],
+            )
+            .await
+            .unwrap();
+        assert!(
+            found.iter().any(|c| c.id == id && &c.key == key),
+            "a long key is found by prefix"
+        );
+        assert_eq!(store.entry(id).await.unwrap().unwrap().0.key, *key);
+    }
+}
