@@ -3,12 +3,14 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use url::Url;
 
 use crate::meta::DatabaseUrl;
 use crate::model::units::{parse_size, FreeSpace};
+use crate::model::{Clock, SystemClock};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
@@ -292,6 +294,9 @@ pub struct Config {
     pub lifecycle: crate::cache::lifecycle::Limits,
     /// Turns on the admin API and dashboard.
     pub admin_token: Option<crate::secret::Secret>,
+    /// Where the server reads the time (entry ages, link and token expiry): the machine's clock.
+    /// No flag sets it; tests put a `ManualClock` here to move time instead of sleeping.
+    pub clock: Arc<dyn Clock>,
     /// Where /metrics is served if not on `listen`.
     pub metrics_listen: Option<SocketAddr>,
     /// Repositories with their own lookup series (0: none).
@@ -490,6 +495,7 @@ impl ServeArgs {
             sync_interval: self.sync_interval,
             shutdown_timeout: self.shutdown_timeout,
             lookup_cache_ttl: self.lookup_cache_ttl,
+            clock: Arc::new(SystemClock),
         })
     }
 }
