@@ -170,7 +170,13 @@ async fn path_like_keys_are_opaque_data() {
     // Every file hoard made is a server-named chunk, the database, or its own bookkeeping.
     for file in files_under(srv.data.path()) {
         let name = file.file_name().unwrap().to_str().unwrap().to_owned();
-        let ok = name.len() == 32 && name.bytes().all(|b| b.is_ascii_hexdigit())
+        let chunk_dir = name
+            .get(..2)
+            .map(|shard| srv.data.path().join("chunks").join(shard));
+        let server_named_chunk = name.len() == 32
+            && name.bytes().all(|b| b.is_ascii_hexdigit())
+            && file.parent() == chunk_dir.as_deref();
+        let ok = server_named_chunk
             || [
                 "hoard.db",
                 "hoard.db-wal",
@@ -259,7 +265,7 @@ async fn oversized_block_lists_are_refused() {
 async fn too_many_open_uploads_is_429_with_retry_after() {
     let srv = TestServer::start_with(&["--max-open-uploads", "2"]).await;
     let t = main_token();
-    srv.reserve(&t, "a", VERSION).await;
+    let a = srv.reserve(&t, "a", VERSION).await;
     srv.reserve(&t, "b", VERSION).await;
     let res = srv
         .http
@@ -276,15 +282,21 @@ async fn too_many_open_uploads_is_429_with_retry_after() {
     assert_eq!(body["code"], "resource_exhausted");
     // Other repositories are not held back, and finishing an upload frees a place.
     srv.reserve(&token("2", &[(MAIN, 3)]), "c", VERSION).await;
-    srv.finalize(&t, "a", VERSION, 0).await; // Nothing uploaded: stays open.
-    let (status, _) = srv
-        .twirp(
+    let create_c = || {
+        srv.twirp(
             "CreateCacheEntry",
             &t,
             json!({ "key": "c", "version": VERSION }),
         )
-        .await;
-    assert_eq!(status, 429);
+    };
+    let (_, body) = srv.finalize(&t, "a", VERSION, 0).await;
+    assert_eq!(body["ok"], false, "nothing uploaded: {body}");
+    assert_eq!(create_c().await.0, 429, "a failed finalize leaves it open");
+    assert_eq!(srv.put_blob(&a, b"abc".to_vec()).await.status(), 201);
+    let (_, body) = srv.finalize(&t, "a", VERSION, 3).await;
+    assert_eq!(body["ok"], true, "{body}");
+    let (status, body) = create_c().await;
+    assert_eq!((status, &body["ok"]), (200, &json!(true)), "{body}");
 }
 
 #[tokio::test]
