@@ -3,11 +3,14 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use url::Url;
 
 use crate::meta::DatabaseUrl;
+use crate::model::units::{parse_size, FreeSpace};
+use crate::model::{Clock, SystemClock};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
@@ -165,8 +168,8 @@ pub struct ServeArgs {
     /// Free space to keep on the data file system (local disk only), in bytes or as a
     /// percentage such as 5%: below it, least recently used entries are evicted, and saves are
     /// refused once nothing is left to evict. 0 turns it off.
-    #[arg(long, env = "HOARD_MIN_FREE_SPACE", default_value = "5%", value_parser = crate::cache::lifecycle::FreeSpace::parse)]
-    pub min_free_space: crate::cache::lifecycle::FreeSpace,
+    #[arg(long, env = "HOARD_MIN_FREE_SPACE", default_value = "5%", value_parser = FreeSpace::parse)]
+    pub min_free_space: FreeSpace,
 
     /// Entries not restored for this long expire (GitHub: 7 days). 0s turns expiry off.
     #[arg(long, env = "HOARD_UNUSED_TTL", default_value = "7d", value_parser = humantime::parse_duration)]
@@ -222,7 +225,6 @@ pub struct ServeArgs {
     pub idle_timeout: Duration,
 }
 
-/// Parses `1234`, `64KiB`, `10MiB`, `10GiB` (also KB/MB/GB, read as powers of 1024).
 /// `--anonymous-access`: `off`, or what anonymous requests may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Anonymous(pub Option<crate::auth::namespaces::Access>);
@@ -234,26 +236,6 @@ fn parse_anonymous(raw: &str) -> Result<Anonymous, String> {
             .map(|a| Anonymous(Some(a)))
             .ok_or_else(|| "expected off, read-only or read-write".to_owned()),
     }
-}
-
-pub fn parse_size(raw: &str) -> Result<u64, String> {
-    let raw = raw.trim();
-    let digits = raw.find(|c: char| !c.is_ascii_digit()).unwrap_or(raw.len());
-    let (number, unit) = raw.split_at(digits);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("{raw:?} is not a size such as 10GiB"))?;
-    let factor: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        _ => return Err(format!("{raw:?} has an unknown unit (use KiB, MiB or GiB)")),
-    };
-    number
-        .checked_mul(factor)
-        .ok_or_else(|| format!("{raw:?} is too large"))
 }
 
 /// Admin tokens shorter than this are accepted with a warning: guessing one must be hopeless.
@@ -272,6 +254,13 @@ pub struct Limits {
     pub idle_timeout: Duration,
 }
 
+/// Where the HTTPS certificate chain and key are (PEM); `tls` reads them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
 /// A validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -287,7 +276,7 @@ pub struct Config {
     pub public_url: Option<Url>,
     pub upstream_results_url: Option<Url>,
     /// HTTPS certificate and key; `None` serves plain HTTP.
-    pub tls: Option<crate::tls::TlsFiles>,
+    pub tls: Option<TlsFiles>,
     pub upload_url_ttl: Duration,
     pub download_url_ttl: Duration,
     pub reservation_ttl: Duration,
@@ -305,6 +294,9 @@ pub struct Config {
     pub lifecycle: crate::cache::lifecycle::Limits,
     /// Turns on the admin API and dashboard.
     pub admin_token: Option<crate::secret::Secret>,
+    /// Where the server reads the time (entry ages, link and token expiry): the machine's clock.
+    /// No flag sets it; tests put a `ManualClock` here to move time instead of sleeping.
+    pub clock: Arc<dyn Clock>,
     /// Where /metrics is served if not on `listen`.
     pub metrics_listen: Option<SocketAddr>,
     /// Repositories with their own lookup series (0: none).
@@ -350,7 +342,7 @@ impl ServeArgs {
         let public_url = self.public_url.as_deref().map(public_url).transpose()?;
         let tls = match (&self.tls_cert, &self.tls_key) {
             (Some(cert), Some(key)) => {
-                let files = crate::tls::TlsFiles {
+                let files = TlsFiles {
                     cert: cert.clone(),
                     key: key.clone(),
                 };
@@ -503,6 +495,7 @@ impl ServeArgs {
             sync_interval: self.sync_interval,
             shutdown_timeout: self.shutdown_timeout,
             lookup_cache_ttl: self.lookup_cache_ttl,
+            clock: Arc::new(SystemClock),
         })
     }
 }
@@ -536,7 +529,7 @@ impl ServeArgs {
     }
 
     fn lifecycle(&self) -> Result<crate::cache::lifecycle::Limits, ConfigError> {
-        use crate::cache::lifecycle::{FreeSpace, Limits};
+        use crate::cache::lifecycle::Limits;
         // A reader may open a removed entry until this process's reuse of it lapses, then
         // download it for as long as its link lives.
         let least_grace = self.download_url_ttl + self.lookup_cache_ttl;
@@ -766,7 +759,6 @@ mod tests {
 
     #[test]
     fn lifecycle_defaults_follow_github_and_bad_values_are_refused() {
-        use crate::cache::lifecycle::FreeSpace;
         let l = args(&[]).validate().unwrap().lifecycle;
         assert_eq!(l.repo_quota, Some(10 << 30));
         assert_eq!(l.unused_ttl, Some(Duration::from_secs(7 * 86_400)));
@@ -793,17 +785,6 @@ mod tests {
         let err = args(&["--max-storage", "0"]).validate().unwrap_err();
         assert!(err.0.contains("HOARD_MAX_STORAGE"), "{err}");
         assert!(Cli::try_parse_from(["hoard", "--min-free-space", "120%"]).is_err());
-    }
-
-    #[test]
-    fn sizes_take_units() {
-        assert_eq!(parse_size("1234"), Ok(1234));
-        assert_eq!(parse_size("64KiB"), Ok(64 << 10));
-        assert_eq!(parse_size("10GiB"), Ok(10 << 30));
-        assert_eq!(parse_size("3 MB"), Ok(3 << 20));
-        assert!(parse_size("ten").is_err());
-        assert!(parse_size("5 parsecs").is_err());
-        assert!(parse_size("99999999999999999999").is_err());
     }
 
     #[test]

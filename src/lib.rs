@@ -28,7 +28,6 @@ use crate::auth::{Callers, UrlSigner, Verifier};
 use crate::blob::FsStore;
 use crate::cache::{Cache, Policy};
 use crate::config::Config;
-use crate::model::SystemClock;
 
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -101,7 +100,7 @@ pub async fn open_cache(config: &Config) -> Result<Cache, ServeError> {
             lookup_cache_ttl: config.lookup_cache_ttl,
             lifecycle: config.lifecycle.clone(),
         },
-        Arc::new(SystemClock),
+        config.clock.clone(),
     )
     .with_metrics(metrics))
 }
@@ -118,7 +117,8 @@ pub async fn build_state(
         None => {
             UrlSigner::load_or_create(&config.signing_key_file).map_err(ServeError::SigningKey)?
         }
-    };
+    }
+    .with_clock(config.clock.clone());
     cache.recover().await?;
     if config.direct_downloads {
         cache
@@ -170,7 +170,7 @@ pub async fn build_state(
         cache,
         signer,
         Callers {
-            tokens: Verifier::new(config.tokens.clone()),
+            tokens: Verifier::new(config.tokens.clone()).with_clock(config.clock.clone()),
             forgejo: config.forgejo.clone(),
             namespaces: config.namespaces.clone(),
             anonymous: config.anonymous,

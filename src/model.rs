@@ -6,6 +6,7 @@
 //! it, so the rules (PROTOCOL.md §2.5, §9 "Key constraints") live in one place.
 
 pub mod listing;
+pub mod units;
 
 pub use listing::{EntryFilter, EntryOrder, EntryPage, ListedEntry, RepositoryUsage, Totals};
 

@@ -3,19 +3,15 @@
 //! SIGHUP, so a renewed certificate is served without a restart; a reload that fails keeps the
 //! certificate in use.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, RwLock};
 
 use rustls::ServerConfig;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
-/// Where the PEM files are.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-}
+/// Where the PEM files are: named by the configuration, read here.
+pub use crate::config::TlsFiles;
 
 impl TlsFiles {
     /// Reads both files into a server configuration.

@@ -217,9 +217,10 @@ async fn forged_expired_and_cross_purpose_links_are_403() {
         "nothing stored by refused requests"
     );
 
-    let srv = TestServer::start_with(&["--upload-url-ttl", "1s"]).await;
+    let clock = manual_clock();
+    let srv = TestServer::start_with_clock(&["--upload-url-ttl", "1s"], clock.clone()).await;
     let url = srv.reserve(&t, "k", VERSION).await;
-    tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
+    clock.advance(std::time::Duration::from_secs(1));
     assert_azure_error(
         srv.put_blob(&url, b"x".to_vec()).await,
         403,

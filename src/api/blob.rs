@@ -10,7 +10,6 @@ use axum::response::{IntoResponse, Response};
 use futures_util::{StreamExt, TryStreamExt};
 use percent_encoding::percent_decode_str;
 
-use super::links::unix_now;
 use super::range::{self, RangeRequest};
 use super::{blocklist, AppState};
 use crate::auth::signing::SignatureError;
@@ -210,7 +209,7 @@ fn authorize(
         target,
         query.str("se"),
         query.str("sig"),
-        unix_now(),
+        app.signer().now(),
     )?;
     Ok(target)
 }

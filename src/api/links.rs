@@ -22,8 +22,6 @@ pub struct NoLinkBase;
 pub const UPLOAD_PREFIX: &str = "/_blob/uploads/";
 pub const DOWNLOAD_PREFIX: &str = "/_blob/entries/";
 
-pub use crate::auth::unix_now;
-
 pub fn signed(
     app: &AppState,
     headers: &HeaderMap,
@@ -35,7 +33,7 @@ pub fn signed(
         Purpose::Upload => (UPLOAD_PREFIX, app.config().upload_url_ttl),
         Purpose::Download => (DOWNLOAD_PREFIX, app.config().download_url_ttl),
     };
-    let expires = unix_now() + ttl.as_secs().max(1);
+    let expires = app.signer().now() + ttl.as_secs().max(1);
     // Built in one buffer: every lookup and reservation makes a link.
     let mut link = String::with_capacity(192);
     push_base_url(app, headers, &mut link)?;

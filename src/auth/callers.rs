@@ -59,7 +59,7 @@ impl Callers {
     pub async fn identify(&self, headers: &HeaderMap, prefix: &str) -> Result<Caller, CallerError> {
         if forgejo::is_forgejo(headers) {
             let settings = self.forgejo.as_ref().ok_or(ForgejoError::NotConfigured)?;
-            let (identity, run) = forgejo::verify(settings, headers, super::unix_now())?;
+            let (identity, run) = forgejo::verify(settings, headers, self.tokens.now())?;
             return Ok(Caller {
                 identity: identity.into(),
                 forgejo: Some(run),

@@ -119,7 +119,7 @@ pub fn verify(
         .timestamp
         .parse()
         .map_err(|_| ForgejoError::Header("Timestamp"))?;
-    if started > now + settings.leeway.as_secs()
+    if started > now.saturating_add(settings.leeway.as_secs())
         || now.saturating_sub(started) > settings.max_age.as_secs()
     {
         return Err(ForgejoError::Stale);

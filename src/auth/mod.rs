@@ -14,10 +14,10 @@ pub use signing::{LinkTarget, Purpose, UrlSigner};
 pub use token::{Identity, TokenError};
 pub use verify::{TokenSettings, Verifier};
 
-/// Seconds since the Unix epoch.
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+use crate::model::Clock;
+
+/// Seconds since the Unix epoch on `clock`: the unit tokens (`exp`, `nbf`) and links (`se`)
+/// carry.
+pub fn unix_seconds(clock: &dyn Clock) -> u64 {
+    u64::try_from(clock.now() / 1000).unwrap_or(0)
 }

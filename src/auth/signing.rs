@@ -6,16 +6,19 @@
 //! so is the target's creation time, so a link can never open a later row that reused its id
 //! (SQLite may reuse the ids of deleted rows).
 
-use crate::secret::Secret;
 use std::fs;
 use std::io::{self, Write};
 use std::path::Path;
+use std::sync::Arc;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use hmac::{Hmac, Mac};
 use rand::RngCore;
 use sha2::Sha256;
+
+use crate::model::{Clock, SystemClock};
+use crate::secret::Secret;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -51,12 +54,14 @@ pub enum SignatureError {
     Expired,
 }
 
-/// Signs and checks links with one key.
+/// Signs and checks links with one key, on one clock.
 #[derive(Clone)]
 pub struct UrlSigner {
     /// The HMAC with the key already absorbed: each link then costs the message's blocks only,
     /// not the key schedule's two more. Derived from the key, so as secret as the key.
     keyed: HmacSha256,
+    /// Where links' expiry is measured: the machine's clock unless [`UrlSigner::with_clock`].
+    clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for UrlSigner {
@@ -69,7 +74,19 @@ impl UrlSigner {
     pub fn new(key: Secret) -> Self {
         Self {
             keyed: HmacSha256::new_from_slice(key.expose()).expect("HMAC takes keys of any length"),
+            clock: Arc::new(SystemClock),
         }
+    }
+
+    /// The same signer measuring expiry on `clock` (tests move a `ManualClock`).
+    pub fn with_clock(self, clock: Arc<dyn Clock>) -> Self {
+        Self { clock, ..self }
+    }
+
+    /// Now, in the Unix seconds of links' `se`: what a link's expiry is set from and checked
+    /// against.
+    pub fn now(&self) -> u64 {
+        super::unix_seconds(self.clock.as_ref())
     }
 
     /// Loads the key kept in `path`, or makes one and keeps it there with mode 0600 so that
@@ -235,6 +252,23 @@ mod tests {
             s.verify(Purpose::Upload, t(5), Some("1000"), Some("%%%"), 0),
             m
         );
+    }
+
+    #[test]
+    fn expiry_is_measured_on_the_signers_clock() {
+        let clock = Arc::new(crate::model::ManualClock::starting_at(1_000_000));
+        let s = signer().with_clock(clock.clone());
+        assert_eq!(s.now(), 1000);
+        let expires = s.now() + 5;
+        let sig = s.sign(Purpose::Download, t(5), expires);
+        let se = expires.to_string();
+        let check =
+            |s: &UrlSigner| s.verify(Purpose::Download, t(5), Some(&se), Some(&sig), s.now());
+        assert_eq!(check(&s), Ok(()));
+        clock.advance(std::time::Duration::from_millis(4_999));
+        assert_eq!(check(&s), Ok(()));
+        clock.advance(std::time::Duration::from_millis(1));
+        assert_eq!(check(&s), Err(SignatureError::Expired));
     }
 
     #[test]

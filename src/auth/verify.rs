@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::engine::general_purpose::{URL_SAFE, URL_SAFE_NO_PAD};
 use base64::Engine;
@@ -17,7 +17,8 @@ use sha2::{Digest, Sha256};
 use tokio::sync::RwLock;
 
 use super::token::{claims_from_json, identity_from_claims, Identity, TokenError};
-use super::unix_now;
+use super::unix_seconds;
+use crate::model::{Clock, Millis, SystemClock};
 
 /// GitHub's issuer for Actions tokens (PROTOCOL.md §8).
 pub const GITHUB_ISSUER: &str = "https://token.actions.githubusercontent.com";
@@ -60,7 +61,17 @@ struct VerificationKey {
 
 struct IssuerKeys {
     keys: Vec<VerificationKey>,
-    fetched: Instant,
+    /// When they were fetched (or a fetch failed), on the verifier's clock.
+    fetched: Millis,
+}
+
+impl IssuerKeys {
+    /// Whether a refetch must wait: the last one was less than [`REFRESH_AT_MOST_EVERY`] ago.
+    /// A clock that went back counts as time passed, so a step back never blocks a rotation.
+    fn fresh(&self, now: Millis) -> bool {
+        let age = now.saturating_sub(self.fetched);
+        (0..REFRESH_AT_MOST_EVERY.as_millis() as Millis).contains(&age)
+    }
 }
 
 /// A verified token's identity and its `exp`, by the SHA-256 of the token.
@@ -77,6 +88,9 @@ pub struct Verifier {
     /// several milliseconds and idle memory, and a server on HS256 or a JWKS file never fetches.
     http: std::sync::OnceLock<reqwest::Client>,
     verified: Mutex<HashMap<[u8; 32], Remembered>>,
+    /// Where `exp`, `nbf` and the refresh interval are measured: the machine's clock unless
+    /// [`Verifier::with_clock`].
+    clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for Verifier {
@@ -173,7 +187,18 @@ impl Verifier {
             refreshing: Mutex::new(HashMap::new()),
             http: std::sync::OnceLock::new(),
             verified: Mutex::new(HashMap::new()),
+            clock: Arc::new(SystemClock),
         }
+    }
+
+    /// The same verifier reading the time from `clock` (tests move a `ManualClock`).
+    pub fn with_clock(self, clock: Arc<dyn Clock>) -> Self {
+        Self { clock, ..self }
+    }
+
+    /// Now, in the Unix seconds of a token's `exp` and `nbf`.
+    pub fn now(&self) -> u64 {
+        unix_seconds(self.clock.as_ref())
     }
 
     pub fn is_insecure(&self) -> bool {
@@ -192,11 +217,11 @@ impl Verifier {
             return super::token::identity_from_unverified_jwt(token).map(Arc::new);
         }
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        let now = unix_now();
+        let now = self.now();
         if let Some(identity) = self.remembered(&digest, now) {
             return Ok(identity);
         }
-        let (identity, exp) = self.verify(token).await?;
+        let (identity, exp) = self.verify(token, now).await?;
         let identity = Arc::new(identity);
         self.remember(digest, identity.clone(), exp, now);
         Ok(identity)
@@ -205,7 +230,7 @@ impl Verifier {
     fn remembered(&self, digest: &[u8; 32], now: u64) -> Option<Arc<Identity>> {
         let mut cache = self.verified.lock().unwrap_or_else(|p| p.into_inner());
         match cache.get(digest) {
-            Some((identity, exp)) if now < exp + self.settings.leeway.as_secs() => {
+            Some((identity, exp)) if now < exp.saturating_add(self.settings.leeway.as_secs()) => {
                 Some(identity.clone())
             }
             Some(_) => {
@@ -227,11 +252,13 @@ impl Verifier {
         cache.insert(digest, (identity, exp));
     }
 
-    async fn verify(&self, token: &str) -> Result<(Identity, u64), TokenError> {
+    async fn verify(&self, token: &str, now: u64) -> Result<(Identity, u64), TokenError> {
         let header = jsonwebtoken::decode_header(token).map_err(|_| TokenError::Malformed)?;
         let mut validation = Validation::new(header.alg);
-        validation.leeway = self.settings.leeway.as_secs();
-        validation.validate_nbf = true;
+        // `exp` and `nbf` are checked below on our clock (jsonwebtoken reads the system's);
+        // the library still requires `exp` to be present.
+        validation.validate_exp = false;
+        validation.validate_nbf = false;
         validation.validate_aud = false;
         validation.set_required_spec_claims(&["exp"]);
         let claims = match header.alg {
@@ -300,6 +327,8 @@ impl Verifier {
             .get("exp")
             .and_then(serde_json::Value::as_u64)
             .unwrap_or(0);
+        let nbf = claims.get("nbf").and_then(serde_json::Value::as_u64);
+        check_validity(exp, nbf, now, self.settings.leeway.as_secs())?;
         let identity = identity_from_claims(claims_from_json(claims)?)?;
         Ok((identity, exp))
     }
@@ -337,7 +366,7 @@ impl Verifier {
             if !keys.is_empty() {
                 return Some(Ok(keys));
             }
-            (entry.fetched.elapsed() < REFRESH_AT_MOST_EVERY).then(|| Err(no_match()))
+            entry.fresh(self.clock.now()).then(|| Err(no_match()))
         };
         if let Some(decided) = decide(self.discovered.read().await.get(&issuer)) {
             return decided;
@@ -362,7 +391,7 @@ impl Verifier {
                     issuer,
                     IssuerKeys {
                         keys,
-                        fetched: Instant::now(),
+                        fetched: self.clock.now(),
                     },
                 );
                 if matching.is_empty() {
@@ -379,7 +408,7 @@ impl Verifier {
                     issuer,
                     IssuerKeys {
                         keys,
-                        fetched: Instant::now(),
+                        fetched: self.clock.now(),
                     },
                 );
                 Err(TokenError::KeysUnavailable(e))
@@ -429,6 +458,21 @@ impl Verifier {
     }
 }
 
+/// A token's validity window at `now` (Unix seconds), `leeway` seconds wider on each side for
+/// clock skew; as jsonwebtoken checks it, but on our clock. Client-given numbers saturate: an
+/// `exp` near `u64::MAX` is far in the future, never wrapped into the past.
+fn check_validity(exp: u64, nbf: Option<u64>, now: u64, leeway: u64) -> Result<(), TokenError> {
+    if exp.saturating_add(leeway) < now {
+        return Err(TokenError::Rejected("the token has expired".into()));
+    }
+    if nbf.is_some_and(|nbf| nbf > now.saturating_add(leeway)) {
+        return Err(TokenError::Rejected(
+            "the token is not valid yet (nbf)".into(),
+        ));
+    }
+    Ok(())
+}
+
 fn decode(
     token: &str,
     key: &DecodingKey,
@@ -437,4 +481,61 @@ fn decode(
     jsonwebtoken::decode::<serde_json::Value>(token, key, validation)
         .map(|d| d.claims)
         .map_err(map_jwt_error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_is_valid_from_nbf_to_exp_give_or_take_the_leeway() {
+        assert_eq!(check_validity(1000, Some(900), 950, 60), Ok(()));
+        assert_eq!(check_validity(1000, None, 1060, 60), Ok(()));
+        assert!(check_validity(1000, None, 1061, 60).is_err(), "expired");
+        assert_eq!(check_validity(1000, Some(1010), 950, 60), Ok(()));
+        assert!(
+            check_validity(1000, Some(1011), 950, 60).is_err(),
+            "not yet"
+        );
+    }
+
+    #[test]
+    fn client_given_extremes_saturate_instead_of_wrapping() {
+        assert_eq!(check_validity(u64::MAX, None, 1000, 60), Ok(()));
+        assert_eq!(
+            check_validity(u64::MAX, Some(u64::MAX), u64::MAX, 60),
+            Ok(())
+        );
+        assert!(check_validity(0, None, 1000, u64::MAX - 10).is_ok());
+        assert!(check_validity(1000, Some(u64::MAX), 1000, u64::MAX).is_ok());
+    }
+
+    #[test]
+    fn keys_are_refetched_at_most_every_interval_and_after_a_step_back() {
+        let keys = IssuerKeys {
+            keys: Vec::new(),
+            fetched: 100_000,
+        };
+        let interval = REFRESH_AT_MOST_EVERY.as_millis() as Millis;
+        assert!(keys.fresh(100_000));
+        assert!(keys.fresh(100_000 + interval - 1));
+        assert!(!keys.fresh(100_000 + interval));
+        assert!(!keys.fresh(99_999), "the clock went back: refetch");
+    }
+
+    #[tokio::test]
+    async fn a_remembered_token_with_a_huge_exp_neither_panics_nor_expires() {
+        let v = Verifier::new(TokenSettings {
+            issuers: Vec::new(),
+            jwks: None,
+            hs256_secret: None,
+            leeway: Duration::from_secs(60),
+            insecure_skip_validation: false,
+        });
+        let identity = Arc::new(
+            identity_from_claims(claims_from_json(serde_json::json!({})).unwrap()).unwrap(),
+        );
+        v.remember([1; 32], identity, u64::MAX, 1000);
+        assert!(v.remembered(&[1; 32], 2000).is_some());
+    }
 }

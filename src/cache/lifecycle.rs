@@ -26,6 +26,9 @@ use crate::blob::Capacity;
 use crate::meta::Removal;
 use crate::model::{BlobName, EntryId, EntryUse, Millis, RemovalCause, RepoId, UploadId};
 
+/// How much free space `--min-free-space` keeps (parsed in `model`, where `config` reads it too).
+pub use crate::model::units::FreeSpace;
+
 /// How many rows one step of a pass loads at a time: memory stays bounded on any store.
 const BATCH: usize = 500;
 /// How many eviction candidates a quota check loads first: one finalize usually frees room by
@@ -63,39 +66,6 @@ impl Default for Limits {
             max_age: None,
             deletion_grace: Duration::from_secs(2 * 3600),
             gc_interval: Duration::from_secs(600),
-        }
-    }
-}
-
-/// Free space to keep: bytes, or a share of the file system.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum FreeSpace {
-    Bytes(u64),
-    Percent(f64),
-}
-
-impl FreeSpace {
-    /// Parses `5%`, `2GiB`, `1000000`.
-    pub fn parse(raw: &str) -> Result<Self, String> {
-        let raw = raw.trim();
-        if let Some(percent) = raw.strip_suffix('%') {
-            let value: f64 = percent
-                .trim()
-                .parse()
-                .map_err(|_| format!("{raw:?} is not a percentage such as 5%"))?;
-            if !(0.0..100.0).contains(&value) {
-                return Err(format!("{raw:?} must be from 0% to below 100%"));
-            }
-            return Ok(Self::Percent(value));
-        }
-        crate::config::parse_size(raw).map(Self::Bytes)
-    }
-
-    /// The bytes to keep free on a file system of `total` bytes.
-    pub fn bytes(self, total: u64) -> u64 {
-        match self {
-            Self::Bytes(n) => n,
-            Self::Percent(p) => (total as f64 * p / 100.0) as u64,
         }
     }
 }
@@ -685,14 +655,5 @@ mod tests {
             "pending deletions count as free"
         );
         assert_eq!(global_excess(&Limits::default(), &at(1 << 40, 0, 0)), 0);
-    }
-
-    #[test]
-    fn free_space_is_bytes_or_a_share() {
-        assert_eq!(FreeSpace::parse("5%"), Ok(FreeSpace::Percent(5.0)));
-        assert_eq!(FreeSpace::parse("2GiB"), Ok(FreeSpace::Bytes(2 << 30)));
-        assert_eq!(FreeSpace::Percent(10.0).bytes(1000), 100);
-        assert!(FreeSpace::parse("100%").is_err());
-        assert!(FreeSpace::parse("lots").is_err());
     }
 }

@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
@@ -28,6 +29,14 @@ pub fn unix_now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs()
+}
+
+/// A clock for [`TestServer::start_with_clock`], starting at the machine's time so that tokens
+/// made with [`unix_now`] are valid on it.
+pub fn manual_clock() -> Arc<hoard::model::ManualClock> {
+    Arc::new(hoard::model::ManualClock::starting_at(
+        hoard::model::now_millis(),
+    ))
 }
 
 /// Rows of `table` in the SQLite database of the data directory `data`, read without a lock on
@@ -140,6 +149,12 @@ impl TestServer {
         Self::start_in(tempfile::tempdir().unwrap(), extra, false).await
     }
 
+    /// On `clock` instead of the machine's: the test moves time (link and token expiry, key
+    /// refreshes, entry ages) instead of sleeping. See [`manual_clock`].
+    pub async fn start_with_clock(extra: &[&str], clock: Arc<hoard::model::ManualClock>) -> Self {
+        Self::start_on_clock(tempfile::tempdir().unwrap(), extra, true, Some(clock)).await
+    }
+
     /// Stops the server and starts a new one on the same data directory.
     pub async fn restart(self) -> Self {
         Self::start_on(self.shut_down().await).await
@@ -163,6 +178,15 @@ impl TestServer {
     }
 
     async fn start_in(data: tempfile::TempDir, extra: &[&str], test_secret: bool) -> Self {
+        Self::start_on_clock(data, extra, test_secret, None).await
+    }
+
+    async fn start_on_clock(
+        data: tempfile::TempDir,
+        extra: &[&str],
+        test_secret: bool,
+        clock: Option<Arc<hoard::model::ManualClock>>,
+    ) -> Self {
         let dir = data.path().to_str().unwrap().to_owned();
         let secret = secret_file(data.path()).to_str().unwrap().to_owned();
         let mut argv = vec!["hoard", "--data-dir", &dir, "--listen", "127.0.0.1:0"];
@@ -170,7 +194,10 @@ impl TestServer {
             argv.extend(["--token-hs256-secret-file", secret.as_str()]);
         }
         argv.extend_from_slice(extra);
-        let config = Cli::try_parse_from(argv).unwrap().serve.validate().unwrap();
+        let mut config = Cli::try_parse_from(argv).unwrap().serve.validate().unwrap();
+        if let Some(clock) = clock {
+            config.clock = clock;
+        }
         let stop = CancellationToken::new();
         let state = hoard::build_state(&config, stop.clone()).await.unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
