@@ -1,11 +1,14 @@
 //! `hoard caches ls|rm|usage` and `hoard status`: the admin API from a shell. Readable tables by
 //! default, `--json` for scripts (the API's own answers); on failure, one sentence on standard
-//! error and exit status 1.
+//! error and exit status 1. Answers are read into the server's own types ([`wire`]).
 
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
-use serde_json::Value;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::api::admin::wire;
 
 /// Where the server is and how to sign in to it.
 #[derive(Debug, Clone, clap::Args)]
@@ -142,7 +145,11 @@ impl Client {
     }
 
     /// Calls the admin API; any answer but 200 is an error carrying the server's message.
-    async fn call(&self, method: reqwest::Method, path_and_query: &str) -> Result<Value, CliError> {
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path_and_query: &str,
+    ) -> Result<T, CliError> {
         let url = format!("{}/_hoard/api/v1/{path_and_query}", self.base);
         let response = self
             .http
@@ -158,17 +165,19 @@ impl Client {
                 ))
             })?;
         let status = response.status();
-        let body: Option<Value> = response.json().await.ok();
+        let body = response.bytes().await.unwrap_or_default();
         if status.is_success() {
-            return body.filter(Value::is_object).ok_or_else(|| {
+            return serde_json::from_slice(&body).map_err(|_| {
                 CliError(format!(
                     "{} answered {status} but not with the admin API's JSON: is it a hoard server?",
                     self.base
                 ))
             });
         }
-        let body = body.unwrap_or(Value::Null);
-        let message = body["message"].as_str().unwrap_or("no explanation given");
+        let error = serde_json::from_slice::<wire::ErrorMessage>(&body).ok();
+        let message = error
+            .as_ref()
+            .map_or("no explanation given", |e| e.message.as_str());
         Err(CliError(match status.as_u16() {
             401 => format!("{} refused the admin token ({message})", self.base),
             _ => format!("{} answered {status}: {message}", self.base),
@@ -213,7 +222,7 @@ pub async fn caches(server: &ServerArgs, command: &CachesCommand) -> Result<Stri
             if let Some(r) = repository {
                 query.append_pair("repository", r);
             }
-            let usage = client
+            let usage: wire::Usage = client
                 .call(reqwest::Method::GET, &format!("usage?{}", query.finish()))
                 .await?;
             Ok(if server.json {
@@ -228,7 +237,7 @@ pub async fn caches(server: &ServerArgs, command: &CachesCommand) -> Result<Stri
 /// Runs `hoard status`; returns what to print.
 pub async fn status(server: &ServerArgs) -> Result<String, CliError> {
     let client = Client::new(server)?;
-    let status = client.call(reqwest::Method::GET, "status").await?;
+    let status: wire::Status = client.call(reqwest::Method::GET, "status").await?;
     Ok(if server.json {
         pretty(&status)
     } else {
@@ -243,7 +252,7 @@ async fn list(client: &Client, json: bool, args: &ListArgs) -> Result<String, Cl
         _ => "last_accessed_at",
     };
     let limit = args.limit.max(1);
-    let mut entries: Vec<Value> = Vec::new();
+    let mut entries: Vec<wire::Cache> = Vec::new();
     let mut cursor: Option<String> = None;
     let mut total;
     // Pages until `limit` entries or the end.
@@ -256,25 +265,21 @@ async fn list(client: &Client, json: bool, args: &ListArgs) -> Result<String, Cl
         if let Some(c) = &cursor {
             query.append_pair("cursor", c);
         }
-        let page = client
+        let page: wire::CacheList = client
             .call(reqwest::Method::GET, &format!("caches?{}", query.finish()))
             .await?;
-        total = page["total_count"].as_u64().unwrap_or(0);
-        entries.extend(
-            page["actions_caches"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default(),
-        );
-        cursor = page["next_cursor"].as_str().map(str::to_owned);
+        total = page.total_count;
+        entries.extend(page.actions_caches);
+        cursor = page.next_cursor;
         if cursor.is_none() || entries.len() >= limit {
             break;
         }
     }
     if json {
-        return Ok(pretty(
-            &serde_json::json!({ "total_count": total, "actions_caches": entries }),
-        ));
+        return Ok(pretty(&Listed {
+            total_count: total,
+            actions_caches: entries,
+        }));
     }
     if entries.is_empty() {
         return Ok("No cache entries match.\n".into());
@@ -284,13 +289,13 @@ async fn list(client: &Client, json: bool, args: &ListArgs) -> Result<String, Cl
         .iter()
         .map(|e| {
             vec![
-                e["id"].to_string(),
-                repository_label(&e["repository"], &e["repository_id"]),
-                text(&e["ref"]),
-                text(&e["key"]),
-                size(e["size_in_bytes"].as_u64().unwrap_or(0)),
-                ago(&e["last_accessed_at"], now),
-                e["hits"].to_string(),
+                e.id.to_string(),
+                repository_label(&e.repository, &e.repository_id),
+                e.git_ref.clone(),
+                e.key.clone(),
+                size(e.size_in_bytes),
+                ago(&e.last_accessed_at, now),
+                e.hits.to_string(),
             ]
         })
         .collect();
@@ -323,11 +328,11 @@ async fn remove(client: &Client, json: bool, args: &RemoveArgs) -> Result<String
         (false, false) => {
             let mut deleted = 0;
             for id in &args.ids {
-                let answer = client
+                let answer: wire::Deleted = client
                     .call(reqwest::Method::DELETE, &format!("caches/{id}"))
                     .await
                     .map_err(|e| CliError(format!("entry {id}: {e}")))?;
-                deleted += answer["deleted"].as_u64().unwrap_or(0);
+                deleted += answer.deleted;
             }
             deleted
         }
@@ -336,10 +341,10 @@ async fn remove(client: &Client, json: bool, args: &RemoveArgs) -> Result<String
             if args.all && !has_filter {
                 query.append_pair("all", "true");
             }
-            let answer = client
+            let answer: wire::Deleted = client
                 .call(reqwest::Method::DELETE, &format!("caches?{}", query.finish()))
                 .await?;
-            answer["deleted"].as_u64().unwrap_or(0)
+            answer.deleted
         }
         (false, true) => {
             return Err(CliError("give entry ids or a filter (--key, --repository, --ref, --version, --all), not both".into()))
@@ -349,7 +354,7 @@ async fn remove(client: &Client, json: bool, args: &RemoveArgs) -> Result<String
         }
     };
     Ok(if json {
-        pretty(&serde_json::json!({ "deleted": deleted }))
+        pretty(&wire::Deleted { deleted })
     } else {
         format!(
             "Deleted {deleted} {}.\n",
@@ -358,23 +363,27 @@ async fn remove(client: &Client, json: bool, args: &RemoveArgs) -> Result<String
     })
 }
 
-fn usage_table(usage: &Value) -> String {
-    let repositories = usage["repositories"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+/// `ls --json`: the entries of every page read, and how many the filter selects.
+#[derive(Serialize)]
+struct Listed {
+    total_count: u64,
+    actions_caches: Vec<wire::Cache>,
+}
+
+fn usage_table(usage: &wire::Usage) -> String {
     let mut out = String::new();
-    if !repositories.is_empty() {
-        let rows: Vec<Vec<String>> = repositories
+    if !usage.repositories.is_empty() {
+        let rows: Vec<Vec<String>> = usage
+            .repositories
             .iter()
             .map(|r| {
                 vec![
-                    repository_label(&r["full_name"], &r["repository_id"]),
-                    size(r["active_caches_size_in_bytes"].as_u64().unwrap_or(0)),
-                    r["active_caches_count"].to_string(),
-                    r["hits"].to_string(),
-                    r["misses"].to_string(),
-                    percent(&r["hit_ratio"]),
+                    repository_label(&r.full_name, &r.repository_id),
+                    size(r.active_caches_size_in_bytes),
+                    r.active_caches_count.to_string(),
+                    r.hits.to_string(),
+                    r.misses.to_string(),
+                    percent(r.hit_ratio),
                 ]
             })
             .collect();
@@ -390,87 +399,80 @@ fn usage_table(usage: &Value) -> String {
             &rows,
         );
     }
-    let total = &usage["total"];
+    let total = &usage.total;
     let _ = writeln!(
         out,
         "{} in {} entries across {} repositories; {} uploads in progress",
-        size(total["size_in_bytes"].as_u64().unwrap_or(0)),
-        total["entries"],
-        usage["repository_count"],
-        total["open_uploads"],
+        size(total.size_in_bytes),
+        total.entries,
+        usage.repository_count,
+        total.open_uploads,
     );
     out
 }
 
-fn status_text(status: &Value) -> String {
-    let limits = &status["limits"];
-    let usage = &status["usage"];
-    let lookups = &status["lookups"];
-    let limit = |v: &Value| v.as_u64().map_or("none".to_owned(), size);
+fn status_text(status: &wire::Status) -> String {
+    let (limits, usage, lookups) = (&status.limits, &status.usage, &status.lookups);
+    let limit = |v: Option<u64>| v.map_or("none".to_owned(), size);
     let mut out = String::new();
     let _ = writeln!(
         out,
         "hoard {} up {}",
-        text(&status["version"]),
-        duration(status["uptime_seconds"].as_u64().unwrap_or(0))
+        status.version,
+        duration(status.uptime_seconds)
     );
-    let _ = writeln!(out, "database   {}", text(&status["database"]));
-    let _ = writeln!(out, "storage    {}", text(&status["storage"]));
+    let _ = writeln!(out, "database   {}", status.database);
+    let _ = writeln!(out, "storage    {}", status.storage);
     let _ = writeln!(
         out,
         "stored     {} in {} entries; {} uploads in progress",
-        size(usage["size_in_bytes"].as_u64().unwrap_or(0)),
-        usage["entries"],
-        usage["open_uploads"]
+        size(usage.size_in_bytes),
+        usage.entries,
+        usage.open_uploads
     );
     let _ = writeln!(
         out,
         "limits     {} in all, {} per repository, {} per entry",
-        limit(&limits["max_storage"]),
-        limit(&limits["repository_quota"]),
-        limit(&limits["max_entry_size"])
+        limit(limits.max_storage),
+        limit(limits.repository_quota),
+        limit(Some(limits.max_entry_size))
     );
     let _ = writeln!(
         out,
         "lookups    {} hits, {} misses since start ({} hit ratio)",
-        lookups["hits"],
-        lookups["misses"],
-        percent(&lookups["hit_ratio"])
+        lookups.hits,
+        lookups.misses,
+        percent(lookups.hit_ratio)
     );
-    let warnings = status["warnings"].as_array().cloned().unwrap_or_default();
-    if warnings.is_empty() {
+    if status.warnings.is_empty() {
         out.push_str("warnings   none\n");
     }
-    for w in warnings {
-        let _ = writeln!(out, "WARNING    {}", text(&w));
+    for w in &status.warnings {
+        let _ = writeln!(out, "WARNING    {w}");
     }
     out
 }
 
-fn pretty(value: &Value) -> String {
+/// An answer as `--json` prints it: indented, keys in the (sorted) order the server sends.
+fn pretty(answer: &impl Serialize) -> String {
+    let value = serde_json::to_value(answer).unwrap_or_default();
     format!(
         "{}\n",
-        serde_json::to_string_pretty(value).unwrap_or_default()
+        serde_json::to_string_pretty(&value).unwrap_or_default()
     )
 }
 
-fn text(value: &Value) -> String {
-    value
-        .as_str()
-        .map_or_else(|| value.to_string(), str::to_owned)
-}
-
-fn repository_label(name: &Value, id: &Value) -> String {
-    match name.as_str() {
-        Some(name) if !name.is_empty() => name.to_owned(),
-        _ => format!("id {}", text(id)),
+/// A repository's name, or its id when it has none.
+fn repository_label(name: &str, id: &str) -> String {
+    if name.is_empty() {
+        format!("id {id}")
+    } else {
+        name.to_owned()
     }
 }
 
-fn percent(ratio: &Value) -> String {
-    ratio
-        .as_f64()
-        .map_or("-".to_owned(), |r| format!("{:.1}%", r * 100.0))
+fn percent(ratio: Option<f64>) -> String {
+    ratio.map_or("-".to_owned(), |r| format!("{:.1}%", r * 100.0))
 }
 
 /// Bytes in binary units: `512 B`, `1.5 KiB`, `3.2 GiB`.
@@ -498,8 +500,8 @@ fn duration(seconds: u64) -> String {
 }
 
 /// How long ago an RFC 3339 time was: `just now`, `5 min ago`, `3 h ago`, `2 d ago`.
-fn ago(at: &Value, now: SystemTime) -> String {
-    let Some(at) = at.as_str().and_then(|s| humantime::parse_rfc3339(s).ok()) else {
+fn ago(at: &str, now: SystemTime) -> String {
+    let Ok(at) = humantime::parse_rfc3339(at) else {
         return "-".into();
     };
     match now.duration_since(at).map(|d| d.as_secs()).unwrap_or(0) {

@@ -1,0 +1,361 @@
+//! The admin API under `/_hoard/api/v1/` (JSON; described by `openapi.json` beside this file)
+//! and the dashboard's files under `/_hoard/`.
+//!
+//! Off unless an admin token is configured: then every `/_hoard/` path answers 404. Each API
+//! call must carry `Authorization: Bearer <admin token>`, compared in constant time; field
+//! names follow GitHub's REST cache API where it has one. The answers are the types of
+//! [`wire`], which `hoard caches` and `hoard status` read back.
+
+mod dashboard;
+mod openapi;
+mod query;
+pub mod wire;
+
+use std::time::UNIX_EPOCH;
+
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use super::AppState;
+use crate::cache::admin::{ListQuery, Listing};
+use crate::cache::CacheError;
+use crate::model::ListedEntry;
+use crate::secret::Secret;
+use query::Query;
+
+pub use dashboard::dashboard;
+
+/// Where the dashboard lives; the API is under `API`.
+pub const BASE: &str = "/_hoard/";
+pub const API: &str = "/_hoard/api/v1/";
+
+/// An admin API error: a status and a sentence, as `{"message": …}`.
+#[derive(Debug)]
+pub struct AdminError(StatusCode, String);
+
+impl AdminError {
+    fn bad(message: impl Into<String>) -> Self {
+        Self(StatusCode::BAD_REQUEST, message.into())
+    }
+    fn not_found(message: impl Into<String>) -> Self {
+        Self(StatusCode::NOT_FOUND, message.into())
+    }
+    fn internal() -> Self {
+        Self(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the request failed; the server log has the cause".into(),
+        )
+    }
+}
+
+impl IntoResponse for AdminError {
+    fn into_response(self) -> Response {
+        let body = wire::ErrorMessage { message: self.1 };
+        let mut response = json(self.0, &body).unwrap_or_else(|_| self.0.into_response());
+        if self.0 == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"hoard admin\""),
+            );
+        }
+        no_store(response)
+    }
+}
+
+impl From<CacheError> for AdminError {
+    fn from(e: CacheError) -> Self {
+        if e.is_transient() {
+            tracing::warn!(error = %e, "admin API: the database is unavailable");
+            return Self(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the metadata database is unavailable; retry later".into(),
+            );
+        }
+        tracing::error!(error = %e, "admin API request failed");
+        Self::internal()
+    }
+}
+
+type AdminResult = Result<Response, AdminError>;
+
+/// Answers of the admin API are never cached by browsers or proxies.
+fn no_store(mut response: Response) -> Response {
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// `body` as JSON. It goes through `serde_json::Value` so that keys keep the alphabetical order
+/// the answers have always had (serde_json's map is sorted), not the structs' field order.
+fn json(status: StatusCode, body: &impl Serialize) -> AdminResult {
+    let value = serde_json::to_value(body).map_err(|e| {
+        tracing::error!(error = %e, "admin API: an answer does not serialize");
+        AdminError::internal()
+    })?;
+    Ok((
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        value.to_string(),
+    )
+        .into_response())
+}
+
+fn ok(body: &impl Serialize) -> AdminResult {
+    Ok(no_store(json(StatusCode::OK, body)?))
+}
+
+/// The admin token, if the API is on.
+fn admin_token(app: &AppState) -> Result<&Secret, AdminError> {
+    app.config().admin_token.as_ref().ok_or_else(|| {
+        AdminError::not_found(
+            "the admin API and dashboard are off; start hoard with --admin-token-file or HOARD_ADMIN_TOKEN",
+        )
+    })
+}
+
+/// Checks the bearer token against the admin token in constant time: both are hashed first,
+/// so neither their lengths nor a common prefix shows in the time taken.
+fn authorize(app: &AppState, headers: &HeaderMap) -> Result<(), AdminError> {
+    use sha2::{Digest, Sha256};
+    let expected = admin_token(app)?;
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    let Some(presented) = presented else {
+        return Err(AdminError(
+            StatusCode::UNAUTHORIZED,
+            "the admin API needs an Authorization: Bearer <admin token> header".into(),
+        ));
+    };
+    let (a, b) = (
+        Sha256::digest(presented.as_bytes()),
+        Sha256::digest(expected.expose()),
+    );
+    let differ = a
+        .iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    if differ != 0 {
+        tracing::info!(target: "hoard::audit", action = "refused", reason = "wrong admin token");
+        return Err(AdminError(
+            StatusCode::UNAUTHORIZED,
+            "the admin token was refused".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The entry `caches/{id}` names.
+async fn entry(app: &AppState, id: Option<&str>) -> Result<ListedEntry, AdminError> {
+    let id = id_of(id.unwrap_or_default())?;
+    app.cache()
+        .listed_entry(id)
+        .await?
+        .ok_or_else(|| AdminError::not_found("no such cache entry"))
+}
+
+fn id_of(raw: &str) -> Result<i64, AdminError> {
+    raw.parse::<i64>()
+        .ok()
+        .filter(|id| *id > 0)
+        .ok_or_else(|| AdminError::not_found("no such cache entry"))
+}
+
+/// Every `/_hoard/api/v1/…` request.
+pub async fn api(
+    State(app): State<AppState>,
+    Path(rest): Path<String>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
+    route(&app, &rest, &method, &uri, &headers)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn route(
+    app: &AppState,
+    rest: &str,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> AdminResult {
+    admin_token(app)?;
+    if rest == "openapi.json" && *method == Method::GET {
+        return Ok(no_store(
+            (
+                [(header::CONTENT_TYPE, "application/json")],
+                openapi::DOCUMENT,
+            )
+                .into_response(),
+        ));
+    }
+    authorize(app, headers)?;
+    let query = Query::of(uri);
+    let path = rest.trim_end_matches('/');
+    let one = path.strip_prefix("caches/");
+    match (method, path) {
+        (&Method::GET, "status") => ok(&status(app).await?),
+        (&Method::GET, "usage") => ok(&usage(app, &query).await?),
+        (&Method::GET, "caches") => ok(&list(app, &query).await?),
+        (&Method::DELETE, "caches") => ok(&delete_matching(app, &query).await?),
+        (&Method::GET, _) if one.is_some() => ok(&wire::Cache::from(&entry(app, one).await?)),
+        (&Method::DELETE, _) if one.is_some() => ok(&delete_one(app, one).await?),
+        // A known endpoint, another method.
+        _ if one.is_some() || matches!(path, "status" | "usage" | "caches") => Err(AdminError(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("{method} is not allowed here"),
+        )),
+        _ => Err(AdminError::not_found(format!(
+            "no such admin API endpoint: {}{}",
+            API,
+            rest.chars().take(100).collect::<String>()
+        ))),
+    }
+}
+
+async fn status(app: &AppState) -> Result<wire::Status, AdminError> {
+    let status = app.cache().status().await?;
+    let config = app.config();
+    let (hits, misses) = app.cache().metrics().lookup_totals();
+    let uptime = config.started.elapsed().unwrap_or_default();
+    let started_at = config
+        .started
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as i64;
+    let limits = &status.limits;
+    let mut warnings = config.warnings.clone();
+    warnings.extend(status.warnings);
+    Ok(wire::Status {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        started_at: wire::time(started_at),
+        uptime_seconds: uptime.as_secs(),
+        database: config.backends.database.to_owned(),
+        storage: config.backends.storage.to_owned(),
+        limits: wire::Limits {
+            max_entry_size: status.max_entry_size,
+            repository_quota: limits.repo_quota,
+            max_storage: limits.max_storage,
+            unused_ttl_seconds: limits.unused_ttl.map(|d| d.as_secs()),
+            max_age_seconds: limits.max_age.map(|d| d.as_secs()),
+            max_open_uploads: config.limits.max_open_uploads,
+        },
+        usage: status.totals.into(),
+        lookups: wire::Lookups::new(hits, misses),
+        quarantined: status.quarantined,
+        warnings,
+    })
+}
+
+async fn usage(app: &AppState, query: &Query) -> Result<wire::Usage, AdminError> {
+    let limit = query.page_size("limit", 100)?;
+    let (count, repositories) = app
+        .cache()
+        .repositories(query.param("repository"), limit)
+        .await?;
+    let totals = app.cache().totals().await?;
+    Ok(wire::Usage {
+        total: totals.into(),
+        repository_count: count,
+        repositories: repositories.iter().map(wire::Repository::from).collect(),
+    })
+}
+
+async fn list(app: &AppState, query: &Query) -> Result<wire::CacheList, AdminError> {
+    let order = query.order()?;
+    let descending = query.descending()?;
+    let after = query
+        .param("cursor")
+        .map(|raw| query::parse_cursor(raw, order, descending))
+        .transpose()?;
+    let asked = ListQuery {
+        filter: query.filter()?,
+        order,
+        descending,
+        after,
+        limit: query.page_size("per_page", query::DEFAULT_PAGE)?,
+    };
+    let Listing {
+        total,
+        entries,
+        next,
+    } = app.cache().list_entries(&asked).await?;
+    Ok(wire::CacheList {
+        total_count: total,
+        actions_caches: entries.iter().map(wire::Cache::from).collect(),
+        next_cursor: next.map(|n| query::cursor(order, descending, n)),
+    })
+}
+
+/// `DELETE caches/{id}`.
+async fn delete_one(app: &AppState, id: Option<&str>) -> Result<wire::Deleted, AdminError> {
+    let listed = entry(app, id).await?;
+    match app.cache().delete_entries(&[listed], "admin").await? {
+        0 => Err(AdminError::not_found("no such cache entry")),
+        deleted => Ok(wire::Deleted { deleted }),
+    }
+}
+
+/// `DELETE caches?key=…&repository=…&ref=…&version=…`: every entry the filter selects. A
+/// filter is required: deleting everything takes `all=true`, so a forgotten parameter cannot.
+async fn delete_matching(app: &AppState, query: &Query) -> Result<wire::Deleted, AdminError> {
+    let mut filter = query.filter()?;
+    if filter.is_everything() && query.param("all") != Some("true") {
+        return Err(AdminError::bad(
+            "name what to delete with key, repository, ref or version (or all=true to delete every entry)",
+        ));
+    }
+    // Names are not unique: a deletion resolves the repository to one id first.
+    if let Some(wanted) = filter.repository.take() {
+        match one_repository(app, &wanted).await? {
+            Some(id) => filter.repository_id = Some(id),
+            None => return Ok(wire::Deleted { deleted: 0 }),
+        }
+    }
+    let deleted = app.cache().delete_matching(&filter, "admin").await?;
+    Ok(wire::Deleted { deleted })
+}
+
+/// The one repository `wanted` names: the repository with that id, else the only one with that
+/// name; `None` if there is none; 409 if several share the name.
+async fn one_repository(app: &AppState, wanted: &str) -> Result<Option<String>, AdminError> {
+    let (_, found) = app.cache().repositories(Some(wanted), 100).await?;
+    if found.iter().any(|r| r.repository.as_str() == wanted) {
+        return Ok(Some(wanted.to_owned()));
+    }
+    match found.as_slice() {
+        [] => Ok(None),
+        [one] => Ok(Some(one.repository.as_str().to_owned())),
+        several => Err(AdminError(
+            StatusCode::CONFLICT,
+            format!(
+                "{} repositories are named {wanted:?} (ids {}); delete by repository id",
+                several.len(),
+                several
+                    .iter()
+                    .map(|r| format!("{:?}", r.repository.as_str()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )),
+    }
+}
+
+/// What the metadata and the entry bytes are kept in, for `status`.
+#[derive(Debug, Clone)]
+pub struct Backends {
+    /// `sqlite`, `postgres` or `mysql`.
+    pub database: &'static str,
+    /// `file`, for now.
+    pub storage: &'static str,
+}

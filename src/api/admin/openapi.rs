@@ -1,0 +1,320 @@
+//! The OpenAPI 3.1 description of the admin API, served at `openapi.json`.
+//!
+//! Written by hand (the prose and the parameters are for people), and kept honest by the
+//! tests below: every schema's properties, required fields, types and formats are compared
+//! with sample answers of the [`super::wire`] types, both ways, so a field added to a type
+//! and not to the document (or the reverse) fails a test.
+
+/// The document as served.
+pub const DOCUMENT: &str = include_str!("openapi.json");
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::fmt::Debug;
+
+    use serde::de::DeserializeOwned;
+    use serde::Serialize;
+    use serde_json::Value;
+
+    use super::super::wire::*;
+    use super::DOCUMENT;
+
+    fn document() -> Value {
+        serde_json::from_str(DOCUMENT).expect("openapi.json is JSON")
+    }
+
+    /// `value` as the server sends it, after checking that the CLI reads it back unchanged.
+    fn sent<T: Serialize + DeserializeOwned + PartialEq + Debug>(value: T) -> Value {
+        let json = serde_json::to_value(&value).unwrap();
+        let read: T = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(read, value, "reads back: {json}");
+        json
+    }
+
+    fn cache() -> Cache {
+        Cache {
+            id: 42,
+            repository_id: "1296269".into(),
+            repository: "octo/hello".into(),
+            git_ref: "refs/heads/main".into(),
+            key: "Linux-npm-abc".into(),
+            version: "v1".into(),
+            size_in_bytes: 1024,
+            created_at: time(1_700_000_000_000),
+            last_accessed_at: time(1_700_000_100_000),
+            hits: 3,
+        }
+    }
+
+    fn totals() -> Totals {
+        Totals {
+            size_in_bytes: 1 << 20,
+            entries: 2,
+            open_uploads: 1,
+        }
+    }
+
+    fn repository(hit_ratio: Option<f64>) -> Repository {
+        Repository {
+            repository_id: "1296269".into(),
+            full_name: "octo/hello".into(),
+            active_caches_size_in_bytes: 1 << 20,
+            active_caches_count: 2,
+            hits: 2,
+            misses: 1,
+            hit_ratio,
+        }
+    }
+
+    /// With every optional field set (`full`) or none.
+    fn status(full: bool) -> Status {
+        let some = |n: u64| full.then_some(n);
+        Status {
+            version: "1.2.3".into(),
+            started_at: time(1_700_000_000_000),
+            uptime_seconds: 60,
+            database: "sqlite".into(),
+            storage: "file".into(),
+            limits: Limits {
+                max_entry_size: 10 << 30,
+                repository_quota: some(1 << 30),
+                max_storage: some(100 << 30),
+                unused_ttl_seconds: some(7 * 86_400),
+                max_age_seconds: some(30 * 86_400),
+                max_open_uploads: 1000,
+            },
+            usage: totals(),
+            lookups: Lookups::new(if full { 2 } else { 0 }, if full { 1 } else { 0 }),
+            quarantined: 0,
+            warnings: if full { vec!["Look.".into()] } else { vec![] },
+        }
+    }
+
+    /// Each schema of the document, with the answers it describes: optional fields set and
+    /// unset, lists full and empty.
+    fn samples() -> Vec<(&'static str, Vec<Value>)> {
+        vec![
+            (
+                "Error",
+                vec![sent(ErrorMessage {
+                    message: "no such cache entry".into(),
+                })],
+            ),
+            ("Cache", vec![sent(cache())]),
+            (
+                "CacheList",
+                vec![
+                    sent(CacheList {
+                        total_count: 3,
+                        actions_caches: vec![cache()],
+                        next_cursor: Some("size_in_bytes.desc.1024.42".into()),
+                    }),
+                    sent(CacheList {
+                        total_count: 0,
+                        actions_caches: vec![],
+                        next_cursor: None,
+                    }),
+                ],
+            ),
+            ("Deleted", vec![sent(Deleted { deleted: 2 })]),
+            (
+                "Repository",
+                vec![sent(repository(Some(0.667))), sent(repository(None))],
+            ),
+            ("Totals", vec![sent(totals())]),
+            (
+                "Usage",
+                vec![sent(Usage {
+                    total: totals(),
+                    repository_count: 1,
+                    repositories: vec![repository(Some(1.0))],
+                })],
+            ),
+            ("Status", vec![sent(status(true)), sent(status(false))]),
+        ]
+    }
+
+    /// The schema `schema` names, following a `$ref`.
+    fn resolve<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
+        match schema["$ref"].as_str() {
+            Some(r) => {
+                let name = r
+                    .strip_prefix("#/components/schemas/")
+                    .unwrap_or_else(|| panic!("a $ref into components/schemas: {r}"));
+                let found = &doc["components"]["schemas"][name];
+                assert!(found.is_object(), "{r} is defined");
+                found
+            }
+            None => schema,
+        }
+    }
+
+    fn json_type(value: &Value) -> &'static str {
+        match value {
+            Value::Null => "null",
+            Value::Bool(_) => "boolean",
+            Value::Number(n) if n.is_f64() => "number",
+            Value::Number(_) => "integer",
+            Value::String(_) => "string",
+            Value::Array(_) => "array",
+            Value::Object(_) => "object",
+        }
+    }
+
+    fn keys<'a>(names: impl IntoIterator<Item = &'a String>) -> BTreeSet<&'a str> {
+        names.into_iter().map(String::as_str).collect()
+    }
+
+    /// Every way `value` (at `at`) differs from `schema`.
+    fn mismatches(doc: &Value, schema: &Value, value: &Value, at: &str, found: &mut Vec<String>) {
+        let schema = resolve(doc, schema);
+        let types: Vec<&str> = match &schema["type"] {
+            Value::String(t) => vec![t.as_str()],
+            Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+            _ => {
+                found.push(format!("{at}: the document gives no type"));
+                return;
+            }
+        };
+        let actual = json_type(value);
+        // An integer is also a JSON Schema number.
+        let allowed = types.contains(&actual) || (actual == "integer" && types.contains(&"number"));
+        if !allowed {
+            found.push(format!(
+                "{at}: the document says {types:?}, the type sends {actual} ({value})"
+            ));
+        }
+        if let Some(allowed) = schema["enum"].as_array() {
+            if !allowed.contains(value) {
+                found.push(format!("{at}: {value} is not in the document's enum"));
+            }
+        }
+        if schema["format"] == "date-time" {
+            if let Some(text) = value.as_str() {
+                if humantime::parse_rfc3339(text).is_err() {
+                    found.push(format!("{at}: {text:?} is not a date-time"));
+                }
+            }
+        }
+        match value {
+            Value::Object(fields) => {
+                let empty = serde_json::Map::new();
+                let properties = schema["properties"].as_object().unwrap_or(&empty);
+                let sent = keys(fields.keys());
+                let described = keys(properties.keys());
+                for missing in sent.difference(&described) {
+                    found.push(format!("{at}.{missing}: sent but not in the document"));
+                }
+                for extra in described.difference(&sent) {
+                    found.push(format!("{at}.{extra}: in the document but never sent"));
+                }
+                // Every field is always sent (null when unset), so every one is required.
+                let required: BTreeSet<&str> = schema["required"]
+                    .as_array()
+                    .map(|r| r.iter().filter_map(Value::as_str).collect())
+                    .unwrap_or_default();
+                if required != sent {
+                    found.push(format!(
+                        "{at}: required lists {required:?}, the type always sends {sent:?}"
+                    ));
+                }
+                for (name, field) in fields {
+                    if let Some(property) = properties.get(name) {
+                        mismatches(doc, property, field, &format!("{at}.{name}"), found);
+                    }
+                }
+            }
+            Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    mismatches(doc, &schema["items"], item, &format!("{at}[{i}]"), found);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn every_schema_matches_the_answers_of_its_type() {
+        let doc = document();
+        let mut found = Vec::new();
+        for (name, values) in samples() {
+            let schema = &doc["components"]["schemas"][name];
+            assert!(schema.is_object(), "the document defines {name}");
+            for value in values {
+                mismatches(&doc, schema, &value, name, &mut found);
+            }
+        }
+        // The samples of one type find the same difference.
+        found.sort();
+        found.dedup();
+        assert!(
+            found.is_empty(),
+            "openapi.json and wire.rs differ:\n{}",
+            found.join("\n")
+        );
+    }
+
+    #[test]
+    fn every_schema_of_the_document_is_checked() {
+        let doc = document();
+        let defined = keys(doc["components"]["schemas"].as_object().unwrap().keys());
+        let checked: BTreeSet<&str> = samples().iter().map(|(name, _)| *name).collect();
+        assert_eq!(
+            defined, checked,
+            "a schema without a type, or a type without a schema"
+        );
+    }
+
+    /// Every `$ref` in `value` points at something the document defines.
+    fn dangling_refs(doc: &Value, value: &Value, found: &mut Vec<String>) {
+        match value {
+            Value::Object(fields) => {
+                if let Some(r) = fields.get("$ref").and_then(Value::as_str) {
+                    let target = r
+                        .strip_prefix("#/")
+                        .map(|path| path.split('/').fold(doc, |node, part| &node[part]));
+                    if !target.is_some_and(Value::is_object) {
+                        found.push(r.to_owned());
+                    }
+                }
+                fields.values().for_each(|v| dangling_refs(doc, v, found));
+            }
+            Value::Array(items) => items.iter().for_each(|v| dangling_refs(doc, v, found)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn the_document_is_openapi_3_1_and_describes_every_endpoint() {
+        let doc = document();
+        assert_eq!(doc["openapi"], "3.1.0");
+        assert!(doc["info"]["title"].is_string() && doc["info"]["version"].is_string());
+        let paths = keys(doc["paths"].as_object().unwrap().keys());
+        assert_eq!(
+            paths,
+            BTreeSet::from([
+                "/status",
+                "/usage",
+                "/caches",
+                "/caches/{id}",
+                "/openapi.json"
+            ])
+        );
+        for (path, operations) in doc["paths"].as_object().unwrap() {
+            for (method, operation) in operations.as_object().unwrap() {
+                if method == "parameters" {
+                    continue;
+                }
+                assert!(
+                    operation["operationId"].is_string()
+                        && operation["responses"]["200"].is_object(),
+                    "{method} {path} has an operationId and a 200 answer"
+                );
+            }
+        }
+        let mut dangling = Vec::new();
+        dangling_refs(&doc, &doc, &mut dangling);
+        assert!(dangling.is_empty(), "undefined $refs: {dangling:?}");
+    }
+}

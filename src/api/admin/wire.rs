@@ -1,0 +1,209 @@
+//! The admin API's answers as types: the server serializes them, `hoard caches` and
+//! `hoard status` deserialize them, and `openapi.json` is checked against them (see
+//! `openapi.rs`). Field names are the wire names (GitHub's REST cache API where it has one,
+//! read by the dashboard too): renaming a field changes the API.
+//!
+//! Plain strings and numbers only, so that a client needs nothing from the domain to read them.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{ListedEntry, Millis, RepositoryUsage};
+
+/// Every error: `{"message": …}` (schema `Error`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorMessage {
+    pub message: String,
+}
+
+/// An entry: GitHub's `actions_caches` item, plus repository name and hits (schema `Cache`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Cache {
+    pub id: i64,
+    pub repository_id: String,
+    /// Owner/name, empty if no caller named it.
+    pub repository: String,
+    #[serde(rename = "ref")]
+    pub git_ref: String,
+    pub key: String,
+    pub version: String,
+    pub size_in_bytes: u64,
+    /// RFC 3339 with milliseconds.
+    pub created_at: String,
+    /// The latest restore, or the creation time.
+    pub last_accessed_at: String,
+    pub hits: u64,
+}
+
+/// A page of entries (schema `CacheList`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheList {
+    /// Entries the filters select, on every page.
+    pub total_count: u64,
+    pub actions_caches: Vec<Cache>,
+    /// The `cursor` of the next page; `None` (null) on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// How many entries a deletion removed (schema `Deleted`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Deleted {
+    pub deleted: u64,
+}
+
+/// What one repository holds and how its lookups went (schema `Repository`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Repository {
+    pub repository_id: String,
+    /// Owner/name, empty if no caller named it.
+    pub full_name: String,
+    pub active_caches_size_in_bytes: u64,
+    pub active_caches_count: u64,
+    pub hits: u64,
+    pub misses: u64,
+    /// See [`hit_ratio`].
+    pub hit_ratio: Option<f64>,
+}
+
+/// What the store holds (schema `Totals`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Totals {
+    pub size_in_bytes: u64,
+    pub entries: u64,
+    /// Uploads reserved and not yet finalized.
+    pub open_uploads: u64,
+}
+
+/// Usage per repository, most bytes first (schema `Usage`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    pub total: Totals,
+    /// Repositories known, listed or not.
+    pub repository_count: u64,
+    pub repositories: Vec<Repository>,
+}
+
+/// The server: version, uptime, backends, limits, usage, lookups, warnings (schema `Status`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    pub version: String,
+    pub started_at: String,
+    pub uptime_seconds: u64,
+    /// `sqlite`, `postgres` or `mysql`.
+    pub database: String,
+    /// Where entry bytes live: `file`.
+    pub storage: String,
+    pub limits: Limits,
+    pub usage: Totals,
+    pub lookups: Lookups,
+    /// Entries this process quarantined since it started.
+    pub quarantined: u64,
+    /// Conditions an operator should act on, each one sentence.
+    pub warnings: Vec<String>,
+}
+
+/// The limits the server enforces; `None` (null): no limit (`Status.limits`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    pub max_entry_size: u64,
+    pub repository_quota: Option<u64>,
+    pub max_storage: Option<u64>,
+    pub unused_ttl_seconds: Option<u64>,
+    pub max_age_seconds: Option<u64>,
+    pub max_open_uploads: u32,
+}
+
+/// Lookups this process answered since it started (`Status.lookups`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Lookups {
+    pub hits: u64,
+    pub misses: u64,
+    pub hit_ratio: Option<f64>,
+}
+
+impl From<&ListedEntry> for Cache {
+    fn from(listed: &ListedEntry) -> Self {
+        let e = &listed.entry;
+        Self {
+            id: e.id,
+            repository_id: e.repository.as_str().to_owned(),
+            repository: listed.repository_name.clone(),
+            git_ref: e.scope.as_str().to_owned(),
+            key: e.key.clone(),
+            version: e.version.clone(),
+            size_in_bytes: e.size,
+            created_at: time(e.created_at),
+            last_accessed_at: time(e.last_used_at),
+            hits: e.hits,
+        }
+    }
+}
+
+impl From<&RepositoryUsage> for Repository {
+    fn from(r: &RepositoryUsage) -> Self {
+        Self {
+            repository_id: r.repository.as_str().to_owned(),
+            full_name: r.name.clone(),
+            active_caches_size_in_bytes: r.bytes,
+            active_caches_count: r.entries,
+            hits: r.hits,
+            misses: r.misses,
+            hit_ratio: hit_ratio(r.hits, r.misses),
+        }
+    }
+}
+
+impl From<crate::model::Totals> for Totals {
+    fn from(t: crate::model::Totals) -> Self {
+        Self {
+            size_in_bytes: t.bytes,
+            entries: t.entries,
+            open_uploads: t.open_uploads,
+        }
+    }
+}
+
+impl Lookups {
+    pub fn new(hits: u64, misses: u64) -> Self {
+        Self {
+            hits,
+            misses,
+            hit_ratio: hit_ratio(hits, misses),
+        }
+    }
+}
+
+/// hits / (hits + misses), to three decimals; `None` without lookups.
+pub fn hit_ratio(hits: u64, misses: u64) -> Option<f64> {
+    let lookups = hits + misses;
+    (lookups > 0).then(|| (hits as f64 / lookups as f64 * 1000.0).round() / 1000.0)
+}
+
+/// A stored time as RFC 3339 with milliseconds.
+pub fn time(millis: Millis) -> String {
+    // RFC 3339 has four-digit years: a stored time past 9999 (a bad clock) is shown as the last
+    // instant it can name rather than failing the answer.
+    const LAST: i64 = 253_402_300_799_999;
+    let at = UNIX_EPOCH + Duration::from_millis(millis.clamp(0, LAST) as u64);
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hit_ratios_are_rounded_and_none_without_lookups() {
+        assert_eq!(hit_ratio(0, 0), None);
+        assert_eq!(hit_ratio(2, 1), Some(0.667));
+        assert_eq!(hit_ratio(5, 0), Some(1.0));
+    }
+
+    #[test]
+    fn times_are_rfc3339_with_milliseconds_and_clamped() {
+        assert_eq!(time(1_500), "1970-01-01T00:00:01.500Z");
+        assert_eq!(time(-1), "1970-01-01T00:00:00.000Z");
+        assert_eq!(time(i64::MAX), "9999-12-31T23:59:59.999Z");
+    }
+}
