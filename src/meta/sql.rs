@@ -3,7 +3,7 @@
 //! index hashes of the networked stores.
 
 use super::MetaError;
-use crate::model::{BlobName, Chunk, RepoId, Scope, Upload, UploadState};
+use crate::model::{BlobName, Chunk, Entry, EntryUse, RepoId, Scope, Upload, UploadState};
 
 /// A chunk's stored columns, re-validated: the name must be one the server makes.
 pub(super) fn chunk_from_parts(
@@ -138,44 +138,11 @@ pub enum Param {
     Bytes(Vec<u8>),
 }
 
-/// The columns every listing statement selects, in [`ListedRow`]'s order; `e` is `entries`, `u`
+/// The columns every listing statement selects, as [`listed_from_row`] reads them; `e` is `entries`, `u`
 /// its repository's `repository_usage` row.
 const LISTED_COLUMNS: &str =
     "e.id, e.repository, e.scope, e.key, e.version, e.size, e.created_at, \
      e.last_used_at, e.hits, COALESCE(u.name, '')";
-
-/// A row of a listing statement.
-pub(super) struct ListedRow {
-    pub id: i64,
-    pub repository: String,
-    pub scope: String,
-    pub key: String,
-    pub version: String,
-    pub size: i64,
-    pub created_at: i64,
-    pub last_used_at: i64,
-    pub hits: i64,
-    pub repository_name: String,
-}
-
-impl ListedRow {
-    pub fn into_listed(self) -> super::ListedEntry {
-        super::ListedEntry {
-            entry: crate::model::Entry {
-                id: self.id,
-                repository: RepoId::new(self.repository),
-                scope: Scope::new(self.scope),
-                key: self.key,
-                version: self.version,
-                size: self.size.max(0) as u64,
-                created_at: self.created_at,
-                last_used_at: self.last_used_at,
-                hits: self.hits.max(0) as u64,
-            },
-            repository_name: self.repository_name,
-        }
-    }
-}
 
 /// `FROM … WHERE …` selecting what `filter` asks for, with its parameters pushed to `params`.
 fn filtered(
@@ -220,7 +187,7 @@ fn filtered(
 }
 
 /// The statement of [`super::MetaStore::list_entries`] and its parameters; the rows are
-/// [`ListedRow`]s. Paging is by key set (sort value, id), so a page costs the same wherever it
+/// read by [`listed_from_row`]. Paging is by key set (sort value, id), so a page costs the same wherever it
 /// starts.
 pub(super) fn list_entries_sql(
     page: &super::EntryPage<'_>,
@@ -296,23 +263,6 @@ pub(super) fn repositories_sql(
     (sql, params)
 }
 
-/// A `repository_usage` row.
-pub(super) fn repository_from_parts(
-    repository: String,
-    name: String,
-    counts: [i64; 4],
-) -> super::RepositoryUsage {
-    let [bytes, entries, hits, misses] = counts.map(|n| n.max(0) as u64);
-    super::RepositoryUsage {
-        repository: RepoId::new(repository),
-        name,
-        bytes,
-        entries,
-        hits,
-        misses,
-    }
-}
-
 /// An upload and its blocks in one statement (one round trip, one snapshot). Columns: the upload
 /// (0–7, as [`UploadRow`]), then per block: kind (1 staged, 2 committed part; NULL when the
 /// upload has no blocks), ordinal, block id, blob name, size, SHA-256, XXH3 (8–14). `upload_id` is
@@ -365,4 +315,101 @@ pub(super) fn collect_blocks(
         }
     }
     Ok(blocks)
+}
+
+/// A row as the SQL stores read it, by column index. Each driver decodes its own column types
+/// (SQLite's dynamic ones, PostgreSQL's strict integer widths, MySQL's binary strings).
+pub trait SqlRow {
+    fn opt_int(&self, col: usize) -> Result<Option<i64>, MetaError>;
+    fn opt_text(&self, col: usize) -> Result<Option<String>, MetaError>;
+    fn opt_bytes(&self, col: usize) -> Result<Option<Vec<u8>>, MetaError>;
+
+    fn int(&self, col: usize) -> Result<i64, MetaError> {
+        self.opt_int(col)?.ok_or_else(|| null(col))
+    }
+    fn text(&self, col: usize) -> Result<String, MetaError> {
+        self.opt_text(col)?.ok_or_else(|| null(col))
+    }
+}
+
+pub(super) fn null(col: usize) -> MetaError {
+    MetaError::Corrupt(format!("column {col} is NULL"))
+}
+
+pub(super) fn upload_from_row(r: &impl SqlRow) -> Result<Upload, MetaError> {
+    upload_from_parts(UploadRow {
+        id: r.int(0)?,
+        repository: r.text(1)?,
+        scope: r.text(2)?,
+        key: r.text(3)?,
+        version: r.text(4)?,
+        state: r.text(5)?,
+        created_at: r.int(6)?,
+        revision: r.int(7)?,
+    })
+}
+
+/// An entry from its columns: id, repository, scope, key, version, size, created, last used, hits.
+pub(super) fn entry_from_row(r: &impl SqlRow) -> Result<Entry, MetaError> {
+    Ok(Entry {
+        id: r.int(0)?,
+        repository: RepoId::new(r.text(1)?),
+        scope: Scope::new(r.text(2)?),
+        key: r.text(3)?,
+        version: r.text(4)?,
+        size: r.int(5)?.max(0) as u64,
+        created_at: r.int(6)?,
+        last_used_at: r.int(7)?,
+        hits: r.int(8)?.max(0) as u64,
+    })
+}
+
+pub(super) fn use_from_row(r: &impl SqlRow) -> Result<EntryUse, MetaError> {
+    Ok(EntryUse {
+        id: r.int(0)?,
+        repository: RepoId::new(r.text(1)?),
+        size: r.int(2)?.max(0) as u64,
+        created_at: r.int(3)?,
+        last_used_at: r.int(4)?,
+    })
+}
+
+pub(super) fn names_from_rows(rows: &[impl SqlRow]) -> Result<Vec<BlobName>, MetaError> {
+    let mut names = Vec::with_capacity(rows.len());
+    for row in rows {
+        names.extend(BlobName::parse(&row.text(0)?));
+    }
+    Ok(names)
+}
+
+/// A chunk from its columns, from `first` on: blob name, size, SHA-256, XXH3.
+pub(super) fn chunk_from_row(r: &impl SqlRow, first: usize) -> Result<Chunk, MetaError> {
+    let digest = r.opt_bytes(first + 2)?.ok_or_else(|| null(first + 2))?;
+    chunk_from_parts(
+        r.text(first)?,
+        r.int(first + 1)?,
+        digest,
+        r.opt_int(first + 3)?,
+    )
+}
+
+/// A row of a listing statement (`LISTED_COLUMNS`).
+pub(super) fn listed_from_row(r: &impl SqlRow) -> Result<super::ListedEntry, MetaError> {
+    Ok(super::ListedEntry {
+        entry: entry_from_row(r)?,
+        repository_name: r.text(9)?,
+    })
+}
+
+/// A `repository_usage` row: repository, name, bytes, entries, hits, misses.
+pub(super) fn repository_from_row(r: &impl SqlRow) -> Result<super::RepositoryUsage, MetaError> {
+    let count = |col| Ok::<_, MetaError>(r.int(col)?.max(0) as u64);
+    Ok(super::RepositoryUsage {
+        repository: RepoId::new(r.text(0)?),
+        name: r.text(1)?,
+        bytes: count(2)?,
+        entries: count(3)?,
+        hits: count(4)?,
+        misses: count(5)?,
+    })
 }

@@ -26,8 +26,9 @@ mod plan_tests;
 mod wal;
 
 use crate::meta::sql::{
-    chunk_from_parts, count_entries_sql, list_entries_sql, repositories_sql, repository_from_parts,
-    upload_from_parts, xxh3_column, ListedRow, Param, UploadRow,
+    chunk_from_row, count_entries_sql, entry_from_row, list_entries_sql, listed_from_row,
+    repositories_sql, repository_from_row, upload_from_row, use_from_row, xxh3_column, Param,
+    SqlRow,
 };
 use crate::meta::{
     AdminStore, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health, LifecycleStore,
@@ -263,30 +264,22 @@ impl From<rusqlite::Error> for MetaError {
     }
 }
 
-fn chunk_from_row(row: &Row<'_>, first_col: usize) -> Result<Chunk, MetaError> {
-    chunk_from_parts(
-        row.get(first_col)?,
-        row.get(first_col + 1)?,
-        row.get(first_col + 2)?,
-        row.get(first_col + 3)?,
-    )
+impl SqlRow for Row<'_> {
+    fn opt_int(&self, col: usize) -> Result<Option<i64>, MetaError> {
+        Ok(self.get(col)?)
+    }
+
+    fn opt_text(&self, col: usize) -> Result<Option<String>, MetaError> {
+        Ok(self.get(col)?)
+    }
+
+    fn opt_bytes(&self, col: usize) -> Result<Option<Vec<u8>>, MetaError> {
+        Ok(self.get(col)?)
+    }
 }
 
 const UPLOAD_COLS: &str =
     "SELECT id, repository, scope, key, version, state, created_at, revision FROM uploads";
-
-fn upload_from_row(r: &Row<'_>) -> Result<Upload, MetaError> {
-    upload_from_parts(UploadRow {
-        id: r.get(0)?,
-        repository: r.get(1)?,
-        scope: r.get(2)?,
-        key: r.get(3)?,
-        version: r.get(4)?,
-        state: r.get(5)?,
-        created_at: r.get(6)?,
-        revision: r.get(7)?,
-    })
-}
 
 fn load_upload(conn: &Connection, id: UploadId) -> Result<Option<Upload>, MetaError> {
     let mut stmt = conn.prepare_cached(&format!("{UPLOAD_COLS} WHERE id = ?"))?;
@@ -652,21 +645,11 @@ impl RestoreStore for SqliteStore {
                 "SELECT id, repository, scope, key, version, size, created_at, last_used_at, hits FROM entries
                  WHERE repository = ? AND scope = ? AND key_folded = ? ORDER BY created_at DESC, id DESC LIMIT ?",
             )?;
-            let entries = stmt
-                .query_map(params![params.0, params.1, params.2, limit as i64], |r| {
-                    Ok(Entry {
-                        id: r.get(0)?,
-                        repository: RepoId::new(r.get::<_, String>(1)?),
-                        scope: Scope::new(r.get::<_, String>(2)?),
-                        key: r.get(3)?,
-                        version: r.get(4)?,
-                        size: r.get::<_, i64>(5)? as u64,
-                        created_at: r.get(6)?,
-                        last_used_at: r.get(7)?,
-                        hits: r.get::<_, i64>(8)? as u64,
-                    })
-                })?
-                .collect::<Result<Vec<_>, _>>()?;
+            let mut rows = stmt.query(params![params.0, params.1, params.2, limit as i64])?;
+            let mut entries = Vec::new();
+            while let Some(r) = rows.next()? {
+                entries.push(entry_from_row(r)?);
+            }
             Ok(entries)
         })
         .await
@@ -674,23 +657,13 @@ impl RestoreStore for SqliteStore {
 
     async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
         self.read_consistent(move |conn| {
-            let head = conn
-                .prepare_cached("SELECT repository, scope, key, version, size, created_at, last_used_at, hits FROM entries WHERE id = ?")?
-                .query_row([id], |r| {
-                    Ok(Entry {
-                        id,
-                        repository: RepoId::new(r.get::<_, String>(0)?),
-                        scope: Scope::new(r.get::<_, String>(1)?),
-                        key: r.get(2)?,
-                        version: r.get(3)?,
-                        size: r.get::<_, i64>(4)? as u64,
-                        created_at: r.get(5)?,
-                        last_used_at: r.get(6)?,
-                        hits: r.get::<_, i64>(7)? as u64,
-                    })
-                })
-                .optional()?;
-            let Some(entry) = head else { return Ok(None) };
+            let mut head = conn.prepare_cached(
+                "SELECT id, repository, scope, key, version, size, created_at, last_used_at, hits FROM entries WHERE id = ?",
+            )?;
+            let mut head = head.query([id])?;
+            let Some(entry) = head.next()?.map(entry_from_row).transpose()? else {
+                return Ok(None);
+            };
             let mut stmt = conn.prepare_cached(
                 "SELECT start, blob_name, size, sha256, xxh3 FROM entry_chunks WHERE entry_id = ? ORDER BY ordinal",
             )?;
@@ -1015,19 +988,7 @@ impl AdminStore for SqliteStore {
             let mut rows = stmt.query(rusqlite::params_from_iter(params))?;
             let mut out = Vec::new();
             while let Some(r) = rows.next()? {
-                let row = ListedRow {
-                    id: r.get(0)?,
-                    repository: r.get(1)?,
-                    scope: r.get(2)?,
-                    key: r.get(3)?,
-                    version: r.get(4)?,
-                    size: r.get(5)?,
-                    created_at: r.get(6)?,
-                    last_used_at: r.get(7)?,
-                    hits: r.get(8)?,
-                    repository_name: r.get(9)?,
-                };
-                out.push(row.into_listed());
+                out.push(listed_from_row(r)?);
             }
             Ok(out)
         })
@@ -1057,11 +1018,7 @@ impl AdminStore for SqliteStore {
             let mut rows = stmt.query(rusqlite::params_from_iter(params))?;
             let mut out = Vec::new();
             while let Some(r) = rows.next()? {
-                out.push(repository_from_parts(
-                    r.get(0)?,
-                    r.get(1)?,
-                    [r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?],
-                ));
+                out.push(repository_from_row(r)?);
             }
             Ok(out)
         })
@@ -1116,13 +1073,3 @@ fn slot_params(slot: &Slot) -> (String, String, String, String) {
 }
 
 const USE_COLS: &str = "SELECT id, repository, size, created_at, last_used_at FROM entries";
-
-fn use_from_row(r: &Row<'_>) -> Result<EntryUse, MetaError> {
-    Ok(EntryUse {
-        id: r.get(0)?,
-        repository: RepoId::new(r.get::<_, String>(1)?),
-        size: r.get::<_, i64>(2)?.max(0) as u64,
-        created_at: r.get(3)?,
-        last_used_at: r.get(4)?,
-    })
-}

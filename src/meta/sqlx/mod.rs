@@ -8,15 +8,69 @@
 //! (PostgreSQL `COLLATE "C"`, MySQL binary columns), and the index keys of slots and lookups are
 //! fixed-size hashes ([`sql::bucket`], [`sql::slot_hash`]), so both answer exactly as SQLite does.
 
+/// [`Connections`] for a dialect with a sqlx `pool` whose rows are `$row`: the same code for
+/// both drivers, whose types differ.
+macro_rules! impl_connections {
+    ($dialect:ty, $row:ty) => {
+        #[async_trait]
+        impl Connections for $dialect {
+            type Row = $row;
+
+            async fn fetch(&self, sql: &str, params: Vec<Param>) -> Result<Vec<$row>, MetaError> {
+                bind_all(sqlx::query(AssertSqlSafe(sql.to_owned())), params)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(from_sqlx)
+            }
+
+            async fn execute(&self, sql: &str, params: Vec<Param>) -> Result<u64, MetaError> {
+                let done = bind_all(sqlx::query(AssertSqlSafe(sql.to_owned())), params)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(from_sqlx)?;
+                Ok(done.rows_affected())
+            }
+
+            async fn in_transaction(&self, steps: Vec<Step>) -> Result<Vec<Done<$row>>, MetaError> {
+                let mut tx = self.pool.begin().await.map_err(from_sqlx)?;
+                let mut done = Vec::with_capacity(steps.len());
+                for step in steps {
+                    let (sql, params) = match &step {
+                        Step::Fetch(sql, params) | Step::Execute(sql, params) => {
+                            (<Self as Dialect>::spell(sql), params.clone())
+                        }
+                    };
+                    let query = bind_all(sqlx::query(AssertSqlSafe(sql)), params);
+                    done.push(match step {
+                        Step::Fetch(..) => {
+                            Done::Rows(query.fetch_all(&mut *tx).await.map_err(from_sqlx)?)
+                        }
+                        Step::Execute(..) => Done::Changed(
+                            query
+                                .execute(&mut *tx)
+                                .await
+                                .map_err(from_sqlx)?
+                                .rows_affected(),
+                        ),
+                    });
+                }
+                tx.commit().await.map_err(from_sqlx)?;
+                Ok(done)
+            }
+        }
+    };
+}
+
 mod mysql;
 mod postgres;
 
 use async_trait::async_trait;
 
 use super::sql::{
-    bucket, candidates_sql, chunk_from_parts, collect_blocks, count_entries_sql, list_entries_sql,
-    prefix_end, repositories_sql, repository_from_parts, slot_hash, upload_from_parts,
-    upload_with_blocks_sql, BlockRow, ListedRow, Param, UploadRow,
+    bucket, candidates_sql, chunk_from_row, collect_blocks, count_entries_sql, entry_from_row,
+    list_entries_sql, listed_from_row, names_from_rows, prefix_end, repositories_sql,
+    repository_from_row, slot_hash, upload_from_row, upload_with_blocks_sql, use_from_row,
+    BlockRow, Param, SqlRow,
 };
 use super::{
     AdminStore, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health, LifecycleStore,
@@ -43,25 +97,6 @@ pub struct SqlxStore<D> {
     db: D,
 }
 
-/// A row as the shared statements read it, by column index. Each dialect decodes its own column
-/// types (PostgreSQL's strict integer widths, MySQL's binary strings).
-pub trait SqlRow {
-    fn opt_int(&self, col: usize) -> Result<Option<i64>, MetaError>;
-    fn opt_text(&self, col: usize) -> Result<Option<String>, MetaError>;
-    fn opt_bytes(&self, col: usize) -> Result<Option<Vec<u8>>, MetaError>;
-
-    fn int(&self, col: usize) -> Result<i64, MetaError> {
-        self.opt_int(col)?.ok_or_else(|| null(col))
-    }
-    fn text(&self, col: usize) -> Result<String, MetaError> {
-        self.opt_text(col)?.ok_or_else(|| null(col))
-    }
-}
-
-fn null(col: usize) -> MetaError {
-    MetaError::Corrupt(format!("column {col} is NULL"))
-}
-
 /// One statement of a transaction run by [`Dialect::in_transaction`].
 pub enum Step {
     /// Rows wanted.
@@ -76,11 +111,23 @@ pub enum Done<R> {
     Changed(u64),
 }
 
-/// What differs between PostgreSQL and MySQL.
+/// Running statements on a dialect's connections ([`impl_connections!`]).
 #[async_trait]
-pub trait Dialect: Send + Sync + std::fmt::Debug + 'static {
+pub trait Connections: Send + Sync + std::fmt::Debug + 'static {
     type Row: SqlRow + Send + Sync;
 
+    async fn fetch(&self, sql: &str, params: Vec<Param>) -> Result<Vec<Self::Row>, MetaError>;
+
+    /// Runs a statement; returns how many rows it changed.
+    async fn execute(&self, sql: &str, params: Vec<Param>) -> Result<u64, MetaError>;
+
+    /// Runs shared statements in order, in one transaction.
+    async fn in_transaction(&self, steps: Vec<Step>) -> Result<Vec<Done<Self::Row>>, MetaError>;
+}
+
+/// What differs between PostgreSQL and MySQL.
+#[async_trait]
+pub trait Dialect: Connections {
     /// A cast to a 64-bit integer (`CAST(x AS {bigint})`).
     const BIGINT: &'static str;
 
@@ -106,14 +153,6 @@ pub trait Dialect: Send + Sync + std::fmt::Debug + 'static {
         }
         out
     }
-
-    async fn fetch(&self, sql: &str, params: Vec<Param>) -> Result<Vec<Self::Row>, MetaError>;
-
-    /// Runs a statement; returns how many rows it changed.
-    async fn execute(&self, sql: &str, params: Vec<Param>) -> Result<u64, MetaError>;
-
-    /// Runs shared statements in order, in one transaction.
-    async fn in_transaction(&self, steps: Vec<Step>) -> Result<Vec<Done<Self::Row>>, MetaError>;
 
     // The changes whose SQL differs; each has the contract of the store method of its name.
 
@@ -213,37 +252,6 @@ impl<D: Dialect> SqlxStore<D> {
         }
         Ok(found)
     }
-}
-
-fn upload_from_row(r: &impl SqlRow) -> Result<Upload, MetaError> {
-    upload_from_parts(UploadRow {
-        id: r.int(0)?,
-        repository: r.text(1)?,
-        scope: r.text(2)?,
-        key: r.text(3)?,
-        version: r.text(4)?,
-        state: r.text(5)?,
-        created_at: r.int(6)?,
-        revision: r.int(7)?,
-    })
-}
-
-fn use_from_row(r: &impl SqlRow) -> Result<EntryUse, MetaError> {
-    Ok(EntryUse {
-        id: r.int(0)?,
-        repository: RepoId::new(r.text(1)?),
-        size: r.int(2)?.max(0) as u64,
-        created_at: r.int(3)?,
-        last_used_at: r.int(4)?,
-    })
-}
-
-fn names_from_rows(rows: &[impl SqlRow]) -> Result<Vec<BlobName>, MetaError> {
-    let mut names = Vec::with_capacity(rows.len());
-    for row in rows {
-        names.extend(BlobName::parse(&row.text(0)?));
-    }
-    Ok(names)
 }
 
 fn text(value: &str) -> Param {
@@ -430,28 +438,14 @@ impl<D: Dialect> RestoreStore for SqlxStore<D> {
                 ],
             )
             .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(Entry {
-                    id: r.int(0)?,
-                    repository: RepoId::new(r.text(1)?),
-                    scope: Scope::new(r.text(2)?),
-                    key: r.text(3)?,
-                    version: r.text(4)?,
-                    size: r.int(5)?.max(0) as u64,
-                    created_at: r.int(6)?,
-                    last_used_at: r.int(7)?,
-                    hits: r.int(8)?.max(0) as u64,
-                })
-            })
-            .collect()
+        rows.iter().map(entry_from_row).collect()
     }
 
     async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
         // One statement, one snapshot: an entry deleted meanwhile is gone whole.
         let rows = self
             .rows(
-                "SELECT e.repository, e.scope, e.key, e.version, e.size, e.created_at, e.last_used_at, e.hits,
+                "SELECT e.id, e.repository, e.scope, e.key, e.version, e.size, e.created_at, e.last_used_at, e.hits,
                         c.start, c.blob_name, c.size, c.sha256, c.xxh3
                  FROM entries e JOIN entry_chunks c ON c.entry_id = e.id
                  WHERE e.id = ? ORDER BY c.ordinal",
@@ -461,24 +455,13 @@ impl<D: Dialect> RestoreStore for SqlxStore<D> {
         let Some(head) = rows.first() else {
             return Ok(None);
         };
-        let entry = Entry {
-            id,
-            repository: RepoId::new(head.text(0)?),
-            scope: Scope::new(head.text(1)?),
-            key: head.text(2)?,
-            version: head.text(3)?,
-            size: head.int(4)?.max(0) as u64,
-            created_at: head.int(5)?,
-            last_used_at: head.int(6)?,
-            hits: head.int(7)?.max(0) as u64,
-        };
+        let entry = entry_from_row(head)?;
         let chunks = rows
             .iter()
             .map(|row| {
-                let digest = row.opt_bytes(11)?.ok_or_else(|| null(11))?;
                 Ok(EntryChunk {
-                    start: row.int(8)?.max(0) as u64,
-                    chunk: chunk_from_parts(row.text(9)?, row.int(10)?, digest, row.opt_int(12)?)?,
+                    start: row.int(9)?.max(0) as u64,
+                    chunk: chunk_from_row(row, 10)?,
                 })
             })
             .collect::<Result<_, MetaError>>()?;
@@ -707,23 +690,7 @@ impl<D: Dialect> AdminStore for SqlxStore<D> {
     async fn list_entries(&self, page: &EntryPage<'_>) -> Result<Vec<ListedEntry>, MetaError> {
         let (sql, params) = list_entries_sql(page, D::placeholder);
         let rows = self.db.fetch(&sql, params).await?;
-        rows.iter()
-            .map(|r| {
-                Ok(ListedRow {
-                    id: r.int(0)?,
-                    repository: r.text(1)?,
-                    scope: r.text(2)?,
-                    key: r.text(3)?,
-                    version: r.text(4)?,
-                    size: r.int(5)?,
-                    created_at: r.int(6)?,
-                    last_used_at: r.int(7)?,
-                    hits: r.int(8)?,
-                    repository_name: r.text(9)?,
-                }
-                .into_listed())
-            })
-            .collect()
+        rows.iter().map(listed_from_row).collect()
     }
 
     async fn count_entries(&self, filter: &EntryFilter) -> Result<u64, MetaError> {
@@ -744,15 +711,7 @@ impl<D: Dialect> AdminStore for SqlxStore<D> {
     ) -> Result<Vec<RepositoryUsage>, MetaError> {
         let (sql, params) = repositories_sql(only, limit, D::placeholder);
         let rows = self.db.fetch(&sql, params).await?;
-        rows.iter()
-            .map(|r| {
-                Ok(repository_from_parts(
-                    r.text(0)?,
-                    r.text(1)?,
-                    [r.int(2)?, r.int(3)?, r.int(4)?, r.int(5)?],
-                ))
-            })
-            .collect()
+        rows.iter().map(repository_from_row).collect()
     }
 
     async fn count_repositories(&self) -> Result<u64, MetaError> {

@@ -14,8 +14,8 @@ use async_trait::async_trait;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{AssertSqlSafe, Executor, MySql, Row, Transaction};
 
-use super::{bind_all, from_sqlx, use_from_row, Dialect, Done, SqlRow, SqlxStore, Step, USE_COLS};
-use crate::meta::sql::{bucket, slot_hash, xxh3_column, Param};
+use super::{bind_all, from_sqlx, Connections, Dialect, Done, SqlxStore, Step, USE_COLS};
+use crate::meta::sql::{bucket, slot_hash, use_from_row, xxh3_column, Param, SqlRow};
 use crate::meta::{EntryChunk, MetaError, NewEntry, NewUpload, Removal};
 use crate::model::{
     BlockId, Chunk, EntryId, EntryUse, Millis, RemovalCause, RepoId, Upload, UploadId,
@@ -230,52 +230,14 @@ impl SqlRow for MySqlRow {
     }
 }
 
+impl_connections!(MySqlDialect, MySqlRow);
+
 #[async_trait]
 impl Dialect for MySqlDialect {
-    type Row = MySqlRow;
     const BIGINT: &'static str = "SIGNED";
 
     fn placeholder(_: usize) -> String {
         "?".to_owned()
-    }
-
-    async fn fetch(&self, sql: &str, params: Vec<Param>) -> Result<Vec<MySqlRow>, MetaError> {
-        bind_all(sqlx::query(AssertSqlSafe(sql.to_owned())), params)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(from_sqlx)
-    }
-
-    async fn execute(&self, sql: &str, params: Vec<Param>) -> Result<u64, MetaError> {
-        let done = bind_all(sqlx::query(AssertSqlSafe(sql.to_owned())), params)
-            .execute(&self.pool)
-            .await
-            .map_err(from_sqlx)?;
-        Ok(done.rows_affected())
-    }
-
-    async fn in_transaction(&self, steps: Vec<Step>) -> Result<Vec<Done<MySqlRow>>, MetaError> {
-        let mut tx = self.begin().await?;
-        let mut done = Vec::with_capacity(steps.len());
-        for step in steps {
-            done.push(match step {
-                Step::Fetch(sql, params) => Done::Rows(
-                    bind_all(sqlx::query(AssertSqlSafe(Self::spell(sql))), params)
-                        .fetch_all(&mut *tx)
-                        .await
-                        .map_err(from_sqlx)?,
-                ),
-                Step::Execute(sql, params) => Done::Changed(
-                    bind_all(sqlx::query(AssertSqlSafe(Self::spell(sql))), params)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(from_sqlx)?
-                        .rows_affected(),
-                ),
-            });
-        }
-        tx.commit().await.map_err(from_sqlx)?;
-        Ok(done)
     }
 
     async fn create_upload(

@@ -14,8 +14,8 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Column, Row, TypeInfo};
 
-use super::{bind_all, from_sqlx, use_from_row, Dialect, Done, SqlRow, SqlxStore, Step};
-use crate::meta::sql::{bucket, slot_hash, xxh3_column, Param};
+use super::{bind_all, from_sqlx, Connections, Dialect, Done, SqlxStore, Step};
+use crate::meta::sql::{bucket, slot_hash, use_from_row, xxh3_column, Param, SqlRow};
 use crate::meta::{EntryChunk, MetaError, NewEntry, NewUpload, Removal};
 use crate::model::{
     BlockId, Chunk, EntryId, EntryUse, Millis, RemovalCause, RepoId, Upload, UploadId,
@@ -165,52 +165,14 @@ impl SqlRow for PgRow {
     }
 }
 
+impl_connections!(PostgresDialect, PgRow);
+
 #[async_trait]
 impl Dialect for PostgresDialect {
-    type Row = PgRow;
     const BIGINT: &'static str = "BIGINT";
 
     fn placeholder(n: usize) -> String {
         format!("${n}")
-    }
-
-    async fn fetch(&self, sql: &str, params: Vec<Param>) -> Result<Vec<PgRow>, MetaError> {
-        bind_all(sqlx::query(AssertSqlSafe(sql.to_owned())), params)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(from_sqlx)
-    }
-
-    async fn execute(&self, sql: &str, params: Vec<Param>) -> Result<u64, MetaError> {
-        let done = bind_all(sqlx::query(AssertSqlSafe(sql.to_owned())), params)
-            .execute(&self.pool)
-            .await
-            .map_err(from_sqlx)?;
-        Ok(done.rows_affected())
-    }
-
-    async fn in_transaction(&self, steps: Vec<Step>) -> Result<Vec<Done<PgRow>>, MetaError> {
-        let mut tx = self.pool.begin().await.map_err(from_sqlx)?;
-        let mut done = Vec::with_capacity(steps.len());
-        for step in steps {
-            done.push(match step {
-                Step::Fetch(sql, params) => Done::Rows(
-                    bind_all(sqlx::query(AssertSqlSafe(Self::spell(sql))), params)
-                        .fetch_all(&mut *tx)
-                        .await
-                        .map_err(from_sqlx)?,
-                ),
-                Step::Execute(sql, params) => Done::Changed(
-                    bind_all(sqlx::query(AssertSqlSafe(Self::spell(sql))), params)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(from_sqlx)?
-                        .rows_affected(),
-                ),
-            });
-        }
-        tx.commit().await.map_err(from_sqlx)?;
-        Ok(done)
     }
 
     async fn create_upload(
