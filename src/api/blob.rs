@@ -15,9 +15,8 @@ use super::range::{self, RangeRequest};
 use super::{blocklist, AppState};
 use crate::auth::signing::SignatureError;
 use crate::auth::{LinkTarget, Purpose};
-use crate::blob::{BlobError, ByteStream};
 use crate::cache::{Cache, CacheError, OpenEntry};
-use crate::model::BlockId;
+use crate::model::{BlockId, ByteStream};
 
 /// The x-ms-version we answer with; clients ignore the value.
 const API_VERSION: &str = "2025-01-05";
@@ -107,10 +106,11 @@ impl From<CacheError> for AzureError {
                 "InvalidQueryParameterValue",
                 e.to_string(),
             ),
-            CacheError::Blob(BlobError::LengthMismatch { .. }) => {
+            CacheError::NoSuchLink => no_such_target(),
+            CacheError::BodyLengthMismatch { .. } => {
                 Self::new(StatusCode::BAD_REQUEST, "InvalidInput", e.to_string())
             }
-            CacheError::Blob(BlobError::Body(_)) => Self::new(
+            CacheError::BodyFailed(_) => Self::new(
                 StatusCode::BAD_REQUEST,
                 "IncompleteBody",
                 "The request body ended early or failed.",
@@ -129,9 +129,7 @@ impl From<CacheError> for AzureError {
                     "The server is busy; retry.",
                 )
             }
-            CacheError::Blob(BlobError::NotFound(_))
-            | CacheError::Blob(BlobError::Io { .. })
-            | CacheError::Meta(_) => {
+            CacheError::Storage(_) | CacheError::Meta(_) => {
                 tracing::error!(error = %e, "blob request failed");
                 Self::new(
                     StatusCode::INTERNAL_SERVER_ERROR,

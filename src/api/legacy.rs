@@ -122,13 +122,11 @@ impl From<CacheError> for LegacyError {
                     ..Self::new(StatusCode::SERVICE_UNAVAILABLE, e.client_message())
                 }
             }
-            CacheError::Blob(crate::blob::BlobError::LengthMismatch { .. }) => {
-                Self::bad_request(e.to_string())
-            }
-            CacheError::Blob(crate::blob::BlobError::Body(_)) => {
+            CacheError::BodyLengthMismatch { .. } => Self::bad_request(e.to_string()),
+            CacheError::BodyFailed(_) => {
                 Self::bad_request("the request body ended early or failed")
             }
-            CacheError::Blob(_) | CacheError::Meta(_) => {
+            CacheError::Storage(_) | CacheError::Meta(_) => {
                 tracing::error!(error = %e, "v1 request failed");
                 Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
             }

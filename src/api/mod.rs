@@ -292,7 +292,7 @@ async fn readyz(State(app): State<AppState>) -> Response {
             tracing::warn!(error = %e, "readiness check failed");
             // The cause is in the log; the answer names only the part that failed.
             let failed = match e {
-                crate::cache::CacheError::Blob(_) => "the chunk store does not answer",
+                crate::cache::CacheError::Storage(_) => "the chunk store does not answer",
                 _ => "the metadata database does not answer",
             };
             let body = serde_json::json!({ "status": "unavailable", "error": failed, "warnings": warnings });

@@ -100,7 +100,11 @@ impl From<CacheError> for TwirpError {
                     ..Self::new("unavailable", e.client_message())
                 }
             }
-            CacheError::Blob(_) | CacheError::Meta(_) => {
+            // No twirp call carries a body to the chunk store; a body failure here is ours.
+            CacheError::Storage(_)
+            | CacheError::BodyFailed(_)
+            | CacheError::BodyLengthMismatch { .. }
+            | CacheError::Meta(_) => {
                 tracing::error!(error = %e, "cache service call failed");
                 Self::new("internal", "internal error")
             }

@@ -9,6 +9,7 @@
 
 pub mod admin;
 pub mod durability;
+mod error;
 mod integrity;
 pub mod lifecycle;
 pub mod matching;
@@ -31,69 +32,7 @@ use crate::model::{
 };
 use upload::{Finalizing, Reservation, Staging};
 
-#[derive(Debug, thiserror::Error)]
-pub enum CacheError {
-    #[error("{0}")]
-    Invalid(#[from] crate::model::InvalidInput),
-    #[error("cache write denied: token has no writable scopes")]
-    WriteDenied,
-    #[error("cache read denied: token has no readable scopes")]
-    ReadDenied,
-    #[error("cache entry with the same key, version, and scope already exists")]
-    Conflict,
-    #[error("no such upload")]
-    UploadNotFound,
-    #[error("the upload is already finalized or was abandoned")]
-    UploadClosed,
-    #[error("the block list names a block that was not uploaded")]
-    UnknownBlock,
-    #[error("no reservation for this key and version")]
-    NoReservation,
-    #[error("nothing was uploaded for this key and version")]
-    NothingUploaded,
-    #[error("uploaded {stored} bytes but the client declared {declared}")]
-    SizeMismatch { stored: u64, declared: u64 },
-    #[error("{0}")]
-    BadRanges(upload::RangeProblem),
-    #[error("no such entry")]
-    EntryNotFound,
-    #[error("too many uploads are open for this repository; retry later")]
-    TooManyUploads,
-    #[error("entries are limited to {0} bytes")]
-    TooLarge(u64),
-    #[error("the upload is being changed by too many requests at once; retry")]
-    Busy,
-    #[error("the cache storage is full and nothing more can be evicted; retry later")]
-    StorageFull,
-    #[error(
-        "an upload may have at most {} uncommitted blocks",
-        upload::MAX_STAGED_BLOCKS
-    )]
-    TooManyBlocks,
-    #[error(transparent)]
-    Blob(#[from] BlobError),
-    #[error(transparent)]
-    Meta(#[from] MetaError),
-}
-
-impl CacheError {
-    /// A failure that a retry may not meet: the database is unreachable, or the upload is
-    /// contended. Protocols answer 503 so that clients retry.
-    pub fn is_transient(&self) -> bool {
-        matches!(self, Self::Busy | Self::Meta(MetaError::Unavailable(_)))
-    }
-
-    /// What a client is told of a transient failure: the database's own words (which may name
-    /// a host or quote a statement) stay in the log.
-    pub fn client_message(&self) -> String {
-        match self {
-            Self::Meta(MetaError::Unavailable(_)) => {
-                "the cache's database is unavailable; retry later".to_owned()
-            }
-            other => other.to_string(),
-        }
-    }
-}
+pub use error::CacheError;
 
 /// Domain settings.
 #[derive(Debug, Clone)]
