@@ -15,8 +15,8 @@ use super::range::{self, RangeRequest};
 use super::{blocklist, AppState};
 use crate::auth::signing::SignatureError;
 use crate::auth::{LinkTarget, Purpose};
-use crate::cache::{Cache, CacheError, OpenEntry};
-use crate::model::{BlockId, ByteStream};
+use crate::cache::{CacheError, OpenEntry};
+use crate::model::{BlockId, BlockRef, ByteStream};
 
 /// The x-ms-version we answer with; clients ignore the value.
 const API_VERSION: &str = "2025-01-05";
@@ -106,7 +106,9 @@ impl From<CacheError> for AzureError {
                 "InvalidQueryParameterValue",
                 e.to_string(),
             ),
-            CacheError::NoSuchLink => no_such_target(),
+            // A link to a row that does not exist is refused like a forged one: it cannot have
+            // been signed for that row.
+            CacheError::NoSuchLink => SignatureError::Forged.into(),
             CacheError::BodyLengthMismatch { .. } => {
                 Self::new(StatusCode::BAD_REQUEST, "InvalidInput", e.to_string())
             }
@@ -213,12 +215,6 @@ fn authorize(
     Ok(target)
 }
 
-/// A link to a row that does not exist is refused like a forged one: it cannot have been
-/// signed for that row.
-fn no_such_target() -> AzureError {
-    SignatureError::Forged.into()
-}
-
 fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, AzureError> {
     match headers.get(header::CONTENT_LENGTH) {
         None => Ok(None),
@@ -314,11 +310,7 @@ async fn put(
     let query = Query::parse(&uri);
     let target = authorize(&app, Purpose::Upload, link_id(&id)?, &query)?;
     let cache = app.cache();
-    let linked = match cache.upload(target.id).await {
-        Ok(linked) if linked.upload.created_at == target.created_at => linked,
-        Ok(_) | Err(CacheError::UploadNotFound) => return Err(no_such_target()),
-        Err(e) => return Err(e.into()),
-    };
+    let idle = app.config().limits.idle_timeout;
     match query.str("comp") {
         None => {
             let blob_type = headers.get("x-ms-blob-type").and_then(|v| v.to_str().ok());
@@ -331,11 +323,7 @@ async fn put(
             }
             let declared = declared_length(&headers)?;
             cache
-                .put_whole(
-                    &linked,
-                    body_stream(body, app.config().limits.idle_timeout),
-                    declared,
-                )
+                .put_blob(target, body_stream(body, idle), declared)
                 .await?;
             Ok(created(true))
         }
@@ -350,43 +338,14 @@ async fn put(
             let block = BlockId::parse(raw).map_err(CacheError::from)?;
             let declared = declared_length(&headers)?;
             cache
-                .stage_block(
-                    &linked,
-                    block,
-                    body_stream(body, app.config().limits.idle_timeout),
-                    declared,
-                )
+                .put_block(target, block, body_stream(body, idle), declared)
                 .await?;
             Ok(created(false))
         }
         Some("blocklist") => {
-            // Refuse early, before reading the body, if the link no longer accepts data.
-            Cache::accepts_data(&linked.upload)?;
-            let idle = app.config().limits.idle_timeout;
-            let xml = tokio::time::timeout(idle, to_bytes(body, MAX_BLOCK_LIST_BYTES))
-                .await
-                .map_err(|_| {
-                    AzureError::new(
-                        StatusCode::REQUEST_TIMEOUT,
-                        "OperationTimedOut",
-                        "The block list did not arrive in time.",
-                    )
-                })?
-                .map_err(|_| {
-                    AzureError::new(
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        "RequestBodyTooLarge",
-                        format!("Block lists are limited to {MAX_BLOCK_LIST_BYTES} bytes."),
-                    )
-                })?;
-            let list = blocklist::parse(&xml).map_err(|e| {
-                let code = match e {
-                    blocklist::BadBlockList::TooLong => "BlockListTooLong",
-                    blocklist::BadBlockList::Malformed(_) => "InvalidXmlDocument",
-                };
-                AzureError::new(StatusCode::BAD_REQUEST, code, e.to_string())
-            })?;
-            cache.commit_block_list(&linked, &list).await?;
+            cache
+                .put_block_list(target, read_block_list(body, idle))
+                .await?;
             Ok(created(true))
         }
         Some(other) => Err(AzureError::new(
@@ -395,6 +354,33 @@ async fn put(
             format!("comp={other} is not supported on upload links."),
         )),
     }
+}
+
+/// A Put Block List body: at most [`MAX_BLOCK_LIST_BYTES`], arriving within `idle`.
+async fn read_block_list(body: Body, idle: Duration) -> Result<Vec<BlockRef>, AzureError> {
+    let xml = tokio::time::timeout(idle, to_bytes(body, MAX_BLOCK_LIST_BYTES))
+        .await
+        .map_err(|_| {
+            AzureError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "OperationTimedOut",
+                "The block list did not arrive in time.",
+            )
+        })?
+        .map_err(|_| {
+            AzureError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "RequestBodyTooLarge",
+                format!("Block lists are limited to {MAX_BLOCK_LIST_BYTES} bytes."),
+            )
+        })?;
+    blocklist::parse(&xml).map_err(|e| {
+        let code = match e {
+            blocklist::BadBlockList::TooLong => "BlockListTooLong",
+            blocklist::BadBlockList::Malformed(_) => "InvalidXmlDocument",
+        };
+        AzureError::new(StatusCode::BAD_REQUEST, code, e.to_string())
+    })
 }
 
 /// `GET`/`HEAD /_blob/entries/{id}`: the entry's bytes, whole or one range.
@@ -430,12 +416,7 @@ async fn get(
     }
     let query = Query::parse(&uri);
     let target = authorize(&app, Purpose::Download, link_id(&id)?, &query)?;
-    let cache = app.cache();
-    let open = match cache.open_entry(target.id).await {
-        Ok(open) if open.entry.created_at == target.created_at => open,
-        Ok(_) | Err(CacheError::EntryNotFound) => return Err(no_such_target()),
-        Err(e) => return Err(e.into()),
-    };
+    let open = app.cache().open_link(target).await?;
     serve_entry(&app, &method, &open, &headers).await
 }
 

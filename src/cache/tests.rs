@@ -5,11 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::TryStreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 
 use super::*;
 use crate::blob::FsStore;
+use crate::meta::EntryChunk;
 use crate::meta::MemoryStore;
+use crate::model::{BlockId, BlockRef, ByteStream, Lookup, UploadId};
 use crate::model::{BlockSource, Chunk, ManualClock, RepoId, Scope};
 
 const MAIN: &str = "refs/heads/main";
