@@ -13,7 +13,8 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{blob, links, AppState};
+use super::query::Query;
+use super::{links, transfer, AppState};
 use crate::auth::{Caller, CallerError, Identity, Purpose};
 use crate::cache::CacheError;
 use crate::model::{EntryId, Lookup, UploadId};
@@ -228,7 +229,7 @@ async fn serve(
         (Resource::Upload(id), "POST") => commit(app, who, id, body).await,
         (Resource::Artifact(id), "GET" | "HEAD") => {
             let open = app.cache().readable_entry(who, id).await?;
-            Ok(blob::serve_entry(app, method, &open, headers)
+            Ok(transfer::serve_entry(app, method, &open, headers)
                 .await
                 .into_response())
         }
@@ -257,7 +258,7 @@ async fn lookup(
     uri: &Uri,
     headers: &HeaderMap,
 ) -> Result<Response, LegacyError> {
-    let query = blob::Query::parse(uri);
+    let query = Query::parse(uri);
     let keys = query
         .str("keys")
         .ok_or_else(|| LegacyError::bad_request("the keys parameter is required"))?;
@@ -300,7 +301,7 @@ fn creation_time(millis: i64) -> String {
 /// `GET caches?key=K`: the entries of that exact key, any version, that the caller may read.
 /// Clients ask only with debug logging on, after a miss, to name the versions that exist.
 async fn list(app: &AppState, who: &Identity, uri: &Uri) -> Result<Response, LegacyError> {
-    let key = blob::Query::parse(uri)
+    let key = Query::parse(uri)
         .str("key")
         .ok_or_else(|| LegacyError::bad_request("the key parameter is required"))?
         .to_owned();
@@ -425,7 +426,7 @@ async fn upload(
         Some(None) => return Err(LegacyError::bad_request("Content-Length is not a number")),
         _ => {}
     }
-    let body = blob::body_stream(body, app.config().limits.idle_timeout);
+    let body = transfer::body_stream(body, app.config().limits.idle_timeout);
     app.cache().stage_range(who, id, start, len, body).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

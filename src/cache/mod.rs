@@ -6,6 +6,9 @@
 //! state it was made on is unchanged (the upload's revision). A change refused as stale is
 //! decided again on fresh state, so concurrent requests, in this process or another one sharing
 //! the database, never apply a decision made on state that no longer holds.
+//!
+//! This module wires [`Cache`] together; saving is in `save` (and v1's ranges in `ranges`),
+//! restoring in `restore`, and what a call answers when it fails in [`CacheError`].
 
 pub mod admin;
 pub mod durability;
