@@ -453,9 +453,9 @@ mod tests {
     #[test]
     fn an_unavailable_database_is_a_503_that_names_no_host() {
         use super::*;
-        let e = CacheError::Meta(crate::meta::MetaError::Unavailable(
-            "error connecting to db.internal:5432: connection refused".into(),
-        ));
+        let e = CacheError::database_unavailable(
+            "error connecting to db.internal:5432: connection refused",
+        );
         let v1 = LegacyError::from(e);
         assert_eq!(v1.status, StatusCode::SERVICE_UNAVAILABLE);
         assert!(!v1.message.contains("db.internal"), "{}", v1.message);

@@ -350,9 +350,9 @@ mod tests {
 
     #[test]
     fn an_unavailable_database_is_a_503_that_names_no_host() {
-        let e = CacheError::Meta(crate::meta::MetaError::Unavailable(
-            "error connecting to db.internal:5432: connection refused".into(),
-        ));
+        let e = CacheError::database_unavailable(
+            "error connecting to db.internal:5432: connection refused",
+        );
         let twirp = TwirpError::from(e);
         assert_eq!((twirp.code, twirp.status().as_u16()), ("unavailable", 503));
         assert_eq!(twirp.retry_after, Some(1));

@@ -73,6 +73,13 @@ impl CacheError {
         matches!(self, Self::Busy | Self::Meta(MetaError::Unavailable(_)))
     }
 
+    /// The database being unreachable, for the protocols' tests of how they answer it (they
+    /// do not import `meta`).
+    #[cfg(test)]
+    pub fn database_unavailable(cause: &str) -> Self {
+        Self::Meta(MetaError::Unavailable(cause.into()))
+    }
+
     /// What a client is told of a transient failure: the database's own words (which may name
     /// a host or quote a statement) stay in the log.
     pub fn client_message(&self) -> String {
