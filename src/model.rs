@@ -11,8 +11,14 @@ pub mod units;
 pub use listing::{EntryFilter, EntryOrder, EntryPage, ListedEntry, RepositoryUsage, Totals};
 
 use std::fmt;
+use std::pin::Pin;
 
 use rand::RngCore;
+
+/// A stream of body bytes, in either direction: a request body on its way to the chunk store,
+/// or an entry's bytes on their way to the client. Shared by `api`, `cache` and `blob`.
+pub type ByteStream =
+    Pin<Box<dyn futures_util::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Send>>;
 
 /// The most keys a lookup may carry: the primary key plus restore keys (PROTOCOL.md §2.7).
 pub const MAX_LOOKUP_KEYS: usize = 10;

@@ -13,7 +13,8 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{blob, links, AppState};
+use super::query::Query;
+use super::{links, transfer, AppState};
 use crate::auth::{Caller, CallerError, Identity, Purpose};
 use crate::cache::CacheError;
 use crate::model::{EntryId, Lookup, UploadId};
@@ -122,13 +123,11 @@ impl From<CacheError> for LegacyError {
                     ..Self::new(StatusCode::SERVICE_UNAVAILABLE, e.client_message())
                 }
             }
-            CacheError::Blob(crate::blob::BlobError::LengthMismatch { .. }) => {
-                Self::bad_request(e.to_string())
-            }
-            CacheError::Blob(crate::blob::BlobError::Body(_)) => {
+            CacheError::BodyLengthMismatch { .. } => Self::bad_request(e.to_string()),
+            CacheError::BodyFailed(_) => {
                 Self::bad_request("the request body ended early or failed")
             }
-            CacheError::Blob(_) | CacheError::Meta(_) => {
+            CacheError::Storage(_) | CacheError::Meta(_) => {
                 tracing::error!(error = %e, "v1 request failed");
                 Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
             }
@@ -230,7 +229,7 @@ async fn serve(
         (Resource::Upload(id), "POST") => commit(app, who, id, body).await,
         (Resource::Artifact(id), "GET" | "HEAD") => {
             let open = app.cache().readable_entry(who, id).await?;
-            Ok(blob::serve_entry(app, method, &open, headers)
+            Ok(transfer::serve_entry(app, method, &open, headers)
                 .await
                 .into_response())
         }
@@ -259,7 +258,7 @@ async fn lookup(
     uri: &Uri,
     headers: &HeaderMap,
 ) -> Result<Response, LegacyError> {
-    let query = blob::Query::parse(uri);
+    let query = Query::parse(uri);
     let keys = query
         .str("keys")
         .ok_or_else(|| LegacyError::bad_request("the keys parameter is required"))?;
@@ -302,7 +301,7 @@ fn creation_time(millis: i64) -> String {
 /// `GET caches?key=K`: the entries of that exact key, any version, that the caller may read.
 /// Clients ask only with debug logging on, after a miss, to name the versions that exist.
 async fn list(app: &AppState, who: &Identity, uri: &Uri) -> Result<Response, LegacyError> {
-    let key = blob::Query::parse(uri)
+    let key = Query::parse(uri)
         .str("key")
         .ok_or_else(|| LegacyError::bad_request("the key parameter is required"))?
         .to_owned();
@@ -427,7 +426,7 @@ async fn upload(
         Some(None) => return Err(LegacyError::bad_request("Content-Length is not a number")),
         _ => {}
     }
-    let body = blob::body_stream(body, app.config().limits.idle_timeout);
+    let body = transfer::body_stream(body, app.config().limits.idle_timeout);
     app.cache().stage_range(who, id, start, len, body).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -454,9 +453,9 @@ mod tests {
     #[test]
     fn an_unavailable_database_is_a_503_that_names_no_host() {
         use super::*;
-        let e = CacheError::Meta(crate::meta::MetaError::Unavailable(
-            "error connecting to db.internal:5432: connection refused".into(),
-        ));
+        let e = CacheError::database_unavailable(
+            "error connecting to db.internal:5432: connection refused",
+        );
         let v1 = LegacyError::from(e);
         assert_eq!(v1.status, StatusCode::SERVICE_UNAVAILABLE);
         assert!(!v1.message.contains("db.internal"), "{}", v1.message);

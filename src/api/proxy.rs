@@ -73,7 +73,7 @@ impl Upstream {
         let mut outgoing = headers;
         strip_hop_by_hop(&mut outgoing);
         outgoing.remove(header::HOST);
-        let body = super::blob::body_stream(body, self.idle);
+        let body = super::transfer::body_stream(body, self.idle);
         let request = self
             .http
             .request(method.clone(), self.url_for(uri))

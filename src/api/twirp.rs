@@ -100,7 +100,11 @@ impl From<CacheError> for TwirpError {
                     ..Self::new("unavailable", e.client_message())
                 }
             }
-            CacheError::Blob(_) | CacheError::Meta(_) => {
+            // No twirp call carries a body to the chunk store; a body failure here is ours.
+            CacheError::Storage(_)
+            | CacheError::BodyFailed(_)
+            | CacheError::BodyLengthMismatch { .. }
+            | CacheError::Meta(_) => {
                 tracing::error!(error = %e, "cache service call failed");
                 Self::new("internal", "internal error")
             }
@@ -346,9 +350,9 @@ mod tests {
 
     #[test]
     fn an_unavailable_database_is_a_503_that_names_no_host() {
-        let e = CacheError::Meta(crate::meta::MetaError::Unavailable(
-            "error connecting to db.internal:5432: connection refused".into(),
-        ));
+        let e = CacheError::database_unavailable(
+            "error connecting to db.internal:5432: connection refused",
+        );
         let twirp = TwirpError::from(e);
         assert_eq!((twirp.code, twirp.status().as_u16()), ("unavailable", 503));
         assert_eq!(twirp.retry_after, Some(1));

@@ -22,7 +22,6 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use futures_util::Stream;
 
 use digests::Digests;
@@ -30,10 +29,9 @@ pub use fs::FsStore;
 pub use object::{ObjectStorage, ObjectStorageUrl};
 pub use timed::Timed;
 
+/// Defined in `model` (the shared vocabulary); re-exported for the stores' own users.
+pub use crate::model::ByteStream;
 use crate::model::{BlobName, Chunk, Millis};
-
-/// A stream of body bytes, in either direction.
-pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, io::Error>> + Send>>;
 
 /// A stored chunk as [`BlobStore::list`] finds it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,11 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::TryStreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 
 use super::*;
 use crate::blob::FsStore;
-use crate::meta::{LifecycleStore, MemoryStore, RestoreStore, SaveStore};
+use crate::meta::{EntryChunk, LifecycleStore, MemoryStore, RestoreStore, SaveStore};
+use crate::model::{BlockId, BlockRef, ByteStream, Lookup, UploadId};
 use crate::model::{BlockSource, Chunk, ManualClock, RepoId, Scope};
 
 const MAIN: &str = "refs/heads/main";

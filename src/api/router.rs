@@ -1,0 +1,214 @@
+//! The one router: which path goes to which protocol, the outer layers in their order, the
+//! label each request is counted under, and the answer to unknown paths in the shape of the
+//! protocol they look like.
+
+use axum::body::Body;
+use axum::extract::{MatchedPath, State};
+use axum::http::{HeaderMap, Method, Request, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use axum::Router;
+use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
+use tracing::Level;
+
+use super::{admin, azure, blob, json_response, legacy, links, ops, twirp, AppState};
+
+const TWIRP_ROUTE: &str = "/twirp/github.actions.results.api.v1.CacheService/{method}";
+const LEGACY_ROUTE: &str = "/_apis/artifactcache/{*rest}";
+
+/// The label a request to `path` is counted under in the request metrics: the route template
+/// the router matches it to, except that the cache services' calls are labelled by call
+/// (also when served under a path prefix, through the fallback), and `other` for the rest.
+/// Cheap (prefix and suffix compares), as it runs on every request.
+pub fn route_label(path: &str) -> &'static str {
+    if let Some(call) = twirp::rpc_route(path) {
+        return call;
+    }
+    if let Some(blob) = path.strip_prefix("/_blob/") {
+        return match blob.split_once('/') {
+            Some(("uploads", id)) if !id.is_empty() && !id.contains('/') => "/_blob/uploads/{id}",
+            Some(("entries", id)) if !id.is_empty() && !id.contains('/') => "/_blob/entries/{id}",
+            _ => "other",
+        };
+    }
+    if let Some(endpoint) = legacy::route_label(path) {
+        return endpoint;
+    }
+    match path {
+        "/healthz" => "/healthz",
+        "/readyz" => "/readyz",
+        "/metrics" => "/metrics",
+        "/_hoard" => "/_hoard",
+        "/_hoard/" => "/_hoard/",
+        _ if path.starts_with("/_hoard/api/v1/") => "/_hoard/api/v1/{*rest}",
+        _ if path.starts_with("/_hoard/") => "/_hoard/{*rest}",
+        _ if path.starts_with(twirp::SERVICE_PATH) => TWIRP_ROUTE,
+        _ if path.starts_with(legacy::BASE) => LEGACY_ROUTE,
+        _ => "other",
+    }
+}
+
+/// Every label [`route_label`] gives, so that metrics keep their handles (see
+/// `Metrics::with_routes`).
+pub const ROUTE_LABELS: &[&str] = &[
+    "/twirp/github.actions.results.api.v1.CacheService/GetCacheEntryDownloadURL",
+    "/_blob/entries/{id}",
+    "/_blob/uploads/{id}",
+    "/twirp/github.actions.results.api.v1.CacheService/CreateCacheEntry",
+    "/twirp/github.actions.results.api.v1.CacheService/FinalizeCacheEntryUpload",
+    "/_apis/artifactcache/cache",
+    "/_apis/artifactcache/caches",
+    "/_apis/artifactcache/caches/{id}",
+    "/_apis/artifactcache/artifacts/{id}",
+    "/_apis/artifactcache/clean",
+    TWIRP_ROUTE,
+    LEGACY_ROUTE,
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/_hoard",
+    "/_hoard/",
+    "/_hoard/api/v1/{*rest}",
+    "/_hoard/{*rest}",
+    "other",
+];
+
+pub fn router(state: AppState) -> Router {
+    // Request logs name the route template, never the raw URI: links carry signatures. They
+    // are debug-level: a span and a line per request cost a lookup about a sixth of its
+    // instructions (docs/benchmarks.md), and /metrics counts requests. Decisions (reserve,
+    // finalize, delete, refusals) are logged at info under hoard::audit; server errors always.
+    let trace = TraceLayer::new_for_http()
+        .make_span_with(|req: &Request<Body>| {
+            let route = req
+                .extensions()
+                .get::<MatchedPath>()
+                .map_or("(unmatched)", MatchedPath::as_str);
+            tracing::debug_span!("request", method = %req.method(), route)
+        })
+        .on_request(())
+        .on_response(DefaultOnResponse::new().level(Level::DEBUG))
+        .on_failure(DefaultOnFailure::new().level(Level::ERROR));
+    Router::new()
+        .route(TWIRP_ROUTE, any(twirp::call))
+        .route(LEGACY_ROUTE, any(legacy::root))
+        .route(
+            &format!("{}{{id}}", links::UPLOAD_PREFIX),
+            any(blob::upload),
+        )
+        .route(
+            &format!("{}{{id}}", links::DOWNLOAD_PREFIX),
+            any(blob::download),
+        )
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        .route("/_hoard", get(admin::dashboard))
+        .route("/_hoard/", get(admin::dashboard))
+        .route("/_hoard/api/v1/{*rest}", any(admin::api))
+        .route("/_hoard/{*rest}", any(admin::dashboard))
+        .fallback(fallback)
+        .layer(trace)
+        .with_state(state)
+}
+
+/// The router of `--metrics-listen`: `/metrics` alone.
+pub fn metrics_router(state: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(ops::metrics_anywhere))
+        .with_state(state)
+}
+
+/// Unknown paths, in the shape of the protocol they look like. Clients that keep the path
+/// prefix of `ACTIONS_RESULTS_URL` (buildx, sccache: §2.1, §12) reach the service here.
+async fn fallback(
+    State(app): State<AppState>,
+    method: Method,
+    uri: Uri,
+    mut headers: HeaderMap,
+    body: Body,
+) -> Response {
+    links::host_from_authority(&mut headers, &uri);
+    let path = uri.path();
+    if let Some(idx) = path.find(twirp::SERVICE_PATH) {
+        let rpc = &path[idx + twirp::SERVICE_PATH.len()..];
+        let prefix = path[..idx].trim_matches('/');
+        return twirp::dispatch(&app, prefix, rpc, &method, &headers, body)
+            .await
+            .unwrap_or_else(IntoResponse::into_response);
+    }
+    if let Some(idx) = path.find(legacy::BASE) {
+        let prefix = path[..idx].trim_matches('/');
+        let rest = &path[idx + legacy::BASE.len()..];
+        return legacy::dispatch(&app, prefix, rest, &method, &uri, &headers, body).await;
+    }
+    if path.starts_with("/_blob/") {
+        return azure::AzureError::not_found().into_response();
+    }
+    // The admin API lives at the root only. Under a prefix it is an error, never forwarded:
+    // its bearer token is the admin token.
+    if path.contains("/_hoard/") {
+        return json_response(
+            StatusCode::NOT_FOUND,
+            &serde_json::json!({ "message": "the admin API and dashboard are at /_hoard/ on the server's root, not under a path prefix" }),
+            None,
+        );
+    }
+    if let Some(upstream) = &app.config().upstream {
+        return upstream.forward(method, &uri, headers, body).await;
+    }
+    if path.contains("/twirp/") {
+        return twirp::TwirpError::new("bad_route", format!("no such route {path}"))
+            .into_response();
+    }
+    json_response(
+        StatusCode::NOT_FOUND,
+        &serde_json::json!({ "message": "not found" }),
+        None,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{route_label, ROUTE_LABELS};
+    use crate::api::{legacy, twirp};
+
+    #[test]
+    fn the_route_templates_name_the_services_paths() {
+        assert_eq!(
+            super::TWIRP_ROUTE,
+            format!("{}{{method}}", twirp::SERVICE_PATH)
+        );
+        assert_eq!(super::LEGACY_ROUTE, format!("{}{{*rest}}", legacy::BASE));
+    }
+
+    #[test]
+    fn requests_are_labelled_as_the_router_routes_them() {
+        let lookup = "/twirp/github.actions.results.api.v1.CacheService/GetCacheEntryDownloadURL";
+        for (path, label) in [
+            (lookup, lookup),
+            (&format!("/some/prefix{lookup}")[..], lookup),
+            (
+                "/twirp/github.actions.results.api.v1.CacheService/Nope",
+                super::TWIRP_ROUTE,
+            ),
+            ("/_blob/uploads/12", "/_blob/uploads/{id}"),
+            ("/_blob/entries/7", "/_blob/entries/{id}"),
+            ("/_blob/entries/7/x", "other"),
+            ("/_blob/other", "other"),
+            ("/_apis/artifactcache/cache", "/_apis/artifactcache/cache"),
+            (
+                "/secret/_apis/artifactcache/caches/9",
+                "/_apis/artifactcache/caches/{id}",
+            ),
+            ("/_apis/artifactcache/nope", super::LEGACY_ROUTE),
+            ("/healthz", "/healthz"),
+            ("/_hoard/api/v1/caches/3", "/_hoard/api/v1/{*rest}"),
+            ("/_hoard/app.js", "/_hoard/{*rest}"),
+            ("/anything/else", "other"),
+        ] {
+            assert_eq!(route_label(path), label, "{path}");
+            assert!(ROUTE_LABELS.contains(&label), "{label} has kept handles");
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! The data plumbing both cache protocols share: request bodies streamed with an idle timeout,
+//! and an entry's bytes served whole, ranged or redirected with the headers Azure-SDK clients
+//! need (v2 downloads, and v1 artifact downloads through a Forgejo proxy).
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures_util::{StreamExt, TryStreamExt};
+
+use super::azure::{request_id, AzureError, API_VERSION};
+use super::range::{self, RangeRequest};
+use super::AppState;
+use crate::cache::OpenEntry;
+use crate::model::ByteStream;
+
+/// The request body as a stream that fails if the client sends nothing for `idle`.
+pub(super) fn body_stream(body: Body, idle: std::time::Duration) -> ByteStream {
+    let frames = body.into_data_stream().map_err(std::io::Error::other);
+    Box::pin(futures_util::stream::unfold(
+        Some(frames),
+        move |state| async move {
+            let mut frames = state?;
+            match tokio::time::timeout(idle, frames.next()).await {
+                Ok(Some(item)) => Some((item, Some(frames))),
+                Ok(None) => None,
+                Err(_) => Some((
+                    Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the client sent nothing for too long",
+                    )),
+                    None,
+                )),
+            }
+        },
+    ))
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// How long the object store's link in a direct-download redirect stays valid: the runner
+/// follows it at once, and the store checks it only when the request starts.
+const DIRECT_LINK_TTL: Duration = Duration::from_secs(300);
+
+/// Headers that only this server can answer: the ETag is hoard's, and the store would not
+/// honour Azure's range header.
+const NOT_REDIRECTED: [&str; 5] = [
+    "if-match",
+    "if-none-match",
+    "if-modified-since",
+    "if-unmodified-since",
+    "x-ms-range",
+];
+
+/// Answers a GET or HEAD of an entry the caller may read: whole, or the one range asked for
+/// (`x-ms-range` or `Range`), with the headers Azure-SDK clients need. With
+/// `--direct-downloads`, a plain GET of an entry stored as one object is redirected to it.
+pub(super) async fn serve_entry(
+    app: &AppState,
+    method: &Method,
+    open: &OpenEntry,
+    headers: &HeaderMap,
+) -> Result<Response, AzureError> {
+    let cache = app.cache();
+    if app.config().direct_downloads
+        && method == Method::GET
+        && !NOT_REDIRECTED.iter().any(|h| headers.contains_key(*h))
+    {
+        let link = cache
+            .direct_link(open, DIRECT_LINK_TTL)
+            .await
+            .unwrap_or_else(|e| {
+                // Start-up proved presigning works; streaming is still a right answer.
+                tracing::warn!(entry = open.entry.id, error = %e, "cannot presign a direct download link; streaming instead");
+                None
+            });
+        if let Some(link) = link {
+            if let Ok(location) = HeaderValue::from_str(link.as_str()) {
+                let mut response = Response::new(Body::empty());
+                *response.status_mut() = StatusCode::TEMPORARY_REDIRECT;
+                response.headers_mut().insert(header::LOCATION, location);
+                response
+                    .headers_mut()
+                    .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+                return Ok(response);
+            }
+        }
+    }
+    let size = open.entry.size;
+    let etag = format!(
+        "\"0x{:X}{:04X}\"",
+        open.entry.created_at,
+        open.entry.id & 0xFFFF
+    );
+    if let Some(wanted) = header_str(headers, "if-match") {
+        if wanted.trim() != "*" && !wanted.split(',').any(|t| t.trim() == etag) {
+            return Err(AzureError::new(
+                StatusCode::PRECONDITION_FAILED,
+                "ConditionNotMet",
+                "The condition specified using HTTP conditional header(s) is not met.",
+            ));
+        }
+    }
+    // x-ms-range wins over Range when both are present (§4.3).
+    let range_header = header_str(headers, "x-ms-range").or_else(|| header_str(headers, "range"));
+    let (status, start, len) = match range::resolve(range_header, size) {
+        RangeRequest::Full => (StatusCode::OK, 0, size),
+        RangeRequest::Partial { start, len } => (StatusCode::PARTIAL_CONTENT, start, len),
+        RangeRequest::Unsatisfiable => {
+            let mut response = AzureError::new(
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                "InvalidRange",
+                "The range specified is invalid for the current size of the resource.",
+            )
+            .into_response();
+            if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
+                response.headers_mut().insert(header::CONTENT_RANGE, v);
+            }
+            return Ok(response);
+        }
+    };
+    let body = if method == Method::HEAD || len == 0 {
+        Body::empty()
+    } else {
+        Body::from_stream(cache.read(open, start, len).await?)
+    };
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    let last_modified = httpdate::fmt_http_date(
+        UNIX_EPOCH + Duration::from_millis(open.entry.created_at.max(0) as u64),
+    );
+    let h = response.headers_mut();
+    let mut set = |name: HeaderName, value: String| {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            h.insert(name, v);
+        }
+    };
+    set(header::CONTENT_LENGTH, len.to_string());
+    set(header::ETAG, etag);
+    set(header::LAST_MODIFIED, last_modified);
+    if status == StatusCode::PARTIAL_CONTENT {
+        set(
+            header::CONTENT_RANGE,
+            format!("bytes {start}-{}/{size}", start + len - 1),
+        );
+    }
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    h.insert("x-ms-blob-type", HeaderValue::from_static("BlockBlob"));
+    h.insert("x-ms-version", HeaderValue::from_static(API_VERSION));
+    h.insert("x-ms-request-id", request_id());
+    Ok(response)
+}

@@ -1,0 +1,451 @@
+//! Saving: reserving a slot, storing the upload's bytes (whole, by block, or by range through
+//! [`super::ranges`]), assembling them and finalizing the entry. Every change to an upload is
+//! decided on its loaded state and applied only at that state's revision ([`retry_stale`]).
+
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+
+use super::restore::OpenEntry;
+use super::upload::{self, Finalizing, Reservation, Staging};
+use super::{audit, retry_stale, Cache, CacheError, ForgetIfDropped};
+use crate::auth::{Identity, LinkTarget};
+use crate::blob::BlobError;
+use crate::meta::{MetaError, NewEntry, NewUpload};
+use crate::model::{
+    BlobName, BlockId, BlockRef, ByteStream, CacheKey, EntryId, Millis, Slot, Upload, UploadBlocks,
+    UploadId, Version,
+};
+
+/// An upload as a signed link found it: the upload and its blocks.
+#[derive(Debug, Clone)]
+pub struct LinkedUpload {
+    pub upload: Upload,
+    blocks: UploadBlocks,
+}
+
+impl Cache {
+    /// CreateCacheEntry: reserves (repository, write scope, key, version) for `who`.
+    pub async fn reserve(
+        &self,
+        who: &Identity,
+        key: &str,
+        version: &str,
+    ) -> Result<LinkTarget, CacheError> {
+        let slot = self.write_slot(who, key, version)?;
+        self.make_room().await?;
+        let (upload, now) = retry_stale(|_| self.try_reserve(who, &slot)).await?;
+        audit("reserve", who, &slot, upload);
+        Ok(LinkTarget {
+            id: upload,
+            created_at: now,
+        })
+    }
+
+    async fn try_reserve(
+        &self,
+        who: &Identity,
+        slot: &Slot,
+    ) -> Result<(UploadId, Millis), CacheError> {
+        let now = self.clock.now();
+        let stale_before = now.saturating_sub(self.policy.reservation_ttl.as_millis() as i64);
+        let state = self.meta.slot_state(slot, stale_before).await?;
+        let replacing =
+            match upload::decide_reservation(&state, stale_before, self.policy.max_open_uploads) {
+                Reservation::Conflict => return Err(CacheError::Conflict),
+                Reservation::TooManyOpen => return Err(CacheError::TooManyUploads),
+                Reservation::Create { replacing } => replacing,
+            };
+        // An abandoned upload's blocks, read before it is aborted; the revision check makes
+        // sure they are still all it has.
+        let garbage = match replacing {
+            Some(old) => match self.meta.upload_with_blocks(old.id).await? {
+                Some((_, blocks)) => blocks.blobs(),
+                None => Vec::new(),
+            },
+            None => Vec::new(),
+        };
+        let new = NewUpload {
+            slot,
+            created_by: &who.subject,
+            now,
+        };
+        let id = match self.meta.create_upload(new, replacing).await {
+            Err(MetaError::Conflict) => return Err(CacheError::Conflict),
+            other => other?,
+        };
+        self.collect(garbage).await;
+        Ok((id, now))
+    }
+
+    /// Put Blob through a signed upload link: the whole body is the upload's one committed
+    /// chunk.
+    pub async fn put_blob(
+        &self,
+        link: LinkTarget,
+        body: ByteStream,
+        declared_len: Option<u64>,
+    ) -> Result<(), CacheError> {
+        let linked = self.linked_upload(link).await?;
+        self.put_whole(&linked, body, declared_len).await
+    }
+
+    /// Put Block through a signed upload link: stores one block; a retried block id replaces
+    /// the earlier copy.
+    pub async fn put_block(
+        &self,
+        link: LinkTarget,
+        block: BlockId,
+        body: ByteStream,
+        declared_len: Option<u64>,
+    ) -> Result<(), CacheError> {
+        let linked = self.linked_upload(link).await?;
+        self.stage_block(&linked, block, body, declared_len).await
+    }
+
+    /// Put Block List through a signed upload link. `list` reads the list from the request
+    /// body, in the protocol's terms (hence its own error type); it is awaited only once the
+    /// link names an upload that still accepts data, so a refused request's body is not read.
+    pub async fn put_block_list<E: From<CacheError>>(
+        &self,
+        link: LinkTarget,
+        list: impl std::future::Future<Output = Result<Vec<BlockRef>, E>>,
+    ) -> Result<(), E> {
+        let linked = self.linked_upload(link).await?;
+        Self::accepts_data(&linked.upload)?;
+        let list = list.await?;
+        Ok(self.commit_block_list(&linked, &list).await?)
+    }
+
+    /// The upload a signed link names, in whatever state: [`CacheError::NoSuchLink`] unless
+    /// the row is the one the link was signed for (same id and creation time).
+    async fn linked_upload(&self, link: LinkTarget) -> Result<LinkedUpload, CacheError> {
+        match self.upload(link.id).await {
+            Ok(linked) if linked.upload.created_at == link.created_at => Ok(linked),
+            Ok(_) | Err(CacheError::UploadNotFound) => Err(CacheError::NoSuchLink),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The upload `id`, in whatever state, with its blocks: what a data request will be
+    /// decided on unless another request changes the upload meanwhile.
+    pub(super) async fn upload(&self, id: UploadId) -> Result<LinkedUpload, CacheError> {
+        let (upload, blocks) = self
+            .meta
+            .upload_with_blocks(id)
+            .await?
+            .ok_or(CacheError::UploadNotFound)?;
+        Ok(LinkedUpload { upload, blocks })
+    }
+
+    /// The state attempt `attempt` decides on: the one loaded with the link at first, a fresh
+    /// one after a stale refusal.
+    pub(super) async fn decide_on(
+        &self,
+        linked: &LinkedUpload,
+        attempt: usize,
+    ) -> Result<(Upload, UploadBlocks), CacheError> {
+        if attempt > 0 {
+            return self.open_upload(linked.upload.id).await;
+        }
+        Self::accepts_data(&linked.upload)?;
+        Ok((linked.upload.clone(), linked.blocks.clone()))
+    }
+
+    /// Refuses data for an upload that was finalized or abandoned, before its body is read.
+    /// (The change that records the data checks again.)
+    pub(super) fn accepts_data(upload: &Upload) -> Result<(), CacheError> {
+        if !upload.is_open() {
+            return Err(CacheError::UploadClosed);
+        }
+        Ok(())
+    }
+
+    /// Stores one block of a loaded upload; a retried block id replaces the earlier copy.
+    pub(super) async fn stage_block(
+        &self,
+        linked: &LinkedUpload,
+        block: BlockId,
+        body: ByteStream,
+        declared_len: Option<u64>,
+    ) -> Result<(), CacheError> {
+        Self::accepts_data(&linked.upload)?;
+        let max = self.policy.max_entry_size;
+        // Refused before the body is read when the link's state already says so.
+        if let Some(refused) =
+            upload::refused_before_body(&linked.blocks, &block, declared_len, max)
+        {
+            staged_or_refused(refused, max)?;
+        }
+        let name = BlobName::random();
+        let chunk = self.store_chunk(linked, &name, body, declared_len).await?;
+        let (block, chunk) = (&block, &chunk);
+        let recorded = retry_stale(|attempt| async move {
+            let (upload, blocks) = self.decide_on(linked, attempt).await?;
+            let garbage = staged_or_refused(upload::decide_stage(&blocks, block, chunk, max), max)?;
+            self.meta
+                .stage_block(&upload, block, chunk, self.clock.now())
+                .await?;
+            Ok(garbage)
+        })
+        .await;
+        self.settle(recorded, name).await
+    }
+
+    /// Put Blob on a loaded upload: the whole body is the upload's one committed chunk.
+    pub(super) async fn put_whole(
+        &self,
+        linked: &LinkedUpload,
+        body: ByteStream,
+        declared_len: Option<u64>,
+    ) -> Result<(), CacheError> {
+        Self::accepts_data(&linked.upload)?;
+        let name = BlobName::random();
+        let chunk = self.store_chunk(linked, &name, body, declared_len).await?;
+        let chunk = &chunk;
+        let committed = retry_stale(|attempt| async move {
+            let (upload, blocks) = self.decide_on(linked, attempt).await?;
+            let assembly = upload::whole_blob(&blocks, chunk);
+            self.meta
+                .commit_parts(&upload, &assembly.parts, self.clock.now())
+                .await?;
+            Ok(assembly.garbage)
+        })
+        .await;
+        self.settle(committed, name).await
+    }
+
+    /// After a chunk was stored: deletes what the recorded change left unreferenced, or the
+    /// new chunk itself if the change was refused.
+    async fn settle(
+        &self,
+        outcome: Result<Vec<BlobName>, CacheError>,
+        new: BlobName,
+    ) -> Result<(), CacheError> {
+        match outcome {
+            Ok(garbage) => {
+                self.collect(garbage).await;
+                Ok(())
+            }
+            Err(e) => {
+                self.collect(vec![new]).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Put Block List on a loaded upload: the listed blocks, in order, become the upload's content.
+    pub(super) async fn commit_block_list(
+        &self,
+        linked: &LinkedUpload,
+        list: &[BlockRef],
+    ) -> Result<(), CacheError> {
+        let garbage = retry_stale(|attempt| async move {
+            let (upload, blocks) = self.decide_on(linked, attempt).await?;
+            let assembly = upload::assemble(list, &blocks.staged, &blocks.parts)
+                .map_err(|_| CacheError::UnknownBlock)?;
+            self.meta
+                .commit_parts(&upload, &assembly.parts, self.clock.now())
+                .await?;
+            Ok(assembly.garbage)
+        })
+        .await?;
+        self.collect(garbage).await;
+        Ok(())
+    }
+
+    /// An upload that is still open, with its blocks.
+    async fn open_upload(&self, id: UploadId) -> Result<(Upload, UploadBlocks), CacheError> {
+        let (upload, blocks) = self
+            .meta
+            .upload_with_blocks(id)
+            .await?
+            .ok_or(CacheError::UploadNotFound)?;
+        Self::accepts_data(&upload)?;
+        Ok((upload, blocks))
+    }
+
+    /// FinalizeCacheEntryUpload: makes the entry visible if the stored bytes add up to `size`.
+    /// A retry of a finalize that already succeeded returns the same entry.
+    pub async fn finalize(
+        &self,
+        who: &Identity,
+        key: &str,
+        version: &str,
+        size: u64,
+    ) -> Result<EntryId, CacheError> {
+        let slot = self.write_slot(who, key, version)?;
+        if size > self.policy.max_entry_size {
+            return Err(CacheError::TooLarge(self.policy.max_entry_size));
+        }
+        let entry = retry_stale(|_| self.try_finalize(who, &slot, size, None)).await?;
+        audit("finalize", who, &slot, entry);
+        Ok(entry)
+    }
+
+    /// Finalizes the slot's open upload; with `expected`, only if it is that upload (a v1
+    /// commit names its upload, and must never finalize a later reservation of the slot).
+    pub(super) async fn try_finalize(
+        &self,
+        who: &Identity,
+        slot: &Slot,
+        size: u64,
+        expected: Option<UploadId>,
+    ) -> Result<EntryId, CacheError> {
+        let state = self.meta.finalize_state(slot).await?;
+        let now = self.clock.now();
+        if let (Some(id), Some((open, _))) = (expected, &state.open) {
+            if open.id != id {
+                return Err(CacheError::UploadClosed);
+            }
+        }
+        match upload::decide_finalize(&state, size) {
+            Finalizing::Commit {
+                upload,
+                chunks,
+                garbage,
+            } => {
+                let new = NewEntry {
+                    slot,
+                    key: &upload.key,
+                    repository_name: &who.repository_name,
+                    chunks: &chunks,
+                    now,
+                };
+                let started = self.entries.generation();
+                let forget = ForgetIfDropped::new(self);
+                let entry = match self.meta.finalize(upload, new).await {
+                    Err(MetaError::Conflict) => return Err(CacheError::Conflict),
+                    other => other?,
+                };
+                forget.disarm();
+                self.lookups.invalidate();
+                let open = OpenEntry::new(entry, slot, &upload.key, &chunks, now);
+                self.entries.put(entry, started, now, Arc::new(open));
+                self.collect(garbage).await;
+                // The entry is saved whatever happens here; a failed eviction is retried by
+                // the next finalize of the repository.
+                if let Err(e) = self.enforce_quota(&slot.repository, entry).await {
+                    tracing::warn!(repository = %slot.repository, error = %e, "could not enforce the repository quota");
+                }
+                Ok(entry)
+            }
+            Finalizing::AlreadyDone(entry) => Ok(entry),
+            Finalizing::NoUpload => Err(CacheError::NoReservation),
+            Finalizing::NothingUploaded => Err(CacheError::NothingUploaded),
+            Finalizing::SizeMismatch {
+                upload,
+                stored,
+                garbage,
+            } => {
+                self.meta.abort_upload(upload, now).await?;
+                self.collect(garbage).await;
+                Err(CacheError::SizeMismatch {
+                    stored,
+                    declared: size,
+                })
+            }
+        }
+    }
+
+    /// The slot a write of `who` goes to.
+    fn write_slot(&self, who: &Identity, key: &str, version: &str) -> Result<Slot, CacheError> {
+        let key = CacheKey::parse(key)?;
+        let version = Version::parse(version)?;
+        let scope = who.write_scope.clone().ok_or(CacheError::WriteDenied)?;
+        Ok(Slot {
+            repository: who.repository.clone(),
+            scope,
+            key,
+            version,
+        })
+    }
+
+    /// Stores one chunk of `linked`, refusing bodies larger than an entry may be, declared or
+    /// not. When the storage is full, the whole upload is abandoned and its chunks deleted at
+    /// once: the save cannot succeed, and its staged bytes are what the disk needs back.
+    async fn store_chunk(
+        &self,
+        linked: &LinkedUpload,
+        name: &BlobName,
+        body: ByteStream,
+        declared_len: Option<u64>,
+    ) -> Result<crate::model::Chunk, CacheError> {
+        let max = self.policy.max_entry_size;
+        if declared_len.is_some_and(|len| len > max) {
+            return Err(CacheError::TooLarge(max));
+        }
+        match self.blobs.put(name, limit(body, max), declared_len).await {
+            Err(BlobError::Body(e)) if e.kind() == std::io::ErrorKind::FileTooLarge => {
+                Err(CacheError::TooLarge(max))
+            }
+            Err(e) if e.is_storage_full() => {
+                tracing::warn!(upload = linked.upload.id, error = %e, "storage full: abandoning the upload and freeing its chunks");
+                if let Err(e) = self.abandon(linked.upload.id).await {
+                    tracing::warn!(upload = linked.upload.id, error = %e, "could not abandon the upload");
+                }
+                Err(CacheError::StorageFull)
+            }
+            other => {
+                let chunk = other?;
+                self.metrics.uploaded(chunk.size);
+                Ok(chunk)
+            }
+        }
+    }
+
+    /// Aborts an upload, whatever its revision, and deletes its chunks. False if it was already
+    /// closed or gone (finalized, or abandoned by another request or process).
+    pub(super) async fn abandon(&self, id: UploadId) -> Result<bool, CacheError> {
+        let aborted = retry_stale(|_| async {
+            let (upload, blocks) = self.open_upload(id).await?;
+            self.meta.abort_upload(&upload, self.clock.now()).await?;
+            Ok(blocks.blobs())
+        })
+        .await;
+        match aborted {
+            Ok(garbage) => {
+                self.collect(garbage).await;
+                Ok(true)
+            }
+            Err(CacheError::UploadClosed | CacheError::UploadNotFound) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// What staging a block decided, for the protocols: the blobs recording it frees, or the limit
+/// it would pass (`max` being the entry size limit).
+fn staged_or_refused(staging: Staging, max: u64) -> Result<Vec<BlobName>, CacheError> {
+    match staging {
+        Staging::Record { garbage } => Ok(garbage),
+        Staging::TooLarge => Err(CacheError::TooLarge(max)),
+        Staging::TooManyBlocks => Err(CacheError::TooManyBlocks),
+    }
+}
+
+/// Ends `body` with a `FileTooLarge` error once it has carried more than `max` bytes.
+fn limit(body: ByteStream, max: u64) -> ByteStream {
+    Box::pin(futures_util::stream::unfold(
+        (body, 0u64, false),
+        move |(mut body, seen, done)| async move {
+            if done {
+                return None;
+            }
+            match body.next().await? {
+                Ok(bytes) if seen + bytes.len() as u64 > max => Some((
+                    Err(std::io::Error::new(
+                        std::io::ErrorKind::FileTooLarge,
+                        "body exceeds the entry size limit",
+                    )),
+                    (body, seen, true),
+                )),
+                Ok(bytes) => {
+                    let seen = seen + bytes.len() as u64;
+                    Some((Ok(bytes), (body, seen, false)))
+                }
+                Err(e) => Some((Err(e), (body, seen, true))),
+            }
+        },
+    ))
+}
