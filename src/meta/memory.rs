@@ -64,13 +64,18 @@ struct StoredEntry {
     chunks: Vec<Chunk>,
 }
 
+/// Whether a row's repository, scope, version and folded key are the slot's.
+fn in_slot(slot: &Slot, repository: &RepoId, scope: &Scope, version: &str, folded: &str) -> bool {
+    *repository == slot.repository
+        && *scope == slot.scope
+        && version == slot.version.as_str()
+        && folded == slot.key.folded()
+}
+
 impl StoredUpload {
     fn holds(&self, slot: &Slot) -> bool {
         let u = &self.upload;
-        u.repository == slot.repository
-            && u.scope == slot.scope
-            && u.version == slot.version.as_str()
-            && self.folded == slot.key.folded()
+        in_slot(slot, &u.repository, &u.scope, &u.version, &self.folded)
     }
 }
 
@@ -88,10 +93,7 @@ impl StoredEntry {
 
     fn holds(&self, slot: &Slot) -> bool {
         let e = &self.entry;
-        e.repository == slot.repository
-            && e.scope == slot.scope
-            && e.version == slot.version.as_str()
-            && self.folded == slot.key.folded()
+        in_slot(slot, &e.repository, &e.scope, &e.version, &self.folded)
     }
 }
 

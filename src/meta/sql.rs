@@ -364,6 +364,10 @@ pub(super) fn entry_from_row(r: &impl SqlRow) -> Result<Entry, MetaError> {
     })
 }
 
+/// The columns [`use_from_row`] reads.
+pub(super) const USE_COLS: &str =
+    "SELECT id, repository, size, created_at, last_used_at FROM entries";
+
 pub(super) fn use_from_row(r: &impl SqlRow) -> Result<EntryUse, MetaError> {
     Ok(EntryUse {
         id: r.int(0)?,

@@ -28,7 +28,7 @@ mod wal;
 use crate::meta::sql::{
     chunk_from_row, count_entries_sql, entry_from_row, list_entries_sql, listed_from_row,
     repositories_sql, repository_from_row, upload_from_row, use_from_row, xxh3_column, Param,
-    SqlRow,
+    SqlRow, USE_COLS,
 };
 use crate::meta::{
     AdminStore, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health, LifecycleStore,
@@ -276,6 +276,18 @@ impl SqlRow for Row<'_> {
     fn opt_bytes(&self, col: usize) -> Result<Option<Vec<u8>>, MetaError> {
         Ok(self.get(col)?)
     }
+}
+
+/// Every row of `rows`, each read by `read`.
+fn rows_of<T>(
+    mut rows: rusqlite::Rows<'_>,
+    read: impl Fn(&Row<'_>) -> Result<T, MetaError>,
+) -> Result<Vec<T>, MetaError> {
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        out.push(read(row)?);
+    }
+    Ok(out)
 }
 
 const UPLOAD_COLS: &str =
@@ -645,12 +657,8 @@ impl RestoreStore for SqliteStore {
                 "SELECT id, repository, scope, key, version, size, created_at, last_used_at, hits FROM entries
                  WHERE repository = ? AND scope = ? AND key_folded = ? ORDER BY created_at DESC, id DESC LIMIT ?",
             )?;
-            let mut rows = stmt.query(params![params.0, params.1, params.2, limit as i64])?;
-            let mut entries = Vec::new();
-            while let Some(r) = rows.next()? {
-                entries.push(entry_from_row(r)?);
-            }
-            Ok(entries)
+            let rows = stmt.query(params![params.0, params.1, params.2, limit as i64])?;
+            rows_of(rows, |r| entry_from_row(r))
         })
         .await
     }
@@ -667,11 +675,9 @@ impl RestoreStore for SqliteStore {
             let mut stmt = conn.prepare_cached(
                 "SELECT start, blob_name, size, sha256, xxh3 FROM entry_chunks WHERE entry_id = ? ORDER BY ordinal",
             )?;
-            let mut rows = stmt.query([id])?;
-            let mut chunks = Vec::new();
-            while let Some(row) = rows.next()? {
-                chunks.push(EntryChunk { start: row.get::<_, i64>(0)? as u64, chunk: chunk_from_row(row, 1)? });
-            }
+            let chunks = rows_of(stmt.query([id])?, |row| {
+                Ok(EntryChunk { start: row.int(0)?.max(0) as u64, chunk: chunk_from_row(row, 1)? })
+            })?;
             Ok(Some((entry, chunks)))
         })
         .await
@@ -753,7 +759,7 @@ impl LifecycleStore for SqliteStore {
         let repository = repository.map(|r| r.as_str().to_owned());
         self.read(move |conn| {
             let mut stmt;
-            let mut rows = match &repository {
+            let rows = match &repository {
                 Some(repo) => {
                     stmt = conn.prepare_cached(&format!(
                         "{USE_COLS} WHERE repository = ? ORDER BY last_used_at, id LIMIT ?"
@@ -766,11 +772,7 @@ impl LifecycleStore for SqliteStore {
                     stmt.query(params![limit as i64])?
                 }
             };
-            let mut out = Vec::new();
-            while let Some(row) = rows.next()? {
-                out.push(use_from_row(row)?);
-            }
-            Ok(out)
+            rows_of(rows, |r| use_from_row(r))
         })
         .await
     }
@@ -786,16 +788,12 @@ impl LifecycleStore for SqliteStore {
                 "SELECT * FROM ({USE_COLS} WHERE last_used_at < ?1 LIMIT ?3)
                  UNION SELECT * FROM ({USE_COLS} WHERE created_at < ?2 LIMIT ?3) LIMIT ?3"
             ))?;
-            let mut rows = stmt.query(params![
+            let rows = stmt.query(params![
                 unused_before,
                 created_before.unwrap_or(Millis::MIN),
                 limit as i64
             ])?;
-            let mut out = Vec::new();
-            while let Some(row) = rows.next()? {
-                out.push(use_from_row(row)?);
-            }
-            Ok(out)
+            rows_of(rows, |r| use_from_row(r))
         })
         .await
     }
@@ -851,12 +849,8 @@ impl LifecycleStore for SqliteStore {
             let mut stmt = conn.prepare_cached(
                 "SELECT blob_name FROM pending_deletions WHERE delete_at <= ? ORDER BY delete_at LIMIT ?",
             )?;
-            let mut rows = stmt.query(params![now, limit as i64])?;
-            let mut out = Vec::new();
-            while let Some(row) = rows.next()? {
-                out.extend(BlobName::parse(&row.get::<_, String>(0)?));
-            }
-            Ok(out)
+            let names = rows_of(stmt.query(params![now, limit as i64])?, |r| r.text(0))?;
+            Ok(names.iter().filter_map(|n| BlobName::parse(n)).collect())
         })
         .await
     }
@@ -903,10 +897,8 @@ impl LifecycleStore for SqliteStore {
             let mut stmt = conn.prepare_cached(
                 "SELECT id FROM uploads WHERE state = 'open' AND created_at < ? ORDER BY created_at LIMIT ?",
             )?;
-            let ids = stmt
-                .query_map(params![created_before, limit as i64], |r| r.get(0))?
-                .collect::<Result<Vec<UploadId>, _>>()?;
-            Ok(ids)
+            let ids = rows_of(stmt.query(params![created_before, limit as i64])?, |r| r.int(0));
+            ids
         })
         .await
     }
@@ -928,10 +920,8 @@ impl LifecycleStore for SqliteStore {
         self.read(move |conn| {
             let mut stmt =
                 conn.prepare_cached("SELECT id FROM entries WHERE id > ? ORDER BY id LIMIT ?")?;
-            let ids = stmt
-                .query_map(params![after, limit as i64], |r| r.get(0))?
-                .collect::<Result<Vec<EntryId>, _>>()?;
-            Ok(ids)
+            let ids = rows_of(stmt.query(params![after, limit as i64])?, |r| r.int(0));
+            ids
         })
         .await
     }
@@ -942,16 +932,13 @@ impl LifecycleStore for SqliteStore {
         now: Millis,
     ) -> Result<(usize, Vec<BlobName>), MetaError> {
         self.write(move |tx| {
-            let mut garbage = Vec::new();
             let mut names = tx.prepare_cached(
                 "SELECT blob_name FROM entry_chunks WHERE entry_id IN (SELECT id FROM entries WHERE created_at > ?)
                  UNION ALL SELECT blob_name FROM staged_blocks WHERE upload_id IN (SELECT id FROM uploads WHERE state = 'open')
                  UNION ALL SELECT blob_name FROM upload_parts WHERE upload_id IN (SELECT id FROM uploads WHERE state = 'open')",
             )?;
-            let mut rows = names.query([since])?;
-            while let Some(row) = rows.next()? {
-                garbage.extend(BlobName::parse(&row.get::<_, String>(0)?));
-            }
+            let names = rows_of(names.query([since])?, |r| r.text(0))?;
+            let mut garbage: Vec<BlobName> = names.iter().filter_map(|n| BlobName::parse(n)).collect();
             // Usage drops by what is forgotten: work in proportion to it, not to the database.
             tx.prepare_cached(
                 "UPDATE repository_usage SET bytes = repository_usage.bytes - f.gone,
@@ -985,12 +972,8 @@ impl AdminStore for SqliteStore {
         self.read(move |conn| {
             // Not cached: operators' statements vary and would push the hot ones out.
             let mut stmt = conn.prepare(&sql)?;
-            let mut rows = stmt.query(rusqlite::params_from_iter(params))?;
-            let mut out = Vec::new();
-            while let Some(r) = rows.next()? {
-                out.push(listed_from_row(r)?);
-            }
-            Ok(out)
+            let rows = stmt.query(rusqlite::params_from_iter(params))?;
+            rows_of(rows, |r| listed_from_row(r))
         })
         .await
     }
@@ -1015,12 +998,8 @@ impl AdminStore for SqliteStore {
         self.read(move |conn| {
             // Not cached: operators' statements vary and would push the hot ones out.
             let mut stmt = conn.prepare(&sql)?;
-            let mut rows = stmt.query(rusqlite::params_from_iter(params))?;
-            let mut out = Vec::new();
-            while let Some(r) = rows.next()? {
-                out.push(repository_from_row(r)?);
-            }
-            Ok(out)
+            let rows = stmt.query(rusqlite::params_from_iter(params))?;
+            rows_of(rows, |r| repository_from_row(r))
         })
         .await
     }
@@ -1071,5 +1050,3 @@ fn slot_params(slot: &Slot) -> (String, String, String, String) {
         slot.version.as_str().to_owned(),
     )
 }
-
-const USE_COLS: &str = "SELECT id, repository, size, created_at, last_used_at FROM entries";

@@ -70,7 +70,7 @@ use super::sql::{
     bucket, candidates_sql, chunk_from_row, collect_blocks, count_entries_sql, entry_from_row,
     list_entries_sql, listed_from_row, names_from_rows, prefix_end, repositories_sql,
     repository_from_row, slot_hash, upload_from_row, upload_with_blocks_sql, use_from_row,
-    BlockRow, Param, SqlRow,
+    BlockRow, Param, SqlRow, USE_COLS,
 };
 use super::{
     AdminStore, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health, LifecycleStore,
@@ -231,8 +231,8 @@ impl<D: Dialect> SqlxStore<D> {
         Ok(Some((upload, collect_blocks(blocks)?)))
     }
 
-    /// `names` in statements of at most [`NAMES_PER_STATEMENT`]: `template` with `{names}` as
-    /// the list, bound `times` over.
+    /// `template` with `{names}` replaced by a list of `names`, bound `times` over, in
+    /// statements of at most [`NAMES_PER_STATEMENT`] names: the rows of every one.
     async fn per_names(
         &self,
         template: &str,
@@ -243,7 +243,7 @@ impl<D: Dialect> SqlxStore<D> {
         for batch in names.chunks(NAMES_PER_STATEMENT) {
             let list = vec!["?"; batch.len()].join(", ");
             let params: Vec<Param> = (0..times)
-                .flat_map(|_| batch.iter().map(|n| Param::Text(n.as_str().to_owned())))
+                .flat_map(|_| batch.iter().map(|n| text(n.as_str())))
                 .collect();
             found.extend(
                 self.rows(&template.replace("{names}", &list), params)
@@ -254,11 +254,10 @@ impl<D: Dialect> SqlxStore<D> {
     }
 }
 
+/// A string parameter.
 fn text(value: &str) -> Param {
     Param::Text(value.to_owned())
 }
-
-const USE_COLS: &str = "SELECT id, repository, size, created_at, last_used_at FROM entries";
 
 #[async_trait]
 impl<D: Dialect> Health for SqlxStore<D> {
@@ -575,13 +574,8 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
     }
 
     async fn deletions_done(&self, names: &[BlobName]) -> Result<(), MetaError> {
-        for batch in names.chunks(NAMES_PER_STATEMENT) {
-            let list = vec!["?"; batch.len()].join(", ");
-            let sql = format!("DELETE FROM pending_deletions WHERE blob_name IN ({list})");
-            let params = batch.iter().map(|n| text(n.as_str())).collect();
-            self.db.execute(&D::spell(&sql), params).await?;
-        }
-        Ok(())
+        let sql = "DELETE FROM pending_deletions WHERE blob_name IN ({names})";
+        self.per_names(sql, names, 1).await.map(drop)
     }
 
     async fn referenced(&self, names: &[BlobName]) -> Result<Vec<BlobName>, MetaError> {
@@ -694,14 +688,9 @@ impl<D: Dialect> AdminStore for SqlxStore<D> {
     }
 
     async fn count_entries(&self, filter: &EntryFilter) -> Result<u64, MetaError> {
+        // Built with the dialect's placeholders already: spelling it again changes nothing.
         let (sql, params) = count_entries_sql(filter, D::placeholder);
-        let rows = self.db.fetch(&sql, params).await?;
-        Ok(rows
-            .first()
-            .map(|r| r.int(0))
-            .transpose()?
-            .unwrap_or(0)
-            .max(0) as u64)
+        self.number(&sql, params).await
     }
 
     async fn repositories(

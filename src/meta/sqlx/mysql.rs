@@ -14,8 +14,8 @@ use async_trait::async_trait;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{AssertSqlSafe, Executor, MySql, Row, Transaction};
 
-use super::{bind_all, from_sqlx, Connections, Dialect, Done, SqlxStore, Step, USE_COLS};
-use crate::meta::sql::{bucket, slot_hash, use_from_row, xxh3_column, Param, SqlRow};
+use super::{bind_all, from_sqlx, Connections, Dialect, Done, SqlxStore, Step};
+use crate::meta::sql::{bucket, slot_hash, use_from_row, xxh3_column, Param, SqlRow, USE_COLS};
 use crate::meta::{EntryChunk, MetaError, NewEntry, NewUpload, Removal};
 use crate::model::{
     BlockId, Chunk, EntryId, EntryUse, Millis, RemovalCause, RepoId, Upload, UploadId,
@@ -134,17 +134,20 @@ impl MySqlDialect {
     }
 }
 
-/// Bumps the upload's revision if it is still open at the loaded one, else `Stale`.
+/// Bumps the upload's revision if it is still open at the loaded one, else `Stale`; `closing`
+/// also sets its state (`aborted`).
 async fn claim(
     tx: &mut Transaction<'_, MySql>,
     upload: &Upload,
     now: Millis,
+    closing: Option<&str>,
 ) -> Result<(), MetaError> {
     let changed = sqlx::query(
-        "UPDATE uploads SET revision = revision + 1, updated_at = ?
+        "UPDATE uploads SET revision = revision + 1, updated_at = ?, state = COALESCE(?, state)
          WHERE id = ? AND revision = ? AND state = 'open'",
     )
     .bind(now)
+    .bind(closing)
     .bind(upload.id)
     .bind(upload.revision)
     .execute(&mut **tx)
@@ -167,20 +170,6 @@ async fn drop_blocks(tx: &mut Transaction<'_, MySql>, upload: UploadId) -> Resul
     .execute(&mut **tx)
     .await
     .map_err(from_sqlx)?;
-    Ok(())
-}
-
-async fn set_state(
-    tx: &mut Transaction<'_, MySql>,
-    upload: UploadId,
-    state: &str,
-) -> Result<(), MetaError> {
-    sqlx::query("UPDATE uploads SET state = ? WHERE id = ?")
-        .bind(state)
-        .bind(upload)
-        .execute(&mut **tx)
-        .await
-        .map_err(from_sqlx)?;
     Ok(())
 }
 
@@ -265,9 +254,8 @@ impl Dialect for MySqlDialect {
         };
         // Taking over an abandoned upload: abort it and insert the new one together.
         let mut tx = self.begin().await?;
-        claim(&mut tx, old, new.now).await?;
+        claim(&mut tx, old, new.now, Some("aborted")).await?;
         drop_blocks(&mut tx, old.id).await?;
-        set_state(&mut tx, old.id, "aborted").await?;
         let inserted = insert.execute(&mut *tx).await.map_err(from_sqlx)?;
         tx.commit().await.map_err(from_sqlx)?;
         Ok(inserted.last_insert_id() as i64)
@@ -281,7 +269,7 @@ impl Dialect for MySqlDialect {
         now: Millis,
     ) -> Result<(), MetaError> {
         let mut tx = self.begin().await?;
-        claim(&mut tx, upload, now).await?;
+        claim(&mut tx, upload, now, None).await?;
         sqlx::query(
             "INSERT INTO staged_blocks (upload_id, block_id, blob_name, size, sha256, xxh3) VALUES (?, ?, ?, ?, ?, ?)
              ON DUPLICATE KEY UPDATE blob_name = VALUES(blob_name), size = VALUES(size), sha256 = VALUES(sha256),
@@ -306,7 +294,7 @@ impl Dialect for MySqlDialect {
         now: Millis,
     ) -> Result<(), MetaError> {
         let mut tx = self.begin().await?;
-        claim(&mut tx, upload, now).await?;
+        claim(&mut tx, upload, now, None).await?;
         drop_blocks(&mut tx, upload.id).await?;
         let rows: Vec<(i64, usize, &BlockId, &Chunk)> = parts
             .iter()
@@ -334,9 +322,8 @@ impl Dialect for MySqlDialect {
 
     async fn abort_upload(&self, upload: &Upload, now: Millis) -> Result<(), MetaError> {
         let mut tx = self.begin().await?;
-        claim(&mut tx, upload, now).await?;
+        claim(&mut tx, upload, now, Some("aborted")).await?;
         drop_blocks(&mut tx, upload.id).await?;
-        set_state(&mut tx, upload.id, "aborted").await?;
         tx.commit().await.map_err(from_sqlx)
     }
 
