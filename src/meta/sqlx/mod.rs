@@ -35,23 +35,17 @@ macro_rules! impl_connections {
                 let mut tx = self.pool.begin().await.map_err(from_sqlx)?;
                 let mut done = Vec::with_capacity(steps.len());
                 for step in steps {
-                    let (sql, params) = match &step {
-                        Step::Fetch(sql, params) | Step::Execute(sql, params) => {
-                            (<Self as Dialect>::spell(sql), params.clone())
-                        }
+                    let (sql, params, rows_wanted) = match step {
+                        Step::Fetch(sql, params) => (sql, params, true),
+                        Step::Execute(sql, params) => (sql, params, false),
                     };
-                    let query = bind_all(sqlx::query(AssertSqlSafe(sql)), params);
-                    done.push(match step {
-                        Step::Fetch(..) => {
-                            Done::Rows(query.fetch_all(&mut *tx).await.map_err(from_sqlx)?)
-                        }
-                        Step::Execute(..) => Done::Changed(
-                            query
-                                .execute(&mut *tx)
-                                .await
-                                .map_err(from_sqlx)?
-                                .rows_affected(),
-                        ),
+                    let sql = AssertSqlSafe(<Self as Dialect>::spell(sql));
+                    let query = bind_all(sqlx::query(sql), params);
+                    done.push(if rows_wanted {
+                        Done::Rows(query.fetch_all(&mut *tx).await.map_err(from_sqlx)?)
+                    } else {
+                        let changed = query.execute(&mut *tx).await.map_err(from_sqlx)?;
+                        Done::Changed(changed.rows_affected())
                     });
                 }
                 tx.commit().await.map_err(from_sqlx)?;
@@ -97,7 +91,7 @@ pub struct SqlxStore<D> {
     db: D,
 }
 
-/// One statement of a transaction run by [`Dialect::in_transaction`].
+/// One statement of a transaction run by [`Connections::in_transaction`].
 pub enum Step {
     /// Rows wanted.
     Fetch(&'static str, Vec<Param>),
