@@ -305,8 +305,53 @@ pub struct Chunk {
     pub xxh3: Option<u64>,
 }
 
-pub type UploadId = i64;
-pub type EntryId = i64;
+/// Identifies one upload (an open or closed reservation). The metadata store makes it when
+/// the upload is created; a type of its own so it is never passed where an [`EntryId`] is due.
+/// Shown as the bare integer, so links, JSON and logs read as they always did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct UploadId(i64);
+
+impl UploadId {
+    /// Wraps an id read from a row, a URL or a test.
+    pub const fn new(id: i64) -> Self {
+        Self(id)
+    }
+
+    /// The integer the database stores (for binding and wire formats).
+    pub const fn get(self) -> i64 {
+        self.0
+    }
+}
+
+impl fmt::Display for UploadId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// Identifies one entry. The metadata store makes it when an upload is finalized; a type of
+/// its own so it is never passed where an [`UploadId`] is due.
+/// Shown as the bare integer, so links, JSON and logs read as they always did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EntryId(i64);
+
+impl EntryId {
+    /// Wraps an id read from a row, a URL or a test.
+    pub const fn new(id: i64) -> Self {
+        Self(id)
+    }
+
+    /// The integer the database stores (for binding and wire formats).
+    pub const fn get(self) -> i64 {
+        self.0
+    }
+}
+
+impl fmt::Display for EntryId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
 
 /// Milliseconds since the Unix epoch: the one clock unit stored in metadata.
 pub type Millis = i64;

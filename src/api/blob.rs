@@ -13,9 +13,9 @@ use super::query::Query;
 use super::transfer::{body_stream, serve_entry};
 use super::{blocklist, AppState};
 use crate::auth::signing::SignatureError;
-use crate::auth::{LinkTarget, Purpose};
+use crate::auth::{LinkId, LinkTarget};
 use crate::cache::CacheError;
-use crate::model::{BlockId, BlockRef};
+use crate::model::{BlockId, BlockRef, EntryId, UploadId};
 
 /// A block list of 50,000 ids of 64 characters, with room to spare.
 const MAX_BLOCK_LIST_BYTES: usize = 8 << 20;
@@ -28,21 +28,19 @@ fn link_id(raw: &str) -> Result<i64, AzureError> {
         .ok_or_else(AzureError::not_found)
 }
 
-/// Checks a link's signature for `purpose` before anything is loaded: the id is the path's,
-/// the row's creation time the link's `ct`. Returns the target the signature covers.
-fn authorize(
+/// Checks a link's signature for what `Id` opens before anything is loaded: the id is the
+/// path's, the row's creation time the link's `ct`. Returns the target the signature covers.
+fn authorize<Id: LinkId>(
     app: &AppState,
-    purpose: Purpose,
-    id: i64,
+    id: Id,
     query: &Query,
-) -> Result<LinkTarget, AzureError> {
+) -> Result<LinkTarget<Id>, AzureError> {
     let created_at = query
         .str("ct")
         .and_then(|ct| ct.parse().ok())
         .ok_or(SignatureError::Malformed)?;
     let target = LinkTarget { id, created_at };
     app.signer().verify(
-        purpose,
         target,
         query.str("se"),
         query.str("sig"),
@@ -122,7 +120,7 @@ async fn put(
         ));
     }
     let query = Query::parse(&uri);
-    let target = authorize(&app, Purpose::Upload, link_id(&id)?, &query)?;
+    let target = authorize(&app, UploadId::new(link_id(&id)?), &query)?;
     let cache = app.cache();
     let idle = app.config().limits.idle_timeout;
     match query.str("comp") {
@@ -225,7 +223,7 @@ async fn get(
         ));
     }
     let query = Query::parse(&uri);
-    let target = authorize(&app, Purpose::Download, link_id(&id)?, &query)?;
+    let target = authorize(&app, EntryId::new(link_id(&id)?), &query)?;
     let open = app.cache().open_link(target).await?;
     serve_entry(&app, &method, &open, &headers).await
 }

@@ -15,7 +15,7 @@ use serde_json::json;
 
 use super::query::Query;
 use super::{links, transfer, AppState};
-use crate::auth::{Caller, CallerError, Identity, Purpose};
+use crate::auth::{Caller, CallerError, Identity};
 use crate::cache::CacheError;
 use crate::model::{EntryId, Lookup, UploadId};
 
@@ -195,8 +195,8 @@ impl Resource {
             "caches" => Self::Caches,
             "clean" => Self::Clean,
             other => match other.split_once('/')? {
-                ("caches", raw) => Self::Upload(id(raw)?),
-                ("artifacts", raw) => Self::Artifact(id(raw)?),
+                ("caches", raw) => Self::Upload(UploadId::new(id(raw)?)),
+                ("artifacts", raw) => Self::Artifact(EntryId::new(id(raw)?)),
                 _ => return None,
             },
         })
@@ -281,7 +281,7 @@ async fn lookup(
             run.run_id.as_deref().unwrap_or_default(),
             hit.entry.id
         ),
-        _ => links::signed(app, headers, Purpose::Download, hit.entry)?,
+        _ => links::signed(app, headers, hit.entry)?,
     };
     Ok(Json::ok(json!({
         "scope": hit.scope.as_str(),
@@ -362,7 +362,7 @@ async fn reserve(app: &AppState, who: &Identity, body: Body) -> Result<Response,
     match app.cache().reserve(who, &req.key, &req.version).await {
         Ok(upload) => Ok(Json::with(
             StatusCode::CREATED,
-            json!({ "cacheId": upload.id }),
+            json!({ "cacheId": upload.id.get() }),
         )),
         Err(CacheError::Conflict) => {
             let scope = who.write_scope.as_ref().map_or("", |s| s.as_str());
@@ -512,11 +512,11 @@ mod tests {
         assert!(matches!(Resource::parse("cache"), Some(Resource::Lookup)));
         assert!(matches!(
             Resource::parse("caches/7"),
-            Some(Resource::Upload(7))
+            Some(Resource::Upload(id)) if id == UploadId::new(7)
         ));
         assert!(matches!(
             Resource::parse("artifacts/9"),
-            Some(Resource::Artifact(9))
+            Some(Resource::Artifact(id)) if id == EntryId::new(9)
         ));
         for bad in [
             "caches/0",

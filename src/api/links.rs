@@ -12,7 +12,7 @@
 use axum::http::{header, HeaderMap};
 
 use super::AppState;
-use crate::auth::{LinkTarget, Purpose};
+use crate::auth::{LinkId, LinkTarget, Purpose};
 
 /// The request names no host a link could point at, and `--public-url` is not set.
 #[derive(Debug, Clone, Copy, thiserror::Error)]
@@ -22,14 +22,15 @@ pub struct NoLinkBase;
 pub const UPLOAD_PREFIX: &str = "/_blob/uploads/";
 pub const DOWNLOAD_PREFIX: &str = "/_blob/entries/";
 
-pub fn signed(
+/// The link to `target`: an upload link for an [`UploadId`](crate::model::UploadId), a
+/// download link for an [`EntryId`](crate::model::EntryId).
+pub fn signed<Id: LinkId>(
     app: &AppState,
     headers: &HeaderMap,
-    purpose: Purpose,
-    target: LinkTarget,
+    target: LinkTarget<Id>,
 ) -> Result<String, NoLinkBase> {
     use std::fmt::Write as _;
-    let (prefix, ttl) = match purpose {
+    let (prefix, ttl) = match Id::PURPOSE {
         Purpose::Upload => (UPLOAD_PREFIX, app.config().upload_url_ttl),
         Purpose::Download => (DOWNLOAD_PREFIX, app.config().download_url_ttl),
     };
@@ -42,7 +43,7 @@ pub fn signed(
         "{prefix}{}?se={expires}&ct={}&sig=",
         target.id, target.created_at
     );
-    app.signer().sign_into(purpose, target, expires, &mut link);
+    app.signer().sign_into(target, expires, &mut link);
     Ok(link)
 }
 

@@ -74,7 +74,7 @@ pub(super) async fn serve_entry(
             .await
             .unwrap_or_else(|e| {
                 // Start-up proved presigning works; streaming is still a right answer.
-                tracing::warn!(entry = open.entry.id, error = %e, "cannot presign a direct download link; streaming instead");
+                tracing::warn!(entry = open.entry.id.get(), error = %e, "cannot presign a direct download link; streaming instead");
                 None
             });
         if let Some(link) = link {
@@ -93,7 +93,7 @@ pub(super) async fn serve_entry(
     let etag = format!(
         "\"0x{:X}{:04X}\"",
         open.entry.created_at,
-        open.entry.id & 0xFFFF
+        open.entry.id.get() & 0xFFFF
     );
     if let Some(wanted) = header_str(headers, "if-match") {
         if wanted.trim() != "*" && !wanted.split(',').any(|t| t.trim() == etag) {

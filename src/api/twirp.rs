@@ -14,7 +14,7 @@ use super::proto::{
     GetCacheEntryDownloadUrlResponse,
 };
 use super::{links, AppState};
-use crate::auth::{CallerError, Identity, Purpose};
+use crate::auth::{CallerError, Identity};
 use crate::cache::CacheError;
 use crate::model::Lookup;
 
@@ -275,7 +275,7 @@ async fn create(
     match app.cache().reserve(who, &req.key, &req.version).await {
         Ok(upload) => Ok(CreateCacheEntryResponse {
             ok: true,
-            signed_upload_url: links::signed(app, headers, Purpose::Upload, upload)?,
+            signed_upload_url: links::signed(app, headers, upload)?,
             message: String::new(),
         }),
         // GitHub answers a token without a writable scope with 200 ok:false (§2.4, §12).
@@ -306,7 +306,7 @@ async fn finalize(
     {
         Ok(entry) => Ok(FinalizeCacheEntryUploadResponse {
             ok: true,
-            entry_id: entry,
+            entry_id: entry.get(),
             message: String::new(),
         }),
         // Outcomes the client reports as a warning with our message (§2.6).
@@ -338,7 +338,7 @@ async fn lookup(
         None => Ok(GetCacheEntryDownloadUrlResponse::default()),
         Some(hit) => Ok(GetCacheEntryDownloadUrlResponse {
             ok: true,
-            signed_download_url: links::signed(app, headers, Purpose::Download, hit.entry)?,
+            signed_download_url: links::signed(app, headers, hit.entry)?,
             matched_key: hit.matched_key,
         }),
     }

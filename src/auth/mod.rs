@@ -10,7 +10,7 @@ pub mod token;
 pub mod verify;
 
 pub use callers::{Caller, CallerError, Callers};
-pub use signing::{LinkTarget, Purpose, UrlSigner};
+pub use signing::{LinkId, LinkTarget, Purpose, UrlSigner};
 pub use token::{Identity, TokenError};
 pub use verify::{TokenSettings, Verifier};
 

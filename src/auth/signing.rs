@@ -17,7 +17,7 @@ use hmac::{Hmac, Mac};
 use rand::RngCore;
 use sha2::Sha256;
 
-use crate::model::{Clock, SystemClock};
+use crate::model::{Clock, EntryId, SystemClock, UploadId};
 use crate::secret::Secret;
 
 type HmacSha256 = Hmac<Sha256>;
@@ -37,10 +37,25 @@ impl Purpose {
     }
 }
 
-/// What a link opens: an upload or entry, by id and creation time (milliseconds).
+/// An id a link may carry; its type decides what the link is signed for, so an upload's id
+/// can never be signed (or checked) as a download.
+pub trait LinkId: Copy + std::fmt::Display {
+    const PURPOSE: Purpose;
+}
+
+impl LinkId for UploadId {
+    const PURPOSE: Purpose = Purpose::Upload;
+}
+
+impl LinkId for EntryId {
+    const PURPOSE: Purpose = Purpose::Download;
+}
+
+/// What a link opens: an upload ([`UploadId`]) or an entry ([`EntryId`]), by id and creation
+/// time (milliseconds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LinkTarget {
-    pub id: i64,
+pub struct LinkTarget<Id> {
+    pub id: Id,
     pub created_at: i64,
 }
 
@@ -126,31 +141,31 @@ impl UrlSigner {
         }
     }
 
-    fn mac(&self, purpose: Purpose, target: LinkTarget, expires: u64) -> HmacSha256 {
+    fn mac<Id: LinkId>(&self, target: LinkTarget<Id>, expires: u64) -> HmacSha256 {
         let mut mac = self.keyed.clone();
         let LinkTarget { id, created_at } = target;
-        mac.update(format!("{}\n{id}\n{created_at}\n{expires}", purpose.label()).as_bytes());
+        let purpose = Id::PURPOSE.label();
+        mac.update(format!("{purpose}\n{id}\n{created_at}\n{expires}").as_bytes());
         mac
     }
 
     /// The `sig` value for a link.
-    pub fn sign(&self, purpose: Purpose, target: LinkTarget, expires: u64) -> String {
+    pub fn sign<Id: LinkId>(&self, target: LinkTarget<Id>, expires: u64) -> String {
         let mut sig = String::with_capacity(43);
-        self.sign_into(purpose, target, expires, &mut sig);
+        self.sign_into(target, expires, &mut sig);
         sig
     }
 
     /// Appends the `sig` value for a link to `out`.
-    pub fn sign_into(&self, purpose: Purpose, target: LinkTarget, expires: u64, out: &mut String) {
-        let mac = self.mac(purpose, target, expires).finalize().into_bytes();
+    pub fn sign_into<Id: LinkId>(&self, target: LinkTarget<Id>, expires: u64, out: &mut String) {
+        let mac = self.mac(target, expires).finalize().into_bytes();
         URL_SAFE_NO_PAD.encode_string(mac, out);
     }
 
     /// Checks a link's `se` and `sig` at time `now` (Unix seconds).
-    pub fn verify(
+    pub fn verify<Id: LinkId>(
         &self,
-        purpose: Purpose,
-        target: LinkTarget,
+        target: LinkTarget<Id>,
         expires: Option<&str>,
         sig: Option<&str>,
         now: u64,
@@ -161,7 +176,7 @@ impl UrlSigner {
         let sig = sig
             .and_then(|s| URL_SAFE_NO_PAD.decode(s).ok())
             .ok_or(SignatureError::Malformed)?;
-        self.mac(purpose, target, expires)
+        self.mac(target, expires)
             .verify_slice(&sig)
             .map_err(|_| SignatureError::Forged)?;
         if now >= expires {
@@ -175,23 +190,32 @@ impl UrlSigner {
 mod tests {
     use super::*;
 
-    fn t(id: i64) -> LinkTarget {
+    const CREATED: i64 = 1_700_000_000_000;
+
+    fn upload(id: i64) -> LinkTarget<UploadId> {
         LinkTarget {
-            id,
-            created_at: 1_700_000_000_000,
+            id: UploadId::new(id),
+            created_at: CREATED,
+        }
+    }
+
+    fn entry(id: i64) -> LinkTarget<EntryId> {
+        LinkTarget {
+            id: EntryId::new(id),
+            created_at: CREATED,
         }
     }
 
     #[test]
     fn a_signature_never_opens_a_later_row_with_the_same_id() {
         let s = signer();
-        let sig = s.sign(Purpose::Download, t(5), 1000);
+        let sig = s.sign(entry(5), 1000);
         let reused = LinkTarget {
-            id: 5,
-            created_at: 1_700_000_000_001,
+            id: EntryId::new(5),
+            created_at: CREATED + 1,
         };
         assert_eq!(
-            s.verify(Purpose::Download, reused, Some("1000"), Some(&sig), 0),
+            s.verify(reused, Some("1000"), Some(&sig), 0),
             Err(SignatureError::Forged)
         );
     }
@@ -203,13 +227,10 @@ mod tests {
     #[test]
     fn a_signed_link_verifies_until_it_expires() {
         let s = signer();
-        let sig = s.sign(Purpose::Upload, t(5), 1000);
+        let sig = s.sign(upload(5), 1000);
+        assert_eq!(s.verify(upload(5), Some("1000"), Some(&sig), 999), Ok(()));
         assert_eq!(
-            s.verify(Purpose::Upload, t(5), Some("1000"), Some(&sig), 999),
-            Ok(())
-        );
-        assert_eq!(
-            s.verify(Purpose::Upload, t(5), Some("1000"), Some(&sig), 1000),
+            s.verify(upload(5), Some("1000"), Some(&sig), 1000),
             Err(SignatureError::Expired)
         );
     }
@@ -217,41 +238,23 @@ mod tests {
     #[test]
     fn signatures_bind_purpose_id_and_expiry() {
         let s = signer();
-        let sig = s.sign(Purpose::Upload, t(5), 1000);
+        let sig = s.sign(upload(5), 1000);
         let forged = Err(SignatureError::Forged);
-        assert_eq!(
-            s.verify(Purpose::Download, t(5), Some("1000"), Some(&sig), 0),
-            forged
-        );
-        assert_eq!(
-            s.verify(Purpose::Upload, t(6), Some("1000"), Some(&sig), 0),
-            forged
-        );
-        assert_eq!(
-            s.verify(Purpose::Upload, t(5), Some("2000"), Some(&sig), 0),
-            forged
-        );
+        assert_eq!(s.verify(entry(5), Some("1000"), Some(&sig), 0), forged);
+        assert_eq!(s.verify(upload(6), Some("1000"), Some(&sig), 0), forged);
+        assert_eq!(s.verify(upload(5), Some("2000"), Some(&sig), 0), forged);
         let other = UrlSigner::new(Secret::new(vec![8; 32]));
-        assert_eq!(
-            other.verify(Purpose::Upload, t(5), Some("1000"), Some(&sig), 0),
-            forged
-        );
+        assert_eq!(other.verify(upload(5), Some("1000"), Some(&sig), 0), forged);
     }
 
     #[test]
     fn missing_or_garbled_parameters_are_malformed() {
         let s = signer();
         let m = Err(SignatureError::Malformed);
-        assert_eq!(s.verify(Purpose::Upload, t(5), None, Some("x"), 0), m);
-        assert_eq!(
-            s.verify(Purpose::Upload, t(5), Some("soon"), Some("x"), 0),
-            m
-        );
-        assert_eq!(s.verify(Purpose::Upload, t(5), Some("1000"), None, 0), m);
-        assert_eq!(
-            s.verify(Purpose::Upload, t(5), Some("1000"), Some("%%%"), 0),
-            m
-        );
+        assert_eq!(s.verify(upload(5), None, Some("x"), 0), m);
+        assert_eq!(s.verify(upload(5), Some("soon"), Some("x"), 0), m);
+        assert_eq!(s.verify(upload(5), Some("1000"), None, 0), m);
+        assert_eq!(s.verify(upload(5), Some("1000"), Some("%%%"), 0), m);
     }
 
     #[test]
@@ -260,10 +263,9 @@ mod tests {
         let s = signer().with_clock(clock.clone());
         assert_eq!(s.now(), 1000);
         let expires = s.now() + 5;
-        let sig = s.sign(Purpose::Download, t(5), expires);
+        let sig = s.sign(entry(5), expires);
         let se = expires.to_string();
-        let check =
-            |s: &UrlSigner| s.verify(Purpose::Download, t(5), Some(&se), Some(&sig), s.now());
+        let check = |s: &UrlSigner| s.verify(entry(5), Some(&se), Some(&sig), s.now());
         assert_eq!(check(&s), Ok(()));
         clock.advance(std::time::Duration::from_millis(4_999));
         assert_eq!(check(&s), Ok(()));
@@ -277,10 +279,7 @@ mod tests {
         let path = dir.path().join("signing.key");
         let a = UrlSigner::load_or_create(&path).unwrap();
         let b = UrlSigner::load_or_create(&path).unwrap();
-        assert_eq!(
-            a.sign(Purpose::Download, t(1), 2),
-            b.sign(Purpose::Download, t(1), 2)
-        );
+        assert_eq!(a.sign(entry(1), 2), b.sign(entry(1), 2));
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;

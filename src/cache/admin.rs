@@ -122,7 +122,7 @@ impl Cache {
                 target: "hoard::audit",
                 action = "delete",
                 by,
-                id = e.id,
+                id = e.id.get(),
                 repository = %e.repository,
                 repository_name = %listed.repository_name,
                 scope = %e.scope,

@@ -154,7 +154,7 @@ impl Cache {
         mut progress: impl FnMut(&VerifyReport),
     ) -> Result<VerifyReport, CacheError> {
         let mut report = VerifyReport::default();
-        let mut after = 0;
+        let mut after = EntryId::new(0);
         loop {
             let ids = self.meta.entry_ids(after, 500).await?;
             let Some(last) = ids.last() else { break };

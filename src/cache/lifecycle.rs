@@ -243,7 +243,7 @@ impl Cache {
             tracing::info!(
                 target: "hoard::lifecycle",
                 cause = cause.as_str(),
-                entry = entry.id,
+                entry = entry.id.get(),
                 repository = %entry.repository,
                 size = entry.size,
                 "entry removed"
@@ -255,7 +255,7 @@ impl Cache {
     /// Quarantines an entry whose bytes failed a check: it is never served again, the next
     /// lookup misses, and its chunks are deleted after the grace period.
     pub async fn quarantine(&self, id: EntryId, reason: String) -> Result<bool, CacheError> {
-        tracing::error!(target: "hoard::integrity", entry = id, %reason, "entry quarantined");
+        tracing::error!(target: "hoard::integrity", entry = id.get(), %reason, "entry quarantined");
         let removed = self
             .remove(&[id], RemovalCause::Quarantined(reason))
             .await?;
@@ -606,9 +606,9 @@ impl Cache {
 mod tests {
     use super::*;
 
-    fn used(id: EntryId, size: u64, last_used_at: Millis) -> EntryUse {
+    fn used(id: i64, size: u64, last_used_at: Millis) -> EntryUse {
         EntryUse {
-            id,
+            id: EntryId::new(id),
             repository: RepoId::new("1"),
             size,
             created_at: 0,
@@ -616,17 +616,25 @@ mod tests {
         }
     }
 
+    fn ids(raw: &[i64]) -> Vec<EntryId> {
+        raw.iter().copied().map(EntryId::new).collect()
+    }
+
     #[test]
     fn evictions_take_the_least_recently_used_until_enough_is_freed() {
         let lru = [used(1, 10, 1), used(2, 10, 2), used(3, 10, 3)];
-        assert_eq!(choose_evictions(0, &lru, &[]), Vec::<EntryId>::new());
-        assert_eq!(choose_evictions(1, &lru, &[]), [1]);
-        assert_eq!(choose_evictions(11, &lru, &[]), [1, 2]);
-        assert_eq!(choose_evictions(100, &lru, &[]), [1, 2, 3]);
-        assert_eq!(choose_evictions(11, &lru, &[1]), [2, 3], "spare is kept");
+        assert_eq!(choose_evictions(0, &lru, &[]), ids(&[]));
+        assert_eq!(choose_evictions(1, &lru, &[]), ids(&[1]));
+        assert_eq!(choose_evictions(11, &lru, &[]), ids(&[1, 2]));
+        assert_eq!(choose_evictions(100, &lru, &[]), ids(&[1, 2, 3]));
         assert_eq!(
-            choose_evictions(11, &lru, &[1, 3]),
-            [2],
+            choose_evictions(11, &lru, &ids(&[1])),
+            ids(&[2, 3]),
+            "spare is kept"
+        );
+        assert_eq!(
+            choose_evictions(11, &lru, &ids(&[1, 3])),
+            ids(&[2]),
             "however many are spared"
         );
     }

@@ -37,9 +37,9 @@ mod tests {
     use super::*;
     use crate::model::{EntryId, Millis};
 
-    fn cand(id: EntryId, scope: &str, key: &str, created_at: Millis) -> Candidate {
+    fn cand(id: i64, scope: &str, key: &str, created_at: Millis) -> Candidate {
         Candidate {
-            id,
+            id: EntryId::new(id),
             scope: Scope::new(scope),
             key: key.to_owned(),
             key_folded: key.to_lowercase(),
@@ -65,7 +65,7 @@ mod tests {
             cand(2, MAIN, "npm-abcdef", 20),
         ];
         let hit = best_match(&scopes(&[MAIN]), &keys(&["npm-abc"]), &c).unwrap();
-        assert_eq!(hit.id, 1);
+        assert_eq!(hit.id, EntryId::new(1));
     }
 
     #[test]
@@ -86,7 +86,7 @@ mod tests {
             best_match(&scopes(&[MAIN]), &keys(&["npm-"]), &c)
                 .unwrap()
                 .id,
-            9
+            EntryId::new(9)
         );
     }
 
@@ -102,14 +102,14 @@ mod tests {
             &c,
         )
         .unwrap();
-        assert_eq!(hit.id, 2);
+        assert_eq!(hit.id, EntryId::new(2));
     }
 
     #[test]
     fn restore_keys_are_tried_in_order() {
         let c = [cand(1, MAIN, "b-1", 50), cand(2, MAIN, "a-1", 10)];
         let hit = best_match(&scopes(&[MAIN]), &keys(&["zzz", "a-", "b-"]), &c).unwrap();
-        assert_eq!(hit.id, 2);
+        assert_eq!(hit.id, EntryId::new(2));
     }
 
     #[test]
@@ -117,11 +117,11 @@ mod tests {
         // A restore-key hit in the current branch beats an exact hit on the default branch.
         let c = [cand(1, MAIN, "k", 10), cand(2, FEATURE, "k-partial", 5)];
         let hit = best_match(&scopes(&[FEATURE, MAIN]), &keys(&["k", "k-"]), &c).unwrap();
-        assert_eq!(hit.id, 2);
+        assert_eq!(hit.id, EntryId::new(2));
         // Nothing in the feature branch: fall back to main.
         let c = [cand(1, MAIN, "k", 10)];
         let hit = best_match(&scopes(&[FEATURE, MAIN]), &keys(&["k"]), &c).unwrap();
-        assert_eq!(hit.id, 1);
+        assert_eq!(hit.id, EntryId::new(1));
     }
 
     #[test]
@@ -136,7 +136,7 @@ mod tests {
         let hit = best_match(&scopes(&[MAIN]), &keys(&["linux-npm-"]), &c).unwrap();
         assert_eq!(hit.key, "Linux-NPM-Abc");
         let hit = best_match(&scopes(&[MAIN]), &keys(&["LINUX-npm-abc"]), &c).unwrap();
-        assert_eq!(hit.id, 1);
+        assert_eq!(hit.id, EntryId::new(1));
     }
 
     #[test]

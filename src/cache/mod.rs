@@ -192,7 +192,8 @@ impl Drop for ForgetIfDropped<'_> {
 }
 
 /// The audit trail of writes: who reserved or finalized what (issue #4, point 5). The token's
-/// claims are the client's text, so they are clipped.
+/// claims are the client's text, so they are clipped. `id` is the upload's (reserve) or the
+/// entry's (finalize).
 fn audit(action: &str, who: &Identity, slot: &Slot, id: i64) {
     tracing::info!(
         target: "hoard::audit",

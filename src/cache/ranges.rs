@@ -72,7 +72,7 @@ impl Cache {
             UploadState::Open => self.commit_tiled(&linked, size).await?,
         }
         let entry = retry_stale(|_| self.try_finalize(who, &slot, size, Some(id))).await?;
-        audit("finalize", who, &slot, entry);
+        audit("finalize", who, &slot, entry.get());
         Ok(entry)
     }
 

@@ -163,10 +163,11 @@ impl<K: Hash + Eq, V> Recent<K, V> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::EntryId;
 
     fn answer(id: i64) -> Arc<Vec<Candidate>> {
         Arc::new(vec![Candidate {
-            id,
+            id: EntryId::new(id),
             scope: Scope::new("refs/heads/main"),
             key: "k".into(),
             key_folded: "k".into(),
@@ -179,7 +180,7 @@ mod tests {
         let recent = RecentLookups::new(Duration::from_millis(1000));
         let g = recent.generation();
         recent.put("k".into(), g, 10_000, answer(1));
-        assert_eq!(recent.get("k", 10_999).unwrap()[0].id, 1);
+        assert_eq!(recent.get("k", 10_999).unwrap()[0].id, EntryId::new(1));
         assert!(recent.get("k", 11_000).is_none());
         assert!(recent.get("other", 10_000).is_none());
     }
@@ -198,7 +199,7 @@ mod tests {
         recent.put("b".into(), before, 0, answer(2));
         assert!(recent.get("b", 0).is_none());
         recent.put("b".into(), recent.generation(), 0, answer(3));
-        assert_eq!(recent.get("b", 0).unwrap()[0].id, 3);
+        assert_eq!(recent.get("b", 0).unwrap()[0].id, EntryId::new(3));
     }
 
     #[test]
@@ -209,7 +210,7 @@ mod tests {
         recent.put("b".into(), before, 0, answer(2));
         recent.forget(["a".to_owned()]);
         assert!(recent.get("a", 0).is_none());
-        assert_eq!(recent.get("b", 0).unwrap()[0].id, 2);
+        assert_eq!(recent.get("b", 0).unwrap()[0].id, EntryId::new(2));
         recent.put("a".into(), before, 0, answer(1));
         assert!(
             recent.get("a", 0).is_none(),

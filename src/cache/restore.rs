@@ -15,7 +15,7 @@ use crate::model::{ByteStream, CacheKey, Entry, EntryId, Lookup, Millis, Slot};
 #[derive(Debug, Clone)]
 pub struct Hit {
     /// What the download link opens.
-    pub entry: LinkTarget,
+    pub entry: LinkTarget<EntryId>,
     pub matched_key: String,
     /// The scope the entry was saved in (the v1 answer names it).
     pub scope: crate::model::Scope,
@@ -115,7 +115,7 @@ impl Cache {
 
     /// The entry a signed download link names, opened for reading: [`CacheError::NoSuchLink`]
     /// unless the row is the one the link was signed for (same id and creation time).
-    pub async fn open_link(&self, link: LinkTarget) -> Result<Arc<OpenEntry>, CacheError> {
+    pub async fn open_link(&self, link: LinkTarget<EntryId>) -> Result<Arc<OpenEntry>, CacheError> {
         match self.open_entry(link.id).await {
             Ok(open) if open.entry.created_at == link.created_at => Ok(open),
             Ok(_) | Err(CacheError::EntryNotFound) => Err(CacheError::NoSuchLink),
@@ -227,7 +227,7 @@ impl Cache {
                 let on_damage: integrity::OnDamage = Box::new(move |how| {
                     tokio::spawn(async move {
                         if let Err(e) = cache.quarantine(entry, how).await {
-                            tracing::error!(entry, error = %e, "could not quarantine a damaged entry");
+                            tracing::error!(entry = entry.get(), error = %e, "could not quarantine a damaged entry");
                         }
                     });
                 });

@@ -31,11 +31,11 @@ impl Cache {
         who: &Identity,
         key: &str,
         version: &str,
-    ) -> Result<LinkTarget, CacheError> {
+    ) -> Result<LinkTarget<UploadId>, CacheError> {
         let slot = self.write_slot(who, key, version)?;
         self.make_room().await?;
         let (upload, now) = retry_stale(|_| self.try_reserve(who, &slot)).await?;
-        audit("reserve", who, &slot, upload);
+        audit("reserve", who, &slot, upload.get());
         Ok(LinkTarget {
             id: upload,
             created_at: now,
@@ -82,7 +82,7 @@ impl Cache {
     /// chunk.
     pub async fn put_blob(
         &self,
-        link: LinkTarget,
+        link: LinkTarget<UploadId>,
         body: ByteStream,
         declared_len: Option<u64>,
     ) -> Result<(), CacheError> {
@@ -94,7 +94,7 @@ impl Cache {
     /// the earlier copy.
     pub async fn put_block(
         &self,
-        link: LinkTarget,
+        link: LinkTarget<UploadId>,
         block: BlockId,
         body: ByteStream,
         declared_len: Option<u64>,
@@ -108,7 +108,7 @@ impl Cache {
     /// link names an upload that still accepts data, so a refused request's body is not read.
     pub async fn put_block_list<E: From<CacheError>>(
         &self,
-        link: LinkTarget,
+        link: LinkTarget<UploadId>,
         list: impl std::future::Future<Output = Result<Vec<BlockRef>, E>>,
     ) -> Result<(), E> {
         let linked = self.linked_upload(link).await?;
@@ -119,7 +119,7 @@ impl Cache {
 
     /// The upload a signed link names, in whatever state: [`CacheError::NoSuchLink`] unless
     /// the row is the one the link was signed for (same id and creation time).
-    async fn linked_upload(&self, link: LinkTarget) -> Result<LinkedUpload, CacheError> {
+    async fn linked_upload(&self, link: LinkTarget<UploadId>) -> Result<LinkedUpload, CacheError> {
         match self.upload(link.id).await {
             Ok(linked) if linked.upload.created_at == link.created_at => Ok(linked),
             Ok(_) | Err(CacheError::UploadNotFound) => Err(CacheError::NoSuchLink),
@@ -279,7 +279,7 @@ impl Cache {
             return Err(CacheError::TooLarge(self.policy.max_entry_size));
         }
         let entry = retry_stale(|_| self.try_finalize(who, &slot, size, None)).await?;
-        audit("finalize", who, &slot, entry);
+        audit("finalize", who, &slot, entry.get());
         Ok(entry)
     }
 
@@ -380,9 +380,9 @@ impl Cache {
                 Err(CacheError::TooLarge(max))
             }
             Err(e) if e.is_storage_full() => {
-                tracing::warn!(upload = linked.upload.id, error = %e, "storage full: abandoning the upload and freeing its chunks");
+                tracing::warn!(upload = linked.upload.id.get(), error = %e, "storage full: abandoning the upload and freeing its chunks");
                 if let Err(e) = self.abandon(linked.upload.id).await {
-                    tracing::warn!(upload = linked.upload.id, error = %e, "could not abandon the upload");
+                    tracing::warn!(upload = linked.upload.id.get(), error = %e, "could not abandon the upload");
                 }
                 Err(CacheError::StorageFull)
             }

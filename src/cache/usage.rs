@@ -132,12 +132,13 @@ mod tests {
     #[test]
     fn hits_fold_per_entry() {
         let buf = UsageBuffer::default();
-        buf.record(1, 10);
-        buf.record(1, 30);
-        buf.record(1, 20);
-        buf.record(2, 5);
+        let (one, two) = (EntryId::new(1), EntryId::new(2));
+        buf.record(one, 10);
+        buf.record(one, 30);
+        buf.record(one, 20);
+        buf.record(two, 5);
         let (batch, _) = buf.take();
-        assert_eq!(batch, [(1, 3, 30), (2, 1, 5)], "folded, in entry order");
+        assert_eq!(batch, [(one, 3, 30), (two, 1, 5)], "folded, in entry order");
         assert!(buf.take().0.is_empty());
     }
 

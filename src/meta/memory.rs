@@ -3,6 +3,7 @@
 //! every method is trivially atomic.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
@@ -124,6 +125,7 @@ impl State {
             && filter.version.as_ref().is_none_or(|v| &entry.version == v)
     }
 
+    /// The next row id, positive and increasing (uploads and entries share the counter).
     fn next_id(&mut self) -> i64 {
         self.next_id += 1;
         self.next_id
@@ -240,7 +242,7 @@ impl SaveStore for MemoryStore {
             s.upload.state = UploadState::Aborted;
             s.blocks = UploadBlocks::default();
         }
-        let id = state.next_id();
+        let id = UploadId::new(state.next_id());
         let slot = new.slot;
         state.uploads.insert(
             id,
@@ -305,7 +307,7 @@ impl SaveStore for MemoryStore {
         if state.entries.values().any(|e| e.holds(new.slot)) {
             return Err(MetaError::Conflict);
         }
-        let id = state.next_id();
+        let id = EntryId::new(state.next_id());
         let slot = new.slot;
         state.entries.insert(
             id,
@@ -574,7 +576,7 @@ impl LifecycleStore for MemoryStore {
         let state = self.state();
         Ok(state
             .entries
-            .range(after + 1..)
+            .range((Bound::Excluded(after), Bound::Unbounded))
             .take(limit)
             .map(|(id, _)| *id)
             .collect())

@@ -3,7 +3,9 @@
 //! index hashes of the networked stores.
 
 use super::MetaError;
-use crate::model::{BlobName, Chunk, Entry, EntryUse, RepoId, Scope, Upload, UploadState};
+use crate::model::{
+    BlobName, Chunk, Entry, EntryId, EntryUse, RepoId, Scope, Upload, UploadId, UploadState,
+};
 
 /// A chunk's stored columns, re-validated: the name must be one the server makes.
 pub(super) fn chunk_from_parts(
@@ -47,7 +49,7 @@ pub(super) fn upload_from_parts(row: UploadRow) -> Result<Upload, MetaError> {
     let state = UploadState::parse(&row.state)
         .ok_or_else(|| MetaError::Corrupt(format!("upload state {:?}", row.state)))?;
     Ok(Upload {
-        id: row.id,
+        id: UploadId::new(row.id),
         repository: RepoId::new(row.repository),
         scope: Scope::new(row.scope),
         key: row.key,
@@ -211,7 +213,7 @@ pub(super) fn list_entries_sql(
         let v1 = placeholder(params.len());
         params.push(Param::Int(value));
         let v2 = placeholder(params.len());
-        params.push(Param::Int(id));
+        params.push(Param::Int(id.get()));
         let i = placeholder(params.len());
         sql.push_str(&format!(
             " AND ({column} {beyond} {v1} OR ({column} = {v2} AND e.id {beyond} {i}))"
@@ -352,7 +354,7 @@ pub(super) fn upload_from_row(r: &impl SqlRow) -> Result<Upload, MetaError> {
 /// An entry from its columns: id, repository, scope, key, version, size, created, last used, hits.
 pub(super) fn entry_from_row(r: &impl SqlRow) -> Result<Entry, MetaError> {
     Ok(Entry {
-        id: r.int(0)?,
+        id: EntryId::new(r.int(0)?),
         repository: RepoId::new(r.text(1)?),
         scope: Scope::new(r.text(2)?),
         key: r.text(3)?,
@@ -370,7 +372,7 @@ pub(super) const USE_COLS: &str =
 
 pub(super) fn use_from_row(r: &impl SqlRow) -> Result<EntryUse, MetaError> {
     Ok(EntryUse {
-        id: r.int(0)?,
+        id: EntryId::new(r.int(0)?),
         repository: RepoId::new(r.text(1)?),
         size: r.int(2)?.max(0) as u64,
         created_at: r.int(3)?,

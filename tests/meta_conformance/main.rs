@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use common::databases::{Server, TestDatabase};
 use hoard::meta::{self, DatabaseUrl, MemoryStore, MetaStore};
+use hoard::model::EntryId;
 
 #[tokio::test]
 async fn the_in_memory_fake_conforms() {
@@ -32,7 +33,7 @@ async fn conforms(url: DatabaseUrl) {
 }
 
 /// An entry the suite stored: the one keyed "k" in repository "iso-a".
-async fn probe_entry(store: &dyn MetaStore) -> i64 {
+async fn probe_entry(store: &dyn MetaStore) -> EntryId {
     let found = store
         .find_candidates(
             &hoard::model::RepoId::new("iso-a"),
@@ -180,7 +181,7 @@ async fn the_widest_lookup_is_answered(store: Arc<dyn MetaStore>) {
         .find_candidates(&RepoId::new("wide"), &version, &scopes, &asked)
         .await
         .unwrap();
-    let ids: std::collections::BTreeSet<i64> = found.iter().map(|c| c.id).collect();
+    let ids: std::collections::BTreeSet<EntryId> = found.iter().map(|c| c.id).collect();
     assert!(ids.contains(&exact), "the exact key in the last scope");
     assert!(ids.contains(&newer), "the newest prefix match");
     assert!(!ids.contains(&older), "only the newest prefix match");

@@ -21,7 +21,7 @@ use serde::Serialize;
 use super::AppState;
 use crate::cache::admin::{ListQuery, Listing};
 use crate::cache::CacheError;
-use crate::model::ListedEntry;
+use crate::model::{EntryId, ListedEntry};
 use crate::secret::Secret;
 use query::Query;
 
@@ -162,10 +162,11 @@ async fn entry(app: &AppState, id: Option<&str>) -> Result<ListedEntry, AdminErr
         .ok_or_else(|| AdminError::not_found("no such cache entry"))
 }
 
-fn id_of(raw: &str) -> Result<i64, AdminError> {
+fn id_of(raw: &str) -> Result<EntryId, AdminError> {
     raw.parse::<i64>()
         .ok()
         .filter(|id| *id > 0)
+        .map(EntryId::new)
         .ok_or_else(|| AdminError::not_found("no such cache entry"))
 }
 

@@ -133,7 +133,7 @@ pub fn parse_cursor(
     let (value, id) = numbers.split_once('.').ok_or_else(bad)?;
     Ok((
         value.parse().map_err(|_| bad())?,
-        id.parse().map_err(|_| bad())?,
+        EntryId::new(id.parse().map_err(|_| bad())?),
     ))
 }
 
@@ -143,15 +143,15 @@ mod tests {
 
     #[test]
     fn cursors_round_trip_and_belong_to_their_sort() {
-        let c = cursor(EntryOrder::Size, true, (1234, 56));
+        let c = cursor(EntryOrder::Size, true, (1234, EntryId::new(56)));
         assert_eq!(
             parse_cursor(&c, EntryOrder::Size, true).unwrap(),
-            (1234, 56)
+            (1234, EntryId::new(56))
         );
-        let negative = cursor(EntryOrder::Created, false, (-5, 7));
+        let negative = cursor(EntryOrder::Created, false, (-5, EntryId::new(7)));
         assert_eq!(
             parse_cursor(&negative, EntryOrder::Created, false).unwrap(),
-            (-5, 7)
+            (-5, EntryId::new(7))
         );
         assert!(parse_cursor(&c, EntryOrder::Size, false).is_err());
         assert!(parse_cursor(&c, EntryOrder::Created, true).is_err());

@@ -126,7 +126,7 @@ impl From<&ListedEntry> for Cache {
     fn from(listed: &ListedEntry) -> Self {
         let e = &listed.entry;
         Self {
-            id: e.id,
+            id: e.id.get(),
             repository_id: e.repository.as_str().to_owned(),
             repository: listed.repository_name.clone(),
             git_ref: e.scope.as_str().to_owned(),

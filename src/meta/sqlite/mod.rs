@@ -295,7 +295,7 @@ const UPLOAD_COLS: &str =
 
 fn load_upload(conn: &Connection, id: UploadId) -> Result<Option<Upload>, MetaError> {
     let mut stmt = conn.prepare_cached(&format!("{UPLOAD_COLS} WHERE id = ?"))?;
-    let mut rows = stmt.query([id])?;
+    let mut rows = stmt.query([id.get()])?;
     rows.next()?.map(upload_from_row).transpose()
 }
 
@@ -304,7 +304,7 @@ fn load_blocks(conn: &Connection, upload: UploadId) -> Result<UploadBlocks, Meta
     let mut stmt = conn.prepare_cached(
         "SELECT block_id, blob_name, size, sha256, xxh3 FROM staged_blocks WHERE upload_id = ?",
     )?;
-    let mut rows = stmt.query([upload])?;
+    let mut rows = stmt.query([upload.get()])?;
     while let Some(row) = rows.next()? {
         blocks
             .staged
@@ -313,7 +313,7 @@ fn load_blocks(conn: &Connection, upload: UploadId) -> Result<UploadBlocks, Meta
     let mut stmt = conn.prepare_cached(
         "SELECT block_id, blob_name, size, sha256, xxh3 FROM upload_parts WHERE upload_id = ? ORDER BY ordinal",
     )?;
-    let mut rows = stmt.query([upload])?;
+    let mut rows = stmt.query([upload.get()])?;
     while let Some(row) = rows.next()? {
         blocks
             .parts
@@ -329,7 +329,7 @@ fn claim(tx: &Connection, upload: &Upload, now: Millis) -> Result<(), MetaError>
             "UPDATE uploads SET revision = revision + 1, updated_at = ?
              WHERE id = ? AND revision = ? AND state = 'open'",
         )?
-        .execute(params![now, upload.id, upload.revision])?;
+        .execute(params![now, upload.id.get(), upload.revision])?;
     if changed == 0 {
         return Err(MetaError::Stale);
     }
@@ -338,15 +338,15 @@ fn claim(tx: &Connection, upload: &Upload, now: Millis) -> Result<(), MetaError>
 
 fn drop_blocks(tx: &Connection, upload: UploadId) -> Result<(), MetaError> {
     tx.prepare_cached("DELETE FROM staged_blocks WHERE upload_id = ?")?
-        .execute([upload])?;
+        .execute([upload.get()])?;
     tx.prepare_cached("DELETE FROM upload_parts WHERE upload_id = ?")?
-        .execute([upload])?;
+        .execute([upload.get()])?;
     Ok(())
 }
 
 fn set_state(tx: &Connection, upload: UploadId, state: UploadState) -> Result<(), MetaError> {
     tx.prepare_cached("UPDATE uploads SET state = ? WHERE id = ?")?
-        .execute(params![state.as_str(), upload])?;
+        .execute(params![state.as_str(), upload.get()])?;
     Ok(())
 }
 
@@ -451,7 +451,7 @@ impl SaveStore for SqliteStore {
                 .optional()?;
             Ok(FinalizeState {
                 open,
-                finalized: finalized.map(|(id, size)| (id, size as u64)),
+                finalized: finalized.map(|(id, size)| (EntryId::new(id), size as u64)),
             })
         })
         .await
@@ -478,7 +478,7 @@ impl SaveStore for SqliteStore {
                      VALUES (?, ?, ?, ?, ?, 'open', ?, ?, ?) RETURNING id",
                 )?
                 .query_row(params![repo, scope, key, folded, version, by, now, now], |r| r.get(0))?;
-            Ok(id)
+            Ok(UploadId::new(id))
         })
         .await
     }
@@ -496,7 +496,7 @@ impl SaveStore for SqliteStore {
             tx.prepare_cached(
                 "INSERT OR REPLACE INTO staged_blocks (upload_id, block_id, blob_name, size, sha256, xxh3) VALUES (?, ?, ?, ?, ?, ?)",
             )?
-            .execute(params![upload.id, block.as_bytes(), chunk.blob.as_str(), chunk.size as i64, &chunk.sha256[..], xxh3_column(&chunk)])?;
+            .execute(params![upload.id.get(), block.as_bytes(), chunk.blob.as_str(), chunk.size as i64, &chunk.sha256[..], xxh3_column(&chunk)])?;
             Ok(())
         })
         .await
@@ -517,7 +517,7 @@ impl SaveStore for SqliteStore {
             )?;
             for (ordinal, (block, chunk)) in parts.iter().enumerate() {
                 insert.execute(params![
-                    upload.id,
+                    upload.id.get(),
                     ordinal as i64,
                     block.as_bytes(),
                     chunk.blob.as_str(),
@@ -567,14 +567,14 @@ impl SaveStore for SqliteStore {
             }
             drop_blocks(tx, upload.id)?;
             tx.prepare_cached("UPDATE uploads SET state = 'finalized', entry_id = ? WHERE id = ?")?
-                .execute(params![entry, upload.id])?;
+                .execute(params![entry, upload.id.get()])?;
             tx.prepare_cached(
                 "INSERT INTO repository_usage (repository, bytes, entries, name) VALUES (?, ?, 1, ?)
                  ON CONFLICT (repository) DO UPDATE SET bytes = bytes + excluded.bytes, entries = entries + 1,
                      name = CASE WHEN excluded.name = '' THEN name ELSE excluded.name END",
             )?
             .execute(params![repo, size as i64, name])?;
-            Ok(entry)
+            Ok(EntryId::new(entry))
         })
         .await
     }
@@ -628,7 +628,7 @@ impl RestoreStore for SqliteStore {
             let mut out = Vec::new();
             while let Some(row) = rows.next()? {
                 out.push(Candidate {
-                    id: row.get(0)?,
+                    id: EntryId::new(row.get(0)?),
                     scope: Scope::new(row.get::<_, String>(1)?),
                     key: row.get(2)?,
                     key_folded: row.get(3)?,
@@ -668,14 +668,14 @@ impl RestoreStore for SqliteStore {
             let mut head = conn.prepare_cached(
                 "SELECT id, repository, scope, key, version, size, created_at, last_used_at, hits FROM entries WHERE id = ?",
             )?;
-            let mut head = head.query([id])?;
+            let mut head = head.query([id.get()])?;
             let Some(entry) = head.next()?.map(entry_from_row).transpose()? else {
                 return Ok(None);
             };
             let mut stmt = conn.prepare_cached(
                 "SELECT start, blob_name, size, sha256, xxh3 FROM entry_chunks WHERE entry_id = ? ORDER BY ordinal",
             )?;
-            let chunks = rows_of(stmt.query([id])?, |row| {
+            let chunks = rows_of(stmt.query([id.get()])?, |row| {
                 Ok(EntryChunk { start: row.int(0)?.max(0) as u64, chunk: chunk_from_row(row, 1)? })
             })?;
             Ok(Some((entry, chunks)))
@@ -692,8 +692,8 @@ impl RestoreStore for SqliteStore {
                 "UPDATE repository_usage SET hits = hits + ? WHERE repository = (SELECT repository FROM entries WHERE id = ?)",
             )?;
             for (entry, count, last_used) in hits {
-                update.execute(params![last_used, count as i64, entry])?;
-                per_repository.execute(params![count as i64, entry])?;
+                update.execute(params![last_used, count as i64, entry.get()])?;
+                per_repository.execute(params![count as i64, entry.get()])?;
             }
             Ok(())
         })
@@ -814,22 +814,22 @@ impl LifecycleStore for SqliteStore {
                     "INSERT OR REPLACE INTO pending_deletions (blob_name, size, delete_at)
                      SELECT blob_name, size, ? FROM entry_chunks WHERE entry_id = ?",
                 )?
-                .execute(params![delete_at, id])?;
+                .execute(params![delete_at, id.get()])?;
                 if let RemovalCause::Quarantined(reason) = &cause {
                     tx.prepare_cached(
                         "INSERT INTO quarantine (entry_id, repository, scope, key, version, size, reason, quarantined_at)
                          SELECT id, repository, scope, key, version, size, ?, ? FROM entries WHERE id = ?",
                     )?
-                    .execute(params![reason, now, id])?;
+                    .execute(params![reason, now, id.get()])?;
                 }
                 tx.prepare_cached("DELETE FROM entry_chunks WHERE entry_id = ?")?
-                    .execute([id])?;
+                    .execute([id.get()])?;
                 let gone = tx
                     .prepare_cached(
                         "DELETE FROM entries WHERE id = ?
                          RETURNING id, repository, size, created_at, last_used_at",
                     )?
-                    .query_row([id], |r| Ok(use_from_row(r)))
+                    .query_row([id.get()], |r| Ok(use_from_row(r)))
                     .optional()?
                     .transpose()?;
                 let Some(entry) = gone else { continue };
@@ -897,7 +897,9 @@ impl LifecycleStore for SqliteStore {
             let mut stmt = conn.prepare_cached(
                 "SELECT id FROM uploads WHERE state = 'open' AND created_at < ? ORDER BY created_at LIMIT ?",
             )?;
-            let ids = rows_of(stmt.query(params![created_before, limit as i64])?, |r| r.int(0));
+            let ids = rows_of(stmt.query(params![created_before, limit as i64])?, |r| {
+                r.int(0).map(UploadId::new)
+            });
             ids
         })
         .await
@@ -920,7 +922,9 @@ impl LifecycleStore for SqliteStore {
         self.read(move |conn| {
             let mut stmt =
                 conn.prepare_cached("SELECT id FROM entries WHERE id > ? ORDER BY id LIMIT ?")?;
-            let ids = rows_of(stmt.query(params![after, limit as i64])?, |r| r.int(0));
+            let ids = rows_of(stmt.query(params![after.get(), limit as i64])?, |r| {
+                r.int(0).map(EntryId::new)
+            });
             ids
         })
         .await

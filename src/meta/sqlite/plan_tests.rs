@@ -119,7 +119,7 @@ async fn every_statement_uses_an_index_at_a_hundred_thousand_entries() {
     store.referenced(&due).await.unwrap();
     store.deletions_done(&due).await.unwrap();
     store.stale_uploads(10, 10).await.unwrap();
-    store.entry_ids(50_000, 10).await.unwrap();
+    store.entry_ids(EntryId::new(50_000), 10).await.unwrap();
 
     let statements = STATEMENTS.lock().unwrap().take().unwrap();
     let reader = Connection::open(dir.path().join("hoard.db")).unwrap();

@@ -296,7 +296,7 @@ impl<D: Dialect> SaveStore for SqlxStore<D> {
         &self,
         id: UploadId,
     ) -> Result<Option<(Upload, UploadBlocks)>, MetaError> {
-        self.upload_and_blocks("?", "u.id = ?", Param::Int(id))
+        self.upload_and_blocks("?", "u.id = ?", Param::Int(id.get()))
             .await
     }
 
@@ -324,7 +324,7 @@ impl<D: Dialect> SaveStore for SqlxStore<D> {
             )
             .await?;
         let finalized = match rows.first() {
-            Some(row) => Some((row.int(0)?, row.int(1)?.max(0) as u64)),
+            Some(row) => Some((EntryId::new(row.int(0)?), row.int(1)?.max(0) as u64)),
             None => None,
         };
         Ok(FinalizeState { open, finalized })
@@ -401,7 +401,7 @@ impl<D: Dialect> RestoreStore for SqlxStore<D> {
         rows.iter()
             .map(|row| {
                 Ok(Candidate {
-                    id: row.int(0)?,
+                    id: EntryId::new(row.int(0)?),
                     scope: Scope::new(row.text(1)?),
                     key: row.text(2)?,
                     key_folded: row.text(3)?,
@@ -442,7 +442,7 @@ impl<D: Dialect> RestoreStore for SqlxStore<D> {
                         c.start, c.blob_name, c.size, c.sha256, c.xxh3
                  FROM entries e JOIN entry_chunks c ON c.entry_id = e.id
                  WHERE e.id = ? ORDER BY c.ordinal",
-                vec![Param::Int(id)],
+                vec![Param::Int(id.get())],
             )
             .await?;
         let Some(head) = rows.first() else {
@@ -597,7 +597,7 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
                 vec![Param::Int(created_before), Param::Int(limit as i64)],
             )
             .await?;
-        rows.iter().map(|r| r.int(0)).collect()
+        rows.iter().map(|r| r.int(0).map(UploadId::new)).collect()
     }
 
     async fn prune_uploads(&self, created_before: Millis) -> Result<u64, MetaError> {
@@ -615,10 +615,10 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
         let rows = self
             .rows(
                 "SELECT id FROM entries WHERE id > ? ORDER BY id LIMIT ?",
-                vec![Param::Int(after), Param::Int(limit as i64)],
+                vec![Param::Int(after.get()), Param::Int(limit as i64)],
             )
             .await?;
-        rows.iter().map(|r| r.int(0)).collect()
+        rows.iter().map(|r| r.int(0).map(EntryId::new)).collect()
     }
 
     async fn forget_after(

@@ -148,7 +148,7 @@ async fn claim(
     )
     .bind(now)
     .bind(closing)
-    .bind(upload.id)
+    .bind(upload.id.get())
     .bind(upload.revision)
     .execute(&mut **tx)
     .await
@@ -166,7 +166,7 @@ async fn drop_blocks(tx: &mut Transaction<'_, MySql>, upload: UploadId) -> Resul
          LEFT JOIN upload_parts p ON p.upload_id = u.id
          WHERE u.id = ?",
     )
-    .bind(upload)
+    .bind(upload.get())
     .execute(&mut **tx)
     .await
     .map_err(from_sqlx)?;
@@ -250,7 +250,7 @@ impl Dialect for MySqlDialect {
         .bind(new.now);
         let Some(old) = replacing else {
             let inserted = insert.execute(&self.pool).await.map_err(from_sqlx)?;
-            return Ok(inserted.last_insert_id() as i64);
+            return Ok(UploadId::new(inserted.last_insert_id() as i64));
         };
         // Taking over an abandoned upload: abort it and insert the new one together.
         let mut tx = self.begin().await?;
@@ -258,7 +258,7 @@ impl Dialect for MySqlDialect {
         drop_blocks(&mut tx, old.id).await?;
         let inserted = insert.execute(&mut *tx).await.map_err(from_sqlx)?;
         tx.commit().await.map_err(from_sqlx)?;
-        Ok(inserted.last_insert_id() as i64)
+        Ok(UploadId::new(inserted.last_insert_id() as i64))
     }
 
     async fn stage_block(
@@ -275,7 +275,7 @@ impl Dialect for MySqlDialect {
              ON DUPLICATE KEY UPDATE blob_name = VALUES(blob_name), size = VALUES(size), sha256 = VALUES(sha256),
                                      xxh3 = VALUES(xxh3)",
         )
-        .bind(upload.id)
+        .bind(upload.id.get())
         .bind(block.as_bytes())
         .bind(chunk.blob.as_str())
         .bind(chunk.size as i64)
@@ -299,7 +299,7 @@ impl Dialect for MySqlDialect {
         let rows: Vec<(i64, usize, &BlockId, &Chunk)> = parts
             .iter()
             .enumerate()
-            .map(|(ordinal, (block, chunk))| (upload.id, ordinal, block, chunk))
+            .map(|(ordinal, (block, chunk))| (upload.id.get(), ordinal, block, chunk))
             .collect();
         insert_rows(
             &mut tx,
@@ -358,7 +358,7 @@ impl Dialect for MySqlDialect {
         )
         .bind(new.now)
         .bind(entry)
-        .bind(upload.id)
+        .bind(upload.id.get())
         .bind(upload.revision)
         .execute(&mut *tx)
         .await
@@ -401,7 +401,7 @@ impl Dialect for MySqlDialect {
         .await
         .map_err(from_sqlx)?;
         tx.commit().await.map_err(from_sqlx)?;
-        Ok(entry)
+        Ok(EntryId::new(entry))
     }
 
     async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError> {
@@ -412,7 +412,7 @@ impl Dialect for MySqlDialect {
             )
             .bind(*count as i64)
             .bind(*last_used)
-            .bind(*entry)
+            .bind(entry.get())
             .execute(&mut *tx)
             .await
             .map_err(from_sqlx)?;
@@ -421,7 +421,7 @@ impl Dialect for MySqlDialect {
                  SET u.hits = u.hits + ? WHERE e.id = ?",
             )
             .bind(*count as i64)
-            .bind(*entry)
+            .bind(entry.get())
             .execute(&mut *tx)
             .await
             .map_err(from_sqlx)?;
@@ -463,7 +463,7 @@ impl Dialect for MySqlDialect {
             "{USE_COLS} WHERE id IN ({list}) ORDER BY id FOR UPDATE"
         )));
         for id in ids {
-            locking = locking.bind(*id);
+            locking = locking.bind(id.get());
         }
         let rows = locking.fetch_all(&mut *tx).await.map_err(from_sqlx)?;
         let removed: Vec<EntryUse> = rows.iter().map(use_from_row).collect::<Result<_, _>>()?;
@@ -474,7 +474,7 @@ impl Dialect for MySqlDialect {
                  ON DUPLICATE KEY UPDATE delete_at = VALUES(delete_at)",
             )
             .bind(removal.delete_at)
-            .bind(entry.id)
+            .bind(entry.id.get())
             .execute(&mut *tx)
             .await
             .map_err(from_sqlx)?;
@@ -485,13 +485,13 @@ impl Dialect for MySqlDialect {
                 )
                 .bind(reason.as_str())
                 .bind(removal.now)
-                .bind(entry.id)
+                .bind(entry.id.get())
                 .execute(&mut *tx)
                 .await
                 .map_err(from_sqlx)?;
             }
             sqlx::query("DELETE FROM entries WHERE id = ?")
-                .bind(entry.id)
+                .bind(entry.id.get())
                 .execute(&mut *tx)
                 .await
                 .map_err(from_sqlx)?;

@@ -183,7 +183,7 @@ impl Dialect for PostgresDialect {
         let slot = new.slot;
         const INSERT: &str = "INSERT INTO uploads (repository, scope, key, key_folded, version, slot_hash, state, created_by, created_at, updated_at)
              VALUES ($1, $2, $3, $4, $5, $6, 'open', $7, $8, $8) RETURNING id";
-        let insert = sqlx::query_scalar(INSERT)
+        let insert = sqlx::query_scalar::<_, i64>(INSERT)
             .bind(slot.repository.as_str())
             .bind(slot.scope.as_str())
             .bind(slot.key.as_str())
@@ -193,7 +193,8 @@ impl Dialect for PostgresDialect {
             .bind(new.created_by)
             .bind(new.now);
         let Some(old) = replacing else {
-            return insert.fetch_one(&self.pool).await.map_err(from_sqlx);
+            let id = insert.fetch_one(&self.pool).await.map_err(from_sqlx)?;
+            return Ok(UploadId::new(id));
         };
         // Taking over an abandoned upload: abort it and insert the new one together.
         let mut tx = self.pool.begin().await.map_err(from_sqlx)?;
@@ -201,7 +202,7 @@ impl Dialect for PostgresDialect {
             "WITH {} SELECT COUNT(*) FROM claimed",
             claim(", state = 'aborted'")
         )))
-        .bind(old.id)
+        .bind(old.id.get())
         .bind(old.revision)
         .bind(new.now)
         .fetch_one(&mut *tx)
@@ -210,7 +211,7 @@ impl Dialect for PostgresDialect {
         claimed(aborted)?;
         let id = insert.fetch_one(&mut *tx).await.map_err(from_sqlx)?;
         tx.commit().await.map_err(from_sqlx)?;
-        Ok(id)
+        Ok(UploadId::new(id))
     }
 
     async fn stage_block(
@@ -229,7 +230,7 @@ impl Dialect for PostgresDialect {
              SET blob_name = EXCLUDED.blob_name, size = EXCLUDED.size, sha256 = EXCLUDED.sha256,
                  xxh3 = EXCLUDED.xxh3";
         let done = sqlx::query(SQL)
-            .bind(upload.id)
+            .bind(upload.id.get())
             .bind(upload.revision)
             .bind(now)
             .bind(block.as_bytes())
@@ -276,7 +277,7 @@ impl Dialect for PostgresDialect {
              SELECT COUNT(*) FROM claimed",
             claim("")
         )))
-        .bind(upload.id)
+        .bind(upload.id.get())
         .bind(upload.revision)
         .bind(now)
         .bind(ordinals)
@@ -296,7 +297,7 @@ impl Dialect for PostgresDialect {
             "WITH {} SELECT COUNT(*) FROM claimed",
             claim(", state = 'aborted'")
         )))
-        .bind(upload.id)
+        .bind(upload.id.get())
         .bind(upload.revision)
         .bind(now)
         .fetch_one(&self.pool)
@@ -348,7 +349,7 @@ impl Dialect for PostgresDialect {
              SELECT id FROM entry",
             claim(", state = 'finalized', entry_id = nextval(pg_get_serial_sequence('entries', 'id'))")
         )))
-        .bind(upload.id)
+        .bind(upload.id.get())
         .bind(upload.revision)
         .bind(new.now)
         .bind(slot.repository.as_str())
@@ -370,11 +371,11 @@ impl Dialect for PostgresDialect {
         .fetch_optional(&self.pool)
         .await
         .map_err(from_sqlx)?;
-        entry.ok_or(MetaError::Stale)
+        entry.map(EntryId::new).ok_or(MetaError::Stale)
     }
 
     async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError> {
-        let ids: Vec<i64> = hits.iter().map(|h| h.0).collect();
+        let ids: Vec<i64> = hits.iter().map(|h| h.0.get()).collect();
         let counts: Vec<i64> = hits.iter().map(|h| h.1 as i64).collect();
         let last: Vec<i64> = hits.iter().map(|h| h.2).collect();
         sqlx::query(
@@ -425,6 +426,7 @@ impl Dialect for PostgresDialect {
         ids: &[EntryId],
         removal: Removal<'_>,
     ) -> Result<Vec<EntryUse>, MetaError> {
+        let ids: Vec<i64> = ids.iter().map(|id| id.get()).collect();
         let reason = match removal.cause {
             RemovalCause::Quarantined(reason) => Some(reason.as_str()),
             _ => None,

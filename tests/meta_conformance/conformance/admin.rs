@@ -15,7 +15,7 @@ async fn list_ids(
     order: EntryOrder,
     descending: bool,
     limit: usize,
-) -> Vec<Vec<i64>> {
+) -> Vec<Vec<EntryId>> {
     let mut pages = Vec::new();
     let mut after = None;
     loop {

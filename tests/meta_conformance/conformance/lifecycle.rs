@@ -110,7 +110,7 @@ async fn least_recently_used_come_first(store: &dyn MetaStore) {
             .all(|w| (w[0].last_used_at, w[0].id) <= (w[1].last_used_at, w[1].id)),
         "across repositories, in order of last use"
     );
-    let mine: Vec<i64> = all
+    let mine: Vec<EntryId> = all
         .iter()
         .filter(|e| e.repository == repo)
         .map(|e| e.id)
@@ -203,7 +203,10 @@ async fn references_cover_every_table(store: &dyn MetaStore) {
         .unwrap()
         .contains(&staged.blob));
     assert_eq!(
-        store.entry_ids(entry - 1, 1).await.unwrap(),
+        store
+            .entry_ids(EntryId::new(entry.get() - 1), 1)
+            .await
+            .unwrap(),
         [entry],
         "entries are walked in id order"
     );

@@ -12,14 +12,14 @@ pub use std::sync::Arc;
 
 pub use hoard::meta::{MetaError, MetaStore, NewEntry, NewUpload, Removal};
 pub use hoard::model::{
-    BlobName, BlockId, CacheKey, Chunk, EntryFilter, EntryOrder, EntryPage, RemovalCause, RepoId,
-    RepositoryUsage, Scope, Slot, Upload, UploadState, Version,
+    BlobName, BlockId, CacheKey, Chunk, EntryFilter, EntryId, EntryOrder, EntryPage, RemovalCause,
+    RepoId, RepositoryUsage, Scope, Slot, Upload, UploadId, UploadState, Version,
 };
 
 pub const MAIN: &str = "refs/heads/main";
 
 /// The upload `id`, in whatever state, without its blocks.
-pub async fn upload_of(store: &dyn MetaStore, id: i64) -> Option<Upload> {
+pub async fn upload_of(store: &dyn MetaStore, id: UploadId) -> Option<Upload> {
     store
         .upload_with_blocks(id)
         .await
@@ -82,7 +82,7 @@ pub async fn reserve(store: &dyn MetaStore, slot: &Slot, now: i64) -> Upload {
 }
 
 /// Reserves, commits one chunk per size and finalizes at `now`; returns the entry id.
-pub async fn save(store: &dyn MetaStore, slot: &Slot, sizes: &[u64], now: i64) -> i64 {
+pub async fn save(store: &dyn MetaStore, slot: &Slot, sizes: &[u64], now: i64) -> EntryId {
     save_named(store, slot, sizes, now, "").await
 }
 
@@ -93,7 +93,7 @@ pub async fn save_named(
     sizes: &[u64],
     now: i64,
     name: &str,
-) -> i64 {
+) -> EntryId {
     let upload = reserve(store, slot, now).await;
     let parts: Vec<(BlockId, Chunk)> = sizes
         .iter()
@@ -113,9 +113,9 @@ pub async fn save_named(
     store.finalize(&upload, entry).await.unwrap()
 }
 
-pub async fn lookup(store: &dyn MetaStore, repo: &str, keys: &[&str]) -> Vec<(String, i64)> {
+pub async fn lookup(store: &dyn MetaStore, repo: &str, keys: &[&str]) -> Vec<(String, EntryId)> {
     let folded: Vec<String> = keys.iter().map(|k| k.to_lowercase()).collect();
-    let mut found: Vec<(String, i64)> = store
+    let mut found: Vec<(String, EntryId)> = store
         .find_candidates(
             &RepoId::new(repo),
             &Version::parse("v1").unwrap(),

@@ -169,7 +169,7 @@ async fn listings_find_every_version_of_a_key_in_one_scope(store: &dyn MetaStore
         .entries_with_key(&repo, &main, "deps", 10)
         .await
         .unwrap();
-    let ids: Vec<i64> = found.iter().map(|e| e.id).collect();
+    let ids: Vec<EntryId> = found.iter().map(|e| e.id).collect();
     assert_eq!(
         ids,
         [v3, v2, v1],
@@ -202,7 +202,11 @@ async fn listings_find_every_version_of_a_key_in_one_scope(store: &dyn MetaStore
 async fn restores_are_recorded(store: &dyn MetaStore) {
     let id = save(store, &slot("hits", "k"), &[1], 100).await;
     store
-        .record_hits(&[(id, 2, 150), (id, 1, 120), (id + 1_000_000, 5, 1)])
+        .record_hits(&[
+            (id, 2, 150),
+            (id, 1, 120),
+            (EntryId::new(id.get() + 1_000_000), 5, 1),
+        ])
         .await
         .unwrap();
     let (entry, _) = store.entry(id).await.unwrap().unwrap();

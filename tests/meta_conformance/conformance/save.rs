@@ -182,7 +182,11 @@ async fn blocks_stage_commit_and_finalize_into_an_entry(store: &dyn MetaStore) {
         lookup(store, "life", &["life-key"]).await,
         [("Life-Key".into(), entry)]
     );
-    assert!(store.entry(entry + 1_000_000).await.unwrap().is_none());
+    assert!(store
+        .entry(EntryId::new(entry.get() + 1_000_000))
+        .await
+        .unwrap()
+        .is_none());
 }
 
 async fn changes_at_an_old_revision_or_to_a_closed_upload_change_nothing(store: &dyn MetaStore) {
