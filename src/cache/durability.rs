@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::blob::BlobStore;
-use crate::meta::MetaStore;
+use crate::meta::{Health, MetaStore};
 
 use super::CacheError;
 
@@ -40,7 +40,7 @@ pub async fn recover(
 }
 
 /// Syncs the blob store, then checkpoints the metadata store.
-async fn sync_both(meta: &dyn MetaStore, blobs: &dyn BlobStore, force: bool) {
+async fn sync_both(meta: &dyn Health, blobs: &dyn BlobStore, force: bool) {
     if let Err(e) = blobs.sync(force).await {
         tracing::error!(error = %e, "could not sync stored chunks to disk");
     }
@@ -51,7 +51,7 @@ async fn sync_both(meta: &dyn MetaStore, blobs: &dyn BlobStore, force: bool) {
 
 /// Syncs every `every` until `stop`, then once more.
 pub async fn run(
-    meta: Arc<dyn MetaStore>,
+    meta: Arc<dyn Health>,
     blobs: Arc<dyn BlobStore>,
     every: Duration,
     stop: CancellationToken,

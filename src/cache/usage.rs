@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::meta::MetaStore;
+use crate::meta::RestoreStore;
 use crate::model::{EntryId, Millis, RepoId};
 
 pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
@@ -87,7 +87,7 @@ impl UsageBuffer {
     }
 
     /// Writes what is pending; on failure it is kept for the next try.
-    pub async fn flush(&self, meta: &dyn MetaStore) {
+    pub async fn flush(&self, meta: &dyn RestoreStore) {
         let (hits, misses) = self.take();
         if !hits.is_empty() {
             if let Err(e) = meta.record_hits(&hits).await {
@@ -112,7 +112,7 @@ impl UsageBuffer {
     }
 
     /// Flushes every [`FLUSH_EVERY`] until `stop`, then once more.
-    pub async fn run(self, meta: Arc<dyn MetaStore>, stop: CancellationToken) {
+    pub async fn run(self, meta: Arc<dyn RestoreStore>, stop: CancellationToken) {
         let mut tick = tokio::time::interval(FLUSH_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

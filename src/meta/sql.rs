@@ -140,11 +140,18 @@ pub enum Param {
     Bytes(Vec<u8>),
 }
 
-/// The columns every listing statement selects, as [`listed_from_row`] reads them; `e` is `entries`, `u`
-/// its repository's `repository_usage` row.
-const LISTED_COLUMNS: &str =
-    "e.id, e.repository, e.scope, e.key, e.version, e.size, e.created_at, \
-     e.last_used_at, e.hits, COALESCE(u.name, '')";
+/// The columns of `entries` (as `e`) that [`entry_from_row`] reads, in its order: a literal, so
+/// that statements can be `concat!`ed from it. A new column of entries is added here once.
+macro_rules! entry_columns {
+    () => {
+        "e.id, e.repository, e.scope, e.key, e.version, e.size, e.created_at, e.last_used_at, e.hits"
+    };
+}
+pub(super) use entry_columns;
+
+/// The columns every listing statement selects, as [`listed_from_row`] reads them; `u` is the
+/// entry's repository's `repository_usage` row.
+const LISTED_COLUMNS: &str = concat!(entry_columns!(), ", COALESCE(u.name, '')");
 
 /// `FROM … WHERE …` selecting what `filter` asks for, with its parameters pushed to `params`.
 fn filtered(

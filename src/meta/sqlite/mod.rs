@@ -26,9 +26,9 @@ mod plan_tests;
 mod wal;
 
 use crate::meta::sql::{
-    chunk_from_row, count_entries_sql, entry_from_row, list_entries_sql, listed_from_row,
-    repositories_sql, repository_from_row, upload_from_row, use_from_row, xxh3_column, Param,
-    SqlRow, USE_COLS,
+    chunk_from_row, count_entries_sql, entry_columns, entry_from_row, list_entries_sql,
+    listed_from_row, repositories_sql, repository_from_row, upload_from_row, use_from_row,
+    xxh3_column, Param, SqlRow, USE_COLS,
 };
 use crate::meta::{
     AdminStore, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health, LifecycleStore,
@@ -653,10 +653,12 @@ impl RestoreStore for SqliteStore {
             folded_key.to_owned(),
         );
         self.read(move |conn| {
-            let mut stmt = conn.prepare_cached(
-                "SELECT id, repository, scope, key, version, size, created_at, last_used_at, hits FROM entries
-                 WHERE repository = ? AND scope = ? AND key_folded = ? ORDER BY created_at DESC, id DESC LIMIT ?",
-            )?;
+            let mut stmt = conn.prepare_cached(concat!(
+                "SELECT ",
+                entry_columns!(),
+                " FROM entries e WHERE e.repository = ? AND e.scope = ? AND e.key_folded = ?
+                 ORDER BY e.created_at DESC, e.id DESC LIMIT ?"
+            ))?;
             let rows = stmt.query(params![params.0, params.1, params.2, limit as i64])?;
             rows_of(rows, |r| entry_from_row(r))
         })
@@ -665,9 +667,11 @@ impl RestoreStore for SqliteStore {
 
     async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
         self.read_consistent(move |conn| {
-            let mut head = conn.prepare_cached(
-                "SELECT id, repository, scope, key, version, size, created_at, last_used_at, hits FROM entries WHERE id = ?",
-            )?;
+            let mut head = conn.prepare_cached(concat!(
+                "SELECT ",
+                entry_columns!(),
+                " FROM entries e WHERE e.id = ?"
+            ))?;
             let mut head = head.query([id.get()])?;
             let Some(entry) = head.next()?.map(entry_from_row).transpose()? else {
                 return Ok(None);

@@ -61,10 +61,10 @@ mod postgres;
 use async_trait::async_trait;
 
 use super::sql::{
-    bucket, candidates_sql, chunk_from_row, collect_blocks, count_entries_sql, entry_from_row,
-    list_entries_sql, listed_from_row, names_from_rows, prefix_end, repositories_sql,
-    repository_from_row, slot_hash, upload_from_row, upload_with_blocks_sql, use_from_row,
-    BlockRow, Param, SqlRow, USE_COLS,
+    bucket, candidates_sql, chunk_from_row, collect_blocks, count_entries_sql, entry_columns,
+    entry_from_row, list_entries_sql, listed_from_row, names_from_rows, prefix_end,
+    repositories_sql, repository_from_row, slot_hash, upload_from_row, upload_with_blocks_sql,
+    use_from_row, BlockRow, Param, SqlRow, USE_COLS,
 };
 use super::{
     AdminStore, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health, LifecycleStore,
@@ -420,9 +420,12 @@ impl<D: Dialect> RestoreStore for SqlxStore<D> {
     ) -> Result<Vec<Entry>, MetaError> {
         let rows = self
             .rows(
-                "SELECT e.id, e.repository, e.scope, e.key, e.version, e.size, e.created_at, e.last_used_at, e.hits
-                 FROM entries e WHERE e.repository = ? AND e.scope = ? AND e.key_folded = ?
-                 ORDER BY e.created_at DESC, e.id DESC LIMIT ?",
+                concat!(
+                    "SELECT ",
+                    entry_columns!(),
+                    " FROM entries e WHERE e.repository = ? AND e.scope = ? AND e.key_folded = ?
+                     ORDER BY e.created_at DESC, e.id DESC LIMIT ?"
+                ),
                 vec![
                     text(repository.as_str()),
                     text(scope.as_str()),
@@ -438,10 +441,13 @@ impl<D: Dialect> RestoreStore for SqlxStore<D> {
         // One statement, one snapshot: an entry deleted meanwhile is gone whole.
         let rows = self
             .rows(
-                "SELECT e.id, e.repository, e.scope, e.key, e.version, e.size, e.created_at, e.last_used_at, e.hits,
-                        c.start, c.blob_name, c.size, c.sha256, c.xxh3
-                 FROM entries e JOIN entry_chunks c ON c.entry_id = e.id
-                 WHERE e.id = ? ORDER BY c.ordinal",
+                concat!(
+                    "SELECT ",
+                    entry_columns!(),
+                    ", c.start, c.blob_name, c.size, c.sha256, c.xxh3
+                     FROM entries e JOIN entry_chunks c ON c.entry_id = e.id
+                     WHERE e.id = ? ORDER BY c.ordinal"
+                ),
                 vec![Param::Int(id.get())],
             )
             .await?;
