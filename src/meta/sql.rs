@@ -426,3 +426,14 @@ pub(super) fn repository_from_row(r: &impl SqlRow) -> Result<super::RepositoryUs
         misses: count(5)?,
     })
 }
+
+/// A lookup's candidate: id, scope, key, folded key, created.
+pub(super) fn candidate_from_row(r: &impl SqlRow) -> Result<crate::model::Candidate, MetaError> {
+    Ok(crate::model::Candidate {
+        id: crate::model::EntryId::new(r.int(0)?),
+        scope: Scope::new(r.text(1)?),
+        key: r.text(2)?,
+        key_folded: r.text(3)?,
+        created_at: r.int(4)?,
+    })
+}

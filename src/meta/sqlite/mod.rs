@@ -26,9 +26,9 @@ mod plan_tests;
 mod wal;
 
 use crate::meta::sql::{
-    chunk_from_row, count_entries_sql, entry_columns, entry_from_row, list_entries_sql,
-    listed_from_row, repositories_sql, repository_from_row, upload_from_row, use_from_row,
-    xxh3_column, Param, SqlRow, USE_COLS,
+    candidate_from_row, chunk_from_row, count_entries_sql, entry_columns, entry_from_row,
+    list_entries_sql, listed_from_row, repositories_sql, repository_from_row, upload_from_row,
+    use_from_row, xxh3_column, Param, SqlRow, USE_COLS,
 };
 use crate::meta::{
     AdminStore, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health, LifecycleStore,
@@ -624,18 +624,8 @@ impl RestoreStore for SqliteStore {
         }
         self.read(move |conn| {
             let mut stmt = conn.prepare_cached(&sql)?;
-            let mut rows = stmt.query(rusqlite::params_from_iter(values.iter()))?;
-            let mut out = Vec::new();
-            while let Some(row) = rows.next()? {
-                out.push(Candidate {
-                    id: EntryId::new(row.get(0)?),
-                    scope: Scope::new(row.get::<_, String>(1)?),
-                    key: row.get(2)?,
-                    key_folded: row.get(3)?,
-                    created_at: row.get(4)?,
-                });
-            }
-            Ok(out)
+            let rows = stmt.query(rusqlite::params_from_iter(values.iter()))?;
+            rows_of(rows, |r| candidate_from_row(r))
         })
         .await
     }

@@ -61,8 +61,8 @@ mod postgres;
 use async_trait::async_trait;
 
 use super::sql::{
-    bucket, candidates_sql, chunk_from_row, collect_blocks, count_entries_sql, entry_columns,
-    entry_from_row, list_entries_sql, listed_from_row, names_from_rows, prefix_end,
+    bucket, candidate_from_row, candidates_sql, chunk_from_row, collect_blocks, count_entries_sql,
+    entry_columns, entry_from_row, list_entries_sql, listed_from_row, names_from_rows, prefix_end,
     repositories_sql, repository_from_row, slot_hash, upload_from_row, upload_with_blocks_sql,
     use_from_row, BlockRow, Param, SqlRow, USE_COLS,
 };
@@ -121,7 +121,10 @@ pub trait Connections: Send + Sync + std::fmt::Debug + 'static {
 
 /// What differs between PostgreSQL and MySQL.
 #[async_trait]
-pub trait Dialect: Connections {
+pub trait Dialect: Connections + Sized {
+    /// Connects (at most `pool_size` connections) and brings the schema up to date.
+    async fn open(url: &str, pool_size: u32) -> Result<Self, MetaError>;
+
     /// A cast to a 64-bit integer (`CAST(x AS {bigint})`).
     const BIGINT: &'static str;
 
@@ -180,6 +183,13 @@ pub trait Dialect: Connections {
 }
 
 impl<D: Dialect> SqlxStore<D> {
+    /// Connects (at most `pool_size` connections) and brings the schema up to date.
+    pub async fn open(url: &str, pool_size: u32) -> Result<Self, MetaError> {
+        Ok(Self {
+            db: D::open(url, pool_size).await?,
+        })
+    }
+
     /// Runs a shared statement and returns its rows.
     async fn rows(&self, template: &str, params: Vec<Param>) -> Result<Vec<D::Row>, MetaError> {
         self.db.fetch(&D::spell(template), params).await
@@ -398,17 +408,7 @@ impl<D: Dialect> RestoreStore for SqlxStore<D> {
             }
         }
         let rows = self.db.fetch(&sql, params).await?;
-        rows.iter()
-            .map(|row| {
-                Ok(Candidate {
-                    id: EntryId::new(row.int(0)?),
-                    scope: Scope::new(row.text(1)?),
-                    key: row.text(2)?,
-                    key_folded: row.text(3)?,
-                    created_at: row.int(4)?,
-                })
-            })
-            .collect()
+        rows.iter().map(candidate_from_row).collect()
     }
 
     async fn entries_with_key(

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{AssertSqlSafe, Executor, MySql, Row, Transaction};
 
-use super::{bind_all, from_sqlx, Connections, Dialect, Done, SqlxStore, Step};
+use super::{bind_all, from_sqlx, Connections, Dialect, Done, Step};
 use crate::meta::sql::{bucket, slot_hash, use_from_row, xxh3_column, Param, SqlRow, USE_COLS};
 use crate::meta::{EntryChunk, MetaError, NewEntry, NewUpload, Removal};
 use crate::model::{
@@ -37,44 +37,7 @@ pub struct MySqlDialect {
     pool: MySqlPool,
 }
 
-impl SqlxStore<MySqlDialect> {
-    /// Connects (at most `pool_size` connections) and brings the schema up to date.
-    pub async fn open(url: &str, pool_size: u32) -> Result<Self, MetaError> {
-        Ok(Self {
-            db: MySqlDialect::open(url, pool_size).await?,
-        })
-    }
-}
-
 impl MySqlDialect {
-    async fn open(url: &str, pool_size: u32) -> Result<Self, MetaError> {
-        let options = MySqlConnectOptions::from_str(url)
-            .map_err(|e| MetaError::Unavailable(format!("bad MySQL URL: {e}")))?;
-        // One connection first: its error names the cause (refused, bad password, no such
-        // database) where the pool's would only say it timed out.
-        let probe = <sqlx::mysql::MySqlConnection as sqlx::Connection>::connect_with(&options)
-            .await
-            .map_err(from_sqlx)?;
-        let _ = sqlx::Connection::close(probe).await;
-        let pool = MySqlPoolOptions::new()
-            .max_connections(pool_size)
-            .min_connections(1)
-            .acquire_timeout(Duration::from_secs(10))
-            .after_connect(|conn, _| {
-                Box::pin(async move {
-                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                        .await?;
-                    Ok(())
-                })
-            })
-            .connect_with(options)
-            .await
-            .map_err(from_sqlx)?;
-        let store = Self { pool };
-        store.migrate().await?;
-        Ok(store)
-    }
-
     async fn migrate(&self) -> Result<(), MetaError> {
         let mut conn = self.pool.acquire().await.map_err(from_sqlx)?;
         let locked: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 60)")
@@ -223,6 +186,34 @@ impl_connections!(MySqlDialect, MySqlRow);
 
 #[async_trait]
 impl Dialect for MySqlDialect {
+    async fn open(url: &str, pool_size: u32) -> Result<Self, MetaError> {
+        let options = MySqlConnectOptions::from_str(url)
+            .map_err(|e| MetaError::Unavailable(format!("bad MySQL URL: {e}")))?;
+        // One connection first: its error names the cause (refused, bad password, no such
+        // database) where the pool's would only say it timed out.
+        let probe = <sqlx::mysql::MySqlConnection as sqlx::Connection>::connect_with(&options)
+            .await
+            .map_err(from_sqlx)?;
+        let _ = sqlx::Connection::close(probe).await;
+        let pool = MySqlPoolOptions::new()
+            .max_connections(pool_size)
+            .min_connections(1)
+            .acquire_timeout(Duration::from_secs(10))
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .await?;
+                    Ok(())
+                })
+            })
+            .connect_with(options)
+            .await
+            .map_err(from_sqlx)?;
+        let store = Self { pool };
+        store.migrate().await?;
+        Ok(store)
+    }
+
     const BIGINT: &'static str = "SIGNED";
 
     fn placeholder(_: usize) -> String {

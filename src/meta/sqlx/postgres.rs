@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Column, Row, TypeInfo};
 
-use super::{bind_all, from_sqlx, Connections, Dialect, Done, SqlxStore, Step};
+use super::{bind_all, from_sqlx, Connections, Dialect, Done, Step};
 use crate::meta::sql::{bucket, slot_hash, use_from_row, xxh3_column, Param, SqlRow};
 use crate::meta::{EntryChunk, MetaError, NewEntry, NewUpload, Removal};
 use crate::model::{
@@ -38,38 +38,7 @@ pub struct PostgresDialect {
     pool: PgPool,
 }
 
-impl SqlxStore<PostgresDialect> {
-    /// Connects (at most `pool_size` connections) and brings the schema up to date.
-    pub async fn open(url: &str, pool_size: u32) -> Result<Self, MetaError> {
-        Ok(Self {
-            db: PostgresDialect::open(url, pool_size).await?,
-        })
-    }
-}
-
 impl PostgresDialect {
-    async fn open(url: &str, pool_size: u32) -> Result<Self, MetaError> {
-        let options = PgConnectOptions::from_str(url)
-            .map_err(|e| MetaError::Unavailable(format!("bad PostgreSQL URL: {e}")))?
-            .application_name("hoard");
-        // One connection first: its error names the cause (refused, bad password, no such
-        // database) where the pool's would only say it timed out.
-        let probe = <sqlx::postgres::PgConnection as sqlx::Connection>::connect_with(&options)
-            .await
-            .map_err(from_sqlx)?;
-        let _ = sqlx::Connection::close(probe).await;
-        let pool = PgPoolOptions::new()
-            .max_connections(pool_size)
-            .min_connections(1)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(options)
-            .await
-            .map_err(from_sqlx)?;
-        let store = Self { pool };
-        store.migrate().await?;
-        Ok(store)
-    }
-
     async fn migrate(&self) -> Result<(), MetaError> {
         let mut conn = self.pool.acquire().await.map_err(from_sqlx)?;
         sqlx::query("SELECT pg_advisory_lock($1)")
@@ -169,6 +138,28 @@ impl_connections!(PostgresDialect, PgRow);
 
 #[async_trait]
 impl Dialect for PostgresDialect {
+    async fn open(url: &str, pool_size: u32) -> Result<Self, MetaError> {
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|e| MetaError::Unavailable(format!("bad PostgreSQL URL: {e}")))?
+            .application_name("hoard");
+        // One connection first: its error names the cause (refused, bad password, no such
+        // database) where the pool's would only say it timed out.
+        let probe = <sqlx::postgres::PgConnection as sqlx::Connection>::connect_with(&options)
+            .await
+            .map_err(from_sqlx)?;
+        let _ = sqlx::Connection::close(probe).await;
+        let pool = PgPoolOptions::new()
+            .max_connections(pool_size)
+            .min_connections(1)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await
+            .map_err(from_sqlx)?;
+        let store = Self { pool };
+        store.migrate().await?;
+        Ok(store)
+    }
+
     const BIGINT: &'static str = "BIGINT";
 
     fn placeholder(n: usize) -> String {
