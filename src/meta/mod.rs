@@ -179,13 +179,16 @@ store_trait! {
         /// Inserts an open upload for the slot, first aborting `replacing` (an abandoned upload
         /// of the same slot, at the revision loaded) and dropping its blocks. `Conflict` if the
         /// slot already has an open upload; `Stale` if `replacing` changed.
-        async fn create_upload(&self, new: NewUpload<'_>, replacing: Option<&Upload>) -> Result<UploadId, MetaError>;
+        async fn create_upload(&self, new: NewUpload<'_>, replacing: Option<&Upload>)
+            -> Result<UploadId, MetaError>;
 
         /// Records `chunk` as the staged copy of `block`, replacing an earlier copy.
-        async fn stage_block(&self, upload: &Upload, block: &BlockId, chunk: &Chunk, now: Millis) -> Result<(), MetaError>;
+        async fn stage_block(&self, upload: &Upload, block: &BlockId, chunk: &Chunk, now: Millis)
+            -> Result<(), MetaError>;
 
         /// Makes `parts` the upload's committed parts, in order, and drops every staged block.
-        async fn commit_parts(&self, upload: &Upload, parts: &[(BlockId, Chunk)], now: Millis) -> Result<(), MetaError>;
+        async fn commit_parts(&self, upload: &Upload, parts: &[(BlockId, Chunk)], now: Millis)
+            -> Result<(), MetaError>;
 
         /// Aborts the upload and drops its blocks.
         async fn abort_upload(&self, upload: &Upload, now: Millis) -> Result<(), MetaError>;
@@ -202,11 +205,13 @@ store_trait! {
         /// For each (scope, key) pair, the exact match and the newest prefix match (by creation
         /// time, then id) of `version` in `repository`: a bounded superset of what
         /// `matching::best_match` needs. `folded_keys` are already folded.
-        async fn find_candidates(&self, repository: &RepoId, version: &Version, scopes: &[Scope], folded_keys: &[String]) -> Result<Vec<Candidate>, MetaError>;
+        async fn find_candidates(&self, repository: &RepoId, version: &Version, scopes: &[Scope], folded_keys: &[String])
+            -> Result<Vec<Candidate>, MetaError>;
 
         /// The visible entries of `repository` in `scope` whose folded key is `folded_key`, of
         /// any version, newest first, at most `limit`: the v1 listing (`GET caches?key=`).
-        async fn entries_with_key(&self, repository: &RepoId, scope: &Scope, folded_key: &str, limit: usize) -> Result<Vec<Entry>, MetaError>;
+        async fn entries_with_key(&self, repository: &RepoId, scope: &Scope, folded_key: &str, limit: usize)
+            -> Result<Vec<Entry>, MetaError>;
 
         /// A visible entry and its chunks in order.
         async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError>;
@@ -236,11 +241,13 @@ store_trait! {
 
         /// Up to `limit` entries, least recently used first (then oldest id), of one repository
         /// or of all.
-        async fn least_recently_used(&self, repository: Option<&RepoId>, limit: usize) -> Result<Vec<EntryUse>, MetaError>;
+        async fn least_recently_used(&self, repository: Option<&RepoId>, limit: usize)
+            -> Result<Vec<EntryUse>, MetaError>;
 
         /// Up to `limit` entries last used before `unused_before`, or created before
         /// `created_before`.
-        async fn expired(&self, unused_before: Millis, created_before: Option<Millis>, limit: usize) -> Result<Vec<EntryUse>, MetaError>;
+        async fn expired(&self, unused_before: Millis, created_before: Option<Millis>, limit: usize)
+            -> Result<Vec<EntryUse>, MetaError>;
 
         /// Removes the entries that still exist among `ids`, and schedules their chunks for
         /// deletion at `removal.delete_at`. A quarantine is also recorded. Returns the entries

@@ -198,11 +198,8 @@ impl<D: Dialect> SqlxStore<D> {
     /// A shared statement's single integer (a count or a sum); 0 without a row.
     async fn number(&self, template: &str, params: Vec<Param>) -> Result<u64, MetaError> {
         let rows = self.rows(template, params).await?;
-        let n = match rows.first() {
-            Some(row) => row.opt_int(0)?.unwrap_or(0),
-            None => 0,
-        };
-        Ok(n.max(0) as u64)
+        let n = rows.first().map(|r| r.opt_int(0)).transpose()?.flatten();
+        Ok(n.unwrap_or(0).max(0) as u64)
     }
 
     /// An upload and its blocks from [`upload_with_blocks_sql`], the upload named by `key` in
@@ -291,10 +288,7 @@ impl<D: Dialect> SaveStore for SqlxStore<D> {
         let row = rows
             .first()
             .ok_or_else(|| MetaError::Internal("the slot's state has no row".into()))?;
-        let open = match row.opt_int(0)? {
-            Some(_) => Some(upload_from_row(row)?),
-            None => None,
-        };
+        let open = row.opt_int(0)?.map(|_| upload_from_row(row)).transpose()?;
         Ok(SlotState {
             entry_exists: row.int(8)? != 0,
             open,
@@ -333,10 +327,10 @@ impl<D: Dialect> SaveStore for SqlxStore<D> {
                 vec![hash],
             )
             .await?;
-        let finalized = match rows.first() {
-            Some(row) => Some((EntryId::new(row.int(0)?), row.int(1)?.max(0) as u64)),
-            None => None,
-        };
+        let finalized = rows
+            .first()
+            .map(|row| Ok::<_, MetaError>((EntryId::new(row.int(0)?), row.int(1)?.max(0) as u64)))
+            .transpose()?;
         Ok(FinalizeState { open, finalized })
     }
 
@@ -507,23 +501,14 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
         repository: Option<&RepoId>,
         limit: usize,
     ) -> Result<Vec<EntryUse>, MetaError> {
-        let limit = Param::Int(limit as i64);
-        let rows = match repository {
-            Some(repo) => {
-                self.rows(
-                    &format!("{USE_COLS} WHERE repository = ? ORDER BY last_used_at, id LIMIT ?"),
-                    vec![text(repo.as_str()), limit],
-                )
-                .await?
-            }
-            None => {
-                self.rows(
-                    &format!("{USE_COLS} ORDER BY last_used_at, id LIMIT ?"),
-                    vec![limit],
-                )
-                .await?
-            }
+        // Of one repository (the quota's order) or of all (the global limits').
+        let (only, mut params) = match repository {
+            Some(repo) => ("WHERE repository = ?", vec![text(repo.as_str())]),
+            None => ("", Vec::new()),
         };
+        params.push(Param::Int(limit as i64));
+        let sql = format!("{USE_COLS} {only} ORDER BY last_used_at, id LIMIT ?");
+        let rows = self.rows(&sql, params).await?;
         rows.iter().map(use_from_row).collect()
     }
 
