@@ -13,6 +13,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// How long a test waits for what must happen soon (a cleanup, an answer): generous for a loaded
 /// 2-core CI machine, and spent only when the test is failing anyway.
 const PATIENCE: Duration = Duration::from_secs(30);
+/// How long a test waits for the server to close a connection on purpose: below the default
+/// `--header-timeout` (10 s), whose timer would otherwise close it too and hide a failure.
+const HANG_UP: Duration = Duration::from_secs(8);
 
 /// Entries and chunk files, to show a refused request changed nothing.
 fn footprint(srv: &TestServer) -> (usize, usize) {
@@ -310,10 +313,10 @@ async fn slow_clients_are_cut_off_while_sending_headers() {
     stream.write_all(b"POST /twirp/github.actions.results.api.v1.CacheService/CreateCacheEntry HTTP/1.1\r\nhost: x\r\n").await.unwrap();
     // ...and then nothing. The server must hang up (or answer 408) on its own.
     let mut buf = Vec::new();
-    let read = tokio::time::timeout(PATIENCE, stream.read_to_end(&mut buf)).await;
+    let read = tokio::time::timeout(HANG_UP, stream.read_to_end(&mut buf)).await;
     assert!(
         read.is_ok(),
-        "the connection was still open after {PATIENCE:?}"
+        "the connection was still open after {HANG_UP:?}"
     );
     let text = String::from_utf8_lossy(&buf);
     assert!(
@@ -474,7 +477,7 @@ async fn requests_framed_both_ways_are_read_as_chunked_and_the_connection_closed
         );
         stream.write_all(request.as_bytes()).await.unwrap();
         let mut buf = Vec::new();
-        tokio::time::timeout(PATIENCE, stream.read_to_end(&mut buf))
+        tokio::time::timeout(HANG_UP, stream.read_to_end(&mut buf))
             .await
             .expect("the connection was not closed")
             .unwrap();
@@ -579,10 +582,10 @@ async fn silent_or_slow_http2_clients_are_cut_off() {
         stream.write_all(PREFACE).await.unwrap();
         stream.write_all(&frames).await.unwrap();
         let mut buf = Vec::new();
-        let read = tokio::time::timeout(PATIENCE, stream.read_to_end(&mut buf)).await;
+        let read = tokio::time::timeout(HANG_UP, stream.read_to_end(&mut buf)).await;
         assert!(
             read.is_ok(),
-            "{what}: the connection was still open after {PATIENCE:?}"
+            "{what}: the connection was still open after {HANG_UP:?}"
         );
         // The server spoke HTTP/2 (its SETTINGS frame) before closing.
         assert!(buf.len() >= 9 && buf[3] == 4, "{what}: {buf:?}");

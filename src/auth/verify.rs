@@ -221,7 +221,7 @@ impl Verifier {
         if let Some(identity) = self.remembered(&digest, now) {
             return Ok(identity);
         }
-        let (identity, exp) = self.verify(token, now).await?;
+        let (identity, exp) = self.verify(token).await?;
         let identity = Arc::new(identity);
         self.remember(digest, identity.clone(), exp, now);
         Ok(identity)
@@ -252,7 +252,7 @@ impl Verifier {
         cache.insert(digest, (identity, exp));
     }
 
-    async fn verify(&self, token: &str, now: u64) -> Result<(Identity, u64), TokenError> {
+    async fn verify(&self, token: &str) -> Result<(Identity, u64), TokenError> {
         let header = jsonwebtoken::decode_header(token).map_err(|_| TokenError::Malformed)?;
         let mut validation = Validation::new(header.alg);
         // `exp` and `nbf` are checked below on our clock (jsonwebtoken reads the system's);
@@ -261,18 +261,19 @@ impl Verifier {
         validation.validate_nbf = false;
         validation.validate_aud = false;
         validation.set_required_spec_claims(&["exp"]);
-        let claims = match header.alg {
+        let (exp, claims) = match header.alg {
             Algorithm::HS256 => {
                 let secret = self.settings.hs256_secret.as_ref().ok_or_else(|| {
                     TokenError::Rejected(
                         "HS256 tokens are not accepted (no --token-hs256-secret-file)".into(),
                     )
                 })?;
-                decode(
+                let claims = decode(
                     token,
                     &DecodingKey::from_secret(secret.expose()),
                     &validation,
-                )?
+                )?;
+                (self.check_times(&claims)?, claims)
             }
             Algorithm::RS256 | Algorithm::ES256 => {
                 let iss = peek_payload(token)?
@@ -303,6 +304,9 @@ impl Verifier {
                     }
                 }
                 let claims = result?;
+                // On the clock after the key fetch (which may take seconds), before any other
+                // claim: an expired token is told it expired.
+                let exp = self.check_times(&claims)?;
                 // An issuer's token must name its repository: without one, entries of every
                 // repository would share a namespace (PROTOCOL.md §8).
                 let names_repository = match claims.get("repository_id") {
@@ -315,7 +319,7 @@ impl Verifier {
                         "the token has no repository_id claim".into(),
                     ));
                 }
-                claims
+                (exp, claims)
             }
             other => {
                 return Err(TokenError::Rejected(format!(
@@ -323,14 +327,19 @@ impl Verifier {
                 )))
             }
         };
+        let identity = identity_from_claims(claims_from_json(claims)?)?;
+        Ok((identity, exp))
+    }
+
+    /// Checks a signed token's `exp` and `nbf` on this verifier's clock, read now; returns `exp`.
+    fn check_times(&self, claims: &serde_json::Value) -> Result<u64, TokenError> {
         let exp = claims
             .get("exp")
             .and_then(serde_json::Value::as_u64)
             .unwrap_or(0);
         let nbf = claims.get("nbf").and_then(serde_json::Value::as_u64);
-        check_validity(exp, nbf, now, self.settings.leeway.as_secs())?;
-        let identity = identity_from_claims(claims_from_json(claims)?)?;
-        Ok((identity, exp))
+        check_validity(exp, nbf, self.now(), self.settings.leeway.as_secs())?;
+        Ok(exp)
     }
 
     /// The keys that may have signed a token of `iss`: the one named by `kid`, or every key of

@@ -92,7 +92,7 @@ pub struct Status {
     pub uptime_seconds: u64,
     /// `sqlite`, `postgres` or `mysql`.
     pub database: String,
-    /// Where entry bytes live: `file`.
+    /// Where entry bytes live: `file`, `s3`, `gcs` or `azure`.
     pub storage: String,
     pub limits: Limits,
     pub usage: Totals,
