@@ -8,6 +8,7 @@ use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
 
 use super::*;
+use crate::auth::LinkTarget;
 use crate::blob::FsStore;
 use crate::meta::{EntryChunk, LifecycleStore, MemoryStore, RestoreStore, SaveStore};
 use crate::model::{BlockId, BlockRef, ByteStream, Lookup, UploadId};
@@ -152,6 +153,45 @@ async fn a_saved_entry_restores_and_a_second_save_conflicts() {
         None,
         "other repositories see nothing"
     );
+}
+
+/// A signed link opens only the row it was signed for: one whose creation time differs (its id
+/// reused by a later row) or whose row is gone is `NoSuchLink`, for uploads and for entries, and
+/// nothing is stored through it.
+#[tokio::test]
+async fn a_link_opens_only_the_row_it_was_signed_for() {
+    let w = world();
+    let me = who("1");
+    let link = w.cache.reserve(&me, "k", "v").await.unwrap();
+    let later = LinkTarget {
+        id: link.id,
+        created_at: link.created_at + 1,
+    };
+    let refused = w.cache.put_blob(later, body(b"abc"), Some(3)).await;
+    assert!(
+        matches!(refused, Err(CacheError::NoSuchLink)),
+        "{refused:?}"
+    );
+    let staged = w.meta.upload_with_blocks(link.id).await.unwrap().unwrap().1;
+    assert!(staged.staged.is_empty(), "nothing was stored");
+    w.cache.put_blob(link, body(b"abc"), Some(3)).await.unwrap();
+    w.cache.finalize(&me, "k", "v", 3).await.unwrap();
+
+    let lookup = Lookup::parse("k", &[], "v").unwrap();
+    let hit = w.cache.lookup(&me, &lookup).await.unwrap().unwrap();
+    assert_eq!(w.cache.open_link(hit.entry).await.unwrap().entry.size, 3);
+    let earlier = LinkTarget {
+        id: hit.entry.id,
+        created_at: hit.entry.created_at - 1,
+    };
+    let gone = LinkTarget {
+        id: EntryId::new(hit.entry.id.get() + 1000),
+        created_at: hit.entry.created_at,
+    };
+    for target in [earlier, gone] {
+        let refused = w.cache.open_link(target).await;
+        assert!(matches!(refused, Err(CacheError::NoSuchLink)), "{target:?}");
+    }
 }
 
 #[tokio::test]
