@@ -4,11 +4,12 @@
 
 use super::MetaError;
 use crate::model::{
-    BlobName, Chunk, Entry, EntryId, EntryUse, RepoId, Scope, Upload, UploadId, UploadState,
+    BlobName, BlockId, Chunk, Entry, EntryId, EntryUse, RepoId, Scope, Upload, UploadBlocks,
+    UploadId, UploadState,
 };
 
 /// A chunk's stored columns, re-validated: the name must be one the server makes.
-pub(super) fn chunk_from_parts(
+fn chunk_from_parts(
     name: String,
     size: i64,
     digest: Vec<u8>,
@@ -31,33 +32,6 @@ pub(super) fn chunk_from_parts(
 /// A chunk's XXH3 as stored: the 64 bits as a signed integer.
 pub(super) fn xxh3_column(chunk: &Chunk) -> Option<i64> {
     chunk.xxh3.map(|v| v as i64)
-}
-
-/// An upload's stored columns.
-pub(super) struct UploadRow {
-    pub id: i64,
-    pub repository: String,
-    pub scope: String,
-    pub key: String,
-    pub version: String,
-    pub state: String,
-    pub created_at: i64,
-    pub revision: i64,
-}
-
-pub(super) fn upload_from_parts(row: UploadRow) -> Result<Upload, MetaError> {
-    let state = UploadState::parse(&row.state)
-        .ok_or_else(|| MetaError::Corrupt(format!("upload state {:?}", row.state)))?;
-    Ok(Upload {
-        id: UploadId::new(row.id),
-        repository: RepoId::new(row.repository),
-        scope: Scope::new(row.scope),
-        key: row.key,
-        version: row.version,
-        state,
-        created_at: row.created_at,
-        revision: row.revision,
-    })
 }
 
 /// The exclusive upper bound of the keys that start with `prefix`, under byte-wise comparison
@@ -273,7 +247,7 @@ pub(super) fn repositories_sql(
 }
 
 /// An upload and its blocks in one statement (one round trip, one snapshot). Columns: the upload
-/// (0–7, as [`UploadRow`]), then per block: kind (1 staged, 2 committed part; NULL when the
+/// (0–7, as [`upload_from_row`] reads them), then per block: kind (1 staged, 2 committed part; NULL when the
 /// upload has no blocks), ordinal, block id, blob name, size, SHA-256, XXH3 (8–14). `upload_id` is
 /// an expression for the upload's id, used in both block branches (MariaDB does not push the
 /// join condition into a UNION, so the branches name it themselves), and `which` selects the
@@ -294,33 +268,21 @@ pub(super) fn upload_with_blocks_sql(upload_id: &str, which: &str) -> String {
     )
 }
 
-/// One row of [`upload_with_blocks_sql`] past the upload's columns.
-pub(super) struct BlockRow {
-    pub kind: Option<i64>,
-    pub block_id: Option<Vec<u8>>,
-    pub blob_name: Option<String>,
-    pub size: Option<i64>,
-    pub sha256: Option<Vec<u8>>,
-    pub xxh3: Option<i64>,
-}
-
-/// Folds the block columns of [`upload_with_blocks_sql`] rows into the upload's blocks.
-pub(super) fn collect_blocks(
-    rows: impl IntoIterator<Item = BlockRow>,
-) -> Result<crate::model::UploadBlocks, MetaError> {
-    use crate::model::BlockId;
-    let mut blocks = crate::model::UploadBlocks::default();
+/// The blocks of an upload from [`upload_with_blocks_sql`] rows: per row, past the upload's
+/// columns, the kind (1 staged, 2 committed part; NULL when the upload has no blocks), ordinal,
+/// block id and the chunk (from column 11).
+pub(super) fn collect_blocks(rows: &[impl SqlRow]) -> Result<UploadBlocks, MetaError> {
+    let mut blocks = UploadBlocks::default();
     for row in rows {
-        let (Some(kind), Some(id), Some(name), Some(size), Some(digest)) =
-            (row.kind, row.block_id, row.blob_name, row.size, row.sha256)
-        else {
+        let Some(kind) = row.opt_int(8)? else {
             continue; // the upload has no blocks
         };
-        let chunk = chunk_from_parts(name, size, digest, row.xxh3)?;
+        let id = BlockId::from_stored(row.opt_bytes(10)?.ok_or_else(|| null(10))?);
+        let chunk = chunk_from_row(row, 11)?;
         if kind == 2 {
-            blocks.parts.push((BlockId::from_stored(id), chunk));
+            blocks.parts.push((id, chunk));
         } else {
-            blocks.staged.insert(BlockId::from_stored(id), chunk);
+            blocks.staged.insert(id, chunk);
         }
     }
     Ok(blocks)
@@ -346,13 +308,15 @@ pub(super) fn null(col: usize) -> MetaError {
 }
 
 pub(super) fn upload_from_row(r: &impl SqlRow) -> Result<Upload, MetaError> {
-    upload_from_parts(UploadRow {
-        id: r.int(0)?,
-        repository: r.text(1)?,
-        scope: r.text(2)?,
+    let state = r.text(5)?;
+    Ok(Upload {
+        id: UploadId::new(r.int(0)?),
+        repository: RepoId::new(r.text(1)?),
+        scope: Scope::new(r.text(2)?),
         key: r.text(3)?,
         version: r.text(4)?,
-        state: r.text(5)?,
+        state: UploadState::parse(&state)
+            .ok_or_else(|| MetaError::Corrupt(format!("upload state {state:?}")))?,
         created_at: r.int(6)?,
         revision: r.int(7)?,
     })

@@ -64,7 +64,7 @@ use super::sql::{
     bucket, candidate_from_row, candidates_sql, chunk_from_row, collect_blocks, count_entries_sql,
     entry_columns, entry_from_row, list_entries_sql, listed_from_row, names_from_rows, prefix_end,
     repositories_sql, repository_from_row, slot_hash, upload_from_row, upload_with_blocks_sql,
-    use_from_row, BlockRow, Param, SqlRow, USE_COLS,
+    use_from_row, Param, SqlRow, USE_COLS,
 };
 use super::{
     AdminStore, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health, LifecycleStore,
@@ -215,21 +215,7 @@ impl<D: Dialect> SqlxStore<D> {
         let Some(first) = rows.first() else {
             return Ok(None);
         };
-        let upload = upload_from_row(first)?;
-        let blocks = rows
-            .iter()
-            .map(|row| {
-                Ok(BlockRow {
-                    kind: row.opt_int(8)?,
-                    block_id: row.opt_bytes(10)?,
-                    blob_name: row.opt_text(11)?,
-                    size: row.opt_int(12)?,
-                    sha256: row.opt_bytes(13)?,
-                    xxh3: row.opt_int(14)?,
-                })
-            })
-            .collect::<Result<Vec<_>, MetaError>>()?;
-        Ok(Some((upload, collect_blocks(blocks)?)))
+        Ok(Some((upload_from_row(first)?, collect_blocks(&rows)?)))
     }
 
     /// `template` with `{names}` replaced by a list of `names`, bound `times` over, in
