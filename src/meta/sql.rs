@@ -29,6 +29,21 @@ fn chunk_from_parts(
     })
 }
 
+/// The migrations (`(version, SQL)`, in order) a database at schema `current` still needs;
+/// `Corrupt` if it is newer than every one this server knows.
+pub(super) fn migrations_after(
+    all: &'static [(i64, &'static str)],
+    current: i64,
+) -> Result<impl Iterator<Item = &'static (i64, &'static str)>, MetaError> {
+    let newest = all.last().map_or(0, |m| m.0);
+    if current > newest {
+        return Err(MetaError::Corrupt(format!(
+            "the database schema is version {current}, newer than this server's {newest}"
+        )));
+    }
+    Ok(all.iter().filter(move |m| m.0 > current))
+}
+
 /// A chunk's XXH3 as stored: the 64 bits as a signed integer.
 pub(super) fn xxh3_column(chunk: &Chunk) -> Option<i64> {
     chunk.xxh3.map(|v| v as i64)
@@ -400,4 +415,26 @@ pub(super) fn candidate_from_row(r: &impl SqlRow) -> Result<crate::model::Candid
         key_folded: r.text(3)?,
         created_at: r.int(4)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: &[(i64, &str)] = &[(1, "a"), (2, "b"), (3, "c")];
+
+    #[test]
+    fn migrations_run_from_the_current_schema_and_a_newer_database_is_refused() {
+        let versions = |current| {
+            migrations_after(ALL, current).map(|pending| pending.map(|m| m.0).collect::<Vec<_>>())
+        };
+        assert_eq!(versions(0).unwrap(), [1, 2, 3]);
+        assert_eq!(versions(2).unwrap(), [3]);
+        assert!(versions(3).unwrap().is_empty());
+        let newer = versions(4).unwrap_err().to_string();
+        assert!(
+            newer.contains("version 4, newer than this server's 3"),
+            "{newer}"
+        );
+    }
 }

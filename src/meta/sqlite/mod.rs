@@ -27,8 +27,8 @@ mod wal;
 
 use crate::meta::sql::{
     candidate_from_row, chunk_from_row, count_entries_sql, entry_columns, entry_from_row,
-    list_entries_sql, listed_from_row, repositories_sql, repository_from_row, upload_from_row,
-    use_from_row, xxh3_column, Param, SqlRow, USE_COLS,
+    list_entries_sql, listed_from_row, migrations_after, repositories_sql, repository_from_row,
+    upload_from_row, use_from_row, xxh3_column, Param, SqlRow, USE_COLS,
 };
 use crate::meta::{
     AdminStore, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health, LifecycleStore,
@@ -85,13 +85,7 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
 
 fn migrate(conn: &mut Connection) -> Result<(), MetaError> {
     let current: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
-    let newest = MIGRATIONS.last().map_or(0, |m| m.0);
-    if current > newest {
-        return Err(MetaError::Corrupt(format!(
-            "the database schema is version {current}, newer than this server's {newest}"
-        )));
-    }
-    for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+    for (version, sql) in migrations_after(MIGRATIONS, current)? {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         tx.execute_batch(sql)?;
         tx.pragma_update(None, "user_version", version)?;

@@ -15,7 +15,9 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{AssertSqlSafe, Executor, MySql, Row, Transaction};
 
 use super::{bind_all, from_sqlx, Connections, Dialect, Done, Step};
-use crate::meta::sql::{bucket, slot_hash, use_from_row, xxh3_column, Param, SqlRow, USE_COLS};
+use crate::meta::sql::{
+    bucket, migrations_after, slot_hash, use_from_row, xxh3_column, Param, SqlRow, USE_COLS,
+};
 use crate::meta::{EntryChunk, MetaError, NewEntry, NewUpload, Removal};
 use crate::model::{
     BlockId, Chunk, EntryId, EntryUse, Millis, RemovalCause, RepoId, Upload, UploadId,
@@ -61,15 +63,13 @@ impl MySqlDialect {
             )
             .fetch_one(&mut *conn)
             .await?;
-            let newest = MIGRATIONS.last().map_or(0, |m| m.0);
-            if current > newest {
-                return Ok(Err(MetaError::Corrupt(format!(
-                    "the database schema is version {current}, newer than this server's {newest}"
-                ))));
-            }
+            let pending = match migrations_after(MIGRATIONS, current) {
+                Ok(pending) => pending,
+                Err(newer) => return Ok(Err(newer)),
+            };
             // DDL commits implicitly in MySQL: a migration is recorded after its last statement,
             // and each is written to be applied once, under the lock.
-            for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+            for (version, sql) in pending {
                 for statement in sql.split("\n;\n").map(str::trim).filter(|s| !s.is_empty()) {
                     sqlx::raw_sql(AssertSqlSafe(statement.to_owned()))
                         .execute(&mut *conn)

@@ -15,7 +15,9 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Column, Row, TypeInfo};
 
 use super::{bind_all, from_sqlx, Connections, Dialect, Done, Step};
-use crate::meta::sql::{bucket, slot_hash, use_from_row, xxh3_column, Param, SqlRow};
+use crate::meta::sql::{
+    bucket, migrations_after, slot_hash, use_from_row, xxh3_column, Param, SqlRow,
+};
 use crate::meta::{EntryChunk, MetaError, NewEntry, NewUpload, Removal};
 use crate::model::{
     BlockId, Chunk, EntryId, EntryUse, Millis, RemovalCause, RepoId, Upload, UploadId,
@@ -56,13 +58,11 @@ impl PostgresDialect {
                 sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM hoard_schema")
                     .fetch_one(&mut *conn)
                     .await?;
-            let newest = MIGRATIONS.last().map_or(0, |m| m.0);
-            if current > newest {
-                return Ok(Err(MetaError::Corrupt(format!(
-                    "the database schema is version {current}, newer than this server's {newest}"
-                ))));
-            }
-            for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+            let pending = match migrations_after(MIGRATIONS, current) {
+                Ok(pending) => pending,
+                Err(newer) => return Ok(Err(newer)),
+            };
+            for (version, sql) in pending {
                 let mut tx = sqlx::Connection::begin(&mut *conn).await?;
                 sqlx::raw_sql(*sql).execute(&mut *tx).await?;
                 sqlx::query("INSERT INTO hoard_schema (version) VALUES ($1)")
