@@ -305,52 +305,43 @@ pub struct Chunk {
     pub xxh3: Option<u64>,
 }
 
-/// Identifies one upload (an open or closed reservation). The metadata store makes it when
-/// the upload is created; a type of its own so it is never passed where an [`EntryId`] is due.
-/// Shown as the bare integer, so links, JSON and logs read as they always did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct UploadId(i64);
+/// Declares an id the metadata store makes: a type of its own, so that one kind of id is never
+/// passed where another is due, shown as the bare integer (links, JSON and logs read as they
+/// always did).
+macro_rules! store_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(i64);
 
-impl UploadId {
-    /// Wraps an id read from a row, a URL or a test.
-    pub const fn new(id: i64) -> Self {
-        Self(id)
-    }
+        impl $name {
+            /// Wraps an id read from a row, a URL or a test.
+            pub const fn new(id: i64) -> Self {
+                Self(id)
+            }
 
-    /// The integer the database stores (for binding and wire formats).
-    pub const fn get(self) -> i64 {
-        self.0
-    }
+            /// The integer the database stores (for binding and wire formats).
+            pub const fn get(self) -> i64 {
+                self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Display::fmt(&self.0, f)
+            }
+        }
+    };
 }
 
-impl fmt::Display for UploadId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.0, f)
-    }
+store_id! {
+    /// Identifies one upload (an open or closed reservation); made when it is created.
+    UploadId
 }
 
-/// Identifies one entry. The metadata store makes it when an upload is finalized; a type of
-/// its own so it is never passed where an [`UploadId`] is due.
-/// Shown as the bare integer, so links, JSON and logs read as they always did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct EntryId(i64);
-
-impl EntryId {
-    /// Wraps an id read from a row, a URL or a test.
-    pub const fn new(id: i64) -> Self {
-        Self(id)
-    }
-
-    /// The integer the database stores (for binding and wire formats).
-    pub const fn get(self) -> i64 {
-        self.0
-    }
-}
-
-impl fmt::Display for EntryId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.0, f)
-    }
+store_id! {
+    /// Identifies one entry; made when an upload is finalized.
+    EntryId
 }
 
 /// Milliseconds since the Unix epoch: the one clock unit stored in metadata.
