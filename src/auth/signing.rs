@@ -162,8 +162,18 @@ impl UrlSigner {
         URL_SAFE_NO_PAD.encode_string(mac, out);
     }
 
-    /// Checks a link's `se` and `sig` at time `now` (Unix seconds).
+    /// Checks a link's `se` and `sig` now, on the clock links are signed on.
     pub fn verify<Id: LinkId>(
+        &self,
+        target: LinkTarget<Id>,
+        expires: Option<&str>,
+        sig: Option<&str>,
+    ) -> Result<(), SignatureError> {
+        self.verify_at(target, expires, sig, self.now())
+    }
+
+    /// [`UrlSigner::verify`] at time `now` (Unix seconds).
+    fn verify_at<Id: LinkId>(
         &self,
         target: LinkTarget<Id>,
         expires: Option<&str>,
@@ -215,7 +225,7 @@ mod tests {
             created_at: CREATED + 1,
         };
         assert_eq!(
-            s.verify(reused, Some("1000"), Some(&sig), 0),
+            s.verify_at(reused, Some("1000"), Some(&sig), 0),
             Err(SignatureError::Forged)
         );
     }
@@ -228,9 +238,12 @@ mod tests {
     fn a_signed_link_verifies_until_it_expires() {
         let s = signer();
         let sig = s.sign(upload(5), 1000);
-        assert_eq!(s.verify(upload(5), Some("1000"), Some(&sig), 999), Ok(()));
         assert_eq!(
-            s.verify(upload(5), Some("1000"), Some(&sig), 1000),
+            s.verify_at(upload(5), Some("1000"), Some(&sig), 999),
+            Ok(())
+        );
+        assert_eq!(
+            s.verify_at(upload(5), Some("1000"), Some(&sig), 1000),
             Err(SignatureError::Expired)
         );
     }
@@ -240,21 +253,24 @@ mod tests {
         let s = signer();
         let sig = s.sign(upload(5), 1000);
         let forged = Err(SignatureError::Forged);
-        assert_eq!(s.verify(entry(5), Some("1000"), Some(&sig), 0), forged);
-        assert_eq!(s.verify(upload(6), Some("1000"), Some(&sig), 0), forged);
-        assert_eq!(s.verify(upload(5), Some("2000"), Some(&sig), 0), forged);
+        assert_eq!(s.verify_at(entry(5), Some("1000"), Some(&sig), 0), forged);
+        assert_eq!(s.verify_at(upload(6), Some("1000"), Some(&sig), 0), forged);
+        assert_eq!(s.verify_at(upload(5), Some("2000"), Some(&sig), 0), forged);
         let other = UrlSigner::new(Secret::new(vec![8; 32]));
-        assert_eq!(other.verify(upload(5), Some("1000"), Some(&sig), 0), forged);
+        assert_eq!(
+            other.verify_at(upload(5), Some("1000"), Some(&sig), 0),
+            forged
+        );
     }
 
     #[test]
     fn missing_or_garbled_parameters_are_malformed() {
         let s = signer();
         let m = Err(SignatureError::Malformed);
-        assert_eq!(s.verify(upload(5), None, Some("x"), 0), m);
-        assert_eq!(s.verify(upload(5), Some("soon"), Some("x"), 0), m);
-        assert_eq!(s.verify(upload(5), Some("1000"), None, 0), m);
-        assert_eq!(s.verify(upload(5), Some("1000"), Some("%%%"), 0), m);
+        assert_eq!(s.verify_at(upload(5), None, Some("x"), 0), m);
+        assert_eq!(s.verify_at(upload(5), Some("soon"), Some("x"), 0), m);
+        assert_eq!(s.verify_at(upload(5), Some("1000"), None, 0), m);
+        assert_eq!(s.verify_at(upload(5), Some("1000"), Some("%%%"), 0), m);
     }
 
     #[test]
@@ -265,7 +281,7 @@ mod tests {
         let expires = s.now() + 5;
         let sig = s.sign(entry(5), expires);
         let se = expires.to_string();
-        let check = |s: &UrlSigner| s.verify(entry(5), Some(&se), Some(&sig), s.now());
+        let check = |s: &UrlSigner| s.verify_at(entry(5), Some(&se), Some(&sig), s.now());
         assert_eq!(check(&s), Ok(()));
         clock.advance(std::time::Duration::from_millis(4_999));
         assert_eq!(check(&s), Ok(()));
