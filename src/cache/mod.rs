@@ -33,7 +33,7 @@ use crate::model::{BlobName, Clipped, Clock, EntryId, Slot};
 
 pub use error::CacheError;
 pub use restore::{slices, Hit, OpenEntry};
-pub use save::LinkedUpload;
+use save::LinkedUpload;
 
 /// Domain settings.
 #[derive(Debug, Clone)]
