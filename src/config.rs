@@ -132,6 +132,12 @@ pub struct ServeArgs {
     #[arg(long, env = "HOARD_ANONYMOUS_ACCESS", default_value = "off", value_parser = parse_anonymous)]
     pub anonymous_access: Anonymous,
 
+    /// Proxies whose `X-Forwarded-For` is believed when recording who wrote an entry: IP
+    /// addresses or networks (`10.0.0.0/8`), comma-separated. From any other peer the header is
+    /// ignored and the peer's own address is recorded.
+    #[arg(long, env = "HOARD_TRUSTED_PROXIES", value_delimiter = ',', value_parser = parse_trusted_proxy)]
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+
     /// File holding the key that signs upload and download links (at least 32 bytes); made with
     /// mode 0600 if missing. Replicas must share it [default: <data-dir>/signing.key].
     #[arg(long, env = "HOARD_SIGNING_KEY_FILE")]
@@ -225,6 +231,14 @@ pub struct ServeArgs {
     pub idle_timeout: Duration,
 }
 
+/// One `--trusted-proxies` item: an address (a network of one) or a network.
+fn parse_trusted_proxy(raw: &str) -> Result<ipnet::IpNet, String> {
+    let raw = raw.trim();
+    raw.parse::<ipnet::IpNet>()
+        .or_else(|_| raw.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| format!("{raw:?} is neither an IP address nor a network such as 10.0.0.0/8"))
+}
+
 /// `--anonymous-access`: `off`, or what anonymous requests may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Anonymous(pub Option<crate::auth::namespaces::Access>);
@@ -287,6 +301,8 @@ pub struct Config {
     pub forgejo: Option<crate::auth::forgejo::ForgejoSettings>,
     pub namespaces: crate::auth::namespaces::Namespaces,
     pub anonymous: Option<crate::auth::namespaces::Access>,
+    /// Proxies whose `X-Forwarded-For` names the client (`--trusted-proxies`).
+    pub trusted_proxies: Vec<ipnet::IpNet>,
     /// The link signing key, if given directly; else `signing_key_file` is used.
     pub signing_key: Option<crate::secret::Secret>,
     pub signing_key_file: PathBuf,
@@ -469,6 +485,7 @@ impl ServeArgs {
             forgejo,
             namespaces,
             anonymous: self.anonymous_access.0,
+            trusted_proxies: self.trusted_proxies.clone(),
             signing_key,
             signing_key_file: self
                 .signing_key_file

@@ -68,6 +68,7 @@ impl Connections {
 
     pub fn serve(&self, stream: TcpStream) {
         let _ = stream.set_nodelay(true);
+        let peer = stream.peer_addr().ok();
         let (builder, app, idle, stop) = (
             self.builder.clone(),
             self.app.clone(),
@@ -77,7 +78,7 @@ impl Connections {
         let acceptor = self.tls.as_ref().map(|tls| tls.acceptor());
         self.tasks.spawn(async move {
             match acceptor {
-                None => run(stream, builder, app, idle, stop).await,
+                None => run(stream, peer, builder, app, idle, stop).await,
                 Some(acceptor) => {
                     let stream = match tokio::time::timeout(idle, acceptor.accept(stream)).await {
                         Ok(Ok(stream)) => stream,
@@ -87,7 +88,7 @@ impl Connections {
                         }
                         Err(_) => return,
                     };
-                    run(stream, builder, app, idle, stop).await;
+                    run(stream, peer, builder, app, idle, stop).await;
                 }
             }
         });
@@ -105,6 +106,7 @@ impl Connections {
 /// server stops.
 async fn run<I>(
     io: I,
+    peer: Option<std::net::SocketAddr>,
     builder: auto::Builder<TokioExecutor>,
     app: App,
     idle: Duration,
@@ -116,6 +118,7 @@ async fn run<I>(
     let service = TowerToHyperService::new(Tracked {
         app,
         activity: activity.clone(),
+        peer: peer.map(crate::api::origin::Peer),
     });
     let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     let mut connection = std::pin::pin!(connection);
@@ -199,6 +202,8 @@ impl Drop for InFlight {
 struct Tracked {
     app: App,
     activity: Arc<Activity>,
+    /// The connection's peer, handed to each request (see `api::origin`).
+    peer: Option<crate::api::origin::Peer>,
 }
 
 impl tower::Service<Request<Incoming>> for Tracked {
@@ -210,7 +215,10 @@ impl tower::Service<Request<Incoming>> for Tracked {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+    fn call(&mut self, mut req: Request<Incoming>) -> Self::Future {
+        if let Some(peer) = self.peer {
+            req.extensions_mut().insert(peer);
+        }
         let guard = InFlight::new(self.activity.clone());
         let mut router = self.app.router.clone();
         let metrics = self.app.metrics.clone();

@@ -157,6 +157,7 @@ pub async fn build_state(
             storage: cache.storage_kind(),
         },
         direct_downloads: config.direct_downloads,
+        trusted_proxies: api::origin::TrustedProxies::new(config.trusted_proxies.clone()),
         upstream: match &config.upstream_results_url {
             Some(url) => Some(
                 api::proxy::Upstream::new(url.clone(), config.limits.idle_timeout)

@@ -6,9 +6,11 @@
 //! it, so the rules (PROTOCOL.md §2.5, §9 "Key constraints") live in one place.
 
 pub mod listing;
+pub mod provenance;
 pub mod units;
 
 pub use listing::{EntryFilter, EntryOrder, EntryPage, ListedEntry, RepositoryUsage, Totals};
+pub use provenance::{entry_digest, CallerKind, Provenance};
 
 use std::fmt;
 use std::pin::Pin;
@@ -491,6 +493,9 @@ pub struct Upload {
     /// Bumped by every change to the upload or its blocks: a change decided on a loaded
     /// `Upload` is applied only if the revision is still the same (compare-and-set).
     pub revision: i64,
+    /// Who reserved it, kept by the entry it becomes; `None` for uploads reserved before
+    /// hoard recorded it.
+    pub written_by: Option<Provenance>,
 }
 
 impl Upload {

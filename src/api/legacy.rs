@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::origin::ClientAddress;
 use super::query::Query;
 use super::{links, transfer, AppState};
 use crate::auth::{Caller, CallerError, Identity};
@@ -149,12 +150,29 @@ pub async fn root(
     State(app): State<AppState>,
     method: Method,
     uri: Uri,
+    ClientAddress(address): ClientAddress,
     mut headers: HeaderMap,
     body: Body,
 ) -> Response {
     links::host_from_authority(&mut headers, &uri);
     let rest = uri.path().strip_prefix(BASE).unwrap_or("");
-    dispatch(&app, "", rest, &method, &uri, &headers, body).await
+    let request = Request {
+        method: &method,
+        uri: &uri,
+        headers: &headers,
+        address: &address,
+    };
+    dispatch(&app, "", rest, request, body).await
+}
+
+/// What a v1 call is served on, besides its body.
+#[derive(Clone, Copy)]
+pub(super) struct Request<'a> {
+    pub method: &'a Method,
+    pub uri: &'a Uri,
+    pub headers: &'a HeaderMap,
+    /// The client's address (see `origin`).
+    pub address: &'a str,
 }
 
 /// One v1 call: `prefix` is the path before `/_apis/artifactcache/` (without slashes) and
@@ -163,12 +181,10 @@ pub(super) async fn dispatch(
     app: &AppState,
     prefix: &str,
     rest: &str,
-    method: &Method,
-    uri: &Uri,
-    headers: &HeaderMap,
+    request: Request<'_>,
     body: Body,
 ) -> Response {
-    serve(app, prefix, rest, method, uri, headers, body)
+    serve(app, prefix, rest, request, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
@@ -207,13 +223,17 @@ async fn serve(
     app: &AppState,
     prefix: &str,
     rest: &str,
-    method: &Method,
-    uri: &Uri,
-    headers: &HeaderMap,
+    request: Request<'_>,
     body: Body,
 ) -> Result<Response, LegacyError> {
+    let Request {
+        method,
+        uri,
+        headers,
+        address,
+    } = request;
     let resource = Resource::parse(rest).ok_or_else(LegacyError::not_found)?;
-    let caller = app.identify(headers, prefix).await?;
+    let caller = app.identify(headers, prefix, address).await?;
     let who = &caller.identity;
     let not_allowed = || {
         LegacyError::new(
@@ -223,7 +243,7 @@ async fn serve(
     };
     match (resource, method.as_str()) {
         (Resource::Lookup, "GET") => lookup(app, &caller, uri, headers).await,
-        (Resource::Caches, "POST") => reserve(app, who, body).await,
+        (Resource::Caches, "POST") => reserve(app, who, &caller.address, body).await,
         (Resource::Caches, "GET") => list(app, who, uri).await,
         (Resource::Upload(id), "PATCH") => upload(app, who, id, headers, body).await,
         (Resource::Upload(id), "POST") => commit(app, who, id, body).await,
@@ -351,7 +371,12 @@ struct ReserveRequest {
 
 /// `POST caches`: 201 `{"cacheId"}`, 409 when the key is saved or being saved, 400 over the
 /// size limit (the client reports it as the data cap).
-async fn reserve(app: &AppState, who: &Identity, body: Body) -> Result<Response, LegacyError> {
+async fn reserve(
+    app: &AppState,
+    who: &Identity,
+    address: &str,
+    body: Body,
+) -> Result<Response, LegacyError> {
     let req: ReserveRequest = json_body(app, body).await?;
     let max = app.config().limits.max_entry_size;
     if let Some(size) = req.cache_size.filter(|size| *size > max) {
@@ -359,7 +384,11 @@ async fn reserve(app: &AppState, who: &Identity, body: Body) -> Result<Response,
             "Cache size of {size} B is over the limit of {max} B per entry, not saving cache."
         )));
     }
-    match app.cache().reserve(who, &req.key, &req.version).await {
+    match app
+        .cache()
+        .reserve(who, address, &req.key, &req.version)
+        .await
+    {
         Ok(upload) => Ok(Json::with(
             StatusCode::CREATED,
             json!({ "cacheId": upload.id.get() }),

@@ -17,6 +17,7 @@ pub mod blocklist;
 mod legacy;
 mod links;
 mod ops;
+pub mod origin;
 pub mod proto;
 pub mod proxy;
 mod query;

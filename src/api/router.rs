@@ -11,6 +11,7 @@ use axum::Router;
 use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
+use super::origin::ClientAddress;
 use super::{admin, azure, blob, json_response, legacy, links, ops, twirp, AppState};
 
 const TWIRP_ROUTE: &str = "/twirp/github.actions.results.api.v1.CacheService/{method}";
@@ -125,6 +126,7 @@ async fn fallback(
     State(app): State<AppState>,
     method: Method,
     uri: Uri,
+    ClientAddress(address): ClientAddress,
     mut headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -133,14 +135,20 @@ async fn fallback(
     if let Some(idx) = path.find(twirp::SERVICE_PATH) {
         let rpc = &path[idx + twirp::SERVICE_PATH.len()..];
         let prefix = path[..idx].trim_matches('/');
-        return twirp::dispatch(&app, prefix, rpc, &method, &headers, body)
+        return twirp::dispatch(&app, prefix, rpc, &method, &headers, &address, body)
             .await
             .unwrap_or_else(IntoResponse::into_response);
     }
     if let Some(idx) = path.find(legacy::BASE) {
         let prefix = path[..idx].trim_matches('/');
         let rest = &path[idx + legacy::BASE.len()..];
-        return legacy::dispatch(&app, prefix, rest, &method, &uri, &headers, body).await;
+        let request = legacy::Request {
+            method: &method,
+            uri: &uri,
+            headers: &headers,
+            address: &address,
+        };
+        return legacy::dispatch(&app, prefix, rest, request, body).await;
     }
     if path.starts_with("/_blob/") {
         return azure::AzureError::not_found().into_response();

@@ -36,6 +36,8 @@ pub struct ApiConfig {
     pub backends: admin::Backends,
     /// Answer plain downloads with a redirect to the object store (`--direct-downloads`).
     pub direct_downloads: bool,
+    /// Peers whose `X-Forwarded-For` names the client (`--trusted-proxies`).
+    pub trusted_proxies: super::origin::TrustedProxies,
 }
 
 /// Shared state of every handler; cheap to clone.
@@ -85,8 +87,9 @@ impl AppState {
         &self,
         headers: &HeaderMap,
         prefix: &str,
+        address: &str,
     ) -> Result<crate::auth::Caller, crate::auth::CallerError> {
-        let caller = self.0.callers.identify(headers, prefix).await;
+        let caller = self.0.callers.identify(headers, prefix, address).await;
         let metrics = self.cache().metrics();
         match &caller {
             Ok(c) => metrics.caller(c.how),

@@ -8,6 +8,7 @@ use prost::Message;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::origin::ClientAddress;
 use super::proto::{
     CreateCacheEntryRequest, CreateCacheEntryResponse, FinalizeCacheEntryUploadRequest,
     FinalizeCacheEntryUploadResponse, GetCacheEntryDownloadUrlRequest,
@@ -197,11 +198,12 @@ pub async fn call(
     Path(method): Path<String>,
     http_method: Method,
     uri: axum::http::Uri,
+    ClientAddress(address): ClientAddress,
     mut headers: HeaderMap,
     body: Body,
 ) -> Response {
     links::host_from_authority(&mut headers, &uri);
-    dispatch(&app, "", &method, &http_method, &headers, body)
+    dispatch(&app, "", &method, &http_method, &headers, &address, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
@@ -214,6 +216,7 @@ pub(super) async fn dispatch(
     method: &str,
     http_method: &Method,
     headers: &HeaderMap,
+    address: &str,
     body: Body,
 ) -> Result<Response, TwirpError> {
     if http_method != Method::POST {
@@ -235,7 +238,8 @@ pub(super) async fn dispatch(
     };
     let encoding = Encoding::of(headers)?;
     // Who is calling is settled before the body is read: a stranger costs no body read.
-    let who = app.identify(headers, prefix).await?.identity;
+    let caller = app.identify(headers, prefix, address).await?;
+    let who = &caller.identity;
     // A control request is small: it must arrive within the idle timeout, however it trickles.
     let idle = app.config().limits.idle_timeout;
     let body = tokio::time::timeout(idle, to_bytes(body, MAX_REQUEST_BYTES))
@@ -248,13 +252,13 @@ pub(super) async fn dispatch(
             )
         })?;
     match handler {
-        Rpc::Create => create(app, &who, headers, encoding.decode(&body)?)
+        Rpc::Create => create(app, who, &caller.address, headers, encoding.decode(&body)?)
             .await
             .map(|r| encoding.reply(&r)),
-        Rpc::Finalize => finalize(app, &who, encoding.decode(&body)?)
+        Rpc::Finalize => finalize(app, who, encoding.decode(&body)?)
             .await
             .map(|r| encoding.reply(&r)),
-        Rpc::Lookup => lookup(app, &who, headers, encoding.decode(&body)?)
+        Rpc::Lookup => lookup(app, who, headers, encoding.decode(&body)?)
             .await
             .map(|r| encoding.reply(&r)),
     }
@@ -269,10 +273,15 @@ enum Rpc {
 async fn create(
     app: &AppState,
     who: &Identity,
+    address: &str,
     headers: &HeaderMap,
     req: CreateCacheEntryRequest,
 ) -> Result<CreateCacheEntryResponse, TwirpError> {
-    match app.cache().reserve(who, &req.key, &req.version).await {
+    match app
+        .cache()
+        .reserve(who, address, &req.key, &req.version)
+        .await
+    {
         Ok(upload) => Ok(CreateCacheEntryResponse {
             ok: true,
             signed_upload_url: links::signed(app, headers, upload)?,

@@ -8,6 +8,7 @@ use super::forgejo::{self, ForgejoError, ForgejoRun, ForgejoSettings};
 use super::namespaces::{shared_identity, Access, Namespaces};
 use super::token::{Identity, TokenError};
 use super::verify::Verifier;
+use crate::model::CallerKind;
 
 /// Warning shown at start-up and on `/readyz` when anonymous access is on.
 pub const ANONYMOUS_WARNING: &str = "--anonymous-access is on: clients without credentials share one namespace that anyone who can reach this server can use";
@@ -45,6 +46,9 @@ pub struct Caller {
     pub forgejo: Option<ForgejoRun>,
     /// How it was identified: `token`, `forgejo`, `namespace` or `anonymous`.
     pub how: &'static str,
+    /// Where the request came from (the client's address, as the protocol layer resolved
+    /// it): recorded as the writer's address of what it saves.
+    pub address: String,
 }
 
 impl Callers {
@@ -56,7 +60,12 @@ impl Callers {
     /// unverifiable token it sends (act and Gitea send tokens only they can check); with
     /// namespaces configured, any other prefix is not found. Otherwise a request without a
     /// token is anonymous if that is on.
-    pub async fn identify(&self, headers: &HeaderMap, prefix: &str) -> Result<Caller, CallerError> {
+    pub async fn identify(
+        &self,
+        headers: &HeaderMap,
+        prefix: &str,
+        address: &str,
+    ) -> Result<Caller, CallerError> {
         if forgejo::is_forgejo(headers) {
             let settings = self.forgejo.as_ref().ok_or(ForgejoError::NotConfigured)?;
             let (identity, run) = forgejo::verify(settings, headers, self.tokens.now())?;
@@ -64,6 +73,7 @@ impl Callers {
                 identity: identity.into(),
                 forgejo: Some(run),
                 how: "forgejo",
+                address: address.to_owned(),
             });
         }
         let authorization = headers
@@ -86,7 +96,7 @@ impl Callers {
             Some(Err(e)) => return Err(e.into()),
             None => match self.anonymous {
                 Some(access) => (
-                    shared_identity("anonymous".into(), access).into(),
+                    shared_identity("anonymous".into(), access, CallerKind::Anonymous).into(),
                     "anonymous",
                 ),
                 None => return Err(TokenError::Missing.into()),
@@ -96,6 +106,7 @@ impl Callers {
             identity,
             forgejo: None,
             how,
+            address: address.to_owned(),
         })
     }
 }

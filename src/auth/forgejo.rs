@@ -16,7 +16,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use super::token::Identity;
-use crate::model::{RepoId, Scope};
+use crate::model::{CallerKind, Provenance, RepoId, Scope};
 
 pub const MAC_HEADER: &str = "forgejo-cache-mac";
 
@@ -140,8 +140,11 @@ fn identity(run: &ForgejoRun) -> Identity {
         repository_name: run.repository.clone(),
         read_scopes,
         write_scope: Some(write_scope),
-        subject: format!("forgejo:{}", run.repository),
-        run: run.run_number.clone(),
+        kind: CallerKind::Forgejo,
+        issuer: String::new(),
+        subject: Provenance::clip(&format!("forgejo:{}", run.repository)),
+        run_id: Provenance::clip(&run.run_number),
+        job_id: Provenance::clip(run.run_id.as_deref().unwrap_or_default()),
     }
 }
 

@@ -12,7 +12,7 @@ use std::path::Path;
 use sha2::{Digest, Sha256};
 
 use super::token::Identity;
-use crate::model::{RepoId, Scope};
+use crate::model::{CallerKind, Provenance, RepoId, Scope};
 
 /// Shortest secret prefix accepted: guessing one must be out of reach.
 pub const MIN_SECRET_CHARS: usize = 16;
@@ -36,15 +36,18 @@ impl Access {
 
 /// The identity of every job that shares one scope under `repository` with `access`: what a
 /// namespace, Forgejo's shared namespace and anonymous access grant.
-pub fn shared_identity(repository: String, access: Access) -> Identity {
+pub fn shared_identity(repository: String, access: Access, kind: CallerKind) -> Identity {
     let scope = Scope::new("");
     Identity {
-        subject: repository.clone(),
+        kind,
+        issuer: String::new(),
+        job_id: String::new(),
+        subject: Provenance::clip(&repository),
         repository_name: repository.clone(),
         repository: RepoId::new(repository),
         read_scopes: vec![scope.clone()],
         write_scope: (access == Access::ReadWrite).then_some(scope),
-        run: String::new(),
+        run_id: String::new(),
     }
 }
 
@@ -141,7 +144,11 @@ impl Namespaces {
     /// The identity a request under `/<prefix>/` has, if the prefix is a namespace's secret.
     pub fn identify(&self, prefix: &str) -> Option<Identity> {
         let ns = self.by_secret.get(&digest(prefix.trim_matches('/')))?;
-        Some(shared_identity(format!("namespace:{}", ns.name), ns.access))
+        Some(shared_identity(
+            format!("namespace:{}", ns.name),
+            ns.access,
+            CallerKind::Namespace,
+        ))
     }
 }
 

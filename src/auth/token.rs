@@ -9,7 +9,7 @@ use base64::Engine;
 use serde::Deserialize;
 
 use super::scope::{derive_scopes, AccessGrant};
-use crate::model::{RepoId, Scope};
+use crate::model::{CallerKind, Provenance, RepoId, Scope};
 
 /// The caller, as far as the cache is concerned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,10 +22,16 @@ pub struct Identity {
     pub read_scopes: Vec<Scope>,
     /// Where writes go; `None` for read-only tokens.
     pub write_scope: Option<Scope>,
-    /// The token's subject, for audit logs.
+    /// How the caller was identified.
+    pub kind: CallerKind,
+    /// The token's issuer (`iss`), clipped; empty without one.
+    pub issuer: String,
+    /// The token's subject, clipped: recorded as the writer of what it saves, and in audit logs.
     pub subject: String,
-    /// The run and job the token was issued to (`Actions.Results:<run>:<job>`), for audit logs.
-    pub run: String,
+    /// The run and job the token was issued to (GitHub's `Actions.Results:<run>:<job>` in
+    /// `scp`, act and Gitea's `RunID` and `JobID`), clipped; empty when it names none.
+    pub run_id: String,
+    pub job_id: String,
 }
 
 impl Identity {
@@ -35,6 +41,18 @@ impl Identity {
             self.repository.as_str()
         } else {
             &self.repository_name
+        }
+    }
+
+    /// What an entry this caller writes from `address` records of its writer.
+    pub fn provenance(&self, address: &str) -> Provenance {
+        Provenance {
+            kind: self.kind,
+            issuer: self.issuer.clone(),
+            subject: self.subject.clone(),
+            run_id: self.run_id.clone(),
+            job_id: self.job_id.clone(),
+            address: Provenance::clip(address),
         }
     }
 }
@@ -72,6 +90,22 @@ pub(crate) struct Claims {
     sub: Option<String>,
     #[serde(default)]
     scp: Option<String>,
+    #[serde(default)]
+    iss: Option<String>,
+    /// act and Gitea name the run and job in claims of their own.
+    #[serde(default, rename = "RunID")]
+    run_id: Option<serde_json::Value>,
+    #[serde(default, rename = "JobID")]
+    job_id: Option<serde_json::Value>,
+}
+
+/// A claim that names a run or job: a string or an integer; anything else names none.
+fn id_claim(value: Option<serde_json::Value>) -> Option<String> {
+    match value? {
+        serde_json::Value::String(s) if !s.is_empty() => Some(s),
+        serde_json::Value::Number(n) if n.is_i64() || n.is_u64() => Some(n.to_string()),
+        _ => None,
+    }
 }
 
 pub(crate) fn claims_from_json(value: serde_json::Value) -> Result<Claims, TokenError> {
@@ -82,7 +116,7 @@ pub(crate) fn claims_from_json(value: serde_json::Value) -> Result<Claims, Token
 /// `--insecure-skip-token-validation`.
 pub(crate) fn identity_from_unverified_jwt(token: &str) -> Result<Identity, TokenError> {
     let mut parts = token.split('.');
-    let (Some(_header), Some(payload), Some(_signature), None) =
+    let (Some(header), Some(payload), Some(_signature), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return Err(TokenError::Malformed);
@@ -92,10 +126,33 @@ pub(crate) fn identity_from_unverified_jwt(token: &str) -> Result<Identity, Toke
         .or_else(|_| URL_SAFE.decode(payload))
         .map_err(|_| TokenError::Malformed)?;
     let claims: Claims = serde_json::from_slice(&payload).map_err(|_| TokenError::Malformed)?;
-    identity_from_claims(claims)
+    // Unverified, the kind is what the token says of itself: its algorithm and issuer.
+    let kind = match &claims.iss {
+        _ if header_alg(header).as_deref() == Some("HS256") => CallerKind::Hs256,
+        Some(iss) if !iss.is_empty() && !super::verify::is_github_issuer(iss) => CallerKind::Ghes,
+        _ => CallerKind::Github,
+    };
+    identity_from_claims(claims, kind)
 }
 
-pub(crate) fn identity_from_claims(claims: Claims) -> Result<Identity, TokenError> {
+/// The `alg` of a JWT's header, if it decodes.
+fn header_alg(header: &str) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Header {
+        alg: Option<String>,
+    }
+    let bytes = URL_SAFE_NO_PAD
+        .decode(header)
+        .or_else(|_| URL_SAFE.decode(header))
+        .ok()?;
+    serde_json::from_slice::<Header>(&bytes).ok()?.alg
+}
+
+/// The identity of a token's claims; `kind` is how its signature was checked.
+pub(crate) fn identity_from_claims(
+    claims: Claims,
+    kind: CallerKind,
+) -> Result<Identity, TokenError> {
     // `ac` is a JSON string holding an array; accept the array itself too.
     let grants: Vec<AccessGrant> = match claims.ac {
         None | Some(serde_json::Value::Null) => Vec::new(),
@@ -122,20 +179,37 @@ pub(crate) fn identity_from_claims(claims: Claims) -> Result<Identity, TokenErro
         Some(serde_json::Value::String(s)) if s.len() <= MAX_REPOSITORY_ID => s,
         _ => String::new(),
     };
+    // GitHub's `scp` names them as `Actions.Results:<run>:<job>`; act and Gitea's own claims
+    // are read when `scp` names none.
+    let results = claims
+        .scp
+        .as_deref()
+        .unwrap_or_default()
+        .split_whitespace()
+        .find_map(|s| s.strip_prefix("Actions.Results:"));
+    let (scp_run, scp_job) = match results {
+        Some(ids) => match ids.split_once(':') {
+            Some((run, job)) => (run, job),
+            None => (ids, ""),
+        },
+        None => ("", ""),
+    };
+    let or_claim = |from_scp: &str, claim| match from_scp {
+        "" => id_claim(claim).unwrap_or_default(),
+        some => some.to_owned(),
+    };
+    let run_id = or_claim(scp_run, claims.run_id);
+    let job_id = or_claim(scp_job, claims.job_id);
     Ok(Identity {
         repository: RepoId::new(repository),
         repository_name,
         read_scopes: scopes.read,
         write_scope: scopes.write,
-        subject: claims.sub.unwrap_or_default(),
-        run: claims
-            .scp
-            .as_deref()
-            .unwrap_or_default()
-            .split_whitespace()
-            .find_map(|s| s.strip_prefix("Actions.Results:"))
-            .unwrap_or_default()
-            .to_owned(),
+        kind,
+        issuer: Provenance::clip(claims.iss.as_deref().unwrap_or_default()),
+        subject: Provenance::clip(claims.sub.as_deref().unwrap_or_default()),
+        run_id: Provenance::clip(&run_id),
+        job_id: Provenance::clip(&job_id),
     })
 }
 
@@ -161,7 +235,47 @@ mod tests {
         assert_eq!(id.write_scope, Some(Scope::new("refs/pull/7/merge")));
         assert_eq!(id.read_scopes.len(), 2);
         assert_eq!(id.subject, "repo:o/r");
-        assert_eq!(id.run, "33:44");
+        assert_eq!((id.run_id.as_str(), id.job_id.as_str()), ("33", "44"));
+        assert_eq!(id.kind, CallerKind::Github);
+    }
+
+    #[test]
+    fn act_and_gitea_name_run_and_job_in_claims_of_their_own() {
+        let id =
+            identity_from_unverified_jwt(&jwt(r#"{"ac":"[]","RunID":12,"JobID":"34"}"#)).unwrap();
+        assert_eq!((id.run_id.as_str(), id.job_id.as_str()), ("12", "34"));
+        // A claim of another type names nothing.
+        let id = identity_from_unverified_jwt(&jwt(r#"{"ac":"[]","RunID":{"x":1}}"#)).unwrap();
+        assert_eq!(id.run_id, "");
+    }
+
+    #[test]
+    fn an_unverified_tokens_kind_is_what_its_header_and_issuer_say() {
+        let ghes = jwt(r#"{"ac":"[]","iss":"https://ghes.example/_services/token"}"#);
+        let id = identity_from_unverified_jwt(&ghes).unwrap();
+        assert_eq!(id.kind, CallerKind::Ghes);
+        assert_eq!(id.issuer, "https://ghes.example/_services/token");
+        let hs = format!(
+            "{}.{}.sig",
+            URL_SAFE_NO_PAD.encode(r#"{"alg":"HS256"}"#),
+            URL_SAFE_NO_PAD.encode(r#"{"ac":"[]"}"#)
+        );
+        assert_eq!(
+            identity_from_unverified_jwt(&hs).unwrap().kind,
+            CallerKind::Hs256
+        );
+    }
+
+    #[test]
+    fn a_tokens_texts_are_clipped() {
+        let long = "s".repeat(5000);
+        let id = identity_from_unverified_jwt(&jwt(&format!(
+            r#"{{"ac":"[]","sub":"{long}","scp":"Actions.Results:{long}:1"}}"#
+        )))
+        .unwrap();
+        assert_eq!(id.subject.len(), Provenance::MAX_FIELD);
+        assert_eq!(id.run_id.len(), Provenance::MAX_FIELD);
+        assert_eq!(id.job_id, "1");
     }
 
     #[test]

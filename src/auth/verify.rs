@@ -18,10 +18,15 @@ use tokio::sync::RwLock;
 
 use super::token::{claims_from_json, identity_from_claims, Identity, TokenError};
 use super::unix_seconds;
-use crate::model::{Clock, Millis, SystemClock};
+use crate::model::{CallerKind, Clock, Millis, SystemClock};
 
 /// GitHub's issuer for Actions tokens (PROTOCOL.md §8).
 pub const GITHUB_ISSUER: &str = "https://token.actions.githubusercontent.com";
+/// Whether `iss` is GitHub's own issuer (a trailing slash aside).
+pub fn is_github_issuer(iss: &str) -> bool {
+    normalize_issuer(iss) == normalize_issuer(GITHUB_ISSUER)
+}
+
 /// Verified tokens remembered at most; past this, expired ones go, then all.
 const CACHE_CAPACITY: usize = 4096;
 /// An unknown `kid` refetches an issuer's keys at most this often (a rotation is picked up
@@ -258,7 +263,7 @@ impl Verifier {
         validation.validate_nbf = false;
         validation.validate_aud = false;
         validation.set_required_spec_claims(&["exp"]);
-        let (exp, claims) = match header.alg {
+        let (exp, claims, kind) = match header.alg {
             Algorithm::HS256 => {
                 let secret = self.settings.hs256_secret.as_ref().ok_or_else(|| {
                     TokenError::Rejected(
@@ -270,7 +275,7 @@ impl Verifier {
                     &DecodingKey::from_secret(secret.expose()),
                     &validation,
                 )?;
-                (self.check_times(&claims)?, claims)
+                (self.check_times(&claims)?, claims, CallerKind::Hs256)
             }
             Algorithm::RS256 | Algorithm::ES256 => {
                 let iss = peek_payload(token)?
@@ -316,7 +321,12 @@ impl Verifier {
                         "the token has no repository_id claim".into(),
                     ));
                 }
-                (exp, claims)
+                let kind = if is_github_issuer(&iss) {
+                    CallerKind::Github
+                } else {
+                    CallerKind::Ghes
+                };
+                (exp, claims, kind)
             }
             other => {
                 return Err(TokenError::Rejected(format!(
@@ -324,7 +334,7 @@ impl Verifier {
                 )))
             }
         };
-        let identity = identity_from_claims(claims_from_json(claims)?)?;
+        let identity = identity_from_claims(claims_from_json(claims)?, kind)?;
         Ok((identity, exp))
     }
 
@@ -539,7 +549,11 @@ mod tests {
             insecure_skip_validation: false,
         });
         let identity = Arc::new(
-            identity_from_claims(claims_from_json(serde_json::json!({})).unwrap()).unwrap(),
+            identity_from_claims(
+                claims_from_json(serde_json::json!({})).unwrap(),
+                CallerKind::Hs256,
+            )
+            .unwrap(),
         );
         v.remember([1; 32], identity, u64::MAX, 1000);
         assert!(v.remembered(&[1; 32], 2000).is_some());

@@ -93,6 +93,8 @@ impl Cache {
         Ok(Some(ListedEntry {
             entry,
             repository_name,
+            written_by: None,
+            digest: String::new(),
         }))
     }
 

@@ -202,8 +202,10 @@ fn audit(action: &str, who: &Identity, slot: &Slot, id: i64) {
         scope = %slot.scope,
         key = %slot.key,
         version = %slot.version,
+        kind = %who.kind,
         subject = %Clipped(&who.subject),
-        run = %Clipped(&who.run),
+        run_id = %Clipped(&who.run_id),
+        job_id = %Clipped(&who.job_id),
         id,
     );
 }

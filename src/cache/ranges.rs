@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::upload::{self, RangeProblem};
-use super::{audit, retry_stale, Cache, CacheError, LinkedUpload, OpenEntry};
+use super::{retry_stale, Cache, CacheError, LinkedUpload, OpenEntry};
 use crate::auth::Identity;
 use crate::blob::ByteStream;
 use crate::model::{
@@ -71,9 +71,7 @@ impl Cache {
             UploadState::Finalized => {}
             UploadState::Open => self.commit_tiled(&linked, size).await?,
         }
-        let entry = retry_stale(|_| self.try_finalize(who, &slot, size, Some(id))).await?;
-        audit("finalize", who, &slot, entry.get());
-        Ok(entry)
+        retry_stale(|_| self.try_finalize(who, &slot, size, Some(id))).await
     }
 
     async fn commit_tiled(&self, linked: &LinkedUpload, size: u64) -> Result<(), CacheError> {

@@ -13,8 +13,8 @@ use crate::auth::{Identity, LinkTarget};
 use crate::blob::BlobError;
 use crate::meta::{MetaError, NewEntry, NewUpload};
 use crate::model::{
-    BlobName, BlockId, BlockRef, ByteStream, CacheKey, EntryId, Millis, Slot, Upload, UploadBlocks,
-    UploadId, Version,
+    entry_digest, BlobName, BlockId, BlockRef, ByteStream, CacheKey, Chunk, Clipped, EntryId,
+    Millis, Provenance, Slot, Upload, UploadBlocks, UploadId, Version,
 };
 
 /// An upload as a signed link found it: the upload and its blocks.
@@ -26,15 +26,18 @@ pub struct LinkedUpload {
 
 impl Cache {
     /// CreateCacheEntry: reserves (repository, write scope, key, version) for `who`.
+    /// `address` is the client's, as the protocol layer tells it (see `api::origin`).
     pub async fn reserve(
         &self,
         who: &Identity,
+        address: &str,
         key: &str,
         version: &str,
     ) -> Result<LinkTarget<UploadId>, CacheError> {
         let slot = self.write_slot(who, key, version)?;
         self.make_room().await?;
-        let (upload, now) = retry_stale(|_| self.try_reserve(who, &slot)).await?;
+        let written_by = who.provenance(address);
+        let (upload, now) = retry_stale(|_| self.try_reserve(&written_by, &slot)).await?;
         audit("reserve", who, &slot, upload.get());
         Ok(LinkTarget {
             id: upload,
@@ -44,7 +47,7 @@ impl Cache {
 
     async fn try_reserve(
         &self,
-        who: &Identity,
+        written_by: &Provenance,
         slot: &Slot,
     ) -> Result<(UploadId, Millis), CacheError> {
         let now = self.clock.now();
@@ -67,7 +70,7 @@ impl Cache {
         };
         let new = NewUpload {
             slot,
-            created_by: &who.subject,
+            written_by,
             now,
         };
         let id = match self.meta.create_upload(new, replacing).await {
@@ -278,9 +281,7 @@ impl Cache {
         if size > self.policy.max_entry_size {
             return Err(CacheError::TooLarge(self.policy.max_entry_size));
         }
-        let entry = retry_stale(|_| self.try_finalize(who, &slot, size, None)).await?;
-        audit("finalize", who, &slot, entry.get());
-        Ok(entry)
+        retry_stale(|_| self.try_finalize(who, &slot, size, None)).await
     }
 
     /// Finalizes the slot's open upload; with `expected`, only if it is that upload (a v1
@@ -305,11 +306,14 @@ impl Cache {
                 chunks,
                 garbage,
             } => {
+                let digest = entry_digest(&chunks);
                 let new = NewEntry {
                     slot,
                     key: &upload.key,
                     repository_name: &who.repository_name,
                     chunks: &chunks,
+                    written_by: upload.written_by.as_ref(),
+                    digest: &digest,
                     now,
                 };
                 let started = self.entries.generation();
@@ -319,6 +323,14 @@ impl Cache {
                     other => other?,
                 };
                 forget.disarm();
+                audit_finalize(
+                    who,
+                    slot,
+                    entry,
+                    upload.written_by.as_ref(),
+                    &digest,
+                    &chunks,
+                );
                 self.lookups.invalidate();
                 let open = OpenEntry::new(entry, slot, &upload.key, &chunks, now);
                 self.entries.put(entry, started, now, Arc::new(open));
@@ -412,6 +424,36 @@ impl Cache {
             Err(e) => Err(e),
         }
     }
+}
+
+/// The audit line of a finalize: the slot, the entry, and who wrote it as the upload recorded
+/// it at reservation (the finalizing caller's own identity when the upload predates records).
+fn audit_finalize(
+    who: &Identity,
+    slot: &Slot,
+    entry: EntryId,
+    written_by: Option<&Provenance>,
+    digest: &str,
+    chunks: &[Chunk],
+) {
+    let by = written_by.cloned().unwrap_or_else(|| who.provenance(""));
+    tracing::info!(
+        target: "hoard::audit",
+        action = "finalize",
+        repository = %slot.repository,
+        scope = %slot.scope,
+        key = %slot.key,
+        version = %slot.version,
+        id = entry.get(),
+        size = chunks.iter().map(|c| c.size).sum::<u64>(),
+        digest,
+        kind = %by.kind,
+        issuer = %Clipped(&by.issuer),
+        subject = %Clipped(&by.subject),
+        run_id = %Clipped(&by.run_id),
+        job_id = %Clipped(&by.job_id),
+        address = %Clipped(&by.address),
+    );
 }
 
 /// What staging a block decided, for the protocols: the blobs recording it frees, or the limit

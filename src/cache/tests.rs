@@ -75,8 +75,11 @@ fn who(repo: &str) -> Identity {
         repository_name: format!("octo/{repo}"),
         read_scopes: vec![Scope::new(MAIN)],
         write_scope: Some(Scope::new(MAIN)),
+        kind: crate::model::CallerKind::Hs256,
+        issuer: String::new(),
         subject: "test".into(),
-        run: "1:2".into(),
+        run_id: "1".into(),
+        job_id: "2".into(),
     }
 }
 
@@ -103,7 +106,11 @@ impl World {
 
     /// Saves `data` under `key` in one Put Blob; returns the entry.
     async fn save(&self, who: &Identity, key: &str, data: &[u8]) -> EntryId {
-        let link = self.cache.reserve(who, key, "v").await.unwrap();
+        let link = self
+            .cache
+            .reserve(who, "192.0.2.1", key, "v")
+            .await
+            .unwrap();
         let upload = self.upload(link.id).await;
         self.cache
             .put_whole(&upload, body(data), Some(data.len() as u64))
@@ -146,7 +153,11 @@ async fn a_saved_entry_restores_and_a_second_save_conflicts() {
         w.restore(&me, "deps-1").await.as_deref(),
         Some(&b"hello"[..])
     );
-    let err = w.cache.reserve(&me, "DEPS-1", "v").await.unwrap_err();
+    let err = w
+        .cache
+        .reserve(&me, "192.0.2.1", "DEPS-1", "v")
+        .await
+        .unwrap_err();
     assert!(matches!(err, CacheError::Conflict), "{err:?}");
     assert_eq!(
         w.restore(&who("2"), "deps-1").await,
@@ -162,7 +173,7 @@ async fn a_saved_entry_restores_and_a_second_save_conflicts() {
 async fn a_link_opens_only_the_row_it_was_signed_for() {
     let w = world();
     let me = who("1");
-    let link = w.cache.reserve(&me, "k", "v").await.unwrap();
+    let link = w.cache.reserve(&me, "192.0.2.1", "k", "v").await.unwrap();
     let later = LinkTarget {
         id: link.id,
         created_at: link.created_at + 1,
@@ -198,7 +209,7 @@ async fn a_link_opens_only_the_row_it_was_signed_for() {
 async fn a_live_reservation_blocks_the_key_until_it_is_abandoned() {
     let w = world();
     let me = who("1");
-    let first = w.cache.reserve(&me, "k", "v").await.unwrap();
+    let first = w.cache.reserve(&me, "192.0.2.1", "k", "v").await.unwrap();
     let upload = w.upload(first.id).await;
     w.cache
         .stage_block(&upload, block("a"), body(b"abc"), Some(3))
@@ -215,14 +226,14 @@ async fn a_live_reservation_blocks_the_key_until_it_is_abandoned() {
 
     w.clock.advance(TTL - Duration::from_secs(1));
     assert!(matches!(
-        w.cache.reserve(&me, "k", "v").await,
+        w.cache.reserve(&me, "192.0.2.1", "k", "v").await,
         Err(CacheError::Conflict)
     ));
 
     // Past the TTL the reservation is abandoned: a new job takes the key over, and the old
     // upload's blocks are deleted.
     w.clock.advance(Duration::from_secs(2));
-    let second = w.cache.reserve(&me, "k", "v").await.unwrap();
+    let second = w.cache.reserve(&me, "192.0.2.1", "k", "v").await.unwrap();
     assert_ne!(second.id, first.id);
     assert_eq!(
         w.upload(first.id).await.upload.state,
@@ -245,22 +256,29 @@ async fn a_live_reservation_blocks_the_key_until_it_is_abandoned() {
 async fn a_repository_may_hold_only_so_many_live_reservations() {
     let w = world_with(2, 1 << 20);
     let me = who("1");
-    w.cache.reserve(&me, "a", "v").await.unwrap();
-    w.cache.reserve(&me, "b", "v").await.unwrap();
-    let err = w.cache.reserve(&me, "c", "v").await.unwrap_err();
+    w.cache.reserve(&me, "192.0.2.1", "a", "v").await.unwrap();
+    w.cache.reserve(&me, "192.0.2.1", "b", "v").await.unwrap();
+    let err = w
+        .cache
+        .reserve(&me, "192.0.2.1", "c", "v")
+        .await
+        .unwrap_err();
     assert!(matches!(err, CacheError::TooManyUploads), "{err:?}");
     // Other repositories have their own allowance.
-    w.cache.reserve(&who("2"), "c", "v").await.unwrap();
+    w.cache
+        .reserve(&who("2"), "192.0.2.1", "c", "v")
+        .await
+        .unwrap();
     // Abandoned reservations stop counting.
     w.clock.advance(TTL + Duration::from_secs(1));
-    w.cache.reserve(&me, "c", "v").await.unwrap();
+    w.cache.reserve(&me, "192.0.2.1", "c", "v").await.unwrap();
 }
 
 #[tokio::test]
 async fn a_retried_block_replaces_the_earlier_copy_and_frees_it() {
     let w = world();
     let me = who("1");
-    let link = w.cache.reserve(&me, "k", "v").await.unwrap();
+    let link = w.cache.reserve(&me, "192.0.2.1", "k", "v").await.unwrap();
     let upload = w.upload(link.id).await;
     w.cache
         .stage_block(&upload, block("b"), body(b"BBBB"), Some(4))
@@ -300,7 +318,7 @@ async fn a_retried_block_replaces_the_earlier_copy_and_frees_it() {
 async fn concurrent_blocks_of_one_upload_are_all_recorded() {
     let w = world();
     let me = who("1");
-    let link = w.cache.reserve(&me, "k", "v").await.unwrap();
+    let link = w.cache.reserve(&me, "192.0.2.1", "k", "v").await.unwrap();
     let upload = w.upload(link.id).await;
     // Every Put Block reads the upload, then writes at the revision it read: concurrent ones
     // are refused as stale and decided again, never lost.
@@ -332,7 +350,7 @@ async fn concurrent_blocks_of_one_upload_are_all_recorded() {
 async fn staged_blocks_may_not_outgrow_an_entry() {
     let w = world_with(10, 10);
     let me = who("1");
-    let link = w.cache.reserve(&me, "k", "v").await.unwrap();
+    let link = w.cache.reserve(&me, "192.0.2.1", "k", "v").await.unwrap();
     let upload = w.upload(link.id).await;
     w.cache
         .stage_block(&upload, block("a"), body(b"123456"), Some(6))
@@ -357,7 +375,7 @@ async fn staged_blocks_may_not_outgrow_an_entry() {
 async fn an_unknown_block_in_the_list_is_refused_and_changes_nothing() {
     let w = world();
     let me = who("1");
-    let link = w.cache.reserve(&me, "k", "v").await.unwrap();
+    let link = w.cache.reserve(&me, "192.0.2.1", "k", "v").await.unwrap();
     let upload = w.upload(link.id).await;
     w.cache
         .stage_block(&upload, block("a"), body(b"a"), Some(1))
@@ -378,7 +396,7 @@ async fn an_unknown_block_in_the_list_is_refused_and_changes_nothing() {
 async fn finalize_checks_the_size_and_a_mismatch_frees_the_key() {
     let w = world();
     let me = who("1");
-    let link = w.cache.reserve(&me, "k", "v").await.unwrap();
+    let link = w.cache.reserve(&me, "192.0.2.1", "k", "v").await.unwrap();
     let err = w.cache.finalize(&me, "k", "v", 3).await.unwrap_err();
     assert!(matches!(err, CacheError::NothingUploaded), "{err:?}");
     let upload = w.upload(link.id).await;
@@ -432,7 +450,7 @@ async fn a_retried_finalize_returns_the_same_entry() {
 async fn put_blob_replaces_staged_blocks_and_frees_them() {
     let w = world();
     let me = who("1");
-    let link = w.cache.reserve(&me, "k", "v").await.unwrap();
+    let link = w.cache.reserve(&me, "192.0.2.1", "k", "v").await.unwrap();
     let upload = w.upload(link.id).await;
     w.cache
         .stage_block(&upload, block("a"), body(b"stale"), Some(5))
@@ -477,7 +495,7 @@ async fn writes_need_a_writable_scope() {
     let mut reader = who("1");
     reader.write_scope = None;
     assert!(matches!(
-        w.cache.reserve(&reader, "k", "v").await,
+        w.cache.reserve(&reader, "192.0.2.1", "k", "v").await,
         Err(CacheError::WriteDenied)
     ));
     assert!(matches!(
@@ -572,7 +590,11 @@ impl World {
 
     /// Saves `blocks` as Put Block calls and one block list.
     async fn save_blocks(&self, who: &Identity, key: &str, blocks: &[Vec<u8>]) -> EntryId {
-        let link = self.cache.reserve(who, key, "v").await.unwrap();
+        let link = self
+            .cache
+            .reserve(who, "192.0.2.1", key, "v")
+            .await
+            .unwrap();
         let upload = self.upload(link.id).await;
         let mut list = Vec::new();
         for (i, data) in blocks.iter().enumerate() {
@@ -701,7 +723,10 @@ async fn the_global_limit_evicts_across_repositories() {
     w.clock.advance(Duration::from_secs(1));
     w.save(&who("1"), "c", &[3; 10]).await;
     // 30 bytes stored: the next reservation makes room by evicting the oldest, of any repository.
-    w.cache.reserve(&who("3"), "d", "v").await.unwrap();
+    w.cache
+        .reserve(&who("3"), "192.0.2.1", "d", "v")
+        .await
+        .unwrap();
     assert_eq!(w.restore(&who("1"), "a").await, None);
     assert!(w.restore(&who("2"), "b").await.is_some());
     assert!(w.restore(&who("1"), "c").await.is_some());
@@ -715,13 +740,20 @@ async fn when_nothing_can_be_evicted_a_reservation_is_refused() {
         min_free_space: Some(lifecycle::FreeSpace::Percent(99.999)),
         ..limits()
     });
-    let err = w.cache.reserve(&who("1"), "a", "v").await.unwrap_err();
+    let err = w
+        .cache
+        .reserve(&who("1"), "192.0.2.1", "a", "v")
+        .await
+        .unwrap_err();
     assert!(matches!(err, CacheError::StorageFull), "{err:?}");
     let w = world_limited(lifecycle::Limits {
         min_free_space: Some(lifecycle::FreeSpace::Bytes(1)),
         ..limits()
     });
-    w.cache.reserve(&who("1"), "a", "v").await.unwrap();
+    w.cache
+        .reserve(&who("1"), "192.0.2.1", "a", "v")
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -755,7 +787,7 @@ async fn unused_entries_expire_and_old_ones_too_with_a_maximum_age() {
 async fn abandoned_uploads_are_swept_and_their_bytes_deleted() {
     let w = world_limited(limits());
     let me = who("1");
-    let link = w.cache.reserve(&me, "k", "v").await.unwrap();
+    let link = w.cache.reserve(&me, "192.0.2.1", "k", "v").await.unwrap();
     let upload = w.upload(link.id).await;
     w.cache
         .stage_block(&upload, block("a"), body(b"staged"), Some(6))

@@ -14,8 +14,8 @@ use super::{
     SlotState, Totals,
 };
 use crate::model::{
-    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, RemovalCause, RepoId,
-    Scope, Slot, Upload, UploadBlocks, UploadId, UploadState, Version,
+    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, Provenance,
+    RemovalCause, RepoId, Scope, Slot, Upload, UploadBlocks, UploadId, UploadState, Version,
 };
 
 #[derive(Debug, Default)]
@@ -63,6 +63,8 @@ struct StoredEntry {
     entry: Entry,
     folded: String,
     chunks: Vec<Chunk>,
+    written_by: Option<Provenance>,
+    digest: String,
 }
 
 /// Whether a row's repository, scope, version and folded key are the slot's.
@@ -123,6 +125,18 @@ impl State {
                 .as_ref()
                 .is_none_or(|p| e.folded.starts_with(p.as_str()))
             && filter.version.as_ref().is_none_or(|v| &entry.version == v)
+            && filter.id.is_none_or(|id| entry.id == id)
+            && self.written_by_selects(filter, e.written_by.as_ref())
+            && filter.written_after.is_none_or(|t| entry.created_at >= t)
+            && filter.written_before.is_none_or(|t| entry.created_at < t)
+    }
+
+    /// The writer's part of [`State::selects`]: an entry without a record has empty fields.
+    fn written_by_selects(&self, filter: &EntryFilter, by: Option<&Provenance>) -> bool {
+        let (run, subject) = by.map_or(("", ""), |p| (p.run_id.as_str(), p.subject.as_str()));
+        filter.run_id.as_deref().is_none_or(|r| run == r)
+            && filter.subject.as_deref().is_none_or(|s| subject == s)
+            && filter.kind.is_none_or(|k| by.is_some_and(|p| p.kind == k))
     }
 
     /// The next row id, positive and increasing (uploads and entries share the counter).
@@ -256,6 +270,7 @@ impl SaveStore for MemoryStore {
                     state: UploadState::Open,
                     created_at: new.now,
                     revision: 0,
+                    written_by: Some(new.written_by.clone()),
                 },
                 folded: slot.key.folded(),
                 blocks: UploadBlocks::default(),
@@ -325,6 +340,8 @@ impl SaveStore for MemoryStore {
                 },
                 folded: slot.key.folded(),
                 chunks: new.chunks.to_vec(),
+                written_by: new.written_by.cloned(),
+                digest: new.digest.to_owned(),
             },
         );
         state
@@ -635,6 +652,8 @@ impl AdminStore for MemoryStore {
             .map(|e| ListedEntry {
                 entry: e.entry.clone(),
                 repository_name: state.name_of(&e.entry.repository),
+                written_by: e.written_by.clone(),
+                digest: e.digest.clone(),
             })
             .collect())
     }

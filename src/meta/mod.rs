@@ -38,8 +38,8 @@ pub use sqlite::SqliteStore;
 pub use timed::Timed;
 
 use crate::model::{
-    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, RemovalCause, RepoId,
-    Scope, Slot, Upload, UploadBlocks, UploadId, Version,
+    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, Provenance,
+    RemovalCause, RepoId, Scope, Slot, Upload, UploadBlocks, UploadId, Version,
 };
 use crate::model::{EntryFilter, EntryOrder, EntryPage, ListedEntry, RepositoryUsage, Totals};
 
@@ -74,8 +74,8 @@ pub(crate) fn bounded(message: String) -> String {
 #[derive(Debug, Clone)]
 pub struct NewUpload<'a> {
     pub slot: &'a Slot,
-    /// Who reserved it (token subject), kept for audit.
-    pub created_by: &'a str,
+    /// Who reserved it: kept, and copied to the entry it becomes.
+    pub written_by: &'a Provenance,
     pub now: Millis,
 }
 
@@ -109,6 +109,10 @@ pub struct NewEntry<'a> {
     /// operators see names, not numbers. An empty name leaves a known one alone.
     pub repository_name: &'a str,
     pub chunks: &'a [Chunk],
+    /// The upload's writer (`None` for an upload reserved before hoard recorded it).
+    pub written_by: Option<&'a Provenance>,
+    /// See [`crate::model::entry_digest`].
+    pub digest: &'a str,
     pub now: Millis,
 }
 

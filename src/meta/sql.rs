@@ -4,8 +4,8 @@
 
 use super::MetaError;
 use crate::model::{
-    BlobName, BlockId, Chunk, Entry, EntryId, EntryUse, RepoId, Scope, Upload, UploadBlocks,
-    UploadId, UploadState,
+    BlobName, BlockId, CallerKind, Chunk, Entry, EntryId, EntryUse, Provenance, RepoId, Scope,
+    Upload, UploadBlocks, UploadId, UploadState,
 };
 
 /// A chunk's stored columns, re-validated: the name must be one the server makes.
@@ -138,9 +138,26 @@ macro_rules! entry_columns {
 }
 pub(super) use entry_columns;
 
+/// The columns of `uploads` (as `u`) that [`upload_from_row`] reads, in its order; the
+/// writer's subject is the older `created_by`.
+macro_rules! upload_columns {
+    () => {
+        "u.id, u.repository, u.scope, u.key, u.version, u.state, u.created_at, u.revision, \
+         u.writer_kind, u.writer_issuer, u.created_by, u.writer_run_id, u.writer_job_id, u.writer_address"
+    };
+}
+pub(super) use upload_columns;
+
+/// How many columns [`upload_columns`] names: what a statement selects after them starts here.
+pub(super) const UPLOAD_COLUMNS: usize = 14;
+
 /// The columns every listing statement selects, as [`listed_from_row`] reads them; `u` is the
 /// entry's repository's `repository_usage` row.
-const LISTED_COLUMNS: &str = concat!(entry_columns!(), ", COALESCE(u.name, '')");
+const LISTED_COLUMNS: &str = concat!(
+    entry_columns!(),
+    ", COALESCE(u.name, ''), e.writer_kind, e.writer_issuer, e.writer_subject, e.writer_run_id, \
+     e.writer_job_id, e.writer_address, e.digest"
+);
 
 /// `FROM … WHERE …` selecting what `filter` asks for, with its parameters pushed to `params`.
 fn filtered(
@@ -180,6 +197,31 @@ fn filtered(
     if let Some(version) = &filter.version {
         let v = p(Param::Text(version.clone()), params);
         sql.push_str(&format!(" AND e.version = {v}"));
+    }
+    if let Some(id) = filter.id {
+        let i = p(Param::Int(id.get()), params);
+        sql.push_str(&format!(" AND e.id = {i}"));
+    }
+    for (column, value) in [
+        ("e.writer_run_id", &filter.run_id),
+        ("e.writer_subject", &filter.subject),
+    ] {
+        if let Some(value) = value {
+            let v = p(Param::Text(value.clone()), params);
+            sql.push_str(&format!(" AND {column} = {v}"));
+        }
+    }
+    if let Some(kind) = filter.kind {
+        let k = p(Param::Text(kind.as_str().to_owned()), params);
+        sql.push_str(&format!(" AND e.writer_kind = {k}"));
+    }
+    if let Some(after) = filter.written_after {
+        let a = p(Param::Int(after), params);
+        sql.push_str(&format!(" AND e.created_at >= {a}"));
+    }
+    if let Some(before) = filter.written_before {
+        let b = p(Param::Int(before), params);
+        sql.push_str(&format!(" AND e.created_at < {b}"));
     }
     sql
 }
@@ -262,15 +304,14 @@ pub(super) fn repositories_sql(
 }
 
 /// An upload and its blocks in one statement (one round trip, one snapshot). Columns: the upload
-/// (0–7, as [`upload_from_row`] reads them), then per block: kind (1 staged, 2 committed part; NULL when the
-/// upload has no blocks), ordinal, block id, blob name, size, SHA-256, XXH3 (8–14). `upload_id` is
+/// (as [`upload_from_row`] reads them), then per block: kind (1 staged, 2 committed part; NULL when the
+/// upload has no blocks), ordinal, block id, blob name, size, SHA-256, XXH3. `upload_id` is
 /// an expression for the upload's id, used in both block branches (MariaDB does not push the
 /// join condition into a UNION, so the branches name it themselves), and `which` selects the
 /// upload on columns of `u`; parameters appear in that order.
 pub(super) fn upload_with_blocks_sql(upload_id: &str, which: &str) -> String {
     format!(
-        "SELECT u.id, u.repository, u.scope, u.key, u.version, u.state, u.created_at, u.revision,
-                b.kind, b.ordinal, b.block_id, b.blob_name, b.size, b.sha256, b.xxh3
+        "SELECT {}, b.kind, b.ordinal, b.block_id, b.blob_name, b.size, b.sha256, b.xxh3
          FROM uploads u LEFT JOIN (
              SELECT upload_id, 1 AS kind, 0 AS ordinal, block_id, blob_name, size, sha256, xxh3
              FROM staged_blocks WHERE upload_id = {upload_id}
@@ -279,21 +320,23 @@ pub(super) fn upload_with_blocks_sql(upload_id: &str, which: &str) -> String {
              FROM upload_parts WHERE upload_id = {upload_id}
          ) b ON b.upload_id = u.id
          WHERE {which}
-         ORDER BY b.kind, b.ordinal"
+         ORDER BY b.kind, b.ordinal",
+        upload_columns!()
     )
 }
 
 /// The blocks of an upload from [`upload_with_blocks_sql`] rows: per row, past the upload's
 /// columns, the kind (1 staged, 2 committed part; NULL when the upload has no blocks), ordinal,
-/// block id and the chunk (from column 11).
+/// block id and the chunk.
 pub(super) fn collect_blocks(rows: &[impl SqlRow]) -> Result<UploadBlocks, MetaError> {
     let mut blocks = UploadBlocks::default();
+    let first = UPLOAD_COLUMNS;
     for row in rows {
-        let Some(kind) = row.opt_int(8)? else {
+        let Some(kind) = row.opt_int(first)? else {
             continue; // the upload has no blocks
         };
-        let id = BlockId::from_stored(row.opt_bytes(10)?.ok_or_else(|| null(10))?);
-        let chunk = chunk_from_row(row, 11)?;
+        let id = BlockId::from_stored(row.opt_bytes(first + 2)?.ok_or_else(|| null(first + 2))?);
+        let chunk = chunk_from_row(row, first + 3)?;
         if kind == 2 {
             blocks.parts.push((id, chunk));
         } else {
@@ -334,7 +377,44 @@ pub(super) fn upload_from_row(r: &impl SqlRow) -> Result<Upload, MetaError> {
             .ok_or_else(|| MetaError::Corrupt(format!("upload state {state:?}")))?,
         created_at: r.int(6)?,
         revision: r.int(7)?,
+        written_by: provenance_from_row(r, 8)?,
     })
+}
+
+/// A writer's columns from `first` on: kind, issuer, subject, run, job, address; `None` when
+/// the kind is empty (written before hoard recorded it).
+fn provenance_from_row(r: &impl SqlRow, first: usize) -> Result<Option<Provenance>, MetaError> {
+    let kind = r.text(first)?;
+    if kind.is_empty() {
+        return Ok(None);
+    }
+    let kind: CallerKind = kind
+        .parse()
+        .map_err(|e: crate::model::InvalidInput| MetaError::Corrupt(e.0))?;
+    Ok(Some(Provenance {
+        kind,
+        issuer: r.text(first + 1)?,
+        subject: r.text(first + 2)?,
+        run_id: r.text(first + 3)?,
+        job_id: r.text(first + 4)?,
+        address: r.text(first + 5)?,
+    }))
+}
+
+/// The columns a provenance is stored in, for statements that write it: kind (empty when not
+/// recorded), issuer, subject, run, job, address.
+pub(super) fn provenance_columns(p: Option<&Provenance>) -> [&str; 6] {
+    match p {
+        Some(p) => [
+            p.kind.as_str(),
+            &p.issuer,
+            &p.subject,
+            &p.run_id,
+            &p.job_id,
+            &p.address,
+        ],
+        None => [""; 6],
+    }
 }
 
 /// An entry from its columns: id, repository, scope, key, version, size, created, last used, hits.
@@ -390,6 +470,8 @@ pub(super) fn listed_from_row(r: &impl SqlRow) -> Result<super::ListedEntry, Met
     Ok(super::ListedEntry {
         entry: entry_from_row(r)?,
         repository_name: r.text(9)?,
+        written_by: provenance_from_row(r, 10)?,
+        digest: r.text(16)?,
     })
 }
 

@@ -2,7 +2,7 @@
 //! order, a listed entry, a repository's usage, and the store's totals. Shared by `meta`, which
 //! fills them, and `cache`, `api` and `metrics`, which read them.
 
-use super::{Entry, EntryId, RepoId, Scope};
+use super::{CallerKind, Entry, EntryId, Millis, Provenance, RepoId, Scope};
 
 /// Which entries an operator asks for. Every part that is set must match.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -16,6 +16,18 @@ pub struct EntryFilter {
     /// A prefix of the key, folded as keys are matched (case-insensitively).
     pub folded_key_prefix: Option<String>,
     pub version: Option<String>,
+    /// Exactly this entry.
+    pub id: Option<EntryId>,
+    /// Written by this run (`written_by.run_id`).
+    pub run_id: Option<String>,
+    /// Written by a caller with this subject (`written_by.subject`).
+    pub subject: Option<String>,
+    /// Written by this kind of caller.
+    pub kind: Option<CallerKind>,
+    /// Written at or after this time.
+    pub written_after: Option<Millis>,
+    /// Written before this time.
+    pub written_before: Option<Millis>,
 }
 
 impl EntryFilter {
@@ -62,6 +74,10 @@ pub struct EntryPage<'a> {
 pub struct ListedEntry {
     pub entry: Entry,
     pub repository_name: String,
+    /// Who wrote it; `None` for entries saved before hoard recorded it.
+    pub written_by: Option<Provenance>,
+    /// See [`super::entry_digest`]; empty for entries saved before hoard recorded it.
+    pub digest: String,
 }
 
 /// What one repository holds and how its lookups went.

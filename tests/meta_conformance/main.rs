@@ -143,7 +143,7 @@ async fn the_widest_lookup_is_answered(store: Arc<dyn MetaStore>) {
             };
             let new = NewUpload {
                 slot: &slot,
-                created_by: "wide",
+                written_by: &conformance::writer("wide"),
                 now,
             };
             let id = store.create_upload(new, None).await.unwrap();
@@ -162,6 +162,8 @@ async fn the_widest_lookup_is_answered(store: Arc<dyn MetaStore>) {
                 key: &key,
                 repository_name: "",
                 chunks: &[chunk],
+                written_by: upload.written_by.as_ref(),
+                digest: "",
                 now,
             };
             store.finalize(&upload, entry).await.unwrap()

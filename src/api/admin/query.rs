@@ -58,6 +58,7 @@ impl Query {
             scope: bounded("ref")?.map(Scope::new),
             folded_key_prefix: key,
             version: bounded("version")?,
+            ..EntryFilter::default()
         })
     }
 

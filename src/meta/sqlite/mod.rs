@@ -27,8 +27,9 @@ mod wal;
 
 use crate::meta::sql::{
     candidate_from_row, chunk_from_row, count_entries_sql, entry_columns, entry_from_row,
-    list_entries_sql, listed_from_row, migrations_after, repositories_sql, repository_from_row,
-    upload_from_row, use_from_row, xxh3_column, Param, SqlRow, USE_COLS,
+    list_entries_sql, listed_from_row, migrations_after, provenance_columns, repositories_sql,
+    repository_from_row, upload_columns, upload_from_row, use_from_row, xxh3_column, Param, SqlRow,
+    USE_COLS,
 };
 use crate::meta::{
     AdminStore, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health, LifecycleStore,
@@ -55,6 +56,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         4,
         include_str!("../migrations/sqlite/0004_repositories.sql"),
     ),
+    (5, include_str!("../migrations/sqlite/0005_provenance.sql")),
 ];
 const MAX_READERS: usize = 8;
 
@@ -284,8 +286,7 @@ fn rows_of<T>(
     Ok(out)
 }
 
-const UPLOAD_COLS: &str =
-    "SELECT id, repository, scope, key, version, state, created_at, revision FROM uploads";
+const UPLOAD_COLS: &str = concat!("SELECT ", upload_columns!(), " FROM uploads u");
 
 fn load_upload(conn: &Connection, id: UploadId) -> Result<Option<Upload>, MetaError> {
     let mut stmt = conn.prepare_cached(&format!("{UPLOAD_COLS} WHERE id = ?"))?;
@@ -458,7 +459,9 @@ impl SaveStore for SqliteStore {
     ) -> Result<UploadId, MetaError> {
         let (repo, scope, folded, version) = slot_params(new.slot);
         let key = new.slot.key.as_str().to_owned();
-        let (by, now) = (new.created_by.to_owned(), new.now);
+        let now = new.now;
+        let [kind, issuer, subject, run, job, address] =
+            provenance_columns(Some(new.written_by)).map(str::to_owned);
         let replacing = replacing.cloned();
         self.write(move |tx| {
             if let Some(old) = &replacing {
@@ -468,10 +471,12 @@ impl SaveStore for SqliteStore {
             }
             let id = tx
                 .prepare_cached(
-                    "INSERT INTO uploads (repository, scope, key, key_folded, version, state, created_by, created_at, updated_at)
-                     VALUES (?, ?, ?, ?, ?, 'open', ?, ?, ?) RETURNING id",
+                    "INSERT INTO uploads (repository, scope, key, key_folded, version, state, created_at, updated_at,
+                         writer_kind, writer_issuer, created_by, writer_run_id, writer_job_id, writer_address)
+                     VALUES (?, ?, ?, ?, ?, 'open', ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                 )?
-                .query_row(params![repo, scope, key, folded, version, by, now, now], |r| r.get(0))?;
+                .query_row(params![repo, scope, key, folded, version, now, now,
+                    kind, issuer, subject, run, job, address], |r| r.get(0))?;
             Ok(UploadId::new(id))
         })
         .await
@@ -544,15 +549,20 @@ impl SaveStore for SqliteStore {
             entry.now,
         );
         let name = entry.repository_name.to_owned();
+        let [kind, issuer, subject, run, job, address] =
+            provenance_columns(entry.written_by).map(str::to_owned);
+        let digest = entry.digest.to_owned();
         self.write(move |tx| {
             claim(tx, &upload, now)?;
             let size: u64 = chunks.iter().map(|c| c.size).sum();
             let entry: i64 = tx
                 .prepare_cached(
-                    "INSERT INTO entries (repository, scope, key, key_folded, version, size, chunk_count, created_at, last_used_at)
-                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                    "INSERT INTO entries (repository, scope, key, key_folded, version, size, chunk_count, created_at, last_used_at,
+                         writer_kind, writer_issuer, writer_subject, writer_run_id, writer_job_id, writer_address, digest)
+                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                 )?
-                .query_row(params![repo, scope, key, folded, version, size as i64, chunks.len() as i64, now, now], |r| r.get(0))?;
+                .query_row(params![repo, scope, key, folded, version, size as i64, chunks.len() as i64, now, now,
+                    kind, issuer, subject, run, job, address, digest], |r| r.get(0))?;
             let mut insert = tx.prepare_cached(
                 "INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256, xxh3) VALUES (?, ?, ?, ?, ?, ?, ?)",
             )?;

@@ -62,7 +62,7 @@ async fn every_statement_uses_an_index_at_a_hundred_thousand_entries() {
     assert!(!state.entry_exists);
     let new = NewUpload {
         slot: &s,
-        created_by: "t",
+        written_by: &crate::model::Provenance::anonymous(),
         now: 200_000,
     };
     let id = store.create_upload(new, None).await.unwrap();
@@ -83,6 +83,8 @@ async fn every_statement_uses_an_index_at_a_hundred_thousand_entries() {
         key: "key-new",
         repository_name: "",
         chunks: &chunks,
+        written_by: upload.written_by.as_ref(),
+        digest: "",
         now: 200_003,
     };
     let new_id = store.finalize(&upload, entry).await.unwrap();
@@ -212,7 +214,7 @@ async fn the_write_ahead_log_stays_bounded_even_under_a_long_reader() {
     };
     let new = NewUpload {
         slot: &slot,
-        created_by: "test",
+        written_by: &crate::model::Provenance::anonymous(),
         now: 1,
     };
     let id = store.create_upload(new, None).await.unwrap();

@@ -63,8 +63,8 @@ use async_trait::async_trait;
 use super::sql::{
     bucket, candidate_from_row, candidates_sql, chunk_from_row, collect_blocks, count_entries_sql,
     entry_columns, entry_from_row, list_entries_sql, listed_from_row, names_from_rows, prefix_end,
-    repositories_sql, repository_from_row, slot_hash, upload_from_row, upload_with_blocks_sql,
-    use_from_row, Param, SqlRow, USE_COLS,
+    repositories_sql, repository_from_row, slot_hash, upload_columns, upload_from_row,
+    upload_with_blocks_sql, use_from_row, Param, SqlRow, UPLOAD_COLUMNS, USE_COLS,
 };
 use super::{
     AdminStore, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health, LifecycleStore,
@@ -264,10 +264,10 @@ impl<D: Dialect> SaveStore for SqlxStore<D> {
         let hash = Param::Bytes(slot_hash(slot));
         let rows = self
             .rows(
-                "SELECT u.id, u.repository, u.scope, u.key, u.version, u.state, u.created_at, u.revision,
+                concat!("SELECT ", upload_columns!(), ",
                         CASE WHEN EXISTS (SELECT 1 FROM entries WHERE slot_hash = ?) THEN 1 ELSE 0 END,
                         (SELECT COUNT(*) FROM uploads WHERE repository = ? AND state = 'open' AND created_at >= ?)
-                 FROM (SELECT 1 AS one) AS one LEFT JOIN uploads u ON u.slot_hash = ? AND u.state = 'open'",
+                 FROM (SELECT 1 AS one) AS one LEFT JOIN uploads u ON u.slot_hash = ? AND u.state = 'open'"),
                 vec![hash.clone(), text(slot.repository.as_str()), Param::Int(live_since), hash],
             )
             .await?;
@@ -276,9 +276,9 @@ impl<D: Dialect> SaveStore for SqlxStore<D> {
             .ok_or_else(|| MetaError::Internal("the slot's state has no row".into()))?;
         let open = row.opt_int(0)?.map(|_| upload_from_row(row)).transpose()?;
         Ok(SlotState {
-            entry_exists: row.int(8)? != 0,
+            entry_exists: row.int(UPLOAD_COLUMNS)? != 0,
             open,
-            live_open_uploads: row.int(9)?.max(0) as u64,
+            live_open_uploads: row.int(UPLOAD_COLUMNS + 1)?.max(0) as u64,
         })
     }
 

@@ -16,7 +16,8 @@ use sqlx::{AssertSqlSafe, Executor, MySql, Row, Transaction};
 
 use super::{bind_all, from_sqlx, Connections, Dialect, Done, Step};
 use crate::meta::sql::{
-    bucket, migrations_after, slot_hash, use_from_row, xxh3_column, Param, SqlRow, USE_COLS,
+    bucket, migrations_after, provenance_columns, slot_hash, use_from_row, xxh3_column, Param,
+    SqlRow, USE_COLS,
 };
 use crate::meta::{EntryChunk, MetaError, NewEntry, NewUpload, Removal};
 use crate::model::{
@@ -29,6 +30,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/mysql/0001_init.sql")),
     (2, include_str!("../migrations/mysql/0002_lifecycle.sql")),
     (3, include_str!("../migrations/mysql/0003_repositories.sql")),
+    (4, include_str!("../migrations/mysql/0004_provenance.sql")),
 ];
 const MIGRATION_LOCK: &str = "hoard_migrations";
 /// Rows per multi-row INSERT, well under the 65,535 parameters a statement may have.
@@ -226,9 +228,10 @@ impl Dialect for MySqlDialect {
         replacing: Option<&Upload>,
     ) -> Result<UploadId, MetaError> {
         let slot = new.slot;
-        let insert = sqlx::query(
-            "INSERT INTO uploads (repository, scope, `key`, key_folded, version, slot_hash, state, created_by, created_at, updated_at)
-             VALUES (?, ?, ?, ?, ?, ?, 'open', ?, ?, ?)",
+        let mut insert = sqlx::query(
+            "INSERT INTO uploads (repository, scope, `key`, key_folded, version, slot_hash, state, created_at, updated_at,
+                 writer_kind, writer_issuer, created_by, writer_run_id, writer_job_id, writer_address)
+             VALUES (?, ?, ?, ?, ?, ?, 'open', ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(slot.repository.as_str().as_bytes())
         .bind(slot.scope.as_str().as_bytes())
@@ -236,9 +239,11 @@ impl Dialect for MySqlDialect {
         .bind(slot.key.folded().into_bytes())
         .bind(slot.version.as_str().as_bytes())
         .bind(slot_hash(slot))
-        .bind(new.created_by.as_bytes())
         .bind(new.now)
         .bind(new.now);
+        for column in provenance_columns(Some(new.written_by)) {
+            insert = insert.bind(column.as_bytes());
+        }
         let Some(old) = replacing else {
             let inserted = insert.execute(&self.pool).await.map_err(from_sqlx)?;
             return Ok(UploadId::new(inserted.last_insert_id() as i64));
@@ -324,9 +329,10 @@ impl Dialect for MySqlDialect {
         let mut tx = self.begin().await?;
         // The entry first, for its id; if the upload turns out stale, the transaction is
         // rolled back with it.
-        let inserted = sqlx::query(
-            "INSERT INTO entries (repository, scope, `key`, key_folded, version, bucket, slot_hash, size, chunk_count, created_at, last_used_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        let mut insert = sqlx::query(
+            "INSERT INTO entries (repository, scope, `key`, key_folded, version, bucket, slot_hash, size, chunk_count, created_at, last_used_at,
+                 writer_kind, writer_issuer, writer_subject, writer_run_id, writer_job_id, writer_address, digest)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(slot.repository.as_str().as_bytes())
         .bind(slot.scope.as_str().as_bytes())
@@ -338,10 +344,15 @@ impl Dialect for MySqlDialect {
         .bind(size as i64)
         .bind(new.chunks.len() as i64)
         .bind(new.now)
-        .bind(new.now)
-        .execute(&mut *tx)
-        .await
-        .map_err(from_sqlx)?;
+        .bind(new.now);
+        for column in provenance_columns(new.written_by) {
+            insert = insert.bind(column.as_bytes());
+        }
+        let inserted = insert
+            .bind(new.digest.as_bytes())
+            .execute(&mut *tx)
+            .await
+            .map_err(from_sqlx)?;
         let entry = inserted.last_insert_id() as i64;
         let claimed = sqlx::query(
             "UPDATE uploads SET revision = revision + 1, updated_at = ?, state = 'finalized', entry_id = ?

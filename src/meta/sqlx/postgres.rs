@@ -16,7 +16,8 @@ use sqlx::{AssertSqlSafe, Column, Row, TypeInfo};
 
 use super::{bind_all, from_sqlx, Connections, Dialect, Done, Step};
 use crate::meta::sql::{
-    bucket, migrations_after, slot_hash, use_from_row, xxh3_column, Param, SqlRow,
+    bucket, migrations_after, provenance_columns, slot_hash, use_from_row, xxh3_column, Param,
+    SqlRow,
 };
 use crate::meta::{EntryChunk, MetaError, NewEntry, NewUpload, Removal};
 use crate::model::{
@@ -30,6 +31,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (
         3,
         include_str!("../migrations/postgres/0003_repositories.sql"),
+    ),
+    (
+        4,
+        include_str!("../migrations/postgres/0004_provenance.sql"),
     ),
 ];
 /// Key of the advisory lock that serializes migrations across processes ("hoard" in ASCII).
@@ -172,17 +177,20 @@ impl Dialect for PostgresDialect {
         replacing: Option<&Upload>,
     ) -> Result<UploadId, MetaError> {
         let slot = new.slot;
-        const INSERT: &str = "INSERT INTO uploads (repository, scope, key, key_folded, version, slot_hash, state, created_by, created_at, updated_at)
-             VALUES ($1, $2, $3, $4, $5, $6, 'open', $7, $8, $8) RETURNING id";
-        let insert = sqlx::query_scalar::<_, i64>(INSERT)
+        const INSERT: &str = "INSERT INTO uploads (repository, scope, key, key_folded, version, slot_hash, state, created_at, updated_at,
+                 writer_kind, writer_issuer, created_by, writer_run_id, writer_job_id, writer_address)
+             VALUES ($1, $2, $3, $4, $5, $6, 'open', $7, $7, $8, $9, $10, $11, $12, $13) RETURNING id";
+        let mut insert = sqlx::query_scalar::<_, i64>(INSERT)
             .bind(slot.repository.as_str())
             .bind(slot.scope.as_str())
             .bind(slot.key.as_str())
             .bind(slot.key.folded())
             .bind(slot.version.as_str())
             .bind(slot_hash(slot))
-            .bind(new.created_by)
             .bind(new.now);
+        for column in provenance_columns(Some(new.written_by)) {
+            insert = insert.bind(column);
+        }
         let Some(old) = replacing else {
             let id = insert.fetch_one(&self.pool).await.map_err(from_sqlx)?;
             return Ok(UploadId::new(id));
@@ -320,12 +328,15 @@ impl Dialect for PostgresDialect {
         }
         // The claim takes the entry's id from its sequence, so that the upload, the entry and
         // its chunks are written by one statement.
-        let entry: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+        let sql = format!(
             "WITH {},
              entry AS (
                  INSERT INTO entries (id, repository, scope, key, key_folded, version, bucket, slot_hash,
-                                      size, chunk_count, created_at, last_used_at)
-                 SELECT entry_id, $4, $5, $6, $7, $8, $9, $10, $11, $12, $3, $3 FROM claimed
+                                      size, chunk_count, created_at, last_used_at,
+                                      writer_kind, writer_issuer, writer_subject, writer_run_id, writer_job_id,
+                                      writer_address, digest)
+                 SELECT entry_id, $4, $5, $6, $7, $8, $9, $10, $11, $12, $3, $3,
+                        $20, $21, $22, $23, $24, $25, $26 FROM claimed
                  RETURNING id),
              chunks AS (
                  INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256, xxh3)
@@ -339,29 +350,35 @@ impl Dialect for PostgresDialect {
                      name = CASE WHEN EXCLUDED.name = '' THEN repository_usage.name ELSE EXCLUDED.name END)
              SELECT id FROM entry",
             claim(", state = 'finalized', entry_id = nextval(pg_get_serial_sequence('entries', 'id'))")
-        )))
-        .bind(upload.id.get())
-        .bind(upload.revision)
-        .bind(new.now)
-        .bind(slot.repository.as_str())
-        .bind(slot.scope.as_str())
-        .bind(new.key)
-        .bind(slot.key.folded())
-        .bind(slot.version.as_str())
-        .bind(bucket(&slot.repository, &slot.version, &slot.scope))
-        .bind(slot_hash(slot))
-        .bind(size as i64)
-        .bind(new.chunks.len() as i32)
-        .bind(ordinals)
-        .bind(starts)
-        .bind(names)
-        .bind(sizes)
-        .bind(digests)
-        .bind(checks)
-        .bind(new.repository_name)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(from_sqlx)?;
+        );
+        let mut statement = sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(upload.id.get())
+            .bind(upload.revision)
+            .bind(new.now)
+            .bind(slot.repository.as_str())
+            .bind(slot.scope.as_str())
+            .bind(new.key)
+            .bind(slot.key.folded())
+            .bind(slot.version.as_str())
+            .bind(bucket(&slot.repository, &slot.version, &slot.scope))
+            .bind(slot_hash(slot))
+            .bind(size as i64)
+            .bind(new.chunks.len() as i32)
+            .bind(ordinals)
+            .bind(starts)
+            .bind(names)
+            .bind(sizes)
+            .bind(digests)
+            .bind(checks)
+            .bind(new.repository_name);
+        for column in provenance_columns(new.written_by) {
+            statement = statement.bind(column);
+        }
+        let entry: Option<i64> = statement
+            .bind(new.digest)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(from_sqlx)?;
         entry.map(EntryId::new).ok_or(MetaError::Stale)
     }
 

@@ -5,6 +5,7 @@
 
 mod admin;
 mod lifecycle;
+mod provenance;
 mod restore;
 mod save;
 
@@ -12,8 +13,9 @@ pub use std::sync::Arc;
 
 pub use hoard::meta::{MetaError, MetaStore, NewEntry, NewUpload, Removal};
 pub use hoard::model::{
-    BlobName, BlockId, CacheKey, Chunk, EntryFilter, EntryId, EntryOrder, EntryPage, RemovalCause,
-    RepoId, RepositoryUsage, Scope, Slot, Upload, UploadId, UploadState, Version,
+    BlobName, BlockId, CacheKey, CallerKind, Chunk, EntryFilter, EntryId, EntryOrder, EntryPage,
+    Provenance, RemovalCause, RepoId, RepositoryUsage, Scope, Slot, Upload, UploadId, UploadState,
+    Version,
 };
 
 pub const MAIN: &str = "refs/heads/main";
@@ -34,7 +36,20 @@ pub async fn run_all(store: Arc<dyn MetaStore>) {
     restore::run(store.as_ref()).await;
     lifecycle::run(store.clone()).await;
     admin::run(store.as_ref()).await;
+    provenance::run(store.as_ref()).await;
     store.checkpoint().await.unwrap();
+}
+
+/// A GitHub writer named `subject`, in run 1 job 2.
+pub fn writer(subject: &str) -> Provenance {
+    Provenance {
+        kind: CallerKind::Github,
+        issuer: "https://token.actions.githubusercontent.com".into(),
+        subject: subject.into(),
+        run_id: "1".into(),
+        job_id: "2".into(),
+        address: "192.0.2.1".into(),
+    }
 }
 
 pub fn slot(repo: &str, key: &str) -> Slot {
@@ -71,7 +86,7 @@ pub async fn reserve(store: &dyn MetaStore, slot: &Slot, now: i64) -> Upload {
         .create_upload(
             NewUpload {
                 slot,
-                created_by: "conformance",
+                written_by: &writer("conformance"),
                 now,
             },
             None,
@@ -108,6 +123,8 @@ pub async fn save_named(
         key: slot.key.as_str(),
         repository_name: name,
         chunks: &chunks,
+        written_by: upload.written_by.as_ref(),
+        digest: "",
         now,
     };
     store.finalize(&upload, entry).await.unwrap()

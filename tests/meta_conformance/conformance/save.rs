@@ -21,7 +21,7 @@ async fn reservations_of_one_slot_have_one_winner_under_concurrency(store: Arc<d
                     .create_upload(
                         NewUpload {
                             slot: &s,
-                            created_by: "racer",
+                            written_by: &writer("racer"),
                             now: 1,
                         },
                         None,
@@ -45,7 +45,7 @@ async fn reservations_of_one_slot_have_one_winner_under_concurrency(store: Arc<d
         .create_upload(
             NewUpload {
                 slot: &other_case,
-                created_by: "racer",
+                written_by: &writer("racer"),
                 now: 2,
             },
             None,
@@ -71,7 +71,7 @@ async fn an_abandoned_upload_is_replaced_only_at_the_revision_loaded(store: &dyn
         .create_upload(
             NewUpload {
                 slot: &s,
-                created_by: "b",
+                written_by: &writer("b"),
                 now: 20,
             },
             Some(&old),
@@ -90,7 +90,7 @@ async fn an_abandoned_upload_is_replaced_only_at_the_revision_loaded(store: &dyn
         .create_upload(
             NewUpload {
                 slot: &s,
-                created_by: "b",
+                written_by: &writer("b"),
                 now: 20,
             },
             Some(&current),
@@ -152,6 +152,8 @@ async fn blocks_stage_commit_and_finalize_into_an_entry(store: &dyn MetaStore) {
                 slot: &s,
                 key: "Life-Key",
                 chunks: &chunks,
+                written_by: upload.written_by.as_ref(),
+                digest: "",
                 now: 105,
             },
         )
@@ -213,6 +215,8 @@ async fn changes_at_an_old_revision_or_to_a_closed_upload_change_nothing(store: 
                 slot: &s,
                 key: "k",
                 chunks: &[chunk(1)],
+                written_by: loaded.written_by.as_ref(),
+                digest: "",
                 now: 3,
             },
         )
@@ -258,6 +262,8 @@ async fn a_second_entry_for_a_slot_is_refused_and_leaves_nothing_behind(store: &
                 slot: &s,
                 key: "k",
                 chunks: &[chunk(10)],
+                written_by: second.written_by.as_ref(),
+                digest: "",
                 now: 4,
             },
         )

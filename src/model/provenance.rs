@@ -1,0 +1,177 @@
+//! Who wrote an entry: how its writer was identified, by whom, in which run and job, and from
+//! where. Recorded when the upload is reserved and kept with the entry it becomes, so that an
+//! operator can tell what one run wrote and remove exactly that after a poisoning.
+
+use std::fmt;
+use std::str::FromStr;
+
+use super::Clipped;
+
+/// How a caller was identified: what provenance records and what write policies name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CallerKind {
+    /// A runtime token signed by GitHub's issuer (`token.actions.githubusercontent.com`).
+    Github,
+    /// A runtime token of another trusted issuer (GitHub Enterprise Server, or any issuer
+    /// given with `--token-issuer`).
+    Ghes,
+    /// A token signed with the shared HS256 secret (forges, tests).
+    Hs256,
+    /// A request through a Forgejo runner's cache proxy.
+    Forgejo,
+    /// A request under a namespace's secret path prefix.
+    Namespace,
+    /// A request without credentials, with anonymous access on.
+    Anonymous,
+}
+
+impl CallerKind {
+    pub const ALL: [CallerKind; 6] = [
+        Self::Github,
+        Self::Ghes,
+        Self::Hs256,
+        Self::Forgejo,
+        Self::Namespace,
+        Self::Anonymous,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Github => "github",
+            Self::Ghes => "ghes",
+            Self::Hs256 => "hs256",
+            Self::Forgejo => "forgejo",
+            Self::Namespace => "namespace",
+            Self::Anonymous => "anonymous",
+        }
+    }
+}
+
+impl fmt::Display for CallerKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for CallerKind {
+    type Err = super::InvalidInput;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| {
+                super::InvalidInput(format!(
+                    "{:?} is no caller kind (github, ghes, hs256, forgejo, namespace or anonymous)",
+                    Clipped(s).to_string()
+                ))
+            })
+    }
+}
+
+/// Who wrote an entry. Every text is the caller's and is kept clipped ([`Provenance::clip`]),
+/// so a record is bounded whatever a token carries; an empty text means the caller had none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Provenance {
+    pub kind: CallerKind,
+    /// The token's `iss`, for tokens that have one.
+    pub issuer: String,
+    /// The token's `sub`, or the forge repository or namespace the caller stands for.
+    pub subject: String,
+    /// The workflow run (GitHub's `Actions.Results:<run>:<job>`, act and Gitea's `RunID`, the
+    /// Forgejo proxy's run number).
+    pub run_id: String,
+    pub job_id: String,
+    /// The client's address: the peer's, or the first untrusted hop of `X-Forwarded-For`
+    /// when the peer is a trusted proxy.
+    pub address: String,
+}
+
+impl Provenance {
+    /// The longest text kept of each field, in bytes (clipped at a character boundary).
+    pub const MAX_FIELD: usize = 255;
+
+    /// `text` cut to [`Provenance::MAX_FIELD`] bytes at a character boundary, control
+    /// characters replaced: what a record may hold of a caller's text.
+    pub fn clip(text: &str) -> String {
+        let mut end = text.len().min(Self::MAX_FIELD);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text[..end]
+            .chars()
+            .map(|c| if c.is_control() { '\u{FFFD}' } else { c })
+            .collect()
+    }
+
+    /// An anonymous record with no detail: what tests and the fake start from.
+    pub fn anonymous() -> Self {
+        Self {
+            kind: CallerKind::Anonymous,
+            issuer: String::new(),
+            subject: String::new(),
+            run_id: String::new(),
+            job_id: String::new(),
+            address: String::new(),
+        }
+    }
+}
+
+/// The digest an entry is known by: `sha256:<hex>` of its bytes when it is one chunk (every
+/// entry the clients upload in one request); for an entry assembled from blocks,
+/// `sha256-chunks:<hex>`, the SHA-256 of its chunks' SHA-256s in order, which changes whenever
+/// any byte does and is computed without reading the entry back.
+pub fn entry_digest(chunks: &[super::Chunk]) -> String {
+    use sha2::{Digest, Sha256};
+    match chunks {
+        [one] => format!("sha256:{}", hex::encode(one.sha256)),
+        many => {
+            let mut hasher = Sha256::new();
+            for chunk in many {
+                hasher.update(chunk.sha256);
+            }
+            format!("sha256-chunks:{}", hex::encode(hasher.finalize()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_round_trip_and_unknown_ones_are_named() {
+        for kind in CallerKind::ALL {
+            assert_eq!(kind.as_str().parse::<CallerKind>().unwrap(), kind);
+        }
+        let e = "token".parse::<CallerKind>().unwrap_err();
+        assert!(e.0.contains("\"token\" is no caller kind"), "{}", e.0);
+    }
+
+    #[test]
+    fn clipping_keeps_characters_whole_and_drops_control_characters() {
+        assert_eq!(Provenance::clip("a\nb"), "a\u{FFFD}b");
+        let long = "é".repeat(200); // 400 bytes
+        let clipped = Provenance::clip(&long);
+        assert!(clipped.len() <= Provenance::MAX_FIELD);
+        assert_eq!(clipped.len(), 254);
+        assert!(clipped.chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn one_chunk_is_known_by_its_sha256_and_many_by_their_list() {
+        let chunk = |byte| super::super::Chunk {
+            blob: super::super::BlobName::random(),
+            size: 1,
+            sha256: [byte; 32],
+            xxh3: None,
+        };
+        assert_eq!(
+            entry_digest(&[chunk(0xab)]),
+            format!("sha256:{}", "ab".repeat(32))
+        );
+        let two = entry_digest(&[chunk(1), chunk(2)]);
+        assert!(two.starts_with("sha256-chunks:"), "{two}");
+        assert_ne!(two, entry_digest(&[chunk(2), chunk(1)]));
+    }
+}
