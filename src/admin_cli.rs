@@ -35,6 +35,11 @@ pub struct ServerArgs {
 pub enum CachesCommand {
     /// List cache entries, most recently used first.
     Ls(ListArgs),
+    /// Everything about one entry, including who wrote it.
+    Show {
+        /// The entry's id (as `ls` shows it).
+        id: i64,
+    },
     /// Delete entries: by id, or every entry a filter selects.
     Rm(RemoveArgs),
     /// Bytes, entries, hits and misses per repository, largest first.
@@ -57,12 +62,49 @@ pub struct FilterArgs {
     /// Entries of this repository (owner/name or id).
     #[arg(long)]
     pub repository: Option<String>,
-    /// Entries saved in this ref (such as refs/heads/main).
-    #[arg(long = "ref")]
+    /// Entries saved in this ref, the scope (such as refs/heads/main).
+    #[arg(long = "ref", visible_alias = "scope")]
     pub git_ref: Option<String>,
     /// Entries of this exact version.
     #[arg(long)]
     pub version: Option<String>,
+    /// Entries written by this workflow run (`written_by.run_id`).
+    #[arg(long)]
+    pub run_id: Option<String>,
+    /// Entries written by callers with this token subject (`written_by.subject`).
+    #[arg(long)]
+    pub subject: Option<String>,
+    /// Entries written by this kind of caller: github, ghes, hs256, forgejo, namespace or
+    /// anonymous.
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// Entries written at or after this time (RFC 3339, such as 2026-05-04T12:00:00Z).
+    #[arg(long)]
+    pub written_after: Option<String>,
+    /// Entries written before this time (RFC 3339).
+    #[arg(long)]
+    pub written_before: Option<String>,
+}
+
+impl FilterArgs {
+    /// The set parts, as the admin API names them.
+    fn pairs(&self) -> [(&'static str, &Option<String>); 9] {
+        [
+            ("key", &self.key),
+            ("repository", &self.repository),
+            ("ref", &self.git_ref),
+            ("version", &self.version),
+            ("run_id", &self.run_id),
+            ("subject", &self.subject),
+            ("kind", &self.kind),
+            ("written_after", &self.written_after),
+            ("written_before", &self.written_before),
+        ]
+    }
+
+    fn is_set(&self) -> bool {
+        self.pairs().iter().any(|(_, v)| v.is_some())
+    }
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -78,6 +120,9 @@ pub struct ListArgs {
     /// Most entries shown.
     #[arg(long, default_value_t = 50)]
     pub limit: usize,
+    /// Also show who wrote each entry: kind, subject, run, job, address, and when.
+    #[arg(long, short = 'l')]
+    pub long: bool,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -89,6 +134,9 @@ pub struct RemoveArgs {
     /// Delete every entry (when no id or filter is given).
     #[arg(long)]
     pub all: bool,
+    /// Delete nothing: say what would be deleted.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// A failure, as the one sentence the user sees.
@@ -197,12 +245,7 @@ fn root_cause(e: &dyn std::error::Error) -> String {
 /// `key=value&…` of the filter's set parts, percent-encoded.
 fn filter_query(filter: &FilterArgs) -> url::form_urlencoded::Serializer<'static, String> {
     let mut query = url::form_urlencoded::Serializer::new(String::new());
-    for (name, value) in [
-        ("key", &filter.key),
-        ("repository", &filter.repository),
-        ("ref", &filter.git_ref),
-        ("version", &filter.version),
-    ] {
+    for (name, value) in filter.pairs() {
         if let Some(value) = value {
             query.append_pair(name, value);
         }
@@ -216,6 +259,16 @@ pub async fn caches(server: &ServerArgs, command: &CachesCommand) -> Result<Stri
     match command {
         CachesCommand::Ls(args) => list(&client, server.json, args).await,
         CachesCommand::Rm(args) => remove(&client, server.json, args).await,
+        CachesCommand::Show { id } => {
+            let entry: wire::Cache = client
+                .call(reqwest::Method::GET, &format!("caches/{id}"))
+                .await?;
+            Ok(if server.json {
+                pretty(&entry)
+            } else {
+                entry_text(&entry)
+            })
+        }
         CachesCommand::Usage { repository, limit } => {
             let mut query = url::form_urlencoded::Serializer::new(String::new());
             query.append_pair("limit", &limit.clamp(&1, &1000).to_string());
@@ -288,7 +341,7 @@ async fn list(client: &Client, json: bool, args: &ListArgs) -> Result<String, Cl
     let rows: Vec<Vec<String>> = entries
         .iter()
         .map(|e| {
-            vec![
+            let mut row = vec![
                 e.id.to_string(),
                 repository_label(&e.repository, &e.repository_id),
                 e.git_ref.clone(),
@@ -296,71 +349,188 @@ async fn list(client: &Client, json: bool, args: &ListArgs) -> Result<String, Cl
                 size(e.size_in_bytes),
                 ago(&e.last_accessed_at, now),
                 e.hits.to_string(),
-            ]
+            ];
+            if args.long {
+                row.extend(writer_cells(e));
+            }
+            row
         })
         .collect();
-    let mut out = table(
-        &[
-            "ID",
-            "REPOSITORY",
-            "REF",
-            "KEY",
-            "SIZE",
-            "LAST USED",
-            "HITS",
-        ],
-        &rows,
-    );
+    let mut header = vec![
+        "ID",
+        "REPOSITORY",
+        "REF",
+        "KEY",
+        "SIZE",
+        "LAST USED",
+        "HITS",
+    ];
+    if args.long {
+        header.extend(["WRITTEN", "KIND", "SUBJECT", "RUN", "JOB", "ADDRESS"]);
+    }
+    let mut out = table(&header, &rows);
     let _ = writeln!(out, "{} of {total} entries", entries.len());
     Ok(out)
 }
 
 async fn remove(client: &Client, json: bool, args: &RemoveArgs) -> Result<String, CliError> {
-    let has_filter = [
-        &args.filter.key,
-        &args.filter.repository,
-        &args.filter.git_ref,
-        &args.filter.version,
-    ]
-    .iter()
-    .any(|v| v.is_some());
-    let deleted = match (args.ids.is_empty(), has_filter || args.all) {
-        (false, false) => {
-            let mut deleted = 0;
-            for id in &args.ids {
-                let answer: wire::Deleted = client
-                    .call(reqwest::Method::DELETE, &format!("caches/{id}"))
-                    .await
-                    .map_err(|e| CliError(format!("entry {id}: {e}")))?;
-                deleted += answer.deleted;
-            }
-            deleted
-        }
+    let has_filter = args.filter.is_set();
+    let answer = match (args.ids.is_empty(), has_filter || args.all) {
+        (false, false) => remove_ids(client, &args.ids, args.dry_run).await?,
         (true, true) => {
             let mut query = filter_query(&args.filter);
             if args.all && !has_filter {
                 query.append_pair("all", "true");
             }
-            let answer: wire::Deleted = client
+            if args.dry_run {
+                query.append_pair("dry_run", "true");
+            }
+            client
                 .call(reqwest::Method::DELETE, &format!("caches?{}", query.finish()))
-                .await?;
-            answer.deleted
+                .await?
         }
         (false, true) => {
-            return Err(CliError("give entry ids or a filter (--key, --repository, --ref, --version, --all), not both".into()))
+            return Err(CliError("give entry ids or a filter (--key, --repository, --ref, --version, --run-id, --subject, --kind, --written-after, --written-before, --all), not both".into()))
         }
         (true, false) => {
-            return Err(CliError("say what to delete: entry ids, a filter (--key, --repository, --ref, --version) or --all".into()))
+            return Err(CliError("say what to delete: entry ids, a filter (--key, --repository, --ref, --version, --run-id, --subject, --kind, --written-after, --written-before) or --all".into()))
         }
     };
-    Ok(if json {
-        pretty(&wire::Deleted { deleted })
+    if json {
+        return Ok(pretty(&answer));
+    }
+    let count = answer.deleted;
+    let noun = if count == 1 { "entry" } else { "entries" };
+    let ids = answer
+        .ids
+        .iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let ids = if ids.is_empty() {
+        String::new()
+    } else {
+        format!(": {ids}")
+    };
+    Ok(if answer.dry_run {
+        format!(
+            "Dry run: would delete {count} {noun} ({}){ids}. Nothing was deleted.\n",
+            size(answer.size_in_bytes)
+        )
     } else {
         format!(
-            "Deleted {deleted} {}.\n",
-            if deleted == 1 { "entry" } else { "entries" }
+            "Deleted {count} {noun} ({}){ids}.\n",
+            size(answer.size_in_bytes)
         )
     })
+}
+
+/// Deletes the entries `ids` one by one (or, on a dry run, looks each up).
+async fn remove_ids(
+    client: &Client,
+    ids: &[i64],
+    dry_run: bool,
+) -> Result<wire::Deleted, CliError> {
+    let mut total = wire::Deleted {
+        deleted: 0,
+        dry_run,
+        size_in_bytes: 0,
+        ids: Vec::new(),
+    };
+    for id in ids {
+        let failed = |e: CliError| CliError(format!("entry {id}: {e}"));
+        if dry_run {
+            let entry: wire::Cache = client
+                .call(reqwest::Method::GET, &format!("caches/{id}"))
+                .await
+                .map_err(failed)?;
+            total.deleted += 1;
+            total.size_in_bytes += entry.size_in_bytes;
+            total.ids.push(entry.id);
+            continue;
+        }
+        let answer: wire::Deleted = client
+            .call(reqwest::Method::DELETE, &format!("caches/{id}"))
+            .await
+            .map_err(failed)?;
+        total.deleted += answer.deleted;
+        total.size_in_bytes += answer.size_in_bytes;
+        total.ids.extend(answer.ids);
+    }
+    Ok(total)
+}
+
+/// The `ls --long` cells of who wrote `e`: when, kind, subject, run, job, address.
+fn writer_cells(e: &wire::Cache) -> [String; 6] {
+    let dash = |s: &str| {
+        if s.is_empty() {
+            "-".to_owned()
+        } else {
+            s.to_owned()
+        }
+    };
+    match &e.written_by {
+        Some(w) => [
+            e.created_at.clone(),
+            w.kind.clone(),
+            dash(&w.subject),
+            dash(&w.run_id),
+            dash(&w.job_id),
+            dash(&w.address),
+        ],
+        None => [
+            e.created_at.clone(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+        ],
+    }
+}
+
+/// `caches show`: one field per line.
+fn entry_text(e: &wire::Cache) -> String {
+    let mut out = String::new();
+    let mut field = |name: &str, value: &str| {
+        let _ = writeln!(
+            out,
+            "{name:<16}{}",
+            if value.is_empty() { "-" } else { value }
+        );
+    };
+    field("id", &e.id.to_string());
+    field(
+        "repository",
+        &repository_label(&e.repository, &e.repository_id),
+    );
+    field("repository id", &e.repository_id);
+    field("ref", &e.git_ref);
+    field("key", &e.key);
+    field("version", &e.version);
+    field(
+        "size",
+        &format!("{} ({} bytes)", size(e.size_in_bytes), e.size_in_bytes),
+    );
+    field("digest", e.digest.as_deref().unwrap_or_default());
+    field("created", &e.created_at);
+    field("last used", &e.last_accessed_at);
+    field("hits", &e.hits.to_string());
+    match &e.written_by {
+        Some(w) => {
+            field("written by", &w.kind);
+            field("  issuer", &w.issuer);
+            field("  subject", &w.subject);
+            field("  run", &w.run_id);
+            field("  job", &w.job_id);
+            field("  address", &w.address);
+        }
+        None => field(
+            "written by",
+            "not recorded (saved before hoard kept writers)",
+        ),
+    }
+    out
 }
 
 /// `ls --json`: the entries of every page read, and how many the filter selects.

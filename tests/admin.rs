@@ -262,7 +262,13 @@ async fn one_entry_is_shown_and_deleted_and_then_misses() {
     assert_eq!(shown["size_in_bytes"], 5);
 
     let (status, deleted) = delete(&srv, &format!("caches/{id}")).await;
-    assert_eq!((status, deleted), (200, json!({ "deleted": 1 })));
+    assert_eq!(
+        (status, deleted),
+        (
+            200,
+            json!({ "deleted": 1, "dry_run": false, "ids": [id], "size_in_bytes": 5 })
+        )
+    );
     let (_, lookup) = srv.lookup(&t, "deps-linux", &[], VERSION).await;
     assert_eq!(lookup["ok"], false, "a deleted entry is a miss: {lookup}");
     // A prefix lookup no longer finds it either, but finds the other entry.
@@ -302,7 +308,8 @@ async fn entries_are_deleted_by_key_prefix_or_repository() {
     assert_eq!(all["total_count"], 6, "nothing was deleted");
 
     let (status, body) = delete(&srv, "caches?key=NPM-&repository=octo%2Fa").await;
-    assert_eq!((status, body), (200, json!({ "deleted": 2 })));
+    assert_eq!((status, &body["deleted"]), (200, &json!(2)), "{body}");
+    assert_eq!(body["dry_run"], false);
     let (_, left) = get(&srv, "caches?repository=1").await;
     assert_eq!(keys(&left), ["cargo-1"]);
     assert!(srv.restore(&a, "npm-1", VERSION).await.is_none());
@@ -322,11 +329,11 @@ async fn entries_are_deleted_by_key_prefix_or_repository() {
         "{body}"
     );
     let (_, body) = delete(&srv, "caches?repository=3").await;
-    assert_eq!(body, json!({ "deleted": 1 }));
+    assert_eq!(body["deleted"], 1, "{body}");
     let (_, body) = delete(&srv, "caches?repository=2").await;
-    assert_eq!(body, json!({ "deleted": 3 }));
+    assert_eq!(body["deleted"], 3, "{body}");
     let (_, body) = delete(&srv, "caches?all=true").await;
-    assert_eq!(body, json!({ "deleted": 1 }));
+    assert_eq!(body["deleted"], 1, "{body}");
     let (_, none) = get(&srv, "caches").await;
     assert_eq!(none["total_count"], 0);
 }
@@ -440,4 +447,168 @@ async fn the_dashboard_is_served_from_the_binary_with_a_strict_policy() {
         .unwrap();
     assert_eq!(no_slash.status(), 308);
     assert_eq!(no_slash.headers()["location"], "/_hoard/");
+}
+
+/// Saves `key` with `token`, reserving with `forwarded_for` as `X-Forwarded-For` if given.
+async fn save_from(srv: &TestServer, token: &str, key: &str, forwarded_for: Option<&str>) -> i64 {
+    let mut req = srv
+        .http
+        .post(srv.url(&format!("{}CreateCacheEntry", common::SERVICE)))
+        .bearer_auth(token)
+        .json(&json!({"key": key, "version": VERSION}));
+    if let Some(xff) = forwarded_for {
+        req = req.header("x-forwarded-for", xff);
+    }
+    let (status, body) = json_of(req.send().await.unwrap()).await;
+    assert_eq!((status, &body["ok"]), (200, &json!(true)), "{body}");
+    let url = body["signed_upload_url"].as_str().unwrap();
+    assert_eq!(srv.put_blob(url, b"payload".to_vec()).await.status(), 201);
+    let (status, body) = srv.finalize(token, key, VERSION, 7).await;
+    assert_eq!((status, &body["ok"]), (200, &json!(true)), "{body}");
+    body["entry_id"].as_str().unwrap().parse().unwrap()
+}
+
+/// The token of a run: `sub` and `scp` as GitHub sets them.
+fn run_token(repository: &str, sub: &str, run: &str, job: &str) -> String {
+    let mut c = claims(repository, &[(MAIN, 3)]);
+    c["sub"] = json!(sub);
+    c["scp"] = json!(format!("Actions.Results:{run}:{job}"));
+    sign_hs256(&c)
+}
+
+#[tokio::test]
+async fn entries_show_who_wrote_them_and_a_forged_forwarded_for_is_ignored() {
+    let srv = start().await;
+    let t = run_token("8101", "repo:o/r:ref:refs/heads/main", "7345", "12");
+    // The peer is no trusted proxy (none is configured): its header is the client's to forge.
+    let id = save_from(&srv, &t, "forged", Some("203.0.113.66")).await;
+    let (status, e) = get(&srv, &format!("caches/{id}")).await;
+    assert_eq!(status, 200, "{e}");
+    assert_eq!(
+        e["written_by"],
+        json!({"kind": "hs256", "issuer": "", "subject": "repo:o/r:ref:refs/heads/main",
+               "run_id": "7345", "job_id": "12", "address": "127.0.0.1"})
+    );
+    // One Put Blob: the digest is the SHA-256 of the bytes.
+    let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b"payload"));
+    assert_eq!(e["digest"], format!("sha256:{sha}"));
+
+    // A caller's text is kept clipped, whatever it sends.
+    let long = "x".repeat(5000);
+    let t = run_token("8101", &long, &long, "1");
+    let id = save_from(&srv, &t, "long", None).await;
+    let (_, e) = get(&srv, &format!("caches/{id}")).await;
+    assert_eq!(e["written_by"]["subject"].as_str().unwrap().len(), 255);
+    assert_eq!(e["written_by"]["run_id"].as_str().unwrap().len(), 255);
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn a_trusted_proxys_forwarded_for_names_the_client() {
+    let srv = TestServer::start_with(&[
+        "--admin-token",
+        ADMIN,
+        "--trusted-proxies",
+        "127.0.0.0/8,10.0.0.0/8",
+    ])
+    .await;
+    let t = run_token("8102", "s", "1", "2");
+    // The client forged the first hop; the trusted proxies appended the rest.
+    let id = save_from(&srv, &t, "proxied", Some("6.6.6.6, 198.51.100.4, 10.0.0.9")).await;
+    let (_, e) = get(&srv, &format!("caches/{id}")).await;
+    assert_eq!(e["written_by"]["address"], "198.51.100.4", "{e}");
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn bad_trusted_proxies_refuse_start_up_with_a_sentence() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hoard"))
+        .args(["serve", "--trusted-proxies", "10.0.0.0/8,proxy.local"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("\"proxy.local\" is neither an IP address nor a network"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn purges_select_by_writer_and_a_dry_run_deletes_nothing() {
+    let srv = start().await;
+    let (run_a, run_b) = (
+        run_token("8103", "repo:o/r:pull_request", "run-a", "1"),
+        run_token("8103", "repo:o/r:ref:refs/heads/main", "run-b", "1"),
+    );
+    let a1 = save_from(&srv, &run_a, "a1", None).await;
+    let a2 = save_from(&srv, &run_a, "a2", None).await;
+    let b1 = save_from(&srv, &run_b, "b1", None).await;
+
+    // Filters list what a purge would select.
+    let (_, by_subject) = get(&srv, "caches?subject=repo:o/r:pull_request").await;
+    assert_eq!(by_subject["total_count"], 2, "{by_subject}");
+    let (_, by_kind) = get(&srv, "caches?repository=8103&kind=hs256").await;
+    assert_eq!(by_kind["total_count"], 3, "{by_kind}");
+    let (_, future) = get(
+        &srv,
+        "caches?repository=8103&written_after=2999-01-01T00:00:00Z",
+    )
+    .await;
+    assert_eq!(future["total_count"], 0, "{future}");
+    let (_, scoped) = get(
+        &srv,
+        &format!("caches?repository=8103&scope={MAIN}&run_id=run-b"),
+    )
+    .await;
+    assert_eq!(keys(&scoped), ["b1"]);
+
+    let (status, dry) = delete(&srv, "caches?run_id=run-a&dry_run=true").await;
+    assert_eq!(status, 200, "{dry}");
+    assert_eq!(
+        dry,
+        json!({"deleted": 2, "dry_run": true, "ids": [a1, a2], "size_in_bytes": 14})
+    );
+    for key in ["a1", "a2", "b1"] {
+        assert!(
+            srv.restore(&run_a, key, VERSION).await.is_some(),
+            "{key} after a dry run"
+        );
+    }
+    let (_, purged) = delete(&srv, "caches?run_id=run-a").await;
+    assert_eq!(
+        purged,
+        json!({"deleted": 2, "dry_run": false, "ids": [a1, a2], "size_in_bytes": 14})
+    );
+    assert!(srv.restore(&run_a, "a1", VERSION).await.is_none());
+    assert!(srv.restore(&run_a, "a2", VERSION).await.is_none());
+    assert_eq!(
+        srv.restore(&run_b, "b1", VERSION).await.unwrap(),
+        b"payload"
+    );
+    let (_, left) = get(&srv, "caches?repository=8103").await;
+    assert_eq!(left["actions_caches"][0]["id"], b1);
+
+    // Bad writer filters are refused with a sentence, and nothing is deleted.
+    for (query, says) in [
+        ("kind=token", "is no caller kind"),
+        ("written_after=yesterday", "RFC 3339"),
+        (
+            "written_after=2026-01-02T00:00:00Z&written_before=2026-01-01T00:00:00Z",
+            "earlier than",
+        ),
+        (
+            "run_id=run-b&dry_run=perhaps",
+            "dry_run must be true or false",
+        ),
+    ] {
+        let (status, body) = delete(&srv, &format!("caches?{query}")).await;
+        assert_eq!(status, 400, "{query}: {body}");
+        assert!(
+            body["message"].as_str().unwrap().contains(says),
+            "{query}: {body}"
+        );
+    }
+    assert!(srv.restore(&run_b, "b1", VERSION).await.is_some());
+    srv.stop().await;
 }

@@ -172,7 +172,7 @@ async fn rm_deletes_by_id_or_filter() {
         )
         .await,
     );
-    assert_eq!(out, "Deleted 1 entry.\n");
+    assert_eq!(out, format!("Deleted 1 entry (4.9 KiB): {}.\n", ids[2]));
     let err = failure(&hoard(&base, Some(ADMIN), &["caches", "rm", &ids[2].to_string()]).await);
     assert!(
         err.contains(&format!("entry {}", ids[2])) && err.contains("no such cache entry"),
@@ -192,7 +192,7 @@ async fn rm_deletes_by_id_or_filter() {
         )
         .await,
     );
-    assert_eq!(deleted, json!({ "deleted": 2 }));
+    assert_eq!(deleted["deleted"], 2, "{deleted}");
     let left = json_out(&hoard(&base, Some(ADMIN), &["caches", "ls", "--json"]).await);
     assert_eq!(left["total_count"], 0);
 }
@@ -279,5 +279,71 @@ async fn failures_are_one_sentence_and_exit_1() {
     assert!(
         err.contains("404") && err.contains("--admin-token-file"),
         "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn writers_are_listed_shown_and_purged_by_run() {
+    let srv = TestServer::start_with(&["--admin-token", ADMIN]).await;
+    let base = srv.base.clone();
+    let run_token = |run: &str| {
+        let mut c = claims("78", &[(MAIN, 3)]);
+        c["repository"] = json!("octo/runs");
+        c["scp"] = json!(format!("Actions.Results:{run}:job-{run}"));
+        sign_hs256(&c)
+    };
+    let (one, two) = (run_token("4001"), run_token("4002"));
+    let a = srv.save(&one, "deps-a", VERSION, b"from run 4001").await;
+    let b = srv.save(&two, "deps-b", VERSION, b"from run 4002").await;
+    let c = srv.save(&two, "deps-c", VERSION, b"also from 4002").await;
+
+    let long = stdout(&hoard(&base, Some(ADMIN), &["caches", "ls", "--long"]).await);
+    let header = long.lines().next().unwrap();
+    for column in ["WRITTEN", "KIND", "SUBJECT", "RUN", "JOB", "ADDRESS"] {
+        assert!(header.contains(column), "{long}");
+    }
+    let row = |key: &str| long.lines().find(|l| l.contains(key)).unwrap().to_owned();
+    assert!(
+        row("deps-a").contains("hs256") && row("deps-a").contains("4001"),
+        "{long}"
+    );
+    assert!(
+        row("deps-b").contains("job-4002") && row("deps-b").contains("127.0.0.1"),
+        "{long}"
+    );
+
+    let shown = stdout(&hoard(&base, Some(ADMIN), &["caches", "show", &b.to_string()]).await);
+    for line in [
+        "written by      hs256",
+        "  run           4002",
+        "  job           job-4002",
+        "digest          sha256:",
+    ] {
+        assert!(shown.contains(line), "{line:?} in:\n{shown}");
+    }
+
+    let dry = stdout(
+        &hoard(
+            &base,
+            Some(ADMIN),
+            &["caches", "rm", "--run-id", "4002", "--dry-run"],
+        )
+        .await,
+    );
+    assert_eq!(
+        dry,
+        format!("Dry run: would delete 2 entries (27 B): {b}, {c}. Nothing was deleted.\n")
+    );
+    let listed = json_out(&hoard(&base, Some(ADMIN), &["caches", "ls", "--json"]).await);
+    assert_eq!(listed["total_count"], 3, "a dry run deletes nothing");
+    let purged = stdout(&hoard(&base, Some(ADMIN), &["caches", "rm", "--run-id", "4002"]).await);
+    assert_eq!(purged, format!("Deleted 2 entries (27 B): {b}, {c}.\n"));
+    let left = json_out(&hoard(&base, Some(ADMIN), &["caches", "ls", "--json"]).await);
+    assert_eq!(left["actions_caches"][0]["id"], a);
+    assert_eq!(left["total_count"], 1);
+    assert!(srv.restore(&two, "deps-b", VERSION).await.is_none());
+    assert_eq!(
+        srv.restore(&one, "deps-a", VERSION).await.unwrap(),
+        b"from run 4001"
     );
 }

@@ -60,6 +60,7 @@ async fn an_operator_finds_and_deletes_an_entry_in_the_dashboard() {
     .unwrap();
     let mut c = claims("4242", &[(MAIN, 3)]);
     c["repository"] = json!("octo/hello-world");
+    c["scp"] = json!("Actions.Runner:7:8 Actions.Results:run-9911:job-12");
     let token = sign_hs256(&c);
     let key = "npm-linux-x64-5f2c9a";
     let base = srv.base.clone();
@@ -99,6 +100,19 @@ async fn an_operator_finds_and_deletes_an_entry_in_the_dashboard() {
     assert_eq!(
         seen["deletedId"], saved,
         "the entry the client saved: {log}"
+    );
+    let by = &seen["writtenBy"];
+    assert_eq!(by["written-by"], "hs256", "{log}");
+    assert_eq!(by["subject"], "repo:test/test:ref:refs/heads/main", "{log}");
+    assert_eq!(
+        (&by["run"], &by["job"]),
+        (&json!("run-9911"), &json!("job-12")),
+        "{log}"
+    );
+    assert_eq!(by["address"], "127.0.0.1", "{log}");
+    assert!(
+        by["digest"].as_str().unwrap().starts_with("sha256:"),
+        "{log}"
     );
     assert_eq!(seen["rowsAfterDelete"], 0, "{log}");
     assert_eq!(seen["tokenInUrl"], false, "{log}");

@@ -1498,3 +1498,196 @@ fn v1_clients_save_and_restore_large_entries_on_s3() {
     wait_until(|| v1_patches(&hoard) >= 4);
     assert!(v1_patches(&hoard) >= 4, "two PATCHes per save at least");
 }
+
+/// The admin token of the provenance tests.
+const ADMIN: &str = "provenance-admin-token-0123456789";
+
+/// An admin API call: its status and JSON answer.
+fn admin(method: reqwest::Method, base: &str, path: &str) -> (u16, Value) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let res = reqwest::Client::new()
+            .request(method, format!("{base}/_hoard/api/v1/{path}"))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap();
+        common::json_of(res).await
+    })
+}
+
+/// The listed entries of repository `repo`, by key.
+fn entries_by_key(base: &str, repo: &str) -> std::collections::BTreeMap<String, Value> {
+    let (status, list) = admin(
+        reqwest::Method::GET,
+        base,
+        &format!("caches?repository={repo}&per_page=100"),
+    );
+    assert_eq!(status, 200, "{list}");
+    list["actions_caches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["key"].as_str().unwrap().to_owned(), e.clone()))
+        .collect()
+}
+
+/// A token of repository 7001 (octo/app) for `grants`, issued to `run` and `job` with `sub`.
+fn run_token(grants: &[(&str, u8)], sub: &str, run: &str, job: &str) -> String {
+    let mut c = common::claims("7001", grants);
+    c["repository"] = "octo/app".into();
+    c["sub"] = sub.into();
+    c["scp"] = format!("Actions.Runner:1:2 Actions.Results:{run}:{job}").into();
+    common::sign_hs256(&c)
+}
+
+/// Issue #23, points 1 and 2, with the real client: a push to main and a pull request's run
+/// save; every entry shows who wrote it (through another replica on a shared database, and
+/// after a restart on SQLite); a dry run of a purge by run deletes nothing and names what the
+/// purge then deletes; the purged run's entries miss and everything else restores
+/// byte-identical.
+fn provenance_and_purge_by_run_for_the_real_client_with(server: Option<Server>) {
+    let Some(backend) = Backend::create(server) else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let start = || {
+        let secret = common::secret_file(data.path());
+        let mut args = vec![
+            "--token-hs256-secret-file",
+            secret.to_str().unwrap(),
+            "--admin-token",
+            ADMIN,
+            "--signing-key",
+            "provenance-shares-this-signing-key-0123456",
+        ];
+        args.extend(backend.args());
+        Hoard::start_with_env(data.path(), &args, backend.env())
+    };
+    let writer = start();
+    // With a shared database, a second replica shows what the first recorded; on SQLite the
+    // same process shows it (and again after a restart, below).
+    let reader = server.map(|_| start());
+    let shown_by = reader.as_ref().unwrap_or(&writer).base.clone();
+
+    const PR: &str = "refs/pull/55/merge";
+    let main_sub = "repo:octo/app:ref:refs/heads/main";
+    let pr_sub = "repo:octo/app:pull_request";
+    let main = run_token(&[(MAIN, 3)], main_sub, "run-main-1", "job-11");
+    let pull = run_token(&[(PR, 3), (MAIN, 1)], pr_sub, "run-pr-55", "job-99");
+    let ws = Workspace::new();
+    let main_sum = ws.write_random("main/deps.bin", 70_000, 230);
+    saved_id(
+        &ws.save(&writer.base, &main, "deps-main", &["main"]).0,
+        "main saves",
+    );
+    ws.write_random("pr/deps.bin", 50_000, 231);
+    saved_id(
+        &ws.save(&writer.base, &pull, "deps-pr-1", &["pr"]).0,
+        "PR saves",
+    );
+    ws.write_random("pr/deps.bin", 40_000, 232);
+    saved_id(
+        &ws.save(&writer.base, &pull, "deps-pr-2", &["pr"]).0,
+        "PR saves again",
+    );
+
+    let entries = entries_by_key(&shown_by, "octo/app");
+    assert_eq!(entries.len(), 3, "{entries:?}");
+    for (key, sub, run, job, scope) in [
+        ("deps-main", main_sub, "run-main-1", "job-11", MAIN),
+        ("deps-pr-1", pr_sub, "run-pr-55", "job-99", PR),
+        ("deps-pr-2", pr_sub, "run-pr-55", "job-99", PR),
+    ] {
+        let e = &entries[key];
+        assert_eq!(e["ref"], scope, "{e}");
+        let by = &e["written_by"];
+        assert_eq!(by["kind"], "hs256", "{e}");
+        assert_eq!(by["subject"], sub, "{e}");
+        assert_eq!(
+            (&by["run_id"], &by["job_id"]),
+            (&run.into(), &job.into()),
+            "{e}"
+        );
+        assert_eq!(by["address"], "127.0.0.1", "{e}");
+        assert_eq!(by["issuer"], "", "an HS256 token without iss: {e}");
+        // Each save is one Put Blob here, so the digest is its bytes' SHA-256.
+        assert!(e["digest"].as_str().unwrap().starts_with("sha256:"), "{e}");
+    }
+    let id = |key: &str| entries[key]["id"].as_i64().unwrap();
+    let pr_ids = {
+        let mut ids = vec![id("deps-pr-1"), id("deps-pr-2")];
+        ids.sort();
+        ids
+    };
+
+    // The dry run deletes nothing and names what the purge then deletes.
+    let (status, dry) = admin(
+        reqwest::Method::DELETE,
+        &shown_by,
+        "caches?run_id=run-pr-55&dry_run=true",
+    );
+    assert_eq!(status, 200, "{dry}");
+    assert_eq!(dry["dry_run"], true, "{dry}");
+    assert_eq!(dry["deleted"], 2, "{dry}");
+    assert_eq!(dry["ids"], serde_json::json!(pr_ids), "{dry}");
+    assert_eq!(
+        entries_by_key(&shown_by, "octo/app").len(),
+        3,
+        "a dry run deletes nothing"
+    );
+    let (status, purged) = admin(
+        reqwest::Method::DELETE,
+        &shown_by,
+        "caches?run_id=run-pr-55",
+    );
+    assert_eq!(status, 200, "{purged}");
+    assert_eq!(purged["dry_run"], false, "{purged}");
+    assert_eq!(
+        purged["ids"], dry["ids"],
+        "the purge deletes what the dry run named"
+    );
+    let left = entries_by_key(&shown_by, "octo/app");
+    assert_eq!(left.keys().collect::<Vec<_>>(), ["deps-main"], "{left:?}");
+
+    // The purged run's entries miss for the real client, through either replica; the rest
+    // restores byte-identical, for main and for the pull request (which reads main).
+    for base in [&writer.base, &shown_by] {
+        for key in ["deps-pr-1", "deps-pr-2"] {
+            let ws = Workspace::new();
+            let (res, out) = ws.restore(base, &pull, key, &[], &["pr"]);
+            assert_eq!(res, Value::Null, "{key} was purged: {out}");
+        }
+        for token in [&main, &pull] {
+            let ws = Workspace::new();
+            let (res, out) = ws.restore(base, token, "deps-main", &[], &["main"]);
+            assert_eq!(res, "deps-main", "{out}");
+            assert_eq!(sha256_file(&ws.path("main/deps.bin")), main_sum);
+        }
+    }
+
+    // The record survives a restart.
+    drop(reader);
+    drop(writer);
+    let restarted = start();
+    let kept = entries_by_key(&restarted.base, "octo/app");
+    assert_eq!(
+        kept["deps-main"]["written_by"]["run_id"], "run-main-1",
+        "{kept:?}"
+    );
+}
+
+#[test]
+fn provenance_and_purge_by_run_for_the_real_client() {
+    provenance_and_purge_by_run_for_the_real_client_with(None);
+}
+
+#[test]
+fn provenance_and_purge_by_run_for_the_real_client_across_replicas_on_postgres() {
+    provenance_and_purge_by_run_for_the_real_client_with(Some(Server::Postgres));
+}
+
+#[test]
+fn provenance_and_purge_by_run_for_the_real_client_across_replicas_on_mariadb() {
+    provenance_and_purge_by_run_for_the_real_client_with(Some(Server::MySql));
+}

@@ -2,8 +2,8 @@
 //! repository holds and how its lookups go. The admin API and `hoard caches` come here; runtime
 //! tokens never do.
 
+use crate::model::{Clipped, EntryId, RemovalCause};
 use crate::model::{EntryFilter, EntryOrder, EntryPage, ListedEntry, RepositoryUsage, Totals};
-use crate::model::{EntryId, RemovalCause};
 
 use super::{Cache, CacheError};
 
@@ -32,6 +32,65 @@ pub struct ListQuery {
     pub after: Option<(i64, EntryId)>,
     /// Clamped to 1..=[`MAX_PAGE`].
     pub limit: usize,
+}
+
+/// What a deletion removed (or, on a dry run, would remove).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Purge {
+    /// Oldest first.
+    pub ids: Vec<EntryId>,
+    pub bytes: u64,
+}
+
+impl Purge {
+    fn add(&mut self, entry: &crate::model::Entry) {
+        self.ids.push(entry.id);
+        self.bytes += entry.size;
+    }
+
+    fn extend(&mut self, other: Purge) {
+        self.ids.extend(other.ids);
+        self.bytes += other.bytes;
+    }
+}
+
+/// A filter as the audit log shows it: each part that is set, as `name=value`.
+fn describe(filter: &EntryFilter) -> String {
+    let EntryFilter {
+        repository,
+        repository_id,
+        scope,
+        folded_key_prefix,
+        version,
+        id,
+        run_id,
+        subject,
+        kind,
+        written_after,
+        written_before,
+    } = filter;
+    let parts: [(&str, Option<String>); 11] = [
+        ("repository", repository.clone()),
+        ("repository_id", repository_id.clone()),
+        ("scope", scope.as_ref().map(|s| s.as_str().to_owned())),
+        ("key", folded_key_prefix.clone()),
+        ("version", version.clone()),
+        ("id", id.map(|i| i.get().to_string())),
+        ("run_id", run_id.clone()),
+        ("subject", subject.clone()),
+        ("kind", kind.map(|k| k.as_str().to_owned())),
+        ("written_after", written_after.map(|t| t.to_string())),
+        ("written_before", written_before.map(|t| t.to_string())),
+    ];
+    let set: Vec<String> = parts
+        .into_iter()
+        .filter_map(|(name, value)| Some(format!("{name}={:?}", value?)))
+        .collect();
+    if set.is_empty() {
+        "all".into()
+    } else {
+        set.join(" ")
+    }
 }
 
 /// What the server holds and how it is set, for `status`.
@@ -79,23 +138,18 @@ impl Cache {
     /// One visible entry, with its repository's name.
     pub async fn listed_entry(&self, id: EntryId) -> Result<Option<ListedEntry>, CacheError> {
         self.write_usage().await;
-        let Some((entry, _)) = self.meta.entry(id).await? else {
-            return Ok(None);
+        let filter = EntryFilter {
+            id: Some(id),
+            ..EntryFilter::default()
         };
-        let repository_name = self
-            .meta
-            .repositories(Some(entry.repository.as_str()), 2)
-            .await?
-            .into_iter()
-            .find(|r| r.repository == entry.repository)
-            .map(|r| r.name)
-            .unwrap_or_default();
-        Ok(Some(ListedEntry {
-            entry,
-            repository_name,
-            written_by: None,
-            digest: String::new(),
-        }))
+        let page = EntryPage {
+            filter: &filter,
+            order: EntryOrder::Created,
+            descending: false,
+            after: None,
+            limit: 1,
+        };
+        Ok(self.meta.list_entries(&page).await?.into_iter().next())
     }
 
     /// Writes the restores and misses not yet written (see [`super::usage`]), so that what an
@@ -112,9 +166,10 @@ impl Cache {
         &self,
         entries: &[ListedEntry],
         by: &str,
-    ) -> Result<u64, CacheError> {
+    ) -> Result<Purge, CacheError> {
         let ids: Vec<EntryId> = entries.iter().map(|l| l.entry.id).collect();
         let removed = self.remove(&ids, RemovalCause::Deleted).await?;
+        let mut purge = Purge::default();
         for gone in &removed {
             let Some(listed) = entries.iter().find(|l| l.entry.id == gone.id) else {
                 continue;
@@ -131,14 +186,23 @@ impl Cache {
                 key = %e.key,
                 version = %e.version,
                 size = e.size,
+                run_id = %listed.written_by.as_ref().map_or("", |p| p.run_id.as_str()),
             );
+            purge.add(e);
         }
-        Ok(removed.len() as u64)
+        Ok(purge)
     }
 
-    /// Deletes every entry `filter` selects, in rounds; returns how many went.
-    pub async fn delete_matching(&self, filter: &EntryFilter, by: &str) -> Result<u64, CacheError> {
-        let mut deleted = 0;
+    /// Deletes every entry `filter` selects, in rounds, oldest first; on a `dry_run`, deletes
+    /// nothing and answers what would have gone. Each purge is audited with its filter and
+    /// count.
+    pub async fn delete_matching(
+        &self,
+        filter: &EntryFilter,
+        by: &str,
+        dry_run: bool,
+    ) -> Result<Purge, CacheError> {
+        let mut purge = Purge::default();
         let mut after = None;
         loop {
             let page = EntryPage {
@@ -150,11 +214,24 @@ impl Cache {
             };
             let batch = self.meta.list_entries(&page).await?;
             let Some(last) = batch.last() else {
-                return Ok(deleted);
+                break;
             };
             after = Some((last.entry.created_at, last.entry.id));
-            deleted += self.delete_entries(&batch, by).await?;
+            if dry_run {
+                batch.iter().for_each(|l| purge.add(&l.entry));
+            } else {
+                purge.extend(self.delete_entries(&batch, by).await?);
+            }
         }
+        tracing::info!(
+            target: "hoard::audit",
+            action = if dry_run { "purge_dry_run" } else { "purge" },
+            by,
+            filter = %Clipped(&describe(filter)),
+            count = purge.ids.len(),
+            size = purge.bytes,
+        );
+        Ok(purge)
     }
 
     /// Repositories by bytes held, at most `limit`, or only the one `only` names (id or name);

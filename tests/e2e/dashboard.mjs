@@ -105,6 +105,16 @@ try {
   });
   const deletedId = Number(await row.getAttribute('data-id'));
   if (!Number.isInteger(deletedId)) throw new Error(`the entry row has no numeric data-id`);
+  // Who wrote it: the key opens the entry's details.
+  const details = page.locator(`[data-testid="entry-details"][data-id="${deletedId}"]`);
+  await row.getByTestId('details-button').click();
+  await details.waitFor({ state: 'visible' }).catch(() => {
+    throw new Error('the entry details did not open on clicking its key');
+  });
+  const writtenBy = {};
+  for (const name of ['written-by', 'subject', 'run', 'job', 'address', 'digest']) {
+    writtenBy[name] = (await details.getByTestId(`detail-${name}`).textContent()).trim();
+  }
   const entriesPng = path.join(shotDir, 'entries.png');
   await page.screenshot({ path: entriesPng, fullPage: true });
 
@@ -162,6 +172,7 @@ try {
     signedIn: true,
     sawEntry: true,
     deletedId,
+    writtenBy,
     rowsAfterDelete,
     tokenInUrl,
     screenshots: [overviewPng, entriesPng],

@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use super::AppState;
-use crate::cache::admin::{ListQuery, Listing};
+use crate::cache::admin::{ListQuery, Listing, Purge};
 use crate::cache::CacheError;
 use crate::model::{EntryId, ListedEntry};
 use crate::secret::Secret;
@@ -301,30 +301,45 @@ async fn list(app: &AppState, query: &Query) -> Result<wire::CacheList, AdminErr
 /// `DELETE caches/{id}`.
 async fn delete_one(app: &AppState, id: Option<&str>) -> Result<wire::Deleted, AdminError> {
     let listed = entry(app, id).await?;
-    match app.cache().delete_entries(&[listed], "admin").await? {
-        0 => Err(AdminError::not_found("no such cache entry")),
-        deleted => Ok(wire::Deleted { deleted }),
+    let purge = app.cache().delete_entries(&[listed], "admin").await?;
+    if purge.ids.is_empty() {
+        return Err(AdminError::not_found("no such cache entry"));
+    }
+    Ok(deleted(purge, false))
+}
+
+fn deleted(purge: Purge, dry_run: bool) -> wire::Deleted {
+    wire::Deleted {
+        deleted: purge.ids.len() as u64,
+        dry_run,
+        size_in_bytes: purge.bytes,
+        ids: purge.ids.iter().map(|id| id.get()).collect(),
     }
 }
 
-/// `DELETE caches?key=…&repository=…&ref=…&version=…`: every entry the filter selects. A
-/// filter is required: deleting everything takes `all=true`, so a forgotten parameter cannot.
+/// `DELETE caches?…`: every entry the filter selects (see [`Query::filter`]); with
+/// `dry_run=true`, nothing, answering what would go. A filter is required: deleting everything
+/// takes `all=true`, so a forgotten parameter cannot.
 async fn delete_matching(app: &AppState, query: &Query) -> Result<wire::Deleted, AdminError> {
     let mut filter = query.filter()?;
+    let dry_run = query.flag("dry_run")?;
     if filter.is_everything() && query.param("all") != Some("true") {
         return Err(AdminError::bad(
-            "name what to delete with key, repository, ref or version (or all=true to delete every entry)",
+            "name what to delete with key, repository, ref, version, run_id, subject, kind, written_after or written_before (or all=true to delete every entry)",
         ));
     }
     // Names are not unique: a deletion resolves the repository to one id first.
     if let Some(wanted) = filter.repository.take() {
         match one_repository(app, &wanted).await? {
             Some(id) => filter.repository_id = Some(id),
-            None => return Ok(wire::Deleted { deleted: 0 }),
+            None => return Ok(deleted(Purge::default(), dry_run)),
         }
     }
-    let deleted = app.cache().delete_matching(&filter, "admin").await?;
-    Ok(wire::Deleted { deleted })
+    let purge = app
+        .cache()
+        .delete_matching(&filter, "admin", dry_run)
+        .await?;
+    Ok(deleted(purge, dry_run))
 }
 
 /// The one repository `wanted` names: the repository with that id, else the only one with that

@@ -44,6 +44,24 @@ mod tests {
             created_at: time(1_700_000_000_000),
             last_accessed_at: time(1_700_000_100_000),
             hits: 3,
+            written_by: Some(WrittenBy {
+                kind: "github".into(),
+                issuer: "https://token.actions.githubusercontent.com".into(),
+                subject: "repo:octo/hello:ref:refs/heads/main".into(),
+                run_id: "8812".into(),
+                job_id: "41".into(),
+                address: "192.0.2.7".into(),
+            }),
+            digest: Some(format!("sha256:{}", "ab".repeat(32))),
+        }
+    }
+
+    /// An entry saved before writers were recorded.
+    fn unrecorded_cache() -> Cache {
+        Cache {
+            written_by: None,
+            digest: None,
+            ..cache()
         }
     }
 
@@ -101,7 +119,8 @@ mod tests {
                     message: "no such cache entry".into(),
                 })],
             ),
-            ("Cache", vec![sent(cache())]),
+            ("Cache", vec![sent(cache()), sent(unrecorded_cache())]),
+            ("WrittenBy", vec![sent(cache().written_by.unwrap())]),
             (
                 "CacheList",
                 vec![
@@ -117,7 +136,23 @@ mod tests {
                     }),
                 ],
             ),
-            ("Deleted", vec![sent(Deleted { deleted: 2 })]),
+            (
+                "Deleted",
+                vec![
+                    sent(Deleted {
+                        deleted: 2,
+                        dry_run: true,
+                        size_in_bytes: 2048,
+                        ids: vec![7, 9],
+                    }),
+                    sent(Deleted {
+                        deleted: 0,
+                        dry_run: false,
+                        size_in_bytes: 0,
+                        ids: vec![],
+                    }),
+                ],
+            ),
             (
                 "Repository",
                 vec![sent(repository(Some(0.667))), sent(repository(None))],
@@ -168,6 +203,18 @@ mod tests {
 
     /// Every way `value` (at `at`) differs from `schema`.
     fn mismatches(doc: &Value, schema: &Value, value: &Value, at: &str, found: &mut Vec<String>) {
+        // `oneOf` (a schema or null, say): some alternative must fit.
+        if let Some(alternatives) = schema["oneOf"].as_array() {
+            let fits = alternatives.iter().any(|alternative| {
+                let mut differences = Vec::new();
+                mismatches(doc, alternative, value, at, &mut differences);
+                differences.is_empty()
+            });
+            if !fits {
+                found.push(format!("{at}: {value} fits none of the document's oneOf"));
+            }
+            return;
+        }
         let schema = resolve(doc, schema);
         let types: Vec<&str> = match &schema["type"] {
             Value::String(t) => vec![t.as_str()],

@@ -5,7 +5,7 @@ use axum::http::Uri;
 
 use super::AdminError;
 use crate::cache::admin::MAX_PAGE;
-use crate::model::{CacheKey, EntryFilter, EntryId, EntryOrder, Scope};
+use crate::model::{CacheKey, CallerKind, EntryFilter, EntryId, EntryOrder, Millis, Scope};
 
 /// Entries a page lists unless asked otherwise (GitHub's default).
 pub const DEFAULT_PAGE: usize = 30;
@@ -31,7 +31,8 @@ impl Query {
             .filter(|v| !v.is_empty())
     }
 
-    /// The entry filter: `repository`, `ref`, `key` (a prefix) and `version`.
+    /// The entry filter: `repository`, `ref` (or `scope`), `key` (a prefix), `version`, and
+    /// who wrote the entries: `run_id`, `subject`, `kind`, `written_after`, `written_before`.
     pub fn filter(&self) -> Result<EntryFilter, AdminError> {
         let bounded = |name: &str| -> Result<Option<String>, AdminError> {
             match self.param(name) {
@@ -52,14 +53,75 @@ impl Query {
             ),
             None => None,
         };
+        let scope = match (bounded("ref")?, bounded("scope")?) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(AdminError::bad(
+                    "ref and scope name the same filter; give one, or the same value",
+                ))
+            }
+            (a, b) => a.or(b),
+        };
+        let kind = self
+            .param("kind")
+            .map(|k| k.parse::<CallerKind>().map_err(|e| AdminError::bad(e.0)))
+            .transpose()?;
+        let (written_after, written_before) =
+            (self.time("written_after")?, self.time("written_before")?);
+        if let (Some(after), Some(before)) = (written_after, written_before) {
+            if after >= before {
+                return Err(AdminError::bad(
+                    "written_after must be earlier than written_before",
+                ));
+            }
+        }
         Ok(EntryFilter {
             repository: bounded("repository")?,
             repository_id: None,
-            scope: bounded("ref")?.map(Scope::new),
+            scope: scope.map(Scope::new),
             folded_key_prefix: key,
             version: bounded("version")?,
-            ..EntryFilter::default()
+            id: None,
+            run_id: bounded("run_id")?,
+            subject: bounded("subject")?,
+            kind,
+            written_after,
+            written_before,
         })
+    }
+
+    /// A time parameter: RFC 3339 (`2026-05-04T12:00:00Z`), or seconds since the Unix epoch.
+    fn time(&self, name: &str) -> Result<Option<Millis>, AdminError> {
+        let Some(raw) = self.param(name) else {
+            return Ok(None);
+        };
+        if let Ok(seconds) = raw.parse::<i64>() {
+            return seconds
+                .checked_mul(1000)
+                .map(Some)
+                .ok_or_else(|| AdminError::bad(format!("{name} is out of range")));
+        }
+        let at = humantime::parse_rfc3339_weak(raw).map_err(|_| {
+            AdminError::bad(format!(
+                "{name} must be an RFC 3339 time such as 2026-05-04T12:00:00Z, or seconds since 1970"
+            ))
+        })?;
+        let millis = at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_err(|_| AdminError::bad(format!("{name} is before 1970")))?
+            .as_millis();
+        Ok(Some(millis as Millis))
+    }
+
+    /// A yes/no parameter: `true`/`1` or `false`/`0` (absent: no).
+    pub fn flag(&self, name: &str) -> Result<bool, AdminError> {
+        match self.param(name) {
+            None | Some("false" | "0") => Ok(false),
+            Some("true" | "1") => Ok(true),
+            Some(other) => Err(AdminError::bad(format!(
+                "{name} must be true or false, not {:?}",
+                crate::model::Clipped(other).to_string()
+            ))),
+        }
     }
 
     /// `sort` as GitHub names it.
@@ -141,6 +203,30 @@ pub fn parse_cursor(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn query(q: &str) -> Query {
+        Query::of(&format!("/x?{q}").parse::<Uri>().unwrap())
+    }
+
+    #[test]
+    fn writer_filters_are_read_and_bad_ones_refused_with_a_sentence() {
+        let f = query("run_id=42&subject=repo:o/r&kind=github&scope=refs/pull/1/merge&written_after=2026-05-04T12:00:00Z&written_before=1777899600")
+            .filter()
+            .unwrap();
+        assert_eq!(f.run_id.as_deref(), Some("42"));
+        assert_eq!(f.subject.as_deref(), Some("repo:o/r"));
+        assert_eq!(f.kind, Some(CallerKind::Github));
+        assert_eq!(f.scope, Some(Scope::new("refs/pull/1/merge")));
+        assert_eq!(f.written_after, Some(1_777_896_000_000));
+        assert_eq!(f.written_before, Some(1_777_899_600_000));
+        let message = |q: &str| query(q).filter().unwrap_err().1;
+        assert!(message("kind=token").contains("is no caller kind"));
+        assert!(message("written_after=yesterday").contains("RFC 3339"));
+        assert!(message("written_after=20&written_before=10").contains("earlier than"));
+        assert!(message("ref=a&scope=b").contains("give one"));
+        assert!(query("dry_run=maybe").flag("dry_run").is_err());
+        assert!(query("dry_run=true").flag("dry_run").unwrap());
+    }
 
     #[test]
     fn cursors_round_trip_and_belong_to_their_sort() {

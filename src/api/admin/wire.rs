@@ -34,6 +34,24 @@ pub struct Cache {
     /// The latest restore, or the creation time.
     pub last_accessed_at: String,
     pub hits: u64,
+    /// Who wrote it; `None` (null) for entries saved before hoard recorded it.
+    pub written_by: Option<WrittenBy>,
+    /// `sha256:<hex>` of the entry's bytes (one chunk), or `sha256-chunks:<hex>` of its chunks'
+    /// SHA-256s in order; `None` (null) for entries saved before hoard recorded it.
+    pub digest: Option<String>,
+}
+
+/// Who wrote an entry (schema `WrittenBy`): recorded when the upload was reserved. Empty
+/// strings where the caller had nothing to say.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WrittenBy {
+    /// `github`, `ghes`, `hs256`, `forgejo`, `namespace` or `anonymous`.
+    pub kind: String,
+    pub issuer: String,
+    pub subject: String,
+    pub run_id: String,
+    pub job_id: String,
+    pub address: String,
 }
 
 /// A page of entries (schema `CacheList`).
@@ -46,10 +64,20 @@ pub struct CacheList {
     pub next_cursor: Option<String>,
 }
 
-/// How many entries a deletion removed (schema `Deleted`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// What a deletion removed, or on a dry run would remove (schema `Deleted`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Deleted {
+    /// Entries deleted; on a dry run, the entries that would be.
     pub deleted: u64,
+    /// Nothing was deleted: the answer says what would have been.
+    #[serde(default)]
+    pub dry_run: bool,
+    /// Their bytes.
+    #[serde(default)]
+    pub size_in_bytes: u64,
+    /// Their ids, oldest first.
+    #[serde(default)]
+    pub ids: Vec<i64>,
 }
 
 /// What one repository holds and how its lookups went (schema `Repository`).
@@ -136,6 +164,15 @@ impl From<&ListedEntry> for Cache {
             created_at: time(e.created_at),
             last_accessed_at: time(e.last_used_at),
             hits: e.hits,
+            written_by: listed.written_by.as_ref().map(|p| WrittenBy {
+                kind: p.kind.as_str().to_owned(),
+                issuer: p.issuer.clone(),
+                subject: p.subject.clone(),
+                run_id: p.run_id.clone(),
+                job_id: p.job_id.clone(),
+                address: p.address.clone(),
+            }),
+            digest: (!listed.digest.is_empty()).then(|| listed.digest.clone()),
         }
     }
 }

@@ -293,7 +293,7 @@ let loadSeq = 0; // only the newest response is drawn when searches overlap
 
 function readSearch() {
   const q = {};
-  for (const name of ['key', 'ref', 'repository', 'sort', 'direction']) {
+  for (const name of ['key', 'ref', 'repository', 'run_id', 'sort', 'direction']) {
     const value = $('search').elements[name].value.trim();
     if (value) q[name] = value;
   }
@@ -326,7 +326,10 @@ function renderEntries(page) {
     tr.append(td);
     tbody.replaceChildren(tr);
   } else {
-    tbody.replaceChildren(...page.actions_caches.map(entryRow));
+    tbody.replaceChildren(...page.actions_caches.flatMap((e) => {
+      const details = detailsRow(e);
+      return [entryRow(e, details), details];
+    }));
   }
   const next = $('next-page');
   next.hidden = page.next_cursor == null;
@@ -334,10 +337,49 @@ function renderEntries(page) {
   $('first-page').hidden = cursor == null;
 }
 
-function entryRow(e) {
+// Who wrote the entry and its digest, in a row under it that its key's button opens.
+function detailsRow(e) {
+  const tr = document.createElement('tr');
+  tr.className = 'details';
+  tr.dataset.testid = 'entry-details';
+  tr.dataset.id = String(e.id);
+  tr.hidden = true;
+  const list = document.createElement('dl');
+  const w = e.written_by;
+  const fields = w
+    ? [['Written by', w.kind], ['Issuer', w.issuer], ['Subject', w.subject], ['Run', w.run_id],
+      ['Job', w.job_id], ['Address', w.address]]
+    : [['Written by', 'not recorded (saved before hoard kept writers)']];
+  fields.push(['Written at', e.created_at], ['Digest', e.digest || '']);
+  for (const [name, value] of fields) {
+    const dt = document.createElement('dt');
+    dt.textContent = name;
+    const dd = document.createElement('dd');
+    dd.textContent = value || '—';
+    dd.dataset.testid = `detail-${name.toLowerCase().replace(/ /g, '-')}`;
+    list.append(dt, dd);
+  }
+  const td = cell(list);
+  td.colSpan = 9;
+  tr.append(td);
+  return tr;
+}
+
+function entryRow(e, details) {
   const tr = document.createElement('tr');
   tr.dataset.testid = 'entry-row';
   tr.dataset.id = String(e.id);
+
+  const key = document.createElement('button');
+  key.type = 'button';
+  key.className = 'link';
+  key.textContent = e.key;
+  key.dataset.testid = 'details-button';
+  key.setAttribute('aria-expanded', 'false');
+  key.addEventListener('click', () => {
+    details.hidden = !details.hidden;
+    key.setAttribute('aria-expanded', String(!details.hidden));
+  });
 
   const version = document.createElement('span');
   version.textContent = e.version.length > 10 ? `${e.version.slice(0, 8)}…` : e.version;
@@ -352,7 +394,7 @@ function entryRow(e) {
   del.addEventListener('click', () => confirmDelete(e));
 
   tr.append(
-    cell(e.key, 'key'),
+    cell(key, 'key'),
     cell(e.repository || `id ${e.repository_id}`),
     cell(e.ref, 'ref'),
     cell(version, 'mono'),
