@@ -1652,7 +1652,9 @@ fn provenance_and_purge_by_run_for_the_real_client_with(server: Option<Server>) 
 
     // The purged run's entries miss for the real client, through either replica; the rest
     // restores byte-identical, for main and for the pull request (which reads main).
-    for base in [&writer.base, &shown_by] {
+    let mut bases = vec![writer.base.clone(), shown_by.clone()];
+    bases.dedup();
+    for base in &bases {
         for key in ["deps-pr-1", "deps-pr-2"] {
             let ws = Workspace::new();
             let (res, out) = ws.restore(base, &pull, key, &[], &["pr"]);
