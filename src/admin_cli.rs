@@ -34,14 +34,14 @@ pub struct ServerArgs {
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum CachesCommand {
     /// List cache entries, most recently used first.
-    Ls(ListArgs),
+    Ls(Box<ListArgs>),
     /// Everything about one entry, including who wrote it.
     Show {
         /// The entry's id (as `ls` shows it).
         id: i64,
     },
     /// Delete entries: by id, or every entry a filter selects.
-    Rm(RemoveArgs),
+    Rm(Box<RemoveArgs>),
     /// Bytes, entries, hits and misses per repository, largest first.
     Usage {
         /// Only this repository (owner/name or id).

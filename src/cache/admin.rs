@@ -161,19 +161,21 @@ impl Cache {
 
     /// Deletes entries for an operator (`by`, for the audit log): the next lookup misses, and
     /// their chunks go after the deletion grace, so downloads under way finish. Returns the
-    /// entries that were deleted here (not already gone).
+    /// entries that were deleted here (not already gone), in the order given.
     pub async fn delete_entries(
         &self,
         entries: &[ListedEntry],
         by: &str,
     ) -> Result<Purge, CacheError> {
         let ids: Vec<EntryId> = entries.iter().map(|l| l.entry.id).collect();
-        let removed = self.remove(&ids, RemovalCause::Deleted).await?;
+        let removed: std::collections::HashSet<EntryId> = self
+            .remove(&ids, RemovalCause::Deleted)
+            .await?
+            .iter()
+            .map(|gone| gone.id)
+            .collect();
         let mut purge = Purge::default();
-        for gone in &removed {
-            let Some(listed) = entries.iter().find(|l| l.entry.id == gone.id) else {
-                continue;
-            };
+        for listed in entries.iter().filter(|l| removed.contains(&l.entry.id)) {
             let e = &listed.entry;
             tracing::info!(
                 target: "hoard::audit",
