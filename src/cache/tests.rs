@@ -669,7 +669,11 @@ async fn a_repository_over_its_quota_loses_its_least_recently_used_entries() {
         "other repositories keep theirs"
     );
     assert_eq!(
-        w.meta.repository_usage(&RepoId::new("1")).await.unwrap(),
+        w.meta
+            .repository_usage(&RepoId::new("1"))
+            .await
+            .unwrap()
+            .bytes,
         20
     );
     assert!(w.meta.entry(a).await.unwrap().is_some() && w.meta.entry(c).await.unwrap().is_some());
@@ -981,7 +985,12 @@ async fn concurrent_saves_leave_the_repository_within_its_quota() {
     for save in saves {
         ids.push(save.await.unwrap());
     }
-    let used = w.meta.repository_usage(&RepoId::new("1")).await.unwrap();
+    let used = w
+        .meta
+        .repository_usage(&RepoId::new("1"))
+        .await
+        .unwrap()
+        .bytes;
     assert!(used <= 30, "{used} bytes kept against a quota of 30");
     assert!(used >= 10, "the latest saves are kept");
 }
