@@ -131,13 +131,12 @@ pub enum Bound {
 }
 
 /// One step of a quota check: evict the least recently used entries of class `from` (`None`:
-/// of any class) until the repository is within `bound`. The entries just written (those whose
-/// finalizes asked for the check) go too only with `take_written`.
+/// of any class) until the repository is within `bound`, never the entries just written (those
+/// whose finalizes asked for the check).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QuotaStep {
     pub bound: Bound,
     pub from: Option<ScopeClass>,
-    pub take_written: bool,
 }
 
 impl QuotaStep {
@@ -154,38 +153,32 @@ impl QuotaStep {
 /// each runs until its bound holds or it has nothing left to evict.
 ///
 /// With the whole quota as the share, plain LRU over the repository (GitHub's rule). Otherwise:
-/// 1. pull-request and tag entries over their share: the least recently used of them go, then
-///    the ones just written (an entry larger than the share alone cannot be kept);
-/// 2. the repository over its quota: pull-request and tag entries go first, the least recently
-///    used, then the ones just written;
-/// 3. still over, and a branch's entry was just written: the least recently used branch entries
-///    go (never the ones just written).
+/// 1. pull-request and tag entries over their share: the least recently used of them go;
+/// 2. the repository over its quota: pull-request and tag entries go first, least recently
+///    used first;
+/// 3. still over, and a branch's entry was just written: the least recently used branch
+///    entries go.
 ///
-/// So a branch's entry is never evicted to make room for a pull request's or tag's: a PR entry
-/// that fits only by evicting branch entries is itself evicted, and a repository whose branch
-/// entries alone are over the quota (the quota was lowered) stays over it until a branch saves.
+/// So a branch's entry is never evicted to make room for a pull request's or tag's. As with
+/// the plain quota, the entries just written are never evicted by their own finalize: a pull
+/// request's entry that fits only by evicting a branch's (or is larger than the share alone)
+/// stays until the repository's next save, which evicts it first, so the repository is over by
+/// at most its latest entries meanwhile.
 pub fn quota_steps(share: Share, written: &[ScopeClass]) -> Vec<QuotaStep> {
-    let step = |bound, from, take_written| QuotaStep {
-        bound,
-        from: Some(from),
-        take_written,
-    };
     if share.is_whole() {
         return vec![QuotaStep {
             bound: Bound::Quota,
             from: None,
-            take_written: false,
         }];
     }
+    let step = |bound, from| QuotaStep {
+        bound,
+        from: Some(from),
+    };
     let pr = ScopeClass::PullRequestOrTag;
-    let mut steps = vec![
-        step(Bound::PrShare, pr, false),
-        step(Bound::PrShare, pr, true),
-        step(Bound::Quota, pr, false),
-        step(Bound::Quota, pr, true),
-    ];
+    let mut steps = vec![step(Bound::PrShare, pr), step(Bound::Quota, pr)];
     if written.contains(&ScopeClass::Branch) {
-        steps.push(step(Bound::Quota, ScopeClass::Branch, false));
+        steps.push(step(Bound::Quota, ScopeClass::Branch));
     }
     steps
 }
@@ -354,7 +347,7 @@ impl Cache {
 
     /// After a finalize of `spare` (of `class`): evicts the repository's least recently used
     /// entries until it is within its quota and its pull-request and tag entries within their
-    /// share, as [`quota_steps`] orders it. `spare` itself goes only where those steps say.
+    /// share, as [`quota_steps`] orders it; never `spare` itself.
     ///
     /// One finalize at a time evicts for a repository in this process: finalizes that arrive
     /// meanwhile only ask it to check once more, so a burst of saves is evicted for in a few
@@ -395,7 +388,6 @@ impl Cache {
         let ids: Vec<EntryId> = written.iter().map(|w| w.0).collect();
         let mut used = self.meta.repository_usage(repository).await?;
         for step in quota_steps(share, &classes) {
-            let spare: &[EntryId] = if step.take_written { &[] } else { &ids };
             let mut wanted = FIRST_CANDIDATES;
             loop {
                 let excess = step.excess(quota, share, used);
@@ -415,7 +407,7 @@ impl Cache {
                     }
                 };
                 self.count_pending_uses(&mut candidates);
-                let chosen = choose_evictions(excess, &candidates, spare);
+                let chosen = choose_evictions(excess, &candidates, &ids);
                 if chosen.is_empty() {
                     // Only spared entries among the first few: look further before giving up.
                     if candidates.len() >= wanted && wanted < BATCH {
@@ -745,6 +737,52 @@ mod tests {
             ids(&[2]),
             "however many are spared"
         );
+    }
+
+    #[test]
+    fn quota_steps_take_pull_requests_and_tags_first_and_branches_only_for_a_branch() {
+        use ScopeClass::{Branch, PullRequestOrTag as Pr};
+        let step = |bound, from| QuotaStep { bound, from };
+        assert_eq!(
+            quota_steps(Share::WHOLE, &[Pr]),
+            [step(Bound::Quota, None)],
+            "the whole quota: plain LRU"
+        );
+        let for_pr = [step(Bound::PrShare, Some(Pr)), step(Bound::Quota, Some(Pr))];
+        let half = Share::default();
+        assert_eq!(quota_steps(half, &[Pr]), for_pr, "never a branch's entry");
+        let mut for_branch = for_pr.to_vec();
+        for_branch.push(step(Bound::Quota, Some(Branch)));
+        assert_eq!(quota_steps(half, &[Branch]), for_branch);
+        assert_eq!(
+            quota_steps(half, &[Pr, Branch, Pr]),
+            for_branch,
+            "a burst with a branch's entry in it"
+        );
+        assert!(
+            quota_steps(half, &[]).iter().all(|s| s.from == Some(Pr)),
+            "nothing written: pull requests and tags only"
+        );
+    }
+
+    #[test]
+    fn quota_steps_measure_their_own_bound() {
+        let used = QuotaUsage {
+            bytes: 130,
+            pr_bytes: 70,
+        };
+        let share = Share::parse("50%").unwrap();
+        let over = |bound| QuotaStep { bound, from: None }.excess(100, share, used);
+        assert_eq!(over(Bound::Quota), 30);
+        assert_eq!(over(Bound::PrShare), 20);
+        let within = QuotaUsage {
+            bytes: 90,
+            pr_bytes: 50,
+        };
+        for bound in [Bound::Quota, Bound::PrShare] {
+            let step = QuotaStep { bound, from: None };
+            assert_eq!(step.excess(100, share, within), 0);
+        }
     }
 
     #[test]
