@@ -1087,3 +1087,64 @@ fn slot_params(slot: &Slot) -> (String, String, String, String) {
         slot.version.as_str().to_owned(),
     )
 }
+
+#[cfg(test)]
+mod migration_tests {
+    use super::*;
+
+    /// Entries stored before scope classes existed are classified, and their repository's
+    /// pull-request and tag bytes counted, when the database is upgraded.
+    #[tokio::test]
+    async fn the_scope_class_migration_classifies_stored_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 <= 5) {
+                conn.execute_batch(sql).unwrap();
+                conn.pragma_update(None, "user_version", version).unwrap();
+            }
+            let mut insert = conn
+                .prepare(
+                    "INSERT INTO entries (repository, scope, key, key_folded, version, size, chunk_count, created_at, last_used_at)
+                     VALUES ('r', ?, ?, ?, 'v', ?, 1, ?, ?)",
+                )
+                .unwrap();
+            for (i, (scope, size)) in [
+                ("refs/heads/main", 100),
+                ("refs/pull/3/merge", 20),
+                ("refs/tags/v1", 5),
+                ("REFS/PULL/3/merge", 1),
+                ("", 2),
+            ]
+            .iter()
+            .enumerate()
+            {
+                let key = format!("k{i}");
+                insert
+                    .execute(params![scope, key, key, size, i as i64, i as i64])
+                    .unwrap();
+            }
+            conn.execute_batch(
+                "INSERT INTO repository_usage (repository, bytes, entries) VALUES ('r', 128, 5)",
+            )
+            .unwrap();
+        }
+        let store = SqliteStore::open(&path).await.unwrap();
+        let repo = RepoId::new("r");
+        assert_eq!(
+            store.repository_usage(&repo).await.unwrap(),
+            QuotaUsage {
+                bytes: 128,
+                pr_bytes: 25
+            }
+        );
+        let pr = store
+            .least_recently_used_of_class(&repo, ScopeClass::PullRequestOrTag, 10)
+            .await
+            .unwrap();
+        assert_eq!(pr.iter().map(|e| e.size).collect::<Vec<_>>(), [20, 5]);
+        let listed = store.repositories(Some("r"), 1).await.unwrap();
+        assert_eq!((listed[0].pr_bytes, listed[0].pr_entries), (25, 2));
+    }
+}

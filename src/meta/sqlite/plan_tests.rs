@@ -110,6 +110,12 @@ async fn every_statement_uses_an_index_at_a_hundred_thousand_entries() {
     assert!(store.repository_usage(&repo).await.unwrap().bytes > 0);
     let lru = store.least_recently_used(Some(&repo), 8).await.unwrap();
     store.least_recently_used(None, 8).await.unwrap();
+    for class in [ScopeClass::Branch, ScopeClass::PullRequestOrTag] {
+        store
+            .least_recently_used_of_class(&repo, class, 8)
+            .await
+            .unwrap();
+    }
     store.expired(50, Some(50), 10).await.unwrap();
     let cause = RemovalCause::Evicted;
     let removal = Removal {
