@@ -10,7 +10,7 @@ use url::Url;
 
 use crate::meta::DatabaseUrl;
 use crate::model::units::{parse_size, FreeSpace};
-use crate::model::{Clock, SystemClock};
+use crate::model::{Clock, Share, SystemClock};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
@@ -165,6 +165,13 @@ pub struct ServeArgs {
     /// entries are evicted until it is under (GitHub: 10 GB). 0 turns the quota off.
     #[arg(long, env = "HOARD_REPO_QUOTA", default_value = "10GiB", value_parser = parse_size)]
     pub repo_quota: u64,
+
+    /// The share of the repository quota that entries of pull requests (`refs/pull/*`) and tags
+    /// (`refs/tags/*`) may hold, 1% to 100%. They go first when the repository is over its
+    /// quota or they are over their share, and a branch's entry is never evicted for theirs;
+    /// 100% gives GitHub's plain LRU over the whole repository.
+    #[arg(long, env = "HOARD_PR_SCOPE_SHARE", default_value = "50%", value_parser = Share::parse)]
+    pub pr_scope_share: Share,
 
     /// Bytes all entries may hold together; least recently used entries of any repository go
     /// first [default: no limit].
@@ -573,6 +580,7 @@ impl ServeArgs {
         };
         Ok(Limits {
             repo_quota: (self.repo_quota > 0).then_some(self.repo_quota),
+            pr_scope_share: self.pr_scope_share,
             max_storage: self.max_storage,
             min_free_space,
             unused_ttl: (!self.unused_ttl.is_zero()).then_some(self.unused_ttl),
@@ -781,6 +789,15 @@ mod tests {
         assert_eq!(l.unused_ttl, Some(Duration::from_secs(7 * 86_400)));
         assert_eq!(l.min_free_space, Some(FreeSpace::Percent(5.0)));
         assert_eq!(l.max_storage, None);
+        assert_eq!(l.pr_scope_share, Share::parse("50%").unwrap());
+        let whole = args(&["--pr-scope-share", "100"]).validate().unwrap();
+        assert!(whole.lifecycle.pr_scope_share.is_whole());
+        for bad in ["0%", "101%", "half"] {
+            let Err(err) = Cli::try_parse_from(["hoard", "--pr-scope-share", bad]) else {
+                panic!("{bad:?} was accepted");
+            };
+            assert!(err.to_string().contains("--pr-scope-share"), "{err}");
+        }
         assert_eq!(l.deletion_grace, Duration::from_secs(3600 + 1 + 3600));
         let off = args(&[
             "--repo-quota",

@@ -7,10 +7,12 @@
 
 pub mod listing;
 pub mod provenance;
+pub mod scope_class;
 pub mod units;
 
 pub use listing::{EntryFilter, EntryOrder, EntryPage, ListedEntry, RepositoryUsage, Totals};
 pub use provenance::{entry_digest, CallerKind, Provenance};
+pub use scope_class::{QuotaUsage, ScopeClass, Share};
 
 use std::fmt;
 use std::pin::Pin;

@@ -369,9 +369,13 @@ async fn usage_and_status_report_repositories_and_the_server() {
         usage["repositories"],
         json!([
             { "repository_id": "1", "full_name": "octo/a", "active_caches_size_in_bytes": 4000,
-              "active_caches_count": 2, "hits": 2, "misses": 1, "hit_ratio": 0.667 },
+              "active_caches_count": 2, "branch_caches_size_in_bytes": 4000, "branch_caches_count": 2,
+              "pr_and_tag_caches_size_in_bytes": 0, "pr_and_tag_caches_count": 0,
+              "hits": 2, "misses": 1, "hit_ratio": 0.667 },
             { "repository_id": "2", "full_name": "", "active_caches_size_in_bytes": 2000,
-              "active_caches_count": 1, "hits": 0, "misses": 1, "hit_ratio": 0.0 },
+              "active_caches_count": 1, "branch_caches_size_in_bytes": 2000, "branch_caches_count": 1,
+              "pr_and_tag_caches_size_in_bytes": 0, "pr_and_tag_caches_count": 0,
+              "hits": 0, "misses": 1, "hit_ratio": 0.0 },
         ])
     );
     let (_, one) = get(&srv, "usage?repository=octo%2Fa").await;

@@ -115,6 +115,13 @@ async fn an_operator_finds_and_deletes_an_entry_in_the_dashboard() {
         "{log}"
     );
     assert_eq!(seen["rowsAfterDelete"], 0, "{log}");
+    // The entry is the default branch's: its bytes are the branches', none are a PR's or tag's.
+    let branches = seen["repoClasses"]["branches"].as_str().unwrap_or_default();
+    assert!(
+        branches.ends_with('B') && branches != "0 B",
+        "branch bytes: {log}"
+    );
+    assert_eq!(seen["repoClasses"]["prsAndTags"], "0 B", "{log}");
     assert_eq!(seen["tokenInUrl"], false, "{log}");
     for shot in seen["screenshots"].as_array().unwrap() {
         let path = Path::new(shot.as_str().unwrap());

@@ -994,6 +994,54 @@ fn a_repository_over_its_quota_loses_its_least_recently_used_entries() {
     assert_eq!(res, "quota-other", "other repositories keep theirs:\n{out}");
 }
 
+/// Pull-request entries keep within their share of the quota (`--pr-scope-share`, 50% by
+/// default): a pull request saving past it loses its own oldest entries, never the default
+/// branch's, which the real client still restores byte for byte.
+#[test]
+fn pull_request_entries_past_their_share_leave_the_default_branchs_entry() {
+    let data = tempfile::tempdir().unwrap();
+    let secret = common::secret_file(data.path());
+    let hoard = Hoard::start_with(
+        data.path(),
+        &[
+            "--token-hs256-secret-file",
+            secret.to_str().unwrap(),
+            "--repo-quota",
+            "6MiB",
+        ],
+    );
+    let (srv, t) = (hoard.base.as_str(), main_token());
+    let pr = token("1", &[("refs/pull/7/merge", 3), (MAIN, 1)]);
+    let ws = Workspace::new();
+    // Random bytes do not compress: each entry is a little over 1 MiB, the share 3 MiB.
+    let main_sum = ws.write_random("q/data.bin", MIB, 60);
+    let (res, out) = ws.save(srv, &t, "share-main", &["q"]);
+    saved_id(&res, &out);
+    let mut pr_sums = Vec::new();
+    for i in 1..=4u64 {
+        pr_sums.push(ws.write_random("q/data.bin", MIB, 60 + i));
+        let (res, out) = ws.save(srv, &pr, &format!("share-pr-{i}"), &["q"]);
+        saved_id(&res, &out);
+    }
+    for gone in ["share-pr-1", "share-pr-2"] {
+        let (res, out) = ws.restore(srv, &pr, gone, &[], &["q"]);
+        assert_eq!(res, Value::Null, "{gone}: the share's oldest went:\n{out}");
+    }
+    for (key, sum) in [("share-pr-3", &pr_sums[2]), ("share-pr-4", &pr_sums[3])] {
+        ws.remove("q");
+        let (res, out) = ws.restore(srv, &pr, key, &[], &["q"]);
+        assert_eq!(res, key, "{out}");
+        assert_eq!(&sha256_file(&ws.path("q/data.bin")), sum);
+    }
+    ws.remove("q");
+    let (res, out) = ws.restore(srv, &t, "share-main", &[], &["q"]);
+    assert_eq!(
+        res, "share-main",
+        "the default branch's entry survives:\n{out}"
+    );
+    assert_eq!(sha256_file(&ws.path("q/data.bin")), main_sum);
+}
+
 /// Successful v1 range uploads so far, from the request log.
 fn v1_patches(hoard: &Hoard) -> usize {
     let log = hoard.log.lock().unwrap();

@@ -289,3 +289,80 @@ async fn hoard_gc_killed_mid_pass_never_leaves_a_corrupt_or_short_hit() {
         "at most 100 KiB kept: {kept_bytes}"
     );
 }
+
+/// `--pr-scope-share` through the real server, on a moved clock: a repository filled with
+/// pull-request entries past their share loses its least recently used pull-request entries,
+/// and a save of the default branch over the quota evicts pull-request entries first; the
+/// default branch's entry survives both, and the admin API shows bytes per class.
+#[tokio::test]
+async fn pull_request_entries_keep_within_their_share_and_the_default_branch_survives() {
+    const ADMIN: &str = "admin-token-for-tests-0123456789";
+    let clock = common::manual_clock();
+    let server = TestServer::start_with_clock(
+        &[
+            "--repo-quota",
+            "10000",
+            "--pr-scope-share",
+            "40%",
+            "--admin-token",
+            ADMIN,
+        ],
+        clock.clone(),
+    )
+    .await;
+    let main = main_token();
+    let pr = common::token("1", &[("refs/pull/5/merge", 3), (common::MAIN, 1)]);
+    let tick = || clock.advance(Duration::from_secs(1));
+    let usage = || async {
+        let res = server
+            .http
+            .get(server.url("/_hoard/api/v1/usage"))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap();
+        let (status, body) = common::json_of(res).await;
+        assert_eq!(status, 200, "{body}");
+        let repo = &body["repositories"][0];
+        (
+            repo["branch_caches_size_in_bytes"].as_u64().unwrap(),
+            repo["pr_and_tag_caches_size_in_bytes"].as_u64().unwrap(),
+            repo["pr_and_tag_caches_count"].as_u64().unwrap(),
+        )
+    };
+
+    let deps = random_bytes(3000, 10);
+    server.save(&main, "main-deps", VERSION, &deps).await;
+    tick();
+    let prs: Vec<Vec<u8>> = (0..3).map(|i| random_bytes(1500, 20 + i)).collect();
+    for (i, data) in prs.iter().enumerate() {
+        server.save(&pr, &format!("pr-{i}"), VERSION, data).await;
+        tick();
+    }
+    // 4,500 bytes of pull-request entries against a share of 4,000: the oldest went.
+    assert_eq!(server.restore(&pr, "pr-0", VERSION).await, None);
+    assert_eq!(server.restore(&pr, "pr-1", VERSION).await.unwrap(), prs[1]);
+    assert_eq!(server.restore(&pr, "pr-2", VERSION).await.unwrap(), prs[2]);
+    assert_eq!(
+        server.restore(&main, "main-deps", VERSION).await.unwrap(),
+        deps
+    );
+    assert_eq!(usage().await, (3000, 3000, 2));
+    tick();
+
+    // The default branch's save over the quota (10,500 bytes): pull requests go first.
+    let more = random_bytes(4500, 30);
+    server.save(&main, "main-more", VERSION, &more).await;
+    assert_eq!(server.restore(&pr, "pr-1", VERSION).await, None);
+    assert_eq!(server.restore(&pr, "pr-2", VERSION).await.unwrap(), prs[2]);
+    assert_eq!(
+        server.restore(&main, "main-deps", VERSION).await.unwrap(),
+        deps
+    );
+    assert_eq!(
+        server.restore(&main, "main-more", VERSION).await.unwrap(),
+        more
+    );
+    assert_eq!(usage().await, (7500, 1500, 1));
+    server.stop().await;
+}

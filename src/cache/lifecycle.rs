@@ -1,7 +1,9 @@
 //! Lifecycle: what leaves the cache, and when (GitHub's rules, plus the operator's limits).
 //!
 //! - After each finalize, the repository's least recently used entries are evicted until it is
-//!   under its quota (`--repo-quota`, GitHub: 10 GB).
+//!   under its quota (`--repo-quota`, GitHub: 10 GB). Pull-request and tag entries also keep
+//!   within their share of it (`--pr-scope-share`) and go first; a branch's entry is never
+//!   evicted to make room for one of theirs ([`quota_steps`]).
 //! - A maintenance pass, every `--gc-interval` on every process, aborts abandoned uploads,
 //!   expires unused (and, optionally, old) entries, evicts across repositories while the store
 //!   is over `--max-storage` or under `--min-free-space`, deletes the chunks whose deletion is
@@ -24,7 +26,10 @@ use futures_util::StreamExt;
 use super::{Cache, CacheError};
 use crate::blob::Capacity;
 use crate::meta::Removal;
-use crate::model::{BlobName, EntryId, EntryUse, Millis, RemovalCause, RepoId, UploadId};
+use crate::model::{
+    BlobName, EntryId, EntryUse, Millis, QuotaUsage, RemovalCause, RepoId, ScopeClass, Share,
+    UploadId,
+};
 
 /// How much free space `--min-free-space` keeps (parsed in `model`, where `config` reads it too).
 pub use crate::model::units::FreeSpace;
@@ -40,6 +45,9 @@ const FIRST_CANDIDATES: usize = 8;
 pub struct Limits {
     /// Bytes one repository's entries may hold (`None`: unlimited).
     pub repo_quota: Option<u64>,
+    /// The share of `repo_quota` that a repository's pull-request and tag entries may hold
+    /// (the whole: plain LRU over the repository).
+    pub pr_scope_share: Share,
     /// Bytes all entries may hold together (`None`: unlimited).
     pub max_storage: Option<u64>,
     /// Free space to keep on a local-disk store's file system.
@@ -60,6 +68,7 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             repo_quota: None,
+            pr_scope_share: Share::default(),
             max_storage: None,
             min_free_space: None,
             unused_ttl: None,
@@ -110,6 +119,68 @@ pub fn choose_evictions(excess: u64, candidates: &[EntryUse], spare: &[EntryId])
         chosen.push(entry.id);
     }
     chosen
+}
+
+/// The bound a [`QuotaStep`] brings a repository within.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    /// All its entries within the quota.
+    Quota,
+    /// Its pull-request and tag entries within their share of the quota.
+    PrShare,
+}
+
+/// One step of a quota check: evict the least recently used entries of class `from` (`None`:
+/// of any class) until the repository is within `bound`, never the entries just written (those
+/// whose finalizes asked for the check).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuotaStep {
+    pub bound: Bound,
+    pub from: Option<ScopeClass>,
+}
+
+impl QuotaStep {
+    /// How many bytes must go for the repository to be within the step's bound.
+    pub fn excess(&self, quota: u64, share: Share, used: QuotaUsage) -> u64 {
+        match self.bound {
+            Bound::Quota => used.bytes.saturating_sub(quota),
+            Bound::PrShare => used.pr_bytes.saturating_sub(share.of(quota)),
+        }
+    }
+}
+
+/// The steps of a quota check after finalizes of entries of the `written` classes, in order;
+/// each runs until its bound holds or it has nothing left to evict.
+///
+/// With the whole quota as the share, plain LRU over the repository (GitHub's rule). Otherwise:
+/// 1. pull-request and tag entries over their share: the least recently used of them go;
+/// 2. the repository over its quota: pull-request and tag entries go first, least recently
+///    used first;
+/// 3. still over, and a branch's entry was just written: the least recently used branch
+///    entries go.
+///
+/// So a branch's entry is never evicted to make room for a pull request's or tag's. As with
+/// the plain quota, the entries just written are never evicted by their own finalize: a pull
+/// request's entry that fits only by evicting a branch's (or is larger than the share alone)
+/// stays until the repository's next save, which evicts it first, so the repository is over by
+/// at most its latest entries meanwhile.
+pub fn quota_steps(share: Share, written: &[ScopeClass]) -> Vec<QuotaStep> {
+    if share.is_whole() {
+        return vec![QuotaStep {
+            bound: Bound::Quota,
+            from: None,
+        }];
+    }
+    let step = |bound, from| QuotaStep {
+        bound,
+        from: Some(from),
+    };
+    let pr = ScopeClass::PullRequestOrTag;
+    let mut steps = vec![step(Bound::PrShare, pr), step(Bound::Quota, pr)];
+    if written.contains(&ScopeClass::Branch) {
+        steps.push(step(Bound::Quota, ScopeClass::Branch));
+    }
+    steps
 }
 
 /// One thing a maintenance pass did, or would do in a dry run.
@@ -168,9 +239,12 @@ impl Tally<'_, '_> {
     }
 }
 
+/// An entry just written, and its class.
+type Written = (EntryId, ScopeClass);
+
 /// Repositories whose quota is being enforced in this process, with the entries of the
 /// finalizes that asked for one more check meanwhile.
-pub(super) type Evicting = std::sync::Mutex<std::collections::HashMap<RepoId, Vec<EntryId>>>;
+pub(super) type Evicting = std::sync::Mutex<std::collections::HashMap<RepoId, Vec<Written>>>;
 
 /// The right to evict for one repository, given back when dropped (also when the finalize
 /// request is cancelled).
@@ -182,7 +256,7 @@ struct EvictionTurn<'a> {
 impl<'a> EvictionTurn<'a> {
     /// The turn, or `None` (and a request for one more check, sparing `made`) if another
     /// finalize has it.
-    fn take(evicting: &'a Evicting, repository: &RepoId, made: EntryId) -> Option<Self> {
+    fn take(evicting: &'a Evicting, repository: &RepoId, made: Written) -> Option<Self> {
         let mut map = evicting.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(asking) = map.get_mut(repository) {
             asking.push(made);
@@ -196,7 +270,7 @@ impl<'a> EvictionTurn<'a> {
     }
 
     /// The entries of the finalizes that asked for a check since the last one (empty: none).
-    fn asked_again(evicting: &Evicting, repository: &RepoId) -> Vec<EntryId> {
+    fn asked_again(evicting: &Evicting, repository: &RepoId) -> Vec<Written> {
         let mut map = evicting.lock().unwrap_or_else(|p| p.into_inner());
         map.get_mut(repository)
             .map(std::mem::take)
@@ -271,8 +345,9 @@ impl Cache {
         self.quarantined.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// After a finalize: evicts the repository's least recently used entries (never `spare`,
-    /// the entry just made) until it is under its quota.
+    /// After a finalize of `spare` (of `class`): evicts the repository's least recently used
+    /// entries until it is within its quota and its pull-request and tag entries within their
+    /// share, as [`quota_steps`] orders it; never `spare` itself.
     ///
     /// One finalize at a time evicts for a repository in this process: finalizes that arrive
     /// meanwhile only ask it to check once more, so a burst of saves is evicted for in a few
@@ -281,14 +356,15 @@ impl Cache {
         &self,
         repository: &RepoId,
         spare: EntryId,
+        class: ScopeClass,
     ) -> Result<(), CacheError> {
         let Some(quota) = self.policy.lifecycle.repo_quota else {
             return Ok(());
         };
-        let Some(_turn) = EvictionTurn::take(&self.evicting, repository, spare) else {
+        let Some(_turn) = EvictionTurn::take(&self.evicting, repository, (spare, class)) else {
             return Ok(()); // the finalize evicting now will check again
         };
-        let mut spared = vec![spare];
+        let mut spared = vec![(spare, class)];
         loop {
             self.evict_over_quota(repository, quota, &spared).await?;
             let more = EvictionTurn::asked_again(&self.evicting, repository);
@@ -299,31 +375,55 @@ impl Cache {
         }
     }
 
+    /// Runs the [`quota_steps`] for the entries just `written`. Within its limits (the usual
+    /// case), this costs one read of the repository's usage row.
     async fn evict_over_quota(
         &self,
         repository: &RepoId,
         quota: u64,
-        spare: &[EntryId],
+        written: &[Written],
     ) -> Result<(), CacheError> {
-        let mut wanted = FIRST_CANDIDATES;
-        loop {
-            let used = self.meta.repository_usage(repository).await?;
-            let excess = used.saturating_sub(quota);
-            if excess == 0 {
-                break;
-            }
-            let mut candidates = self
-                .meta
-                .least_recently_used(Some(repository), wanted)
-                .await?;
-            self.count_pending_uses(&mut candidates);
-            let chosen = choose_evictions(excess, &candidates, spare);
-            wanted = BATCH;
-            let removed = self.remove(&chosen, RemovalCause::Evicted).await?;
-            // Nothing left to evict, or another process removes the same entries: stop here
-            // rather than spin; the next finalize continues.
-            if removed.is_empty() {
-                return Ok(());
+        let share = self.policy.lifecycle.pr_scope_share;
+        let classes: Vec<ScopeClass> = written.iter().map(|w| w.1).collect();
+        let ids: Vec<EntryId> = written.iter().map(|w| w.0).collect();
+        let mut used = self.meta.repository_usage(repository).await?;
+        for step in quota_steps(share, &classes) {
+            let mut wanted = FIRST_CANDIDATES;
+            loop {
+                let excess = step.excess(quota, share, used);
+                if excess == 0 {
+                    break;
+                }
+                let mut candidates = match step.from {
+                    None => {
+                        self.meta
+                            .least_recently_used(Some(repository), wanted)
+                            .await?
+                    }
+                    Some(class) => {
+                        self.meta
+                            .least_recently_used_of_class(repository, class, wanted)
+                            .await?
+                    }
+                };
+                self.count_pending_uses(&mut candidates);
+                let chosen = choose_evictions(excess, &candidates, &ids);
+                if chosen.is_empty() {
+                    // Only spared entries among the first few: look further before giving up.
+                    if candidates.len() >= wanted && wanted < BATCH {
+                        wanted = BATCH;
+                        continue;
+                    }
+                    break; // nothing left for this step: the next one
+                }
+                wanted = BATCH;
+                let removed = self.remove(&chosen, RemovalCause::Evicted).await?;
+                // Another process removes the same entries: stop here rather than spin; the
+                // next finalize continues.
+                if removed.is_empty() {
+                    return Ok(());
+                }
+                used = self.meta.repository_usage(repository).await?;
             }
         }
         Ok(())
@@ -637,6 +737,52 @@ mod tests {
             ids(&[2]),
             "however many are spared"
         );
+    }
+
+    #[test]
+    fn quota_steps_take_pull_requests_and_tags_first_and_branches_only_for_a_branch() {
+        use ScopeClass::{Branch, PullRequestOrTag as Pr};
+        let step = |bound, from| QuotaStep { bound, from };
+        assert_eq!(
+            quota_steps(Share::WHOLE, &[Pr]),
+            [step(Bound::Quota, None)],
+            "the whole quota: plain LRU"
+        );
+        let for_pr = [step(Bound::PrShare, Some(Pr)), step(Bound::Quota, Some(Pr))];
+        let half = Share::default();
+        assert_eq!(quota_steps(half, &[Pr]), for_pr, "never a branch's entry");
+        let mut for_branch = for_pr.to_vec();
+        for_branch.push(step(Bound::Quota, Some(Branch)));
+        assert_eq!(quota_steps(half, &[Branch]), for_branch);
+        assert_eq!(
+            quota_steps(half, &[Pr, Branch, Pr]),
+            for_branch,
+            "a burst with a branch's entry in it"
+        );
+        assert!(
+            quota_steps(half, &[]).iter().all(|s| s.from == Some(Pr)),
+            "nothing written: pull requests and tags only"
+        );
+    }
+
+    #[test]
+    fn quota_steps_measure_their_own_bound() {
+        let used = QuotaUsage {
+            bytes: 130,
+            pr_bytes: 70,
+        };
+        let share = Share::parse("50%").unwrap();
+        let over = |bound| QuotaStep { bound, from: None }.excess(100, share, used);
+        assert_eq!(over(Bound::Quota), 30);
+        assert_eq!(over(Bound::PrShare), 20);
+        let within = QuotaUsage {
+            bytes: 90,
+            pr_bytes: 50,
+        };
+        for bound in [Bound::Quota, Bound::PrShare] {
+            let step = QuotaStep { bound, from: None };
+            assert_eq!(step.excess(100, share, within), 0);
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@ use super::{audit, retry_stale, Cache, CacheError, ForgetIfDropped};
 use crate::auth::{Identity, LinkTarget};
 use crate::blob::BlobError;
 use crate::meta::{MetaError, NewEntry, NewUpload};
+use crate::model::ScopeClass;
 use crate::model::{
     entry_digest, BlobName, BlockId, BlockRef, ByteStream, CacheKey, Chunk, Clipped, EntryId,
     Millis, Provenance, Slot, Upload, UploadBlocks, UploadId, Version,
@@ -314,6 +315,7 @@ impl Cache {
                     chunks: &chunks,
                     written_by: upload.written_by.as_ref(),
                     digest: &digest,
+                    scope_class: ScopeClass::of(&slot.scope),
                     now,
                 };
                 let started = self.entries.generation();
@@ -337,7 +339,8 @@ impl Cache {
                 self.collect(garbage).await;
                 // The entry is saved whatever happens here; a failed eviction is retried by
                 // the next finalize of the repository.
-                if let Err(e) = self.enforce_quota(&slot.repository, entry).await {
+                let class = ScopeClass::of(&slot.scope);
+                if let Err(e) = self.enforce_quota(&slot.repository, entry, class).await {
                     tracing::warn!(repository = %slot.repository, error = %e, "could not enforce the repository quota");
                 }
                 Ok(entry)

@@ -638,6 +638,114 @@ fn limits() -> lifecycle::Limits {
     }
 }
 
+/// A caller of repository `repo` that writes to `scope` and reads it and the default branch.
+fn who_in(repo: &str, scope: &str) -> Identity {
+    Identity {
+        read_scopes: vec![Scope::new(scope), Scope::new(MAIN)],
+        write_scope: Some(Scope::new(scope)),
+        ..who(repo)
+    }
+}
+
+#[tokio::test]
+async fn pull_requests_and_tags_keep_within_their_share_and_never_evict_a_branch() {
+    let w = world_limited(lifecycle::Limits {
+        repo_quota: Some(100),
+        pr_scope_share: crate::model::Share::parse("50%").unwrap(),
+        ..limits()
+    });
+    let main = who("1");
+    let pr = who_in("1", "refs/pull/1/merge");
+    let tag = who_in("1", "refs/tags/v1");
+    let tick = || w.clock.advance(Duration::from_secs(1));
+    let usage = || async {
+        let u = w.meta.repository_usage(&RepoId::new("1")).await.unwrap();
+        (u.bytes, u.pr_bytes)
+    };
+    w.save(&main, "m1", &[1; 40]).await;
+    tick();
+    w.save(&pr, "p1", &[2; 20]).await;
+    tick();
+    w.save(&tag, "t1", &[3; 20]).await;
+    tick();
+    w.save(&pr, "p2", &[4; 20]).await;
+    tick();
+    assert_eq!(
+        w.restore(&pr, "p1").await,
+        None,
+        "the share's least recently used went"
+    );
+    assert_eq!(w.restore(&tag, "t1").await.unwrap(), [3; 20]);
+    assert_eq!(w.restore(&pr, "p2").await.unwrap(), [4; 20]);
+    assert_eq!(usage().await, (80, 40));
+
+    // A branch's save over the quota: pull requests and tags go first.
+    w.save(&main, "m2", &[5; 40]).await;
+    tick();
+    assert_eq!(
+        w.restore(&tag, "t1").await,
+        None,
+        "the least recently used PR or tag entry"
+    );
+    assert_eq!(w.restore(&pr, "p2").await.unwrap(), [4; 20]);
+    assert_eq!(usage().await, (100, 20));
+
+    // A pull request's save over the quota takes from pull requests only: the branch entries
+    // stay, and so does the entry just saved (until the next save), though it only fits by
+    // evicting one of theirs.
+    w.save(&pr, "p3", &[6; 20]).await;
+    tick();
+    assert_eq!(w.restore(&pr, "p2").await, None);
+    assert_eq!(w.restore(&pr, "p3").await.unwrap(), [6; 20]);
+    w.save(&pr, "p4", &[7; 30]).await;
+    tick();
+    assert_eq!(w.restore(&pr, "p3").await, None);
+    assert_eq!(w.restore(&pr, "p4").await.unwrap(), [7; 30]);
+    assert_eq!(w.restore(&main, "m1").await.unwrap(), [1; 40]);
+    assert_eq!(w.restore(&main, "m2").await.unwrap(), [5; 40]);
+    assert_eq!(usage().await, (110, 30));
+
+    // The next save takes it first; an entry larger than the share alone is kept until then.
+    w.save(&tag, "t2", &[8; 51]).await;
+    tick();
+    assert_eq!(w.restore(&pr, "p4").await, None);
+    assert_eq!(w.restore(&tag, "t2").await.unwrap(), [8; 51]);
+    assert_eq!(usage().await, (131, 51));
+
+    // A branch's save: the pull requests and tags go, then the least recently used branch
+    // entry, never the one just saved.
+    w.restore(&main, "m1").await.unwrap();
+    tick();
+    w.save(&main, "m3", &[9; 40]).await;
+    assert_eq!(w.restore(&tag, "t2").await, None);
+    assert_eq!(w.restore(&main, "m2").await, None);
+    assert_eq!(w.restore(&main, "m1").await.unwrap(), [1; 40]);
+    assert_eq!(w.restore(&main, "m3").await.unwrap(), [9; 40]);
+    assert_eq!(usage().await, (80, 0));
+}
+
+#[tokio::test]
+async fn the_whole_quota_as_share_is_plain_lru_over_the_repository() {
+    let w = world_limited(lifecycle::Limits {
+        repo_quota: Some(100),
+        pr_scope_share: crate::model::Share::WHOLE,
+        ..limits()
+    });
+    let (main, pr) = (who("1"), who_in("1", "refs/pull/1/merge"));
+    w.save(&main, "m1", &[1; 40]).await;
+    w.clock.advance(Duration::from_secs(1));
+    w.save(&pr, "p1", &[2; 40]).await;
+    w.clock.advance(Duration::from_secs(1));
+    w.save(&pr, "p2", &[3; 40]).await;
+    assert_eq!(
+        w.restore(&main, "m1").await,
+        None,
+        "the least recently used entry went, though a branch's"
+    );
+    assert_eq!(w.restore(&pr, "p1").await.unwrap(), [2; 40]);
+    assert_eq!(w.restore(&pr, "p2").await.unwrap(), [3; 40]);
+}
+
 #[tokio::test]
 async fn a_repository_over_its_quota_loses_its_least_recently_used_entries() {
     let w = world_limited(lifecycle::Limits {
@@ -669,7 +777,11 @@ async fn a_repository_over_its_quota_loses_its_least_recently_used_entries() {
         "other repositories keep theirs"
     );
     assert_eq!(
-        w.meta.repository_usage(&RepoId::new("1")).await.unwrap(),
+        w.meta
+            .repository_usage(&RepoId::new("1"))
+            .await
+            .unwrap()
+            .bytes,
         20
     );
     assert!(w.meta.entry(a).await.unwrap().is_some() && w.meta.entry(c).await.unwrap().is_some());
@@ -981,7 +1093,12 @@ async fn concurrent_saves_leave_the_repository_within_its_quota() {
     for save in saves {
         ids.push(save.await.unwrap());
     }
-    let used = w.meta.repository_usage(&RepoId::new("1")).await.unwrap();
+    let used = w
+        .meta
+        .repository_usage(&RepoId::new("1"))
+        .await
+        .unwrap()
+        .bytes;
     assert!(used <= 30, "{used} bytes kept against a quota of 30");
     assert!(used >= 10, "the latest saves are kept");
 }

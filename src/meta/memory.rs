@@ -14,8 +14,9 @@ use super::{
     SlotState, Totals,
 };
 use crate::model::{
-    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, Provenance,
-    RemovalCause, RepoId, Scope, Slot, Upload, UploadBlocks, UploadId, UploadState, Version,
+    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, Provenance, QuotaUsage,
+    RemovalCause, RepoId, Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId, UploadState,
+    Version,
 };
 
 #[derive(Debug, Default)]
@@ -65,6 +66,8 @@ struct StoredEntry {
     chunks: Vec<Chunk>,
     written_by: Option<Provenance>,
     digest: String,
+    /// As the finalize gave it (the fake, like the SQL stores, keeps what it is told).
+    class: ScopeClass,
 }
 
 /// Whether a row's repository, scope, version and folded key are the slot's.
@@ -342,6 +345,7 @@ impl SaveStore for MemoryStore {
                 chunks: new.chunks.to_vec(),
                 written_by: new.written_by.cloned(),
                 digest: new.digest.to_owned(),
+                class: new.scope_class,
             },
         );
         state
@@ -456,14 +460,19 @@ impl RestoreStore for MemoryStore {
 
 #[async_trait]
 impl LifecycleStore for MemoryStore {
-    async fn repository_usage(&self, repository: &RepoId) -> Result<u64, MetaError> {
+    async fn repository_usage(&self, repository: &RepoId) -> Result<QuotaUsage, MetaError> {
         let state = self.state();
-        Ok(state
+        let held = state
             .entries
             .values()
-            .filter(|e| &e.entry.repository == repository)
-            .map(|e| e.entry.size)
-            .sum())
+            .filter(|e| &e.entry.repository == repository);
+        Ok(QuotaUsage {
+            bytes: held.clone().map(|e| e.entry.size).sum(),
+            pr_bytes: held
+                .filter(|e| e.class == ScopeClass::PullRequestOrTag)
+                .map(|e| e.entry.size)
+                .sum(),
+        })
     }
 
     async fn total_usage(&self) -> Result<u64, MetaError> {
@@ -484,6 +493,24 @@ impl LifecycleStore for MemoryStore {
             .entries
             .values()
             .filter(|e| repository.is_none_or(|r| &e.entry.repository == r))
+            .map(StoredEntry::usage)
+            .collect();
+        found.sort_by_key(|e| (e.last_used_at, e.id));
+        found.truncate(limit);
+        Ok(found)
+    }
+
+    async fn least_recently_used_of_class(
+        &self,
+        repository: &RepoId,
+        class: ScopeClass,
+        limit: usize,
+    ) -> Result<Vec<EntryUse>, MetaError> {
+        let state = self.state();
+        let mut found: Vec<EntryUse> = state
+            .entries
+            .values()
+            .filter(|e| &e.entry.repository == repository && e.class == class)
             .map(StoredEntry::usage)
             .collect();
         found.sort_by_key(|e| (e.last_used_at, e.id));
@@ -679,11 +706,16 @@ impl AdminStore for MemoryStore {
             .filter(|(id, seen)| only.is_none_or(|o| id.as_str() == o || seen.name == o))
             .map(|(id, seen)| {
                 let held = state.entries.values().filter(|e| &e.entry.repository == id);
+                let pr = held
+                    .clone()
+                    .filter(|e| e.class == ScopeClass::PullRequestOrTag);
                 RepositoryUsage {
                     repository: id.clone(),
                     name: seen.name.clone(),
                     bytes: held.clone().map(|e| e.entry.size).sum(),
                     entries: held.count() as u64,
+                    pr_bytes: pr.clone().map(|e| e.entry.size).sum(),
+                    pr_entries: pr.count() as u64,
                     hits: seen.hits,
                     misses: seen.misses,
                 }

@@ -38,8 +38,8 @@ pub use sqlite::SqliteStore;
 pub use timed::Timed;
 
 use crate::model::{
-    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, Provenance,
-    RemovalCause, RepoId, Scope, Slot, Upload, UploadBlocks, UploadId, Version,
+    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, Provenance, QuotaUsage,
+    RemovalCause, RepoId, Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId, Version,
 };
 use crate::model::{EntryFilter, EntryOrder, EntryPage, ListedEntry, RepositoryUsage, Totals};
 
@@ -113,6 +113,9 @@ pub struct NewEntry<'a> {
     pub written_by: Option<&'a Provenance>,
     /// See [`crate::model::entry_digest`].
     pub digest: &'a str,
+    /// The entry's class, as the domain decided it ([`ScopeClass::of`] its scope): kept with
+    /// the entry and counted in its repository's usage.
+    pub scope_class: ScopeClass,
     pub now: Millis,
 }
 
@@ -234,8 +237,8 @@ store_trait! {
     /// The lifecycle: usage and limits, eviction and expiry, deferred deletions, references for
     /// garbage collection, abandoned uploads, integrity walks and crash recovery.
     pub trait LifecycleStore {
-        /// Bytes of the repository's entries.
-        async fn repository_usage(&self, repository: &RepoId) -> Result<u64, MetaError>;
+        /// Bytes of the repository's entries, and of its pull-request and tag entries.
+        async fn repository_usage(&self, repository: &RepoId) -> Result<QuotaUsage, MetaError>;
 
         /// Bytes of every entry.
         async fn total_usage(&self) -> Result<u64, MetaError>;
@@ -246,6 +249,11 @@ store_trait! {
         /// Up to `limit` entries, least recently used first (then oldest id), of one repository
         /// or of all.
         async fn least_recently_used(&self, repository: Option<&RepoId>, limit: usize)
+            -> Result<Vec<EntryUse>, MetaError>;
+
+        /// Up to `limit` entries of one class of a repository, least recently used first (then
+        /// oldest id).
+        async fn least_recently_used_of_class(&self, repository: &RepoId, class: ScopeClass, limit: usize)
             -> Result<Vec<EntryUse>, MetaError>;
 
         /// Up to `limit` entries last used before `unused_before`, or created before

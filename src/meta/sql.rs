@@ -279,7 +279,7 @@ pub(super) fn count_entries_sql(
 }
 
 /// The statement of [`super::MetaStore::repositories`] and its parameters; rows are
-/// repository, name, bytes, entries, hits, misses.
+/// repository, name, bytes, entries, hits, misses, pull-request and tag bytes and entries.
 pub(super) fn repositories_sql(
     only: Option<&str>,
     limit: usize,
@@ -287,7 +287,7 @@ pub(super) fn repositories_sql(
 ) -> (String, Vec<Param>) {
     let mut params = Vec::new();
     let mut sql =
-        String::from("SELECT repository, name, bytes, entries, hits, misses FROM repository_usage");
+        String::from("SELECT repository, name, bytes, entries, hits, misses, pr_bytes, pr_entries FROM repository_usage");
     if let Some(only) = only {
         params.push(Param::Text(only.to_owned()));
         let id = placeholder(params.len());
@@ -432,6 +432,37 @@ pub(super) fn entry_from_row(r: &impl SqlRow) -> Result<Entry, MetaError> {
     })
 }
 
+/// A repository's [`crate::model::QuotaUsage`] row: bytes, pull-request and tag bytes.
+pub(super) const QUOTA_USAGE: &str =
+    "SELECT bytes, pr_bytes FROM repository_usage WHERE repository = ?";
+
+/// The [`crate::model::QuotaUsage`] of a [`QUOTA_USAGE`] row (none: nothing held).
+pub(super) fn quota_usage_from_row(
+    r: Option<&impl SqlRow>,
+) -> Result<crate::model::QuotaUsage, MetaError> {
+    let Some(r) = r else {
+        return Ok(crate::model::QuotaUsage::default());
+    };
+    Ok(crate::model::QuotaUsage {
+        bytes: r.int(0)?.max(0) as u64,
+        pr_bytes: r.int(1)?.max(0) as u64,
+    })
+}
+
+/// What an entry of `class` and `size` bytes adds to its repository's pull-request and tag
+/// bytes and entries (`repository_usage.pr_bytes`, `pr_entries`).
+pub(super) fn pr_counts(class: crate::model::ScopeClass, size: u64) -> (i64, i64) {
+    match class {
+        crate::model::ScopeClass::PullRequestOrTag => (size as i64, 1),
+        crate::model::ScopeClass::Branch => (0, 0),
+    }
+}
+
+/// The least recently used entries of one class of a repository (repository, class, limit).
+pub(super) const CLASS_LRU: &str =
+    "SELECT id, repository, size, created_at, last_used_at FROM entries
+     WHERE repository = ? AND scope_class = ? ORDER BY last_used_at, id LIMIT ?";
+
 /// The columns [`use_from_row`] reads.
 pub(super) const USE_COLS: &str =
     "SELECT id, repository, size, created_at, last_used_at FROM entries";
@@ -475,7 +506,8 @@ pub(super) fn listed_from_row(r: &impl SqlRow) -> Result<super::ListedEntry, Met
     })
 }
 
-/// A `repository_usage` row: repository, name, bytes, entries, hits, misses.
+/// A `repository_usage` row: repository, name, bytes, entries, hits, misses, pull-request and
+/// tag bytes and entries.
 pub(super) fn repository_from_row(r: &impl SqlRow) -> Result<super::RepositoryUsage, MetaError> {
     let count = |col| Ok::<_, MetaError>(r.int(col)?.max(0) as u64);
     Ok(super::RepositoryUsage {
@@ -485,6 +517,8 @@ pub(super) fn repository_from_row(r: &impl SqlRow) -> Result<super::RepositoryUs
         entries: count(3)?,
         hits: count(4)?,
         misses: count(5)?,
+        pr_bytes: count(6)?,
+        pr_entries: count(7)?,
     })
 }
 

@@ -88,6 +88,9 @@ pub struct RepositoryUsage {
     pub name: String,
     pub bytes: u64,
     pub entries: u64,
+    /// Bytes and entries of pull requests and tags among them ([`super::ScopeClass`]).
+    pub pr_bytes: u64,
+    pub pr_entries: u64,
     /// Restores and lookups that found nothing, since the repository was first seen.
     pub hits: u64,
     pub misses: u64,

@@ -83,6 +83,12 @@ try {
     const seen = await repoRows.count();
     return { ok: seen >= 1, seen };
   });
+  // Bytes per scope class, in the first (the only) repository's row.
+  const firstRepo = repoRows.first();
+  const repoClasses = {
+    branches: (await firstRepo.getByTestId('repo-branch-bytes').textContent()) ?? '',
+    prsAndTags: (await firstRepo.getByTestId('repo-pr-tag-bytes').textContent()) ?? '',
+  };
   if (await byTestId('signin-form').isVisible()) throw new Error('the sign-in form is still shown after signing in');
   const stored = await page.evaluate(() => ({ local: JSON.stringify(localStorage), session: JSON.stringify(sessionStorage) }));
   if (stored.local.includes(token)) throw new Error('the token is in localStorage');
@@ -174,6 +180,7 @@ try {
     deletedId,
     writtenBy,
     rowsAfterDelete,
+    repoClasses,
     tokenInUrl,
     screenshots: [overviewPng, entriesPng],
   };

@@ -164,6 +164,7 @@ async fn the_widest_lookup_is_answered(store: Arc<dyn MetaStore>) {
                 chunks: &[chunk],
                 written_by: upload.written_by.as_ref(),
                 digest: "",
+                scope_class: hoard::model::ScopeClass::of(&slot.scope),
                 now,
             };
             store.finalize(&upload, entry).await.unwrap()

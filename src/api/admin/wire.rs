@@ -88,6 +88,13 @@ pub struct Repository {
     pub full_name: String,
     pub active_caches_size_in_bytes: u64,
     pub active_caches_count: u64,
+    /// Of those, the entries of branches (and of the empty scope of forges without refs).
+    pub branch_caches_size_in_bytes: u64,
+    pub branch_caches_count: u64,
+    /// Of those, the entries of pull requests (`refs/pull/*`) and tags (`refs/tags/*`): what
+    /// counts against `--pr-scope-share`.
+    pub pr_and_tag_caches_size_in_bytes: u64,
+    pub pr_and_tag_caches_count: u64,
     pub hits: u64,
     pub misses: u64,
     /// See [`hit_ratio`].
@@ -184,6 +191,10 @@ impl From<&RepositoryUsage> for Repository {
             full_name: r.name.clone(),
             active_caches_size_in_bytes: r.bytes,
             active_caches_count: r.entries,
+            branch_caches_size_in_bytes: r.bytes.saturating_sub(r.pr_bytes),
+            branch_caches_count: r.entries.saturating_sub(r.pr_entries),
+            pr_and_tag_caches_size_in_bytes: r.pr_bytes,
+            pr_and_tag_caches_count: r.pr_entries,
             hits: r.hits,
             misses: r.misses,
             hit_ratio: hit_ratio(r.hits, r.misses),

@@ -27,9 +27,9 @@ mod wal;
 
 use crate::meta::sql::{
     candidate_from_row, chunk_from_row, count_entries_sql, entry_columns, entry_from_row,
-    list_entries_sql, listed_from_row, migrations_after, provenance_columns, repositories_sql,
-    repository_from_row, upload_columns, upload_from_row, use_from_row, xxh3_column, Param, SqlRow,
-    USE_COLS,
+    list_entries_sql, listed_from_row, migrations_after, pr_counts, provenance_columns,
+    quota_usage_from_row, repositories_sql, repository_from_row, upload_columns, upload_from_row,
+    use_from_row, xxh3_column, Param, SqlRow, CLASS_LRU, QUOTA_USAGE, USE_COLS,
 };
 use crate::meta::{
     AdminStore, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health, LifecycleStore,
@@ -37,8 +37,9 @@ use crate::meta::{
     SlotState, Totals,
 };
 use crate::model::{
-    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, RemovalCause, RepoId,
-    Scope, Slot, Upload, UploadBlocks, UploadId, UploadState, Version,
+    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, QuotaUsage,
+    RemovalCause, RepoId, Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId, UploadState,
+    Version,
 };
 use group_commit::GroupCommit;
 use wal::{checkpoint_now, WalBound, WAL_SOFT_LIMIT};
@@ -57,6 +58,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../migrations/sqlite/0004_repositories.sql"),
     ),
     (5, include_str!("../migrations/sqlite/0005_provenance.sql")),
+    (6, include_str!("../migrations/sqlite/0006_scope_class.sql")),
 ];
 const MAX_READERS: usize = 8;
 
@@ -154,28 +156,33 @@ impl SqliteStore {
     pub async fn import(&self, entries: Vec<(Slot, Vec<Chunk>, Millis)>) -> Result<(), MetaError> {
         self.write(move |tx| {
             let mut entry = tx.prepare_cached(
-                "INSERT INTO entries (repository, scope, key, key_folded, version, size, chunk_count, created_at, last_used_at)
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                "INSERT INTO entries (repository, scope, key, key_folded, version, size, chunk_count, created_at, last_used_at,
+                     scope_class)
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
             )?;
             let mut chunk = tx.prepare_cached(
                 "INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256, xxh3) VALUES (?, ?, ?, ?, ?, ?, ?)",
             )?;
             let mut usage = tx.prepare_cached(
-                "INSERT INTO repository_usage (repository, bytes, entries) VALUES (?, ?, 1)
-                 ON CONFLICT (repository) DO UPDATE SET bytes = bytes + excluded.bytes, entries = entries + 1",
+                "INSERT INTO repository_usage (repository, bytes, entries, pr_bytes, pr_entries) VALUES (?, ?, 1, ?, ?)
+                 ON CONFLICT (repository) DO UPDATE SET bytes = bytes + excluded.bytes, entries = entries + 1,
+                     pr_bytes = pr_bytes + excluded.pr_bytes, pr_entries = pr_entries + excluded.pr_entries",
             )?;
             for (slot, chunks, at) in entries {
                 let (repo, scope, folded, version) = slot_params(&slot);
                 let size: u64 = chunks.iter().map(|c| c.size).sum();
+                let class = ScopeClass::of(&slot.scope);
                 let id: i64 = entry.query_row(
-                    params![repo, scope, slot.key.as_str(), folded, version, size as i64, chunks.len() as i64, at, at],
+                    params![repo, scope, slot.key.as_str(), folded, version, size as i64, chunks.len() as i64, at, at,
+                        class.code()],
                     |r| r.get(0),
                 )?;
                 for (ordinal, placed) in EntryChunk::place(&chunks).iter().enumerate() {
                     let c = &placed.chunk;
                     chunk.execute(params![id, ordinal as i64, placed.start as i64, c.blob.as_str(), c.size as i64, &c.sha256[..], xxh3_column(c)])?;
                 }
-                usage.execute(params![repo, size as i64])?;
+                let (pr_bytes, pr_entries) = pr_counts(class, size);
+                usage.execute(params![repo, size as i64, pr_bytes, pr_entries])?;
             }
             Ok(())
         })
@@ -552,17 +559,21 @@ impl SaveStore for SqliteStore {
         let [kind, issuer, subject, run, job, address] =
             provenance_columns(entry.written_by).map(str::to_owned);
         let digest = entry.digest.to_owned();
+        let class = entry.scope_class;
         self.write(move |tx| {
             claim(tx, &upload, now)?;
             let size: u64 = chunks.iter().map(|c| c.size).sum();
+            let (pr_bytes, pr_entries) = pr_counts(class, size);
             let entry: i64 = tx
                 .prepare_cached(
                     "INSERT INTO entries (repository, scope, key, key_folded, version, size, chunk_count, created_at, last_used_at,
-                         writer_kind, writer_issuer, writer_subject, writer_run_id, writer_job_id, writer_address, digest)
-                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                         writer_kind, writer_issuer, writer_subject, writer_run_id, writer_job_id, writer_address, digest,
+                         scope_class)
+                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                 )?
                 .query_row(params![repo, scope, key, folded, version, size as i64, chunks.len() as i64, now, now,
-                    kind, issuer, subject, run, job, address, digest], |r| r.get(0))?;
+                    kind, issuer, subject, run, job, address, digest,
+                    class.code()], |r| r.get(0))?;
             let mut insert = tx.prepare_cached(
                 "INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256, xxh3) VALUES (?, ?, ?, ?, ?, ?, ?)",
             )?;
@@ -573,11 +584,12 @@ impl SaveStore for SqliteStore {
             tx.prepare_cached("UPDATE uploads SET state = 'finalized', entry_id = ? WHERE id = ?")?
                 .execute(params![entry, upload.id.get()])?;
             tx.prepare_cached(
-                "INSERT INTO repository_usage (repository, bytes, entries, name) VALUES (?, ?, 1, ?)
+                "INSERT INTO repository_usage (repository, bytes, entries, name, pr_bytes, pr_entries) VALUES (?, ?, 1, ?, ?, ?)
                  ON CONFLICT (repository) DO UPDATE SET bytes = bytes + excluded.bytes, entries = entries + 1,
-                     name = CASE WHEN excluded.name = '' THEN name ELSE excluded.name END",
+                     name = CASE WHEN excluded.name = '' THEN name ELSE excluded.name END,
+                     pr_bytes = pr_bytes + excluded.pr_bytes, pr_entries = pr_entries + excluded.pr_entries",
             )?
-            .execute(params![repo, size as i64, name])?;
+            .execute(params![repo, size as i64, name, pr_bytes, pr_entries])?;
             Ok(EntryId::new(entry))
         })
         .await
@@ -717,14 +729,12 @@ impl RestoreStore for SqliteStore {
 
 #[async_trait]
 impl LifecycleStore for SqliteStore {
-    async fn repository_usage(&self, repository: &RepoId) -> Result<u64, MetaError> {
+    async fn repository_usage(&self, repository: &RepoId) -> Result<QuotaUsage, MetaError> {
         let repository = repository.as_str().to_owned();
         self.read(move |conn| {
-            let bytes: Option<i64> = conn
-                .prepare_cached("SELECT bytes FROM repository_usage WHERE repository = ?")?
-                .query_row([repository], |r| r.get(0))
-                .optional()?;
-            Ok(bytes.unwrap_or(0).max(0) as u64)
+            let mut stmt = conn.prepare_cached(QUOTA_USAGE)?;
+            let mut rows = stmt.query([repository])?;
+            quota_usage_from_row(rows.next()?)
         })
         .await
     }
@@ -770,6 +780,21 @@ impl LifecycleStore for SqliteStore {
                     stmt.query(params![limit as i64])?
                 }
             };
+            rows_of(rows, |r| use_from_row(r))
+        })
+        .await
+    }
+
+    async fn least_recently_used_of_class(
+        &self,
+        repository: &RepoId,
+        class: ScopeClass,
+        limit: usize,
+    ) -> Result<Vec<EntryUse>, MetaError> {
+        let repository = repository.as_str().to_owned();
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached(CLASS_LRU)?;
+            let rows = stmt.query(params![repository, class.code(), limit as i64])?;
             rows_of(rows, |r| use_from_row(r))
         })
         .await
@@ -825,16 +850,22 @@ impl LifecycleStore for SqliteStore {
                 let gone = tx
                     .prepare_cached(
                         "DELETE FROM entries WHERE id = ?
-                         RETURNING id, repository, size, created_at, last_used_at",
+                         RETURNING id, repository, size, created_at, last_used_at, scope_class",
                     )?
-                    .query_row([id.get()], |r| Ok(use_from_row(r)))
+                    .query_row([id.get()], |r| {
+                        let class = ScopeClass::from_code(r.get(5)?);
+                        Ok(use_from_row(r).map(|u| (u, class)))
+                    })
                     .optional()?
                     .transpose()?;
-                let Some(entry) = gone else { continue };
+                let Some((entry, class)) = gone else { continue };
+                let (pr_bytes, pr_entries) = pr_counts(class, entry.size);
                 tx.prepare_cached(
-                    "UPDATE repository_usage SET bytes = bytes - ?, entries = entries - 1 WHERE repository = ?",
+                    "UPDATE repository_usage SET bytes = bytes - ?, entries = entries - 1,
+                         pr_bytes = pr_bytes - ?, pr_entries = pr_entries - ?
+                     WHERE repository = ?",
                 )?
-                .execute(params![entry.size as i64, entry.repository.as_str()])?;
+                .execute(params![entry.size as i64, pr_bytes, pr_entries, entry.repository.as_str()])?;
                 removed.push(entry);
             }
             Ok(removed)
@@ -944,9 +975,13 @@ impl LifecycleStore for SqliteStore {
             // Usage drops by what is forgotten: work in proportion to it, not to the database.
             tx.prepare_cached(
                 "UPDATE repository_usage SET bytes = repository_usage.bytes - f.gone,
-                                            entries = repository_usage.entries - f.n
-                 FROM (SELECT repository, SUM(size) AS gone, COUNT(*) AS n FROM entries
-                       WHERE created_at > ? GROUP BY repository) AS f
+                                            entries = repository_usage.entries - f.n,
+                                            pr_bytes = repository_usage.pr_bytes - f.pr_gone,
+                                            pr_entries = repository_usage.pr_entries - f.pr_n
+                 FROM (SELECT repository, SUM(size) AS gone, COUNT(*) AS n,
+                              SUM(CASE WHEN scope_class = 1 THEN size ELSE 0 END) AS pr_gone,
+                              SUM(CASE WHEN scope_class = 1 THEN 1 ELSE 0 END) AS pr_n
+                       FROM entries WHERE created_at > ? GROUP BY repository) AS f
                  WHERE repository_usage.repository = f.repository",
             )?
             .execute([since])?;
@@ -1051,4 +1086,65 @@ fn slot_params(slot: &Slot) -> (String, String, String, String) {
         slot.key.folded(),
         slot.version.as_str().to_owned(),
     )
+}
+
+#[cfg(test)]
+mod migration_tests {
+    use super::*;
+
+    /// Entries stored before scope classes existed are classified, and their repository's
+    /// pull-request and tag bytes counted, when the database is upgraded.
+    #[tokio::test]
+    async fn the_scope_class_migration_classifies_stored_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 <= 5) {
+                conn.execute_batch(sql).unwrap();
+                conn.pragma_update(None, "user_version", version).unwrap();
+            }
+            let mut insert = conn
+                .prepare(
+                    "INSERT INTO entries (repository, scope, key, key_folded, version, size, chunk_count, created_at, last_used_at)
+                     VALUES ('r', ?, ?, ?, 'v', ?, 1, ?, ?)",
+                )
+                .unwrap();
+            for (i, (scope, size)) in [
+                ("refs/heads/main", 100),
+                ("refs/pull/3/merge", 20),
+                ("refs/tags/v1", 5),
+                ("REFS/PULL/3/merge", 1),
+                ("", 2),
+            ]
+            .iter()
+            .enumerate()
+            {
+                let key = format!("k{i}");
+                insert
+                    .execute(params![scope, key, key, size, i as i64, i as i64])
+                    .unwrap();
+            }
+            conn.execute_batch(
+                "INSERT INTO repository_usage (repository, bytes, entries) VALUES ('r', 128, 5)",
+            )
+            .unwrap();
+        }
+        let store = SqliteStore::open(&path).await.unwrap();
+        let repo = RepoId::new("r");
+        assert_eq!(
+            store.repository_usage(&repo).await.unwrap(),
+            QuotaUsage {
+                bytes: 128,
+                pr_bytes: 25
+            }
+        );
+        let pr = store
+            .least_recently_used_of_class(&repo, ScopeClass::PullRequestOrTag, 10)
+            .await
+            .unwrap();
+        assert_eq!(pr.iter().map(|e| e.size).collect::<Vec<_>>(), [20, 5]);
+        let listed = store.repositories(Some("r"), 1).await.unwrap();
+        assert_eq!((listed[0].pr_bytes, listed[0].pr_entries), (25, 2));
+    }
 }

@@ -85,6 +85,7 @@ async fn every_statement_uses_an_index_at_a_hundred_thousand_entries() {
         chunks: &chunks,
         written_by: upload.written_by.as_ref(),
         digest: "",
+        scope_class: crate::model::ScopeClass::of(&s.scope),
         now: 200_003,
     };
     let new_id = store.finalize(&upload, entry).await.unwrap();
@@ -106,9 +107,15 @@ async fn every_statement_uses_an_index_at_a_hundred_thousand_entries() {
     assert!(listed.iter().any(|e| e.id == new_id));
     store.entry(new_id).await.unwrap().unwrap();
     store.record_hits(&[(new_id, 1, 200_004)]).await.unwrap();
-    assert!(store.repository_usage(&repo).await.unwrap() > 0);
+    assert!(store.repository_usage(&repo).await.unwrap().bytes > 0);
     let lru = store.least_recently_used(Some(&repo), 8).await.unwrap();
     store.least_recently_used(None, 8).await.unwrap();
+    for class in [ScopeClass::Branch, ScopeClass::PullRequestOrTag] {
+        store
+            .least_recently_used_of_class(&repo, class, 8)
+            .await
+            .unwrap();
+    }
     store.expired(50, Some(50), 10).await.unwrap();
     let cause = RemovalCause::Evicted;
     let removal = Removal {

@@ -63,8 +63,9 @@ use async_trait::async_trait;
 use super::sql::{
     bucket, candidate_from_row, candidates_sql, chunk_from_row, collect_blocks, count_entries_sql,
     entry_columns, entry_from_row, list_entries_sql, listed_from_row, names_from_rows, prefix_end,
-    repositories_sql, repository_from_row, slot_hash, upload_columns, upload_from_row,
-    upload_with_blocks_sql, use_from_row, Param, SqlRow, UPLOAD_COLUMNS, USE_COLS,
+    quota_usage_from_row, repositories_sql, repository_from_row, slot_hash, upload_columns,
+    upload_from_row, upload_with_blocks_sql, use_from_row, Param, SqlRow, CLASS_LRU, QUOTA_USAGE,
+    UPLOAD_COLUMNS, USE_COLS,
 };
 use super::{
     AdminStore, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health, LifecycleStore,
@@ -72,8 +73,8 @@ use super::{
     SlotState, Totals,
 };
 use crate::model::{
-    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, RepoId, Scope, Slot,
-    Upload, UploadBlocks, UploadId, Version,
+    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, QuotaUsage, RepoId,
+    Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId, Version,
 };
 
 /// The PostgreSQL store: several hoard processes may share one database.
@@ -458,12 +459,11 @@ impl<D: Dialect> RestoreStore for SqlxStore<D> {
 
 #[async_trait]
 impl<D: Dialect> LifecycleStore for SqlxStore<D> {
-    async fn repository_usage(&self, repository: &RepoId) -> Result<u64, MetaError> {
-        self.number(
-            "SELECT bytes FROM repository_usage WHERE repository = ?",
-            vec![text(repository.as_str())],
-        )
-        .await
+    async fn repository_usage(&self, repository: &RepoId) -> Result<QuotaUsage, MetaError> {
+        let rows = self
+            .rows(QUOTA_USAGE, vec![text(repository.as_str())])
+            .await?;
+        quota_usage_from_row(rows.first())
     }
 
     async fn total_usage(&self) -> Result<u64, MetaError> {
@@ -495,6 +495,21 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
         params.push(Param::Int(limit as i64));
         let sql = format!("{USE_COLS} {only} ORDER BY last_used_at, id LIMIT ?");
         let rows = self.rows(&sql, params).await?;
+        rows.iter().map(use_from_row).collect()
+    }
+
+    async fn least_recently_used_of_class(
+        &self,
+        repository: &RepoId,
+        class: ScopeClass,
+        limit: usize,
+    ) -> Result<Vec<EntryUse>, MetaError> {
+        let params = vec![
+            text(repository.as_str()),
+            Param::Int(class.code()),
+            Param::Int(limit as i64),
+        ];
+        let rows = self.rows(CLASS_LRU, params).await?;
         rows.iter().map(use_from_row).collect()
     }
 
@@ -620,9 +635,15 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
                          bytes = bytes - (SELECT COALESCE(SUM(e.size), 0) FROM entries e
                                           WHERE e.repository = repository_usage.repository AND e.created_at > ?),
                          entries = entries - (SELECT COUNT(*) FROM entries e
-                                              WHERE e.repository = repository_usage.repository AND e.created_at > ?)
+                                              WHERE e.repository = repository_usage.repository AND e.created_at > ?),
+                         pr_bytes = pr_bytes - (SELECT COALESCE(SUM(e.size), 0) FROM entries e
+                                                WHERE e.repository = repository_usage.repository AND e.created_at > ?
+                                                  AND e.scope_class = 1),
+                         pr_entries = pr_entries - (SELECT COUNT(*) FROM entries e
+                                                    WHERE e.repository = repository_usage.repository AND e.created_at > ?
+                                                      AND e.scope_class = 1)
                      WHERE repository IN (SELECT repository FROM entries WHERE created_at > ?)",
-                    vec![since.clone(), since.clone(), since.clone()],
+                    vec![since.clone(), since.clone(), since.clone(), since.clone(), since.clone()],
                 ),
                 Step::Execute("DELETE FROM entries WHERE created_at > ?", vec![since]),
                 Step::Execute(

@@ -16,12 +16,12 @@ use sqlx::{AssertSqlSafe, Executor, MySql, Row, Transaction};
 
 use super::{bind_all, from_sqlx, Connections, Dialect, Done, Step};
 use crate::meta::sql::{
-    bucket, migrations_after, provenance_columns, slot_hash, use_from_row, xxh3_column, Param,
-    SqlRow, USE_COLS,
+    bucket, migrations_after, pr_counts, provenance_columns, slot_hash, use_from_row, xxh3_column,
+    Param, SqlRow,
 };
 use crate::meta::{EntryChunk, MetaError, NewEntry, NewUpload, Removal};
 use crate::model::{
-    BlockId, Chunk, EntryId, EntryUse, Millis, RemovalCause, RepoId, Upload, UploadId,
+    BlockId, Chunk, EntryId, EntryUse, Millis, RemovalCause, RepoId, ScopeClass, Upload, UploadId,
 };
 
 /// Migrations compiled into the binary, applied in order; `hoard_schema` records the last one.
@@ -31,6 +31,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("../migrations/mysql/0002_lifecycle.sql")),
     (3, include_str!("../migrations/mysql/0003_repositories.sql")),
     (4, include_str!("../migrations/mysql/0004_provenance.sql")),
+    (5, include_str!("../migrations/mysql/0005_scope_class.sql")),
 ];
 const MIGRATION_LOCK: &str = "hoard_migrations";
 /// Rows per multi-row INSERT, well under the 65,535 parameters a statement may have.
@@ -331,8 +332,9 @@ impl Dialect for MySqlDialect {
         // rolled back with it.
         let mut insert = sqlx::query(
             "INSERT INTO entries (repository, scope, `key`, key_folded, version, bucket, slot_hash, size, chunk_count, created_at, last_used_at,
-                 writer_kind, writer_issuer, writer_subject, writer_run_id, writer_job_id, writer_address, digest)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 writer_kind, writer_issuer, writer_subject, writer_run_id, writer_job_id, writer_address, digest,
+                 scope_class)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(slot.repository.as_str().as_bytes())
         .bind(slot.scope.as_str().as_bytes())
@@ -350,6 +352,7 @@ impl Dialect for MySqlDialect {
         }
         let inserted = insert
             .bind(new.digest.as_bytes())
+            .bind(new.scope_class.code())
             .execute(&mut *tx)
             .await
             .map_err(from_sqlx)?;
@@ -392,13 +395,16 @@ impl Dialect for MySqlDialect {
         .await?;
         drop_blocks(&mut tx, upload.id).await?;
         sqlx::query(
-            "INSERT INTO repository_usage (repository, bytes, entries, name) VALUES (?, ?, 1, ?)
+            "INSERT INTO repository_usage (repository, bytes, entries, name, pr_bytes, pr_entries) VALUES (?, ?, 1, ?, ?, ?)
              ON DUPLICATE KEY UPDATE bytes = bytes + VALUES(bytes), entries = entries + 1,
-                 name = IF(VALUES(name) = '', name, VALUES(name))",
+                 name = IF(VALUES(name) = '', name, VALUES(name)),
+                 pr_bytes = pr_bytes + VALUES(pr_bytes), pr_entries = pr_entries + VALUES(pr_entries)",
         )
         .bind(slot.repository.as_str().as_bytes())
         .bind(size as i64)
         .bind(new.repository_name.as_bytes())
+        .bind(pr_counts(new.scope_class, size).0)
+        .bind(pr_counts(new.scope_class, size).1)
         .execute(&mut *tx)
         .await
         .map_err(from_sqlx)?;
@@ -462,14 +468,19 @@ impl Dialect for MySqlDialect {
         // finds them gone and reports nothing.
         let list = vec!["?"; ids.len()].join(", ");
         let mut locking = sqlx::query(AssertSqlSafe(format!(
-            "{USE_COLS} WHERE id IN ({list}) ORDER BY id FOR UPDATE"
+            "SELECT id, repository, size, created_at, last_used_at, scope_class FROM entries
+             WHERE id IN ({list}) ORDER BY id FOR UPDATE"
         )));
         for id in ids {
             locking = locking.bind(id.get());
         }
         let rows = locking.fetch_all(&mut *tx).await.map_err(from_sqlx)?;
         let removed: Vec<EntryUse> = rows.iter().map(use_from_row).collect::<Result<_, _>>()?;
-        for entry in &removed {
+        let classes: Vec<ScopeClass> = rows
+            .iter()
+            .map(|r| r.int(5).map(ScopeClass::from_code))
+            .collect::<Result<_, _>>()?;
+        for (entry, class) in removed.iter().zip(classes) {
             sqlx::query(
                 "INSERT INTO pending_deletions (blob_name, size, delete_at)
                  SELECT blob_name, size, ? FROM entry_chunks WHERE entry_id = ?
@@ -497,10 +508,15 @@ impl Dialect for MySqlDialect {
                 .execute(&mut *tx)
                 .await
                 .map_err(from_sqlx)?;
+            let (pr_bytes, pr_entries) = pr_counts(class, entry.size);
             sqlx::query(
-                "UPDATE repository_usage SET bytes = bytes - ?, entries = entries - 1 WHERE repository = ?",
+                "UPDATE repository_usage SET bytes = bytes - ?, entries = entries - 1,
+                     pr_bytes = pr_bytes - ?, pr_entries = pr_entries - ?
+                 WHERE repository = ?",
             )
             .bind(entry.size as i64)
+            .bind(pr_bytes)
+            .bind(pr_entries)
             .bind(entry.repository.as_str().as_bytes())
             .execute(&mut *tx)
             .await

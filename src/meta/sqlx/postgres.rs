@@ -16,8 +16,8 @@ use sqlx::{AssertSqlSafe, Column, Row, TypeInfo};
 
 use super::{bind_all, from_sqlx, Connections, Dialect, Done, Step};
 use crate::meta::sql::{
-    bucket, migrations_after, provenance_columns, slot_hash, use_from_row, xxh3_column, Param,
-    SqlRow,
+    bucket, migrations_after, pr_counts, provenance_columns, slot_hash, use_from_row, xxh3_column,
+    Param, SqlRow,
 };
 use crate::meta::{EntryChunk, MetaError, NewEntry, NewUpload, Removal};
 use crate::model::{
@@ -35,6 +35,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (
         4,
         include_str!("../migrations/postgres/0004_provenance.sql"),
+    ),
+    (
+        5,
+        include_str!("../migrations/postgres/0005_scope_class.sql"),
     ),
 ];
 /// Key of the advisory lock that serializes migrations across processes ("hoard" in ASCII).
@@ -334,20 +338,24 @@ impl Dialect for PostgresDialect {
                  INSERT INTO entries (id, repository, scope, key, key_folded, version, bucket, slot_hash,
                                       size, chunk_count, created_at, last_used_at,
                                       writer_kind, writer_issuer, writer_subject, writer_run_id, writer_job_id,
-                                      writer_address, digest)
+                                      writer_address, digest,
+                                      scope_class)
                  SELECT entry_id, $4, $5, $6, $7, $8, $9, $10, $11, $12, $3, $3,
-                        $20, $21, $22, $23, $24, $25, $26 FROM claimed
+                        $20, $21, $22, $23, $24, $25, $26,
+                        $27 FROM claimed
                  RETURNING id),
              chunks AS (
                  INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256, xxh3)
                  SELECT entry.id, c.* FROM entry,
                      UNNEST($13::int[], $14::bigint[], $15::text[], $16::bigint[], $17::bytea[], $18::bigint[]) AS c),
              usage AS (
-                 INSERT INTO repository_usage (repository, bytes, entries, name)
-                 SELECT $4, $11, 1, $19 FROM entry
+                 INSERT INTO repository_usage (repository, bytes, entries, name, pr_bytes, pr_entries)
+                 SELECT $4, $11, 1, $19, $28, $29 FROM entry
                  ON CONFLICT (repository) DO UPDATE
                  SET bytes = repository_usage.bytes + EXCLUDED.bytes, entries = repository_usage.entries + 1,
-                     name = CASE WHEN EXCLUDED.name = '' THEN repository_usage.name ELSE EXCLUDED.name END)
+                     name = CASE WHEN EXCLUDED.name = '' THEN repository_usage.name ELSE EXCLUDED.name END,
+                     pr_bytes = repository_usage.pr_bytes + EXCLUDED.pr_bytes,
+                     pr_entries = repository_usage.pr_entries + EXCLUDED.pr_entries)
              SELECT id FROM entry",
             claim(", state = 'finalized', entry_id = nextval(pg_get_serial_sequence('entries', 'id'))")
         );
@@ -374,8 +382,12 @@ impl Dialect for PostgresDialect {
         for column in provenance_columns(new.written_by) {
             statement = statement.bind(column);
         }
+        let (pr_bytes, pr_entries) = pr_counts(new.scope_class, size);
         let entry: Option<i64> = statement
             .bind(new.digest)
+            .bind(new.scope_class.code() as i16)
+            .bind(pr_bytes)
+            .bind(pr_entries)
             .fetch_optional(&self.pool)
             .await
             .map_err(from_sqlx)?;
@@ -444,7 +456,7 @@ impl Dialect for PostgresDialect {
         let rows = sqlx::query(
             "WITH gone AS (
                  DELETE FROM entries WHERE id = ANY($1)
-                 RETURNING id, repository, scope, key, version, size, created_at, last_used_at),
+                 RETURNING id, repository, scope, key, version, size, created_at, last_used_at, scope_class),
              pending AS (
                  INSERT INTO pending_deletions (blob_name, size, delete_at)
                  SELECT c.blob_name, c.size, $2 FROM entry_chunks c JOIN gone ON c.entry_id = gone.id
@@ -453,8 +465,12 @@ impl Dialect for PostgresDialect {
                  INSERT INTO quarantine (entry_id, repository, scope, key, version, size, reason, quarantined_at)
                  SELECT id, repository, scope, key, version, size, $3, $4 FROM gone WHERE $3::text IS NOT NULL),
              usage AS (
-                 UPDATE repository_usage u SET bytes = u.bytes - g.bytes, entries = u.entries - g.n
-                 FROM (SELECT repository, SUM(size)::bigint AS bytes, COUNT(*) AS n FROM gone GROUP BY repository) g
+                 UPDATE repository_usage u SET bytes = u.bytes - g.bytes, entries = u.entries - g.n,
+                     pr_bytes = u.pr_bytes - g.pr_bytes, pr_entries = u.pr_entries - g.pr_n
+                 FROM (SELECT repository, SUM(size)::bigint AS bytes, COUNT(*) AS n,
+                              SUM(CASE WHEN scope_class = 1 THEN size ELSE 0 END)::bigint AS pr_bytes,
+                              COUNT(*) FILTER (WHERE scope_class = 1) AS pr_n
+                       FROM gone GROUP BY repository) g
                  WHERE u.repository = g.repository)
              SELECT id, repository, size, created_at, last_used_at FROM gone ORDER BY id",
         )

@@ -214,6 +214,8 @@ async fn repositories_keep_names_usage_hits_and_misses(store: &dyn MetaStore) {
         entries: counts[1],
         hits: counts[2],
         misses: counts[3],
+        pr_bytes: 0,
+        pr_entries: 0,
     };
     assert_eq!(
         store.repositories(Some("octo/a"), 10).await.unwrap(),

@@ -6,6 +6,7 @@ pub async fn run(store: Arc<dyn MetaStore>) {
     usage_follows_finalize_and_removal(store.as_ref()).await;
     removed_chunks_wait_for_their_deletion_time(store.as_ref()).await;
     least_recently_used_come_first(store.as_ref()).await;
+    scope_classes_are_counted_and_listed_apart(store.as_ref()).await;
     expiry_finds_unused_and_old_entries(store.as_ref()).await;
     removals_race_and_count_once(store.clone()).await;
     references_cover_every_table(store.as_ref()).await;
@@ -24,11 +25,11 @@ fn removal(cause: &RemovalCause, delete_at: i64) -> Removal<'_> {
 async fn usage_follows_finalize_and_removal(store: &dyn MetaStore) {
     let repo = RepoId::new("lc-usage");
     let total_before = store.total_usage().await.unwrap();
-    assert_eq!(store.repository_usage(&repo).await.unwrap(), 0);
+    assert_eq!(store.repository_usage(&repo).await.unwrap().bytes, 0);
     let one = save(store, &slot("lc-usage", "one"), &[100], 1).await;
     save(store, &slot("lc-usage", "two"), &[50, 150], 2).await;
     save(store, &slot("lc-usage", "three"), &[300], 3).await;
-    assert_eq!(store.repository_usage(&repo).await.unwrap(), 600);
+    assert_eq!(store.repository_usage(&repo).await.unwrap().bytes, 600);
     assert_eq!(store.total_usage().await.unwrap(), total_before + 600);
 
     let evicted = RemovalCause::Evicted;
@@ -41,7 +42,7 @@ async fn usage_follows_finalize_and_removal(store: &dyn MetaStore) {
     assert_eq!(removed[0].repository, repo);
     assert!(store.entry(one).await.unwrap().is_none(), "removed at once");
     assert!(lookup(store, "lc-usage", &["one"]).await.is_empty());
-    assert_eq!(store.repository_usage(&repo).await.unwrap(), 500);
+    assert_eq!(store.repository_usage(&repo).await.unwrap().bytes, 500);
     assert_eq!(store.total_usage().await.unwrap(), total_before + 500);
     let again = store
         .remove_entries(&[one], removal(&evicted, 5_000))
@@ -51,7 +52,7 @@ async fn usage_follows_finalize_and_removal(store: &dyn MetaStore) {
         again.is_empty(),
         "an entry already gone is not removed twice"
     );
-    assert_eq!(store.repository_usage(&repo).await.unwrap(), 500);
+    assert_eq!(store.repository_usage(&repo).await.unwrap().bytes, 500);
 }
 
 async fn removed_chunks_wait_for_their_deletion_time(store: &dyn MetaStore) {
@@ -163,7 +164,8 @@ async fn removals_race_and_count_once(store: Arc<dyn MetaStore>) {
         store
             .repository_usage(&RepoId::new("lc-race"))
             .await
-            .unwrap(),
+            .unwrap()
+            .bytes,
         0
     );
 }
@@ -232,6 +234,9 @@ async fn abandoned_uploads_are_found_and_closed_ones_pruned(store: &dyn MetaStor
 async fn forgetting_after_a_crash_drops_new_entries_and_open_uploads(store: &dyn MetaStore) {
     let old = save(store, &slot("forget", "old"), &[1], 1_000).await;
     let new = save(store, &slot("forget", "new"), &[1], 3_000).await;
+    let pr = |key| slot_in("forget", "refs/pull/9/merge", key, "v1");
+    save(store, &pr("old-pr"), &[2], 1_000).await;
+    save(store, &pr("new-pr"), &[4], 3_000).await;
     let (_, new_chunks) = store.entry(new).await.unwrap().unwrap();
     let open = reserve(store, &slot("forget", "open"), 3_000).await;
     let staged = chunk(7);
@@ -253,7 +258,125 @@ async fn forgetting_after_a_crash_drops_new_entries_and_open_uploads(store: &dyn
             .repository_usage(&RepoId::new("forget"))
             .await
             .unwrap(),
-        1,
-        "usage is recounted after forgetting"
+        QuotaUsage {
+            bytes: 3,
+            pr_bytes: 2
+        },
+        "usage, and that of pull requests and tags, is recounted after forgetting"
+    );
+}
+
+/// Entries of pull requests and tags are counted apart in their repository's usage (as their
+/// finalize classed them), and listed least recently used first within their class.
+async fn scope_classes_are_counted_and_listed_apart(store: &dyn MetaStore) {
+    let repo = RepoId::new("lc-class");
+    let pr = ScopeClass::PullRequestOrTag;
+    let main = save(store, &slot("lc-class", "main"), &[100], 10).await;
+    let pull = save(
+        store,
+        &slot_in("lc-class", "refs/pull/1/merge", "pull", "v1"),
+        &[30],
+        20,
+    )
+    .await;
+    let tag = save(
+        store,
+        &slot_in("lc-class", "refs/tags/v1.0", "tag", "v1"),
+        &[15, 5],
+        30,
+    )
+    .await;
+    let other = save(
+        store,
+        &slot_in("lc-class", "refs/pull/2/merge", "other", "v1"),
+        &[10],
+        40,
+    )
+    .await;
+    let feature = save(
+        store,
+        &slot_in("lc-class", "refs/heads/feature", "feature", "v1"),
+        &[1],
+        50,
+    )
+    .await;
+    assert_eq!(
+        store.repository_usage(&repo).await.unwrap(),
+        QuotaUsage {
+            bytes: 161,
+            pr_bytes: 60
+        }
+    );
+    store.record_hits(&[(pull, 1, 60)]).await.unwrap();
+    let ids =
+        |found: Vec<hoard::model::EntryUse>| found.into_iter().map(|e| e.id).collect::<Vec<_>>();
+    assert_eq!(
+        ids(store
+            .least_recently_used_of_class(&repo, pr, 10)
+            .await
+            .unwrap()),
+        [tag, other, pull],
+        "pull requests and tags only, least recently used first"
+    );
+    assert_eq!(
+        ids(store
+            .least_recently_used_of_class(&repo, pr, 1)
+            .await
+            .unwrap()),
+        [tag]
+    );
+    assert_eq!(
+        ids(store
+            .least_recently_used_of_class(&repo, ScopeClass::Branch, 10)
+            .await
+            .unwrap()),
+        [main, feature],
+        "branches only"
+    );
+    assert!(store
+        .least_recently_used_of_class(&RepoId::new("lc-class-none"), pr, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    let listed = store.repositories(Some("lc-class"), 10).await.unwrap();
+    assert_eq!(
+        (
+            listed[0].bytes,
+            listed[0].entries,
+            listed[0].pr_bytes,
+            listed[0].pr_entries
+        ),
+        (161, 5, 60, 3)
+    );
+
+    let evicted = RemovalCause::Evicted;
+    store
+        .remove_entries(&[tag, main], removal(&evicted, 5_000))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.repository_usage(&repo).await.unwrap(),
+        QuotaUsage {
+            bytes: 41,
+            pr_bytes: 40
+        },
+        "a removal takes its bytes from its class"
+    );
+    let listed = store.repositories(Some("lc-class"), 10).await.unwrap();
+    assert_eq!(
+        (
+            listed[0].bytes,
+            listed[0].entries,
+            listed[0].pr_bytes,
+            listed[0].pr_entries
+        ),
+        (41, 3, 40, 2)
+    );
+    assert_eq!(
+        store
+            .repository_usage(&RepoId::new("lc-class-none"))
+            .await
+            .unwrap(),
+        QuotaUsage::default()
     );
 }

@@ -14,8 +14,8 @@ pub use std::sync::Arc;
 pub use hoard::meta::{MetaError, MetaStore, NewEntry, NewUpload, Removal};
 pub use hoard::model::{
     BlobName, BlockId, CacheKey, CallerKind, Chunk, EntryFilter, EntryId, EntryOrder, EntryPage,
-    Provenance, RemovalCause, RepoId, RepositoryUsage, Scope, Slot, Upload, UploadId, UploadState,
-    Version,
+    Provenance, QuotaUsage, RemovalCause, RepoId, RepositoryUsage, Scope, ScopeClass, Slot, Upload,
+    UploadId, UploadState, Version,
 };
 
 pub const MAIN: &str = "refs/heads/main";
@@ -125,6 +125,7 @@ pub async fn save_named(
         chunks: &chunks,
         written_by: upload.written_by.as_ref(),
         digest: "",
+        scope_class: ScopeClass::of(&slot.scope),
         now,
     };
     store.finalize(&upload, entry).await.unwrap()

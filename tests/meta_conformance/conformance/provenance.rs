@@ -45,6 +45,7 @@ async fn save_by(
                 // `None` stands for an upload reserved before records were kept.
                 written_by: by.and(upload.written_by.as_ref()),
                 digest,
+                scope_class: ScopeClass::of(&slot.scope),
                 now,
             },
         )

@@ -154,6 +154,7 @@ async fn blocks_stage_commit_and_finalize_into_an_entry(store: &dyn MetaStore) {
                 chunks: &chunks,
                 written_by: upload.written_by.as_ref(),
                 digest: "",
+                scope_class: ScopeClass::of(&s.scope),
                 now: 105,
             },
         )
@@ -217,6 +218,7 @@ async fn changes_at_an_old_revision_or_to_a_closed_upload_change_nothing(store: 
                 chunks: &[chunk(1)],
                 written_by: loaded.written_by.as_ref(),
                 digest: "",
+                scope_class: ScopeClass::of(&s.scope),
                 now: 3,
             },
         )
@@ -264,6 +266,7 @@ async fn a_second_entry_for_a_slot_is_refused_and_leaves_nothing_behind(store: &
                 chunks: &[chunk(10)],
                 written_by: second.written_by.as_ref(),
                 digest: "",
+                scope_class: ScopeClass::of(&s.scope),
                 now: 4,
             },
         )

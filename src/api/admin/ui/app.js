@@ -256,11 +256,20 @@ function renderUsage(usage, limits) {
     const size = quota
       ? `${formatBytes(r.active_caches_size_in_bytes)} (${formatRatio(r.active_caches_size_in_bytes / quota)} of quota)`
       : formatBytes(r.active_caches_size_in_bytes);
+    // Bytes per scope class: branches, and pull requests and tags (their own share of the quota).
+    const branches = cell(formatBytes(r.branch_caches_size_in_bytes), 'num');
+    branches.dataset.testid = 'repo-branch-bytes';
+    branches.title = `${formatCount(r.branch_caches_count)} entries of branches`;
+    const prsAndTags = cell(formatBytes(r.pr_and_tag_caches_size_in_bytes), 'num');
+    prsAndTags.dataset.testid = 'repo-pr-tag-bytes';
+    prsAndTags.title = `${formatCount(r.pr_and_tag_caches_count)} entries of pull requests and tags`;
     const tr = document.createElement('tr');
     tr.append(
       cell(link),
       cell(size, 'num'),
       cell(formatCount(r.active_caches_count), 'num'),
+      branches,
+      prsAndTags,
       cell(formatCount(r.hits), 'num'),
       cell(formatRatio(r.hit_ratio), 'num'),
     );
