@@ -238,11 +238,29 @@ pub async fn caches(server: &ServerArgs, command: &CachesCommand) -> Result<Stri
 pub async fn status(server: &ServerArgs) -> Result<String, CliError> {
     let client = Client::new(server)?;
     let status: wire::Status = client.call(reqwest::Method::GET, "status").await?;
-    Ok(if server.json {
-        pretty(&status)
-    } else {
-        status_text(&status)
-    })
+    if server.json {
+        return Ok(pretty(&status));
+    }
+    let mut text = status_text(&status);
+    // A server from before write policies has no `policy` endpoint: the line is left out.
+    if let Ok(policy) = client
+        .call::<wire::Policy>(reqwest::Method::GET, "policy")
+        .await
+    {
+        text.push_str(&policy_line(&policy));
+    }
+    Ok(text)
+}
+
+/// `hoard status`'s line on the write policy in force.
+fn policy_line(policy: &wire::Policy) -> String {
+    match (&policy.source, &policy.loaded_at) {
+        (Some(source), Some(at)) => format!(
+            "policy     {} rules from {source}, loaded {at}\n",
+            policy.rules.len()
+        ),
+        _ => "policy     none (every token may do what it grants)\n".to_owned(),
+    }
 }
 
 async fn list(client: &Client, json: bool, args: &ListArgs) -> Result<String, CliError> {
