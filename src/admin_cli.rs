@@ -241,15 +241,12 @@ pub async fn status(server: &ServerArgs) -> Result<String, CliError> {
     if server.json {
         return Ok(pretty(&status));
     }
-    let mut text = status_text(&status);
     // A server from before write policies has no `policy` endpoint: the line is left out.
-    if let Ok(policy) = client
+    let policy = client
         .call::<wire::Policy>(reqwest::Method::GET, "policy")
         .await
-    {
-        text.push_str(&policy_line(&policy));
-    }
-    Ok(text)
+        .ok();
+    Ok(status_text(&status, policy.as_ref()))
 }
 
 /// `hoard status`'s line on the write policy in force.
@@ -429,7 +426,7 @@ fn usage_table(usage: &wire::Usage) -> String {
     out
 }
 
-fn status_text(status: &wire::Status) -> String {
+fn status_text(status: &wire::Status, policy: Option<&wire::Policy>) -> String {
     let (limits, usage, lookups) = (&status.limits, &status.usage, &status.lookups);
     let limit = |v: Option<u64>| v.map_or("none".to_owned(), size);
     let mut out = String::new();
@@ -462,6 +459,9 @@ fn status_text(status: &wire::Status) -> String {
         lookups.misses,
         percent(lookups.hit_ratio)
     );
+    if let Some(policy) = policy {
+        out.push_str(&policy_line(policy));
+    }
     if status.warnings.is_empty() {
         out.push_str("warnings   none\n");
     }

@@ -1046,7 +1046,10 @@ fn a_frozen_main_branch_warns_the_real_client_and_lifts_on_sighup() {
     const FREEZE: &str = "[[rule]]\nrepository = \"octo/app\"\nscope = \"refs/heads/main\"\naccess = \"read-only\"\n";
     std::fs::write(&policy, FREEZE).unwrap();
     let line = hangup_for_policy(&hoard);
-    assert!(line.contains("policy reloaded") && line.contains("1 rules"), "{line}");
+    assert!(
+        line.contains("policy reloaded") && line.contains("1 rules"),
+        "{line}"
+    );
 
     let denied = "cache write denied: refs/heads/main of octo/app is read-only by policy rule 1";
     ws.write_random("f/data.bin", 64 * 1024, 8);

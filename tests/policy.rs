@@ -177,6 +177,21 @@ impl Server {
         res.json().await.unwrap()
     }
 
+    /// What `hoard status` prints for this server.
+    async fn status_text(&self) -> String {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hoard"));
+        cmd.arg("status")
+            .env("HOARD_SERVER", &self.hoard.base)
+            .env("HOARD_ADMIN_TOKEN", ADMIN)
+            .env_remove("HOARD_ADMIN_TOKEN_FILE")
+            .env("RUST_LOG", "off");
+        let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+            .await
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    }
+
     fn log_lines(&self, needle: &str) -> Vec<String> {
         let log = self.hoard.log.lock().unwrap();
         log.iter().filter(|l| l.contains(needle)).cloned().collect()
@@ -235,6 +250,14 @@ async fn refused_writes_and_reads_answer_as_github_does_and_sighup_swaps_the_pol
         ])
     );
     assert!(policy["loaded_at"].as_str().unwrap().ends_with('Z'));
+    let status = srv.status_text().await;
+    assert!(
+        status.contains(&format!(
+            "policy     2 rules from {}, loaded ",
+            file.display()
+        )),
+        "{status}"
+    );
 
     // v2: a frozen scope's create and finalize are 200 ok:false with GitHub's prefix (§2.4).
     let frozen = "cache write denied: refs/heads/main of octo/app is read-only by policy rule 1";
@@ -243,7 +266,10 @@ async fn refused_writes_and_reads_answer_as_github_does_and_sighup_swaps_the_pol
         (200, json!({ "ok": false, "message": frozen }))
     );
     let (status, body) = srv.finalize(&main, "deps", 10).await;
-    assert_eq!((status, &body["ok"], &body["message"]), (200, &json!(false), &json!(frozen)));
+    assert_eq!(
+        (status, &body["ok"], &body["message"]),
+        (200, &json!(false), &json!(frozen))
+    );
     // Restores still hit.
     let (status, hit) = srv.lookup(&main, "deps").await;
     assert_eq!((status, &hit["ok"]), (200, &json!(true)), "{hit}");
@@ -312,7 +338,10 @@ async fn refused_writes_and_reads_answer_as_github_does_and_sighup_swaps_the_pol
     );
     assert!(line.contains("ERROR"), "logged as an error: {line}");
     assert_eq!(srv.create(&main, "new").await.1["message"], frozen);
-    assert_eq!(srv.admin_policy().await["rules"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        srv.admin_policy().await["rules"].as_array().unwrap().len(),
+        2
+    );
 
     // Lifting the freeze (a rule that lets main write again, before the freeze) opens saves.
     let lifted = format!(
