@@ -291,11 +291,26 @@ pub async fn caches(server: &ServerArgs, command: &CachesCommand) -> Result<Stri
 pub async fn status(server: &ServerArgs) -> Result<String, CliError> {
     let client = Client::new(server)?;
     let status: wire::Status = client.call(reqwest::Method::GET, "status").await?;
-    Ok(if server.json {
-        pretty(&status)
-    } else {
-        status_text(&status)
-    })
+    if server.json {
+        return Ok(pretty(&status));
+    }
+    // A server from before write policies has no `policy` endpoint: the line is left out.
+    let policy = client
+        .call::<wire::Policy>(reqwest::Method::GET, "policy")
+        .await
+        .ok();
+    Ok(status_text(&status, policy.as_ref()))
+}
+
+/// `hoard status`'s line on the write policy in force.
+fn policy_line(policy: &wire::Policy) -> String {
+    match (&policy.source, &policy.loaded_at) {
+        (Some(source), Some(at)) => format!(
+            "policy     {} rules from {source}, loaded {at}\n",
+            policy.rules.len()
+        ),
+        _ => "policy     none (every token may do what it grants)\n".to_owned(),
+    }
 }
 
 async fn list(client: &Client, json: bool, args: &ListArgs) -> Result<String, CliError> {
@@ -583,7 +598,7 @@ fn usage_table(usage: &wire::Usage) -> String {
     out
 }
 
-fn status_text(status: &wire::Status) -> String {
+fn status_text(status: &wire::Status, policy: Option<&wire::Policy>) -> String {
     let (limits, usage, lookups) = (&status.limits, &status.usage, &status.lookups);
     let limit = |v: Option<u64>| v.map_or("none".to_owned(), size);
     let mut out = String::new();
@@ -616,6 +631,9 @@ fn status_text(status: &wire::Status) -> String {
         lookups.misses,
         percent(lookups.hit_ratio)
     );
+    if let Some(policy) = policy {
+        out.push_str(&policy_line(policy));
+    }
     if status.warnings.is_empty() {
         out.push_str("warnings   none\n");
     }

@@ -132,6 +132,13 @@ pub struct ServeArgs {
     #[arg(long, env = "HOARD_ANONYMOUS_ACCESS", default_value = "off", value_parser = parse_anonymous)]
     pub anonymous_access: Anonymous,
 
+    /// Write policies: a TOML file of [[rule]]s by repository and scope, each read-write,
+    /// read-only or deny, optionally for some caller kinds (docs/security.md). Re-read on
+    /// SIGHUP; a bad file refuses start-up, or keeps the policy in force on reload. Without it,
+    /// every token may do what it grants.
+    #[arg(long, env = "HOARD_POLICY_FILE")]
+    pub policy_file: Option<PathBuf>,
+
     /// Proxies whose `X-Forwarded-For` is believed when recording who wrote an entry: IP
     /// addresses or networks (`10.0.0.0/8`), comma-separated. From any other peer the header is
     /// ignored and the peer's own address is recorded.
@@ -310,6 +317,9 @@ pub struct Config {
     pub anonymous: Option<crate::auth::namespaces::Access>,
     /// Proxies whose `X-Forwarded-For` names the client (`--trusted-proxies`).
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// The write policy as `--policy-file` read at start-up; its `source` is the file that
+    /// SIGHUP reads again. `None`: no policy (every token may do what it grants).
+    pub policy: Option<crate::cache::policy::Policy>,
     /// The link signing key, if given directly; else `signing_key_file` is used.
     pub signing_key: Option<crate::secret::Secret>,
     pub signing_key_file: PathBuf,
@@ -478,6 +488,12 @@ impl ServeArgs {
             }
             None => None,
         };
+        let policy = self
+            .policy_file
+            .as_deref()
+            .map(crate::cache::policy::Policy::load)
+            .transpose()
+            .map_err(|e| ConfigError(format!("--policy-file (HOARD_POLICY_FILE): {e}.")))?;
         if self.metrics_repositories > 10_000 {
             return Err(ConfigError(
                 "--metrics-repositories (HOARD_METRICS_REPOSITORIES) must be at most 10000: each is a series in every scrape.".into(),
@@ -493,6 +509,7 @@ impl ServeArgs {
             namespaces,
             anonymous: self.anonymous_access.0,
             trusted_proxies: self.trusted_proxies.clone(),
+            policy,
             signing_key,
             signing_key_file: self
                 .signing_key_file
@@ -717,6 +734,39 @@ mod tests {
         Cli::try_parse_from(std::iter::once("hoard").chain(list.iter().copied()))
             .unwrap()
             .serve
+    }
+
+    #[test]
+    fn a_policy_file_is_read_at_start_and_a_bad_one_names_the_option_and_line() {
+        assert!(args(&[]).validate().unwrap().policy.is_none());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("policy.toml");
+        std::fs::write(
+            &path,
+            "[[rule]]\nrepository = \"*\"\nscope = \"refs/heads/main\"\naccess = \"read-only\"\n",
+        )
+        .unwrap();
+        let file = path.to_str().unwrap();
+        let policy = args(&["--policy-file", file]).validate().unwrap().policy;
+        let policy = policy.unwrap();
+        assert_eq!(policy.rules.len(), 1);
+        assert_eq!(policy.source.as_deref(), Some(path.as_path()));
+        std::fs::write(&path, "[[rule]]\nrepository = \"*\"\nscope = 1\n").unwrap();
+        let err = args(&["--policy-file", file]).validate().unwrap_err();
+        assert!(
+            err.0
+                .starts_with("--policy-file (HOARD_POLICY_FILE): the policy file ")
+                && err.0.contains("line 3"),
+            "{err}"
+        );
+        let err = args(&["--policy-file", "/nonexistent/policy.toml"])
+            .validate()
+            .unwrap_err();
+        assert!(
+            err.0
+                .contains("cannot read the policy file /nonexistent/policy.toml"),
+            "{err}"
+        );
     }
 
     #[test]

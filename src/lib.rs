@@ -120,6 +120,10 @@ pub async fn build_state(
     }
     .with_clock(config.clock.clone());
     cache.recover().await?;
+    if let Some(policy) = &config.policy {
+        log_policy("write policy loaded", policy);
+        cache.set_write_policy(policy.clone());
+    }
     if config.direct_downloads {
         cache
             .can_presign()
@@ -191,24 +195,65 @@ pub async fn serve_metrics(state: AppState, listener: TcpListener, shutdown: Can
     }
 }
 
-/// Reads the TLS certificate and key again on each SIGHUP until `stop`. Without TLS, SIGHUP
-/// (a service manager's reload) is logged and otherwise ignored rather than ending the process.
-async fn reload_on_sighup(tls: Option<Arc<tls::Reloadable>>, stop: CancellationToken) {
+/// One info line for a policy put in force: `<what> from <path>: N rules`.
+fn log_policy(what: &str, policy: &cache::policy::Policy) {
+    let source = policy
+        .source
+        .as_deref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let rules = policy.rules.len();
+    tracing::info!(policy = %source, rules, "{what} from {source}: {rules} rules");
+}
+
+/// Reads the write policy file again and puts it in force on `cache`; a file that does not
+/// parse leaves the policy in force as it is and says why, in one sentence naming the file.
+pub fn reload_policy(
+    cache: &Cache,
+    path: &std::path::Path,
+) -> Result<(), cache::policy::PolicyError> {
+    let policy = cache::policy::Policy::load(path)?;
+    log_policy("SIGHUP: policy reloaded", &policy);
+    cache.set_write_policy(policy);
+    Ok(())
+}
+
+/// On each SIGHUP until `stop`, reads again what can be reloaded: the TLS certificate and key,
+/// and the write policy file, each logging one line. Without either, SIGHUP (a service
+/// manager's reload) is logged and otherwise ignored rather than ending the process.
+async fn reload_on_sighup(
+    tls: Option<Arc<tls::Reloadable>>,
+    policy: Option<(std::path::PathBuf, Cache)>,
+    stop: CancellationToken,
+) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut hangups = match signal(SignalKind::hangup()) {
         Ok(s) => s,
         Err(e) => {
-            tracing::warn!("cannot watch SIGHUP, TLS certificates will not be reloaded: {e}");
+            tracing::warn!(
+                "cannot watch SIGHUP, TLS certificates and the policy file will not be reloaded: {e}"
+            );
             return;
         }
     };
     loop {
         tokio::select! {
-            Some(()) = hangups.recv() => match tls.as_deref().map(|t| (t, t.reload())) {
-                Some((t, Ok(()))) => tracing::info!(cert = %t.cert_path().display(), "SIGHUP: TLS certificate reloaded"),
-                Some((_, Err(e))) => tracing::error!("SIGHUP: TLS certificate not reloaded, the previous one stays: {e}"),
-                None => tracing::info!("SIGHUP: nothing to reload (no --tls-cert)"),
-            },
+            Some(()) = hangups.recv() => {
+                if let Some(t) = tls.as_deref() {
+                    match t.reload() {
+                        Ok(()) => tracing::info!(cert = %t.cert_path().display(), "SIGHUP: TLS certificate reloaded"),
+                        Err(e) => tracing::error!("SIGHUP: TLS certificate not reloaded, the previous one stays: {e}"),
+                    }
+                }
+                if let Some((path, cache)) = &policy {
+                    if let Err(e) = reload_policy(cache, path) {
+                        tracing::error!("SIGHUP: policy not reloaded, the previous one stays: {e}");
+                    }
+                }
+                if tls.is_none() && policy.is_none() {
+                    tracing::info!("SIGHUP: nothing to reload (no --tls-cert or --policy-file)");
+                }
+            }
             () = stop.cancelled() => return,
         }
     }
@@ -235,7 +280,12 @@ pub async fn serve(
         )),
         None => None,
     };
-    tokio::spawn(reload_on_sighup(tls.clone(), shutdown.clone()));
+    let policy = config
+        .policy
+        .as_ref()
+        .and_then(|p| p.source.clone())
+        .map(|path| (path, state.cache().clone()));
+    tokio::spawn(reload_on_sighup(tls.clone(), policy, shutdown.clone()));
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()

@@ -151,6 +151,7 @@ async fn ls_usage_and_status_print_tables_and_json() {
     assert!(status.contains("database   sqlite"), "{status}");
     assert!(status.contains("3 entries"), "{status}");
     assert!(status.contains("1 hits, 1 misses"), "{status}");
+    assert!(status.contains("policy     none"), "{status}");
     let status_json = json_out(&hoard(&base, Some(ADMIN), &["status", "--json"]).await);
     assert_eq!(status_json["usage"]["entries"], 3);
 }

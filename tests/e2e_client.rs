@@ -994,6 +994,107 @@ fn a_repository_over_its_quota_loses_its_least_recently_used_entries() {
     assert_eq!(res, "quota-other", "other repositories keep theirs:\n{out}");
 }
 
+/// Sends SIGHUP to `hoard` and waits for its policy reload line (reloaded or not); returns it.
+fn hangup_for_policy(hoard: &Hoard) -> String {
+    let lines = || -> Vec<String> {
+        let log = hoard.log.lock().unwrap();
+        log.iter()
+            .filter(|l| l.contains("SIGHUP: policy"))
+            .cloned()
+            .collect()
+    };
+    let before = lines().len();
+    let hup = Command::new("kill")
+        .args(["-HUP", &hoard.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    wait_until(|| lines().len() > before);
+    lines()
+        .get(before)
+        .cloned()
+        .unwrap_or_else(|| panic!("no reload line: {:?}", hoard.log.lock().unwrap()))
+}
+
+/// A freeze of `refs/heads/main` in `--policy-file` (issue #23 part 3): the real client's save
+/// warns with the write-denied message and the step does not fail, on v2 and on v1; restores
+/// still hit; a bad file on SIGHUP keeps the freeze; the file edited and SIGHUP, saves work.
+#[test]
+fn a_frozen_main_branch_warns_the_real_client_and_lifts_on_sighup() {
+    let data = tempfile::tempdir().unwrap();
+    let secret = common::secret_file(data.path());
+    let policy = data.path().join("policy.toml");
+    std::fs::write(&policy, "# nothing frozen yet\n").unwrap();
+    let hoard = Hoard::start_with(
+        data.path(),
+        &[
+            "--token-hs256-secret-file",
+            secret.to_str().unwrap(),
+            "--policy-file",
+            policy.to_str().unwrap(),
+        ],
+    );
+    let srv = hoard.base.as_str();
+    let mut claims = common::claims("1", &[(MAIN, 3)]);
+    claims["repository"] = serde_json::json!("octo/app");
+    let t = common::sign_hs256(&claims);
+    let ws = Workspace::new();
+    let before = ws.write_random("f/data.bin", 64 * 1024, 7);
+    let (res, out) = ws.save(srv, &t, "frozen-1", &["f"]);
+    saved_id(&res, &out);
+
+    const FREEZE: &str = "[[rule]]\nrepository = \"octo/app\"\nscope = \"refs/heads/main\"\naccess = \"read-only\"\n";
+    std::fs::write(&policy, FREEZE).unwrap();
+    let line = hangup_for_policy(&hoard);
+    assert!(
+        line.contains("policy reloaded") && line.contains("1 rules"),
+        "{line}"
+    );
+
+    let denied = "cache write denied: refs/heads/main of octo/app is read-only by policy rule 1";
+    ws.write_random("f/data.bin", 64 * 1024, 8);
+    // node_result checks the client exited 0: the job's save step goes on.
+    let (res, out) = ws.save(srv, &t, "frozen-2", &["f"]);
+    assert_eq!(res, -1, "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("::warning::") && l.contains(denied)),
+        "a warning:\n{out}"
+    );
+    assert!(!out.contains("another job may be creating"), "{out}");
+    let (res, out) = ws.run_via(Via::V1With6, srv, &t, &["save", "frozen-v1", "f"]);
+    assert_eq!(res, -1, "{out}");
+    assert!(out.contains(denied), "{out}");
+    // Restores still hit.
+    ws.remove("f");
+    let (res, out) = ws.restore(srv, &t, "frozen-1", &[], &["f"]);
+    assert_eq!(res, "frozen-1", "{out}");
+    assert_eq!(sha256_file(&ws.path("f/data.bin")), before);
+    let (res, out) = ws.restore(srv, &t, "frozen-2", &[], &["f"]);
+    assert_eq!(res, Value::Null, "nothing was saved while frozen:\n{out}");
+
+    // A bad file on SIGHUP keeps the freeze.
+    std::fs::write(&policy, FREEZE.replace("read-only", "frozen")).unwrap();
+    let line = hangup_for_policy(&hoard);
+    assert!(line.contains("policy not reloaded"), "{line}");
+    ws.write_random("f/data.bin", 64 * 1024, 9);
+    let (res, out) = ws.save(srv, &t, "frozen-3", &["f"]);
+    assert_eq!(res, -1, "{out}");
+    assert!(out.contains(denied), "{out}");
+
+    // The freeze lifted in the file and SIGHUP: saves work again.
+    std::fs::write(&policy, FREEZE.replace("read-only", "read-write")).unwrap();
+    let line = hangup_for_policy(&hoard);
+    assert!(line.contains("policy reloaded"), "{line}");
+    let after = ws.write_random("f/data.bin", 64 * 1024, 10);
+    let (res, out) = ws.save(srv, &t, "frozen-3", &["f"]);
+    saved_id(&res, &out);
+    ws.remove("f");
+    let (res, out) = ws.restore(srv, &t, "frozen-3", &[], &["f"]);
+    assert_eq!(res, "frozen-3", "{out}");
+    assert_eq!(sha256_file(&ws.path("f/data.bin")), after);
+}
+
 /// Pull-request entries keep within their share of the quota (`--pr-scope-share`, 50% by
 /// default): a pull request saving past it loses its own oldest entries, never the default
 /// branch's, which the real client still restores byte for byte.

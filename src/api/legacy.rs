@@ -100,9 +100,10 @@ impl From<CallerError> for LegacyError {
 impl From<CacheError> for LegacyError {
     fn from(e: CacheError) -> Self {
         match e {
-            CacheError::WriteDenied | CacheError::ReadDenied => {
-                Self::new(StatusCode::FORBIDDEN, e.to_string())
-            }
+            CacheError::WriteDenied
+            | CacheError::ReadDenied
+            | CacheError::WriteDeniedByPolicy(_)
+            | CacheError::ReadDeniedByPolicy(_) => Self::new(StatusCode::FORBIDDEN, e.to_string()),
             CacheError::UploadNotFound => Self::new(StatusCode::NOT_FOUND, "no such cache"),
             CacheError::EntryNotFound => Self::new(StatusCode::NOT_FOUND, "no such entry"),
             CacheError::UploadClosed => {

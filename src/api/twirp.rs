@@ -81,8 +81,10 @@ impl From<CacheError> for TwirpError {
         match e {
             CacheError::Invalid(e) => Self::new("invalid_argument", e.to_string()),
             CacheError::Conflict => Self::new("already_exists", e.to_string()),
-            CacheError::ReadDenied => Self::new("permission_denied", e.to_string()),
-            CacheError::WriteDenied => Self::new("permission_denied", e.to_string()),
+            CacheError::ReadDenied
+            | CacheError::ReadDeniedByPolicy(_)
+            | CacheError::WriteDenied
+            | CacheError::WriteDeniedByPolicy(_) => Self::new("permission_denied", e.to_string()),
             CacheError::TooManyUploads => Self {
                 retry_after: Some(60),
                 ..Self::new("resource_exhausted", e.to_string())
@@ -287,12 +289,15 @@ async fn create(
             signed_upload_url: links::signed(app, headers, upload)?,
             message: String::new(),
         }),
-        // GitHub answers a token without a writable scope with 200 ok:false (§2.4, §12).
-        Err(e @ CacheError::WriteDenied) => Ok(CreateCacheEntryResponse {
-            ok: false,
-            signed_upload_url: String::new(),
-            message: e.to_string(),
-        }),
+        // GitHub answers a token without a writable scope with 200 ok:false (§2.4, §12); a
+        // write the policy refuses is answered the same, so the client warns and goes on.
+        Err(e @ (CacheError::WriteDenied | CacheError::WriteDeniedByPolicy(_))) => {
+            Ok(CreateCacheEntryResponse {
+                ok: false,
+                signed_upload_url: String::new(),
+                message: e.to_string(),
+            })
+        }
         Err(e) => Err(e.into()),
     }
 }
@@ -321,6 +326,7 @@ async fn finalize(
         // Outcomes the client reports as a warning with our message (§2.6).
         Err(
             e @ (CacheError::WriteDenied
+            | CacheError::WriteDeniedByPolicy(_)
             | CacheError::NoReservation
             | CacheError::NothingUploaded
             | CacheError::TooLarge(_)

@@ -17,6 +17,12 @@ pub enum CacheError {
     WriteDenied,
     #[error("cache read denied: token has no readable scopes")]
     ReadDenied,
+    /// The write policy makes the write scope read-only or denies it (`--policy-file`).
+    #[error("cache write denied: {0}")]
+    WriteDeniedByPolicy(super::policy::Refusal),
+    /// The write policy denies every scope the token may read (`--policy-file`).
+    #[error("cache read denied: {0}")]
+    ReadDeniedByPolicy(super::policy::Refusal),
     #[error("cache entry with the same key, version, and scope already exists")]
     Conflict,
     #[error("no such upload")]

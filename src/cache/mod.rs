@@ -16,6 +16,7 @@ mod error;
 mod integrity;
 pub mod lifecycle;
 pub mod matching;
+pub mod policy;
 mod ranges;
 pub mod recent;
 mod restore;
@@ -23,13 +24,14 @@ mod save;
 pub mod upload;
 pub mod usage;
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::auth::Identity;
 use crate::blob::BlobStore;
 use crate::meta::{MetaError, MetaStore};
-use crate::model::{BlobName, Clipped, Clock, EntryId, Slot};
+use crate::model::{BlobName, Clipped, Clock, EntryId, Scope, Slot};
 
 pub use error::CacheError;
 pub use restore::{slices, Hit, OpenEntry};
@@ -70,6 +72,8 @@ pub struct Cache {
     /// Repositories whose quota a finalize is enforcing (see [`Cache::enforce_quota`]).
     evicting: Arc<lifecycle::Evicting>,
     metrics: Arc<crate::metrics::Metrics>,
+    /// The write policy in force (`--policy-file`), swapped whole on reload.
+    write_policy: Arc<policy::PolicyCell>,
 }
 
 impl Cache {
@@ -91,6 +95,7 @@ impl Cache {
             quarantined: Arc::default(),
             evicting: Arc::default(),
             metrics: Arc::default(),
+            write_policy: Arc::default(),
         }
     }
 
@@ -153,6 +158,47 @@ impl Cache {
         self.blobs.kind()
     }
 
+    /// Puts `policy` in force (at start-up, and on each reload), replacing the one before;
+    /// requests decided from now on follow it.
+    pub fn set_write_policy(&self, policy: policy::Policy) {
+        self.write_policy.set(policy, self.clock.now());
+    }
+
+    /// The write policy in force and when it was loaded; `None` without `--policy-file`.
+    pub fn write_policy(&self) -> Option<Arc<policy::Installed>> {
+        self.write_policy.current()
+    }
+
+    /// Refuses a write of `who` to `scope` that the write policy does not allow.
+    fn check_write_policy(&self, who: &Identity, scope: &Scope) -> Result<(), CacheError> {
+        match self.write_policy.with(|p| p.check_write(who, scope)) {
+            Some(Err(refused)) => {
+                audit_refusal("write_denied", who, &refused);
+                Err(CacheError::WriteDeniedByPolicy(refused))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The scopes `who` may read, in token order: the token's readable scopes less those the
+    /// write policy denies (borrowed as they are without a policy).
+    fn readable_scopes<'a>(&self, who: &'a Identity) -> Result<Cow<'a, [Scope]>, CacheError> {
+        if who.read_scopes.is_empty() {
+            return Err(CacheError::ReadDenied);
+        }
+        match self
+            .write_policy
+            .with(|p| p.readable(who, &who.read_scopes))
+        {
+            None => Ok(Cow::Borrowed(&who.read_scopes)),
+            Some(Ok(kept)) => Ok(Cow::Owned(kept)),
+            Some(Err(refused)) => {
+                audit_refusal("read_denied", who, &refused);
+                Err(CacheError::ReadDeniedByPolicy(refused))
+            }
+        }
+    }
+
     /// Deletes blobs no metadata refers to any more. Failures only leave orphans behind.
     async fn collect(&self, garbage: Vec<BlobName>) {
         for name in garbage {
@@ -207,6 +253,23 @@ fn audit(action: &str, who: &Identity, slot: &Slot, id: i64) {
         run_id = %Clipped(&who.run_id),
         job_id = %Clipped(&who.job_id),
         id,
+    );
+}
+
+/// The audit line of a write or read the write policy refused.
+fn audit_refusal(action: &str, who: &Identity, refused: &policy::Refusal) {
+    tracing::info!(
+        target: "hoard::audit",
+        action,
+        rule = refused.rule,
+        access = %refused.access,
+        repository = %who.repository,
+        repository_name = %Clipped(&who.repository_name),
+        scope = %refused.scope,
+        kind = %who.kind,
+        subject = %Clipped(&who.subject),
+        run_id = %Clipped(&who.run_id),
+        job_id = %Clipped(&who.job_id),
     );
 }
 

@@ -24,6 +24,7 @@ impl Cache {
         id: UploadId,
     ) -> Result<LinkedUpload, CacheError> {
         let write_scope = who.write_scope.as_ref().ok_or(CacheError::WriteDenied)?;
+        self.check_write_policy(who, write_scope)?;
         let linked = self.upload(id).await?;
         if linked.upload.repository != who.repository || &linked.upload.scope != write_scope {
             return Err(CacheError::UploadNotFound);
@@ -113,12 +114,10 @@ impl Cache {
     /// `GET caches?key=`: the entries `who` may read whose key is `key` (any version), in
     /// scope order and newest first within a scope, at most [`MAX_LISTED`].
     pub async fn list_key(&self, who: &Identity, key: &str) -> Result<Vec<Entry>, CacheError> {
-        if who.read_scopes.is_empty() {
-            return Err(CacheError::ReadDenied);
-        }
+        let scopes = self.readable_scopes(who)?;
         let folded = CacheKey::parse(key)?.folded();
         let mut listed = Vec::new();
-        for scope in who.read_scopes.iter().take(crate::model::MAX_READ_SCOPES) {
+        for scope in scopes.iter().take(crate::model::MAX_READ_SCOPES) {
             let room = MAX_LISTED - listed.len();
             if room == 0 {
                 break;
@@ -132,16 +131,17 @@ impl Cache {
         Ok(listed)
     }
 
-    /// An entry `who` may read: its repository and one of its readable scopes. Anyone else's
-    /// entry is not found.
+    /// An entry `who` may read: its repository and one of its readable scopes (less those the
+    /// write policy denies). Anyone else's entry is not found.
     pub async fn readable_entry(
         &self,
         who: &Identity,
         id: EntryId,
     ) -> Result<Arc<OpenEntry>, CacheError> {
+        let scopes = self.readable_scopes(who)?;
         let open = self.open_entry(id).await?;
         let entry = &open.entry;
-        if entry.repository != who.repository || !who.read_scopes.contains(&entry.scope) {
+        if entry.repository != who.repository || !scopes.contains(&entry.scope) {
             return Err(CacheError::EntryNotFound);
         }
         Ok(open)

@@ -57,12 +57,10 @@ impl OpenEntry {
 }
 
 impl Cache {
-    /// GetCacheEntryDownloadURL: GitHub's matching over the token's readable scopes. A hit
+    /// GetCacheEntryDownloadURL: GitHub's matching over the token's readable scopes (less
+    /// those the write policy denies, see [`super::policy`]). A hit
     /// counts as a use of the entry (last-used time and hit count, written within a second).
     pub async fn lookup(&self, who: &Identity, lookup: &Lookup) -> Result<Option<Hit>, CacheError> {
-        if who.read_scopes.is_empty() {
-            return Err(CacheError::ReadDenied);
-        }
         if who.read_scopes.len() > crate::model::MAX_READ_SCOPES {
             return Err(CacheError::Invalid(crate::model::InvalidInput(format!(
                 "the token grants {} readable scopes; lookups search at most {}",
@@ -70,21 +68,18 @@ impl Cache {
                 crate::model::MAX_READ_SCOPES
             ))));
         }
+        // The token's scopes, less those the write policy denies.
+        let scopes = self.readable_scopes(who)?;
         let folded: Vec<String> = lookup.keys.iter().map(CacheKey::folded).collect();
-        let key =
-            recent::RecentLookups::key(&who.repository, &lookup.version, &who.read_scopes, &folded);
+        let key = recent::RecentLookups::key(&who.repository, &lookup.version, &scopes, &folded);
         let candidates = self
             .lookups
             .get_or_load(key, self.clock.as_ref(), || {
-                self.meta.find_candidates(
-                    &who.repository,
-                    &lookup.version,
-                    &who.read_scopes,
-                    &folded,
-                )
+                self.meta
+                    .find_candidates(&who.repository, &lookup.version, &scopes, &folded)
             })
             .await?;
-        let Some(best) = matching::best_match(&who.read_scopes, &folded, &candidates) else {
+        let Some(best) = matching::best_match(&scopes, &folded, &candidates) else {
             self.metrics.lookup(crate::metrics::LookupOutcome::Miss);
             self.metrics
                 .repository_lookup(who.display_repository(), false);

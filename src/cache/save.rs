@@ -363,11 +363,12 @@ impl Cache {
         }
     }
 
-    /// The slot a write of `who` goes to.
+    /// The slot a write of `who` goes to, if the token and the write policy allow the write.
     fn write_slot(&self, who: &Identity, key: &str, version: &str) -> Result<Slot, CacheError> {
         let key = CacheKey::parse(key)?;
         let version = Version::parse(version)?;
         let scope = who.write_scope.clone().ok_or(CacheError::WriteDenied)?;
+        self.check_write_policy(who, &scope)?;
         Ok(Slot {
             repository: who.repository.clone(),
             scope,

@@ -1102,3 +1102,85 @@ async fn concurrent_saves_leave_the_repository_within_its_quota() {
     assert!(used <= 30, "{used} bytes kept against a quota of 30");
     assert!(used >= 10, "the latest saves are kept");
 }
+
+fn write_policy(rules: &[(&str, &str, policy::Access)]) -> policy::Policy {
+    policy::Policy {
+        source: None,
+        rules: rules
+            .iter()
+            .map(|(repository, scope, access)| policy::Rule {
+                repository: (*repository).into(),
+                scope: (*scope).into(),
+                access: *access,
+                callers: None,
+            })
+            .collect(),
+    }
+}
+
+#[tokio::test]
+async fn a_frozen_scope_refuses_writes_and_still_serves_reads() {
+    let w = world();
+    let me = who("1");
+    w.save(&me, "k", b"abc").await;
+    w.cache
+        .set_write_policy(write_policy(&[("octo/1", MAIN, policy::Access::ReadOnly)]));
+    let refused = w.cache.reserve(&me, "192.0.2.1", "k2", "v").await;
+    let Err(e @ CacheError::WriteDeniedByPolicy(_)) = refused else {
+        panic!("{refused:?}");
+    };
+    assert_eq!(
+        e.to_string(),
+        "cache write denied: refs/heads/main of octo/1 is read-only by policy rule 1"
+    );
+    assert!(matches!(
+        w.cache.finalize(&me, "k2", "v", 3).await,
+        Err(CacheError::WriteDeniedByPolicy(_))
+    ));
+    assert_eq!(w.restore(&me, "k").await.unwrap(), b"abc");
+    // Another repository is not frozen.
+    w.save(&who("2"), "k", b"def").await;
+    // Lifting the freeze lets the save through.
+    w.cache.set_write_policy(policy::Policy::default());
+    w.save(&me, "k2", b"ghi").await;
+    assert!(w.cache.write_policy().unwrap().policy.rules.is_empty());
+}
+
+#[tokio::test]
+async fn a_denied_scope_is_invisible_and_all_denied_is_read_denied() {
+    let w = world();
+    let me = who("1");
+    w.save(&me, "k", b"main").await;
+    let mut pull = who("1");
+    pull.write_scope = Some(Scope::new("refs/pull/7/merge"));
+    pull.read_scopes = vec![Scope::new("refs/pull/7/merge"), Scope::new(MAIN)];
+    w.save(&pull, "k", b"pull").await;
+    assert_eq!(w.restore(&pull, "k").await.unwrap(), b"pull");
+    w.cache
+        .set_write_policy(write_policy(&[("*", "refs/pull/*", policy::Access::Deny)]));
+    // The pull request's own scope is left out: main still serves it.
+    assert_eq!(w.restore(&pull, "k").await.unwrap(), b"main");
+    assert!(matches!(
+        w.cache.reserve(&pull, "192.0.2.1", "k3", "v").await,
+        Err(CacheError::WriteDeniedByPolicy(_))
+    ));
+    // Denying main too leaves nothing to read.
+    w.cache.set_write_policy(write_policy(&[
+        ("*", "refs/pull/*", policy::Access::Deny),
+        ("1", MAIN, policy::Access::Deny),
+    ]));
+    let lookup = Lookup::parse("k", &[], "v").unwrap();
+    let refused = w.cache.lookup(&pull, &lookup).await;
+    let Err(e @ CacheError::ReadDeniedByPolicy(_)) = refused else {
+        panic!("{refused:?}");
+    };
+    assert!(
+        e.to_string()
+            .starts_with("cache read denied: refs/pull/7/merge of octo/1"),
+        "{e}"
+    );
+    assert!(matches!(
+        w.cache.list_key(&me, "k").await,
+        Err(CacheError::ReadDeniedByPolicy(_))
+    ));
+}

@@ -207,15 +207,18 @@ async fn route(
     match (method, path) {
         (&Method::GET, "status") => ok(&status(app).await?),
         (&Method::GET, "usage") => ok(&usage(app, &query).await?),
+        (&Method::GET, "policy") => ok(&policy(app)),
         (&Method::GET, "caches") => ok(&list(app, &query).await?),
         (&Method::DELETE, "caches") => ok(&delete_matching(app, &query).await?),
         (&Method::GET, _) if one.is_some() => ok(&wire::Cache::from(&entry(app, one).await?)),
         (&Method::DELETE, _) if one.is_some() => ok(&delete_one(app, one).await?),
         // A known endpoint, another method.
-        _ if one.is_some() || matches!(path, "status" | "usage" | "caches") => Err(AdminError(
-            StatusCode::METHOD_NOT_ALLOWED,
-            format!("{method} is not allowed here"),
-        )),
+        _ if one.is_some() || matches!(path, "status" | "usage" | "caches" | "policy") => {
+            Err(AdminError(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!("{method} is not allowed here"),
+            ))
+        }
         _ => Err(AdminError::not_found(format!(
             "no such admin API endpoint: {}{}",
             API,
@@ -256,6 +259,35 @@ async fn status(app: &AppState) -> Result<wire::Status, AdminError> {
         quarantined: status.quarantined,
         warnings,
     })
+}
+
+/// `GET policy`: the write policy in force.
+fn policy(app: &AppState) -> wire::Policy {
+    let Some(installed) = app.cache().write_policy() else {
+        return wire::Policy {
+            source: None,
+            loaded_at: None,
+            rules: Vec::new(),
+        };
+    };
+    let policy = &installed.policy;
+    wire::Policy {
+        source: policy.source.as_deref().map(|p| p.display().to_string()),
+        loaded_at: Some(wire::time(installed.loaded_at)),
+        rules: policy
+            .rules
+            .iter()
+            .map(|r| wire::PolicyRule {
+                repository: r.repository.clone(),
+                scope: r.scope.clone(),
+                access: r.access.as_str().to_owned(),
+                callers: r
+                    .callers
+                    .as_ref()
+                    .map(|kinds| kinds.iter().map(|k| k.as_str().to_owned()).collect()),
+            })
+            .collect(),
+    }
 }
 
 async fn usage(app: &AppState, query: &Query) -> Result<wire::Usage, AdminError> {

@@ -113,6 +113,16 @@ mod tests {
         }
     }
 
+    /// A rule limited to some callers (`callers`) or for every caller.
+    fn policy_rule(callers: bool) -> PolicyRule {
+        PolicyRule {
+            repository: "octo/app".into(),
+            scope: "refs/heads/main".into(),
+            access: "read-only".into(),
+            callers: callers.then(|| vec!["github".into(), "forgejo".into()]),
+        }
+    }
+
     /// Each schema of the document, with the answers it describes: optional fields set and
     /// unset, lists full and empty.
     fn samples() -> Vec<(&'static str, Vec<Value>)> {
@@ -171,6 +181,25 @@ mod tests {
                 })],
             ),
             ("Status", vec![sent(status(true)), sent(status(false))]),
+            (
+                "Policy",
+                vec![
+                    sent(Policy {
+                        source: Some("/etc/hoard/policy.toml".into()),
+                        loaded_at: Some(time(1_700_000_000_000)),
+                        rules: vec![policy_rule(true), policy_rule(false)],
+                    }),
+                    sent(Policy {
+                        source: None,
+                        loaded_at: None,
+                        rules: vec![],
+                    }),
+                ],
+            ),
+            (
+                "PolicyRule",
+                vec![sent(policy_rule(true)), sent(policy_rule(false))],
+            ),
         ]
     }
 
@@ -347,6 +376,7 @@ mod tests {
             BTreeSet::from([
                 "/status",
                 "/usage",
+                "/policy",
                 "/caches",
                 "/caches/{id}",
                 "/openapi.json"

@@ -157,6 +157,32 @@ pub struct Lookups {
     pub hit_ratio: Option<f64>,
 }
 
+/// The write policy in force (`--policy-file`; schema `Policy`). Without one, `source` and
+/// `loaded_at` are `None` (null) and there are no rules: every token may do what it grants.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    /// The file the rules were read from.
+    pub source: Option<String>,
+    /// When the file was last read (start-up or SIGHUP), RFC 3339.
+    pub loaded_at: Option<String>,
+    /// In the file's order: the first that applies decides, and refusals name it by its
+    /// place from 1 ("policy rule 1").
+    pub rules: Vec<PolicyRule>,
+}
+
+/// One rule of the policy (`Policy.rules`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyRule {
+    /// A glob over the repository id and owner/name; `*` for every repository.
+    pub repository: String,
+    /// A glob over the scope (git ref).
+    pub scope: String,
+    /// `read-write`, `read-only` or `deny`.
+    pub access: String,
+    /// The caller kinds the rule applies to; `None` (null): every caller.
+    pub callers: Option<Vec<String>>,
+}
+
 impl From<&ListedEntry> for Cache {
     fn from(listed: &ListedEntry) -> Self {
         let e = &listed.entry;

@@ -1,0 +1,722 @@
+//! Write policies (`--policy-file`, issue #23): rules by repository and scope that make a scope
+//! read-write, read-only (a freeze) or denied, optionally only for some caller kinds.
+//!
+//! Pure: parsing a policy file's text and deciding what a caller may do with a scope. `Cache`
+//! holds the policy in force ([`PolicyCell`]) and consults it on every reserve, finalize,
+//! v1 upload and lookup.
+//!
+//! The rules, in the file's order:
+//!
+//! ```toml
+//! [[rule]]
+//! repository = "octo/app"     # an id, owner/name, or "*"
+//! scope = "refs/heads/main"   # a glob over the scope (git ref)
+//! access = "read-only"        # read-write | read-only | deny
+//! callers = ["github"]        # optional: the caller kinds the rule applies to
+//! ```
+//!
+//! - A rule applies to a caller and a scope when its `repository` matches the caller's
+//!   repository id, or its owner/name (names case-insensitively, as GitHub compares them), its
+//!   `scope` matches the scope, and `callers` (when given) lists the caller's kind. Both
+//!   `repository` and `scope` are globs: `*` stands for any run of characters, `/` included
+//!   (`refs/pull/*` matches `refs/pull/7/merge`), `?` for one character.
+//! - The first rule that applies decides; a scope no rule applies to is read-write. No file,
+//!   or a file without rules, is today's behaviour.
+//! - A policy only takes away: the token's own permissions still hold, so `read-write` never
+//!   lets a read-only token write.
+//! - Writes are checked against the caller's write scope: `read-only` and `deny` refuse them.
+//! - Reads: a scope whose rule is `deny` is left out of the caller's lookups, as if the token
+//!   did not grant it, so its entries are invisible to that caller while the other scopes
+//!   (the base and default branches) still serve. When every readable scope is denied, the
+//!   lookup is refused as read-denied, which clients treat as a miss with a warning.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use serde::Deserialize;
+
+use crate::auth::Identity;
+use crate::model::{CallerKind, Millis, Scope};
+
+/// What a rule allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Access {
+    ReadWrite,
+    ReadOnly,
+    Deny,
+}
+
+impl Access {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ReadWrite => "read-write",
+            Self::ReadOnly => "read-only",
+            Self::Deny => "deny",
+        }
+    }
+
+    fn may_write(self) -> bool {
+        self == Self::ReadWrite
+    }
+
+    fn may_read(self) -> bool {
+        self != Self::Deny
+    }
+}
+
+impl fmt::Display for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One `[[rule]]` of the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// A glob over the repository id and its owner/name; `*` for every repository.
+    pub repository: String,
+    /// A glob over the scope (git ref).
+    pub scope: String,
+    pub access: Access,
+    /// The caller kinds the rule applies to; `None`: every caller.
+    pub callers: Option<Vec<CallerKind>>,
+}
+
+impl Rule {
+    /// Whether the rule applies to `who` using `scope`.
+    pub fn applies(&self, who: &Identity, scope: &Scope) -> bool {
+        if let Some(kinds) = &self.callers {
+            if !kinds.contains(&who.kind) {
+                return false;
+            }
+        }
+        let repository = glob(&self.repository, who.repository.as_str(), false)
+            || (!who.repository_name.is_empty()
+                && glob(&self.repository, &who.repository_name, true));
+        repository && glob(&self.scope, scope.as_str(), false)
+    }
+}
+
+/// A policy: the rules of one file, in its order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Policy {
+    /// The file the rules were read from.
+    pub source: Option<PathBuf>,
+    pub rules: Vec<Rule>,
+}
+
+/// The rule that decided, and what it decided: the reason a refusal gives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// The rule's place in the file, from 1.
+    pub rule: usize,
+    pub access: Access,
+}
+
+/// A write or read the policy refuses: the scope, the repository as people know it and the
+/// rule, for the client's message and the audit line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub scope: Scope,
+    pub repository: String,
+    pub rule: usize,
+    pub access: Access,
+}
+
+impl fmt::Display for Refusal {
+    /// `refs/heads/main of octo/app is read-only by policy rule 1`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let scope = match self.scope.as_str() {
+            "" => "the shared scope",
+            s => s,
+        };
+        let access = match self.access {
+            Access::Deny => "denied",
+            other => other.as_str(),
+        };
+        write!(
+            f,
+            "{scope} of {} is {access} by policy rule {}",
+            self.repository, self.rule
+        )
+    }
+}
+
+/// The most rules a file may hold: each request walks them in order.
+pub const MAX_RULES: usize = 10_000;
+/// The largest policy file read.
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+/// The longest `repository` or `scope` pattern.
+const MAX_PATTERN: usize = 1024;
+
+/// Why a policy file cannot be used: one sentence naming the file and, where it can, the line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct PolicyError(String);
+
+impl Policy {
+    /// Reads and parses the policy file at `path`.
+    pub fn load(path: &Path) -> Result<Self, PolicyError> {
+        use std::io::Read;
+        let shown = path.display();
+        let file = std::fs::File::open(path)
+            .map_err(|e| PolicyError(format!("cannot read the policy file {shown}: {e}")))?;
+        let mut text = String::new();
+        file.take(MAX_FILE_BYTES + 1)
+            .read_to_string(&mut text)
+            .map_err(|e| PolicyError(format!("cannot read the policy file {shown}: {e}")))?;
+        if text.len() as u64 > MAX_FILE_BYTES {
+            return Err(PolicyError(format!(
+                "the policy file {shown} is larger than {MAX_FILE_BYTES} bytes"
+            )));
+        }
+        Self::parse(&text, path)
+    }
+
+    /// Parses a policy file's text; `path` names it in errors and becomes the source.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, PolicyError> {
+        let at = |span: Option<std::ops::Range<usize>>| match span {
+            Some(span) => format!(
+                "the policy file {}, line {}",
+                path.display(),
+                line_of(text, span.start)
+            ),
+            None => format!("the policy file {}", path.display()),
+        };
+        let file: File = toml::from_str(text).map_err(|e| {
+            PolicyError(format!(
+                "{}: {}",
+                at(e.span()),
+                e.message().trim_end().trim_end_matches('.')
+            ))
+        })?;
+        if file.rule.len() > MAX_RULES {
+            return Err(PolicyError(format!(
+                "{} has {} rules; at most {MAX_RULES} are allowed",
+                at(None),
+                file.rule.len()
+            )));
+        }
+        let rules = file
+            .rule
+            .into_iter()
+            .enumerate()
+            .map(|(i, spanned)| {
+                let span = spanned.span();
+                let raw = spanned.into_inner();
+                let bad = |what: &str| {
+                    PolicyError(format!("{} (rule {}): {what}", at(Some(span.clone())), i + 1))
+                };
+                if raw.repository.is_empty() {
+                    return Err(bad(
+                        "repository must be an id, owner/name or \"*\", not empty",
+                    ));
+                }
+                if raw.repository.len() > MAX_PATTERN || raw.scope.len() > MAX_PATTERN {
+                    return Err(bad(&format!(
+                        "repository and scope are at most {MAX_PATTERN} bytes"
+                    )));
+                }
+                let callers = match raw.callers {
+                    Some(kinds) if kinds.is_empty() => {
+                        return Err(bad(
+                            "callers must name at least one caller kind, or be left out to mean every caller",
+                        ))
+                    }
+                    Some(kinds) => Some(kinds.into_iter().map(|k| k.0).collect()),
+                    None => None,
+                };
+                Ok(Rule {
+                    repository: raw.repository,
+                    scope: raw.scope,
+                    access: raw.access,
+                    callers,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            source: Some(path.to_owned()),
+            rules,
+        })
+    }
+
+    /// The first rule that applies to `who` using `scope`; `None`: no rule does (read-write).
+    pub fn decide(&self, who: &Identity, scope: &Scope) -> Option<Decision> {
+        self.rules
+            .iter()
+            .position(|r| r.applies(who, scope))
+            .map(|i| Decision {
+                rule: i + 1,
+                access: self.rules[i].access,
+            })
+    }
+
+    /// Whether `who` may write to `scope`: the refusal if a rule makes it read-only or denies it.
+    pub fn check_write(&self, who: &Identity, scope: &Scope) -> Result<(), Refusal> {
+        match self.decide(who, scope) {
+            Some(d) if !d.access.may_write() => Err(refusal(who, scope, d)),
+            _ => Ok(()),
+        }
+    }
+
+    /// The scopes of `scopes` that `who` may read, in order; `Err` with the first scope's
+    /// refusal when the policy denies every one. An empty `scopes` is returned as it is.
+    pub fn readable(&self, who: &Identity, scopes: &[Scope]) -> Result<Vec<Scope>, Refusal> {
+        let mut first_refusal = None;
+        let mut kept = Vec::with_capacity(scopes.len());
+        for scope in scopes {
+            match self.decide(who, scope) {
+                Some(d) if !d.access.may_read() => {
+                    first_refusal.get_or_insert_with(|| refusal(who, scope, d));
+                }
+                _ => kept.push(scope.clone()),
+            }
+        }
+        match first_refusal {
+            Some(refused) if kept.is_empty() => Err(refused),
+            _ => Ok(kept),
+        }
+    }
+}
+
+fn refusal(who: &Identity, scope: &Scope, d: Decision) -> Refusal {
+    Refusal {
+        scope: scope.clone(),
+        repository: who.display_repository().to_owned(),
+        rule: d.rule,
+        access: d.access,
+    }
+}
+
+/// The line (from 1) of byte `offset` of `text`.
+fn line_of(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|b| **b == b'\n')
+        .count()
+        + 1
+}
+
+/// The file as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    rule: Vec<toml::Spanned<RawRule>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    repository: String,
+    scope: String,
+    access: Access,
+    #[serde(default)]
+    callers: Option<Vec<Kind>>,
+}
+
+/// A caller kind by its name; an unknown name fails where it is written.
+struct Kind(CallerKind);
+
+impl<'de> Deserialize<'de> for Kind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        name.parse().map(Kind).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Whether `text` matches `pattern`, where `*` stands for any run of characters (`/`
+/// included) and `?` for one; `fold` compares case-insensitively. Backtracks only to the last
+/// `*`, so no pattern takes more than pattern × text steps. ASCII (every ref and GitHub name)
+/// is matched on the bytes as they are, without copying.
+pub fn glob(pattern: &str, text: &str, fold: bool) -> bool {
+    if pattern.is_ascii() && text.is_ascii() {
+        let same = |a: u8, b: u8| a == b || (fold && a.eq_ignore_ascii_case(&b));
+        return wildcard(pattern.as_bytes(), text.as_bytes(), b'*', b'?', same);
+    }
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    let same = |a: char, b: char| a == b || (fold && a.to_lowercase().eq(b.to_lowercase()));
+    wildcard(&p, &t, '*', '?', same)
+}
+
+fn wildcard<T: Copy + PartialEq>(
+    p: &[T],
+    t: &[T],
+    any: T,
+    one: T,
+    same: impl Fn(T, T) -> bool,
+) -> bool {
+    let (mut pi, mut ti) = (0, 0);
+    // Where the last `*` was, and the text position it currently stands up to.
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() && p[pi] == any {
+            star = Some((pi, ti));
+            pi += 1;
+        } else if pi < p.len() && (p[pi] == one || same(p[pi], t[ti])) {
+            pi += 1;
+            ti += 1;
+        } else if let Some((sp, st)) = star {
+            // Let the last `*` take one more character and try again after it.
+            pi = sp + 1;
+            ti = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == any)
+}
+
+/// The policy in force, swapped whole on reload. `None` (no `--policy-file`) costs a request
+/// one uncontended read lock.
+#[derive(Debug, Default)]
+pub struct PolicyCell(RwLock<Option<Arc<Installed>>>);
+
+/// A policy and when it was put in force.
+#[derive(Debug)]
+pub struct Installed {
+    pub policy: Policy,
+    pub loaded_at: Millis,
+}
+
+impl PolicyCell {
+    pub fn set(&self, policy: Policy, loaded_at: Millis) {
+        let installed = Arc::new(Installed { policy, loaded_at });
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Some(installed);
+    }
+
+    /// The policy in force, if any.
+    pub fn current(&self) -> Option<Arc<Installed>> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// `f` on the policy in force, under the read lock (no copy); `None` without one.
+    pub fn with<T>(&self, f: impl FnOnce(&Policy) -> T) -> Option<T> {
+        let guard = self.0.read().unwrap_or_else(|e| e.into_inner());
+        guard.as_deref().map(|installed| f(&installed.policy))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::RepoId;
+
+    fn parse(text: &str) -> Result<Policy, PolicyError> {
+        Policy::parse(text, Path::new("/etc/hoard/policy.toml"))
+    }
+
+    fn caller(id: &str, name: &str, kind: CallerKind) -> Identity {
+        Identity {
+            repository: RepoId::new(id),
+            repository_name: name.into(),
+            read_scopes: vec![Scope::new("refs/heads/main")],
+            write_scope: Some(Scope::new("refs/heads/main")),
+            kind,
+            issuer: String::new(),
+            subject: String::new(),
+            run_id: String::new(),
+            job_id: String::new(),
+        }
+    }
+
+    fn octo() -> Identity {
+        caller("42", "octo/app", CallerKind::Github)
+    }
+
+    fn scope(s: &str) -> Scope {
+        Scope::new(s)
+    }
+
+    #[test]
+    fn globs_match_any_run_including_slashes_and_single_characters() {
+        assert!(glob("*", "", false));
+        assert!(glob("*", "refs/heads/main", false));
+        assert!(glob("refs/pull/*", "refs/pull/7/merge", false));
+        assert!(!glob("refs/pull/*", "refs/heads/main", false));
+        assert!(glob("refs/heads/main", "refs/heads/main", false));
+        assert!(!glob("refs/heads/main", "refs/heads/main2", false));
+        assert!(!glob("refs/heads/main", "refs/heads/mai", false));
+        assert!(glob("refs/*/main", "refs/heads/main", false));
+        assert!(glob("refs/pull/?/merge", "refs/pull/7/merge", false));
+        assert!(!glob("refs/pull/?/merge", "refs/pull/17/merge", false));
+        assert!(glob("*/*/*", "a/b/c", false));
+        assert!(glob("a*b*c", "axxbyyc", false));
+        assert!(!glob("a*b*c", "axxbyy", false));
+        assert!(glob("**", "x", false));
+        assert!(!glob("", "x", false));
+        assert!(glob("", "", false));
+        assert!(glob("Octo/*", "octo/app", true));
+        assert!(!glob("Octo/*", "octo/app", false));
+        // Beyond ASCII, `?` is one character and folding is Unicode's.
+        assert!(glob("refs/heads/?", "refs/heads/é", false));
+        assert!(glob("ÉQUIPE/*", "équipe/app", true));
+        assert!(!glob("ÉQUIPE/*", "équipe/app", false));
+        // Adversarial patterns stay quick (pattern × text at worst).
+        let long = "a".repeat(5000);
+        assert!(!glob(&format!("{}b", "*a".repeat(500)), &long, false));
+        assert!(glob(&"*a".repeat(500), &long, false));
+    }
+
+    #[test]
+    fn the_format_of_the_issue_parses() {
+        let policy = parse(
+            r#"
+# Freeze main during the incident.
+[[rule]]
+repository = "octo/app"     # an id, owner/name, or "*"
+scope = "refs/heads/main"   # a glob over the scope (git ref)
+access = "read-only"        # read-write | read-only | deny
+callers = ["github"]        # optional: the caller kinds the rule applies to
+
+[[rule]]
+repository = "*"
+scope = "refs/pull/*"
+access = "deny"
+"#,
+        )
+        .unwrap();
+        assert_eq!(
+            policy.source.as_deref(),
+            Some(Path::new("/etc/hoard/policy.toml"))
+        );
+        assert_eq!(
+            policy.rules,
+            vec![
+                Rule {
+                    repository: "octo/app".into(),
+                    scope: "refs/heads/main".into(),
+                    access: Access::ReadOnly,
+                    callers: Some(vec![CallerKind::Github]),
+                },
+                Rule {
+                    repository: "*".into(),
+                    scope: "refs/pull/*".into(),
+                    access: Access::Deny,
+                    callers: None,
+                },
+            ]
+        );
+        assert_eq!(parse("").unwrap().rules, vec![]);
+        assert_eq!(parse("# nothing yet\n").unwrap().rules, vec![]);
+    }
+
+    #[test]
+    fn bad_files_are_one_sentence_naming_the_file_and_line() {
+        for (text, line, needle) in [
+            ("[[rule]]\nrepository = \"*\"\nscope = \"*\"\naccess = \"readonly\"\n", 4, "read-only"),
+            ("[[rule]]\nrepository = \"*\"\nscope = \"*\"\nacess = \"deny\"\n", 4, "acess"),
+            ("[[rule]]\nrepository = \"*\"\naccess = \"deny\"\n", 1, "scope"),
+            ("[[rule]]\nrepository = \"*\"\nscope = \"*\"\naccess = \"deny\"\ncallers = [\"gthub\"]\n", 5, "gthub"),
+            ("[[rule]]\nrepository = \"*\"\nscope = \"*\"\naccess = \"deny\"\ncallers = []\n", 1, "at least one"),
+            ("[[rule]]\nrepository = \"\"\nscope = \"*\"\naccess = \"deny\"\n", 1, "repository"),
+            ("[[rules]]\nrepository = \"*\"\n", 1, "rules"),
+            ("[[rule]]\nrepository = 7\nscope = \"*\"\naccess = \"deny\"\n", 2, "string"),
+            ("[[rule]\n", 1, ""),
+            ("\n\n[[rule]]\nrepository = \"*\"\nscope = \"*\"\naccess = \"read-write\"\n\n[[rule]]\nrepository = \"*\"\nscope = \"*\"\naccess = \"nope\"\n", 11, "nope"),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("the policy file /etc/hoard/policy.toml, line {line}")),
+                "{text:?}: {e}"
+            );
+            assert!(e.contains(needle), "{text:?}: {e}");
+            assert!(!e.contains('\n'), "one line: {e:?}");
+        }
+        let e =
+            parse("[[rule]]\nrepository = \"*\"\nscope = \"*\"\naccess = \"deny\"\ncallers = []\n")
+                .unwrap_err()
+                .to_string();
+        assert!(e.contains("(rule 1)"), "{e}");
+    }
+
+    #[test]
+    fn unreadable_and_oversized_files_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.toml");
+        let e = Policy::load(&missing).unwrap_err().to_string();
+        assert!(
+            e.contains("cannot read the policy file") && e.contains("missing.toml"),
+            "{e}"
+        );
+        let big = dir.path().join("big.toml");
+        std::fs::write(&big, "#".repeat(MAX_FILE_BYTES as usize + 1)).unwrap();
+        let e = Policy::load(&big).unwrap_err().to_string();
+        assert!(e.contains("larger than"), "{e}");
+        let ok = dir.path().join("ok.toml");
+        std::fs::write(
+            &ok,
+            "[[rule]]\nrepository = \"*\"\nscope = \"*\"\naccess = \"deny\"\n",
+        )
+        .unwrap();
+        assert_eq!(Policy::load(&ok).unwrap().rules.len(), 1);
+    }
+
+    fn policy(rules: &[(&str, &str, Access, Option<Vec<CallerKind>>)]) -> Policy {
+        Policy {
+            source: None,
+            rules: rules
+                .iter()
+                .map(|(repository, scope, access, callers)| Rule {
+                    repository: (*repository).into(),
+                    scope: (*scope).into(),
+                    access: *access,
+                    callers: callers.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_first_matching_rule_wins_and_no_rule_means_read_write() {
+        let p = policy(&[
+            ("octo/app", "refs/heads/main", Access::ReadWrite, None),
+            ("*", "refs/heads/*", Access::ReadOnly, None),
+            ("*", "*", Access::Deny, None),
+        ]);
+        let who = octo();
+        assert_eq!(
+            p.decide(&who, &scope("refs/heads/main")),
+            Some(Decision {
+                rule: 1,
+                access: Access::ReadWrite
+            })
+        );
+        assert_eq!(
+            p.decide(&who, &scope("refs/heads/dev")),
+            Some(Decision {
+                rule: 2,
+                access: Access::ReadOnly
+            })
+        );
+        assert_eq!(
+            p.decide(&who, &scope("refs/tags/v1")),
+            Some(Decision {
+                rule: 3,
+                access: Access::Deny
+            })
+        );
+        assert_eq!(
+            Policy::default().decide(&who, &scope("refs/heads/main")),
+            None
+        );
+        assert!(Policy::default().check_write(&who, &scope("x")).is_ok());
+    }
+
+    #[test]
+    fn repositories_match_by_id_or_name_case_insensitively() {
+        let who = octo();
+        let main = scope("refs/heads/main");
+        for pattern in ["42", "octo/app", "Octo/App", "octo/*", "*"] {
+            let p = policy(&[(pattern, "*", Access::Deny, None)]);
+            assert!(p.decide(&who, &main).is_some(), "{pattern}");
+        }
+        for pattern in ["43", "octo/other", "4", "octo"] {
+            let p = policy(&[(pattern, "*", Access::Deny, None)]);
+            assert!(p.decide(&who, &main).is_none(), "{pattern}");
+        }
+        // A caller without a name matches by id only.
+        let nameless = caller("42", "", CallerKind::Github);
+        assert!(policy(&[("42", "*", Access::Deny, None)])
+            .decide(&nameless, &main)
+            .is_some());
+        assert!(policy(&[("octo/app", "*", Access::Deny, None)])
+            .decide(&nameless, &main)
+            .is_none());
+    }
+
+    #[test]
+    fn callers_limit_a_rule_to_their_kinds() {
+        let p = policy(&[(
+            "*",
+            "*",
+            Access::ReadOnly,
+            Some(vec![CallerKind::Forgejo, CallerKind::Namespace]),
+        )]);
+        let main = scope("refs/heads/main");
+        assert!(p.check_write(&octo(), &main).is_ok());
+        let forge = caller("forgejo:octo/app", "octo/app", CallerKind::Forgejo);
+        assert!(p.check_write(&forge, &scope("")).is_err());
+        let ns = caller("namespace:ci", "namespace:ci", CallerKind::Namespace);
+        assert!(p.check_write(&ns, &scope("")).is_err());
+    }
+
+    #[test]
+    fn read_only_and_deny_refuse_writes_with_a_reason_naming_the_rule() {
+        let p = policy(&[
+            ("*", "refs/pull/*", Access::Deny, None),
+            ("octo/app", "refs/heads/main", Access::ReadOnly, None),
+        ]);
+        let who = octo();
+        let refused = p.check_write(&who, &scope("refs/heads/main")).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "refs/heads/main of octo/app is read-only by policy rule 2"
+        );
+        let refused = p
+            .check_write(&who, &scope("refs/pull/7/merge"))
+            .unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "refs/pull/7/merge of octo/app is denied by policy rule 1"
+        );
+        assert!(p.check_write(&who, &scope("refs/heads/dev")).is_ok());
+        let shared = Refusal {
+            scope: scope(""),
+            ..refused
+        };
+        assert!(
+            shared
+                .to_string()
+                .starts_with("the shared scope of octo/app"),
+            "{shared}"
+        );
+    }
+
+    #[test]
+    fn denied_scopes_are_left_out_of_reads_and_all_denied_is_a_refusal() {
+        let p = policy(&[
+            ("*", "refs/pull/*", Access::Deny, None),
+            ("*", "refs/heads/main", Access::ReadOnly, None),
+            ("*", "refs/heads/secret", Access::Deny, None),
+        ]);
+        let who = octo();
+        let pr = [scope("refs/pull/7/merge"), scope("refs/heads/main")];
+        assert_eq!(
+            p.readable(&who, &pr).unwrap(),
+            vec![scope("refs/heads/main")]
+        );
+        let only_pr = [scope("refs/pull/7/merge")];
+        let refused = p.readable(&who, &only_pr).unwrap_err();
+        assert_eq!(refused.rule, 1);
+        let both = [scope("refs/heads/secret"), scope("refs/pull/7/merge")];
+        assert_eq!(
+            p.readable(&who, &both).unwrap_err().rule,
+            3,
+            "the first scope's rule"
+        );
+        // Read-only still reads; no scopes stay no scopes (the token's own refusal).
+        assert_eq!(
+            p.readable(&who, &[scope("refs/heads/main")]).unwrap().len(),
+            1
+        );
+        assert!(p.readable(&who, &[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_cell_swaps_whole_policies() {
+        let cell = PolicyCell::default();
+        assert!(cell.current().is_none());
+        assert_eq!(cell.with(|p| p.rules.len()), None);
+        cell.set(policy(&[("*", "*", Access::Deny, None)]), 7);
+        assert_eq!(cell.with(|p| p.rules.len()), Some(1));
+        cell.set(Policy::default(), 8);
+        let now = cell.current().unwrap();
+        assert_eq!((now.policy.rules.len(), now.loaded_at), (0, 8));
+    }
+}

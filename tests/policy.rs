@@ -1,0 +1,439 @@
+//! Write policies (`--policy-file`, issue #23 part 3) against the real binary: what v2 and v1
+//! answer for a write or read the policy refuses, reloads on SIGHUP (a bad file keeps the
+//! policy in force), the admin API's view, and a bad file refusing start-up. The real client's
+//! side is in `e2e_client.rs`.
+#![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::process::Hoard;
+use common::{claims, sign_hs256, twirp_at, TestServer, MAIN, VERSION};
+use serde_json::{json, Value};
+
+const ADMIN: &str = "policy-admin-token-0123456789abcdef";
+const PULL: &str = "refs/pull/7/merge";
+
+/// Freezes main of octo/app and denies every pull request scope.
+const FREEZE: &str = r#"
+# Incident 42: main of octo/app is frozen.
+[[rule]]
+repository = "octo/app"
+scope = "refs/heads/main"
+access = "read-only"
+
+[[rule]]
+repository = "*"
+scope = "refs/pull/*"
+access = "deny"
+"#;
+
+/// A token of octo/app (id 1) with `grants`.
+fn app_token(grants: &[(&str, u8)]) -> String {
+    let mut c = claims("1", grants);
+    c["repository"] = json!("octo/app");
+    sign_hs256(&c)
+}
+
+fn other_token() -> String {
+    let mut c = claims("2", &[(MAIN, 3)]);
+    c["repository"] = json!("octo/other");
+    sign_hs256(&c)
+}
+
+struct Server {
+    hoard: Hoard,
+    http: reqwest::Client,
+    _data: tempfile::TempDir,
+}
+
+impl Server {
+    fn start(policy: &Path) -> Self {
+        let data = tempfile::tempdir().unwrap();
+        let secret = common::secret_file(data.path());
+        let hoard = Hoard::start_with(
+            data.path(),
+            &[
+                "--token-hs256-secret-file",
+                secret.to_str().unwrap(),
+                "--policy-file",
+                policy.to_str().unwrap(),
+                "--admin-token",
+                ADMIN,
+            ],
+        );
+        Self {
+            hoard,
+            http: reqwest::Client::new(),
+            _data: data,
+        }
+    }
+
+    async fn twirp(&self, method: &str, token: &str, body: Value) -> (u16, Value) {
+        twirp_at(&self.http, &self.hoard.base, token, method, body).await
+    }
+
+    async fn create(&self, token: &str, key: &str) -> (u16, Value) {
+        self.twirp(
+            "CreateCacheEntry",
+            token,
+            json!({ "key": key, "version": VERSION }),
+        )
+        .await
+    }
+
+    async fn finalize(&self, token: &str, key: &str, size: usize) -> (u16, Value) {
+        self.twirp(
+            "FinalizeCacheEntryUpload",
+            token,
+            json!({ "key": key, "version": VERSION, "size_bytes": size.to_string() }),
+        )
+        .await
+    }
+
+    async fn lookup(&self, token: &str, key: &str) -> (u16, Value) {
+        self.twirp(
+            "GetCacheEntryDownloadURL",
+            token,
+            json!({ "key": key, "version": VERSION }),
+        )
+        .await
+    }
+
+    /// A whole v2 save; the entry id.
+    async fn save(&self, token: &str, key: &str, data: &[u8]) -> i64 {
+        let (status, body) = self.create(token, key).await;
+        assert_eq!((status, &body["ok"]), (200, &json!(true)), "{body}");
+        let url = body["signed_upload_url"].as_str().unwrap();
+        let put = self
+            .http
+            .put(url)
+            .header("x-ms-blob-type", "BlockBlob")
+            .body(data.to_vec())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(put.status(), 201);
+        let (status, body) = self.finalize(token, key, data.len()).await;
+        assert_eq!((status, &body["ok"]), (200, &json!(true)), "{body}");
+        body["entry_id"].as_str().unwrap().parse().unwrap()
+    }
+
+    /// A v1 call: the status and the JSON body (`Null` when empty).
+    async fn v1(
+        &self,
+        method: reqwest::Method,
+        resource: &str,
+        token: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut req = self
+            .http
+            .request(
+                method,
+                format!("{}/_apis/artifactcache/{resource}", self.hoard.base),
+            )
+            .bearer_auth(token)
+            .header("accept", "application/json;api-version=6.0-preview.1");
+        if let Some(body) = body {
+            req = req
+                .header("content-type", "application/json")
+                .body(body.to_string());
+        }
+        let res = req.send().await.unwrap();
+        let status = res.status().as_u16();
+        let text = res.text().await.unwrap();
+        let body = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{status}: {e}: {text}"))
+        };
+        (status, body)
+    }
+
+    async fn v1_reserve(&self, token: &str, key: &str) -> (u16, Value) {
+        let body = json!({ "key": key, "version": VERSION });
+        self.v1(reqwest::Method::POST, "caches", token, Some(body))
+            .await
+    }
+
+    async fn v1_lookup(&self, token: &str, key: &str) -> (u16, Value) {
+        let resource = format!("cache?keys={key}&version={VERSION}");
+        self.v1(reqwest::Method::GET, &resource, token, None).await
+    }
+
+    async fn admin_policy(&self) -> Value {
+        let res = self
+            .http
+            .get(format!("{}/_hoard/api/v1/policy", self.hoard.base))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        res.json().await.unwrap()
+    }
+
+    /// What `hoard status` prints for this server.
+    async fn status_text(&self) -> String {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hoard"));
+        cmd.arg("status")
+            .env("HOARD_SERVER", &self.hoard.base)
+            .env("HOARD_ADMIN_TOKEN", ADMIN)
+            .env_remove("HOARD_ADMIN_TOKEN_FILE")
+            .env("RUST_LOG", "off");
+        let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+            .await
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn log_lines(&self, needle: &str) -> Vec<String> {
+        let log = self.hoard.log.lock().unwrap();
+        log.iter().filter(|l| l.contains(needle)).cloned().collect()
+    }
+
+    /// Sends SIGHUP and waits for the policy's reload line (reloaded, or not); returns it.
+    async fn hangup(&self) -> String {
+        let before = self.log_lines("SIGHUP: policy").len();
+        let hup = Command::new("kill")
+            .args(["-HUP", &self.hoard.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(hup.success());
+        let seen = common::eventually(Duration::from_secs(10), || {
+            self.log_lines("SIGHUP: policy").len() > before
+        })
+        .await;
+        assert!(seen, "no reload line: {:?}", self.hoard.log.lock().unwrap());
+        self.log_lines("SIGHUP: policy").pop().unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refused_writes_and_reads_answer_as_github_does_and_sighup_swaps_the_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.toml");
+    std::fs::write(&file, "# no rules yet\n").unwrap();
+    let srv = Server::start(&file);
+    let main = app_token(&[(MAIN, 3)]);
+    let pull = app_token(&[(PULL, 3), (MAIN, 1)]);
+    let pull_only = app_token(&[(PULL, 3)]);
+
+    // A file without rules is today's behaviour.
+    let on_main = srv.save(&main, "deps", b"main bytes").await;
+    srv.save(&pull, "pr", b"pull bytes").await;
+    let policy = srv.admin_policy().await;
+    assert_eq!(policy["rules"], json!([]));
+    assert_eq!(policy["source"], file.to_str().unwrap());
+
+    // The freeze goes in force on SIGHUP.
+    std::fs::write(&file, FREEZE).unwrap();
+    let line = srv.hangup().await;
+    assert!(
+        line.contains(&format!(
+            "SIGHUP: policy reloaded from {}: 2 rules",
+            file.display()
+        )),
+        "{line}"
+    );
+    let policy = srv.admin_policy().await;
+    assert_eq!(
+        policy["rules"],
+        json!([
+            { "repository": "octo/app", "scope": MAIN, "access": "read-only", "callers": null },
+            { "repository": "*", "scope": "refs/pull/*", "access": "deny", "callers": null },
+        ])
+    );
+    assert!(policy["loaded_at"].as_str().unwrap().ends_with('Z'));
+    let status = srv.status_text().await;
+    assert!(
+        status.contains(&format!(
+            "policy     2 rules from {}, loaded ",
+            file.display()
+        )),
+        "{status}"
+    );
+
+    // v2: a frozen scope's create and finalize are 200 ok:false with GitHub's prefix (§2.4).
+    let frozen = "cache write denied: refs/heads/main of octo/app is read-only by policy rule 1";
+    assert_eq!(
+        srv.create(&main, "new").await,
+        (200, json!({ "ok": false, "message": frozen }))
+    );
+    let (status, body) = srv.finalize(&main, "deps", 10).await;
+    assert_eq!(
+        (status, &body["ok"], &body["message"]),
+        (200, &json!(false), &json!(frozen))
+    );
+    // Restores still hit.
+    let (status, hit) = srv.lookup(&main, "deps").await;
+    assert_eq!((status, &hit["ok"]), (200, &json!(true)), "{hit}");
+    assert_eq!(hit["matched_key"], "deps");
+    let download = srv.http.get(hit["signed_download_url"].as_str().unwrap());
+    let bytes = download.send().await.unwrap().bytes().await.unwrap();
+    assert_eq!(&bytes[..], b"main bytes");
+    assert!(on_main > 0);
+
+    // A denied scope is invisible: the pull request reads main, not its own entry.
+    let (_, hit) = srv.lookup(&pull, "deps").await;
+    assert_eq!(hit["ok"], true, "{hit}");
+    assert_eq!(srv.lookup(&pull, "pr").await, (200, json!({ "ok": false })));
+    assert_eq!(
+        srv.create(&pull, "pr2").await.1["message"],
+        "cache write denied: refs/pull/7/merge of octo/app is denied by policy rule 2"
+    );
+    // Nothing left to read: permission_denied with GitHub's read-denied prefix.
+    let read_denied = "cache read denied: refs/pull/7/merge of octo/app is denied by policy rule 2";
+    assert_eq!(
+        srv.lookup(&pull_only, "pr").await,
+        (
+            403,
+            json!({ "code": "permission_denied", "msg": read_denied })
+        )
+    );
+
+    // v1: 403 {"message": …} for both.
+    assert_eq!(
+        srv.v1_reserve(&main, "v1-new").await,
+        (403, json!({ "message": frozen }))
+    );
+    assert_eq!(
+        srv.v1_lookup(&pull_only, "pr").await,
+        (403, json!({ "message": read_denied }))
+    );
+    let (status, hit) = srv.v1_lookup(&main, "deps").await;
+    assert_eq!((status, &hit["cacheKey"]), (200, &json!("deps")), "{hit}");
+
+    // Another repository's main is not frozen.
+    srv.save(&other_token(), "deps", b"other").await;
+
+    // Each refusal is audited with its rule.
+    let wait = |action: &'static str| {
+        let srv = &srv;
+        async move {
+            common::eventually(Duration::from_secs(10), || {
+                srv.log_lines("hoard::audit")
+                    .iter()
+                    .any(|l| l.contains(action) && l.contains("rule=") && l.contains("kind=hs256"))
+            })
+            .await
+        }
+    };
+    assert!(wait("write_denied").await, "{:?}", srv.log_lines("audit"));
+    assert!(wait("read_denied").await, "{:?}", srv.log_lines("audit"));
+
+    // A bad file on reload keeps the policy in force, and says where it is wrong.
+    std::fs::write(&file, FREEZE.replace("\"deny\"", "\"denied\"")).unwrap();
+    let line = srv.hangup().await;
+    assert!(
+        line.contains("SIGHUP: policy not reloaded, the previous one stays")
+            && line.contains(&format!("the policy file {}, line 11", file.display()))
+            && line.contains("denied"),
+        "{line}"
+    );
+    assert!(line.contains("ERROR"), "logged as an error: {line}");
+    assert_eq!(srv.create(&main, "new").await.1["message"], frozen);
+    assert_eq!(
+        srv.admin_policy().await["rules"].as_array().unwrap().len(),
+        2
+    );
+
+    // Lifting the freeze (a rule that lets main write again, before the freeze) opens saves.
+    let lifted = format!(
+        "[[rule]]\nrepository = \"1\"\nscope = \"refs/heads/*\"\naccess = \"read-write\"\n{FREEZE}"
+    );
+    std::fs::write(&file, lifted).unwrap();
+    assert!(srv.hangup().await.contains("3 rules"));
+    srv.save(&main, "new", b"after the freeze").await;
+    let (status, body) = srv.v1_reserve(&main, "v1-new").await;
+    assert_eq!(status, 201, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rules_can_be_limited_to_caller_kinds() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.toml");
+    // Tokens of these tests are HS256: a rule for GitHub's own tokens leaves them alone.
+    std::fs::write(
+        &file,
+        "[[rule]]\nrepository = \"*\"\nscope = \"*\"\naccess = \"deny\"\ncallers = [\"github\", \"forgejo\"]\n\n[[rule]]\nrepository = \"*\"\nscope = \"refs/tags/*\"\naccess = \"read-only\"\ncallers = [\"hs256\"]\n",
+    )
+    .unwrap();
+    let srv = Server::start(&file);
+    srv.save(&app_token(&[(MAIN, 3)]), "k", b"x").await;
+    let tag = app_token(&[("refs/tags/v1", 3)]);
+    assert_eq!(
+        srv.create(&tag, "k").await.1["message"],
+        "cache write denied: refs/tags/v1 of octo/app is read-only by policy rule 2"
+    );
+    assert_eq!(
+        srv.admin_policy().await["rules"][0]["callers"],
+        json!(["github", "forgejo"])
+    );
+}
+
+#[test]
+fn a_bad_policy_file_refuses_start_up_with_one_sentence() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[[rule]]\nrepository = \"*\"\nscope = \"*\"\naccess = \"deny\"\ncallers = [\"robots\"]\n",
+    )
+    .unwrap();
+    let missing = dir.path().join("missing.toml");
+    for (file, needle) in [
+        (&bad, format!("the policy file {}, line 5", bad.display())),
+        (
+            &missing,
+            format!("cannot read the policy file {}", missing.display()),
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_hoard"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .arg("--policy-file")
+            .arg(file)
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("--policy-file (HOARD_POLICY_FILE): ") && stderr.contains(&needle),
+            "{stderr}"
+        );
+        assert_eq!(stderr.trim().lines().count(), 1, "one sentence: {stderr}");
+    }
+}
+
+#[tokio::test]
+async fn without_a_policy_file_the_admin_api_shows_none() {
+    let srv = TestServer::start_with(&["--admin-token", ADMIN]).await;
+    let res = srv
+        .http
+        .get(srv.url("/_hoard/api/v1/policy"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(
+        body,
+        json!({ "source": null, "loaded_at": null, "rules": [] })
+    );
+    let res = srv
+        .http
+        .post(srv.url("/_hoard/api/v1/policy"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 405);
+}
