@@ -67,7 +67,11 @@ pub fn client_address(
     for hop in hops.iter().rev() {
         // A hop that is not an address (a proxy's "unknown", garbage): nothing beyond it can
         // be believed, so the last trusted address stands.
-        let Ok(ip) = hop.parse::<IpAddr>() else {
+        // Some proxies append the port (`203.0.113.7:4711`, `[2001:db8::1]:443`).
+        let parsed = hop
+            .parse::<IpAddr>()
+            .or_else(|_| hop.parse::<SocketAddr>().map(|a| a.ip()));
+        let Ok(ip) = parsed else {
             break;
         };
         client = canonical(ip);
@@ -143,6 +147,12 @@ mod tests {
         assert_eq!(
             client_address(peer("10.0.0.1"), &HeaderMap::new(), &trusted),
             "10.0.0.1"
+        );
+        // Hops with ports are read too.
+        let h = headers(&["[2001:db8::5]:443, 198.51.100.4:4711"]);
+        assert_eq!(
+            client_address(peer("10.0.0.1"), &h, &trusted),
+            "198.51.100.4"
         );
         // Garbage stops the walk at the last trusted address.
         let h = headers(&["198.51.100.4, unknown"]);
