@@ -422,10 +422,10 @@ async fn remove(client: &Client, json: bool, args: &RemoveArgs) -> Result<String
         .map(i64::to_string)
         .collect::<Vec<_>>()
         .join(", ");
-    let ids = if ids.is_empty() {
-        String::new()
-    } else {
-        format!(": {ids}")
+    let ids = match (ids.is_empty(), answer.ids_truncated) {
+        (true, _) => String::new(),
+        (false, false) => format!(": {ids}"),
+        (false, true) => format!(": {ids}, … (the first {})", answer.ids.len()),
     };
     Ok(if answer.dry_run {
         format!(
@@ -451,6 +451,7 @@ async fn remove_ids(
         dry_run,
         size_in_bytes: 0,
         ids: Vec::new(),
+        ids_truncated: false,
     };
     for id in ids {
         let failed = |e: CliError| CliError(format!("entry {id}: {e}"));

@@ -261,12 +261,20 @@ async fn one_entry_is_shown_and_deleted_and_then_misses() {
     assert_eq!(shown["repository"], "octo/seven");
     assert_eq!(shown["size_in_bytes"], 5);
 
+    // A dry run of one entry deletes nothing.
+    let (status, dry) = delete(&srv, &format!("caches/{id}?dry_run=true")).await;
+    assert_eq!(
+        (status, &dry["dry_run"], &dry["ids"]),
+        (200, &json!(true), &json!([id])),
+        "{dry}"
+    );
+    assert!(srv.restore(&t, "deps-linux", VERSION).await.is_some());
     let (status, deleted) = delete(&srv, &format!("caches/{id}")).await;
     assert_eq!(
         (status, deleted),
         (
             200,
-            json!({ "deleted": 1, "dry_run": false, "ids": [id], "size_in_bytes": 5 })
+            json!({ "deleted": 1, "dry_run": false, "ids": [id], "ids_truncated": false, "size_in_bytes": 5 })
         )
     );
     let (_, lookup) = srv.lookup(&t, "deps-linux", &[], VERSION).await;
@@ -571,7 +579,7 @@ async fn purges_select_by_writer_and_a_dry_run_deletes_nothing() {
     assert_eq!(status, 200, "{dry}");
     assert_eq!(
         dry,
-        json!({"deleted": 2, "dry_run": true, "ids": [a1, a2], "size_in_bytes": 14})
+        json!({"deleted": 2, "dry_run": true, "ids": [a1, a2], "ids_truncated": false, "size_in_bytes": 14})
     );
     for key in ["a1", "a2", "b1"] {
         assert!(
@@ -582,7 +590,7 @@ async fn purges_select_by_writer_and_a_dry_run_deletes_nothing() {
     let (_, purged) = delete(&srv, "caches?run_id=run-a").await;
     assert_eq!(
         purged,
-        json!({"deleted": 2, "dry_run": false, "ids": [a1, a2], "size_in_bytes": 14})
+        json!({"deleted": 2, "dry_run": false, "ids": [a1, a2], "ids_truncated": false, "size_in_bytes": 14})
     );
     assert!(srv.restore(&run_a, "a1", VERSION).await.is_none());
     assert!(srv.restore(&run_a, "a2", VERSION).await.is_none());

@@ -90,8 +90,9 @@ pub(crate) struct Claims {
     sub: Option<String>,
     #[serde(default)]
     scp: Option<String>,
+    /// Read whatever its type: only a string is kept (a forge's token may carry anything).
     #[serde(default)]
-    iss: Option<String>,
+    iss: Option<serde_json::Value>,
     /// act and Gitea name the run and job in claims of their own.
     #[serde(default, rename = "RunID")]
     run_id: Option<serde_json::Value>,
@@ -127,7 +128,7 @@ pub(crate) fn identity_from_unverified_jwt(token: &str) -> Result<Identity, Toke
         .map_err(|_| TokenError::Malformed)?;
     let claims: Claims = serde_json::from_slice(&payload).map_err(|_| TokenError::Malformed)?;
     // Unverified, the kind is what the token says of itself: its algorithm and issuer.
-    let kind = match &claims.iss {
+    let kind = match claims.iss.as_ref().and_then(serde_json::Value::as_str) {
         _ if header_alg(header).as_deref() == Some("HS256") => CallerKind::Hs256,
         Some(iss) if !iss.is_empty() && !super::verify::is_github_issuer(iss) => CallerKind::Ghes,
         _ => CallerKind::Github,
@@ -206,7 +207,13 @@ pub(crate) fn identity_from_claims(
         read_scopes: scopes.read,
         write_scope: scopes.write,
         kind,
-        issuer: Provenance::clip(claims.iss.as_deref().unwrap_or_default()),
+        issuer: Provenance::clip(
+            claims
+                .iss
+                .as_ref()
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default(),
+        ),
         subject: Provenance::clip(claims.sub.as_deref().unwrap_or_default()),
         run_id: Provenance::clip(&run_id),
         job_id: Provenance::clip(&job_id),
@@ -264,6 +271,12 @@ mod tests {
             identity_from_unverified_jwt(&hs).unwrap().kind,
             CallerKind::Hs256
         );
+    }
+
+    #[test]
+    fn an_issuer_of_another_type_is_left_out_not_refused() {
+        let id = identity_from_unverified_jwt(&jwt(r#"{"ac":"[]","iss":7}"#)).unwrap();
+        assert_eq!(id.issuer, "");
     }
 
     #[test]

@@ -34,23 +34,34 @@ pub struct ListQuery {
     pub limit: usize,
 }
 
+/// The most ids a purge names: its count and bytes are always whole, but a purge of millions
+/// of entries must not hold (or answer) millions of ids.
+pub const MAX_PURGE_IDS: usize = 10_000;
+
 /// What a deletion removed (or, on a dry run, would remove).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Purge {
-    /// Oldest first.
-    pub ids: Vec<EntryId>,
+    /// How many entries, and their bytes.
+    pub count: u64,
     pub bytes: u64,
+    /// The first [`MAX_PURGE_IDS`] of their ids, oldest first.
+    pub ids: Vec<EntryId>,
 }
 
 impl Purge {
-    fn add(&mut self, entry: &crate::model::Entry) {
-        self.ids.push(entry.id);
+    pub fn add(&mut self, entry: &crate::model::Entry) {
+        self.count += 1;
         self.bytes += entry.size;
+        if self.ids.len() < MAX_PURGE_IDS {
+            self.ids.push(entry.id);
+        }
     }
 
     fn extend(&mut self, other: Purge) {
-        self.ids.extend(other.ids);
+        self.count += other.count;
         self.bytes += other.bytes;
+        let room = MAX_PURGE_IDS.saturating_sub(self.ids.len());
+        self.ids.extend(other.ids.into_iter().take(room));
     }
 }
 
@@ -230,7 +241,7 @@ impl Cache {
             action = if dry_run { "purge_dry_run" } else { "purge" },
             by,
             filter = %Clipped(&describe(filter)),
-            count = purge.ids.len(),
+            count = purge.count,
             size = purge.bytes,
         );
         Ok(purge)

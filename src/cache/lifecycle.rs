@@ -239,8 +239,13 @@ impl Tally<'_, '_> {
     }
 }
 
-/// An entry just written, and its class.
-type Written = (EntryId, ScopeClass);
+/// An entry just written: its id, class and size.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Written {
+    pub id: EntryId,
+    pub class: ScopeClass,
+    pub size: u64,
+}
 
 /// Repositories whose quota is being enforced in this process, with the entries of the
 /// finalizes that asked for one more check meanwhile.
@@ -357,14 +362,20 @@ impl Cache {
         repository: &RepoId,
         spare: EntryId,
         class: ScopeClass,
+        size: u64,
     ) -> Result<(), CacheError> {
         let Some(quota) = self.policy.lifecycle.repo_quota else {
             return Ok(());
         };
-        let Some(_turn) = EvictionTurn::take(&self.evicting, repository, (spare, class)) else {
+        let made = Written {
+            id: spare,
+            class,
+            size,
+        };
+        let Some(_turn) = EvictionTurn::take(&self.evicting, repository, made) else {
             return Ok(()); // the finalize evicting now will check again
         };
-        let mut spared = vec![(spare, class)];
+        let mut spared = vec![made];
         loop {
             self.evict_over_quota(repository, quota, &spared).await?;
             let more = EvictionTurn::asked_again(&self.evicting, repository);
@@ -377,20 +388,31 @@ impl Cache {
 
     /// Runs the [`quota_steps`] for the entries just `written`. Within its limits (the usual
     /// case), this costs one read of the repository's usage row.
-    async fn evict_over_quota(
+    pub(super) async fn evict_over_quota(
         &self,
         repository: &RepoId,
         quota: u64,
         written: &[Written],
     ) -> Result<(), CacheError> {
         let share = self.policy.lifecycle.pr_scope_share;
-        let classes: Vec<ScopeClass> = written.iter().map(|w| w.1).collect();
-        let ids: Vec<EntryId> = written.iter().map(|w| w.0).collect();
+        let classes: Vec<ScopeClass> = written.iter().map(|w| w.class).collect();
+        let ids: Vec<EntryId> = written.iter().map(|w| w.id).collect();
+        // Pull-request and tag entries just written are spared, but still counted in the
+        // repository's bytes: branch entries never go to make room for them (a burst of
+        // finalizes of both classes is checked in one round).
+        let spared_pr: u64 = written
+            .iter()
+            .filter(|w| w.class == ScopeClass::PullRequestOrTag)
+            .map(|w| w.size)
+            .sum();
         let mut used = self.meta.repository_usage(repository).await?;
         for step in quota_steps(share, &classes) {
             let mut wanted = FIRST_CANDIDATES;
             loop {
-                let excess = step.excess(quota, share, used);
+                let mut excess = step.excess(quota, share, used);
+                if step.from == Some(ScopeClass::Branch) {
+                    excess = excess.saturating_sub(spared_pr);
+                }
                 if excess == 0 {
                     break;
                 }

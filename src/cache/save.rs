@@ -340,7 +340,11 @@ impl Cache {
                 // The entry is saved whatever happens here; a failed eviction is retried by
                 // the next finalize of the repository.
                 let class = ScopeClass::of(&slot.scope);
-                if let Err(e) = self.enforce_quota(&slot.repository, entry, class).await {
+                let size = chunks.iter().map(|c| c.size).sum();
+                if let Err(e) = self
+                    .enforce_quota(&slot.repository, entry, class, size)
+                    .await
+                {
                     tracing::warn!(repository = %slot.repository, error = %e, "could not enforce the repository quota");
                 }
                 Ok(entry)

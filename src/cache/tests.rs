@@ -725,6 +725,50 @@ async fn pull_requests_and_tags_keep_within_their_share_and_never_evict_a_branch
 }
 
 #[tokio::test]
+async fn a_burst_of_branch_and_pull_request_saves_never_evicts_a_branch_for_the_pull_request() {
+    // Saved within a large quota; then one eviction round checks a pull request's and a
+    // branch's finalize together (as when their finalizes overlap), against a quota of 100.
+    let w = world_limited(lifecycle::Limits {
+        repo_quota: Some(1000),
+        pr_scope_share: crate::model::Share::parse("50%").unwrap(),
+        ..limits()
+    });
+    let (main, pr) = (who("1"), who_in("1", "refs/pull/1/merge"));
+    w.save(&main, "m1", &[1; 40]).await;
+    w.clock.advance(Duration::from_secs(1));
+    w.save(&main, "m2", &[2; 40]).await;
+    w.clock.advance(Duration::from_secs(1));
+    let p1 = w.save(&pr, "p1", &[3; 30]).await;
+    let m3 = w.save(&main, "m3", &[4; 10]).await;
+    let written = [
+        lifecycle::Written {
+            id: p1,
+            class: crate::model::ScopeClass::PullRequestOrTag,
+            size: 30,
+        },
+        lifecycle::Written {
+            id: m3,
+            class: crate::model::ScopeClass::Branch,
+            size: 10,
+        },
+    ];
+    w.cache
+        .evict_over_quota(&RepoId::new("1"), 100, &written)
+        .await
+        .unwrap();
+    // 120 bytes against 100: the 20 over are the pull request's, which its next save evicts;
+    // no branch entry goes to make room for it.
+    for (key, data) in [
+        ("m1", [1; 40].as_slice()),
+        ("m2", &[2; 40]),
+        ("m3", &[4; 10]),
+    ] {
+        assert_eq!(w.restore(&main, key).await.unwrap(), data, "{key}");
+    }
+    assert_eq!(w.restore(&pr, "p1").await.unwrap(), [3; 30]);
+}
+
+#[tokio::test]
 async fn the_whole_quota_as_share_is_plain_lru_over_the_repository() {
     let w = world_limited(lifecycle::Limits {
         repo_quota: Some(100),

@@ -94,14 +94,16 @@ impl Provenance {
     /// `text` cut to [`Provenance::MAX_FIELD`] bytes at a character boundary, control
     /// characters replaced: what a record may hold of a caller's text.
     pub fn clip(text: &str) -> String {
-        let mut end = text.len().min(Self::MAX_FIELD);
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text[..end]
+        // Replaced first, then cut: a replacement is longer than the character it replaces.
+        let clean: String = text
             .chars()
             .map(|c| if c.is_control() { '\u{FFFD}' } else { c })
-            .collect()
+            .collect();
+        let mut end = clean.len().min(Self::MAX_FIELD);
+        while !clean.is_char_boundary(end) {
+            end -= 1;
+        }
+        clean[..end].to_owned()
     }
 
     /// An anonymous record with no detail: what tests and the fake start from.
@@ -151,6 +153,13 @@ mod tests {
     #[test]
     fn clipping_keeps_characters_whole_and_drops_control_characters() {
         assert_eq!(Provenance::clip("a\nb"), "a\u{FFFD}b");
+        // Replacements count against the limit too.
+        let controls = Provenance::clip(&"\u{1}".repeat(255));
+        assert!(
+            controls.len() <= Provenance::MAX_FIELD,
+            "{}",
+            controls.len()
+        );
         let long = "é".repeat(200); // 400 bytes
         let clipped = Provenance::clip(&long);
         assert!(clipped.len() <= Provenance::MAX_FIELD);

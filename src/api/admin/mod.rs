@@ -211,7 +211,7 @@ async fn route(
         (&Method::GET, "caches") => ok(&list(app, &query).await?),
         (&Method::DELETE, "caches") => ok(&delete_matching(app, &query).await?),
         (&Method::GET, _) if one.is_some() => ok(&wire::Cache::from(&entry(app, one).await?)),
-        (&Method::DELETE, _) if one.is_some() => ok(&delete_one(app, one).await?),
+        (&Method::DELETE, _) if one.is_some() => ok(&delete_one(app, one, &query).await?),
         // A known endpoint, another method.
         _ if one.is_some() || matches!(path, "status" | "usage" | "caches" | "policy") => {
             Err(AdminError(
@@ -330,11 +330,21 @@ async fn list(app: &AppState, query: &Query) -> Result<wire::CacheList, AdminErr
     })
 }
 
-/// `DELETE caches/{id}`.
-async fn delete_one(app: &AppState, id: Option<&str>) -> Result<wire::Deleted, AdminError> {
+/// `DELETE caches/{id}`; with `dry_run=true`, what it would delete.
+async fn delete_one(
+    app: &AppState,
+    id: Option<&str>,
+    query: &Query,
+) -> Result<wire::Deleted, AdminError> {
+    let dry_run = query.flag("dry_run")?;
     let listed = entry(app, id).await?;
+    if dry_run {
+        let mut purge = Purge::default();
+        purge.add(&listed.entry);
+        return Ok(deleted(purge, true));
+    }
     let purge = app.cache().delete_entries(&[listed], "admin").await?;
-    if purge.ids.is_empty() {
+    if purge.count == 0 {
         return Err(AdminError::not_found("no such cache entry"));
     }
     Ok(deleted(purge, false))
@@ -342,9 +352,10 @@ async fn delete_one(app: &AppState, id: Option<&str>) -> Result<wire::Deleted, A
 
 fn deleted(purge: Purge, dry_run: bool) -> wire::Deleted {
     wire::Deleted {
-        deleted: purge.ids.len() as u64,
+        deleted: purge.count,
         dry_run,
         size_in_bytes: purge.bytes,
+        ids_truncated: purge.count > purge.ids.len() as u64,
         ids: purge.ids.iter().map(|id| id.get()).collect(),
     }
 }

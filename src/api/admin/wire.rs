@@ -75,9 +75,12 @@ pub struct Deleted {
     /// Their bytes.
     #[serde(default)]
     pub size_in_bytes: u64,
-    /// Their ids, oldest first.
+    /// Their ids, oldest first: the first 10,000 (see `ids_truncated`).
     #[serde(default)]
     pub ids: Vec<i64>,
+    /// More entries went than `ids` names.
+    #[serde(default)]
+    pub ids_truncated: bool,
 }
 
 /// What one repository holds and how its lookups went (schema `Repository`).
