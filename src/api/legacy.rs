@@ -161,7 +161,7 @@ pub async fn root(
         method: &method,
         uri: &uri,
         headers: &headers,
-        address: &address,
+        address,
     };
     dispatch(&app, "", rest, request, body).await
 }
@@ -173,7 +173,7 @@ pub(super) struct Request<'a> {
     pub uri: &'a Uri,
     pub headers: &'a HeaderMap,
     /// The client's address (see `origin`).
-    pub address: &'a str,
+    pub address: Option<std::net::IpAddr>,
 }
 
 /// One v1 call: `prefix` is the path before `/_apis/artifactcache/` (without slashes) and
@@ -244,7 +244,7 @@ async fn serve(
     };
     match (resource, method.as_str()) {
         (Resource::Lookup, "GET") => lookup(app, &caller, uri, headers).await,
-        (Resource::Caches, "POST") => reserve(app, who, &caller.address, body).await,
+        (Resource::Caches, "POST") => reserve(app, who, caller.address, body).await,
         (Resource::Caches, "GET") => list(app, who, uri).await,
         (Resource::Upload(id), "PATCH") => upload(app, who, id, headers, body).await,
         (Resource::Upload(id), "POST") => commit(app, who, id, body).await,
@@ -375,7 +375,7 @@ struct ReserveRequest {
 async fn reserve(
     app: &AppState,
     who: &Identity,
-    address: &str,
+    address: Option<std::net::IpAddr>,
     body: Body,
 ) -> Result<Response, LegacyError> {
     let req: ReserveRequest = json_body(app, body).await?;

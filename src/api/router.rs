@@ -135,7 +135,7 @@ async fn fallback(
     if let Some(idx) = path.find(twirp::SERVICE_PATH) {
         let rpc = &path[idx + twirp::SERVICE_PATH.len()..];
         let prefix = path[..idx].trim_matches('/');
-        return twirp::dispatch(&app, prefix, rpc, &method, &headers, &address, body)
+        return twirp::dispatch(&app, prefix, rpc, &method, &headers, address, body)
             .await
             .unwrap_or_else(IntoResponse::into_response);
     }
@@ -146,7 +146,7 @@ async fn fallback(
             method: &method,
             uri: &uri,
             headers: &headers,
-            address: &address,
+            address,
         };
         return legacy::dispatch(&app, prefix, rest, request, body).await;
     }

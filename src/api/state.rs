@@ -87,7 +87,7 @@ impl AppState {
         &self,
         headers: &HeaderMap,
         prefix: &str,
-        address: &str,
+        address: Option<std::net::IpAddr>,
     ) -> Result<crate::auth::Caller, crate::auth::CallerError> {
         let caller = self.0.callers.identify(headers, prefix, address).await;
         let metrics = self.cache().metrics();

@@ -205,7 +205,7 @@ pub async fn call(
     body: Body,
 ) -> Response {
     links::host_from_authority(&mut headers, &uri);
-    dispatch(&app, "", &method, &http_method, &headers, &address, body)
+    dispatch(&app, "", &method, &http_method, &headers, address, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
@@ -218,7 +218,7 @@ pub(super) async fn dispatch(
     method: &str,
     http_method: &Method,
     headers: &HeaderMap,
-    address: &str,
+    address: Option<std::net::IpAddr>,
     body: Body,
 ) -> Result<Response, TwirpError> {
     if http_method != Method::POST {
@@ -254,7 +254,7 @@ pub(super) async fn dispatch(
             )
         })?;
     match handler {
-        Rpc::Create => create(app, who, &caller.address, headers, encoding.decode(&body)?)
+        Rpc::Create => create(app, who, caller.address, headers, encoding.decode(&body)?)
             .await
             .map(|r| encoding.reply(&r)),
         Rpc::Finalize => finalize(app, who, encoding.decode(&body)?)
@@ -275,7 +275,7 @@ enum Rpc {
 async fn create(
     app: &AppState,
     who: &Identity,
-    address: &str,
+    address: Option<std::net::IpAddr>,
     headers: &HeaderMap,
     req: CreateCacheEntryRequest,
 ) -> Result<CreateCacheEntryResponse, TwirpError> {

@@ -48,7 +48,7 @@ pub struct Caller {
     pub how: &'static str,
     /// Where the request came from (the client's address, as the protocol layer resolved
     /// it): recorded as the writer's address of what it saves.
-    pub address: String,
+    pub address: Option<std::net::IpAddr>,
 }
 
 impl Callers {
@@ -64,7 +64,7 @@ impl Callers {
         &self,
         headers: &HeaderMap,
         prefix: &str,
-        address: &str,
+        address: Option<std::net::IpAddr>,
     ) -> Result<Caller, CallerError> {
         if forgejo::is_forgejo(headers) {
             let settings = self.forgejo.as_ref().ok_or(ForgejoError::NotConfigured)?;
@@ -73,7 +73,7 @@ impl Callers {
                 identity: identity.into(),
                 forgejo: Some(run),
                 how: "forgejo",
-                address: address.to_owned(),
+                address,
             });
         }
         let authorization = headers
@@ -106,7 +106,7 @@ impl Callers {
             identity,
             forgejo: None,
             how,
-            address: address.to_owned(),
+            address,
         })
     }
 }

@@ -45,14 +45,14 @@ impl Identity {
     }
 
     /// What an entry this caller writes from `address` records of its writer.
-    pub fn provenance(&self, address: &str) -> Provenance {
+    pub fn provenance(&self, address: Option<std::net::IpAddr>) -> Provenance {
         Provenance {
             kind: self.kind,
             issuer: self.issuer.clone(),
             subject: self.subject.clone(),
             run_id: self.run_id.clone(),
             job_id: self.job_id.clone(),
-            address: Provenance::clip(address),
+            address: address.map(|a| a.to_string()).unwrap_or_default(),
         }
     }
 }

@@ -31,7 +31,7 @@ impl Cache {
     pub async fn reserve(
         &self,
         who: &Identity,
-        address: &str,
+        address: Option<std::net::IpAddr>,
         key: &str,
         version: &str,
     ) -> Result<LinkTarget<UploadId>, CacheError> {
@@ -444,7 +444,7 @@ fn audit_finalize(
     digest: &str,
     chunks: &[Chunk],
 ) {
-    let by = written_by.cloned().unwrap_or_else(|| who.provenance(""));
+    let by = written_by.cloned().unwrap_or_else(|| who.provenance(None));
     tracing::info!(
         target: "hoard::audit",
         action = "finalize",

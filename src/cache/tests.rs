@@ -108,7 +108,7 @@ impl World {
     async fn save(&self, who: &Identity, key: &str, data: &[u8]) -> EntryId {
         let link = self
             .cache
-            .reserve(who, "192.0.2.1", key, "v")
+            .reserve(who, Some([192, 0, 2, 1].into()), key, "v")
             .await
             .unwrap();
         let upload = self.upload(link.id).await;
@@ -155,7 +155,7 @@ async fn a_saved_entry_restores_and_a_second_save_conflicts() {
     );
     let err = w
         .cache
-        .reserve(&me, "192.0.2.1", "DEPS-1", "v")
+        .reserve(&me, Some([192, 0, 2, 1].into()), "DEPS-1", "v")
         .await
         .unwrap_err();
     assert!(matches!(err, CacheError::Conflict), "{err:?}");
@@ -173,7 +173,11 @@ async fn a_saved_entry_restores_and_a_second_save_conflicts() {
 async fn a_link_opens_only_the_row_it_was_signed_for() {
     let w = world();
     let me = who("1");
-    let link = w.cache.reserve(&me, "192.0.2.1", "k", "v").await.unwrap();
+    let link = w
+        .cache
+        .reserve(&me, Some([192, 0, 2, 1].into()), "k", "v")
+        .await
+        .unwrap();
     let later = LinkTarget {
         id: link.id,
         created_at: link.created_at + 1,
@@ -209,7 +213,11 @@ async fn a_link_opens_only_the_row_it_was_signed_for() {
 async fn a_live_reservation_blocks_the_key_until_it_is_abandoned() {
     let w = world();
     let me = who("1");
-    let first = w.cache.reserve(&me, "192.0.2.1", "k", "v").await.unwrap();
+    let first = w
+        .cache
+        .reserve(&me, Some([192, 0, 2, 1].into()), "k", "v")
+        .await
+        .unwrap();
     let upload = w.upload(first.id).await;
     w.cache
         .stage_block(&upload, block("a"), body(b"abc"), Some(3))
@@ -226,14 +234,20 @@ async fn a_live_reservation_blocks_the_key_until_it_is_abandoned() {
 
     w.clock.advance(TTL - Duration::from_secs(1));
     assert!(matches!(
-        w.cache.reserve(&me, "192.0.2.1", "k", "v").await,
+        w.cache
+            .reserve(&me, Some([192, 0, 2, 1].into()), "k", "v")
+            .await,
         Err(CacheError::Conflict)
     ));
 
     // Past the TTL the reservation is abandoned: a new job takes the key over, and the old
     // upload's blocks are deleted.
     w.clock.advance(Duration::from_secs(2));
-    let second = w.cache.reserve(&me, "192.0.2.1", "k", "v").await.unwrap();
+    let second = w
+        .cache
+        .reserve(&me, Some([192, 0, 2, 1].into()), "k", "v")
+        .await
+        .unwrap();
     assert_ne!(second.id, first.id);
     assert_eq!(
         w.upload(first.id).await.upload.state,
@@ -256,29 +270,42 @@ async fn a_live_reservation_blocks_the_key_until_it_is_abandoned() {
 async fn a_repository_may_hold_only_so_many_live_reservations() {
     let w = world_with(2, 1 << 20);
     let me = who("1");
-    w.cache.reserve(&me, "192.0.2.1", "a", "v").await.unwrap();
-    w.cache.reserve(&me, "192.0.2.1", "b", "v").await.unwrap();
+    w.cache
+        .reserve(&me, Some([192, 0, 2, 1].into()), "a", "v")
+        .await
+        .unwrap();
+    w.cache
+        .reserve(&me, Some([192, 0, 2, 1].into()), "b", "v")
+        .await
+        .unwrap();
     let err = w
         .cache
-        .reserve(&me, "192.0.2.1", "c", "v")
+        .reserve(&me, Some([192, 0, 2, 1].into()), "c", "v")
         .await
         .unwrap_err();
     assert!(matches!(err, CacheError::TooManyUploads), "{err:?}");
     // Other repositories have their own allowance.
     w.cache
-        .reserve(&who("2"), "192.0.2.1", "c", "v")
+        .reserve(&who("2"), Some([192, 0, 2, 1].into()), "c", "v")
         .await
         .unwrap();
     // Abandoned reservations stop counting.
     w.clock.advance(TTL + Duration::from_secs(1));
-    w.cache.reserve(&me, "192.0.2.1", "c", "v").await.unwrap();
+    w.cache
+        .reserve(&me, Some([192, 0, 2, 1].into()), "c", "v")
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
 async fn a_retried_block_replaces_the_earlier_copy_and_frees_it() {
     let w = world();
     let me = who("1");
-    let link = w.cache.reserve(&me, "192.0.2.1", "k", "v").await.unwrap();
+    let link = w
+        .cache
+        .reserve(&me, Some([192, 0, 2, 1].into()), "k", "v")
+        .await
+        .unwrap();
     let upload = w.upload(link.id).await;
     w.cache
         .stage_block(&upload, block("b"), body(b"BBBB"), Some(4))
@@ -318,7 +345,11 @@ async fn a_retried_block_replaces_the_earlier_copy_and_frees_it() {
 async fn concurrent_blocks_of_one_upload_are_all_recorded() {
     let w = world();
     let me = who("1");
-    let link = w.cache.reserve(&me, "192.0.2.1", "k", "v").await.unwrap();
+    let link = w
+        .cache
+        .reserve(&me, Some([192, 0, 2, 1].into()), "k", "v")
+        .await
+        .unwrap();
     let upload = w.upload(link.id).await;
     // Every Put Block reads the upload, then writes at the revision it read: concurrent ones
     // are refused as stale and decided again, never lost.
@@ -350,7 +381,11 @@ async fn concurrent_blocks_of_one_upload_are_all_recorded() {
 async fn staged_blocks_may_not_outgrow_an_entry() {
     let w = world_with(10, 10);
     let me = who("1");
-    let link = w.cache.reserve(&me, "192.0.2.1", "k", "v").await.unwrap();
+    let link = w
+        .cache
+        .reserve(&me, Some([192, 0, 2, 1].into()), "k", "v")
+        .await
+        .unwrap();
     let upload = w.upload(link.id).await;
     w.cache
         .stage_block(&upload, block("a"), body(b"123456"), Some(6))
@@ -375,7 +410,11 @@ async fn staged_blocks_may_not_outgrow_an_entry() {
 async fn an_unknown_block_in_the_list_is_refused_and_changes_nothing() {
     let w = world();
     let me = who("1");
-    let link = w.cache.reserve(&me, "192.0.2.1", "k", "v").await.unwrap();
+    let link = w
+        .cache
+        .reserve(&me, Some([192, 0, 2, 1].into()), "k", "v")
+        .await
+        .unwrap();
     let upload = w.upload(link.id).await;
     w.cache
         .stage_block(&upload, block("a"), body(b"a"), Some(1))
@@ -396,7 +435,11 @@ async fn an_unknown_block_in_the_list_is_refused_and_changes_nothing() {
 async fn finalize_checks_the_size_and_a_mismatch_frees_the_key() {
     let w = world();
     let me = who("1");
-    let link = w.cache.reserve(&me, "192.0.2.1", "k", "v").await.unwrap();
+    let link = w
+        .cache
+        .reserve(&me, Some([192, 0, 2, 1].into()), "k", "v")
+        .await
+        .unwrap();
     let err = w.cache.finalize(&me, "k", "v", 3).await.unwrap_err();
     assert!(matches!(err, CacheError::NothingUploaded), "{err:?}");
     let upload = w.upload(link.id).await;
@@ -450,7 +493,11 @@ async fn a_retried_finalize_returns_the_same_entry() {
 async fn put_blob_replaces_staged_blocks_and_frees_them() {
     let w = world();
     let me = who("1");
-    let link = w.cache.reserve(&me, "192.0.2.1", "k", "v").await.unwrap();
+    let link = w
+        .cache
+        .reserve(&me, Some([192, 0, 2, 1].into()), "k", "v")
+        .await
+        .unwrap();
     let upload = w.upload(link.id).await;
     w.cache
         .stage_block(&upload, block("a"), body(b"stale"), Some(5))
@@ -495,7 +542,9 @@ async fn writes_need_a_writable_scope() {
     let mut reader = who("1");
     reader.write_scope = None;
     assert!(matches!(
-        w.cache.reserve(&reader, "192.0.2.1", "k", "v").await,
+        w.cache
+            .reserve(&reader, Some([192, 0, 2, 1].into()), "k", "v")
+            .await,
         Err(CacheError::WriteDenied)
     ));
     assert!(matches!(
@@ -592,7 +641,7 @@ impl World {
     async fn save_blocks(&self, who: &Identity, key: &str, blocks: &[Vec<u8>]) -> EntryId {
         let link = self
             .cache
-            .reserve(who, "192.0.2.1", key, "v")
+            .reserve(who, Some([192, 0, 2, 1].into()), key, "v")
             .await
             .unwrap();
         let upload = self.upload(link.id).await;
@@ -880,7 +929,7 @@ async fn the_global_limit_evicts_across_repositories() {
     w.save(&who("1"), "c", &[3; 10]).await;
     // 30 bytes stored: the next reservation makes room by evicting the oldest, of any repository.
     w.cache
-        .reserve(&who("3"), "192.0.2.1", "d", "v")
+        .reserve(&who("3"), Some([192, 0, 2, 1].into()), "d", "v")
         .await
         .unwrap();
     assert_eq!(w.restore(&who("1"), "a").await, None);
@@ -898,7 +947,7 @@ async fn when_nothing_can_be_evicted_a_reservation_is_refused() {
     });
     let err = w
         .cache
-        .reserve(&who("1"), "192.0.2.1", "a", "v")
+        .reserve(&who("1"), Some([192, 0, 2, 1].into()), "a", "v")
         .await
         .unwrap_err();
     assert!(matches!(err, CacheError::StorageFull), "{err:?}");
@@ -907,7 +956,7 @@ async fn when_nothing_can_be_evicted_a_reservation_is_refused() {
         ..limits()
     });
     w.cache
-        .reserve(&who("1"), "192.0.2.1", "a", "v")
+        .reserve(&who("1"), Some([192, 0, 2, 1].into()), "a", "v")
         .await
         .unwrap();
 }
@@ -943,7 +992,11 @@ async fn unused_entries_expire_and_old_ones_too_with_a_maximum_age() {
 async fn abandoned_uploads_are_swept_and_their_bytes_deleted() {
     let w = world_limited(limits());
     let me = who("1");
-    let link = w.cache.reserve(&me, "192.0.2.1", "k", "v").await.unwrap();
+    let link = w
+        .cache
+        .reserve(&me, Some([192, 0, 2, 1].into()), "k", "v")
+        .await
+        .unwrap();
     let upload = w.upload(link.id).await;
     w.cache
         .stage_block(&upload, block("a"), body(b"staged"), Some(6))
@@ -1169,7 +1222,10 @@ async fn a_frozen_scope_refuses_writes_and_still_serves_reads() {
     w.save(&me, "k", b"abc").await;
     w.cache
         .set_write_policy(write_policy(&[("octo/1", MAIN, policy::Access::ReadOnly)]));
-    let refused = w.cache.reserve(&me, "192.0.2.1", "k2", "v").await;
+    let refused = w
+        .cache
+        .reserve(&me, Some([192, 0, 2, 1].into()), "k2", "v")
+        .await;
     let Err(e @ CacheError::WriteDeniedByPolicy(_)) = refused else {
         panic!("{refused:?}");
     };
@@ -1205,7 +1261,9 @@ async fn a_denied_scope_is_invisible_and_all_denied_is_read_denied() {
     // The pull request's own scope is left out: main still serves it.
     assert_eq!(w.restore(&pull, "k").await.unwrap(), b"main");
     assert!(matches!(
-        w.cache.reserve(&pull, "192.0.2.1", "k3", "v").await,
+        w.cache
+            .reserve(&pull, Some([192, 0, 2, 1].into()), "k3", "v")
+            .await,
         Err(CacheError::WriteDeniedByPolicy(_))
     ));
     // Denying main too leaves nothing to read.
