@@ -139,7 +139,8 @@ async fn calls_need_the_admin_token() {
 
 #[tokio::test]
 async fn entries_are_listed_filtered_sorted_and_paged() {
-    let srv = start().await;
+    let clock = common::manual_clock();
+    let srv = TestServer::start_with_clock(&["--admin-token", ADMIN], clock.clone()).await;
     let (a, b) = (
         token_of("10", "octo/alpha", MAIN),
         token_of("20", "octo/beta", MAIN),
@@ -150,9 +151,9 @@ async fn entries_are_listed_filtered_sorted_and_paged() {
     srv.save(&a_dev, "linux-cargo", VERSION, &[3u8; 200]).await;
     srv.save(&a, "other-version", "v2", &[4u8; 50]).await;
     srv.save(&b, "linux-npm-1", VERSION, &[5u8; 400]).await;
-    // A restore makes an entry the most recently used and counts a hit. (Times are in
-    // milliseconds: it must come after the last save's.)
-    tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+    // A restore makes an entry the most recently used and counts a hit; it comes after the
+    // last save on the server's clock.
+    clock.advance(std::time::Duration::from_secs(1));
     assert!(srv.restore(&a, "linux-npm-1", VERSION).await.is_some());
 
     let (status, all) = get(&srv, "caches").await;

@@ -52,7 +52,8 @@ fn json_out(out: &Output) -> Value {
 }
 
 async fn server_with_entries() -> (TestServer, Vec<i64>) {
-    let srv = TestServer::start_with(&["--admin-token", ADMIN]).await;
+    let clock = common::manual_clock();
+    let srv = TestServer::start_with_clock(&["--admin-token", ADMIN], clock.clone()).await;
     let mut c = claims("77", &[(MAIN, 3)]);
     c["repository"] = json!("octo/cli");
     let t = sign_hs256(&c);
@@ -64,8 +65,8 @@ async fn server_with_entries() -> (TestServer, Vec<i64>) {
     ] {
         ids.push(srv.save(&t, key, VERSION, &vec![7u8; size]).await);
     }
-    // Times are in milliseconds: the restore must come after the last save's.
-    tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+    // The restore comes after the last save (times are the server's, in milliseconds).
+    clock.advance(std::time::Duration::from_secs(1));
     assert!(srv.restore(&t, "npm-linux", VERSION).await.is_some());
     assert!(srv.restore(&t, "missing", VERSION).await.is_none());
     (srv, ids)

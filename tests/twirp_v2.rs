@@ -554,7 +554,8 @@ async fn health_and_readiness() {
 
 #[tokio::test]
 async fn a_restore_counts_as_a_use_of_the_entry() {
-    let srv = TestServer::start().await;
+    let clock = common::manual_clock();
+    let srv = TestServer::start_with_clock(&[], clock.clone()).await;
     let t = main_token();
     srv.save(&t, "used", VERSION, b"abc").await;
     let db = srv.data.path().join("hoard.db");
@@ -573,7 +574,7 @@ async fn a_restore_counts_as_a_use_of_the_entry() {
     };
     let (hits, last_used, created) = read().await;
     assert_eq!((hits, last_used), (0, created));
-    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    clock.advance(std::time::Duration::from_secs(1));
     srv.lookup(&t, "used", &[], VERSION).await;
     srv.lookup(&t, "use", &["us"], VERSION).await;
     // Hits are written in batches, within a second or so.
