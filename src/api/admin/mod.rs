@@ -373,10 +373,9 @@ async fn delete_matching(app: &AppState, query: &Query) -> Result<wire::Deleted,
     }
     // Names are not unique: a deletion resolves the repository to one id first.
     if let Some(wanted) = filter.repository.take() {
-        match one_repository(app, &wanted).await? {
-            Some(id) => filter.repository_id = Some(id),
-            None => return Ok(deleted(Purge::default(), dry_run)),
-        }
+        // No repository by that id or name: the id filter then selects nothing, and the purge
+        // is still audited.
+        filter.repository_id = Some(one_repository(app, &wanted).await?.unwrap_or(wanted));
     }
     let purge = app
         .cache()
