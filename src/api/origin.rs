@@ -28,16 +28,9 @@ impl TrustedProxies {
     }
 
     fn trusts(&self, ip: IpAddr) -> bool {
-        let ip = canonical(ip);
+        // An IPv4 address that arrived as IPv4-mapped IPv6 (a dual-stack listener) as IPv4.
+        let ip = ip.to_canonical();
         self.0.iter().any(|net| net.contains(&ip))
-    }
-}
-
-/// An IPv4 address that arrived as IPv4-mapped IPv6 (a dual-stack listener), as IPv4.
-fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
     }
 }
 
@@ -49,7 +42,7 @@ pub fn client_address(
     headers: &HeaderMap,
     trusted: &TrustedProxies,
 ) -> Option<IpAddr> {
-    let peer = canonical(peer?.ip());
+    let peer = peer?.ip().to_canonical();
     if !trusted.trusts(peer) {
         return Some(peer);
     }
@@ -72,7 +65,7 @@ pub fn client_address(
         let Ok(ip) = parsed else {
             break;
         };
-        client = canonical(ip);
+        client = ip.to_canonical();
         if !trusted.trusts(client) {
             break;
         }

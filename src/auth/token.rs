@@ -6,6 +6,7 @@
 
 use base64::engine::general_purpose::{URL_SAFE, URL_SAFE_NO_PAD};
 use base64::Engine;
+use jsonwebtoken::Algorithm;
 use serde::Deserialize;
 
 use super::scope::{derive_scopes, AccessGrant};
@@ -117,7 +118,7 @@ pub(crate) fn claims_from_json(value: serde_json::Value) -> Result<Claims, Token
 /// `--insecure-skip-token-validation`.
 pub(crate) fn identity_from_unverified_jwt(token: &str) -> Result<Identity, TokenError> {
     let mut parts = token.split('.');
-    let (Some(header), Some(payload), Some(_signature), None) =
+    let (Some(_header), Some(payload), Some(_signature), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return Err(TokenError::Malformed);
@@ -129,24 +130,13 @@ pub(crate) fn identity_from_unverified_jwt(token: &str) -> Result<Identity, Toke
     let claims: Claims = serde_json::from_slice(&payload).map_err(|_| TokenError::Malformed)?;
     // Unverified, the kind is what the token says of itself: its algorithm and issuer.
     let kind = match claims.iss.as_ref().and_then(serde_json::Value::as_str) {
-        _ if header_alg(header).as_deref() == Some("HS256") => CallerKind::Hs256,
+        _ if jsonwebtoken::decode_header(token).is_ok_and(|h| h.alg == Algorithm::HS256) => {
+            CallerKind::Hs256
+        }
         Some(iss) if !iss.is_empty() && !super::verify::is_github_issuer(iss) => CallerKind::Ghes,
         _ => CallerKind::Github,
     };
     identity_from_claims(claims, kind)
-}
-
-/// The `alg` of a JWT's header, if it decodes.
-fn header_alg(header: &str) -> Option<String> {
-    #[derive(Deserialize)]
-    struct Header {
-        alg: Option<String>,
-    }
-    let bytes = URL_SAFE_NO_PAD
-        .decode(header)
-        .or_else(|_| URL_SAFE.decode(header))
-        .ok()?;
-    serde_json::from_slice::<Header>(&bytes).ok()?.alg
 }
 
 /// The identity of a token's claims; `kind` is how its signature was checked.
