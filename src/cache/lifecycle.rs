@@ -141,10 +141,18 @@ pub struct QuotaStep {
 
 impl QuotaStep {
     /// How many bytes must go for the repository to be within the step's bound.
-    pub fn excess(&self, quota: u64, share: Share, used: QuotaUsage) -> u64 {
-        match self.bound {
+    /// `spared_pr` is the bytes of pull-request and tag entries just written: spared, but
+    /// counted in the repository's bytes, so a branch step leaves them over rather than evict
+    /// branch entries to make room for them.
+    pub fn excess(&self, quota: u64, share: Share, used: QuotaUsage, spared_pr: u64) -> u64 {
+        let over = match self.bound {
             Bound::Quota => used.bytes.saturating_sub(quota),
             Bound::PrShare => used.pr_bytes.saturating_sub(share.of(quota)),
+        };
+        if self.from == Some(ScopeClass::Branch) {
+            over.saturating_sub(spared_pr)
+        } else {
+            over
         }
     }
 }
@@ -397,9 +405,7 @@ impl Cache {
         let share = self.policy.lifecycle.pr_scope_share;
         let classes: Vec<ScopeClass> = written.iter().map(|w| w.class).collect();
         let ids: Vec<EntryId> = written.iter().map(|w| w.id).collect();
-        // Pull-request and tag entries just written are spared, but still counted in the
-        // repository's bytes: branch entries never go to make room for them (a burst of
-        // finalizes of both classes is checked in one round).
+        // A burst of finalizes of both classes is checked in one round (see `excess`).
         let spared_pr: u64 = written
             .iter()
             .filter(|w| w.class == ScopeClass::PullRequestOrTag)
@@ -409,10 +415,7 @@ impl Cache {
         for step in quota_steps(share, &classes) {
             let mut wanted = FIRST_CANDIDATES;
             loop {
-                let mut excess = step.excess(quota, share, used);
-                if step.from == Some(ScopeClass::Branch) {
-                    excess = excess.saturating_sub(spared_pr);
-                }
+                let excess = step.excess(quota, share, used, spared_pr);
                 if excess == 0 {
                     break;
                 }
@@ -794,16 +797,29 @@ mod tests {
             pr_bytes: 70,
         };
         let share = Share::parse("50%").unwrap();
-        let over = |bound| QuotaStep { bound, from: None }.excess(100, share, used);
+        let over = |bound| QuotaStep { bound, from: None }.excess(100, share, used, 0);
         assert_eq!(over(Bound::Quota), 30);
         assert_eq!(over(Bound::PrShare), 20);
+        let of = |from| QuotaStep {
+            bound: Bound::Quota,
+            from: Some(from),
+        };
+        assert_eq!(
+            of(ScopeClass::Branch).excess(100, share, used, 20),
+            10,
+            "a branch step does not make room for pull requests' spared bytes"
+        );
+        assert_eq!(
+            of(ScopeClass::PullRequestOrTag).excess(100, share, used, 20),
+            30
+        );
         let within = QuotaUsage {
             bytes: 90,
             pr_bytes: 50,
         };
         for bound in [Bound::Quota, Bound::PrShare] {
             let step = QuotaStep { bound, from: None };
-            assert_eq!(step.excess(100, share, within), 0);
+            assert_eq!(step.excess(100, share, within, 0), 0);
         }
     }
 
