@@ -476,33 +476,26 @@ async fn remove_ids(
     Ok(total)
 }
 
-/// The `ls --long` cells of who wrote `e`: when, kind, subject, run, job, address.
+/// The `ls --long` cells of who wrote `e`: when, kind, subject, run, job, address (`-` where
+/// nothing was recorded).
 fn writer_cells(e: &wire::Cache) -> [String; 6] {
-    let dash = |s: &str| {
-        if s.is_empty() {
-            "-".to_owned()
-        } else {
-            s.to_owned()
-        }
+    let of = |field: fn(&wire::WrittenBy) -> &str| match e
+        .written_by
+        .as_ref()
+        .map(field)
+        .unwrap_or_default()
+    {
+        "" => "-".to_owned(),
+        value => value.to_owned(),
     };
-    match &e.written_by {
-        Some(w) => [
-            e.created_at.clone(),
-            w.kind.clone(),
-            dash(&w.subject),
-            dash(&w.run_id),
-            dash(&w.job_id),
-            dash(&w.address),
-        ],
-        None => [
-            e.created_at.clone(),
-            "-".into(),
-            "-".into(),
-            "-".into(),
-            "-".into(),
-            "-".into(),
-        ],
-    }
+    [
+        e.created_at.clone(),
+        of(|w| &w.kind),
+        of(|w| &w.subject),
+        of(|w| &w.run_id),
+        of(|w| &w.job_id),
+        of(|w| &w.address),
+    ]
 }
 
 /// `caches show`: one field per line.

@@ -14,8 +14,8 @@ use crate::blob::BlobError;
 use crate::meta::{MetaError, NewEntry, NewUpload};
 use crate::model::ScopeClass;
 use crate::model::{
-    entry_digest, BlobName, BlockId, BlockRef, ByteStream, CacheKey, Chunk, Clipped, EntryId,
-    Millis, Provenance, Slot, Upload, UploadBlocks, UploadId, Version,
+    entry_digest, BlobName, BlockId, BlockRef, ByteStream, CacheKey, Clipped, EntryId, Millis,
+    Provenance, Slot, Upload, UploadBlocks, UploadId, Version,
 };
 
 /// An upload as a signed link found it: the upload and its blocks.
@@ -308,6 +308,7 @@ impl Cache {
                 garbage,
             } => {
                 let digest = entry_digest(&chunks);
+                let class = ScopeClass::of(&slot.scope);
                 let new = NewEntry {
                     slot,
                     key: &upload.key,
@@ -315,7 +316,7 @@ impl Cache {
                     chunks: &chunks,
                     written_by: upload.written_by.as_ref(),
                     digest: &digest,
-                    scope_class: ScopeClass::of(&slot.scope),
+                    scope_class: class,
                     now,
                 };
                 let started = self.entries.generation();
@@ -325,22 +326,14 @@ impl Cache {
                     other => other?,
                 };
                 forget.disarm();
-                audit_finalize(
-                    who,
-                    slot,
-                    entry,
-                    upload.written_by.as_ref(),
-                    &digest,
-                    &chunks,
-                );
+                // `size` is what was stored: the decision checked it.
+                audit_finalize(who, slot, entry, upload.written_by.as_ref(), &digest, size);
                 self.lookups.invalidate();
                 let open = OpenEntry::new(entry, slot, &upload.key, &chunks, now);
                 self.entries.put(entry, started, now, Arc::new(open));
                 self.collect(garbage).await;
                 // The entry is saved whatever happens here; a failed eviction is retried by
                 // the next finalize of the repository.
-                let class = ScopeClass::of(&slot.scope);
-                let size = chunks.iter().map(|c| c.size).sum();
                 if let Err(e) = self
                     .enforce_quota(&slot.repository, entry, class, size)
                     .await
@@ -442,9 +435,16 @@ fn audit_finalize(
     entry: EntryId,
     written_by: Option<&Provenance>,
     digest: &str,
-    chunks: &[Chunk],
+    size: u64,
 ) {
-    let by = written_by.cloned().unwrap_or_else(|| who.provenance(None));
+    let unrecorded;
+    let by = match written_by {
+        Some(by) => by,
+        None => {
+            unrecorded = who.provenance(None);
+            &unrecorded
+        }
+    };
     tracing::info!(
         target: "hoard::audit",
         action = "finalize",
@@ -453,7 +453,7 @@ fn audit_finalize(
         key = %slot.key,
         version = %slot.version,
         id = entry.get(),
-        size = chunks.iter().map(|c| c.size).sum::<u64>(),
+        size,
         digest,
         kind = %by.kind,
         issuer = %Clipped(&by.issuer),

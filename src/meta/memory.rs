@@ -111,6 +111,19 @@ impl State {
             .unwrap_or_default()
     }
 
+    /// Up to `limit` of the entries `select` picks, least recently used first (then oldest id).
+    fn least_used(&self, limit: usize, select: impl Fn(&StoredEntry) -> bool) -> Vec<EntryUse> {
+        let mut found: Vec<EntryUse> = self
+            .entries
+            .values()
+            .filter(|e| select(e))
+            .map(StoredEntry::usage)
+            .collect();
+        found.sort_by_key(|e| (e.last_used_at, e.id));
+        found.truncate(limit);
+        found
+    }
+
     /// Whether `filter` selects `e`, as the SQL stores decide it.
     fn selects(&self, filter: &EntryFilter, e: &StoredEntry) -> bool {
         let entry = &e.entry;
@@ -488,16 +501,9 @@ impl LifecycleStore for MemoryStore {
         repository: Option<&RepoId>,
         limit: usize,
     ) -> Result<Vec<EntryUse>, MetaError> {
-        let state = self.state();
-        let mut found: Vec<EntryUse> = state
-            .entries
-            .values()
-            .filter(|e| repository.is_none_or(|r| &e.entry.repository == r))
-            .map(StoredEntry::usage)
-            .collect();
-        found.sort_by_key(|e| (e.last_used_at, e.id));
-        found.truncate(limit);
-        Ok(found)
+        Ok(self.state().least_used(limit, |e| {
+            repository.is_none_or(|r| &e.entry.repository == r)
+        }))
     }
 
     async fn least_recently_used_of_class(
@@ -506,16 +512,9 @@ impl LifecycleStore for MemoryStore {
         class: ScopeClass,
         limit: usize,
     ) -> Result<Vec<EntryUse>, MetaError> {
-        let state = self.state();
-        let mut found: Vec<EntryUse> = state
-            .entries
-            .values()
-            .filter(|e| &e.entry.repository == repository && e.class == class)
-            .map(StoredEntry::usage)
-            .collect();
-        found.sort_by_key(|e| (e.last_used_at, e.id));
-        found.truncate(limit);
-        Ok(found)
+        Ok(self.state().least_used(limit, |e| {
+            &e.entry.repository == repository && e.class == class
+        }))
     }
 
     async fn expired(

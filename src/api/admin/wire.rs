@@ -9,7 +9,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{ListedEntry, Millis, RepositoryUsage};
+use crate::model::{ListedEntry, Millis, Provenance, RepositoryUsage};
 
 /// Every error: `{"message": …}` (schema `Error`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -200,15 +200,21 @@ impl From<&ListedEntry> for Cache {
             created_at: time(e.created_at),
             last_accessed_at: time(e.last_used_at),
             hits: e.hits,
-            written_by: listed.written_by.as_ref().map(|p| WrittenBy {
-                kind: p.kind.as_str().to_owned(),
-                issuer: p.issuer.clone(),
-                subject: p.subject.clone(),
-                run_id: p.run_id.clone(),
-                job_id: p.job_id.clone(),
-                address: p.address.clone(),
-            }),
+            written_by: listed.written_by.as_ref().map(WrittenBy::from),
             digest: (!listed.digest.is_empty()).then(|| listed.digest.clone()),
+        }
+    }
+}
+
+impl From<&Provenance> for WrittenBy {
+    fn from(p: &Provenance) -> Self {
+        Self {
+            kind: p.kind.as_str().to_owned(),
+            issuer: p.issuer.clone(),
+            subject: p.subject.clone(),
+            run_id: p.run_id.clone(),
+            job_id: p.job_id.clone(),
+            address: p.address.clone(),
         }
     }
 }
