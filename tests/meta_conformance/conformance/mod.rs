@@ -126,6 +126,8 @@ pub async fn save_named(
         written_by: upload.written_by.as_ref(),
         digest: "",
         scope_class: ScopeClass::of(&slot.scope),
+        family: "",
+        ref_class: hoard::model::RefClass::DefaultBranch,
         now,
     };
     store.finalize(&upload, entry).await.unwrap()
