@@ -107,6 +107,11 @@ impl Cache {
         }
     }
 
+    /// The server's time (the injected clock).
+    pub fn now(&self) -> crate::model::Millis {
+        self.clock.now()
+    }
+
     /// Counts into `metrics` (shared with the stores' timing) instead of a registry of its own.
     pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
         self.metrics = metrics;
