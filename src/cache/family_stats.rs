@@ -30,6 +30,9 @@ pub const MAX_REMEMBERED: usize = 4096;
 #[derive(Debug, Clone)]
 pub struct FamilyStats {
     inner: Arc<Mutex<Pending>>,
+    /// Held while a flush writes: a flush waits for the one under way, so that what an operator
+    /// reads after flushing includes everything counted before.
+    flushing: Arc<tokio::sync::Mutex<()>>,
     max_families: usize,
 }
 
@@ -53,6 +56,7 @@ impl FamilyStats {
     pub fn new(max_families: usize) -> Self {
         Self {
             inner: Arc::default(),
+            flushing: Arc::default(),
             max_families,
         }
     }
@@ -141,6 +145,7 @@ impl FamilyStats {
 
     /// Writes what is pending; on failure it is kept for the next try.
     pub async fn flush(&self, meta: &dyn StatsStore, now: Millis) {
+        let _one_at_a_time = self.flushing.lock().await;
         let counts: Vec<(StatsKey, Counters)> = self.pending().counts.drain().collect();
         if counts.is_empty() {
             return;
