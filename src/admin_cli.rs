@@ -42,6 +42,9 @@ pub enum CachesCommand {
     },
     /// Delete entries: by id, or every entry a filter selects.
     Rm(Box<RemoveArgs>),
+    /// Hit ratio, misses and bytes per key family over a period, most misses first, each
+    /// with its trend.
+    Stats(Box<StatsArgs>),
     /// Bytes, entries, hits and misses per repository, largest first.
     Usage {
         /// Only this repository (owner/name or id).
@@ -51,6 +54,26 @@ pub enum CachesCommand {
         #[arg(long, default_value_t = 20)]
         limit: usize,
     },
+}
+
+/// What `hoard caches stats` shows.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StatsArgs {
+    /// Only this repository (owner/name or id) [default: every repository].
+    #[arg(long)]
+    pub repository: Option<String>,
+    /// The period: a duration back from now (24h, 7d, 30d), or an RFC 3339 time.
+    #[arg(long, default_value = "7d")]
+    pub since: String,
+    /// Only this class of refs: default_branch, other_branch, pull_request or tag.
+    #[arg(long)]
+    pub scope_class: Option<String>,
+    /// Rank by misses, bytes (stored) or lookups.
+    #[arg(long, default_value = "misses")]
+    pub sort: String,
+    /// Most families shown.
+    #[arg(long, default_value_t = 20)]
+    pub limit: usize,
 }
 
 /// What selects entries.
@@ -267,6 +290,32 @@ pub async fn caches(server: &ServerArgs, command: &CachesCommand) -> Result<Stri
                 pretty(&entry)
             } else {
                 entry_text(&entry)
+            })
+        }
+        CachesCommand::Stats(args) => {
+            let mut query = url::form_urlencoded::Serializer::new(String::new());
+            query
+                .append_pair("since", &args.since)
+                .append_pair("sort", &args.sort)
+                .append_pair("limit", &args.limit.clamp(1, 1000).to_string());
+            for (name, value) in [
+                ("repository", &args.repository),
+                ("scope_class", &args.scope_class),
+            ] {
+                if let Some(value) = value {
+                    query.append_pair(name, value);
+                }
+            }
+            let families: wire::Families = client
+                .call(
+                    reqwest::Method::GET,
+                    &format!("stats/families?{}", query.finish()),
+                )
+                .await?;
+            Ok(if server.json {
+                pretty(&families)
+            } else {
+                families_table(&families, args.repository.is_none())
             })
         }
         CachesCommand::Usage { repository, limit } => {
@@ -549,6 +598,82 @@ struct Listed {
     actions_caches: Vec<wire::Cache>,
 }
 
+/// `hoard caches stats`: a family per line, its trend as the hit ratio per bucket.
+fn families_table(families: &wire::Families, with_repository: bool) -> String {
+    let mut header = vec![
+        "FAMILY",
+        "CLASS",
+        "LOOKUPS",
+        "HIT RATIO",
+        "MISSES",
+        "RESTORED",
+        "SAVED",
+        "STORED",
+    ];
+    if with_repository {
+        header.insert(0, "REPOSITORY");
+    }
+    let trend_title = format!("TREND (hit ratio per {})", families.bucket);
+    header.push(&trend_title);
+    let rows: Vec<Vec<String>> = families
+        .families
+        .iter()
+        .map(|f| {
+            let mut row = vec![
+                f.family.clone(),
+                f.scope_class.clone(),
+                f.counters.lookups.to_string(),
+                percent(f.hit_ratio),
+                f.counters.misses.to_string(),
+                size(f.counters.bytes_restored),
+                size(f.counters.bytes_saved),
+                size(f.bytes_stored),
+                sparkline(&f.trend),
+            ];
+            if with_repository {
+                row.insert(0, repository_label(&f.repository_name, &f.repository));
+            }
+            row
+        })
+        .collect();
+    let mut out = if rows.is_empty() {
+        String::new()
+    } else {
+        table(&header, &rows)
+    };
+    let quota = families
+        .quota_bytes
+        .map_or(String::new(), |q| format!(" of {}", size(q)));
+    let _ = writeln!(
+        out,
+        "{} families from {} to {}; {} stored{quota}",
+        families.families.len(),
+        families.since,
+        families.until,
+        size(families.stored_bytes),
+    );
+    out
+}
+
+/// The hit ratio of each bucket as a bar from `▁` (none hit) to `█` (all hit); `·` where
+/// nothing was looked up.
+fn sparkline(trend: &wire::FamilyTrend) -> String {
+    const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    trend
+        .lookups
+        .iter()
+        .zip(&trend.hits)
+        .map(|(&lookups, &hits)| {
+            if lookups == 0 {
+                '·'
+            } else {
+                let ratio = hits.min(lookups) as f64 / lookups as f64;
+                BARS[((ratio * 7.0).round() as usize).min(7)]
+            }
+        })
+        .collect()
+}
+
 fn usage_table(usage: &wire::Usage) -> String {
     let mut out = String::new();
     if !usage.repositories.is_empty() {
@@ -734,6 +859,16 @@ mod tests {
         assert_eq!(size(1023), "1023 B");
         assert_eq!(size(1536), "1.5 KiB");
         assert_eq!(size(10 << 30), "10.0 GiB");
+    }
+
+    #[test]
+    fn sparklines_show_the_hit_ratio_per_bucket() {
+        let trend = wire::FamilyTrend {
+            lookups: vec![0, 4, 4, 1],
+            hits: vec![0, 0, 2, 1],
+            misses: vec![0, 4, 2, 0],
+        };
+        assert_eq!(sparkline(&trend), "·▁▅█");
     }
 
     #[test]

@@ -349,3 +349,95 @@ async fn writers_are_listed_shown_and_purged_by_run() {
         b"from run 4001"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stats_prints_families_with_hit_ratio_misses_bytes_and_trend() {
+    let srv = TestServer::start_with(&["--admin-token", ADMIN]).await;
+    let mut c = claims("78", &[(MAIN, 3)]);
+    c["repository"] = json!("octo/stats-cli");
+    let t = sign_hs256(&c);
+    let key = "deps-Linux-0123456789abcdef";
+    assert_eq!(srv.lookup(&t, key, &["deps-Linux-"], VERSION).await.0, 200);
+    srv.save(&t, key, VERSION, &[1u8; 3000]).await;
+    let (_, hit) = srv.lookup(&t, key, &["deps-Linux-"], VERSION).await;
+    assert_eq!(hit["ok"], true, "{hit}");
+    srv.lookup(&t, "tool-cache-89abcdef01234567", &[], VERSION)
+        .await;
+
+    let out = stdout(
+        &hoard(
+            &srv.base,
+            Some(ADMIN),
+            &[
+                "caches",
+                "stats",
+                "--repository",
+                "octo/stats-cli",
+                "--since",
+                "24h",
+            ],
+        )
+        .await,
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with("FAMILY") && lines[0].contains("TREND (hit ratio per hour)"),
+        "{out}"
+    );
+    // Most misses first; the ratio, the misses, the bytes and the trend of each family.
+    assert!(lines[1].starts_with("deps-Linux-"), "{out}");
+    for cell in ["default_branch", "50.0%", "2.9 KiB"] {
+        assert!(lines[1].contains(cell), "{cell} in {out}");
+    }
+    assert!(
+        lines[1].ends_with('▅'),
+        "the current hour's ratio ends the trend: {out}"
+    );
+    assert!(
+        lines[1]
+            .trim_end()
+            .chars()
+            .rev()
+            .take(24)
+            .filter(|c| *c == '·')
+            .count()
+            == 23,
+        "{out}"
+    );
+    assert!(
+        lines[2].starts_with("tool-cache-") && lines[2].contains("0.0%"),
+        "{out}"
+    );
+    assert!(lines[3].starts_with("2 families from "), "{out}");
+
+    let json = json_out(
+        &hoard(
+            &srv.base,
+            Some(ADMIN),
+            &[
+                "caches", "stats", "--json", "--since", "24h", "--sort", "lookups",
+            ],
+        )
+        .await,
+    );
+    assert_eq!(json["families"][0]["family"], "deps-Linux-");
+    assert_eq!(json["families"][0]["lookups"], 2);
+    assert_eq!(
+        json["families"][0]["trend"]["lookups"]
+            .as_array()
+            .unwrap()
+            .len(),
+        24
+    );
+
+    let err = failure(
+        &hoard(
+            &srv.base,
+            Some(ADMIN),
+            &["caches", "stats", "--scope-class", "feature"],
+        )
+        .await,
+    );
+    assert!(err.contains("scope_class must be one of"), "{err}");
+    srv.stop().await;
+}
