@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use crate::meta::{MetaError, StatsStore};
-use crate::model::family::family;
+use crate::model::family::{family, family_folded};
 use crate::model::stats::OTHER_FAMILY;
 use crate::model::{
     Bucket, CacheKey, Counters, EntryUse, LookupResult, Millis, RefClass, RemovalCause, RepoId,
@@ -66,8 +66,8 @@ impl FamilyStats {
     }
 
     /// A lookup of `keys` (the primary key first, then restore keys; `folded` the same, folded)
-    /// by a caller of `class`, which ended as `result` naming an entry of `size` bytes. Returns
-    /// the lookup's family.
+    /// by a caller of `class`, which ended as `result` naming an entry of `size` bytes.
+    /// `seen` is shown the lookup's family (for metrics) before it is counted.
     #[allow(clippy::too_many_arguments)]
     pub fn lookup(
         &self,
@@ -78,30 +78,30 @@ impl FamilyStats {
         result: LookupResult,
         size: u64,
         now: Millis,
-    ) -> String {
-        let Some((primary, restore)) = keys.split_first() else {
-            return String::new();
+        seen: impl FnOnce(&str),
+    ) {
+        let (Some(primary), Some((primary_folded, restore))) = (keys.first(), folded.split_first())
+        else {
+            return;
         };
-        let restore: Vec<&str> = restore.iter().map(CacheKey::as_str).collect();
-        let family = family(primary.as_str(), &restore);
+        let family = family_folded(primary.as_str(), primary_folded, restore);
+        seen(&family);
         let mut pending = self.pending();
         if !restore.is_empty() {
             if pending.lookup_families.len() >= MAX_REMEMBERED {
                 pending.lookup_families.clear();
             }
-            let primary_folded = folded.first().cloned().unwrap_or_default();
             pending
                 .lookup_families
-                .insert((repository.clone(), primary_folded), family.clone());
+                .insert((repository.clone(), primary_folded.clone()), family.clone());
         }
         pending.add(
             repository,
-            &family,
+            family,
             class,
             now,
             &Counters::lookup(result, size),
         );
-        family
     }
 
     /// The family of a save of `key` (`folded`): the one its latest lookup here gave it, else
@@ -124,8 +124,13 @@ impl FamilyStats {
         size: u64,
         now: Millis,
     ) {
-        self.pending()
-            .add(repository, family, class, now, &Counters::save(size));
+        self.pending().add(
+            repository,
+            family.to_owned(),
+            class,
+            now,
+            &Counters::save(size),
+        );
     }
 
     /// Entries removed for `cause`, each counted in its own family and class.
@@ -135,7 +140,7 @@ impl FamilyStats {
         for entry in removed {
             pending.add(
                 &entry.repository,
-                &entry.family,
+                entry.family.clone(),
                 entry.ref_class,
                 now,
                 &counters,
@@ -239,19 +244,19 @@ impl Pending {
     fn add(
         &mut self,
         repository: &RepoId,
-        family: &str,
+        family: String,
         class: RefClass,
         now: Millis,
         counters: &Counters,
     ) {
         let family = if self.counts.len() >= MAX_PENDING {
-            OTHER_FAMILY
+            OTHER_FAMILY.to_owned()
         } else {
             family
         };
         let key = StatsKey {
             repository: repository.clone(),
-            family: family.to_owned(),
+            family,
             class,
             hour: Bucket::Hour.floor(now),
         };
@@ -288,15 +293,11 @@ mod tests {
         let stats = FamilyStats::new(10);
         let repo = RepoId::new("1");
         let (k, f) = keys(&["Linux-cargo-abc123def456", "Linux-"]);
-        let family = stats.lookup(
-            &repo,
-            &k,
-            &f,
-            RefClass::DefaultBranch,
-            LookupResult::Miss,
-            0,
-            5,
-        );
+        let mut family = String::new();
+        let miss = LookupResult::Miss;
+        stats.lookup(&repo, &k, &f, RefClass::DefaultBranch, miss, 0, 5, |f| {
+            family = f.to_owned();
+        });
         assert_eq!(family, "Linux-");
         assert_eq!(stats.family_of_save(&repo, k[0].as_str(), &f[0]), "Linux-");
         // Another repository's save of the same key has no lookup to follow.
@@ -320,6 +321,7 @@ mod tests {
             LookupResult::Miss,
             0,
             10,
+            |_| {},
         );
         stats.lookup(
             &repo,
@@ -329,6 +331,7 @@ mod tests {
             LookupResult::ExactHit,
             7,
             HOUR + 1,
+            |_| {},
         );
         stats.saved(&repo, "deps-", RefClass::PullRequest, 9, HOUR + 2);
         stats.flush(&meta, 0).await;

@@ -89,7 +89,7 @@ impl Cache {
                 .repository_lookup(who.display_repository(), false);
             self.usage
                 .record_miss(&who.repository, &who.repository_name);
-            let family = self.stats.lookup(
+            self.stats.lookup(
                 &who.repository,
                 &lookup.keys,
                 &folded,
@@ -97,9 +97,11 @@ impl Cache {
                 LookupResult::Miss,
                 0,
                 now,
+                |family| {
+                    self.metrics
+                        .family_lookup(who.display_repository(), family, "miss")
+                },
             );
-            self.metrics
-                .family_lookup(who.display_repository(), &family, "miss");
             return Ok(None);
         };
         let primary = folded.first().map_or("", String::as_str);
@@ -120,7 +122,7 @@ impl Cache {
         self.metrics
             .repository_lookup(who.display_repository(), true);
         self.usage.record(best.id, now);
-        let family = self.stats.lookup(
+        self.stats.lookup(
             &who.repository,
             &lookup.keys,
             &folded,
@@ -128,14 +130,14 @@ impl Cache {
             result,
             best.size,
             now,
-        );
-        self.metrics.family_lookup(
-            who.display_repository(),
-            &family,
-            if result == LookupResult::ExactHit {
-                "exact_hit"
-            } else {
-                "restore_key_hit"
+            |family| {
+                let outcome = if result == LookupResult::ExactHit {
+                    "exact_hit"
+                } else {
+                    "restore_key_hit"
+                };
+                self.metrics
+                    .family_lookup(who.display_repository(), family, outcome)
             },
         );
         Ok(Some(Hit {

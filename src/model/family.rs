@@ -16,34 +16,48 @@ pub const NO_PREFIX: &str = "(no prefix)";
 
 /// The family of `key`, looked up or saved with `restore_keys` (none for a save).
 pub fn family(key: &str, restore_keys: &[&str]) -> String {
-    let prefix = by_restore_key(key, restore_keys).unwrap_or_else(|| by_hash(key));
+    let folded: Vec<String> = restore_keys.iter().map(|r| r.to_lowercase()).collect();
+    family_folded(key, &key.to_lowercase(), &folded)
+}
+
+/// [`family`] for a lookup whose keys are already folded (`folded_key`, `folded_restore_keys`:
+/// lower case, as lookups match them).
+pub fn family_folded(key: &str, folded_key: &str, folded_restore_keys: &[String]) -> String {
+    let prefix =
+        by_restore_key(key, folded_key, folded_restore_keys).unwrap_or_else(|| by_hash(key));
     if prefix.is_empty() {
         return NO_PREFIX.to_owned();
     }
     clip(prefix).to_owned()
 }
 
-/// The longest of `restore_keys` that `key` starts with (case-insensitively), as `key` spells
+/// The longest of the (folded) restore keys that the (folded) key starts with, as `key` spells
 /// it, with the separator after it if the key goes on with one.
-fn by_restore_key<'k>(key: &'k str, restore_keys: &[&str]) -> Option<&'k str> {
-    let folded_key = key.to_lowercase();
-    let longest = restore_keys
+fn by_restore_key<'k>(
+    key: &'k str,
+    folded_key: &str,
+    folded_restore_keys: &[String],
+) -> Option<&'k str> {
+    let longest = folded_restore_keys
         .iter()
-        .map(|r| r.to_lowercase())
         .filter(|r| !r.is_empty() && folded_key.starts_with(r.as_str()))
-        .max_by_key(String::len)?;
+        .max_by_key(|r| r.len())?;
     // The end of the same prefix in the key's own spelling: folding may change byte lengths.
-    let mut folded_len = 0;
-    let end = key
-        .char_indices()
-        .find_map(|(i, c)| {
-            if folded_len == longest.len() {
-                return Some(i);
-            }
-            folded_len += c.to_lowercase().map(char::len_utf8).sum::<usize>();
-            None
-        })
-        .or((folded_len == longest.len()).then_some(key.len()))?;
+    let end =
+        if key.len() == folded_key.len() && key.is_char_boundary(longest.len()) && key.is_ascii() {
+            longest.len()
+        } else {
+            let mut folded_len = 0;
+            key.char_indices()
+                .find_map(|(i, c)| {
+                    if folded_len == longest.len() {
+                        return Some(i);
+                    }
+                    folded_len += c.to_lowercase().map(char::len_utf8).sum::<usize>();
+                    None
+                })
+                .or((folded_len == longest.len()).then_some(key.len()))?
+        };
     let end = match key[end..].chars().next() {
         Some(c) if is_separator(c) && !key[..end].ends_with(is_separator) => end + c.len_utf8(),
         _ => end,
