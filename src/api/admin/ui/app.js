@@ -379,12 +379,14 @@ function showInsight(slot, repository) {
   $(slot).append(insight);
   insight.hidden = false;
   insightRepository = repository;
+  delete insight.dataset.showing;
   loadInsight().catch(report);
 }
 
 function clearInsight() {
   insightSeq++;
   $('insight').hidden = true;
+  delete $('insight').dataset.showing;
   $('insight-summary').textContent = '';
   document.querySelectorAll('#insight .plot, #insight .legend, #insight .numbers, #insight [data-role="note"]')
     .forEach((el) => el.replaceChildren());
@@ -415,6 +417,8 @@ async function loadInsight() {
     const [series, fams] = await Promise.all([api(`stats?${stats}`), api(`stats/families?${families}`)]);
     if (seq !== insightSeq) return;
     renderInsight(series, fams, p);
+    // What the charts show now, for whoever waits on them (a test, a screen reader's busy state).
+    $insight.dataset.showing = `${insightRepository || ''}|${period}`;
   } finally {
     if (seq === insightSeq) $insight.removeAttribute('aria-busy');
   }
