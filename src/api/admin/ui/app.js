@@ -380,17 +380,29 @@ function showInsight(slot, repository) {
   insight.hidden = false;
   insightRepository = repository;
   delete insight.dataset.showing;
-  loadInsight().catch(report);
+  loadInsight().catch(insightFailed);
+}
+
+// Charts of another view or period must not stay up as if they were the answer; the period
+// control stays, to try another.
+function insightFailed(err) {
+  if (!(err instanceof SignedOut)) clearCharts();
+  report(err);
 }
 
 function clearInsight() {
   insightSeq++;
   $('insight').hidden = true;
+  clearCharts();
+}
+
+function clearCharts() {
   delete $('insight').dataset.showing;
   $('insight-summary').textContent = '';
   document.querySelectorAll('#insight .plot, #insight .legend, #insight .numbers, #insight [data-role="note"]')
     .forEach((el) => el.replaceChildren());
   $('family-table').querySelector('thead tr').replaceChildren();
+  $('family-table').querySelector('tbody').replaceChildren();
   $('family-caption').textContent = '';
 }
 
@@ -398,7 +410,7 @@ document.querySelectorAll('input[name="period"]').forEach((input) => {
   input.addEventListener('change', () => {
     if (!input.checked) return;
     period = input.value;
-    loadInsight().catch(report);
+    loadInsight().catch(insightFailed);
   });
 });
 
