@@ -236,6 +236,21 @@ pub struct ServeArgs {
     #[arg(long, env = "HOARD_METRICS_REPOSITORIES", default_value_t = 0)]
     pub metrics_repositories: usize,
 
+    /// Also export lookups per key family (`hoard_family_lookups_total`), for at most this many
+    /// (repository, family) pairs; later ones are counted as `other`. 0 turns these series off.
+    #[arg(long, env = "HOARD_METRICS_FAMILIES", default_value_t = 0)]
+    pub metrics_families: usize,
+
+    /// How long the hourly statistics by key family are kept; older hours are folded into days,
+    /// and days are kept for a year.
+    #[arg(long, env = "HOARD_STATS_RETENTION", default_value = "30d", value_parser = humantime::parse_duration)]
+    pub stats_retention: Duration,
+
+    /// The most key families whose statistics are kept per repository; later families count as
+    /// `other`, so that no client can grow the statistics without bound.
+    #[arg(long, env = "HOARD_STATS_MAX_FAMILIES", default_value_t = 100)]
+    pub stats_max_families: usize,
+
     /// A client must send a request's headers within this time.
     #[arg(long, env = "HOARD_HEADER_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub header_timeout: Duration,
@@ -334,6 +349,10 @@ pub struct Config {
     pub metrics_listen: Option<SocketAddr>,
     /// Repositories with their own lookup series (0: none).
     pub metrics_repositories: usize,
+    /// (Repository, family) pairs with their own lookup series (0: none).
+    pub metrics_families: usize,
+    /// Families whose statistics are kept per repository.
+    pub stats_max_families: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -499,8 +518,20 @@ impl ServeArgs {
                 "--metrics-repositories (HOARD_METRICS_REPOSITORIES) must be at most 10000: each is a series in every scrape.".into(),
             ));
         }
+        if self.metrics_families > 10_000 {
+            return Err(ConfigError(
+                "--metrics-families (HOARD_METRICS_FAMILIES) must be at most 10000: each is a series in every scrape.".into(),
+            ));
+        }
+        if !(1..=10_000).contains(&self.stats_max_families) {
+            return Err(ConfigError(
+                "--stats-max-families (HOARD_STATS_MAX_FAMILIES) must be from 1 to 10000.".into(),
+            ));
+        }
         Ok(Config {
             metrics_repositories: self.metrics_repositories,
+            metrics_families: self.metrics_families,
+            stats_max_families: self.stats_max_families,
             admin_token,
             metrics_listen,
             lifecycle,
@@ -604,6 +635,7 @@ impl ServeArgs {
             max_age: self.max_age.filter(|age| !age.is_zero()),
             deletion_grace,
             gc_interval: self.gc_interval,
+            stats_retention: self.stats_retention,
         })
     }
 

@@ -85,7 +85,8 @@ pub async fn open_cache(config: &Config) -> Result<Cache, ServeError> {
     let metrics = Arc::new(
         metrics::Metrics::new()
             .with_routes(api::ROUTE_LABELS)
-            .with_repositories(config.metrics_repositories),
+            .with_repositories(config.metrics_repositories)
+            .with_families(config.metrics_families),
     );
     let meta = Arc::new(meta::Timed::new(meta, metrics.clone()));
     let blobs = Arc::new(blob::Timed::new(blobs, metrics.clone()));
@@ -99,6 +100,7 @@ pub async fn open_cache(config: &Config) -> Result<Cache, ServeError> {
             max_entry_size: config.limits.max_entry_size,
             lookup_cache_ttl: config.lookup_cache_ttl,
             lifecycle: config.lifecycle.clone(),
+            stats_max_families: config.stats_max_families,
         },
         config.clock.clone(),
     )

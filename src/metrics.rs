@@ -37,6 +37,35 @@ struct PerRepository {
     lookups: Family<RepositoryLabels, Counter>,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FamilyLabels {
+    repository: String,
+    family: String,
+    outcome: &'static str,
+}
+
+/// Lookups per key family for the first `cap` (repository, family) pairs this process sees; the
+/// rest are counted as repository and family `other`.
+struct PerFamily {
+    cap: usize,
+    seen: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
+    lookups: Family<FamilyLabels, Counter>,
+}
+
+/// `value` with every character other than letters, digits and `._/:@-` made `_`: names come
+/// from tokens and keys, and the text format writes label values as they are.
+fn label_safe(value: &str) -> std::borrow::Cow<'_, str> {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "._/:@-".contains(c);
+    if value.chars().all(safe) {
+        return value.into();
+    }
+    value
+        .chars()
+        .map(|c| if safe(c) { c } else { '_' })
+        .collect::<String>()
+        .into()
+}
+
 /// A route's request counters (by status class) and duration histogram, resolved once: the
 /// request path then counts with an atomic add instead of hashing its labels in the family.
 #[derive(Default)]
@@ -115,6 +144,7 @@ pub struct Metrics {
     database: Family<OperationLabels, Histogram, fn() -> Histogram>,
     storage: Family<OperationLabels, Histogram, fn() -> Histogram>,
     per_repository: Option<PerRepository>,
+    per_family: Option<PerFamily>,
     /// Routes whose handles are kept (see [`Metrics::with_routes`]), and their handles.
     known_routes: &'static [&'static str],
     route_handles: Box<[RouteHandles]>,
@@ -231,6 +261,7 @@ impl Metrics {
         );
         Self {
             per_repository: None,
+            per_family: None,
             known_routes: &[],
             route_handles: Box::default(),
             outcomes: Default::default(),
@@ -348,24 +379,14 @@ impl Metrics {
         let Some(per) = &self.per_repository else {
             return;
         };
-        let safe = |c: char| c.is_ascii_alphanumeric() || "._/:@-".contains(c);
-        let cleaned;
-        let repository = if repository.chars().all(safe) {
-            repository
-        } else {
-            cleaned = repository
-                .chars()
-                .map(|c| if safe(c) { c } else { '_' })
-                .collect::<String>();
-            &cleaned
-        };
+        let repository = label_safe(repository);
         let label = {
             let mut seen = per.seen.lock().unwrap_or_else(|p| p.into_inner());
-            if seen.contains(repository) {
-                repository
+            if seen.contains(repository.as_ref()) {
+                repository.as_ref()
             } else if seen.len() < per.cap {
-                seen.insert(repository.to_owned());
-                repository
+                seen.insert(repository.to_string());
+                repository.as_ref()
             } else {
                 OTHER_REPOSITORIES
             }
@@ -374,6 +395,55 @@ impl Metrics {
             .get_or_create(&RepositoryLabels {
                 repository: label.to_owned(),
                 outcome: if hit { "hit" } else { "miss" },
+            })
+            .inc();
+    }
+
+    /// Also counts lookups per key family (`hoard_family_lookups_total`), for the first `cap`
+    /// (repository, family) pairs seen.
+    pub fn with_families(mut self, cap: usize) -> Self {
+        if cap == 0 {
+            return self;
+        }
+        let lookups = Family::<FamilyLabels, Counter>::default();
+        self.registry.register(
+            "family_lookups",
+            "Cache lookups per repository and key family by outcome: exact_hit, restore_key_hit, miss; pairs past --metrics-families are `other`",
+            lookups.clone(),
+        );
+        self.per_family = Some(PerFamily {
+            cap,
+            seen: Default::default(),
+            lookups,
+        });
+        self
+    }
+
+    /// A lookup of `family` in a repository (its name, or its id), if per-family series are on.
+    pub fn family_lookup(&self, repository: &str, family: &str, outcome: &'static str) {
+        let Some(per) = &self.per_family else {
+            return;
+        };
+        let pair = (
+            label_safe(repository).into_owned(),
+            label_safe(family).into_owned(),
+        );
+        let pair = {
+            let mut seen = per.seen.lock().unwrap_or_else(|p| p.into_inner());
+            if seen.contains(&pair) {
+                pair
+            } else if seen.len() < per.cap {
+                seen.insert(pair.clone());
+                pair
+            } else {
+                (OTHER_REPOSITORIES.to_owned(), OTHER_REPOSITORIES.to_owned())
+            }
+        };
+        per.lookups
+            .get_or_create(&FamilyLabels {
+                repository: pair.0,
+                family: pair.1,
+                outcome,
             })
             .inc();
     }

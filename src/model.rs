@@ -5,14 +5,20 @@
 //! Every value that crosses the HTTP boundary is parsed into one of these before the domain sees
 //! it, so the rules (PROTOCOL.md §2.5, §9 "Key constraints") live in one place.
 
+pub mod family;
 pub mod listing;
 pub mod provenance;
 pub mod scope_class;
+pub mod stats;
 pub mod units;
 
 pub use listing::{EntryFilter, EntryOrder, EntryPage, ListedEntry, RepositoryUsage, Totals};
 pub use provenance::{entry_digest, CallerKind, Provenance};
 pub use scope_class::{QuotaUsage, ScopeClass, Share};
+pub use stats::{
+    Bucket, Counters, Evictions, LookupResult, RefClass, StatsFilter, StatsKey, StatsRow,
+    StoredFamily,
+};
 
 use std::fmt;
 use std::pin::Pin;
@@ -456,6 +462,9 @@ pub struct EntryUse {
     pub size: u64,
     pub created_at: Millis,
     pub last_used_at: Millis,
+    /// The key family and ref class of the save that made it (statistics count its removal).
+    pub family: String,
+    pub ref_class: RefClass,
 }
 
 /// Why an entry was removed.
@@ -541,6 +550,8 @@ pub struct Candidate {
     /// The key folded to lower case (see `CacheKey::folded`).
     pub key_folded: String,
     pub created_at: Millis,
+    /// Its size: what a restore of it moves (statistics count it).
+    pub size: u64,
 }
 
 /// Where a block-list element looks for its block.

@@ -166,8 +166,9 @@ impl Cache {
     /// Writes the restores and misses not yet written (see [`super::usage`]), so that what an
     /// operator sees, and how it sorts, includes the latest. Operators ask rarely; lookups never
     /// wait for this.
-    async fn write_usage(&self) {
+    pub(super) async fn write_usage(&self) {
         self.usage.flush(self.meta.as_ref()).await;
+        self.stats.flush(self.meta.as_ref(), self.clock.now()).await;
     }
 
     /// Deletes entries for an operator (`by`, for the audit log): the next lookup misses, and

@@ -41,6 +41,9 @@ pub enum CacheError {
     BadRanges(upload::RangeProblem),
     #[error("no such entry")]
     EntryNotFound,
+    /// An operator named a repository (id or owner/name) the store has never seen.
+    #[error("no repository {0:?} is known to this server")]
+    UnknownRepository(String),
     #[error("too many uploads are open for this repository; retry later")]
     TooManyUploads,
     #[error("entries are limited to {0} bytes")]

@@ -61,6 +61,8 @@ pub struct Limits {
     pub deletion_grace: Duration,
     /// How often the maintenance pass runs.
     pub gc_interval: Duration,
+    /// How long hourly statistics stay hourly before they are folded into days.
+    pub stats_retention: Duration,
 }
 
 impl Default for Limits {
@@ -75,6 +77,7 @@ impl Default for Limits {
             max_age: None,
             deletion_grace: Duration::from_secs(2 * 3600),
             gc_interval: Duration::from_secs(600),
+            stats_retention: Duration::from_secs(30 * 86_400),
         }
     }
 }
@@ -323,6 +326,7 @@ impl Cache {
         let removed = self.meta.remove_entries(ids, removal).await?;
         forget.disarm();
         self.metrics.removed(cause.as_str(), removed.len() as u64);
+        self.stats.removed(&removed, &cause, now);
         // Any lookup answer may name a removed entry; other entries' chunk lists still hold.
         self.lookups.invalidate();
         self.entries.forget(removed.iter().map(|e| e.id));
@@ -692,10 +696,34 @@ impl Cache {
             .await?;
         self.delete_due(dry_run, &mut tally).await?;
         self.collect_orphans(dry_run, &mut tally).await?;
+        if !dry_run {
+            self.fold_stats().await?;
+        }
         Ok(PassReport {
             pruned_uploads: pruned,
             ..tally.report
         })
+    }
+
+    /// Folds hourly statistics older than `--stats-retention` into days, drops days older than
+    /// a year, and forgets families no row names any more.
+    pub async fn fold_stats(&self) -> Result<(), CacheError> {
+        const YEAR: Millis = 365 * 86_400_000;
+        let now = self.clock.now();
+        let retention = millis(self.policy.lifecycle.stats_retention);
+        let hours_before = crate::model::Bucket::Day.floor(now.saturating_sub(retention));
+        let (folded, dropped) = self
+            .meta
+            .fold_stats(
+                hours_before,
+                now.saturating_sub(YEAR),
+                now.saturating_sub(retention),
+            )
+            .await?;
+        if folded + dropped > 0 {
+            tracing::info!(target: "hoard::lifecycle", folded_hours = folded, dropped_days = dropped, "statistics folded");
+        }
+        Ok(())
     }
 
     /// Runs [`Cache::maintenance_pass`] every `--gc-interval` until `stop`.
@@ -738,6 +766,8 @@ mod tests {
             size,
             created_at: 0,
             last_used_at,
+            family: String::new(),
+            ref_class: crate::model::RefClass::OtherBranch,
         }
     }
 

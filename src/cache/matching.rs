@@ -44,6 +44,7 @@ mod tests {
             key: key.to_owned(),
             key_folded: key.to_lowercase(),
             created_at,
+            size: 0,
         }
     }
 

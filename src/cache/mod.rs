@@ -13,6 +13,8 @@
 pub mod admin;
 pub mod durability;
 mod error;
+pub mod family_stats;
+pub mod insight;
 mod integrity;
 pub mod lifecycle;
 pub mod matching;
@@ -53,6 +55,8 @@ pub struct Policy {
     pub lookup_cache_ttl: Duration,
     /// Quotas, limits, expiry and garbage collection (see [`lifecycle`]).
     pub lifecycle: lifecycle::Limits,
+    /// Most key families whose statistics are kept per repository (see [`family_stats`]).
+    pub stats_max_families: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -62,6 +66,8 @@ pub struct Cache {
     policy: Policy,
     clock: Arc<dyn Clock>,
     usage: usage::UsageBuffer,
+    /// Statistics by key family, written with `usage`.
+    stats: family_stats::FamilyStats,
     /// Recent lookup answers (see [`recent`]).
     lookups: Arc<recent::RecentLookups>,
     /// Entries recently finalized or opened here: immutable once visible, so a download needs
@@ -84,12 +90,14 @@ impl Cache {
         clock: Arc<dyn Clock>,
     ) -> Self {
         let policy_ttl = policy.lookup_cache_ttl;
+        let max_families = policy.stats_max_families;
         Self {
             meta,
             blobs,
             policy,
             clock,
             usage: usage::UsageBuffer::default(),
+            stats: family_stats::FamilyStats::new(max_families),
             lookups: Arc::new(recent::RecentLookups::new(policy_ttl)),
             entries: Arc::new(recent::Recent::new(policy_ttl)),
             quarantined: Arc::default(),
@@ -97,6 +105,11 @@ impl Cache {
             metrics: Arc::default(),
             write_policy: Arc::default(),
         }
+    }
+
+    /// The server's time (the injected clock).
+    pub fn now(&self) -> crate::model::Millis {
+        self.clock.now()
     }
 
     /// Counts into `metrics` (shared with the stores' timing) instead of a registry of its own.
@@ -122,7 +135,12 @@ impl Cache {
         &self,
         stop: tokio_util::sync::CancellationToken,
     ) -> tokio::task::JoinHandle<()> {
-        let usage = tokio::spawn(self.usage.clone().run(self.meta.clone(), stop.clone()));
+        let usage = tokio::spawn(self.usage.clone().run(
+            self.meta.clone(),
+            self.stats.clone(),
+            self.clock.clone(),
+            stop.clone(),
+        ));
         let sync = tokio::spawn(durability::run(
             self.meta.clone(),
             self.blobs.clone(),

@@ -172,6 +172,7 @@ mod tests {
             key: "k".into(),
             key_folded: "k".into(),
             created_at: 0,
+            size: 0,
         }])
     }
 

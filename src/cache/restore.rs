@@ -9,7 +9,9 @@ use super::{integrity, matching, recent, Cache, CacheError};
 use crate::auth::{Identity, LinkTarget};
 use crate::blob::BlobError;
 use crate::meta::EntryChunk;
-use crate::model::{ByteStream, CacheKey, Entry, EntryId, Lookup, Millis, Slot};
+use crate::model::{
+    ByteStream, CacheKey, Entry, EntryId, Lookup, LookupResult, Millis, RefClass, Slot,
+};
 
 /// A restore hit.
 #[derive(Debug, Clone)]
@@ -79,25 +81,63 @@ impl Cache {
                     .find_candidates(&who.repository, &lookup.version, &scopes, &folded)
             })
             .await?;
+        let class = RefClass::of_caller(who.write_scope.as_ref(), &who.read_scopes);
+        let now = self.clock.now();
         let Some(best) = matching::best_match(&scopes, &folded, &candidates) else {
             self.metrics.lookup(crate::metrics::LookupOutcome::Miss);
             self.metrics
                 .repository_lookup(who.display_repository(), false);
             self.usage
                 .record_miss(&who.repository, &who.repository_name);
+            let family = self.stats.lookup(
+                &who.repository,
+                &lookup.keys,
+                &folded,
+                class,
+                LookupResult::Miss,
+                0,
+                now,
+            );
+            self.metrics
+                .family_lookup(who.display_repository(), &family, "miss");
             return Ok(None);
         };
         let primary = folded.first().map_or("", String::as_str);
-        self.metrics.lookup(if best.key_folded == primary {
-            crate::metrics::LookupOutcome::Exact
+        let (outcome, result) = if best.key_folded == primary {
+            (crate::metrics::LookupOutcome::Exact, LookupResult::ExactHit)
         } else if best.key_folded.starts_with(primary) {
-            crate::metrics::LookupOutcome::Prefix
+            (
+                crate::metrics::LookupOutcome::Prefix,
+                LookupResult::RestoreKeyHit,
+            )
         } else {
-            crate::metrics::LookupOutcome::RestoreKey
-        });
+            (
+                crate::metrics::LookupOutcome::RestoreKey,
+                LookupResult::RestoreKeyHit,
+            )
+        };
+        self.metrics.lookup(outcome);
         self.metrics
             .repository_lookup(who.display_repository(), true);
-        self.usage.record(best.id, self.clock.now());
+        self.usage.record(best.id, now);
+        let family = self.stats.lookup(
+            &who.repository,
+            &lookup.keys,
+            &folded,
+            class,
+            result,
+            best.size,
+            now,
+        );
+        self.metrics.family_lookup(
+            who.display_repository(),
+            &family,
+            if result == LookupResult::ExactHit {
+                "exact_hit"
+            } else {
+                "restore_key_hit"
+            },
+        );
         Ok(Some(Hit {
             entry: LinkTarget {
                 id: best.id,

@@ -12,11 +12,11 @@ use super::{audit, retry_stale, Cache, CacheError, ForgetIfDropped};
 use crate::auth::{Identity, LinkTarget};
 use crate::blob::BlobError;
 use crate::meta::{MetaError, NewEntry, NewUpload};
-use crate::model::ScopeClass;
 use crate::model::{
     entry_digest, BlobName, BlockId, BlockRef, ByteStream, CacheKey, Clipped, EntryId, Millis,
     Provenance, Slot, Upload, UploadBlocks, UploadId, Version,
 };
+use crate::model::{RefClass, ScopeClass};
 
 /// An upload as a signed link found it: the upload and its blocks.
 #[derive(Debug, Clone)]
@@ -309,6 +309,10 @@ impl Cache {
             } => {
                 let digest = entry_digest(&chunks);
                 let class = ScopeClass::of(&slot.scope);
+                let family =
+                    self.stats
+                        .family_of_save(&slot.repository, &upload.key, &slot.key.folded());
+                let ref_class = RefClass::of_caller(who.write_scope.as_ref(), &who.read_scopes);
                 let new = NewEntry {
                     slot,
                     key: &upload.key,
@@ -317,6 +321,8 @@ impl Cache {
                     written_by: upload.written_by.as_ref(),
                     digest: &digest,
                     scope_class: class,
+                    family: &family,
+                    ref_class,
                     now,
                 };
                 let started = self.entries.generation();
@@ -326,6 +332,8 @@ impl Cache {
                     other => other?,
                 };
                 forget.disarm();
+                self.stats
+                    .saved(&slot.repository, &family, ref_class, size, now);
                 // `size` is what was stored: the decision checked it.
                 audit_finalize(who, slot, entry, upload.written_by.as_ref(), &digest, size);
                 self.lookups.invalidate();

@@ -53,6 +53,7 @@ fn build_world(max_open_uploads: u32, max_entry_size: u64, limits: lifecycle::Li
             max_entry_size,
             lookup_cache_ttl: Duration::from_secs(1),
             lifecycle: limits,
+            stats_max_families: 100,
         },
         clock.clone(),
     );

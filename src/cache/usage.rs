@@ -1,5 +1,5 @@
 //! Restore bookkeeping (last-used time and hit count, and each repository's misses) kept in
-//! memory and written in batches.
+//! memory and written in batches, with the family statistics (`super::family_stats`).
 //!
 //! Every hit used to be one write transaction on the lookup path; a restore-heavy workload then
 //! queued on the database writer. Hits are now folded per entry and flushed every second (and at
@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::meta::RestoreStore;
-use crate::model::{EntryId, Millis, RepoId};
+use super::family_stats::FamilyStats;
+use crate::meta::{MetaStore, RestoreStore};
+use crate::model::{Clock, EntryId, Millis, RepoId};
 
 pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
 
@@ -111,17 +112,27 @@ impl UsageBuffer {
         }
     }
 
-    /// Flushes every [`FLUSH_EVERY`] until `stop`, then once more.
-    pub async fn run(self, meta: Arc<dyn RestoreStore>, stop: CancellationToken) {
+    /// Flushes every [`FLUSH_EVERY`] until `stop`, then once more; the family statistics
+    /// (`stats`) are written in the same round, after the restores.
+    pub async fn run(
+        self,
+        meta: Arc<dyn MetaStore>,
+        stats: FamilyStats,
+        clock: Arc<dyn Clock>,
+        stop: CancellationToken,
+    ) {
         let mut tick = tokio::time::interval(FLUSH_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = tick.tick() => self.flush(meta.as_ref()).await,
+                _ = tick.tick() => {}
                 () = stop.cancelled() => break,
             }
+            self.flush(meta.as_ref()).await;
+            stats.flush(meta.as_ref(), clock.now()).await;
         }
         self.flush(meta.as_ref()).await;
+        stats.flush(meta.as_ref(), clock.now()).await;
     }
 }
 

@@ -11,13 +11,14 @@ use async_trait::async_trait;
 use super::{
     AdminStore, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health, LifecycleStore,
     ListedEntry, MetaError, NewEntry, NewUpload, Removal, RepositoryUsage, RestoreStore, SaveStore,
-    SlotState, Totals,
+    SlotState, StatsStore, Totals,
 };
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, Provenance, QuotaUsage,
     RemovalCause, RepoId, Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId, UploadState,
     Version,
 };
+use crate::model::{Bucket, Counters, RefClass, StatsFilter, StatsKey, StatsRow, StoredFamily};
 
 #[derive(Debug, Default)]
 pub struct MemoryStore(Mutex<State>);
@@ -33,6 +34,12 @@ struct State {
     quarantined: Vec<(Entry, String)>,
     /// Every repository seen by a finalize or a miss: its name, hits and misses.
     repositories: HashMap<RepoId, Seen>,
+    /// Statistics rows by (repository, family, class, bucket, start), and the server's by
+    /// (class, bucket, start).
+    family_stats: BTreeMap<(RepoId, String, RefClass, Bucket, Millis), Counters>,
+    server_stats: BTreeMap<(RefClass, Bucket, Millis), Counters>,
+    /// Families kept per repository, with when.
+    kept_families: BTreeMap<(RepoId, String), Millis>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -68,6 +75,8 @@ struct StoredEntry {
     digest: String,
     /// As the finalize gave it (the fake, like the SQL stores, keeps what it is told).
     class: ScopeClass,
+    family: String,
+    ref_class: RefClass,
 }
 
 /// Whether a row's repository, scope, version and folded key are the slot's.
@@ -94,6 +103,8 @@ impl StoredEntry {
             size: e.size,
             created_at: e.created_at,
             last_used_at: e.last_used_at,
+            family: self.family.clone(),
+            ref_class: self.ref_class,
         }
     }
 
@@ -359,6 +370,8 @@ impl SaveStore for MemoryStore {
                 written_by: new.written_by.cloned(),
                 digest: new.digest.to_owned(),
                 class: new.scope_class,
+                family: new.family.to_owned(),
+                ref_class: new.ref_class,
             },
         );
         state
@@ -390,6 +403,7 @@ impl RestoreStore for MemoryStore {
             key: e.entry.key.clone(),
             key_folded: e.folded.clone(),
             created_at: e.entry.created_at,
+            size: e.entry.size,
         };
         let mut out = Vec::new();
         for scope in scopes {
@@ -744,5 +758,240 @@ impl AdminStore for MemoryStore {
                 .filter(|u| u.upload.is_open())
                 .count() as u64,
         })
+    }
+}
+
+/// Whether a stored row's repository, family, class and start are what `filter` selects.
+fn selects(
+    filter: &StatsFilter,
+    repository: &RepoId,
+    family: &str,
+    class: RefClass,
+    start: Millis,
+) -> bool {
+    (filter.since..filter.until).contains(&start)
+        && filter.repository.as_ref().is_none_or(|r| r == repository)
+        && filter.family.as_deref().is_none_or(|f| f == family)
+        && filter.class.is_none_or(|c| c == class)
+}
+
+/// `rows` summed per (key, start floored to `width`), in start order.
+fn summed_by_width(
+    rows: impl Iterator<Item = ((RepoId, String, RefClass), Millis, Counters)>,
+    width: Bucket,
+) -> Vec<StatsRow> {
+    let mut sums = BTreeMap::<(Millis, RepoId, String, RefClass), Counters>::new();
+    for ((repository, family, class), start, counters) in rows {
+        let start = start - start % width.millis();
+        sums.entry((start, repository, family, class))
+            .or_default()
+            .add(&counters);
+    }
+    sums.into_iter()
+        .map(|((start, repository, family, class), counters)| StatsRow {
+            repository,
+            family,
+            class,
+            bucket: width,
+            start,
+            counters,
+        })
+        .collect()
+}
+
+#[async_trait]
+impl StatsStore for MemoryStore {
+    async fn kept_families(
+        &self,
+        repository: &RepoId,
+        families: &[String],
+    ) -> Result<(Vec<String>, u64), MetaError> {
+        let state = self.state();
+        let kept = families
+            .iter()
+            .filter(|f| {
+                state
+                    .kept_families
+                    .contains_key(&(repository.clone(), (*f).clone()))
+            })
+            .cloned()
+            .collect();
+        let count = state
+            .kept_families
+            .keys()
+            .filter(|(r, _)| r == repository)
+            .count();
+        Ok((kept, count as u64))
+    }
+
+    async fn keep_families(
+        &self,
+        repository: &RepoId,
+        families: &[String],
+        now: Millis,
+    ) -> Result<(), MetaError> {
+        let mut state = self.state();
+        for family in families {
+            state
+                .kept_families
+                .entry((repository.clone(), family.clone()))
+                .or_insert(now);
+        }
+        Ok(())
+    }
+
+    async fn record_stats(&self, counts: &[(StatsKey, Counters)]) -> Result<(), MetaError> {
+        let mut state = self.state();
+        for (key, counters) in counts {
+            state
+                .family_stats
+                .entry((
+                    key.repository.clone(),
+                    key.family.clone(),
+                    key.class,
+                    Bucket::Hour,
+                    key.hour,
+                ))
+                .or_default()
+                .add(counters);
+            state
+                .server_stats
+                .entry((key.class, Bucket::Hour, key.hour))
+                .or_default()
+                .add(counters);
+        }
+        Ok(())
+    }
+
+    async fn family_stats(
+        &self,
+        filter: &StatsFilter,
+        width: Bucket,
+    ) -> Result<Vec<StatsRow>, MetaError> {
+        let state = self.state();
+        let rows = state
+            .family_stats
+            .iter()
+            .filter(|((r, f, c, _, start), _)| selects(filter, r, f, *c, *start))
+            .map(|((r, f, c, _, start), n)| ((r.clone(), f.clone(), *c), *start, *n));
+        Ok(summed_by_width(rows, width))
+    }
+
+    async fn server_stats(
+        &self,
+        filter: &StatsFilter,
+        width: Bucket,
+    ) -> Result<Vec<StatsRow>, MetaError> {
+        let state = self.state();
+        let any = StatsFilter {
+            repository: None,
+            family: None,
+            ..filter.clone()
+        };
+        let none = RepoId::new("");
+        let rows = state
+            .server_stats
+            .iter()
+            .filter(|((c, _, start), _)| selects(&any, &none, "", *c, *start))
+            .map(|((c, _, start), n)| ((none.clone(), String::new(), *c), *start, *n));
+        Ok(summed_by_width(rows, width))
+    }
+
+    async fn stored_by_family(
+        &self,
+        repository: Option<&RepoId>,
+    ) -> Result<Vec<StoredFamily>, MetaError> {
+        let state = self.state();
+        let mut sums = BTreeMap::<(RepoId, String, RefClass), (u64, u64)>::new();
+        for e in state.entries.values() {
+            let repo = &e.entry.repository;
+            if repository.is_some_and(|r| r != repo) {
+                continue;
+            }
+            let family = if state
+                .kept_families
+                .contains_key(&(repo.clone(), e.family.clone()))
+            {
+                e.family.clone()
+            } else {
+                crate::model::stats::OTHER_FAMILY.to_owned()
+            };
+            let sum = sums.entry((repo.clone(), family, e.ref_class)).or_default();
+            sum.0 += e.entry.size;
+            sum.1 += 1;
+        }
+        Ok(sums
+            .into_iter()
+            .map(
+                |((repository, family, class), (bytes, entries))| StoredFamily {
+                    repository,
+                    family,
+                    class,
+                    bytes,
+                    entries,
+                },
+            )
+            .collect())
+    }
+
+    async fn fold_stats(
+        &self,
+        hours_before: Millis,
+        days_before: Millis,
+        families_before: Millis,
+    ) -> Result<(u64, u64), MetaError> {
+        let mut state = self.state();
+        let state = &mut *state;
+        let day = |start: Millis| start - start % Bucket::Day.millis();
+        let mut folded = 0;
+        let old_hours: Vec<_> = state
+            .family_stats
+            .keys()
+            .filter(|k| k.3 == Bucket::Hour && k.4 < hours_before)
+            .cloned()
+            .collect();
+        for key in old_hours {
+            let n = state.family_stats.remove(&key).unwrap_or_default();
+            let (r, f, c, _, start) = key;
+            state
+                .family_stats
+                .entry((r, f, c, Bucket::Day, day(start)))
+                .or_default()
+                .add(&n);
+            folded += 1;
+        }
+        let old_hours: Vec<_> = state
+            .server_stats
+            .keys()
+            .filter(|k| k.1 == Bucket::Hour && k.2 < hours_before)
+            .cloned()
+            .collect();
+        for key in old_hours {
+            let n = state.server_stats.remove(&key).unwrap_or_default();
+            let (c, _, start) = key;
+            state
+                .server_stats
+                .entry((c, Bucket::Day, day(start)))
+                .or_default()
+                .add(&n);
+            folded += 1;
+        }
+        let before = state.family_stats.len() + state.server_stats.len();
+        state
+            .family_stats
+            .retain(|k, _| !(k.3 == Bucket::Day && k.4 < days_before));
+        state
+            .server_stats
+            .retain(|k, _| !(k.1 == Bucket::Day && k.2 < days_before));
+        let dropped = before - state.family_stats.len() - state.server_stats.len();
+        let named: std::collections::HashSet<(RepoId, String)> = state
+            .family_stats
+            .keys()
+            .map(|(r, f, ..)| (r.clone(), f.clone()))
+            .collect();
+        state
+            .kept_families
+            .retain(|key, since| *since >= families_before || named.contains(key));
+        Ok((folded, dropped as u64))
     }
 }

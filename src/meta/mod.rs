@@ -25,6 +25,7 @@ mod timed;
 mod sql;
 mod sqlite;
 mod sqlx;
+mod stats_sql;
 
 #[cfg(any(test, feature = "test-util"))]
 pub mod memory;
@@ -39,8 +40,10 @@ pub use timed::Timed;
 
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, Provenance, QuotaUsage,
-    RemovalCause, RepoId, Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId, Version,
+    RefClass, RemovalCause, RepoId, Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId,
+    Version,
 };
+use crate::model::{Bucket, Counters, StatsFilter, StatsKey, StatsRow, StoredFamily};
 use crate::model::{EntryFilter, EntryOrder, EntryPage, ListedEntry, RepositoryUsage, Totals};
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -116,6 +119,9 @@ pub struct NewEntry<'a> {
     /// The entry's class, as the domain decided it ([`ScopeClass::of`] its scope): kept with
     /// the entry and counted in its repository's usage.
     pub scope_class: ScopeClass,
+    /// Its key family and the class of the saver's ref (see [`crate::model::family`]).
+    pub family: &'a str,
+    pub ref_class: RefClass,
     pub now: Millis,
 }
 
@@ -314,11 +320,55 @@ store_trait! {
     }
 }
 
+store_trait! {
+    /// Statistics: counts per repository × key family × ref class × hour (then day), the
+    /// families kept per repository, and the server's totals. The domain (`cache::stats`)
+    /// decides which families are kept; the store only loads and adds.
+    pub trait StatsStore {
+        /// Which of `families` are kept for `repository`, and how many it keeps in all.
+        async fn kept_families(&self, repository: &RepoId, families: &[String])
+            -> Result<(Vec<String>, u64), MetaError>;
+
+        /// Keeps `families` for `repository` (those already kept stay as they are).
+        async fn keep_families(&self, repository: &RepoId, families: &[String], now: Millis)
+            -> Result<(), MetaError>;
+
+        /// Adds `counts` (hour buckets, sorted, so that every process takes row locks in the
+        /// same order) to the rows of their repository, family, class and hour, and to the
+        /// server's rows of their class and hour. All or nothing.
+        async fn record_stats(&self, counts: &[(StatsKey, Counters)]) -> Result<(), MetaError>;
+
+        /// The family rows `filter` selects, summed per repository, family, class and `width`
+        /// bucket (a day row stays one row when hours are asked for).
+        async fn family_stats(&self, filter: &StatsFilter, width: Bucket) -> Result<Vec<StatsRow>, MetaError>;
+
+        /// The server's rows (`repository` and `family` empty) `filter.class` and its times
+        /// select, summed per class and `width` bucket.
+        async fn server_stats(&self, filter: &StatsFilter, width: Bucket) -> Result<Vec<StatsRow>, MetaError>;
+
+        /// Bytes and entries stored now per repository (or only `repository`), family and class;
+        /// entries whose family is not kept count as [`crate::model::stats::OTHER_FAMILY`].
+        async fn stored_by_family(&self, repository: Option<&RepoId>) -> Result<Vec<StoredFamily>, MetaError>;
+
+        /// Folds the hour rows of days before `hours_before` (a day's start) into day rows,
+        /// drops day rows before `days_before`, and forgets families kept since before
+        /// `families_before` that no row names any more. Returns the rows folded and dropped.
+        async fn fold_stats(&self, hours_before: Millis, days_before: Millis, families_before: Millis)
+            -> Result<(u64, u64), MetaError>;
+    }
+}
+
 /// A whole metadata store: what `Cache` holds. Every backend is one, through the blanket
 /// implementation; a caller that needs only a part takes that trait (`&dyn LifecycleStore`).
-pub trait MetaStore: Health + SaveStore + RestoreStore + LifecycleStore + AdminStore {}
+pub trait MetaStore:
+    Health + SaveStore + RestoreStore + LifecycleStore + AdminStore + StatsStore
+{
+}
 
-impl<T: Health + SaveStore + RestoreStore + LifecycleStore + AdminStore> MetaStore for T {}
+impl<T: Health + SaveStore + RestoreStore + LifecycleStore + AdminStore + StatsStore> MetaStore
+    for T
+{
+}
 
 /// Opens the store a database URL names (`sqlite://PATH`, `postgres://…`, `mysql://…`) and
 /// brings its schema up to date.

@@ -97,7 +97,7 @@ pub(super) fn candidates_sql(pairs: usize, placeholder: impl Fn(usize) -> String
     // `entries.key`: a qualified name needs no quoting in either dialect, though KEY is
     // reserved in MySQL.
     const COLS: &str =
-        "SELECT entries.id, entries.scope, entries.key, entries.key_folded, entries.created_at FROM entries";
+        "SELECT entries.id, entries.scope, entries.key, entries.key_folded, entries.created_at, entries.size FROM entries";
     let mut n = 0;
     let mut p = || {
         n += 1;
@@ -460,12 +460,12 @@ pub(super) fn pr_counts(class: crate::model::ScopeClass, size: u64) -> (i64, i64
 
 /// The least recently used entries of one class of a repository (repository, class, limit).
 pub(super) const CLASS_LRU: &str =
-    "SELECT id, repository, size, created_at, last_used_at FROM entries
+    "SELECT id, repository, size, created_at, last_used_at, family, ref_class FROM entries
      WHERE repository = ? AND scope_class = ? ORDER BY last_used_at, id LIMIT ?";
 
 /// The columns [`use_from_row`] reads.
 pub(super) const USE_COLS: &str =
-    "SELECT id, repository, size, created_at, last_used_at FROM entries";
+    "SELECT id, repository, size, created_at, last_used_at, family, ref_class FROM entries";
 
 pub(super) fn use_from_row(r: &impl SqlRow) -> Result<EntryUse, MetaError> {
     Ok(EntryUse {
@@ -474,6 +474,8 @@ pub(super) fn use_from_row(r: &impl SqlRow) -> Result<EntryUse, MetaError> {
         size: r.int(2)?.max(0) as u64,
         created_at: r.int(3)?,
         last_used_at: r.int(4)?,
+        family: r.text(5)?,
+        ref_class: crate::model::RefClass::from_code(r.int(6)?),
     })
 }
 
@@ -522,7 +524,7 @@ pub(super) fn repository_from_row(r: &impl SqlRow) -> Result<super::RepositoryUs
     })
 }
 
-/// A lookup's candidate: id, scope, key, folded key, created.
+/// A lookup's candidate: id, scope, key, folded key, created, size.
 pub(super) fn candidate_from_row(r: &impl SqlRow) -> Result<crate::model::Candidate, MetaError> {
     Ok(crate::model::Candidate {
         id: crate::model::EntryId::new(r.int(0)?),
@@ -530,6 +532,7 @@ pub(super) fn candidate_from_row(r: &impl SqlRow) -> Result<crate::model::Candid
         key: r.text(2)?,
         key_folded: r.text(3)?,
         created_at: r.int(4)?,
+        size: r.int(5)?.max(0) as u64,
     })
 }
 

@@ -165,6 +165,8 @@ async fn the_widest_lookup_is_answered(store: Arc<dyn MetaStore>) {
                 written_by: upload.written_by.as_ref(),
                 digest: "",
                 scope_class: hoard::model::ScopeClass::of(&slot.scope),
+                family: "",
+                ref_class: hoard::model::RefClass::DefaultBranch,
                 now,
             };
             store.finalize(&upload, entry).await.unwrap()

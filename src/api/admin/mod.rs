@@ -9,6 +9,7 @@
 mod dashboard;
 mod openapi;
 mod query;
+mod stats;
 pub mod wire;
 
 use std::time::UNIX_EPOCH;
@@ -66,6 +67,11 @@ impl IntoResponse for AdminError {
 
 impl From<CacheError> for AdminError {
     fn from(e: CacheError) -> Self {
+        match e {
+            CacheError::Invalid(invalid) => return Self::bad(invalid.0),
+            CacheError::UnknownRepository(_) => return Self::not_found(e.to_string()),
+            _ => {}
+        }
         if e.is_transient() {
             tracing::warn!(error = %e, "admin API: the database is unavailable");
             return Self(
@@ -208,12 +214,19 @@ async fn route(
         (&Method::GET, "status") => ok(&status(app).await?),
         (&Method::GET, "usage") => ok(&usage(app, &query).await?),
         (&Method::GET, "policy") => ok(&policy(app)),
+        (&Method::GET, "stats") => ok(&stats::series(app, &query).await?),
+        (&Method::GET, "stats/families") => ok(&stats::families(app, &query).await?),
         (&Method::GET, "caches") => ok(&list(app, &query).await?),
         (&Method::DELETE, "caches") => ok(&delete_matching(app, &query).await?),
         (&Method::GET, _) if one.is_some() => ok(&wire::Cache::from(&entry(app, one).await?)),
         (&Method::DELETE, _) if one.is_some() => ok(&delete_one(app, one, &query).await?),
         // A known endpoint, another method.
-        _ if one.is_some() || matches!(path, "status" | "usage" | "caches" | "policy") => {
+        _ if one.is_some()
+            || matches!(
+                path,
+                "status" | "usage" | "caches" | "policy" | "stats" | "stats/families"
+            ) =>
+        {
             Err(AdminError(
                 StatusCode::METHOD_NOT_ALLOWED,
                 format!("{method} is not allowed here"),

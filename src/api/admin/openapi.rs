@@ -202,7 +202,112 @@ mod tests {
                 "PolicyRule",
                 vec![sent(policy_rule(true)), sent(policy_rule(false))],
             ),
+            ("StatsCounters", vec![sent(counters())]),
+            (
+                "EvictionsByCause",
+                vec![sent(counters().evictions_by_cause)],
+            ),
+            ("StatsPoint", vec![sent(point())]),
+            (
+                "Stats",
+                vec![
+                    sent(Stats {
+                        bucket: "hour".into(),
+                        since: bucket_time(1_700_000_000_000),
+                        until: bucket_time(1_700_086_400_000),
+                        repository: Some("1296269".into()),
+                        family: Some("node-cache-Linux-x64-npm-".into()),
+                        scope_class: Some("pull_request".into()),
+                        totals: counters(),
+                        series: vec![point()],
+                    }),
+                    sent(Stats {
+                        bucket: "day".into(),
+                        since: bucket_time(1_700_000_000_000),
+                        until: bucket_time(1_700_086_400_000),
+                        repository: None,
+                        family: None,
+                        scope_class: None,
+                        totals: StatsCounters::default(),
+                        series: vec![],
+                    }),
+                ],
+            ),
+            ("FamilyTrend", vec![sent(trend())]),
+            (
+                "FamilyStats",
+                vec![sent(family(Some(0.5))), sent(family(None))],
+            ),
+            (
+                "Families",
+                vec![
+                    sent(Families {
+                        since: bucket_time(1_700_000_000_000),
+                        until: bucket_time(1_700_086_400_000),
+                        bucket: "day".into(),
+                        quota_bytes: Some(10 << 30),
+                        stored_bytes: 4096,
+                        families: vec![family(Some(0.5))],
+                    }),
+                    sent(Families {
+                        since: bucket_time(1_700_000_000_000),
+                        until: bucket_time(1_700_086_400_000),
+                        bucket: "hour".into(),
+                        quota_bytes: None,
+                        stored_bytes: 0,
+                        families: vec![],
+                    }),
+                ],
+            ),
         ]
+    }
+
+    fn counters() -> StatsCounters {
+        StatsCounters {
+            lookups: 4,
+            exact_hits: 1,
+            restore_key_hits: 1,
+            misses: 2,
+            bytes_restored: 2048,
+            saves: 2,
+            bytes_saved: 4096,
+            evictions: 1,
+            evictions_by_cause: EvictionsByCause {
+                evicted: 1,
+                expired: 0,
+                quarantined: 0,
+                deleted: 0,
+            },
+        }
+    }
+
+    fn point() -> StatsPoint {
+        StatsPoint {
+            start: bucket_time(1_700_000_000_000),
+            counters: counters(),
+        }
+    }
+
+    fn trend() -> FamilyTrend {
+        FamilyTrend {
+            lookups: vec![0, 4],
+            hits: vec![0, 2],
+            misses: vec![0, 2],
+        }
+    }
+
+    fn family(hit_ratio: Option<f64>) -> FamilyStats {
+        FamilyStats {
+            repository: "1296269".into(),
+            repository_name: "octo/hello".into(),
+            family: "node-cache-Linux-x64-npm-".into(),
+            scope_class: "default_branch".into(),
+            counters: counters(),
+            hit_ratio,
+            bytes_stored: 4096,
+            entries: 2,
+            trend: trend(),
+        }
     }
 
     /// The schema `schema` names, following a `$ref`.
@@ -379,6 +484,8 @@ mod tests {
                 "/status",
                 "/usage",
                 "/policy",
+                "/stats",
+                "/stats/families",
                 "/caches",
                 "/caches/{id}",
                 "/openapi.json"

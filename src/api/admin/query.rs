@@ -90,7 +90,7 @@ impl Query {
     }
 
     /// A time parameter: RFC 3339 (`2026-05-04T12:00:00Z`), or seconds since the Unix epoch.
-    fn time(&self, name: &str) -> Result<Option<Millis>, AdminError> {
+    pub fn time(&self, name: &str) -> Result<Option<Millis>, AdminError> {
         let Some(raw) = self.param(name) else {
             return Ok(None);
         };

@@ -264,6 +264,128 @@ pub fn hit_ratio(hits: u64, misses: u64) -> Option<f64> {
 }
 
 /// A stored time as RFC 3339 with milliseconds.
+/// Counters of cache statistics (schema `StatsCounters`): lookups = exact_hits +
+/// restore_key_hits + misses; evictions = the sum of `evictions_by_cause`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatsCounters {
+    pub lookups: u64,
+    pub exact_hits: u64,
+    pub restore_key_hits: u64,
+    pub misses: u64,
+    /// Sizes of the entries the hits named.
+    pub bytes_restored: u64,
+    pub saves: u64,
+    pub bytes_saved: u64,
+    pub evictions: u64,
+    pub evictions_by_cause: EvictionsByCause,
+}
+
+/// Entries removed, by cause (schema `EvictionsByCause`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvictionsByCause {
+    /// The repository's quota or the server's storage limit.
+    pub evicted: u64,
+    /// Unused for too long, or too old.
+    pub expired: u64,
+    /// A chunk was damaged or missing.
+    pub quarantined: u64,
+    /// An operator deleted it.
+    pub deleted: u64,
+}
+
+impl From<&crate::model::Counters> for StatsCounters {
+    fn from(c: &crate::model::Counters) -> Self {
+        Self {
+            lookups: c.lookups,
+            exact_hits: c.exact_hits,
+            restore_key_hits: c.restore_key_hits,
+            misses: c.misses,
+            bytes_restored: c.bytes_restored,
+            saves: c.saves,
+            bytes_saved: c.bytes_saved,
+            evictions: c.evictions.total(),
+            evictions_by_cause: EvictionsByCause {
+                evicted: c.evictions.evicted,
+                expired: c.evictions.expired,
+                quarantined: c.evictions.quarantined,
+                deleted: c.evictions.deleted,
+            },
+        }
+    }
+}
+
+/// One bucket of a series (schema `StatsPoint`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatsPoint {
+    /// The bucket's start, RFC 3339 (UTC).
+    pub start: String,
+    #[serde(flatten)]
+    pub counters: StatsCounters,
+}
+
+/// `GET stats` (schema `Stats`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stats {
+    /// `hour` or `day`.
+    pub bucket: String,
+    /// The first bucket's start.
+    pub since: String,
+    pub until: String,
+    /// The repository's id, `None` (null) for the whole server.
+    pub repository: Option<String>,
+    pub family: Option<String>,
+    pub scope_class: Option<String>,
+    pub totals: StatsCounters,
+    /// One point per bucket, oldest first, zeros included.
+    pub series: Vec<StatsPoint>,
+}
+
+/// A family's counters per bucket (schema `FamilyTrend`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FamilyTrend {
+    pub lookups: Vec<u64>,
+    pub hits: Vec<u64>,
+    pub misses: Vec<u64>,
+}
+
+/// One family of one repository for one class of refs (schema `FamilyStats`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FamilyStats {
+    pub repository: String,
+    pub repository_name: String,
+    pub family: String,
+    pub scope_class: String,
+    #[serde(flatten)]
+    pub counters: StatsCounters,
+    /// Hits over lookups; `None` (null) without lookups.
+    pub hit_ratio: Option<f64>,
+    /// What its entries hold now.
+    pub bytes_stored: u64,
+    pub entries: u64,
+    pub trend: FamilyTrend,
+}
+
+/// `GET stats/families` (schema `Families`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Families {
+    pub since: String,
+    pub until: String,
+    /// The trend's bucket: `hour` or `day`.
+    pub bucket: String,
+    /// The repository's quota, or without a repository the server's storage limit.
+    pub quota_bytes: Option<u64>,
+    /// Bytes of every entry the filter covers.
+    pub stored_bytes: u64,
+    pub families: Vec<FamilyStats>,
+}
+
+/// A bucket's start: RFC 3339 to the second.
+pub fn bucket_time(millis: Millis) -> String {
+    const LAST: i64 = 253_402_300_799_999;
+    let at = UNIX_EPOCH + Duration::from_millis(millis.clamp(0, LAST) as u64);
+    humantime::format_rfc3339_seconds(at).to_string()
+}
+
 pub fn time(millis: Millis) -> String {
     // RFC 3339 has four-digit years: a stored time past 9999 (a bad clock) is shown as the last
     // instant it can name rather than failing the answer.

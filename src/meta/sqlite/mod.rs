@@ -23,6 +23,7 @@ use rusqlite::{
 mod group_commit;
 #[cfg(test)]
 mod plan_tests;
+mod stats;
 mod wal;
 
 use crate::meta::sql::{
@@ -59,6 +60,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
     ),
     (5, include_str!("../migrations/sqlite/0005_provenance.sql")),
     (6, include_str!("../migrations/sqlite/0006_scope_class.sql")),
+    (
+        7,
+        include_str!("../migrations/sqlite/0007_family_stats.sql"),
+    ),
 ];
 const MAX_READERS: usize = 8;
 
@@ -560,6 +565,7 @@ impl SaveStore for SqliteStore {
             provenance_columns(entry.written_by).map(str::to_owned);
         let digest = entry.digest.to_owned();
         let class = entry.scope_class;
+        let (family, ref_class) = (entry.family.to_owned(), entry.ref_class.code());
         self.write(move |tx| {
             claim(tx, &upload, now)?;
             let size: u64 = chunks.iter().map(|c| c.size).sum();
@@ -568,12 +574,12 @@ impl SaveStore for SqliteStore {
                 .prepare_cached(
                     "INSERT INTO entries (repository, scope, key, key_folded, version, size, chunk_count, created_at, last_used_at,
                          writer_kind, writer_issuer, writer_subject, writer_run_id, writer_job_id, writer_address, digest,
-                         scope_class)
-                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                         scope_class, family, ref_class)
+                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                 )?
                 .query_row(params![repo, scope, key, folded, version, size as i64, chunks.len() as i64, now, now,
                     kind, issuer, subject, run, job, address, digest,
-                    class.code()], |r| r.get(0))?;
+                    class.code(), family, ref_class], |r| r.get(0))?;
             let mut insert = tx.prepare_cached(
                 "INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256, xxh3) VALUES (?, ?, ?, ?, ?, ?, ?)",
             )?;
@@ -611,7 +617,7 @@ impl RestoreStore for SqliteStore {
         // One statement: for each (scope, key), the exact match and the newest prefix match.
         // Prefixes are ranges on the index: every string that starts with `k` sorts in
         // [k, k || U+10FFFF) under SQLite's byte-wise comparison of UTF-8.
-        const COLS: &str = "SELECT id, scope, key, key_folded, created_at FROM entries";
+        const COLS: &str = "SELECT id, scope, key, key_folded, created_at, size FROM entries";
         let pairs = scopes.len() * folded_keys.len();
         let mut sql = String::with_capacity(pairs * 400);
         for i in 0..pairs {
@@ -850,10 +856,10 @@ impl LifecycleStore for SqliteStore {
                 let gone = tx
                     .prepare_cached(
                         "DELETE FROM entries WHERE id = ?
-                         RETURNING id, repository, size, created_at, last_used_at, scope_class",
+                         RETURNING id, repository, size, created_at, last_used_at, family, ref_class, scope_class",
                     )?
                     .query_row([id.get()], |r| {
-                        let class = ScopeClass::from_code(r.get(5)?);
+                        let class = ScopeClass::from_code(r.get(7)?);
                         Ok(use_from_row(r).map(|u| (u, class)))
                     })
                     .optional()?

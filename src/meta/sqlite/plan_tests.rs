@@ -86,6 +86,8 @@ async fn every_statement_uses_an_index_at_a_hundred_thousand_entries() {
         written_by: upload.written_by.as_ref(),
         digest: "",
         scope_class: crate::model::ScopeClass::of(&s.scope),
+        family: "",
+        ref_class: crate::model::RefClass::DefaultBranch,
         now: 200_003,
     };
     let new_id = store.finalize(&upload, entry).await.unwrap();

@@ -57,6 +57,7 @@ macro_rules! impl_connections {
 
 mod mysql;
 mod postgres;
+mod stats;
 
 use async_trait::async_trait;
 
@@ -128,6 +129,9 @@ pub trait Dialect: Connections + Sized {
 
     /// A cast to a 64-bit integer (`CAST(x AS {bigint})`).
     const BIGINT: &'static str;
+
+    /// How a statement adds to a row that exists.
+    const UPSERT: crate::meta::stats_sql::Upsert;
 
     /// The n-th (1-based) parameter of a statement.
     fn placeholder(n: usize) -> String;

@@ -32,6 +32,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (3, include_str!("../migrations/mysql/0003_repositories.sql")),
     (4, include_str!("../migrations/mysql/0004_provenance.sql")),
     (5, include_str!("../migrations/mysql/0005_scope_class.sql")),
+    (6, include_str!("../migrations/mysql/0006_family_stats.sql")),
 ];
 const MIGRATION_LOCK: &str = "hoard_migrations";
 /// Rows per multi-row INSERT, well under the 65,535 parameters a statement may have.
@@ -218,6 +219,7 @@ impl Dialect for MySqlDialect {
     }
 
     const BIGINT: &'static str = "SIGNED";
+    const UPSERT: crate::meta::stats_sql::Upsert = crate::meta::stats_sql::Upsert::OnDuplicateKey;
 
     fn placeholder(_: usize) -> String {
         "?".to_owned()
@@ -333,8 +335,8 @@ impl Dialect for MySqlDialect {
         let mut insert = sqlx::query(
             "INSERT INTO entries (repository, scope, `key`, key_folded, version, bucket, slot_hash, size, chunk_count, created_at, last_used_at,
                  writer_kind, writer_issuer, writer_subject, writer_run_id, writer_job_id, writer_address, digest,
-                 scope_class)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 scope_class, family, ref_class)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(slot.repository.as_str().as_bytes())
         .bind(slot.scope.as_str().as_bytes())
@@ -353,6 +355,8 @@ impl Dialect for MySqlDialect {
         let inserted = insert
             .bind(new.digest.as_bytes())
             .bind(new.scope_class.code())
+            .bind(new.family.as_bytes())
+            .bind(new.ref_class.code())
             .execute(&mut *tx)
             .await
             .map_err(from_sqlx)?;
@@ -468,7 +472,7 @@ impl Dialect for MySqlDialect {
         // finds them gone and reports nothing.
         let list = vec!["?"; ids.len()].join(", ");
         let mut locking = sqlx::query(AssertSqlSafe(format!(
-            "SELECT id, repository, size, created_at, last_used_at, scope_class FROM entries
+            "SELECT id, repository, size, created_at, last_used_at, family, ref_class, scope_class FROM entries
              WHERE id IN ({list}) ORDER BY id FOR UPDATE"
         )));
         for id in ids {
@@ -478,7 +482,7 @@ impl Dialect for MySqlDialect {
         let removed: Vec<EntryUse> = rows.iter().map(use_from_row).collect::<Result<_, _>>()?;
         let classes: Vec<ScopeClass> = rows
             .iter()
-            .map(|r| r.int(5).map(ScopeClass::from_code))
+            .map(|r| r.int(7).map(ScopeClass::from_code))
             .collect::<Result<_, _>>()?;
         for (entry, class) in removed.iter().zip(classes) {
             sqlx::query(

@@ -40,6 +40,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         5,
         include_str!("../migrations/postgres/0005_scope_class.sql"),
     ),
+    (
+        6,
+        include_str!("../migrations/postgres/0006_family_stats.sql"),
+    ),
 ];
 /// Key of the advisory lock that serializes migrations across processes ("hoard" in ASCII).
 const MIGRATION_LOCK: i64 = 0x68_6f61_7264;
@@ -170,6 +174,7 @@ impl Dialect for PostgresDialect {
     }
 
     const BIGINT: &'static str = "BIGINT";
+    const UPSERT: crate::meta::stats_sql::Upsert = crate::meta::stats_sql::Upsert::OnConflict;
 
     fn placeholder(n: usize) -> String {
         format!("${n}")
@@ -339,10 +344,10 @@ impl Dialect for PostgresDialect {
                                       size, chunk_count, created_at, last_used_at,
                                       writer_kind, writer_issuer, writer_subject, writer_run_id, writer_job_id,
                                       writer_address, digest,
-                                      scope_class)
+                                      scope_class, family, ref_class)
                  SELECT entry_id, $4, $5, $6, $7, $8, $9, $10, $11, $12, $3, $3,
                         $20, $21, $22, $23, $24, $25, $26,
-                        $27 FROM claimed
+                        $27, $30, $31 FROM claimed
                  RETURNING id),
              chunks AS (
                  INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256, xxh3)
@@ -388,6 +393,8 @@ impl Dialect for PostgresDialect {
             .bind(new.scope_class.code() as i16)
             .bind(pr_bytes)
             .bind(pr_entries)
+            .bind(new.family)
+            .bind(new.ref_class.code() as i16)
             .fetch_optional(&self.pool)
             .await
             .map_err(from_sqlx)?;
@@ -456,7 +463,8 @@ impl Dialect for PostgresDialect {
         let rows = sqlx::query(
             "WITH gone AS (
                  DELETE FROM entries WHERE id = ANY($1)
-                 RETURNING id, repository, scope, key, version, size, created_at, last_used_at, scope_class),
+                 RETURNING id, repository, scope, key, version, size, created_at, last_used_at, scope_class,
+                           family, ref_class),
              pending AS (
                  INSERT INTO pending_deletions (blob_name, size, delete_at)
                  SELECT c.blob_name, c.size, $2 FROM entry_chunks c JOIN gone ON c.entry_id = gone.id
@@ -472,7 +480,7 @@ impl Dialect for PostgresDialect {
                               COUNT(*) FILTER (WHERE scope_class = 1) AS pr_n
                        FROM gone GROUP BY repository) g
                  WHERE u.repository = g.repository)
-             SELECT id, repository, size, created_at, last_used_at FROM gone ORDER BY id",
+             SELECT id, repository, size, created_at, last_used_at, family, ref_class FROM gone ORDER BY id",
         )
         .bind(ids)
         .bind(removal.delete_at)

@@ -8,6 +8,7 @@ mod lifecycle;
 mod provenance;
 mod restore;
 mod save;
+mod stats;
 
 pub use std::sync::Arc;
 
@@ -37,6 +38,7 @@ pub async fn run_all(store: Arc<dyn MetaStore>) {
     lifecycle::run(store.clone()).await;
     admin::run(store.as_ref()).await;
     provenance::run(store.as_ref()).await;
+    stats::run(store.as_ref()).await;
     store.checkpoint().await.unwrap();
 }
 
@@ -126,6 +128,8 @@ pub async fn save_named(
         written_by: upload.written_by.as_ref(),
         digest: "",
         scope_class: ScopeClass::of(&slot.scope),
+        family: "",
+        ref_class: hoard::model::RefClass::DefaultBranch,
         now,
     };
     store.finalize(&upload, entry).await.unwrap()

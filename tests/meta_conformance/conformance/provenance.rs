@@ -46,6 +46,8 @@ async fn save_by(
                 written_by: by.and(upload.written_by.as_ref()),
                 digest,
                 scope_class: ScopeClass::of(&slot.scope),
+                family: "",
+                ref_class: hoard::model::RefClass::DefaultBranch,
                 now,
             },
         )

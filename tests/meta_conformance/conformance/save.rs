@@ -155,6 +155,8 @@ async fn blocks_stage_commit_and_finalize_into_an_entry(store: &dyn MetaStore) {
                 written_by: upload.written_by.as_ref(),
                 digest: "",
                 scope_class: ScopeClass::of(&s.scope),
+                family: "",
+                ref_class: hoard::model::RefClass::DefaultBranch,
                 now: 105,
             },
         )
@@ -219,6 +221,8 @@ async fn changes_at_an_old_revision_or_to_a_closed_upload_change_nothing(store: 
                 written_by: loaded.written_by.as_ref(),
                 digest: "",
                 scope_class: ScopeClass::of(&s.scope),
+                family: "",
+                ref_class: hoard::model::RefClass::DefaultBranch,
                 now: 3,
             },
         )
@@ -267,6 +271,8 @@ async fn a_second_entry_for_a_slot_is_refused_and_leaves_nothing_behind(store: &
                 written_by: second.written_by.as_ref(),
                 digest: "",
                 scope_class: ScopeClass::of(&s.scope),
+                family: "",
+                ref_class: hoard::model::RefClass::DefaultBranch,
                 now: 4,
             },
         )

@@ -1,0 +1,406 @@
+//! Statistics by key family: lookups, hits, misses, saves and removals counted per repository ×
+//! family × ref class × hour, folded in memory and written with the restore bookkeeping (once a
+//! second, in key order, see [`super::usage`]), so a lookup does no write.
+//!
+//! Families are capped per repository (`--stats-max-families`): a family the store does not keep
+//! yet is kept while its repository has room, and counted as `other` after, so no client can
+//! grow the tables without bound. The domain decides this here; the store only loads and adds.
+//! What is pending in memory is bounded too ([`MAX_PENDING`]).
+//!
+//! A save carries no restore keys, so the family a lookup gave its primary key is remembered for
+//! a while ([`MAX_REMEMBERED`]): the save that follows a miss lands in the lookup's family.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+
+use crate::meta::{MetaError, StatsStore};
+use crate::model::family::family;
+use crate::model::stats::OTHER_FAMILY;
+use crate::model::{
+    Bucket, CacheKey, Counters, EntryUse, LookupResult, Millis, RefClass, RemovalCause, RepoId,
+    StatsKey,
+};
+
+/// Most pending rows: past this, new rows count under `other` until the next flush.
+pub const MAX_PENDING: usize = 50_000;
+/// Most remembered lookup families and known family decisions; past this, they start over.
+pub const MAX_REMEMBERED: usize = 4096;
+
+/// Pending counts, shared by every clone.
+#[derive(Debug, Clone)]
+pub struct FamilyStats {
+    inner: Arc<Mutex<Pending>>,
+    /// Held while a flush writes: a flush waits for the one under way, so that what an operator
+    /// reads after flushing includes everything counted before.
+    flushing: Arc<tokio::sync::Mutex<()>>,
+    max_families: usize,
+}
+
+#[derive(Debug, Default)]
+struct Pending {
+    counts: HashMap<StatsKey, Counters>,
+    /// (repository, folded primary key) → the family its latest lookup gave it.
+    lookup_families: HashMap<(RepoId, String), String>,
+    /// (repository, family) → whether the store keeps it (else it counts as `other`).
+    decided: HashMap<(RepoId, String), bool>,
+}
+
+impl Default for FamilyStats {
+    fn default() -> Self {
+        Self::new(100)
+    }
+}
+
+impl FamilyStats {
+    /// Keeps at most `max_families` families per repository.
+    pub fn new(max_families: usize) -> Self {
+        Self {
+            inner: Arc::default(),
+            flushing: Arc::default(),
+            max_families,
+        }
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A lookup of `keys` (the primary key first, then restore keys; `folded` the same, folded)
+    /// by a caller of `class`, which ended as `result` naming an entry of `size` bytes. Returns
+    /// the lookup's family.
+    #[allow(clippy::too_many_arguments)]
+    pub fn lookup(
+        &self,
+        repository: &RepoId,
+        keys: &[CacheKey],
+        folded: &[String],
+        class: RefClass,
+        result: LookupResult,
+        size: u64,
+        now: Millis,
+    ) -> String {
+        let Some((primary, restore)) = keys.split_first() else {
+            return String::new();
+        };
+        let restore: Vec<&str> = restore.iter().map(CacheKey::as_str).collect();
+        let family = family(primary.as_str(), &restore);
+        let mut pending = self.pending();
+        if !restore.is_empty() {
+            if pending.lookup_families.len() >= MAX_REMEMBERED {
+                pending.lookup_families.clear();
+            }
+            let primary_folded = folded.first().cloned().unwrap_or_default();
+            pending
+                .lookup_families
+                .insert((repository.clone(), primary_folded), family.clone());
+        }
+        pending.add(
+            repository,
+            &family,
+            class,
+            now,
+            &Counters::lookup(result, size),
+        );
+        family
+    }
+
+    /// The family of a save of `key` (`folded`): the one its latest lookup here gave it, else
+    /// the key's own.
+    pub fn family_of_save(&self, repository: &RepoId, key: &str, folded: &str) -> String {
+        let pending = self.pending();
+        pending
+            .lookup_families
+            .get(&(repository.clone(), folded.to_owned()))
+            .cloned()
+            .unwrap_or_else(|| family(key, &[]))
+    }
+
+    /// An entry of `size` bytes saved in `family` by a caller of `class`.
+    pub fn saved(
+        &self,
+        repository: &RepoId,
+        family: &str,
+        class: RefClass,
+        size: u64,
+        now: Millis,
+    ) {
+        self.pending()
+            .add(repository, family, class, now, &Counters::save(size));
+    }
+
+    /// Entries removed for `cause`, each counted in its own family and class.
+    pub fn removed(&self, removed: &[EntryUse], cause: &RemovalCause, now: Millis) {
+        let counters = Counters::removal(cause);
+        let mut pending = self.pending();
+        for entry in removed {
+            pending.add(
+                &entry.repository,
+                &entry.family,
+                entry.ref_class,
+                now,
+                &counters,
+            );
+        }
+    }
+
+    /// Writes what is pending; on failure it is kept for the next try.
+    pub async fn flush(&self, meta: &dyn StatsStore, now: Millis) {
+        let _one_at_a_time = self.flushing.lock().await;
+        let counts: Vec<(StatsKey, Counters)> = self.pending().counts.drain().collect();
+        if counts.is_empty() {
+            return;
+        }
+        let written = match self.capped(meta, counts.clone(), now).await {
+            Ok(capped) => meta.record_stats(&capped).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
+            tracing::warn!(error = %e, "could not record cache statistics; will retry");
+            let mut pending = self.pending();
+            for (key, counters) in counts {
+                pending.counts.entry(key).or_default().add(&counters);
+            }
+        }
+    }
+
+    /// `counts` with the families the store may not keep counted as `other`, summed and sorted.
+    /// New families are kept, in name order, while their repository has room.
+    async fn capped(
+        &self,
+        meta: &dyn StatsStore,
+        counts: Vec<(StatsKey, Counters)>,
+        now: Millis,
+    ) -> Result<Vec<(StatsKey, Counters)>, MetaError> {
+        let mut undecided = BTreeMap::<RepoId, BTreeSet<String>>::new();
+        {
+            let pending = self.pending();
+            for (key, _) in &counts {
+                let known = (key.repository.clone(), key.family.clone());
+                if key.family != OTHER_FAMILY && !pending.decided.contains_key(&known) {
+                    undecided
+                        .entry(key.repository.clone())
+                        .or_default()
+                        .insert(key.family.clone());
+                }
+            }
+        }
+        let mut decisions = Vec::new();
+        for (repository, families) in undecided {
+            let families: Vec<String> = families.into_iter().collect();
+            let mut kept = BTreeSet::new();
+            let mut count = 0;
+            for batch in families.chunks(500) {
+                let (found, total) = meta.kept_families(&repository, batch).await?;
+                kept.extend(found);
+                count = total;
+            }
+            let room = self.max_families.saturating_sub(count as usize);
+            let admitted: Vec<String> = families
+                .iter()
+                .filter(|f| !kept.contains(*f))
+                .take(room)
+                .cloned()
+                .collect();
+            if !admitted.is_empty() {
+                meta.keep_families(&repository, &admitted, now).await?;
+            }
+            kept.extend(admitted);
+            for f in families {
+                let keep = kept.contains(&f);
+                decisions.push(((repository.clone(), f), keep));
+            }
+        }
+        let mut pending = self.pending();
+        let mut batch: HashMap<(RepoId, String), bool> = decisions.iter().cloned().collect();
+        for (key, _) in &counts {
+            let known = (key.repository.clone(), key.family.clone());
+            if let Some(keep) = pending.decided.get(&known) {
+                batch.insert(known, *keep);
+            }
+        }
+        if pending.decided.len() + decisions.len() > MAX_REMEMBERED {
+            pending.decided.clear();
+        }
+        pending.decided.extend(decisions);
+        drop(pending);
+        let mut summed = BTreeMap::<StatsKey, Counters>::new();
+        for (mut key, counters) in counts {
+            let known = (key.repository.clone(), key.family.clone());
+            if key.family != OTHER_FAMILY && batch.get(&known) != Some(&true) {
+                key.family = OTHER_FAMILY.to_owned();
+            }
+            summed.entry(key).or_default().add(&counters);
+        }
+        Ok(summed.into_iter().collect())
+    }
+}
+
+impl Pending {
+    fn add(
+        &mut self,
+        repository: &RepoId,
+        family: &str,
+        class: RefClass,
+        now: Millis,
+        counters: &Counters,
+    ) {
+        let family = if self.counts.len() >= MAX_PENDING {
+            OTHER_FAMILY
+        } else {
+            family
+        };
+        let key = StatsKey {
+            repository: repository.clone(),
+            family: family.to_owned(),
+            class,
+            hour: Bucket::Hour.floor(now),
+        };
+        self.counts.entry(key).or_default().add(counters);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::MemoryStore;
+    use crate::model::StatsFilter;
+
+    const HOUR: Millis = 3_600_000;
+
+    fn keys(k: &[&str]) -> (Vec<CacheKey>, Vec<String>) {
+        let keys: Vec<CacheKey> = k.iter().map(|k| CacheKey::parse(k).unwrap()).collect();
+        let folded = keys.iter().map(CacheKey::folded).collect();
+        (keys, folded)
+    }
+
+    async fn stored(meta: &MemoryStore) -> Vec<(String, Counters)> {
+        let filter = StatsFilter {
+            since: 0,
+            until: Millis::MAX,
+            ..StatsFilter::default()
+        };
+        let rows = meta.family_stats(&filter, Bucket::Day).await.unwrap();
+        rows.into_iter().map(|r| (r.family, r.counters)).collect()
+    }
+
+    #[tokio::test]
+    async fn a_save_after_a_lookup_lands_in_the_lookups_family() {
+        let stats = FamilyStats::new(10);
+        let repo = RepoId::new("1");
+        let (k, f) = keys(&["Linux-cargo-abc123def456", "Linux-"]);
+        let family = stats.lookup(
+            &repo,
+            &k,
+            &f,
+            RefClass::DefaultBranch,
+            LookupResult::Miss,
+            0,
+            5,
+        );
+        assert_eq!(family, "Linux-");
+        assert_eq!(stats.family_of_save(&repo, k[0].as_str(), &f[0]), "Linux-");
+        // Another repository's save of the same key has no lookup to follow.
+        assert_eq!(
+            stats.family_of_save(&RepoId::new("2"), k[0].as_str(), &f[0]),
+            "Linux-cargo-"
+        );
+    }
+
+    #[tokio::test]
+    async fn counts_fold_per_family_class_and_hour_and_are_written_once() {
+        let meta = MemoryStore::default();
+        let stats = FamilyStats::new(10);
+        let repo = RepoId::new("1");
+        let (k, f) = keys(&["deps-0123456789abcdef"]);
+        stats.lookup(
+            &repo,
+            &k,
+            &f,
+            RefClass::PullRequest,
+            LookupResult::Miss,
+            0,
+            10,
+        );
+        stats.lookup(
+            &repo,
+            &k,
+            &f,
+            RefClass::PullRequest,
+            LookupResult::ExactHit,
+            7,
+            HOUR + 1,
+        );
+        stats.saved(&repo, "deps-", RefClass::PullRequest, 9, HOUR + 2);
+        stats.flush(&meta, 0).await;
+        stats.flush(&meta, 0).await; // nothing left to write twice
+        let filter = StatsFilter {
+            since: 0,
+            until: Millis::MAX,
+            ..StatsFilter::default()
+        };
+        let rows = meta.family_stats(&filter, Bucket::Hour).await.unwrap();
+        let per_hour: Vec<(Millis, u64, u64, u64)> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r.start,
+                    r.counters.lookups,
+                    r.counters.misses,
+                    r.counters.saves,
+                )
+            })
+            .collect();
+        assert_eq!(per_hour, [(0, 1, 1, 0), (HOUR, 1, 0, 1)]);
+        assert!(rows
+            .iter()
+            .all(|r| r.family == "deps-" && r.class == RefClass::PullRequest));
+    }
+
+    #[tokio::test]
+    async fn families_past_the_cap_count_as_other() {
+        let meta = MemoryStore::default();
+        let stats = FamilyStats::new(3);
+        let repo = RepoId::new("1");
+        for i in 0..50 {
+            stats.saved(
+                &repo,
+                &format!("family-{i:02}-"),
+                RefClass::OtherBranch,
+                1,
+                0,
+            );
+        }
+        stats.flush(&meta, 0).await;
+        // Later flushes: known families stay theirs, new ones still go to `other`.
+        stats.saved(&repo, "family-00-", RefClass::OtherBranch, 1, 0);
+        stats.saved(&repo, "family-99-", RefClass::OtherBranch, 1, 0);
+        stats.flush(&meta, 0).await;
+        let rows = stored(&meta).await;
+        let families: Vec<&str> = rows.iter().map(|(f, _)| f.as_str()).collect();
+        assert_eq!(
+            families,
+            ["family-00-", "family-01-", "family-02-", OTHER_FAMILY]
+        );
+        let saves: u64 = rows.iter().map(|(_, c)| c.saves).sum();
+        assert_eq!(saves, 52, "nothing is lost, only relabelled");
+        assert_eq!(rows[0].1.saves, 2);
+        // The store keeps exactly the cap.
+        let (_, kept) = meta.kept_families(&repo, &[]).await.unwrap();
+        assert_eq!(kept, 3);
+    }
+
+    #[tokio::test]
+    async fn pending_rows_are_bounded() {
+        let stats = FamilyStats::new(MAX_PENDING * 2);
+        let repo = RepoId::new("1");
+        for i in 0..MAX_PENDING + 100 {
+            stats.saved(&repo, &format!("f{i}-"), RefClass::Tag, 1, 0);
+        }
+        let pending = stats.pending();
+        assert_eq!(
+            pending.counts.len(),
+            MAX_PENDING + 1,
+            "the rest went to `other`"
+        );
+    }
+}

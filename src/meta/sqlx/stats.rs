@@ -1,0 +1,133 @@
+//! Statistics on the networked stores: the shared statements of [`crate::meta::stats_sql`];
+//! each change runs in one transaction.
+
+use async_trait::async_trait;
+
+use super::{text, Dialect, SqlxStore, Step};
+use crate::meta::sql::Param;
+use crate::meta::stats_sql::{
+    adding, family_params, family_row, family_stats_sql, kept_families_sql, server_counts,
+    server_params, server_row, server_stats_sql, stored_by_family_sql, stored_row, COUNT_FAMILIES,
+    DROP_FOLDED, DROP_OLD, FORGET_FAMILIES,
+};
+use crate::meta::{MetaError, StatsStore};
+use crate::model::{
+    Bucket, Counters, Millis, RepoId, StatsFilter, StatsKey, StatsRow, StoredFamily,
+};
+
+use super::super::sql::SqlRow;
+use super::Done;
+
+#[async_trait]
+impl<D: Dialect> StatsStore for SqlxStore<D> {
+    async fn kept_families(
+        &self,
+        repository: &RepoId,
+        families: &[String],
+    ) -> Result<(Vec<String>, u64), MetaError> {
+        let kept = if families.is_empty() {
+            Vec::new()
+        } else {
+            let mut params = vec![text(repository.as_str())];
+            params.extend(families.iter().map(|f| Param::Text(f.clone())));
+            let rows = self
+                .rows(&kept_families_sql(families.len()), params)
+                .await?;
+            rows.iter().map(|r| r.text(0)).collect::<Result<_, _>>()?
+        };
+        let count = self
+            .number(COUNT_FAMILIES, vec![text(repository.as_str())])
+            .await?;
+        Ok((kept, count))
+    }
+
+    async fn keep_families(
+        &self,
+        repository: &RepoId,
+        families: &[String],
+        now: Millis,
+    ) -> Result<(), MetaError> {
+        let keep = adding(D::UPSERT).keep_family.as_str();
+        let steps = families
+            .iter()
+            .map(|family| {
+                Step::Execute(
+                    keep,
+                    vec![
+                        text(repository.as_str()),
+                        Param::Text(family.clone()),
+                        Param::Int(now),
+                    ],
+                )
+            })
+            .collect();
+        self.db.in_transaction(steps).await.map(drop)
+    }
+
+    async fn record_stats(&self, counts: &[(StatsKey, Counters)]) -> Result<(), MetaError> {
+        let sql = adding(D::UPSERT);
+        let mut steps: Vec<Step> = counts
+            .iter()
+            .map(|(key, counters)| Step::Execute(&sql.record_family, family_params(key, counters)))
+            .collect();
+        steps.extend(server_counts(counts).iter().map(|(class, hour, counters)| {
+            Step::Execute(&sql.record_server, server_params(*class, *hour, counters))
+        }));
+        self.db.in_transaction(steps).await.map(drop)
+    }
+
+    async fn family_stats(
+        &self,
+        filter: &StatsFilter,
+        width: Bucket,
+    ) -> Result<Vec<StatsRow>, MetaError> {
+        let (sql, params) = family_stats_sql(filter, width);
+        let rows = self.rows(&sql, params).await?;
+        rows.iter().map(|r| family_row(r, width)).collect()
+    }
+
+    async fn server_stats(
+        &self,
+        filter: &StatsFilter,
+        width: Bucket,
+    ) -> Result<Vec<StatsRow>, MetaError> {
+        let (sql, params) = server_stats_sql(filter, width);
+        let rows = self.rows(&sql, params).await?;
+        rows.iter().map(|r| server_row(r, width)).collect()
+    }
+
+    async fn stored_by_family(
+        &self,
+        repository: Option<&RepoId>,
+    ) -> Result<Vec<StoredFamily>, MetaError> {
+        let sql = stored_by_family_sql(repository.is_some());
+        let params = repository.map(|r| text(r.as_str())).into_iter().collect();
+        let rows = self.rows(&sql, params).await?;
+        rows.iter().map(stored_row).collect()
+    }
+
+    async fn fold_stats(
+        &self,
+        hours_before: Millis,
+        days_before: Millis,
+        families_before: Millis,
+    ) -> Result<(u64, u64), MetaError> {
+        let sql = adding(D::UPSERT);
+        let at = |t: Millis| vec![Param::Int(t)];
+        let steps = vec![
+            Step::Execute(&sql.fold_family, at(hours_before)),
+            Step::Execute(DROP_FOLDED[0], at(hours_before)),
+            Step::Execute(&sql.fold_server, at(hours_before)),
+            Step::Execute(DROP_FOLDED[1], at(hours_before)),
+            Step::Execute(DROP_OLD[0], at(days_before)),
+            Step::Execute(DROP_OLD[1], at(days_before)),
+            Step::Execute(FORGET_FAMILIES, at(families_before)),
+        ];
+        let done = self.db.in_transaction(steps).await?;
+        let changed = |i: usize| match done.get(i) {
+            Some(Done::Changed(n)) => *n,
+            _ => 0,
+        };
+        Ok((changed(1) + changed(3), changed(4) + changed(5)))
+    }
+}

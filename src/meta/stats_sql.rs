@@ -1,0 +1,306 @@
+//! The statistics statements the three SQL stores share (`?` parameters, `{bigint}` for a cast
+//! to a 64-bit integer), and their rows turned back into counters. Only adding to a row that
+//! exists differs between dialects ([`Upsert`]).
+
+use std::sync::LazyLock;
+
+use super::sql::{Param, SqlRow};
+use super::MetaError;
+use crate::model::{
+    Bucket, Counters, Evictions, RefClass, RepoId, StatsFilter, StatsKey, StatsRow, StoredFamily,
+};
+
+/// The counter columns of `family_stats` and `server_stats`, in [`counter_params`]' order.
+const COUNTER_COLUMNS: [&str; 11] = [
+    "lookups",
+    "exact_hits",
+    "restore_key_hits",
+    "misses",
+    "bytes_restored",
+    "saves",
+    "bytes_saved",
+    "evicted",
+    "expired",
+    "quarantined",
+    "deleted",
+];
+
+/// How a dialect adds to a row that already exists.
+#[derive(Debug, Clone, Copy)]
+pub enum Upsert {
+    /// SQLite and PostgreSQL: `ON CONFLICT (…) DO UPDATE SET c = t.c + excluded.c`.
+    OnConflict,
+    /// MySQL and MariaDB: `ON DUPLICATE KEY UPDATE c = c + VALUES(c)`.
+    OnDuplicateKey,
+}
+
+/// The statements that add to rows, spelled for one [`Upsert`].
+#[derive(Debug)]
+pub(super) struct Adding {
+    /// Parameters: repository, family, class, hour, then the counters.
+    pub record_family: String,
+    /// Parameters: class, hour, then the counters.
+    pub record_server: String,
+    /// Folds hour rows before the parameter into day rows.
+    pub fold_family: String,
+    pub fold_server: String,
+    /// Parameters: repository, family, now.
+    pub keep_family: String,
+}
+
+static ON_CONFLICT: LazyLock<Adding> = LazyLock::new(|| Adding::new(Upsert::OnConflict));
+static ON_DUPLICATE_KEY: LazyLock<Adding> = LazyLock::new(|| Adding::new(Upsert::OnDuplicateKey));
+
+/// The adding statements of a dialect, built once.
+pub(super) fn adding(upsert: Upsert) -> &'static Adding {
+    match upsert {
+        Upsert::OnConflict => &ON_CONFLICT,
+        Upsert::OnDuplicateKey => &ON_DUPLICATE_KEY,
+    }
+}
+
+impl Adding {
+    fn new(upsert: Upsert) -> Self {
+        let counters = COUNTER_COLUMNS.join(", ");
+        let values = vec!["?"; COUNTER_COLUMNS.len()].join(", ");
+        let sums = COUNTER_COLUMNS
+            .iter()
+            .map(|c| format!("SUM({c})"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let on_existing = |table: &str, keys: &str| match upsert {
+            Upsert::OnConflict => format!(
+                " ON CONFLICT ({keys}) DO UPDATE SET {}",
+                COUNTER_COLUMNS
+                    .iter()
+                    .map(|c| format!("{c} = {table}.{c} + excluded.{c}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Upsert::OnDuplicateKey => format!(
+                " ON DUPLICATE KEY UPDATE {}",
+                COUNTER_COLUMNS
+                    .iter()
+                    .map(|c| format!("{c} = {c} + VALUES({c})"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        const FAMILY_KEYS: &str = "repository, family, ref_class, bucket, start_at";
+        const SERVER_KEYS: &str = "ref_class, bucket, start_at";
+        let day = Bucket::Day.millis();
+        Self {
+            record_family: format!(
+                "INSERT INTO family_stats ({FAMILY_KEYS}, {counters}) VALUES (?, ?, ?, 0, ?, {values}){}",
+                on_existing("family_stats", FAMILY_KEYS)
+            ),
+            record_server: format!(
+                "INSERT INTO server_stats ({SERVER_KEYS}, {counters}) VALUES (?, 0, ?, {values}){}",
+                on_existing("server_stats", SERVER_KEYS)
+            ),
+            fold_family: format!(
+                "INSERT INTO family_stats ({FAMILY_KEYS}, {counters})
+                 SELECT repository, family, ref_class, 1, start_at - (start_at % {day}), {sums}
+                 FROM family_stats WHERE bucket = 0 AND start_at < ?
+                 GROUP BY repository, family, ref_class, start_at - (start_at % {day}){}",
+                on_existing("family_stats", FAMILY_KEYS)
+            ),
+            fold_server: format!(
+                "INSERT INTO server_stats ({SERVER_KEYS}, {counters})
+                 SELECT ref_class, 1, start_at - (start_at % {day}), {sums}
+                 FROM server_stats WHERE bucket = 0 AND start_at < ?
+                 GROUP BY ref_class, start_at - (start_at % {day}){}",
+                on_existing("server_stats", SERVER_KEYS)
+            ),
+            keep_family: match upsert {
+                Upsert::OnConflict => "INSERT INTO stats_families (repository, family, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING".into(),
+                Upsert::OnDuplicateKey => "INSERT IGNORE INTO stats_families (repository, family, created_at) VALUES (?, ?, ?)".into(),
+            },
+        }
+    }
+}
+
+/// Drops the hour rows folded by `fold_*` (same parameter), then day rows past keeping.
+pub(super) const DROP_FOLDED: [&str; 2] = [
+    "DELETE FROM family_stats WHERE bucket = 0 AND start_at < ?",
+    "DELETE FROM server_stats WHERE bucket = 0 AND start_at < ?",
+];
+pub(super) const DROP_OLD: [&str; 2] = [
+    "DELETE FROM family_stats WHERE bucket = 1 AND start_at < ?",
+    "DELETE FROM server_stats WHERE bucket = 1 AND start_at < ?",
+];
+/// Forgets families kept since before the parameter that no row names any more.
+pub(super) const FORGET_FAMILIES: &str = "DELETE FROM stats_families WHERE created_at < ? AND NOT EXISTS
+     (SELECT 1 FROM family_stats f WHERE f.repository = stats_families.repository AND f.family = stats_families.family)";
+
+pub(super) const COUNT_FAMILIES: &str = "SELECT COUNT(*) FROM stats_families WHERE repository = ?";
+
+/// Which of `n` families (parameters after the repository) are kept.
+pub(super) fn kept_families_sql(n: usize) -> String {
+    format!(
+        "SELECT family FROM stats_families WHERE repository = ? AND family IN ({})",
+        vec!["?"; n].join(", ")
+    )
+}
+
+/// The parameters of `record_family`.
+pub(super) fn family_params(key: &StatsKey, counters: &Counters) -> Vec<Param> {
+    let mut params = vec![
+        Param::Text(key.repository.as_str().to_owned()),
+        Param::Text(key.family.clone()),
+        Param::Int(key.class.code()),
+        Param::Int(key.hour),
+    ];
+    params.extend(counter_params(counters).map(Param::Int));
+    params
+}
+
+/// The parameters of `record_server`.
+pub(super) fn server_params(class: RefClass, hour: i64, counters: &Counters) -> Vec<Param> {
+    let mut params = vec![Param::Int(class.code()), Param::Int(hour)];
+    params.extend(counter_params(counters).map(Param::Int));
+    params
+}
+
+/// `counts` summed per class and hour, in that order: the server rows a batch adds to.
+pub(super) fn server_counts(counts: &[(StatsKey, Counters)]) -> Vec<(RefClass, i64, Counters)> {
+    let mut sums = std::collections::BTreeMap::<(RefClass, i64), Counters>::new();
+    for (key, counters) in counts {
+        sums.entry((key.class, key.hour)).or_default().add(counters);
+    }
+    sums.into_iter().map(|((c, h), n)| (c, h, n)).collect()
+}
+
+fn counter_params(c: &Counters) -> [i64; 11] {
+    [
+        c.lookups,
+        c.exact_hits,
+        c.restore_key_hits,
+        c.misses,
+        c.bytes_restored,
+        c.saves,
+        c.bytes_saved,
+        c.evictions.evicted,
+        c.evictions.expired,
+        c.evictions.quarantined,
+        c.evictions.deleted,
+    ]
+    .map(|n| n.min(i64::MAX as u64) as i64)
+}
+
+fn counters_from_row(r: &impl SqlRow, first: usize) -> Result<Counters, MetaError> {
+    let n = |i: usize| Ok::<_, MetaError>(r.opt_int(first + i)?.unwrap_or(0).max(0) as u64);
+    Ok(Counters {
+        lookups: n(0)?,
+        exact_hits: n(1)?,
+        restore_key_hits: n(2)?,
+        misses: n(3)?,
+        bytes_restored: n(4)?,
+        saves: n(5)?,
+        bytes_saved: n(6)?,
+        evictions: Evictions {
+            evicted: n(7)?,
+            expired: n(8)?,
+            quarantined: n(9)?,
+            deleted: n(10)?,
+        },
+    })
+}
+
+/// `CAST(SUM(c) AS {bigint})` for every counter.
+fn summed() -> String {
+    COUNTER_COLUMNS
+        .iter()
+        .map(|c| format!("CAST(SUM({c}) AS {{bigint}})"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The time range of `filter` and its other conditions, on `table`'s columns.
+fn conditions(filter: &StatsFilter, params: &mut Vec<Param>, with_families: bool) -> String {
+    params.push(Param::Int(filter.since));
+    params.push(Param::Int(filter.until));
+    let mut sql = String::from(" WHERE start_at >= ? AND start_at < ?");
+    if with_families {
+        if let Some(repository) = &filter.repository {
+            params.push(Param::Text(repository.as_str().to_owned()));
+            sql.push_str(" AND repository = ?");
+        }
+        if let Some(family) = &filter.family {
+            params.push(Param::Text(family.clone()));
+            sql.push_str(" AND family = ?");
+        }
+    }
+    if let Some(class) = filter.class {
+        params.push(Param::Int(class.code()));
+        sql.push_str(" AND ref_class = ?");
+    }
+    sql
+}
+
+/// The statement of `family_stats` and its parameters; rows: repository, family, class, start,
+/// counters.
+pub(super) fn family_stats_sql(filter: &StatsFilter, width: Bucket) -> (String, Vec<Param>) {
+    let mut params = vec![Param::Int(width.millis())];
+    let sql = format!(
+        "SELECT repository, family, ref_class, start_at - (start_at % ?), {} FROM family_stats{} GROUP BY 1, 2, 3, 4 ORDER BY 4",
+        summed(),
+        conditions(filter, &mut params, true)
+    );
+    (sql, params)
+}
+
+/// The statement of `server_stats` and its parameters; rows: class, start, counters.
+pub(super) fn server_stats_sql(filter: &StatsFilter, width: Bucket) -> (String, Vec<Param>) {
+    let mut params = vec![Param::Int(width.millis())];
+    let sql = format!(
+        "SELECT ref_class, start_at - (start_at % ?), {} FROM server_stats{} GROUP BY 1, 2 ORDER BY 2",
+        summed(),
+        conditions(filter, &mut params, false)
+    );
+    (sql, params)
+}
+
+pub(super) fn family_row(r: &impl SqlRow, width: Bucket) -> Result<StatsRow, MetaError> {
+    Ok(StatsRow {
+        repository: RepoId::new(r.text(0)?),
+        family: r.text(1)?,
+        class: RefClass::from_code(r.int(2)?),
+        bucket: width,
+        start: r.int(3)?,
+        counters: counters_from_row(r, 4)?,
+    })
+}
+
+pub(super) fn server_row(r: &impl SqlRow, width: Bucket) -> Result<StatsRow, MetaError> {
+    Ok(StatsRow {
+        repository: RepoId::new(""),
+        family: String::new(),
+        class: RefClass::from_code(r.int(0)?),
+        bucket: width,
+        start: r.int(1)?,
+        counters: counters_from_row(r, 2)?,
+    })
+}
+
+/// The statement of `stored_by_family` (one repository's parameter when `only`); rows:
+/// repository, family, class, bytes, entries.
+pub(super) fn stored_by_family_sql(only: bool) -> String {
+    format!(
+        "SELECT e.repository, COALESCE(f.family, '{other}'), e.ref_class, CAST(SUM(e.size) AS {{bigint}}), COUNT(*)
+         FROM entries e LEFT JOIN stats_families f ON f.repository = e.repository AND f.family = e.family{}
+         GROUP BY 1, 2, 3",
+        if only { " WHERE e.repository = ?" } else { "" },
+        other = crate::model::stats::OTHER_FAMILY,
+    )
+}
+
+pub(super) fn stored_row(r: &impl SqlRow) -> Result<StoredFamily, MetaError> {
+    Ok(StoredFamily {
+        repository: RepoId::new(r.text(0)?),
+        family: r.text(1)?,
+        class: RefClass::from_code(r.int(2)?),
+        bytes: r.opt_int(3)?.unwrap_or(0).max(0) as u64,
+        entries: r.int(4)?.max(0) as u64,
+    })
+}
