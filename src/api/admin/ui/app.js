@@ -29,6 +29,8 @@ function formatBytes(n) {
 const numberFormat = new Intl.NumberFormat();
 const formatCount = (n) => (n == null ? '—' : numberFormat.format(n));
 const formatRatio = (r) => (r == null ? '—' : `${(r * 100).toFixed(1)}%`);
+// A share of a quota: a few bytes of 10 GiB are not "0.0%" (nothing).
+const formatShare = (r) => (r > 0 && r < 0.0005 ? '< 0.1%' : formatRatio(r));
 
 function formatDuration(seconds) {
   const s = Math.max(0, Math.floor(seconds));
@@ -447,7 +449,7 @@ function renderInsight(stats, fams, p) {
     const named = fams.families.find((f) => f.repository_name);
     if (named) $('repository-name').textContent = named.repository_name;
     $('repository-detail').textContent = fams.quota_bytes
-      ? `${formatBytes(fams.stored_bytes)} stored of its ${formatBytes(fams.quota_bytes)} quota (${formatRatio(fams.stored_bytes / fams.quota_bytes)})`
+      ? `${formatBytes(fams.stored_bytes)} stored of its ${formatBytes(fams.quota_bytes)} quota (${formatShare(fams.stored_bytes / fams.quota_bytes)})`
       : `${formatBytes(fams.stored_bytes)} stored`;
   }
   const points = stats.series;
@@ -698,11 +700,11 @@ function barRows(rows, scaleMax, quota, { width = W, labelW = 210, mono = false 
   rows.forEach((row, i) => {
     const y = top + i * rowH;
     const w = scaleMax > 0 ? (row.value / scaleMax) * barMax : 0;
-    const share = quota ? ` · ${formatRatio(row.value / quota)}` : '';
+    const share = quota ? ` · ${formatShare(row.value / quota)}` : '';
     const label = row.label.length > maxChars ? `${row.label.slice(0, maxChars - 1)}…` : row.label;
     const p = svg('g', { 'data-point': '', 'data-label': row.key, 'data-value': row.value });
     p.append(
-      svgTitle(`${row.title || row.label}: ${formatBytes(row.value)}${quota ? ` (${formatRatio(row.value / quota)} of the quota)` : ''}`),
+      svgTitle(`${row.title || row.label}: ${formatBytes(row.value)}${quota ? ` (${formatShare(row.value / quota)} of the quota)` : ''}`),
       svg('rect', { x: 0, y, width, height: rowH, class: 'hover' }),
       svg('text', { x: labelW, y: y + 17, 'text-anchor': 'end', class: mono ? 'bar-label mono' : 'bar-label' }, label),
       svg('rect', { x: x0, y: y + 5, width: barMax, height: rowH - 10, class: 'track' }),
@@ -721,7 +723,7 @@ function barRows(rows, scaleMax, quota, { width = W, labelW = 210, mono = false 
 }
 
 const quotaNote = (fams) => (fams.quota_bytes
-  ? `${formatBytes(fams.stored_bytes)} stored of ${formatBytes(fams.quota_bytes)} (${formatRatio(fams.stored_bytes / fams.quota_bytes)}).`
+  ? `${formatBytes(fams.stored_bytes)} stored of ${formatBytes(fams.quota_bytes)} (${formatShare(fams.stored_bytes / fams.quota_bytes)}).`
   : `${formatBytes(fams.stored_bytes)} stored; no limit for the whole server.`);
 
 // The bytes of each family (its scope classes together), largest first; the rest in one bar.
