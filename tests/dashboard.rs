@@ -1,23 +1,34 @@
-//! The dashboard in a real browser: the real `@actions/cache` client saves an entry, Debian's
+//! The dashboard in a real browser. The real `@actions/cache` client saves an entry, Debian's
 //! chromium (driven by playwright-core, `tests/e2e/dashboard.mjs`) signs in, sees it on the
 //! overview and in the entry browser, searches, deletes it with confirmation and sees it gone;
-//! then the real client misses it. Screenshots of the overview and the entry browser are kept in
-//! `target/tmp/dashboard/`.
+//! then the real client misses it. An hour later on the server's clock the client hits exactly,
+//! hits by a restore key and misses in two repositories, and chromium (`tests/e2e/insight.mjs`)
+//! reads the insight charts of the overview and of a repository page: their points and labels
+//! are what that sequence makes and their numbers are the stats API's. Screenshots are kept in
+//! `target/tmp/dashboard/` (overview.png, entries.png, insight-overview.png,
+//! insight-repository.png).
 #![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{json, Value};
 
-use common::{claims, node_result, sign_hs256, TestServer, MAIN};
+use common::{claims, manual_clock, node_result, sign_hs256, unix_now, TestServer, MAIN};
+use hoard::model::Clock;
 
 const ADMIN: &str = "dashboard-admin-token-0123456789";
 
 fn e2e_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e")
+}
+
+fn shots_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard")
 }
 
 /// The real 6.3.0 client on cache service v2, run in `dir`.
@@ -43,14 +54,25 @@ fn client(server: &str, token: &str, dir: &Path, args: &[&str]) -> std::process:
         .output()
         .unwrap()
 }
-
+/// One server and one sequence for both pages: the entry browser's deletion is the eviction the
+/// insight charts show.
 #[tokio::test(flavor = "multi_thread")]
-async fn an_operator_finds_and_deletes_an_entry_in_the_dashboard() {
+async fn an_operator_deletes_an_entry_and_reads_the_insight_charts_in_the_dashboard() {
     assert!(
         Path::new("/usr/bin/chromium").exists(),
         "Debian's chromium is needed (apt-get install chromium; .ci/run installs it)"
     );
-    let srv = TestServer::start_with(&["--admin-token", ADMIN]).await;
+    let clock = manual_clock();
+    let srv = TestServer::start_with_clock(&["--admin-token", ADMIN], clock.clone()).await;
+    let first_hour = floor_hour(clock.now() / 1000);
+    finds_and_deletes_an_entry(&srv).await;
+    // The next hour on the server's clock: what follows falls in a bucket of its own.
+    clock.advance(Duration::from_secs(3600));
+    reads_the_insight_charts(&srv, first_hour).await;
+    srv.stop().await;
+}
+
+async fn finds_and_deletes_an_entry(srv: &TestServer) {
     let work = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(work.path().join("deps")).unwrap();
     std::fs::write(
@@ -75,7 +97,7 @@ async fn an_operator_finds_and_deletes_an_entry_in_the_dashboard() {
     };
     assert!(saved.as_i64().unwrap() > 0, "{log}");
 
-    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard");
+    let shots = shots_dir();
     let (seen, log) = {
         let (base, shots) = (base.clone(), shots.clone());
         tokio::task::spawn_blocking(move || {
@@ -145,5 +167,477 @@ async fn an_operator_finds_and_deletes_an_entry_in_the_dashboard() {
     };
     assert_eq!(restored, serde_json::Value::Null, "{log}");
     assert!(!work.path().join("deps/lib.txt").exists());
-    srv.stop().await;
+}
+
+const HELLO: &str = "octo/hello-world";
+const NODE: &str = "node-cache-Linux-x64-npm-";
+const CARGO: &str = "cargo-Linux-";
+const PIP: &str = "pip-Linux-";
+const PR_REF: &str = "refs/pull/7/merge";
+
+fn floor_hour(unix: i64) -> i64 {
+    unix - unix.rem_euclid(3600)
+}
+
+/// A bucket's start as the API writes it.
+fn rfc3339(unix: i64) -> String {
+    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_secs(unix as u64))
+        .to_string()
+}
+
+/// A runtime token of `repository` (id, name) for `grants`, valid for hours: the server's clock
+/// runs ahead of the machine's.
+fn token_of(id: &str, name: &str, grants: &[(&str, u8)]) -> String {
+    let mut c = claims(id, grants);
+    c["repository"] = json!(name);
+    c["exp"] = json!(unix_now() + 6 * 3600);
+    sign_hs256(&c)
+}
+
+/// The real client in `dir` (created, with a file to save under `path`), off the async runtime.
+async fn run_client(srv: &TestServer, token: &str, dir: &Path, args: &[&str]) -> (Value, String) {
+    let (base, token, dir) = (srv.base.clone(), token.to_owned(), dir.to_owned());
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        node_result(client(&base, &token, &dir, &args))
+    })
+    .await
+    .unwrap()
+}
+
+async fn admin_get(srv: &TestServer, path: &str) -> Value {
+    let res = srv
+        .http
+        .get(srv.url(&format!("/_hoard/api/v1/{path}")))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    let status = res.status();
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(status, 200, "{path}: {body}");
+    body
+}
+
+fn num(v: &Value) -> f64 {
+    match v {
+        Value::String(s) => s.parse().unwrap_or_else(|_| panic!("not a number: {v}")),
+        Value::Number(n) => n.as_f64().unwrap(),
+        other => panic!("not a number: {other}"),
+    }
+}
+
+fn points<'a>(view: &'a Value, chart: &str) -> &'a Vec<Value> {
+    view["charts"][chart]["points"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no chart {chart}"))
+}
+
+/// The time charts of `view` draw `stats`'s series point for point.
+fn assert_time_charts_match(view: &Value, stats: &Value, what: &str) {
+    let series = stats["series"].as_array().unwrap();
+    for chart in ["chart-hit-ratio", "chart-lookups", "chart-evictions"] {
+        let drawn = points(view, chart);
+        assert_eq!(drawn.len(), series.len(), "{what}: {chart} points");
+        for (p, s) in drawn.iter().zip(series) {
+            assert_eq!(p["start"], s["start"], "{what}: {chart}");
+        }
+    }
+    for (p, s) in points(view, "chart-lookups").iter().zip(series) {
+        assert_eq!(num(&p["value"]), num(&s["lookups"]), "{what}: lookups {p}");
+        assert_eq!(num(&p["exactHits"]), num(&s["exact_hits"]), "{what}: {p}");
+        assert_eq!(
+            num(&p["restoreKeyHits"]),
+            num(&s["restore_key_hits"]),
+            "{what}: {p}"
+        );
+        assert_eq!(num(&p["misses"]), num(&s["misses"]), "{what}: {p}");
+    }
+    for (p, s) in points(view, "chart-hit-ratio").iter().zip(series) {
+        let lookups = num(&s["lookups"]);
+        if lookups == 0.0 {
+            assert_eq!(p["value"], "", "{what}: no ratio without lookups: {p}");
+        } else {
+            let hits = num(&s["exact_hits"]) + num(&s["restore_key_hits"]);
+            assert!(
+                (num(&p["value"]) - hits / lookups).abs() < 1e-9,
+                "{what}: {p} {s}"
+            );
+        }
+    }
+    for (p, s) in points(view, "chart-evictions").iter().zip(series) {
+        assert_eq!(num(&p["value"]), num(&s["evictions"]), "{what}: {p}");
+        for cause in ["evicted", "expired", "quarantined", "deleted"] {
+            assert_eq!(
+                num(&p[cause]),
+                num(&s["evictions_by_cause"][cause]),
+                "{what}: {cause} {p}"
+            );
+        }
+    }
+}
+
+/// The storage charts and the family table of `view` show `families`'s rows.
+fn assert_family_charts_match(view: &Value, families: &Value, what: &str) {
+    let rows = families["families"].as_array().unwrap();
+    let mut by_class: BTreeMap<&str, f64> = BTreeMap::new();
+    let mut by_family: BTreeMap<(String, String), f64> = BTreeMap::new();
+    for r in rows {
+        *by_class
+            .entry(r["scope_class"].as_str().unwrap())
+            .or_default() += num(&r["bytes_stored"]);
+        let id = (
+            r["repository"].to_string(),
+            r["family"].as_str().unwrap().to_owned(),
+        );
+        *by_family.entry(id).or_default() += num(&r["bytes_stored"]);
+    }
+    let classes: Vec<(String, f64)> = points(view, "chart-stored-class")
+        .iter()
+        .map(|p| (p["label"].as_str().unwrap().to_owned(), num(&p["value"])))
+        .collect();
+    let want: Vec<(String, f64)> = ["default_branch", "other_branch", "pull_request", "tag"]
+        .iter()
+        .map(|c| (c.to_string(), by_class.get(c).copied().unwrap_or(0.0)))
+        .collect();
+    assert_eq!(classes, want, "{what}: stored by scope class");
+    let mut drawn: Vec<(String, f64)> = points(view, "chart-stored-family")
+        .iter()
+        .map(|p| (p["label"].as_str().unwrap().to_owned(), num(&p["value"])))
+        .collect();
+    let mut want: Vec<(String, f64)> = by_family
+        .into_iter()
+        .filter(|(_, bytes)| *bytes > 0.0)
+        .map(|((_, family), bytes)| (family, bytes))
+        .collect();
+    drawn.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    want.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    assert_eq!(drawn, want, "{what}: stored by family");
+
+    let table = view["families"].as_array().unwrap();
+    assert_eq!(table.len(), rows.len(), "{what}: family rows");
+    for r in rows {
+        let row = table
+            .iter()
+            .find(|t| {
+                t["family"] == r["family"]
+                    && t["scope_class"] == r["scope_class"]
+                    && t["repository"]
+                        == json!(r["repository"]
+                            .as_str()
+                            .map(str::to_owned)
+                            .unwrap_or_else(|| r["repository"].to_string()))
+            })
+            .unwrap_or_else(|| panic!("{what}: no row for {r} in {table:?}"));
+        let v = &row["values"];
+        for key in ["lookups", "misses", "bytes_stored", "entries"] {
+            assert_eq!(num(&v[key]), num(&r[key]), "{what}: {key} of {r}");
+        }
+        let hits = num(&r["exact_hits"]) + num(&r["restore_key_hits"]);
+        assert_eq!(num(&v["hits"]), hits, "{what}: hits of {r}");
+        let trend: Vec<f64> = r["trend"]["lookups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(num)
+            .collect();
+        let spark: Vec<f64> = row["sparkline"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(num)
+            .collect();
+        assert_eq!(spark, trend, "{what}: the sparkline of {r}");
+    }
+    // Most misses first, as the page opens.
+    let misses: Vec<f64> = table.iter().map(|t| num(&t["values"]["misses"])).collect();
+    assert!(
+        misses.windows(2).all(|w| w[0] >= w[1]),
+        "{what}: {misses:?}"
+    );
+}
+
+/// A family row of the API, by family name and scope class.
+fn family<'a>(families: &'a Value, name: &str, class: &str) -> &'a Value {
+    families["families"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["family"] == name && f["scope_class"] == class)
+        .unwrap_or_else(|| panic!("no family {name} ({class}) in {families}"))
+}
+
+fn counts(v: &Value) -> [u64; 6] {
+    [
+        "lookups",
+        "exact_hits",
+        "restore_key_hits",
+        "misses",
+        "saves",
+        "evictions",
+    ]
+    .map(|k| v[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}")))
+}
+
+async fn reads_the_insight_charts(srv: &TestServer, first_hour: i64) {
+    // A key's changing part, as a lockfile's digest would be.
+    let hash = |n: u8| {
+        let x = (u128::from(n) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c834);
+        format!("{x:032x}{:032x}", x.rotate_left(17))
+    };
+    let (node_a, node_b, cargo) = (
+        format!("{NODE}{}", hash(1)),
+        format!("{NODE}{}", hash(2)),
+        format!("{CARGO}{}", hash(3)),
+    );
+    let (pip_a, pip_b) = (format!("{PIP}{}", hash(4)), format!("{PIP}{}", hash(5)));
+
+    // octo/hello-world on its default branch: a save, an exact hit, a restore-key hit, a miss.
+    let hello = token_of("4242", HELLO, &[(MAIN, 3)]);
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("hello");
+    std::fs::create_dir_all(dir.join("node_modules")).unwrap();
+    std::fs::write(
+        dir.join("node_modules/a.js"),
+        b"module.exports = 1;\n".repeat(500),
+    )
+    .unwrap();
+    let (id, log) = run_client(srv, &hello, &dir, &["save", &node_a, "node_modules"]).await;
+    assert!(id.as_i64().unwrap() > 0, "{log}");
+    let (hit, log) = run_client(srv, &hello, &dir, &["restore", &node_a, "node_modules"]).await;
+    assert_eq!(hit, json!(node_a), "exact hit: {log}");
+    let restore_keys = ["--restore-keys", NODE];
+    let args = [
+        &["restore", node_b.as_str()][..],
+        &restore_keys,
+        &["node_modules"],
+    ]
+    .concat();
+    let (hit, log) = run_client(srv, &hello, &dir, &args).await;
+    assert_eq!(hit, json!(node_a), "restore-key hit: {log}");
+    let (miss, log) = run_client(srv, &hello, &dir, &["restore", &cargo, "target"]).await;
+    assert_eq!(miss, Value::Null, "miss: {log}");
+
+    // octo/forked from a pull request: a save and a restore-key hit in its own scope.
+    let fork = token_of("4343", "octo/forked", &[(PR_REF, 3), (MAIN, 1)]);
+    let dir = work.path().join("fork");
+    std::fs::create_dir_all(dir.join("venv")).unwrap();
+    std::fs::write(dir.join("venv/site.py"), b"import os\n".repeat(300)).unwrap();
+    let (id, log) = run_client(srv, &fork, &dir, &["save", &pip_a, "venv"]).await;
+    assert!(id.as_i64().unwrap() > 0, "{log}");
+    let args = ["restore", pip_b.as_str(), "--restore-keys", PIP, "venv"];
+    let (hit, log) = run_client(srv, &fork, &dir, &args).await;
+    assert_eq!(hit, json!(pip_a), "restore-key hit: {log}");
+
+    // What the API says, and what the sequence makes of it. The first hour: the entry browser's
+    // save, its deletion and the client's miss; this hour: the rest.
+    let server = admin_get(srv, "stats?bucket=hour&since=24h").await;
+    assert_eq!(counts(&server["totals"]), [5, 1, 2, 2, 3, 1], "{server}");
+    assert_eq!(
+        server["totals"]["evictions_by_cause"]["deleted"], 1,
+        "{server}"
+    );
+    let series = server["series"].as_array().unwrap();
+    assert_eq!(series.len(), 24, "{server}");
+    assert_eq!(series[22]["start"], rfc3339(first_hour), "{server}");
+    assert_eq!(
+        counts(&series[22]),
+        [1, 0, 0, 1, 1, 1],
+        "the first hour: {server}"
+    );
+    assert_eq!(
+        counts(&series[23]),
+        [4, 1, 2, 1, 2, 0],
+        "this hour: {server}"
+    );
+    let server_families = admin_get(srv, "stats/families?since=24h&sort=misses&limit=1000").await;
+    let hello_stats = admin_get(
+        srv,
+        "stats?bucket=hour&since=24h&repository=octo/hello-world",
+    )
+    .await;
+    assert_eq!(
+        counts(&hello_stats["totals"]),
+        [4, 1, 1, 2, 2, 1],
+        "{hello_stats}"
+    );
+    let hello_families = admin_get(
+        srv,
+        "stats/families?since=24h&sort=misses&limit=1000&repository=octo/hello-world",
+    )
+    .await;
+    let node = family(&hello_families, NODE, "default_branch");
+    assert_eq!(counts(node), [2, 1, 1, 0, 1, 0], "{node}");
+    assert!(node["bytes_stored"].as_u64().unwrap() > 0, "{node}");
+    assert_eq!(node["entries"], 1, "{node}");
+    assert_eq!(
+        counts(family(&hello_families, CARGO, "default_branch")),
+        [1, 0, 0, 1, 0, 0]
+    );
+    let pip = family(&server_families, PIP, "pull_request");
+    assert_eq!(counts(pip), [1, 0, 1, 0, 1, 0], "{pip}");
+    assert_eq!(pip["repository_name"], "octo/forked", "{pip}");
+    assert!(
+        hello_families["families"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["repository_name"] == HELLO),
+        "{hello_families}"
+    );
+
+    // What chromium sees.
+    let (seen, log) = {
+        let (base, shots) = (srv.base.clone(), shots_dir());
+        tokio::task::spawn_blocking(move || {
+            node_result(
+                Command::new("node")
+                    .arg(e2e_dir().join("insight.mjs"))
+                    .env("HOARD_URL", &base)
+                    .env("HOARD_ADMIN_TOKEN", ADMIN)
+                    .env("REPOSITORY", HELLO)
+                    .env("SCREENSHOT_DIR", &shots)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .output()
+                    .unwrap(),
+            )
+        })
+        .await
+        .unwrap()
+    };
+    let overview = &seen["overview"];
+    assert_time_charts_match(overview, &server, "overview");
+    assert_family_charts_match(overview, &server_families, "overview");
+    // The points and labels of the sequence, as drawn: 24 hours, eight hour labels ending with
+    // this hour, the four scope classes, the families that stored bytes.
+    let lookups = points(overview, "chart-lookups");
+    assert_eq!(
+        (num(&lookups[22]["value"]), num(&lookups[23]["value"])),
+        (1.0, 4.0),
+        "{log}"
+    );
+    assert_eq!(
+        num(&points(overview, "chart-evictions")[22]["deleted"]),
+        1.0,
+        "{log}"
+    );
+    let hour_labels = overview["charts"]["chart-lookups"]["labels"]
+        .as_array()
+        .unwrap();
+    assert_eq!(hour_labels.len(), 8, "{hour_labels:?}");
+    let this_hour = (first_hour + 3600) % 86_400 / 3600;
+    assert_eq!(
+        hour_labels[7],
+        format!("{this_hour:02}:00"),
+        "{hour_labels:?}"
+    );
+    assert_eq!(
+        overview["charts"]["chart-stored-class"]["labels"],
+        json!(["Default branch", "Other branches", "Pull requests", "Tags"])
+    );
+    let family_labels = overview["charts"]["chart-stored-family"]["labels"].to_string();
+    for label in [format!("{NODE} · {HELLO}"), format!("{PIP} · octo/forked")] {
+        assert!(family_labels.contains(&label), "{label} in {family_labels}");
+    }
+    let legend = overview["charts"]["chart-lookups"]["legend"].to_string();
+    for text in ["Exact hits1", "Restore-key hits2", "Misses2"] {
+        assert!(legend.contains(text), "{text} in {legend}");
+    }
+    assert!(
+        overview["summary"]
+            .as_str()
+            .unwrap()
+            .contains("5 lookups, 3 hits (60.0%), 2 misses"),
+        "{}",
+        overview["summary"]
+    );
+    // Every point's numbers are also text, in the chart's table.
+    assert_eq!(
+        overview["charts"]["chart-lookups"]["numberRows"]
+            .as_array()
+            .unwrap()
+            .len(),
+        24
+    );
+
+    // The family table sorts by its header buttons, from the mouse and the keyboard.
+    let by_misses = &seen["missesAscending"];
+    assert_eq!(by_misses["sort"]["Misses"], "ascending", "{log}");
+    let misses: Vec<f64> = by_misses["families"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| num(&f["values"]["misses"]))
+        .collect();
+    assert!(misses.windows(2).all(|w| w[0] <= w[1]), "{misses:?}");
+    let by_lookups = &seen["lookupsDescending"];
+    assert_eq!(by_lookups["sort"]["Lookups"], "descending", "{log}");
+    assert_eq!(by_lookups["sort"]["Misses"], "none", "{log}");
+    let lookups: Vec<f64> = by_lookups["families"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| num(&f["values"]["lookups"]))
+        .collect();
+    assert!(lookups.windows(2).all(|w| w[0] >= w[1]), "{lookups:?}");
+    assert_eq!(
+        seen["focusedAfterSort"], "sort-lookups",
+        "focus stays on the header"
+    );
+
+    // 7 and 30 days: daily points, the same totals.
+    for (view, days) in [(&seen["week"], 7), (&seen["month"], 30)] {
+        let stats = admin_get(srv, &format!("stats?bucket=day&since={days}d")).await;
+        assert_time_charts_match(view, &stats, &format!("{days} days"));
+        assert_eq!(points(view, "chart-lookups").len(), days, "{log}");
+        let sum: f64 = points(view, "chart-lookups")
+            .iter()
+            .map(|p| num(&p["value"]))
+            .sum();
+        assert_eq!(sum, 5.0, "{days} days: {log}");
+        let families = admin_get(
+            srv,
+            &format!("stats/families?since={days}d&sort=misses&limit=1000"),
+        )
+        .await;
+        assert_family_charts_match(view, &families, &format!("{days} days"));
+    }
+
+    // The repository page: only octo/hello-world, and a way to its entries.
+    let repository = &seen["repository"];
+    assert_eq!(seen["repositoryName"], HELLO, "{log}");
+    assert_time_charts_match(repository, &hello_stats, "repository");
+    assert_family_charts_match(repository, &hello_families, "repository");
+    assert_eq!(
+        num(&points(repository, "chart-lookups")[23]["value"]),
+        3.0,
+        "{log}"
+    );
+    let family_labels = repository["charts"]["chart-stored-family"]["labels"].to_string();
+    assert!(
+        family_labels.contains(NODE) && !family_labels.contains(PIP),
+        "{family_labels}"
+    );
+    assert_eq!(seen["numbersVisible"], true, "{log}");
+    assert_eq!(seen["entriesFilter"], HELLO, "{log}");
+    let queries = seen["statsQueries"].to_string();
+    for q in [
+        "stats?bucket=hour&since=24h",
+        "stats?bucket=day&since=7d",
+        "stats?bucket=day&since=30d",
+        "stats?bucket=hour&since=24h&repository=octo%2Fhello-world",
+    ] {
+        assert!(queries.contains(q), "{q} in {queries}");
+    }
+    for shot in seen["screenshots"].as_array().unwrap() {
+        let path = Path::new(shot.as_str().unwrap());
+        assert!(
+            std::fs::metadata(path).unwrap().len() > 10_000,
+            "{}",
+            path.display()
+        );
+        eprintln!("screenshot: {}", path.display());
+    }
 }

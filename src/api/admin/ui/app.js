@@ -29,6 +29,8 @@ function formatBytes(n) {
 const numberFormat = new Intl.NumberFormat();
 const formatCount = (n) => (n == null ? '—' : numberFormat.format(n));
 const formatRatio = (r) => (r == null ? '—' : `${(r * 100).toFixed(1)}%`);
+// A share of a quota: a few bytes of 10 GiB are not "0.0%" (nothing).
+const formatShare = (r) => (r > 0 && r < 0.0005 ? '< 0.1%' : formatRatio(r));
 
 function formatDuration(seconds) {
   const s = Math.max(0, Math.floor(seconds));
@@ -136,7 +138,9 @@ function showSignIn(message) {
   $('nav').hidden = true;
   $('signout').hidden = true;
   $('overview').hidden = true;
+  $('repository').hidden = true;
   $('entries').hidden = true;
+  clearInsight();
   $('signin').hidden = false;
   setStatus('');
   $('token').focus();
@@ -161,8 +165,21 @@ $('signout').addEventListener('click', () => {
 
 // ---- Navigation -----------------------------------------------------------------------------
 
+const REPOSITORY_HASH = '#repository/';
+
 function currentView() {
-  return location.hash === '#entries' ? 'entries' : 'overview';
+  if (location.hash === '#entries') return 'entries';
+  if (location.hash.startsWith(REPOSITORY_HASH)) return 'repository';
+  return 'overview';
+}
+
+// The repository a `#repository/<name or id>` page is about.
+function currentRepository() {
+  try {
+    return decodeURIComponent(location.hash.slice(REPOSITORY_HASH.length)).trim();
+  } catch {
+    return '';
+  }
 }
 
 function route() {
@@ -175,13 +192,21 @@ function route() {
   $('nav').hidden = false;
   $('signout').hidden = false;
   $('overview').hidden = view !== 'overview';
+  $('repository').hidden = view !== 'repository';
   $('entries').hidden = view !== 'entries';
   document.querySelectorAll('#nav a').forEach((a) => {
     if (a.dataset.view === view) a.setAttribute('aria-current', 'page');
     else a.removeAttribute('aria-current');
   });
-  if (view === 'overview') loadOverview().catch(report);
-  else loadEntries().catch(report);
+  if (view === 'overview') {
+    showInsight('overview-insight', null);
+    loadOverview().catch(report);
+  } else if (view === 'repository') {
+    loadRepository(currentRepository());
+  } else {
+    $('insight').hidden = true;
+    loadEntries().catch(report);
+  }
 }
 
 window.addEventListener('hashchange', () => {
@@ -246,13 +271,12 @@ function renderUsage(usage, limits) {
   const rows = usage.repositories.map((r) => {
     const name = r.full_name || r.repository_id;
     const label = r.full_name || `id ${r.repository_id}`;
-    // The name opens the entry browser filtered to that repository.
-    const link = document.createElement('button');
-    link.type = 'button';
-    link.className = 'link';
+    // The name opens the repository's page: its charts, families and a way to its entries.
+    const link = document.createElement('a');
+    link.href = repositoryHref(name);
     link.textContent = label;
-    link.title = `Show the entries of ${label}`;
-    link.addEventListener('click', () => showRepository(name));
+    link.title = `Charts and families of ${label}`;
+    link.dataset.testid = 'repo-link';
     const size = quota
       ? `${formatBytes(r.active_caches_size_in_bytes)} (${formatRatio(r.active_caches_size_in_bytes / quota)} of quota)`
       : formatBytes(r.active_caches_size_in_bytes);
@@ -291,6 +315,627 @@ function showRepository(name) {
   query = readSearch();
   cursor = null;
   location.hash = '#entries';
+}
+
+// ---- Repository page ------------------------------------------------------------------------
+
+function repositoryHref(nameOrId) {
+  return `${REPOSITORY_HASH}${encodeURIComponent(nameOrId)}`;
+}
+
+function loadRepository(name) {
+  $('repository-name').textContent = name || '(none)';
+  $('repository-detail').textContent = '';
+  $('repository-entries').onclick = () => showRepository(name);
+  if (!name) {
+    $('insight').hidden = true;
+    setStatus('No repository given: open one from the overview.', true);
+    return;
+  }
+  showInsight('repository-insight', name);
+}
+
+// ---- Insight: charts of the statistics API --------------------------------------------------
+
+// What each period asks the API for. 7 days are days (like the families' trend), not 168 hours.
+const PERIODS = {
+  '24h': { bucket: 'hour', since: '24h', words: 'the last 24 hours', per: 'per hour' },
+  '7d': { bucket: 'day', since: '7d', words: 'the last 7 days', per: 'per day' },
+  '30d': { bucket: 'day', since: '30d', words: 'the last 30 days', per: 'per day' },
+};
+
+// Okabe–Ito colours; each series that shares a chart with others also has its own texture
+// (the patterns in index.html), and every chart has a legend with words and numbers.
+const LOOKUP_SERIES = [
+  { key: 'exact_hits', label: 'Exact hits', fill: '#0072B2' },
+  { key: 'restore_key_hits', label: 'Restore-key hits', fill: 'url(#fill-stripes-sky)' },
+  { key: 'misses', label: 'Misses', fill: 'url(#fill-cross-vermillion)' },
+];
+const CAUSES = [
+  { key: 'evicted', label: 'Evicted (quota or limit)', fill: '#E69F00' },
+  { key: 'expired', label: 'Expired (unused or too old)', fill: 'url(#fill-stripes-purple)' },
+  { key: 'quarantined', label: 'Quarantined (damaged)', fill: 'url(#fill-cross-vermillion)' },
+  { key: 'deleted', label: 'Deleted (by an operator)', fill: 'url(#fill-dots-green)' },
+];
+const SCOPE_CLASSES = [
+  { key: 'default_branch', label: 'Default branch', fill: '#0072B2' },
+  { key: 'other_branch', label: 'Other branches', fill: 'url(#fill-stripes-sky)' },
+  { key: 'pull_request', label: 'Pull requests', fill: 'url(#fill-dots-orange)' },
+  { key: 'tag', label: 'Tags', fill: 'url(#fill-cross-purple)' },
+];
+const CLASS_LABEL = Object.fromEntries(SCOPE_CLASSES.map((c) => [c.key, c.label]));
+const FAMILY_FILL = '#0072B2';
+const TOP_FAMILIES = 10; // bars in the stored-by-family chart; the rest are summed in one
+const FAMILY_ROWS = 100; // rows of the family table drawn at once
+const FAMILY_LIMIT = 1000; // the API's maximum
+
+let period = '24h';
+let insightRepository = null; // the repository the charts are about; null: the whole server
+let insightSeq = 0; // only the newest answer is drawn when periods are switched quickly
+let familyRows = [];
+let familySort = { key: 'misses', dir: 'desc' };
+
+// Puts the one set of charts into the slot of the view shown, and loads it.
+function showInsight(slot, repository) {
+  const insight = $('insight');
+  $(slot).append(insight);
+  insight.hidden = false;
+  insightRepository = repository;
+  delete insight.dataset.showing;
+  loadInsight().catch(insightFailed);
+}
+
+// Charts of another view or period must not stay up as if they were the answer; the period
+// control stays, to try another.
+function insightFailed(err) {
+  if (!(err instanceof SignedOut)) clearCharts();
+  report(err);
+}
+
+function clearInsight() {
+  insightSeq++;
+  $('insight').hidden = true;
+  clearCharts();
+}
+
+function clearCharts() {
+  delete $('insight').dataset.showing;
+  $('insight-summary').textContent = '';
+  document.querySelectorAll('#insight .plot, #insight .legend, #insight .numbers, #insight [data-role="note"]')
+    .forEach((el) => el.replaceChildren());
+  $('family-table').querySelector('thead tr').replaceChildren();
+  $('family-table').querySelector('tbody').replaceChildren();
+  $('family-caption').textContent = '';
+}
+
+document.querySelectorAll('input[name="period"]').forEach((input) => {
+  input.addEventListener('change', () => {
+    if (!input.checked) return;
+    period = input.value;
+    loadInsight().catch(insightFailed);
+  });
+});
+
+async function loadInsight() {
+  const p = PERIODS[period];
+  const stats = new URLSearchParams({ bucket: p.bucket, since: p.since });
+  const families = new URLSearchParams({ since: p.since, sort: 'misses', limit: String(FAMILY_LIMIT) });
+  if (insightRepository) {
+    stats.set('repository', insightRepository);
+    families.set('repository', insightRepository);
+  }
+  const seq = ++insightSeq;
+  const $insight = $('insight');
+  $insight.setAttribute('aria-busy', 'true');
+  try {
+    const [series, fams] = await Promise.all([api(`stats?${stats}`), api(`stats/families?${families}`)]);
+    if (seq !== insightSeq) return;
+    renderInsight(series, fams, p);
+    // What the charts show now, for whoever waits on them (a test, a screen reader's busy state).
+    $insight.dataset.showing = `${insightRepository || ''}|${period}`;
+  } finally {
+    if (seq === insightSeq) $insight.removeAttribute('aria-busy');
+  }
+}
+
+function renderInsight(stats, fams, p) {
+  const t = stats.totals;
+  const hits = t.exact_hits + t.restore_key_hits;
+  const evictions = t.evictions === 1 ? '1 eviction' : `${formatCount(t.evictions)} evictions`;
+  $('insight-summary').textContent = `In ${p.words}: ${formatCount(t.lookups)} lookups, `
+    + `${formatCount(hits)} hits (${formatRatio(t.lookups ? hits / t.lookups : null)}), `
+    + `${formatCount(t.misses)} misses; ${formatCount(t.saves)} saves (${formatBytes(t.bytes_saved)}); ${evictions}.`;
+  if (insightRepository) {
+    const named = fams.families.find((f) => f.repository_name);
+    if (named) $('repository-name').textContent = named.repository_name;
+    $('repository-detail').textContent = fams.quota_bytes
+      ? `${formatBytes(fams.stored_bytes)} stored of its ${formatBytes(fams.quota_bytes)} quota (${formatShare(fams.stored_bytes / fams.quota_bytes)})`
+      : `${formatBytes(fams.stored_bytes)} stored`;
+  }
+  const points = stats.series;
+  renderHitRatio(points, stats.bucket, p);
+  renderLookups(points, stats.bucket, p);
+  renderEvictions(points, stats.bucket, p);
+  renderStoredByFamily(fams);
+  renderStoredByClass(fams);
+  familyRows = fams.families;
+  renderFamilyTable();
+}
+
+// ---- Chart drawing -------------------------------------------------------------------------
+
+const SVG_NS = 'http://www.w3.org/2000/svg';
+
+// An SVG element with attributes (null ones left out) and children (strings become text).
+function svg(name, attrs = {}, ...children) {
+  const el = document.createElementNS(SVG_NS, name);
+  for (const [k, v] of Object.entries(attrs)) if (v != null) el.setAttribute(k, String(v));
+  el.append(...children);
+  return el;
+}
+
+const svgTitle = (text) => svg('title', {}, text);
+
+// The chart's parts, by its data-testid: drawing, legend, numbers table and a note.
+function chartParts(testid) {
+  const fig = document.querySelector(`[data-testid="${testid}"]`);
+  return {
+    plot: fig.querySelector('.plot'),
+    legend: fig.querySelector('.legend'),
+    numbers: fig.querySelector('.numbers'),
+    note: fig.querySelector('[data-role="note"]'),
+  };
+}
+
+// A small square painted like a series, for legends.
+function swatch(fill) {
+  return svg('svg', { class: 'swatch', viewBox: '0 0 14 14', width: 14, height: 14, 'aria-hidden': 'true' },
+    svg('rect', { width: 14, height: 14, rx: 2, fill, stroke: '#1f2328', 'stroke-width': 0.6 }));
+}
+
+function legend(el, items) {
+  el.replaceChildren(...items.map(({ fill, label, value }) => {
+    const li = document.createElement('li');
+    const name = document.createElement('span');
+    name.textContent = label;
+    const num = document.createElement('span');
+    num.className = 'legend-value';
+    num.textContent = value;
+    li.append(swatch(fill), name, num);
+    return li;
+  }));
+}
+
+// A table of the numbers a chart draws, for reading and for screen readers.
+function numbersTable(el, headers, rows) {
+  const table = document.createElement('table');
+  table.className = 'numbers-table';
+  const head = document.createElement('tr');
+  headers.forEach((h, i) => {
+    const th = document.createElement('th');
+    th.scope = 'col';
+    th.textContent = h;
+    if (i > 0) th.className = 'num';
+    head.append(th);
+  });
+  const thead = document.createElement('thead');
+  thead.append(head);
+  const tbody = document.createElement('tbody');
+  tbody.append(...rows.map((cells) => {
+    const tr = document.createElement('tr');
+    cells.forEach((c, i) => tr.append(cell(c, i > 0 ? 'num' : '')));
+    return tr;
+  }));
+  table.append(thead, tbody);
+  el.replaceChildren(table);
+}
+
+// Bucket starts are UTC (the server's hours and days); so are the labels.
+const hourFormat = new Intl.DateTimeFormat(undefined, { timeZone: 'UTC', hour: '2-digit', minute: '2-digit', hourCycle: 'h23' });
+const dayFormat = new Intl.DateTimeFormat(undefined, { timeZone: 'UTC', day: 'numeric', month: 'short' });
+const hourTitleFormat = new Intl.DateTimeFormat(undefined, { timeZone: 'UTC', dateStyle: 'medium', timeStyle: 'short' });
+const dayTitleFormat = new Intl.DateTimeFormat(undefined, { timeZone: 'UTC', dateStyle: 'medium' });
+
+const bucketLabel = (start, bucket) => (bucket === 'hour' ? hourFormat : dayFormat).format(new Date(start));
+const bucketTitle = (start, bucket) => (bucket === 'hour'
+  ? `${hourTitleFormat.format(new Date(start))} UTC, 1 hour`
+  : `${dayTitleFormat.format(new Date(start))} (UTC day)`);
+
+const W = 560; // a chart's drawing width (its viewBox); the page scales it to the card
+const WIDE = 1150; // the same for a chart across the page
+const PLOT = { top: 12, right: 12, bottom: 26, left: 46, height: 200 };
+
+// Round steps for an axis up to at least `max`: 0, step, 2·step, …
+function niceTicks(max, integer) {
+  if (!(max > 0)) return integer ? [0, 1] : [0, 0.5, 1];
+  const rough = max / 4;
+  const mag = 10 ** Math.floor(Math.log10(rough));
+  let step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= rough);
+  if (integer) step = Math.max(1, Math.round(step));
+  const ticks = [];
+  for (let v = 0; v < max + step; v += step) {
+    ticks.push(v);
+    if (v >= max) break;
+  }
+  return ticks;
+}
+
+// The frame of a time chart over `n` buckets: axes, grid lines and bucket labels.
+function timeFrame(points, bucket, ticks, formatTick) {
+  const n = points.length;
+  const innerW = W - PLOT.left - PLOT.right;
+  const innerH = PLOT.height - PLOT.top - PLOT.bottom;
+  const band = innerW / Math.max(1, n);
+  const top = ticks[ticks.length - 1];
+  const y = (v) => PLOT.top + innerH - (v / top) * innerH;
+  const x = (i) => PLOT.left + i * band;
+  const grid = svg('g', { class: 'axis', 'aria-hidden': 'true' });
+  for (const t of ticks) {
+    grid.append(
+      svg('line', { x1: PLOT.left, x2: W - PLOT.right, y1: y(t), y2: y(t), class: t === 0 ? 'baseline' : 'grid' }),
+      svg('text', { x: PLOT.left - 6, y: y(t) + 4, 'text-anchor': 'end' }, formatTick(t)),
+    );
+  }
+  // At most about eight labels, the newest bucket always among them.
+  const every = Math.ceil(n / 8);
+  points.forEach((pt, i) => {
+    if ((n - 1 - i) % every !== 0) return;
+    grid.append(svg('text', { x: x(i) + band / 2, y: PLOT.height - 8, 'text-anchor': 'middle' }, bucketLabel(pt.start, bucket)));
+  });
+  return { band, x, y, grid, innerH };
+}
+
+function chartSvg(label, height, ...children) {
+  return wideSvg(W, label, height, ...children);
+}
+
+function wideSvg(width, label, height, ...children) {
+  return svg('svg', { viewBox: `0 0 ${width} ${height}`, role: 'img', 'aria-label': label, class: 'chart-svg' }, ...children);
+}
+
+// Stacked bars per bucket of the `series` keys of each point (`read(point)` gives the values).
+function stackedBars(points, bucket, series, read, describe) {
+  const values = points.map(read);
+  const totals = values.map((v) => series.reduce((sum, s) => sum + (v[s.key] || 0), 0));
+  const ticks = niceTicks(Math.max(0, ...totals), true);
+  const f = timeFrame(points, bucket, ticks, formatCount);
+  const bars = svg('g');
+  points.forEach((pt, i) => {
+    const g = svg('g', { 'data-point': '', 'data-start': pt.start, 'data-value': totals[i] });
+    for (const s of series) g.setAttribute(`data-${s.key.replace(/_/g, '-')}`, values[i][s.key] || 0);
+    g.append(svgTitle(`${bucketTitle(pt.start, bucket)}: ${describe(values[i], totals[i])}`));
+    // The whole band answers the pointer, so empty buckets have a tooltip too.
+    g.append(svg('rect', { x: f.x(i), y: PLOT.top, width: f.band, height: f.innerH, class: 'hover' }));
+    const w = Math.max(1, f.band * 0.72);
+    let base = 0;
+    for (const s of series) {
+      const v = values[i][s.key] || 0;
+      if (v > 0) {
+        g.append(svg('rect', {
+          x: f.x(i) + (f.band - w) / 2, y: f.y(base + v), width: w, height: f.y(base) - f.y(base + v),
+          fill: s.fill, class: 'bar',
+        }));
+      }
+      base += v;
+    }
+    bars.append(g);
+  });
+  return { grid: f.grid, bars, totals };
+}
+
+function renderLookups(points, bucket, p) {
+  const parts = chartParts('chart-lookups');
+  const describe = (v, total) => `${formatCount(total)} lookups: ${formatCount(v.exact_hits)} exact hits, `
+    + `${formatCount(v.restore_key_hits)} restore-key hits, ${formatCount(v.misses)} misses`;
+  const { grid, bars } = stackedBars(points, bucket, LOOKUP_SERIES, (pt) => pt, describe);
+  const sum = (key) => points.reduce((s, pt) => s + pt[key], 0);
+  parts.plot.replaceChildren(chartSvg(`Lookups ${p.per} over ${p.words}, stacked: exact hits, restore-key hits, misses`, PLOT.height, grid, bars));
+  parts.note.textContent = `Lookups ${p.per}, hits below, misses on top.`;
+  legend(parts.legend, LOOKUP_SERIES.map((s) => ({ ...s, value: formatCount(sum(s.key)) })));
+  numbersTable(parts.numbers, ['Start (UTC)', 'Lookups', 'Exact hits', 'Restore-key hits', 'Misses'],
+    points.map((pt) => [bucketTitle(pt.start, bucket), formatCount(pt.lookups), formatCount(pt.exact_hits),
+      formatCount(pt.restore_key_hits), formatCount(pt.misses)]));
+}
+
+function renderEvictions(points, bucket, p) {
+  const parts = chartParts('chart-evictions');
+  const describe = (v, total) => `${formatCount(total)} evictions: `
+    + CAUSES.map((c) => `${formatCount(v[c.key] || 0)} ${c.key}`).join(', ');
+  const read = (pt) => pt.evictions_by_cause || {};
+  const { grid, bars } = stackedBars(points, bucket, CAUSES, read, describe);
+  const sum = (key) => points.reduce((s, pt) => s + (read(pt)[key] || 0), 0);
+  parts.plot.replaceChildren(chartSvg(`Evictions ${p.per} over ${p.words}, stacked by cause`, PLOT.height, grid, bars));
+  parts.note.textContent = `Entries removed ${p.per}, by why they went.`;
+  legend(parts.legend, CAUSES.map((c) => ({ ...c, value: formatCount(sum(c.key)) })));
+  numbersTable(parts.numbers, ['Start (UTC)', 'Evictions', ...CAUSES.map((c) => c.label)],
+    points.map((pt) => [bucketTitle(pt.start, bucket), formatCount(pt.evictions),
+      ...CAUSES.map((c) => formatCount(read(pt)[c.key] || 0))]));
+}
+
+const hitRatioOf = (pt) => (pt.lookups ? (pt.exact_hits + pt.restore_key_hits) / pt.lookups : null);
+
+function renderHitRatio(points, bucket, p) {
+  const parts = chartParts('chart-hit-ratio');
+  const ratios = points.map(hitRatioOf);
+  const f = timeFrame(points, bucket, [0, 0.25, 0.5, 0.75, 1], (t) => `${t * 100}%`);
+  const cx = (i) => f.x(i) + f.band / 2;
+  // The line breaks where a bucket had no lookups: there is no ratio to draw there.
+  let d = '';
+  ratios.forEach((r, i) => {
+    if (r == null) return;
+    d += `${i > 0 && ratios[i - 1] != null ? 'L' : 'M'}${cx(i).toFixed(1)} ${f.y(r).toFixed(1)}`;
+  });
+  const marks = svg('g');
+  marks.append(svg('path', { d, class: 'line', fill: 'none', stroke: '#0072B2', 'stroke-width': 2.5 }));
+  points.forEach((pt, i) => {
+    const r = ratios[i];
+    const g = svg('g', { 'data-point': '', 'data-start': pt.start, 'data-value': r == null ? '' : r, 'data-lookups': pt.lookups });
+    const text = r == null ? 'no lookups' : `${formatRatio(r)} of ${formatCount(pt.lookups)} lookups`;
+    g.append(svgTitle(`${bucketTitle(pt.start, bucket)}: ${text}`));
+    g.append(svg('rect', { x: f.x(i), y: PLOT.top, width: f.band, height: f.innerH, class: 'hover' }));
+    if (r != null) g.append(svg('circle', { cx: cx(i), cy: f.y(r), r: 4, fill: '#0072B2', stroke: '#fff', 'stroke-width': 1.5 }));
+    marks.append(g);
+  });
+  const lookups = points.reduce((s, pt) => s + pt.lookups, 0);
+  const hits = points.reduce((s, pt) => s + pt.exact_hits + pt.restore_key_hits, 0);
+  const overall = lookups ? hits / lookups : null;
+  parts.plot.replaceChildren(chartSvg(`Hit ratio ${p.per} over ${p.words}; ${formatRatio(overall)} overall`, PLOT.height, f.grid, marks));
+  parts.note.textContent = `Hits (exact and restore-key) per lookup, ${p.per}; gaps: no lookups.`;
+  legend(parts.legend, [{ fill: '#0072B2', label: `Hit ratio over ${p.words}`, value: formatRatio(overall) }]);
+  numbersTable(parts.numbers, ['Start (UTC)', 'Hit ratio', 'Lookups'],
+    points.map((pt, i) => [bucketTitle(pt.start, bucket), formatRatio(ratios[i]), formatCount(pt.lookups)]));
+}
+
+// Horizontal bars, one per row ({key, label, title, value, fill}), on a scale up to `scaleMax`;
+// `quota` (or null) adds each bar's share of it and, when it is the scale, a line at its end.
+function barRows(rows, scaleMax, quota, { width = W, labelW = 210, mono = false } = {}) {
+  const rowH = 26;
+  const valueW = 130;
+  const top = quota && scaleMax === quota ? 18 : 4;
+  const height = top + rows.length * rowH + 4;
+  const x0 = labelW + 8;
+  const barMax = width - x0 - valueW;
+  const maxChars = Math.floor(labelW / (mono ? 7.3 : 6.6));
+  const g = svg('g');
+  rows.forEach((row, i) => {
+    const y = top + i * rowH;
+    const w = scaleMax > 0 ? (row.value / scaleMax) * barMax : 0;
+    const share = quota ? ` · ${formatShare(row.value / quota)}` : '';
+    const label = row.label.length > maxChars ? `${row.label.slice(0, maxChars - 1)}…` : row.label;
+    const p = svg('g', { 'data-point': '', 'data-label': row.key, 'data-value': row.value });
+    p.append(
+      svgTitle(`${row.title || row.label}: ${formatBytes(row.value)}${quota ? ` (${formatShare(row.value / quota)} of the quota)` : ''}`),
+      svg('rect', { x: 0, y, width, height: rowH, class: 'hover' }),
+      svg('text', { x: labelW, y: y + 17, 'text-anchor': 'end', class: mono ? 'bar-label mono' : 'bar-label' }, label),
+      svg('rect', { x: x0, y: y + 5, width: barMax, height: rowH - 10, class: 'track' }),
+      svg('rect', { x: x0, y: y + 5, width: row.value > 0 ? Math.max(2, w) : 0, height: rowH - 10, fill: row.fill, class: 'bar' }),
+      svg('text', { x: x0 + barMax + 6, y: y + 17, class: 'bar-value' }, `${formatBytes(row.value)}${share}`),
+    );
+    g.append(p);
+  });
+  if (top > 4) {
+    g.append(
+      svg('line', { x1: x0 + barMax, x2: x0 + barMax, y1: 12, y2: height, class: 'quota' }),
+      svg('text', { x: x0 + barMax, y: 10, 'text-anchor': 'end', class: 'bar-value' }, `quota ${formatBytes(quota)}`),
+    );
+  }
+  return { g, height };
+}
+
+const quotaNote = (fams) => (fams.quota_bytes
+  ? `${formatBytes(fams.stored_bytes)} stored of ${formatBytes(fams.quota_bytes)} (${formatShare(fams.stored_bytes / fams.quota_bytes)}).`
+  : `${formatBytes(fams.stored_bytes)} stored; no limit for the whole server.`);
+
+// The bytes of each family (its scope classes together), largest first; the rest in one bar.
+function renderStoredByFamily(fams) {
+  const parts = chartParts('chart-stored-family');
+  const byFamily = new Map();
+  for (const f of fams.families) {
+    const id = `${f.repository}\u0000${f.family}`;
+    const seen = byFamily.get(id) || { family: f.family, repository: f.repository_name || f.repository, value: 0 };
+    seen.value += f.bytes_stored;
+    byFamily.set(id, seen);
+  }
+  const all = [...byFamily.values()].filter((f) => f.value > 0).sort((a, b) => b.value - a.value);
+  const serverWide = !insightRepository;
+  const rows = all.slice(0, TOP_FAMILIES).map((f) => ({
+    key: f.family,
+    label: serverWide ? `${f.family} · ${f.repository}` : f.family,
+    title: serverWide ? `${f.family} (${f.repository})` : f.family,
+    value: f.value,
+    fill: FAMILY_FILL,
+  }));
+  const rest = all.slice(TOP_FAMILIES);
+  if (rest.length) {
+    rows.push({ key: '', label: `${rest.length} more families`, value: rest.reduce((s, f) => s + f.value, 0), fill: 'url(#fill-stripes-sky)' });
+  }
+  if (rows.length === 0) {
+    parts.plot.replaceChildren(emptyNote('No family has stored bytes.'));
+  } else {
+    const largest = rows.reduce((m, r) => Math.max(m, r.value), 0);
+    const { g, height } = barRows(rows, largest, fams.quota_bytes, { width: WIDE, labelW: 420, mono: true });
+    parts.plot.replaceChildren(wideSvg(WIDE, `Bytes stored by family, largest first. ${quotaNote(fams)}`, height, g));
+  }
+  parts.note.textContent = `${quotaNote(fams)} Bars compare families with each other${fams.quota_bytes ? '; the share is of the quota' : ''}.`;
+  parts.legend.replaceChildren();
+  numbersTable(parts.numbers, serverWide ? ['Family', 'Repository', 'Stored'] : ['Family', 'Stored'],
+    all.map((f) => (serverWide ? [f.family, String(f.repository), formatBytes(f.value)] : [f.family, formatBytes(f.value)])));
+}
+
+// The bytes of each scope class against the quota (the scale is the quota when there is one).
+function renderStoredByClass(fams) {
+  const parts = chartParts('chart-stored-class');
+  const bytes = Object.fromEntries(SCOPE_CLASSES.map((c) => [c.key, 0]));
+  for (const f of fams.families) bytes[f.scope_class] = (bytes[f.scope_class] || 0) + f.bytes_stored;
+  const rows = SCOPE_CLASSES.map((c) => ({ key: c.key, label: c.label, value: bytes[c.key], fill: c.fill }));
+  const largest = rows.reduce((m, r) => Math.max(m, r.value), 0);
+  const scale = fams.quota_bytes ? Math.max(fams.quota_bytes, largest) : largest;
+  const { g, height } = barRows(rows, scale, fams.quota_bytes);
+  parts.plot.replaceChildren(chartSvg(`Bytes stored by scope class. ${quotaNote(fams)}`, height, g));
+  parts.note.textContent = fams.quota_bytes
+    ? `${quotaNote(fams)} Bars are drawn against the quota.`
+    : quotaNote(fams);
+  parts.legend.replaceChildren();
+  numbersTable(parts.numbers, ['Scope class', 'Stored'], rows.map((r) => [r.label, formatBytes(r.value)]));
+}
+
+function emptyNote(text) {
+  const p = document.createElement('p');
+  p.className = 'muted empty';
+  p.textContent = text;
+  return p;
+}
+
+// ---- Family table ---------------------------------------------------------------------------
+
+const familyHits = (f) => f.exact_hits + f.restore_key_hits;
+const FAMILY_COLUMNS = [
+  { key: 'family', label: 'Family', text: true, value: (f) => f.family.toLowerCase() },
+  { key: 'repository', label: 'Repository', text: true, serverOnly: true, value: (f) => String(f.repository_name || f.repository).toLowerCase() },
+  { key: 'scope_class', label: 'Scope class', text: true, value: (f) => CLASS_LABEL[f.scope_class] || f.scope_class },
+  { key: 'lookups', label: 'Lookups', value: (f) => f.lookups },
+  { key: 'hits', label: 'Hits', value: familyHits },
+  { key: 'misses', label: 'Misses', value: (f) => f.misses },
+  { key: 'hit_ratio', label: 'Hit ratio', value: (f) => (f.hit_ratio == null ? -1 : f.hit_ratio) },
+  { key: 'bytes_stored', label: 'Stored', value: (f) => f.bytes_stored },
+  { key: 'entries', label: 'Entries', value: (f) => f.entries },
+  { key: 'trend', label: 'Trend', unsortable: true },
+];
+
+function familyColumns() {
+  return FAMILY_COLUMNS.filter((c) => !(c.serverOnly && insightRepository));
+}
+
+function sortFamilies(rows) {
+  const col = FAMILY_COLUMNS.find((c) => c.key === familySort.key);
+  const sign = familySort.dir === 'asc' ? 1 : -1;
+  return [...rows].sort((a, b) => {
+    const va = col.value(a);
+    const vb = col.value(b);
+    const byCol = col.text ? va.localeCompare(vb) : va - vb;
+    // Ties: more lookups first, then by name, so the order is stable.
+    return sign * byCol || b.lookups - a.lookups || a.family.localeCompare(b.family);
+  });
+}
+
+function renderFamilyTable() {
+  const table = $('family-table');
+  const columns = familyColumns();
+  const head = table.querySelector('thead tr');
+  head.replaceChildren(...columns.map((c) => {
+    const th = document.createElement('th');
+    th.scope = 'col';
+    if (!c.text && !c.unsortable) th.className = 'num';
+    if (c.unsortable) {
+      th.textContent = c.label;
+      return th;
+    }
+    const active = familySort.key === c.key;
+    th.setAttribute('aria-sort', active ? (familySort.dir === 'asc' ? 'ascending' : 'descending') : 'none');
+    const button = document.createElement('button');
+    button.type = 'button';
+    button.className = 'sort';
+    button.dataset.testid = `sort-${c.key.replace(/_/g, '-')}`;
+    const arrow = document.createElement('span');
+    arrow.setAttribute('aria-hidden', 'true');
+    arrow.textContent = active ? (familySort.dir === 'asc' ? ' ▲' : ' ▼') : '';
+    button.append(c.label, arrow);
+    button.addEventListener('click', () => {
+      // The active column turns round; another starts with the most (or A) first.
+      familySort = active
+        ? { key: c.key, dir: familySort.dir === 'asc' ? 'desc' : 'asc' }
+        : { key: c.key, dir: c.text ? 'asc' : 'desc' };
+      renderFamilyTable();
+      table.querySelector(`[data-testid="${button.dataset.testid}"]`).focus();
+    });
+    th.append(button);
+    return th;
+  }));
+
+  const sorted = sortFamilies(familyRows);
+  const shown = sorted.slice(0, FAMILY_ROWS);
+  const tbody = table.querySelector('tbody');
+  if (shown.length === 0) {
+    const td = cell(`No lookups or saves in ${PERIODS[period].words}.`, 'muted');
+    td.colSpan = columns.length;
+    const tr = document.createElement('tr');
+    tr.append(td);
+    tbody.replaceChildren(tr);
+  } else {
+    tbody.replaceChildren(...shown.map((f) => familyRow(f, columns)));
+  }
+  const sortedBy = FAMILY_COLUMNS.find((c) => c.key === familySort.key).label.toLowerCase();
+  const capped = familyRows.length >= FAMILY_LIMIT ? ` (the ${FAMILY_LIMIT} with the most misses)` : '';
+  $('family-caption').textContent = sorted.length > shown.length
+    ? `The first ${shown.length} of ${formatCount(sorted.length)} families${capped}, by ${sortedBy}`
+    : `${formatCount(sorted.length)} ${sorted.length === 1 ? 'family' : 'families'}, by ${sortedBy}`;
+}
+
+function familyRow(f, columns) {
+  const tr = document.createElement('tr');
+  tr.dataset.testid = 'family-row';
+  tr.dataset.family = f.family;
+  tr.dataset.scopeClass = f.scope_class;
+  tr.dataset.repository = String(f.repository);
+  const cells = {
+    family: () => cell(f.family, 'key'),
+    repository: () => {
+      const a = document.createElement('a');
+      a.href = repositoryHref(f.repository_name || f.repository);
+      a.textContent = f.repository_name || `id ${f.repository}`;
+      return cell(a);
+    },
+    scope_class: () => cell(CLASS_LABEL[f.scope_class] || f.scope_class, 'nowrap'),
+    lookups: () => cell(formatCount(f.lookups), 'num'),
+    hits: () => {
+      const td = cell(formatCount(familyHits(f)), 'num');
+      td.title = `${formatCount(f.exact_hits)} exact, ${formatCount(f.restore_key_hits)} by a restore key`;
+      return td;
+    },
+    misses: () => cell(formatCount(f.misses), 'num'),
+    hit_ratio: () => cell(formatRatio(f.hit_ratio), 'num'),
+    bytes_stored: () => cell(formatBytes(f.bytes_stored), 'num'),
+    entries: () => cell(formatCount(f.entries), 'num'),
+    trend: () => cell(sparkline(f.trend)),
+  };
+  tr.append(...columns.map((c) => {
+    const td = cells[c.key]();
+    td.dataset.col = c.key;
+    const col = FAMILY_COLUMNS.find((x) => x.key === c.key);
+    if (!col.text && !col.unsortable) td.dataset.value = String(c.key === 'hit_ratio' ? (f.hit_ratio ?? '') : col.value(f));
+    return td;
+  }));
+  return tr;
+}
+
+// A family's lookups per bucket as tiny bars: hits below, misses (textured) on top.
+function sparkline(trend) {
+  const lookups = trend.lookups || [];
+  const n = lookups.length;
+  const w = 120;
+  const h = 26;
+  const band = w / Math.max(1, n);
+  const top = Math.max(1, ...lookups);
+  const y = (v) => h - 1 - (v / top) * (h - 3);
+  const misses = trend.misses || [];
+  const hits = trend.hits || [];
+  const words = PERIODS[period].per;
+  const el = svg('svg', {
+    viewBox: `0 0 ${w} ${h}`, width: w, height: h, class: 'sparkline', role: 'img', 'data-testid': 'sparkline',
+    'aria-label': `Lookups ${words}: ${lookups.join(', ')}; misses: ${misses.join(', ')}`,
+  });
+  el.append(svg('line', { x1: 0, x2: w, y1: h - 0.5, y2: h - 0.5, class: 'baseline' }));
+  lookups.forEach((v, i) => {
+    const g = svg('g', { 'data-point': '', 'data-value': v, 'data-hits': hits[i] || 0, 'data-misses': misses[i] || 0 });
+    g.append(svgTitle(`${formatCount(v)} lookups, ${formatCount(misses[i] || 0)} misses`));
+    const bw = Math.max(1, band - 1);
+    const hit = hits[i] || 0;
+    const miss = misses[i] || 0;
+    if (hit > 0) g.append(svg('rect', { x: i * band, y: y(hit), width: bw, height: y(0) - y(hit), fill: '#0072B2' }));
+    if (miss > 0) g.append(svg('rect', { x: i * band, y: y(hit + miss), width: bw, height: y(hit) - y(hit + miss), fill: 'url(#fill-cross-vermillion)' }));
+    el.append(g);
+  });
+  return el;
 }
 
 // ---- Entries --------------------------------------------------------------------------------
