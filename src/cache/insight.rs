@@ -237,23 +237,19 @@ impl Cache {
                 })
         });
         families.truncate(limit.min(MAX_FAMILY_ROWS));
-        let mut names = HashMap::<RepoId, String>::new();
-        if let Some((id, name)) = &repository {
-            names.insert(id.clone(), name.clone());
-        }
+        // Names: the one repository asked for, else every repository's in one query.
+        let names: HashMap<RepoId, String> = match &repository {
+            Some((id, name)) => HashMap::from([(id.clone(), name.clone())]),
+            None => self
+                .meta
+                .repositories(None, usize::MAX >> 1)
+                .await?
+                .into_iter()
+                .map(|r| (r.repository, r.name))
+                .collect(),
+        };
         for line in &mut families {
-            if !names.contains_key(&line.repository) {
-                let name = match self
-                    .meta
-                    .repositories(Some(line.repository.as_str()), 1)
-                    .await
-                {
-                    Ok(found) => found.into_iter().next().map(|r| r.name).unwrap_or_default(),
-                    Err(_) => String::new(),
-                };
-                names.insert(line.repository.clone(), name);
-            }
-            line.repository_name = names[&line.repository].clone();
+            line.repository_name = names.get(&line.repository).cloned().unwrap_or_default();
         }
         let limits = &self.policy.lifecycle;
         Ok(FamilyTable {
