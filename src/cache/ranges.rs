@@ -23,13 +23,16 @@ impl Cache {
         who: &Identity,
         id: UploadId,
     ) -> Result<LinkedUpload, CacheError> {
-        let write_scope = who.write_scope.as_ref().ok_or(CacheError::WriteDenied)?;
-        self.check_write_policy(who, write_scope)?;
+        self.check_writer(who)?;
         let linked = self.upload(id).await?;
-        if linked.upload.repository != who.repository || &linked.upload.scope != write_scope {
-            return Err(CacheError::UploadNotFound);
-        }
+        writes_to(who, &linked.upload)?;
         Ok(linked)
+    }
+
+    /// Refuses a write unless the token has a write scope the write policy allows.
+    fn check_writer(&self, who: &Identity) -> Result<(), CacheError> {
+        let write_scope = who.write_scope.as_ref().ok_or(CacheError::WriteDenied)?;
+        self.check_write_policy(who, write_scope)
     }
 
     /// `PATCH caches/{id}`: stores bytes `[start, start + len)` of the upload. A retried range
@@ -46,10 +49,11 @@ impl Cache {
         if start.saturating_add(len) > max {
             return Err(CacheError::TooLarge(max));
         }
-        let linked = self.writable_upload(who, id).await?;
-        Self::accepts_data(&linked.upload)?;
-        self.stage_block(&linked, BlockId::range(start), body, Some(len))
-            .await
+        self.check_writer(who)?;
+        let block = BlockId::range(start);
+        let target = self.block_target(id, &block).await?;
+        writes_to(who, &target.upload)?;
+        self.stage_block(&target, block, body, Some(len)).await
     }
 
     /// `POST caches/{id}`: the ranges must tile `[0, size)`; they become the entry. Ranges that
@@ -146,6 +150,15 @@ impl Cache {
         }
         Ok(open)
     }
+}
+
+/// Anyone else's upload (another repository, or a scope `who` does not write) is not found,
+/// so ids reveal nothing.
+fn writes_to(who: &Identity, upload: &Upload) -> Result<(), CacheError> {
+    if upload.repository != who.repository || Some(&upload.scope) != who.write_scope.as_ref() {
+        return Err(CacheError::UploadNotFound);
+    }
+    Ok(())
 }
 
 /// The slot an upload was reserved for.

@@ -11,7 +11,7 @@ use super::upload::{self, Finalizing, Reservation, Staging};
 use super::{audit, retry_stale, Cache, CacheError, ForgetIfDropped};
 use crate::auth::{Identity, LinkTarget};
 use crate::blob::BlobError;
-use crate::meta::{MetaError, NewEntry, NewUpload};
+use crate::meta::{BlockState, MetaError, NewEntry, NewUpload};
 use crate::model::{
     entry_digest, BlobName, BlockId, BlockRef, ByteStream, CacheKey, Clipped, EntryId, Millis,
     Provenance, Slot, Upload, UploadBlocks, UploadId, Version,
@@ -22,7 +22,16 @@ use crate::model::{RefClass, ScopeClass};
 #[derive(Debug, Clone)]
 pub struct LinkedUpload {
     pub upload: Upload,
-    blocks: UploadBlocks,
+    pub(super) blocks: UploadBlocks,
+}
+
+/// An upload as a Put Block found it: the upload, what its staged blocks add up to and the
+/// staged copy of the block being put, not the other blocks (the cost of a Put Block does not
+/// grow with the upload).
+#[derive(Debug, Clone)]
+pub struct BlockTarget {
+    pub upload: Upload,
+    pub(super) state: BlockState,
 }
 
 impl Cache {
@@ -103,8 +112,12 @@ impl Cache {
         body: ByteStream,
         declared_len: Option<u64>,
     ) -> Result<(), CacheError> {
-        let linked = self.linked_upload(link).await?;
-        self.stage_block(&linked, block, body, declared_len).await
+        let target = match self.block_target(link.id, &block).await {
+            Ok(target) if target.upload.created_at == link.created_at => target,
+            Ok(_) | Err(CacheError::UploadNotFound) => return Err(CacheError::NoSuchLink),
+            Err(e) => return Err(e),
+        };
+        self.stage_block(&target, block, body, declared_len).await
     }
 
     /// Put Block List through a signed upload link. `list` reads the list from the request
@@ -142,6 +155,20 @@ impl Cache {
         Ok(LinkedUpload { upload, blocks })
     }
 
+    /// The upload `id`, in whatever state, as a Put Block of `block` decides on it.
+    pub(super) async fn block_target(
+        &self,
+        id: UploadId,
+        block: &BlockId,
+    ) -> Result<BlockTarget, CacheError> {
+        let (upload, state) = self
+            .meta
+            .block_state(id, block)
+            .await?
+            .ok_or(CacheError::UploadNotFound)?;
+        Ok(BlockTarget { upload, state })
+    }
+
     /// The state attempt `attempt` decides on: the one loaded with the link at first, a fresh
     /// one after a stale refusal.
     pub(super) async fn decide_on(
@@ -166,29 +193,38 @@ impl Cache {
     }
 
     /// Stores one block of a loaded upload; a retried block id replaces the earlier copy.
+    /// `target` was loaded for this block; a stale refusal loads it again.
     pub(super) async fn stage_block(
         &self,
-        linked: &LinkedUpload,
+        target: &BlockTarget,
         block: BlockId,
         body: ByteStream,
         declared_len: Option<u64>,
     ) -> Result<(), CacheError> {
-        Self::accepts_data(&linked.upload)?;
+        Self::accepts_data(&target.upload)?;
         let max = self.policy.max_entry_size;
         // Refused before the body is read when the link's state already says so.
-        if let Some(refused) =
-            upload::refused_before_body(&linked.blocks, &block, declared_len, max)
-        {
+        if let Some(refused) = upload::refused_before_body(&target.state, declared_len, max) {
             staged_or_refused(refused, max)?;
         }
         let name = BlobName::random();
-        let chunk = self.store_chunk(linked, &name, body, declared_len).await?;
+        let chunk = self
+            .store_chunk(&target.upload, &name, body, declared_len)
+            .await?;
         let (block, chunk) = (&block, &chunk);
         let recorded = retry_stale(|attempt| async move {
-            let (upload, blocks) = self.decide_on(linked, attempt).await?;
-            let garbage = staged_or_refused(upload::decide_stage(&blocks, block, chunk, max), max)?;
+            let fresh;
+            let decided_on = if attempt == 0 {
+                target
+            } else {
+                fresh = self.block_target(target.upload.id, block).await?;
+                Self::accepts_data(&fresh.upload)?;
+                &fresh
+            };
+            let (upload, state) = (&decided_on.upload, &decided_on.state);
+            let garbage = staged_or_refused(upload::decide_stage(state, chunk, max), max)?;
             self.meta
-                .stage_block(&upload, block, chunk, self.clock.now())
+                .stage_block(upload, block, chunk, self.clock.now())
                 .await?;
             Ok(garbage)
         })
@@ -205,7 +241,9 @@ impl Cache {
     ) -> Result<(), CacheError> {
         Self::accepts_data(&linked.upload)?;
         let name = BlobName::random();
-        let chunk = self.store_chunk(linked, &name, body, declared_len).await?;
+        let chunk = self
+            .store_chunk(&linked.upload, &name, body, declared_len)
+            .await?;
         let chunk = &chunk;
         let committed = retry_stale(|attempt| async move {
             let (upload, blocks) = self.decide_on(linked, attempt).await?;
@@ -382,12 +420,12 @@ impl Cache {
         })
     }
 
-    /// Stores one chunk of `linked`, refusing bodies larger than an entry may be, declared or
+    /// Stores one chunk of `upload`, refusing bodies larger than an entry may be, declared or
     /// not. When the storage is full, the whole upload is abandoned and its chunks deleted at
     /// once: the save cannot succeed, and its staged bytes are what the disk needs back.
     async fn store_chunk(
         &self,
-        linked: &LinkedUpload,
+        upload: &Upload,
         name: &BlobName,
         body: ByteStream,
         declared_len: Option<u64>,
@@ -401,9 +439,9 @@ impl Cache {
                 Err(CacheError::TooLarge(max))
             }
             Err(e) if e.is_storage_full() => {
-                tracing::warn!(upload = linked.upload.id.get(), error = %e, "storage full: abandoning the upload and freeing its chunks");
-                if let Err(e) = self.abandon(linked.upload.id).await {
-                    tracing::warn!(upload = linked.upload.id.get(), error = %e, "could not abandon the upload");
+                tracing::warn!(upload = upload.id.get(), error = %e, "storage full: abandoning the upload and freeing its chunks");
+                if let Err(e) = self.abandon(upload.id).await {
+                    tracing::warn!(upload = upload.id.get(), error = %e, "could not abandon the upload");
                 }
                 Err(CacheError::StorageFull)
             }

@@ -100,9 +100,32 @@ fn latest(id: &str) -> BlockRef {
     }
 }
 
+/// What a Put Block of `block` decides on, from an upload loaded whole earlier (its revision
+/// may since be stale: the domain then loads it again).
+fn target_of(linked: &LinkedUpload, block: &BlockId) -> save::BlockTarget {
+    save::BlockTarget {
+        upload: linked.upload.clone(),
+        state: crate::meta::BlockState::of(&linked.blocks, block),
+    }
+}
+
 impl World {
     async fn upload(&self, id: UploadId) -> LinkedUpload {
         self.cache.upload(id).await.unwrap()
+    }
+
+    /// Stages a block through `linked`, as loaded earlier.
+    async fn stage(
+        &self,
+        linked: &LinkedUpload,
+        block: BlockId,
+        data: ByteStream,
+        declared_len: Option<u64>,
+    ) -> Result<(), CacheError> {
+        let target = target_of(linked, &block);
+        self.cache
+            .stage_block(&target, block, data, declared_len)
+            .await
     }
 
     /// Saves `data` under `key` in one Put Blob; returns the entry.
@@ -220,8 +243,7 @@ async fn a_live_reservation_blocks_the_key_until_it_is_abandoned() {
         .await
         .unwrap();
     let upload = w.upload(first.id).await;
-    w.cache
-        .stage_block(&upload, block("a"), body(b"abc"), Some(3))
+    w.stage(&upload, block("a"), body(b"abc"), Some(3))
         .await
         .unwrap();
     let staged = w
@@ -260,8 +282,7 @@ async fn a_live_reservation_blocks_the_key_until_it_is_abandoned() {
     );
     // The old link's upload no longer takes data.
     let err = w
-        .cache
-        .stage_block(&upload, block("b"), body(b"x"), Some(1))
+        .stage(&upload, block("b"), body(b"x"), Some(1))
         .await
         .unwrap_err();
     assert!(matches!(err, CacheError::UploadClosed), "{err:?}");
@@ -308,12 +329,10 @@ async fn a_retried_block_replaces_the_earlier_copy_and_frees_it() {
         .await
         .unwrap();
     let upload = w.upload(link.id).await;
-    w.cache
-        .stage_block(&upload, block("b"), body(b"BBBB"), Some(4))
+    w.stage(&upload, block("b"), body(b"BBBB"), Some(4))
         .await
         .unwrap();
-    w.cache
-        .stage_block(&upload, block("a"), body(b"old"), Some(3))
+    w.stage(&upload, block("a"), body(b"old"), Some(3))
         .await
         .unwrap();
     let first_copy = w
@@ -325,8 +344,7 @@ async fn a_retried_block_replaces_the_earlier_copy_and_frees_it() {
         .1
         .staged[&block("a")]
         .clone();
-    w.cache
-        .stage_block(&upload, block("a"), body(b"AAA"), Some(3))
+    w.stage(&upload, block("a"), body(b"AAA"), Some(3))
         .await
         .unwrap();
     assert!(
@@ -359,7 +377,7 @@ async fn concurrent_blocks_of_one_upload_are_all_recorded() {
         tokio::spawn(async move {
             let id = block(&format!("b{i}"));
             cache
-                .stage_block(&upload, id, body(&[b'0' + i; 3]), Some(3))
+                .stage_block(&target_of(&upload, &id), id, body(&[b'0' + i; 3]), Some(3))
                 .await
         })
     });
@@ -388,19 +406,16 @@ async fn staged_blocks_may_not_outgrow_an_entry() {
         .await
         .unwrap();
     let upload = w.upload(link.id).await;
-    w.cache
-        .stage_block(&upload, block("a"), body(b"123456"), Some(6))
+    w.stage(&upload, block("a"), body(b"123456"), Some(6))
         .await
         .unwrap();
     let err = w
-        .cache
-        .stage_block(&upload, block("b"), body(b"12345"), Some(5))
+        .stage(&upload, block("b"), body(b"12345"), Some(5))
         .await
         .unwrap_err();
     assert!(matches!(err, CacheError::TooLarge(10)), "{err:?}");
     // Replacing a block counts only the new copy.
-    w.cache
-        .stage_block(&upload, block("a"), body(b"1234567890"), Some(10))
+    w.stage(&upload, block("a"), body(b"1234567890"), Some(10))
         .await
         .unwrap();
     let blocks = w.meta.upload_with_blocks(link.id).await.unwrap().unwrap().1;
@@ -417,8 +432,7 @@ async fn an_unknown_block_in_the_list_is_refused_and_changes_nothing() {
         .await
         .unwrap();
     let upload = w.upload(link.id).await;
-    w.cache
-        .stage_block(&upload, block("a"), body(b"a"), Some(1))
+    w.stage(&upload, block("a"), body(b"a"), Some(1))
         .await
         .unwrap();
     let err = w
@@ -500,8 +514,7 @@ async fn put_blob_replaces_staged_blocks_and_frees_them() {
         .await
         .unwrap();
     let upload = w.upload(link.id).await;
-    w.cache
-        .stage_block(&upload, block("a"), body(b"stale"), Some(5))
+    w.stage(&upload, block("a"), body(b"stale"), Some(5))
         .await
         .unwrap();
     let staged = w
@@ -649,8 +662,7 @@ impl World {
         let mut list = Vec::new();
         for (i, data) in blocks.iter().enumerate() {
             let id = format!("block-{i}");
-            self.cache
-                .stage_block(&upload, block(&id), body(data), Some(data.len() as u64))
+            self.stage(&upload, block(&id), body(data), Some(data.len() as u64))
                 .await
                 .unwrap();
             list.push(latest(&id));
@@ -999,8 +1011,7 @@ async fn abandoned_uploads_are_swept_and_their_bytes_deleted() {
         .await
         .unwrap();
     let upload = w.upload(link.id).await;
-    w.cache
-        .stage_block(&upload, block("a"), body(b"staged"), Some(6))
+    w.stage(&upload, block("a"), body(b"staged"), Some(6))
         .await
         .unwrap();
     let staged = w.meta.upload_with_blocks(link.id).await.unwrap().unwrap().1;
@@ -1022,8 +1033,7 @@ async fn abandoned_uploads_are_swept_and_their_bytes_deleted() {
     assert_eq!(report.pruned_uploads, 1);
     assert!(w.meta.upload_with_blocks(link.id).await.unwrap().is_none());
     let err = w
-        .cache
-        .stage_block(&upload, block("b"), body(b"late"), Some(4))
+        .stage(&upload, block("b"), body(b"late"), Some(4))
         .await
         .unwrap_err();
     assert!(

@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::meta::{FinalizeState, SlotState};
+use crate::meta::{BlockState, FinalizeState, SlotState};
 use crate::model::{
     BlobName, BlockId, BlockRef, BlockSource, Chunk, EntryId, Millis, Upload, UploadBlocks,
 };
@@ -64,25 +64,21 @@ pub enum Staging {
 }
 
 /// Most uncommitted blocks one blob may have (Azure's limit).
-pub const MAX_STAGED_BLOCKS: usize = 100_000;
+pub const MAX_STAGED_BLOCKS: u64 = 100_000;
 
 /// A retried block id replaces the earlier copy (the last write wins until commit). The staged
 /// blocks of an upload, other copies of this id aside, may hold at most `max_staged` bytes, so an
-/// upload never uses more disk than an entry may.
-pub fn decide_stage(
-    blocks: &UploadBlocks,
-    block: &BlockId,
-    chunk: &Chunk,
-    max_staged: u64,
-) -> Staging {
-    if let Some(refused) = over_limits(blocks, block, chunk.size, max_staged) {
+/// upload never uses more disk than an entry may. Decided on the upload's staged totals and the
+/// block's own copy ([`BlockState`]): the same work however many blocks are staged.
+pub fn decide_stage(blocks: &BlockState, chunk: &Chunk, max_staged: u64) -> Staging {
+    if let Some(refused) = over_limits(blocks, chunk.size, max_staged) {
         return refused;
     }
     // The replaced copy may still be a committed part (Azure keeps the committed list).
-    let garbage = unreferenced(
-        blocks.staged.get(block),
-        blocks.parts.iter().map(|(_, c)| c),
-    );
+    let garbage = match &blocks.copy {
+        Some(copy) if !blocks.copy_committed => vec![copy.blob.clone()],
+        _ => Vec::new(),
+    };
     Staging::Record { garbage }
 }
 
@@ -90,30 +86,20 @@ pub fn decide_stage(
 /// loaded before its body is read, so that a block the upload cannot take costs no disk write.
 /// (The change that records the block decides again, on the chunk as stored.)
 pub fn refused_before_body(
-    blocks: &UploadBlocks,
-    block: &BlockId,
+    blocks: &BlockState,
     declared: Option<u64>,
     max_staged: u64,
 ) -> Option<Staging> {
-    over_limits(blocks, block, declared.unwrap_or(0), max_staged)
+    over_limits(blocks, declared.unwrap_or(0), max_staged)
 }
 
-fn over_limits(
-    blocks: &UploadBlocks,
-    block: &BlockId,
-    size: u64,
-    max_staged: u64,
-) -> Option<Staging> {
-    let others: u64 = blocks
-        .staged
-        .iter()
-        .filter(|(id, _)| *id != block)
-        .map(|(_, c)| c.size)
-        .sum();
+fn over_limits(blocks: &BlockState, size: u64, max_staged: u64) -> Option<Staging> {
+    let replaced = blocks.copy.as_ref().map_or(0, |c| c.size);
+    let others = blocks.staged_bytes.saturating_sub(replaced);
     if others.saturating_add(size) > max_staged {
         return Some(Staging::TooLarge);
     }
-    if !blocks.staged.contains_key(block) && blocks.staged.len() >= MAX_STAGED_BLOCKS {
+    if blocks.copy.is_none() && blocks.staged_count >= MAX_STAGED_BLOCKS {
         return Some(Staging::TooManyBlocks);
     }
     None
@@ -338,33 +324,49 @@ mod tests {
         for i in 0..MAX_STAGED_BLOCKS {
             blocks.staged.insert(id(&format!("b{i}")), chunk(1));
         }
-        let refused = decide_stage(&blocks, &id("one-more"), &chunk(1), u64::MAX);
+        let state = |block: &str| BlockState::of(&blocks, &id(block));
+        let refused = decide_stage(&state("one-more"), &chunk(1), u64::MAX);
         assert!(matches!(refused, Staging::TooManyBlocks));
         // A retried block replaces its copy: still allowed at the limit.
-        let retried = decide_stage(&blocks, &id("b7"), &chunk(1), u64::MAX);
+        let retried = decide_stage(&state("b7"), &chunk(1), u64::MAX);
         assert!(matches!(retried, Staging::Record { .. }));
         // The same answers before any body is read.
         assert_eq!(
-            refused_before_body(&blocks, &id("one-more"), None, u64::MAX),
+            refused_before_body(&state("one-more"), None, u64::MAX),
             Some(Staging::TooManyBlocks)
         );
-        assert_eq!(
-            refused_before_body(&blocks, &id("b7"), None, u64::MAX),
-            None
-        );
+        assert_eq!(refused_before_body(&state("b7"), None, u64::MAX), None);
     }
 
     #[test]
     fn a_declared_length_past_the_entry_limit_is_refused_before_the_body() {
         let mut blocks = UploadBlocks::default();
         blocks.staged.insert(id("a"), chunk(6));
-        let refused =
-            |block: &str, declared| refused_before_body(&blocks, &id(block), declared, 10);
+        let refused = |block: &str, declared| {
+            refused_before_body(&BlockState::of(&blocks, &id(block)), declared, 10)
+        };
         assert_eq!(refused("b", Some(5)), Some(Staging::TooLarge));
         assert_eq!(refused("b", Some(4)), None);
         // A retried block replaces its own copy, and an unknown length is decided once stored.
         assert_eq!(refused("a", Some(10)), None);
         assert_eq!(refused("b", None), None);
+    }
+
+    #[test]
+    fn a_replaced_copy_is_garbage_unless_a_committed_part_shares_its_blob() {
+        let old = chunk(3);
+        let mut blocks = UploadBlocks::default();
+        blocks.staged.insert(id("a"), old.clone());
+        let replaced = decide_stage(&BlockState::of(&blocks, &id("a")), &chunk(3), 10);
+        assert_eq!(
+            replaced,
+            Staging::Record {
+                garbage: vec![old.blob.clone()]
+            }
+        );
+        blocks.parts.push((id("a"), old));
+        let kept = decide_stage(&BlockState::of(&blocks, &id("a")), &chunk(3), 10);
+        assert_eq!(kept, Staging::Record { garbage: vec![] });
     }
 
     #[test]

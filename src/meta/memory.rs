@@ -9,9 +9,9 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use super::{
-    AdminStore, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health, LifecycleStore,
-    ListedEntry, MetaError, NewEntry, NewUpload, Removal, RepositoryUsage, RestoreStore, SaveStore,
-    SlotState, StatsStore, Totals,
+    AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health,
+    LifecycleStore, ListedEntry, MetaError, NewEntry, NewUpload, Removal, RepositoryUsage,
+    RestoreStore, SaveStore, SlotState, StatsStore, Totals,
 };
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, Provenance, QuotaUsage,
@@ -63,6 +63,8 @@ struct StoredUpload {
     upload: Upload,
     folded: String,
     blocks: UploadBlocks,
+    /// The bytes of `blocks.staged`, kept with it (as the SQL stores keep theirs).
+    staged_bytes: u64,
     entry: Option<EntryId>,
 }
 
@@ -88,6 +90,11 @@ fn in_slot(slot: &Slot, repository: &RepoId, scope: &Scope, version: &str, folde
 }
 
 impl StoredUpload {
+    fn set_blocks(&mut self, blocks: UploadBlocks) {
+        self.staged_bytes = blocks.staged.values().map(|c| c.size).sum();
+        self.blocks = blocks;
+    }
+
     fn holds(&self, slot: &Slot) -> bool {
         let u = &self.upload;
         in_slot(slot, &u.repository, &u.scope, &u.version, &self.folded)
@@ -244,6 +251,28 @@ impl SaveStore for MemoryStore {
             .map(|u| (u.upload.clone(), u.blocks.clone())))
     }
 
+    async fn block_state(
+        &self,
+        id: UploadId,
+        block: &BlockId,
+    ) -> Result<Option<(Upload, BlockState)>, MetaError> {
+        let state = self.state();
+        let Some(u) = state.uploads.get(&id) else {
+            return Ok(None);
+        };
+        let copy = u.blocks.staged.get(block).cloned();
+        let copy_committed = copy
+            .as_ref()
+            .is_some_and(|c| u.blocks.parts.iter().any(|(_, p)| p.blob == c.blob));
+        let blocks = BlockState {
+            staged_count: u.blocks.staged.len() as u64,
+            staged_bytes: u.staged_bytes,
+            copy,
+            copy_committed,
+        };
+        Ok(Some((u.upload.clone(), blocks)))
+    }
+
     async fn finalize_state(&self, slot: &Slot) -> Result<FinalizeState, MetaError> {
         let state = self.state();
         let open = state
@@ -281,7 +310,7 @@ impl SaveStore for MemoryStore {
         if let Some(old) = replacing {
             let s = state.claim(old)?;
             s.upload.state = UploadState::Aborted;
-            s.blocks = UploadBlocks::default();
+            s.set_blocks(UploadBlocks::default());
         }
         let id = UploadId::new(state.next_id());
         let slot = new.slot;
@@ -301,6 +330,7 @@ impl SaveStore for MemoryStore {
                 },
                 folded: slot.key.folded(),
                 blocks: UploadBlocks::default(),
+                staged_bytes: 0,
                 entry: None,
             },
         );
@@ -316,7 +346,10 @@ impl SaveStore for MemoryStore {
     ) -> Result<(), MetaError> {
         let mut state = self.state();
         let s = state.claim(upload)?;
-        s.blocks.staged.insert(block.clone(), chunk.clone());
+        if let Some(replaced) = s.blocks.staged.insert(block.clone(), chunk.clone()) {
+            s.staged_bytes -= replaced.size;
+        }
+        s.staged_bytes += chunk.size;
         Ok(())
     }
 
@@ -328,10 +361,10 @@ impl SaveStore for MemoryStore {
     ) -> Result<(), MetaError> {
         let mut state = self.state();
         let s = state.claim(upload)?;
-        s.blocks = UploadBlocks {
+        s.set_blocks(UploadBlocks {
             staged: HashMap::new(),
             parts: parts.to_vec(),
-        };
+        });
         Ok(())
     }
 
@@ -339,7 +372,7 @@ impl SaveStore for MemoryStore {
         let mut state = self.state();
         let s = state.claim(upload)?;
         s.upload.state = UploadState::Aborted;
-        s.blocks = UploadBlocks::default();
+        s.set_blocks(UploadBlocks::default());
         Ok(())
     }
 
@@ -381,7 +414,7 @@ impl SaveStore for MemoryStore {
             .named(new.repository_name);
         let s = state.claim(upload)?;
         s.upload.state = UploadState::Finalized;
-        s.blocks = UploadBlocks::default();
+        s.set_blocks(UploadBlocks::default());
         s.entry = Some(id);
         Ok(id)
     }
@@ -659,7 +692,7 @@ impl LifecycleStore for MemoryStore {
             garbage.extend(u.blocks.blobs());
             u.upload.state = UploadState::Aborted;
             u.upload.revision += 1;
-            u.blocks = UploadBlocks::default();
+            u.set_blocks(UploadBlocks::default());
         }
         garbage.sort();
         garbage.dedup();

@@ -93,6 +93,36 @@ pub struct SlotState {
     pub live_open_uploads: u64,
 }
 
+/// What staging one block is decided on, read without the upload's other blocks (so a Put Block
+/// costs the same at its ten-thousandth block as at its first): how many blocks are staged and
+/// their bytes, kept with the upload by every change to its blocks, and the staged copy of the
+/// block being put, if any (a retry replaces it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BlockState {
+    pub staged_count: u64,
+    pub staged_bytes: u64,
+    pub copy: Option<Chunk>,
+    /// Whether a committed part refers to the same blob as `copy` (then replacing the copy
+    /// frees nothing).
+    pub copy_committed: bool,
+}
+
+impl BlockState {
+    /// The state of `block` in blocks loaded whole: what [`SaveStore::block_state`] answers.
+    pub fn of(blocks: &UploadBlocks, block: &BlockId) -> Self {
+        let copy = blocks.staged.get(block).cloned();
+        let copy_committed = copy
+            .as_ref()
+            .is_some_and(|c| blocks.parts.iter().any(|(_, p)| p.blob == c.blob));
+        Self {
+            staged_count: blocks.staged.len() as u64,
+            staged_bytes: blocks.staged.values().map(|c| c.size).sum(),
+            copy,
+            copy_committed,
+        }
+    }
+}
+
 /// What deciding a finalize needs: the slot's open upload with its blocks, else the entry the
 /// slot's newest finalized upload made (for an idempotent retry).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -186,6 +216,10 @@ store_trait! {
 
         /// An upload, in whatever state, with its blocks, read together.
         async fn upload_with_blocks(&self, id: UploadId) -> Result<Option<(Upload, UploadBlocks)>, MetaError>;
+
+        /// An upload, in whatever state, with the [`BlockState`] of `block`, read together in
+        /// work independent of how many blocks the upload has.
+        async fn block_state(&self, id: UploadId, block: &BlockId) -> Result<Option<(Upload, BlockState)>, MetaError>;
 
         async fn finalize_state(&self, slot: &Slot) -> Result<FinalizeState, MetaError>;
 

@@ -325,6 +325,42 @@ pub(super) fn upload_with_blocks_sql(upload_id: &str, which: &str) -> String {
     )
 }
 
+/// An upload and the [`super::BlockState`] of one block in one statement, reading the upload's
+/// row and at most one block (primary keys), whatever the upload holds. Parameters: the block
+/// id, the upload id. Columns: the upload, its staged count and bytes, the block's staged
+/// chunk (NULLs without one), whether a committed part shares its blob.
+pub(super) const BLOCK_STATE_SQL: &str = concat!(
+    "SELECT ",
+    upload_columns!(),
+    ", u.staged_count, u.staged_bytes, s.blob_name, s.size, s.sha256, s.xxh3,
+       CASE WHEN EXISTS (SELECT 1 FROM upload_parts p WHERE p.upload_id = u.id AND p.blob_name = s.blob_name)
+            THEN 1 ELSE 0 END
+     FROM uploads u LEFT JOIN staged_blocks s ON s.upload_id = u.id AND s.block_id = ?
+     WHERE u.id = ?"
+);
+
+/// A row of [`BLOCK_STATE_SQL`].
+pub(super) fn block_state_from_row(
+    row: &impl SqlRow,
+) -> Result<(Upload, super::BlockState), MetaError> {
+    let first = UPLOAD_COLUMNS;
+    let count = |col| {
+        let n = row.int(col)?;
+        u64::try_from(n).map_err(|_| MetaError::Corrupt(format!("staged total {n}")))
+    };
+    let copy = match row.opt_text(first + 2)? {
+        Some(_) => Some(chunk_from_row(row, first + 2)?),
+        None => None,
+    };
+    let state = super::BlockState {
+        staged_count: count(first)?,
+        staged_bytes: count(first + 1)?,
+        copy,
+        copy_committed: row.int(first + 6)? != 0,
+    };
+    Ok((upload_from_row(row)?, state))
+}
+
 /// The blocks of an upload from [`upload_with_blocks_sql`] rows: per row, past the upload's
 /// columns, the kind (1 staged, 2 committed part; NULL when the upload has no blocks), ordinal,
 /// block id and the chunk.

@@ -27,15 +27,16 @@ mod stats;
 mod wal;
 
 use crate::meta::sql::{
-    candidate_from_row, chunk_from_row, count_entries_sql, entry_columns, entry_from_row,
-    list_entries_sql, listed_from_row, migrations_after, pr_counts, provenance_columns,
-    quota_usage_from_row, repositories_sql, repository_from_row, upload_columns, upload_from_row,
-    use_from_row, xxh3_column, Param, SqlRow, CLASS_LRU, QUOTA_USAGE, USE_COLS,
+    block_state_from_row, candidate_from_row, chunk_from_row, count_entries_sql, entry_columns,
+    entry_from_row, list_entries_sql, listed_from_row, migrations_after, pr_counts,
+    provenance_columns, quota_usage_from_row, repositories_sql, repository_from_row,
+    upload_columns, upload_from_row, use_from_row, xxh3_column, Param, SqlRow, BLOCK_STATE_SQL,
+    CLASS_LRU, QUOTA_USAGE, USE_COLS,
 };
 use crate::meta::{
-    AdminStore, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health, LifecycleStore,
-    ListedEntry, MetaError, NewEntry, NewUpload, Removal, RepositoryUsage, RestoreStore, SaveStore,
-    SlotState, Totals,
+    AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health,
+    LifecycleStore, ListedEntry, MetaError, NewEntry, NewUpload, Removal, RepositoryUsage,
+    RestoreStore, SaveStore, SlotState, Totals,
 };
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, QuotaUsage,
@@ -64,6 +65,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         7,
         include_str!("../migrations/sqlite/0007_family_stats.sql"),
     ),
+    (
+        8,
+        include_str!("../migrations/sqlite/0008_upload_totals.sql"),
+    ),
 ];
 const MAX_READERS: usize = 8;
 
@@ -86,7 +91,8 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
     conn.pragma_update(None, "foreign_keys", "ON")?;
     #[cfg(test)]
     conn.trace_v2(
-        rusqlite::trace::TraceEventCodes::SQLITE_TRACE_STMT,
+        rusqlite::trace::TraceEventCodes::SQLITE_TRACE_STMT
+            | rusqlite::trace::TraceEventCodes::SQLITE_TRACE_PROFILE,
         Some(plan_tests::record_statement),
     );
     Ok(())
@@ -346,6 +352,8 @@ fn claim(tx: &Connection, upload: &Upload, now: Millis) -> Result<(), MetaError>
 fn drop_blocks(tx: &Connection, upload: UploadId) -> Result<(), MetaError> {
     tx.prepare_cached("DELETE FROM staged_blocks WHERE upload_id = ?")?
         .execute([upload.get()])?;
+    tx.prepare_cached("UPDATE uploads SET staged_count = 0, staged_bytes = 0 WHERE id = ?")?
+        .execute([upload.get()])?;
     tx.prepare_cached("DELETE FROM upload_parts WHERE upload_id = ?")?
         .execute([upload.get()])?;
     Ok(())
@@ -434,6 +442,20 @@ impl SaveStore for SqliteStore {
         .await
     }
 
+    async fn block_state(
+        &self,
+        id: UploadId,
+        block: &BlockId,
+    ) -> Result<Option<(Upload, BlockState)>, MetaError> {
+        let block = block.clone();
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached(BLOCK_STATE_SQL)?;
+            let mut rows = stmt.query(params![block.as_bytes(), id.get()])?;
+            rows.next()?.map(block_state_from_row).transpose()
+        })
+        .await
+    }
+
     async fn finalize_state(&self, slot: &Slot) -> Result<FinalizeState, MetaError> {
         let (repo, scope, folded, version) = slot_params(slot);
         self.read_consistent(move |conn| {
@@ -504,6 +526,16 @@ impl SaveStore for SqliteStore {
         let (upload, block, chunk) = (upload.clone(), block.clone(), chunk.clone());
         self.write(move |tx| {
             claim(tx, &upload, now)?;
+            // The upload's totals, before the copy this block replaces (if any) is gone.
+            tx.prepare_cached(
+                "UPDATE uploads SET
+                     staged_count = staged_count
+                         + NOT EXISTS (SELECT 1 FROM staged_blocks WHERE upload_id = ?1 AND block_id = ?2),
+                     staged_bytes = staged_bytes + ?3
+                         - COALESCE((SELECT size FROM staged_blocks WHERE upload_id = ?1 AND block_id = ?2), 0)
+                 WHERE id = ?1",
+            )?
+            .execute(params![upload.id.get(), block.as_bytes(), chunk.size as i64])?;
             tx.prepare_cached(
                 "INSERT OR REPLACE INTO staged_blocks (upload_id, block_id, blob_name, size, sha256, xxh3) VALUES (?, ?, ?, ?, ?, ?)",
             )?
@@ -998,7 +1030,8 @@ impl LifecycleStore for SqliteStore {
                 .execute([])?;
             tx.prepare_cached("DELETE FROM upload_parts WHERE upload_id IN (SELECT id FROM uploads WHERE state = 'open')")?
                 .execute([])?;
-            tx.prepare_cached("UPDATE uploads SET state = 'aborted', revision = revision + 1, updated_at = ? WHERE state = 'open'")?
+            tx.prepare_cached("UPDATE uploads SET state = 'aborted', revision = revision + 1, updated_at = ?,
+                                   staged_count = 0, staged_bytes = 0 WHERE state = 'open'")?
                 .execute([now])?;
             garbage.sort();
             garbage.dedup();
@@ -1152,5 +1185,48 @@ mod migration_tests {
         assert_eq!(pr.iter().map(|e| e.size).collect::<Vec<_>>(), [20, 5]);
         let listed = store.repositories(Some("r"), 1).await.unwrap();
         assert_eq!((listed[0].pr_bytes, listed[0].pr_entries), (25, 2));
+    }
+
+    /// Uploads staged before their totals were kept get them counted when the database is
+    /// upgraded, so a Put Block after the upgrade enforces the same limits.
+    #[tokio::test]
+    async fn the_upload_totals_migration_counts_staged_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 < 8) {
+                conn.execute_batch(sql).unwrap();
+                conn.pragma_update(None, "user_version", version).unwrap();
+            }
+            conn.execute_batch(
+                "INSERT INTO uploads (id, repository, scope, key, key_folded, version, state, created_by, created_at, updated_at)
+                     VALUES (1, 'r', '', 'k', 'k', 'v', 'open', '', 0, 0), (2, 'r', '', 'j', 'j', 'v', 'open', '', 0, 0);",
+            )
+            .unwrap();
+            let mut insert = conn
+                .prepare("INSERT INTO staged_blocks (upload_id, block_id, blob_name, size, sha256) VALUES (1, ?, ?, ?, ?)")
+                .unwrap();
+            for (id, size) in [(&b"a"[..], 3i64), (b"b", 4)] {
+                let name = BlobName::random();
+                insert
+                    .execute(params![id, name.as_str(), size, &[0u8; 32][..]])
+                    .unwrap();
+            }
+        }
+        let store = SqliteStore::open(&path).await.unwrap();
+        let totals = |id: i64| {
+            let store = store.clone();
+            async move {
+                let (_, state) = store
+                    .block_state(UploadId::new(id), &BlockId::parse(b"a").unwrap())
+                    .await
+                    .unwrap()
+                    .unwrap();
+                (state.staged_count, state.staged_bytes)
+            }
+        };
+        assert_eq!(totals(1).await, (2, 7));
+        assert_eq!(totals(2).await, (0, 0));
     }
 }

@@ -62,16 +62,16 @@ mod stats;
 use async_trait::async_trait;
 
 use super::sql::{
-    bucket, candidate_from_row, candidates_sql, chunk_from_row, collect_blocks, count_entries_sql,
-    entry_columns, entry_from_row, list_entries_sql, listed_from_row, names_from_rows, prefix_end,
-    quota_usage_from_row, repositories_sql, repository_from_row, slot_hash, upload_columns,
-    upload_from_row, upload_with_blocks_sql, use_from_row, Param, SqlRow, CLASS_LRU, QUOTA_USAGE,
-    UPLOAD_COLUMNS, USE_COLS,
+    block_state_from_row, bucket, candidate_from_row, candidates_sql, chunk_from_row,
+    collect_blocks, count_entries_sql, entry_columns, entry_from_row, list_entries_sql,
+    listed_from_row, names_from_rows, prefix_end, quota_usage_from_row, repositories_sql,
+    repository_from_row, slot_hash, upload_columns, upload_from_row, upload_with_blocks_sql,
+    use_from_row, Param, SqlRow, BLOCK_STATE_SQL, CLASS_LRU, QUOTA_USAGE, UPLOAD_COLUMNS, USE_COLS,
 };
 use super::{
-    AdminStore, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health, LifecycleStore,
-    ListedEntry, MetaError, NewEntry, NewUpload, Removal, RepositoryUsage, RestoreStore, SaveStore,
-    SlotState, Totals,
+    AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health,
+    LifecycleStore, ListedEntry, MetaError, NewEntry, NewUpload, Removal, RepositoryUsage,
+    RestoreStore, SaveStore, SlotState, Totals,
 };
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, QuotaUsage, RepoId,
@@ -293,6 +293,19 @@ impl<D: Dialect> SaveStore for SqlxStore<D> {
     ) -> Result<Option<(Upload, UploadBlocks)>, MetaError> {
         self.upload_and_blocks("?", "u.id = ?", Param::Int(id.get()))
             .await
+    }
+
+    async fn block_state(
+        &self,
+        id: UploadId,
+        block: &BlockId,
+    ) -> Result<Option<(Upload, BlockState)>, MetaError> {
+        let params = vec![
+            Param::Bytes(block.as_bytes().to_vec()),
+            Param::Int(id.get()),
+        ];
+        let rows = self.rows(BLOCK_STATE_SQL, params).await?;
+        rows.first().map(block_state_from_row).transpose()
     }
 
     async fn finalize_state(&self, slot: &Slot) -> Result<FinalizeState, MetaError> {
@@ -659,7 +672,8 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
                     Vec::new(),
                 ),
                 Step::Execute(
-                    "UPDATE uploads SET state = 'aborted', revision = revision + 1, updated_at = ? WHERE state = 'open'",
+                    "UPDATE uploads SET state = 'aborted', revision = revision + 1, updated_at = ?,
+                         staged_count = 0, staged_bytes = 0 WHERE state = 'open'",
                     vec![Param::Int(now)],
                 ),
             ])

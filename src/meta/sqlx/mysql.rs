@@ -33,6 +33,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (4, include_str!("../migrations/mysql/0004_provenance.sql")),
     (5, include_str!("../migrations/mysql/0005_scope_class.sql")),
     (6, include_str!("../migrations/mysql/0006_family_stats.sql")),
+    (
+        7,
+        include_str!("../migrations/mysql/0007_upload_totals.sql"),
+    ),
 ];
 const MIGRATION_LOCK: &str = "hoard_migrations";
 /// Rows per multi-row INSERT, well under the 65,535 parameters a statement may have.
@@ -137,6 +141,11 @@ async fn drop_blocks(tx: &mut Transaction<'_, MySql>, upload: UploadId) -> Resul
     .execute(&mut **tx)
     .await
     .map_err(from_sqlx)?;
+    sqlx::query("UPDATE uploads SET staged_count = 0, staged_bytes = 0 WHERE id = ?")
+        .bind(upload.get())
+        .execute(&mut **tx)
+        .await
+        .map_err(from_sqlx)?;
     Ok(())
 }
 
@@ -269,6 +278,20 @@ impl Dialect for MySqlDialect {
     ) -> Result<(), MetaError> {
         let mut tx = self.begin().await?;
         claim(&mut tx, upload, now, None).await?;
+        // The totals, before the copy this block replaces (if any) is gone; the claim holds
+        // the upload's row, so no other change to its blocks runs meanwhile.
+        sqlx::query(
+            "UPDATE uploads u LEFT JOIN staged_blocks s ON s.upload_id = u.id AND s.block_id = ?
+             SET u.staged_count = u.staged_count + (s.upload_id IS NULL),
+                 u.staged_bytes = u.staged_bytes + ? - COALESCE(s.size, 0)
+             WHERE u.id = ?",
+        )
+        .bind(block.as_bytes())
+        .bind(chunk.size as i64)
+        .bind(upload.id.get())
+        .execute(&mut *tx)
+        .await
+        .map_err(from_sqlx)?;
         sqlx::query(
             "INSERT INTO staged_blocks (upload_id, block_id, blob_name, size, sha256, xxh3) VALUES (?, ?, ?, ?, ?, ?)
              ON DUPLICATE KEY UPDATE blob_name = VALUES(blob_name), size = VALUES(size), sha256 = VALUES(sha256),

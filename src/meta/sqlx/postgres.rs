@@ -44,6 +44,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         6,
         include_str!("../migrations/postgres/0006_family_stats.sql"),
     ),
+    (
+        7,
+        include_str!("../migrations/postgres/0007_upload_totals.sql"),
+    ),
 ];
 /// Key of the advisory lock that serializes migrations across processes ("hoard" in ASCII).
 const MIGRATION_LOCK: i64 = 0x68_6f61_7264;
@@ -99,10 +103,12 @@ impl PostgresDialect {
 
 /// The first CTE of every change to an upload: bumps its revision if it is still open at the
 /// loaded one ($1 id, $2 revision, $3 now), and yields its id; nothing otherwise. `{set}` adds
-/// assignments made in the same update.
+/// assignments made in the same update. Every such change drops the upload's blocks, and with
+/// them its staged totals.
 fn claim(set: &str) -> String {
     format!(
-        "claimed AS (UPDATE uploads SET revision = revision + 1, updated_at = $3{set}
+        "claimed AS (UPDATE uploads SET revision = revision + 1, updated_at = $3,
+                         staged_count = 0, staged_bytes = 0{set}
                      WHERE id = $1 AND revision = $2 AND state = 'open' RETURNING id, entry_id),
          dropped_staged AS (DELETE FROM staged_blocks WHERE upload_id IN (SELECT id FROM claimed)),
          dropped_parts AS (DELETE FROM upload_parts WHERE upload_id IN (SELECT id FROM claimed))"
@@ -229,8 +235,14 @@ impl Dialect for PostgresDialect {
         chunk: &Chunk,
         now: Millis,
     ) -> Result<(), MetaError> {
-        const SQL: &str = "WITH claimed AS (
-                 UPDATE uploads SET revision = revision + 1, updated_at = $3
+        // The totals count the copy this block replaces as the statement's snapshot has it;
+        // a change committed since then moved the revision on, so nothing is claimed.
+        const SQL: &str = "WITH replaced AS (
+                 SELECT size FROM staged_blocks WHERE upload_id = $1 AND block_id = $4),
+             claimed AS (
+                 UPDATE uploads SET revision = revision + 1, updated_at = $3,
+                     staged_count = staged_count + CASE WHEN EXISTS (SELECT 1 FROM replaced) THEN 0 ELSE 1 END,
+                     staged_bytes = staged_bytes + $6 - COALESCE((SELECT size FROM replaced), 0)
                  WHERE id = $1 AND revision = $2 AND state = 'open' RETURNING id)
              INSERT INTO staged_blocks (upload_id, block_id, blob_name, size, sha256, xxh3)
              SELECT id, $4, $5, $6, $7, $8 FROM claimed

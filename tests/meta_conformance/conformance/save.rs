@@ -6,6 +6,7 @@ pub async fn run(store: Arc<dyn MetaStore>) {
     reservations_of_one_slot_have_one_winner_under_concurrency(store.clone()).await;
     an_abandoned_upload_is_replaced_only_at_the_revision_loaded(store.as_ref()).await;
     blocks_stage_commit_and_finalize_into_an_entry(store.as_ref()).await;
+    staged_totals_follow_every_change_to_the_blocks(store.as_ref()).await;
     changes_at_an_old_revision_or_to_a_closed_upload_change_nothing(store.as_ref()).await;
     a_second_entry_for_a_slot_is_refused_and_leaves_nothing_behind(store.as_ref()).await;
     longest_keys_and_versions_fit(store.as_ref()).await;
@@ -189,6 +190,99 @@ async fn blocks_stage_commit_and_finalize_into_an_entry(store: &dyn MetaStore) {
     );
     assert!(store
         .entry(EntryId::new(entry.get() + 1_000_000))
+        .await
+        .unwrap()
+        .is_none());
+}
+
+/// What a Put Block is decided on: the staged count and bytes, kept with the upload, and the
+/// one block's copy.
+async fn block_state(
+    store: &dyn MetaStore,
+    id: UploadId,
+    b: &str,
+) -> (u64, u64, Option<Chunk>, bool) {
+    let (_, state) = store.block_state(id, &block(b)).await.unwrap().unwrap();
+    (
+        state.staged_count,
+        state.staged_bytes,
+        state.copy,
+        state.copy_committed,
+    )
+}
+
+async fn staged_totals_follow_every_change_to_the_blocks(store: &dyn MetaStore) {
+    let s = slot("totals", "k");
+    let upload = reserve(store, &s, 1).await;
+    assert_eq!(
+        block_state(store, upload.id, "a").await,
+        (0, 0, None, false)
+    );
+    let (a, b, a2) = (chunk(3), chunk(4), chunk(10));
+    store
+        .stage_block(&upload, &block("a"), &a, 2)
+        .await
+        .unwrap();
+    let upload = upload_of(store, upload.id).await.unwrap();
+    store
+        .stage_block(&upload, &block("b"), &b, 3)
+        .await
+        .unwrap();
+    let loaded = upload_of(store, upload.id).await.unwrap();
+    assert_eq!(
+        block_state(store, upload.id, "a").await,
+        (2, 7, Some(a.clone()), false)
+    );
+    assert_eq!(
+        block_state(store, upload.id, "c").await,
+        (2, 7, None, false)
+    );
+    // A retry replaces the copy: one block still, of the new size.
+    store
+        .stage_block(&loaded, &block("a"), &a2, 4)
+        .await
+        .unwrap();
+    assert_eq!(
+        block_state(store, upload.id, "a").await,
+        (2, 14, Some(a2.clone()), false)
+    );
+    // A stale change counts nothing.
+    let stale = store.stage_block(&loaded, &block("c"), &chunk(1), 5).await;
+    assert!(matches!(stale, Err(MetaError::Stale)), "{stale:?}");
+    assert_eq!(
+        block_state(store, upload.id, "c").await,
+        (2, 14, None, false)
+    );
+
+    // A commit drops the staged blocks and their totals; a block staged with a committed
+    // part's chunk says so.
+    let upload = upload_of(store, upload.id).await.unwrap();
+    store
+        .commit_parts(&upload, &[(block("b"), b.clone())], 6)
+        .await
+        .unwrap();
+    assert_eq!(
+        block_state(store, upload.id, "b").await,
+        (0, 0, None, false)
+    );
+    let upload = upload_of(store, upload.id).await.unwrap();
+    store
+        .stage_block(&upload, &block("b"), &b, 7)
+        .await
+        .unwrap();
+    assert_eq!(
+        block_state(store, upload.id, "b").await,
+        (1, 4, Some(b), true)
+    );
+
+    let upload = upload_of(store, upload.id).await.unwrap();
+    store.abort_upload(&upload, 8).await.unwrap();
+    assert_eq!(
+        block_state(store, upload.id, "b").await,
+        (0, 0, None, false)
+    );
+    assert!(store
+        .block_state(UploadId::new(upload.id.get() + 1_000_000), &block("b"))
         .await
         .unwrap()
         .is_none());

@@ -1,0 +1,12 @@
+-- How many blocks an upload has staged and their bytes, kept by every change to its staged
+-- blocks in the same transaction, so that a Put Block checks Azure's count and the entry size
+-- limit on one row instead of reading every staged block.
+ALTER TABLE uploads
+    ADD COLUMN staged_count BIGINT NOT NULL DEFAULT 0,
+    ADD COLUMN staged_bytes BIGINT NOT NULL DEFAULT 0
+;
+UPDATE uploads u
+    JOIN (SELECT upload_id, COUNT(*) AS n, SUM(size) AS bytes FROM staged_blocks GROUP BY upload_id) t
+        ON t.upload_id = u.id
+    SET u.staged_count = t.n, u.staged_bytes = t.bytes
+;
