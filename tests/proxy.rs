@@ -453,3 +453,77 @@ async fn admin_paths_are_never_forwarded() {
         up.seen()
     );
 }
+
+/// What is hoard's own never reaches the upstream, however the path is spelled: a path whose
+/// first segment is or starts with a namespace's secret (`ACTIONS_CACHE_URL` without its
+/// trailing slash gives `/<secret>_apis/artifactcache/…`), and any request carrying the admin
+/// token. They are answered 404, as unknown paths are, and the secret is not logged.
+#[tokio::test(flavor = "multi_thread")]
+async fn namespace_secrets_and_the_admin_token_are_never_forwarded() {
+    const SECRET: &str = "0123456789abcdef0123";
+    const ADMIN: &str = "the-admin-token-0123456789";
+    let up = Upstream::start().await;
+    let data = tempfile::tempdir().unwrap();
+    let namespaces = data.path().join("namespaces");
+    std::fs::write(&namespaces, format!("act {SECRET} read-write\n")).unwrap();
+    let admin = data.path().join("admin-token");
+    std::fs::write(&admin, ADMIN).unwrap();
+    let secret = common::secret_file(data.path());
+    let hoard = Hoard::start_with(
+        data.path(),
+        &[
+            "--token-hs256-secret-file",
+            secret.to_str().unwrap(),
+            "--upstream-results-url",
+            &up.base,
+            "--namespaces-file",
+            namespaces.to_str().unwrap(),
+            "--admin-token-file",
+            admin.to_str().unwrap(),
+        ],
+    );
+    let http = reqwest::Client::new();
+    let job = format!("Bearer {}", common::main_token());
+    let admin_bearer = format!("Bearer {ADMIN}");
+    let admin_other = format!("token {ADMIN}");
+    for (path, authorization) in [
+        (
+            format!("/{SECRET}_apis/artifactcache/cache?keys=k&version=v"),
+            job.as_str(),
+        ),
+        (format!("/{SECRET}/twirp/elsewhere"), job.as_str()),
+        (
+            format!("/%30{}_apis/artifactcache/caches", &SECRET[1..]),
+            job.as_str(),
+        ),
+        ("/_HOARD/api/v1/status".to_owned(), admin_bearer.as_str()),
+        ("/_hoard%2Fapi/v1/status".to_owned(), admin_bearer.as_str()),
+        ("/prefix/_hoard".to_owned(), admin_bearer.as_str()),
+        ("/count".to_owned(), admin_other.as_str()),
+    ] {
+        let res = http
+            .get(format!("{}{path}", hoard.base))
+            .header("authorization", authorization)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 404, "{path}");
+    }
+    assert!(
+        up.seen().is_empty(),
+        "nothing reached the upstream: {:?}",
+        up.seen()
+    );
+    // Anything else still goes through.
+    let res = http
+        .get(format!("{}/count", hoard.base))
+        .header("authorization", &job)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(up.seen().len(), 1);
+    let log = hoard.log.lock().unwrap().join("\n");
+    assert!(!log.contains(SECRET), "the secret is logged:\n{log}");
+    assert!(!log.contains(ADMIN), "the admin token is logged:\n{log}");
+}

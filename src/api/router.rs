@@ -162,8 +162,12 @@ async fn fallback(
             None,
         );
     }
+    // What belongs to hoard never leaves it: a namespace's secret, the admin token. Such a
+    // request is answered as any unknown path is without an upstream.
     if let Some(upstream) = &app.config().upstream {
-        return upstream.forward(method, &uri, headers, body).await;
+        if !app.keeps_to_itself(path, &headers) {
+            return upstream.forward(method, &uri, headers, body).await;
+        }
     }
     if path.contains("/twirp/") {
         return twirp::TwirpError::new("bad_route", format!("no such route {path}"))

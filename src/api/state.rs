@@ -82,6 +82,23 @@ impl AppState {
     pub(super) fn signer(&self) -> &UrlSigner {
         &self.0.signer
     }
+    /// Whether a request that is not hoard's own must still never be forwarded upstream:
+    /// its first path segment is, or starts with, a namespace's secret, or its
+    /// `Authorization` carries the admin token (sent to a misspelled admin path).
+    pub(super) fn keeps_to_itself(&self, path: &str, headers: &HeaderMap) -> bool {
+        let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
+        if self.0.callers.namespaces.guards(first) {
+            return true;
+        }
+        let Some(token) = &self.0.config.admin_token else {
+            return false;
+        };
+        headers
+            .get_all(axum::http::header::AUTHORIZATION)
+            .iter()
+            .any(|value| carries(value.as_bytes(), token.expose()))
+    }
+
     /// Identifies a caller (see [`Callers::identify`]), counts how, and audits a refusal.
     pub(super) async fn identify(
         &self,
@@ -99,5 +116,48 @@ impl AppState {
             }
         }
         caller
+    }
+}
+
+/// Whether an `Authorization` value is `token`, alone or after any scheme (`Bearer`, `token`,
+/// …), in any case and spacing. Compared through hashes, in constant time, as the admin API
+/// compares it.
+fn carries(value: &[u8], token: &[u8]) -> bool {
+    use sha2::{Digest, Sha256};
+    let value = value.trim_ascii();
+    let after_scheme = value
+        .iter()
+        .position(|b| b.is_ascii_whitespace())
+        .map(|at| value[at..].trim_ascii());
+    let expected = Sha256::digest(token);
+    [Some(value), after_scheme]
+        .into_iter()
+        .flatten()
+        .any(|credentials| {
+            let presented = Sha256::digest(credentials);
+            presented
+                .iter()
+                .zip(expected.iter())
+                .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+                == 0
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_admin_token_is_recognised_under_any_scheme() {
+        for value in [
+            "Bearer s3cret",
+            "bearer  s3cret ",
+            "token s3cret",
+            "s3cret",
+            "BEARER\ts3cret",
+        ] {
+            assert!(super::carries(value.as_bytes(), b"s3cret"), "{value:?}");
+        }
+        for value in ["Bearer s3cre", "Bearer s3cretx", "Bearer other", ""] {
+            assert!(!super::carries(value.as_bytes(), b"s3cret"), "{value:?}");
+        }
     }
 }

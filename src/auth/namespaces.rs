@@ -6,7 +6,7 @@
 //! `read-write`, separated by white space. `#` starts a comment. Each namespace is a repository
 //! of its own (`namespace:<name>`) with one scope shared by all its jobs.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
 use sha2::{Digest, Sha256};
@@ -62,6 +62,8 @@ struct Namespace {
 #[derive(Clone, Default)]
 pub struct Namespaces {
     by_secret: HashMap<[u8; 32], Namespace>,
+    /// The lengths of the secrets, for [`Namespaces::guards`].
+    lengths: BTreeSet<usize>,
 }
 
 impl std::fmt::Debug for Namespaces {
@@ -133,12 +135,26 @@ impl Namespaces {
                     n + 1
                 ));
             }
+            namespaces.lengths.insert(secret.len());
         }
         Ok(namespaces)
     }
 
     pub fn is_empty(&self) -> bool {
         self.by_secret.is_empty()
+    }
+
+    /// Whether `segment`, a path's first segment as sent, is or starts with a namespace's
+    /// secret (percent-decoded, as the server it would be forwarded to reads it): such a path
+    /// is a namespace's, even misspelled (`ACTIONS_CACHE_URL` without its trailing slash puts
+    /// the secret right before `_apis`), and never leaves hoard.
+    pub fn guards(&self, segment: &str) -> bool {
+        let decoded: Vec<u8> = percent_encoding::percent_decode_str(segment).collect();
+        self.lengths.iter().any(|&n| {
+            decoded
+                .get(..n)
+                .is_some_and(|head| self.by_secret.contains_key(&digest_bytes(head)))
+        })
     }
 
     /// The identity a request under `/<prefix>/` has, if the prefix is a namespace's secret.
@@ -157,7 +173,11 @@ fn is_secret_byte(b: u8) -> bool {
 }
 
 fn digest(secret: &str) -> [u8; 32] {
-    Sha256::digest(secret.as_bytes()).into()
+    digest_bytes(secret.as_bytes())
+}
+
+fn digest_bytes(secret: &[u8]) -> [u8; 32] {
+    Sha256::digest(secret).into()
 }
 
 #[cfg(test)]
@@ -182,6 +202,23 @@ gitea-ci     /fedcba9876543210fedc/ ro   # trailing comment
         assert_eq!(ro.write_scope, None);
         assert!(ns.identify("0123456789abcdef012").is_none());
         assert!(ns.identify("").is_none());
+    }
+
+    #[test]
+    fn a_segment_that_is_or_starts_with_a_secret_is_guarded() {
+        let ns = Namespaces::parse(FILE).unwrap();
+        for guarded in [
+            "0123456789abcdef0123",
+            "0123456789abcdef0123_apis",
+            "fedcba9876543210fedcx",
+            "%30123456789abcdef0123_apis",
+        ] {
+            assert!(ns.guards(guarded), "{guarded}");
+        }
+        for free in ["0123456789abcdef012", "x0123456789abcdef0123", "_apis", ""] {
+            assert!(!ns.guards(free), "{free}");
+        }
+        assert!(!Namespaces::default().guards("0123456789abcdef0123"));
     }
 
     #[test]
