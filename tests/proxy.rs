@@ -29,6 +29,7 @@ struct Seen {
     path_and_query: String,
     authorization: Option<String>,
     marker: Option<String>,
+    proxy_connection: Option<String>,
 }
 
 /// A stand-in for GitHub's results service and its blob storage: it answers the
@@ -91,6 +92,7 @@ async fn record(
             path_and_query: req.uri().path_and_query().unwrap().to_string(),
             authorization: header("authorization"),
             marker: header("x-test-marker"),
+            proxy_connection: header("proxy-connection"),
         }
     };
     up.seen.lock().unwrap().push(seen);
@@ -328,6 +330,7 @@ async fn requests_and_answers_stream_through_unchanged() {
         .header("x-test-marker", "kept")
         .header("connection", "keep-alive, x-hop")
         .header("x-hop", "dropped")
+        .header("proxy-connection", "keep-alive")
         .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
             chunks,
         )))
@@ -345,6 +348,7 @@ async fn requests_and_answers_stream_through_unchanged() {
         (last.method.as_str(), last.marker.as_deref()),
         ("POST", Some("kept"))
     );
+    assert_eq!(last.proxy_connection, None, "a hop-by-hop header");
 
     // 300 MiB down.
     let res = http

@@ -23,11 +23,13 @@ pub struct Upstream {
     idle: Duration,
 }
 
-/// Headers that describe one connection, not the message (RFC 9110 §7.6.1), and `Host`, which
-/// names hoard: never forwarded in either direction.
-const HOP_BY_HOP: [HeaderName; 8] = [
+/// Headers that describe one connection, not the message (RFC 9110 §7.6.1, with the
+/// non-standard `Proxy-Connection` some clients still send), and `Host`, which names hoard:
+/// never forwarded in either direction.
+const HOP_BY_HOP: [HeaderName; 9] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
     header::PROXY_AUTHENTICATE,
     header::PROXY_AUTHORIZATION,
     header::TE,
@@ -134,6 +136,7 @@ mod tests {
             HeaderValue::from_static("keep-alive, x-secret-hop"),
         );
         h.insert("x-secret-hop", HeaderValue::from_static("1"));
+        h.insert("proxy-connection", HeaderValue::from_static("keep-alive"));
         h.insert(
             header::TRANSFER_ENCODING,
             HeaderValue::from_static("chunked"),
