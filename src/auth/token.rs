@@ -78,11 +78,18 @@ pub enum TokenError {
 /// The longest repository id kept (the metadata stores index it).
 const MAX_REPOSITORY_ID: usize = 255;
 
+/// A claim as it was sent, `null` included (serde reads a `null` into an `Option` as absent);
+/// an absent claim is `None` through `#[serde(default)]`.
+fn as_sent<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<serde_json::Value>, D::Error> {
+    serde_json::Value::deserialize(d).map(Some)
+}
+
 #[derive(Deserialize)]
 pub(crate) struct Claims {
     #[serde(default)]
     ac: Option<serde_json::Value>,
-    #[serde(default)]
+    /// `null` included: it is refused, not read as absent.
+    #[serde(default, deserialize_with = "as_sent")]
     repository_id: Option<serde_json::Value>,
     /// `owner/name`, when the issuer includes it.
     #[serde(default)]
@@ -160,7 +167,7 @@ pub(crate) fn identity_from_claims(
     let repository = match claims.repository_id {
         Some(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => n.to_string(),
         Some(serde_json::Value::String(s)) if s.len() <= MAX_REPOSITORY_ID => s,
-        None | Some(serde_json::Value::Null) => String::new(),
+        None => String::new(),
         // Anything else is refused rather than read as "no repository", which would put the
         // token in the namespace forge tokens share.
         Some(_) => return Err(TokenError::BadRepository),
@@ -288,6 +295,7 @@ mod tests {
             r#"{"ac":"[]","repository_id":[1]}"#,
             r#"{"ac":"[]","repository_id":true}"#,
             r#"{"ac":"[]","repository_id":1.5}"#,
+            r#"{"ac":"[]","repository_id":null}"#,
         ] {
             assert!(
                 matches!(
