@@ -4,8 +4,10 @@
 
 mod common;
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::process::Hoard;
 use common::{main_token, token, TestServer, MAIN};
 
 /// Runs `hoard doctor` with exactly `vars` as the cache-related environment; its exit status
@@ -25,6 +27,9 @@ async fn doctor(vars: &[(&str, &str)]) -> (bool, String) {
             "GITHUB_SERVER_URL",
             "ACTIONS_RUNTIME_TOKEN",
             "ACTIONS_CACHE_MODE",
+            "NODE_EXTRA_CA_CERTS",
+            "SSL_CERT_FILE",
+            "SSL_CERT_DIR",
         ] {
             cmd.env_remove(name);
         }
@@ -190,4 +195,161 @@ async fn a_server_without_v1_is_named() {
         finding.contains("does not serve the v1 cache service"),
         "{report}"
     );
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl is needed (scripts/test checks for it)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+const EC: [&str; 5] = [
+    "-newkey",
+    "ec",
+    "-pkeyopt",
+    "ec_paramgen_curve:prime256v1",
+    "-nodes",
+];
+
+/// A self-signed certificate as the usual one-liner makes it (`openssl req -x509`: it says
+/// `CA:TRUE`), naming `names`; its certificate and key files.
+fn self_signed(dir: &Path, file: &str, names: &str) -> (PathBuf, PathBuf) {
+    let (cert, key) = (format!("{file}.pem"), format!("{file}.key"));
+    let san = format!("subjectAltName={names}");
+    let mut args = vec!["req", "-x509", "-days", "2", "-subj", "/CN=localhost"];
+    args.extend(EC);
+    args.extend(["-addext", &san, "-keyout", &key, "-out", &cert]);
+    openssl(dir, &args);
+    (dir.join(cert), dir.join(key))
+}
+
+/// Like [`self_signed`], valid only on the 1st of January 2020 (`openssl ca` sets the dates,
+/// which `req -x509` of OpenSSL 3.0 cannot).
+fn expired(dir: &Path) -> (PathBuf, PathBuf) {
+    std::fs::write(
+        dir.join("ca.cnf"),
+        "[ca]\ndefault_ca = old\n[old]\ndatabase = index.txt\nnew_certs_dir = .\nserial = serial\n\
+         default_md = sha256\npolicy = any\ncopy_extensions = copy\nunique_subject = no\n\
+         [any]\ncommonName = supplied\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("index.txt"), "").unwrap();
+    std::fs::write(dir.join("serial"), "01\n").unwrap();
+    let mut args = vec!["req", "-new", "-subj", "/CN=localhost"];
+    args.extend(EC);
+    args.extend([
+        "-addext",
+        "subjectAltName=DNS:localhost,IP:127.0.0.1",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-keyout",
+        "expired.key",
+        "-out",
+        "expired.csr",
+    ]);
+    openssl(dir, &args);
+    openssl(
+        dir,
+        &[
+            "ca",
+            "-batch",
+            "-notext",
+            "-config",
+            "ca.cnf",
+            "-selfsign",
+            "-keyfile",
+            "expired.key",
+            "-in",
+            "expired.csr",
+            "-startdate",
+            "20200101000000Z",
+            "-enddate",
+            "20200102000000Z",
+            "-out",
+            "expired.pem",
+        ],
+    );
+    (dir.join("expired.pem"), dir.join("expired.key"))
+}
+
+/// Runs doctor against a hoard serving `cert` over HTTPS, trusting `trusted` as the Node
+/// client would through `NODE_EXTRA_CA_CERTS`.
+async fn doctor_over_https(
+    data: &Path,
+    cert: &Path,
+    key: &Path,
+    trusted: Option<&Path>,
+) -> (bool, String) {
+    let secret = common::secret_file(data);
+    let hoard = Hoard::start_with(
+        data,
+        &[
+            "--token-hs256-secret-file",
+            secret.to_str().unwrap(),
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+    );
+    let url = format!("{}/", hoard.base.replace("http://", "https://"));
+    let t = main_token();
+    let mut vars = vec![
+        ("ACTIONS_RESULTS_URL", url.as_str()),
+        ("ACTIONS_CACHE_SERVICE_V2", "true"),
+        ("ACTIONS_RUNTIME_TOKEN", &t),
+    ];
+    if let Some(trusted) = trusted {
+        vars.push(("NODE_EXTRA_CA_CERTS", trusted.to_str().unwrap()));
+    }
+    doctor(&vars).await
+}
+
+/// Over HTTPS doctor trusts what the Node client trusts: a self-signed `CA:TRUE` certificate
+/// named by `NODE_EXTRA_CA_CERTS` passes; an expired one, one for another name, and one not
+/// trusted fail, each naming the certificate's problem instead of giving network advice.
+#[tokio::test(flavor = "multi_thread")]
+async fn over_https_doctor_trusts_what_the_client_trusts() {
+    let dir = tempfile::tempdir().unwrap();
+    let (good, good_key) = self_signed(dir.path(), "good", "DNS:localhost,IP:127.0.0.1");
+    let data = tempfile::tempdir().unwrap();
+    let (ok, report) = doctor_over_https(data.path(), &good, &good_key, Some(&good)).await;
+    assert!(ok, "{report}");
+    assert!(report.ends_with("caching works here\n"), "{report}");
+
+    let (ok, report) = doctor_over_https(data.path(), &good, &good_key, None).await;
+    assert!(!ok);
+    let finding = line_with(&report, "TLS with");
+    assert!(finding.contains("CA certificate"), "{report}");
+    assert!(
+        report.contains("NODE_EXTRA_CA_CERTS") && report.contains("openssl req"),
+        "{report}"
+    );
+    assert!(!report.contains("firewall"), "{report}");
+
+    let (old, old_key) = expired(dir.path());
+    let (ok, report) = doctor_over_https(data.path(), &old, &old_key, Some(&old)).await;
+    assert!(!ok);
+    assert!(
+        line_with(&report, "TLS with").contains("expired on Thu, 02 Jan 2020"),
+        "{report}"
+    );
+    assert!(report.contains("renew"), "{report}");
+
+    let (other, other_key) = self_signed(dir.path(), "other", "DNS:elsewhere.example");
+    let (ok, report) = doctor_over_https(data.path(), &other, &other_key, Some(&other)).await;
+    assert!(!ok);
+    assert!(
+        line_with(&report, "TLS with")
+            .contains("does not name 127.0.0.1: it names elsewhere.example"),
+        "{report}"
+    );
+    assert!(report.contains("subjectAltName=IP:127.0.0.1"), "{report}");
 }

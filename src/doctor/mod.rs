@@ -5,6 +5,7 @@
 
 mod plan;
 mod probe;
+mod trust;
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -93,7 +94,8 @@ pub async fn run(env: Env, timeout: Duration) -> Report {
     let plan = plan::plan(&env);
     let mut findings = plan.findings.clone();
     if let (Some(base), Some(token)) = (&plan.base, &env.token) {
-        findings.extend(probe::probe(plan.protocol, base, token, timeout).await);
+        let extra_ca_certs = env.extra_ca_certs.as_deref();
+        findings.extend(probe::probe(plan.protocol, base, token, extra_ca_certs, timeout).await);
     }
     Report { findings }
 }

@@ -15,6 +15,8 @@ pub struct Env {
     pub server_url: Option<String>,
     pub token: Option<String>,
     pub cache_mode: Option<String>,
+    /// `NODE_EXTRA_CA_CERTS`: more certificates the Node client trusts.
+    pub extra_ca_certs: Option<String>,
 }
 
 impl Env {
@@ -27,6 +29,7 @@ impl Env {
             server_url: get("GITHUB_SERVER_URL"),
             token: get("ACTIONS_RUNTIME_TOKEN").filter(|t| !t.is_empty()),
             cache_mode: get("ACTIONS_CACHE_MODE"),
+            extra_ca_certs: get("NODE_EXTRA_CA_CERTS"),
         }
     }
 }

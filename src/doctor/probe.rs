@@ -8,7 +8,7 @@ use reqwest::{header, Client, Response, StatusCode};
 use serde_json::{json, Value};
 use url::Url;
 
-use super::{Finding, Protocol};
+use super::{trust, Finding, Protocol};
 
 const SERVICE: &str = "twirp/github.actions.results.api.v1.CacheService/";
 /// More clock difference than this and tokens fail their `exp`/`nbf` checks (the server's
@@ -16,9 +16,29 @@ const SERVICE: &str = "twirp/github.actions.results.api.v1.CacheService/";
 const MAX_SKEW_SECS: u64 = 60;
 const PROBE_BYTES: usize = 1024;
 
-pub async fn probe(protocol: Protocol, base: &Url, token: &str, timeout: Duration) -> Vec<Finding> {
+/// `extra_ca_certs` is `NODE_EXTRA_CA_CERTS`: over HTTPS doctor trusts what the client does.
+pub async fn probe(
+    protocol: Protocol,
+    base: &Url,
+    token: &str,
+    extra_ca_certs: Option<&str>,
+    timeout: Duration,
+) -> Vec<Finding> {
     let mut out = Vec::new();
-    let http = match Client::builder().timeout(timeout).build() {
+    let built = trust::client_config(extra_ca_certs).and_then(|(tls, unread)| {
+        for problem in unread {
+            out.push(Finding::warn(
+                format!("trusted certificates: {problem}"),
+                "the client skips what it cannot read too: fix the file or the variable",
+            ));
+        }
+        Client::builder()
+            .timeout(timeout)
+            .use_preconfigured_tls(tls)
+            .build()
+            .map_err(|e| e.to_string())
+    });
+    let http = match built {
         Ok(http) => http,
         Err(e) => {
             out.push(Finding::fail(
@@ -131,6 +151,13 @@ impl Probe {
         let res = match self.http.get(format!("{origin}/readyz")).send().await {
             Ok(res) => res,
             Err(e) => {
+                let host = self.base.host_str().unwrap_or_default();
+                if let Some((problem, fix)) =
+                    trust::tls_error(&e).and_then(|tls| trust::problem(tls, host))
+                {
+                    out.push(Finding::fail(format!("TLS with {origin}: {problem}"), fix));
+                    return false;
+                }
                 let cause = root_cause(&e);
                 out.push(Finding::fail(
                     format!("cannot reach {origin}: {cause}"),
