@@ -180,10 +180,12 @@ fn a_store_hoard_cannot_use_stops_start_up_with_one_sentence() {
     }
 }
 
-/// `/readyz` turns 503 when the store stops answering for hoard, and says only which part
-/// failed; nothing of the credentials reaches the log.
+/// `/readyz` follows the store: when the layout marker goes (the bucket or prefix emptied or
+/// made anew) while the store answers, hoard writes it again and stays ready; a marker of
+/// another layout version is a 503 whose body says so in words, the cause in the log, and
+/// nothing of the credentials there.
 #[test]
-fn readyz_fails_when_the_store_stops_answering() {
+fn readiness_follows_the_store_and_rewrites_a_missing_marker() {
     let s3 = emulators::s3();
     let bucket = s3.bucket();
     let data = tempfile::tempdir().unwrap();
@@ -200,38 +202,64 @@ fn readyz_fails_when_the_store_stops_answering() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let http = reqwest::Client::new();
-        let ready = http
-            .get(format!("{}/readyz", hoard.base))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(ready.status(), 200);
-        // The layout marker goes: the store no longer answers the check.
+        let readyz = || async {
+            let res = http
+                .get(format!("{}/readyz", hoard.base))
+                .send()
+                .await
+                .unwrap();
+            let status = res.status();
+            (status, res.json::<serde_json::Value>().await.unwrap())
+        };
+        assert_eq!(readyz().await.0, 200);
         set_env(&env);
         let store = object_store::aws::AmazonS3Builder::from_env()
             .with_url(format!("s3://{bucket}"))
             .build()
             .unwrap();
+        let marker = || async {
+            match object_store::ObjectStore::get(&store, &"x/VERSION".into()).await {
+                Ok(found) => Some(found.bytes().await.unwrap()),
+                Err(object_store::Error::NotFound { .. }) => None,
+                Err(e) => panic!("{e}"),
+            }
+        };
+        // The marker goes, as when the prefix is emptied: ready again at once, marker back.
         object_store::ObjectStore::delete(&store, &"x/VERSION".into())
             .await
             .unwrap();
-        let ready = http
-            .get(format!("{}/readyz", hoard.base))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(ready.status(), 503);
-        let body: serde_json::Value = ready.json().await.unwrap();
-        assert_eq!(body["error"], "the chunk store does not answer", "{body}");
+        assert_eq!(marker().await, None);
+        let (status, body) = readyz().await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(marker().await.as_deref(), Some(&b"1\n"[..]));
+
+        // A marker of another layout version is a refusal, and is left as it is.
+        object_store::ObjectStore::put(
+            &store,
+            &"x/VERSION".into(),
+            Bytes::from_static(b"2\n").into(),
+        )
+        .await
+        .unwrap();
+        let (status, body) = readyz().await;
+        assert_eq!(status, 503, "{body}");
+        assert!(
+            body["error"]
+                .as_str()
+                .unwrap()
+                .contains("layout marker (VERSION) is of another version"),
+            "{body}"
+        );
+        assert_eq!(marker().await.as_deref(), Some(&b"2\n"[..]));
         // Log lines come through a pipe, a moment after the answer.
         let logged = || {
             let log = hoard.log.lock().unwrap();
-            log.iter().any(|l| l.contains("readiness check failed"))
+            log.iter()
+                .any(|l| l.contains("readiness check failed") && l.contains("version 2"))
         };
         common::eventually(Duration::from_secs(10), logged).await;
     });
     let log = hoard.log.lock().unwrap().join("\n");
-    assert!(log.contains("readiness check failed"), "{log}");
     assert!(!log.contains(&s3.secret_access_key), "{log}");
 }
 

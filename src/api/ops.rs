@@ -57,8 +57,8 @@ pub(super) async fn readyz(State(app): State<AppState>) -> Response {
         Err(e) => {
             tracing::warn!(error = %e, "readiness check failed");
             // The cause is in the log; the answer names only the part that failed.
-            let failed = match e {
-                crate::cache::CacheError::Storage(_) => "the chunk store does not answer",
+            let failed = match &e {
+                crate::cache::CacheError::Storage(e) => e.readiness(),
                 _ => "the metadata database does not answer",
             };
             let body = serde_json::json!({ "status": "unavailable", "error": failed, "warnings": warnings });

@@ -71,6 +71,25 @@ pub enum BlobError {
 }
 
 impl BlobError {
+    /// What a failed [`BlobStore::ping`] means, in words an operator can act on (the readiness
+    /// answer); the cause itself goes to the log.
+    pub fn readiness(&self) -> &'static str {
+        let Self::Io { source, .. } = self else {
+            return "the chunk store does not answer";
+        };
+        match source.kind() {
+            io::ErrorKind::TimedOut => "the chunk store does not answer within 5 s",
+            io::ErrorKind::PermissionDenied
+            | io::ErrorKind::ReadOnlyFilesystem
+            | io::ErrorKind::StorageFull
+            | io::ErrorKind::QuotaExceeded => "the chunk store answers but refuses writes",
+            io::ErrorKind::InvalidData => {
+                "the chunk store's layout marker (VERSION) is of another version: this hoard cannot use that data"
+            }
+            _ => "the chunk store does not answer",
+        }
+    }
+
     /// The storage ran out of space (ENOSPC, or a disk quota).
     pub fn is_storage_full(&self) -> bool {
         let source = match self {
@@ -109,7 +128,8 @@ pub trait BlobStore: Send + Sync + std::fmt::Debug + 'static {
     /// without a fixed size (object storage).
     async fn capacity(&self) -> Result<Option<Capacity>, BlobError>;
 
-    /// Checks that the store can be written.
+    /// Checks that the store can be written. Its error's [`BlobError::readiness`] says what
+    /// is wrong.
     async fn ping(&self) -> Result<(), BlobError>;
 
     /// Makes every put completed so far durable against a machine crash. Skipped when nothing
@@ -132,4 +152,30 @@ pub trait BlobStore: Send + Sync + std::fmt::Debug + 'static {
 
     /// What kind of store this is, for the admin API's status: `file`, `s3`, `gcs`, `azure`.
     fn kind(&self) -> &'static str;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_ping_says_in_words_what_is_wrong() {
+        let failed = |kind| BlobError::Io {
+            what: "s3://b/p/VERSION".into(),
+            source: io::Error::new(kind, "cause"),
+        };
+        assert!(failed(io::ErrorKind::TimedOut)
+            .readiness()
+            .contains("within 5 s"));
+        assert!(failed(io::ErrorKind::PermissionDenied)
+            .readiness()
+            .contains("refuses writes"));
+        assert!(failed(io::ErrorKind::InvalidData)
+            .readiness()
+            .contains("of another version"));
+        assert_eq!(
+            failed(io::ErrorKind::ConnectionRefused).readiness(),
+            "the chunk store does not answer"
+        );
+    }
 }

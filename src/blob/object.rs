@@ -660,21 +660,55 @@ impl BlobStore for ObjectStorage {
         Ok(None)
     }
 
-    /// Reads the layout marker: a cheap request that needs the credentials to work. (Writing
-    /// was proved at start-up.)
+    /// Reads the layout marker: a cheap request that needs the credentials to work. A marker
+    /// that is gone while the store answers (the bucket or the prefix was emptied, or made
+    /// anew) is written again, as at start-up, so readiness follows the store; a marker of
+    /// another layout stays a refusal. The error's kind says which ([`BlobError::readiness`]).
     async fn ping(&self) -> Result<(), BlobError> {
         let what = || format!("{}/VERSION", self.url);
+        let timed_out = || BlobError::Io {
+            what: what(),
+            source: io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no answer within {PING_TIMEOUT:?}"),
+            ),
+        };
         // Without retries' patience: a readiness probe wants an answer now.
-        match tokio::time::timeout(PING_TIMEOUT, self.store.head(&self.marker)).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(store_err(what(), e)),
-            Err(_) => Err(BlobError::Io {
+        let deadline = tokio::time::Instant::now() + PING_TIMEOUT;
+        let read = async {
+            let found = self.store.get(&self.marker).await?;
+            found.bytes().await
+        };
+        match tokio::time::timeout_at(deadline, read).await {
+            Err(_) => Err(timed_out()),
+            Ok(Ok(text)) if text.trim_ascii() == LAYOUT_VERSION.as_bytes() => Ok(()),
+            Ok(Ok(text)) => Err(BlobError::Io {
                 what: what(),
                 source: io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("no answer within {PING_TIMEOUT:?}"),
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "data layout version {} is not supported (expected {LAYOUT_VERSION})",
+                        String::from_utf8_lossy(text.trim_ascii())
+                    ),
                 ),
             }),
+            Ok(Err(object_store::Error::NotFound { .. })) => {
+                let marker = PutPayload::from(format!("{LAYOUT_VERSION}\n"));
+                match tokio::time::timeout_at(deadline, self.store.put(&self.marker, marker)).await
+                {
+                    Err(_) => Err(timed_out()),
+                    Ok(Ok(_)) => {
+                        tracing::warn!(url = %self.url, "the layout marker was gone (the bucket or prefix emptied?): written again");
+                        Ok(())
+                    }
+                    // The store answered the read a moment ago: it refuses this write.
+                    Ok(Err(e)) => Err(BlobError::Io {
+                        what: what(),
+                        source: io::Error::new(io::ErrorKind::PermissionDenied, e),
+                    }),
+                }
+            }
+            Ok(Err(e)) => Err(store_err(what(), e)),
         }
     }
 
