@@ -35,6 +35,9 @@ use async_trait::async_trait;
 pub use self::sqlx::{MySqlStore, PostgresStore};
 #[cfg(any(test, feature = "test-util"))]
 pub use memory::MemoryStore;
+/// SQLite's virtual-machine steps for some work on this thread (tests of how work grows).
+#[cfg(test)]
+pub(crate) use sqlite::count_vm_steps;
 pub use sqlite::SqliteStore;
 pub use timed::Timed;
 

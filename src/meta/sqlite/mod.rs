@@ -23,6 +23,8 @@ use rusqlite::{
 mod group_commit;
 #[cfg(test)]
 mod plan_tests;
+#[cfg(test)]
+pub(crate) use plan_tests::vm_steps as count_vm_steps;
 mod stats;
 mod wal;
 
