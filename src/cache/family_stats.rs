@@ -39,6 +39,9 @@ pub struct FamilyStats {
 #[derive(Debug, Default)]
 struct Pending {
     counts: HashMap<StatsKey, Counters>,
+    /// The row counted last, not yet in `counts`: a run of lookups of one family (a matrix
+    /// build, a fleet restoring one cache) adds to it without hashing or copying a key.
+    last: Option<(StatsKey, Counters)>,
     /// (repository, folded primary key) → the family its latest lookup gave it.
     lookup_families: HashMap<(RepoId, String), String>,
     /// (repository, family) → whether the store keeps it (else it counts as `other`).
@@ -85,15 +88,16 @@ impl FamilyStats {
             return;
         };
         let family = family_folded(primary.as_str(), primary_folded, restore);
-        seen(&family);
+        seen(family);
         let mut pending = self.pending();
         if !restore.is_empty() {
             if pending.lookup_families.len() >= MAX_REMEMBERED {
                 pending.lookup_families.clear();
             }
-            pending
-                .lookup_families
-                .insert((repository.clone(), primary_folded.clone()), family.clone());
+            pending.lookup_families.insert(
+                (repository.clone(), primary_folded.clone()),
+                family.to_owned(),
+            );
         }
         pending.add(
             repository,
@@ -124,13 +128,8 @@ impl FamilyStats {
         size: u64,
         now: Millis,
     ) {
-        self.pending().add(
-            repository,
-            family.to_owned(),
-            class,
-            now,
-            &Counters::save(size),
-        );
+        self.pending()
+            .add(repository, family, class, now, &Counters::save(size));
     }
 
     /// Entries removed for `cause`, each counted in its own family and class.
@@ -140,7 +139,7 @@ impl FamilyStats {
         for entry in removed {
             pending.add(
                 &entry.repository,
-                entry.family.clone(),
+                &entry.family,
                 entry.ref_class,
                 now,
                 &counters,
@@ -151,7 +150,7 @@ impl FamilyStats {
     /// Writes what is pending; on failure it is kept for the next try.
     pub async fn flush(&self, meta: &dyn StatsStore, now: Millis) {
         let _one_at_a_time = self.flushing.lock().await;
-        let counts: Vec<(StatsKey, Counters)> = self.pending().counts.drain().collect();
+        let counts = self.pending().take();
         if counts.is_empty() {
             return;
         }
@@ -244,23 +243,48 @@ impl Pending {
     fn add(
         &mut self,
         repository: &RepoId,
-        family: String,
+        family: &str,
         class: RefClass,
         now: Millis,
         counters: &Counters,
     ) {
+        let hour = Bucket::Hour.floor(now);
+        if let Some((key, sum)) = &mut self.last {
+            if key.hour == hour
+                && key.class == class
+                && key.family == family
+                && key.repository == *repository
+            {
+                sum.add(counters);
+                return;
+            }
+        }
+        self.settle();
         let family = if self.counts.len() >= MAX_PENDING {
-            OTHER_FAMILY.to_owned()
+            OTHER_FAMILY
         } else {
             family
         };
         let key = StatsKey {
             repository: repository.clone(),
-            family,
+            family: family.to_owned(),
             class,
-            hour: Bucket::Hour.floor(now),
+            hour,
         };
-        self.counts.entry(key).or_default().add(counters);
+        self.last = Some((key, *counters));
+    }
+
+    /// Moves the last row into `counts`.
+    fn settle(&mut self) {
+        if let Some((key, sum)) = self.last.take() {
+            self.counts.entry(key).or_default().add(&sum);
+        }
+    }
+
+    /// Every pending row, leaving none.
+    fn take(&mut self) -> Vec<(StatsKey, Counters)> {
+        self.settle();
+        self.counts.drain().collect()
     }
 }
 
@@ -399,11 +423,7 @@ mod tests {
         for i in 0..MAX_PENDING + 100 {
             stats.saved(&repo, &format!("f{i}-"), RefClass::Tag, 1, 0);
         }
-        let pending = stats.pending();
-        assert_eq!(
-            pending.counts.len(),
-            MAX_PENDING + 1,
-            "the rest went to `other`"
-        );
+        let rows = stats.pending().take();
+        assert_eq!(rows.len(), MAX_PENDING + 1, "the rest went to `other`");
     }
 }

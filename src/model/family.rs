@@ -17,18 +17,23 @@ pub const NO_PREFIX: &str = "(no prefix)";
 /// The family of `key`, looked up or saved with `restore_keys` (none for a save).
 pub fn family(key: &str, restore_keys: &[&str]) -> String {
     let folded: Vec<String> = restore_keys.iter().map(|r| r.to_lowercase()).collect();
-    family_folded(key, &key.to_lowercase(), &folded)
+    family_folded(key, &key.to_lowercase(), &folded).to_owned()
 }
 
 /// [`family`] for a lookup whose keys are already folded (`folded_key`, `folded_restore_keys`:
-/// lower case, as lookups match them).
-pub fn family_folded(key: &str, folded_key: &str, folded_restore_keys: &[String]) -> String {
+/// lower case, as lookups match them), as a part of `key` (or [`NO_PREFIX`]): nothing is
+/// copied on the lookup path.
+pub fn family_folded<'k>(
+    key: &'k str,
+    folded_key: &str,
+    folded_restore_keys: &[String],
+) -> &'k str {
     let prefix =
         by_restore_key(key, folded_key, folded_restore_keys).unwrap_or_else(|| by_hash(key));
     if prefix.is_empty() {
-        return NO_PREFIX.to_owned();
+        return NO_PREFIX;
     }
-    clip(prefix).to_owned()
+    clip(prefix)
 }
 
 /// The longest of the (folded) restore keys that the (folded) key starts with, as `key` spells
