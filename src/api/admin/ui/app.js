@@ -278,7 +278,7 @@ function renderUsage(usage, limits) {
     link.title = `Charts and families of ${label}`;
     link.dataset.testid = 'repo-link';
     const size = quota
-      ? `${formatBytes(r.active_caches_size_in_bytes)} (${formatRatio(r.active_caches_size_in_bytes / quota)} of quota)`
+      ? `${formatBytes(r.active_caches_size_in_bytes)} (${formatShare(r.active_caches_size_in_bytes / quota)} of quota)`
       : formatBytes(r.active_caches_size_in_bytes);
     // Bytes per scope class: branches, and pull requests and tags (their own share of the quota).
     const branches = cell(formatBytes(r.branch_caches_size_in_bytes), 'num');
