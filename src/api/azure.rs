@@ -17,6 +17,8 @@ pub struct AzureError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    /// Seconds for a `Retry-After` header (the SDK's retry policy honours it on 503).
+    retry_after: Option<u64>,
 }
 
 impl AzureError {
@@ -25,6 +27,7 @@ impl AzureError {
             status,
             code,
             message: message.into(),
+            retry_after: None,
         }
     }
 
@@ -53,6 +56,9 @@ impl IntoResponse for AzureError {
         h.insert("x-ms-error-code", HeaderValue::from_static(self.code));
         h.insert("x-ms-version", HeaderValue::from_static(API_VERSION));
         h.insert("x-ms-request-id", request_id());
+        if let Some(seconds) = self.retry_after {
+            h.insert(header::RETRY_AFTER, seconds.into());
+        }
         response
     }
 }
@@ -107,11 +113,14 @@ impl From<CacheError> for AzureError {
             ),
             ref e if e.is_transient() => {
                 tracing::warn!(error = %e, "blob request could not be served now");
-                Self::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "ServerBusy",
-                    "The server is busy; retry.",
-                )
+                Self {
+                    retry_after: Some(1),
+                    ..Self::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "ServerBusy",
+                        "The server is busy; retry.",
+                    )
+                }
             }
             CacheError::Storage(_) | CacheError::Meta(_) => {
                 tracing::error!(error = %e, "blob request failed");
@@ -134,6 +143,20 @@ pub(super) fn request_id() -> HeaderValue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_unavailable_store_is_server_busy_with_retry_after() {
+        let response =
+            AzureError::from(CacheError::storage_unavailable("connection refused")).into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let h = response.headers();
+        assert_eq!(h["x-ms-error-code"], "ServerBusy");
+        assert_eq!(h[header::RETRY_AFTER], "1");
+        let body = axum::body::to_bytes(response.into_body(), 4096)
+            .await
+            .unwrap();
+        assert!(!String::from_utf8_lossy(&body).contains("refused"));
+    }
 
     #[tokio::test]
     async fn a_message_with_markup_stays_well_formed_xml() {

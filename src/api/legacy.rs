@@ -492,6 +492,16 @@ mod tests {
     }
 
     #[test]
+    fn an_unavailable_store_is_a_503_with_retry_after() {
+        use super::*;
+        let e = CacheError::storage_unavailable("connection refused at 10.1.2.3:9000");
+        let v1 = LegacyError::from(e);
+        assert_eq!(v1.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(v1.retry_after, Some(1));
+        assert!(!v1.message.contains("10.1.2.3"), "{}", v1.message);
+    }
+
+    #[test]
     fn requests_are_labelled_by_endpoint_wherever_they_are_served() {
         use super::route_label;
         assert_eq!(

@@ -375,6 +375,15 @@ mod tests {
     }
 
     #[test]
+    fn an_unavailable_store_is_unavailable_not_internal() {
+        let e = CacheError::storage_unavailable("connection refused at 10.1.2.3:9000");
+        let twirp = TwirpError::from(e);
+        assert_eq!((twirp.code, twirp.status().as_u16()), ("unavailable", 503));
+        assert_eq!(twirp.retry_after, Some(1));
+        assert!(!twirp.msg.contains("10.1.2.3"), "{}", twirp.msg);
+    }
+
+    #[test]
     fn codes_map_to_twirps_http_statuses() {
         for (code, status) in [
             ("invalid_argument", 400),

@@ -10,6 +10,7 @@
 //!   a later [`BlobStore::sync`] has returned; [`BlobStore::lost_since`] reports, at start-up,
 //!   from which instant puts may have been lost to such a crash.
 
+mod bounded;
 #[cfg(any(test, feature = "test-util"))]
 pub mod conformance;
 mod digests;
@@ -68,13 +69,21 @@ pub enum BlobError {
         #[source]
         source: io::Error,
     },
+    /// The store could not serve now: it refused or dropped the connection, stayed silent, or
+    /// answered 5xx, after the client library's retries. A retry later may succeed.
+    #[error("the chunk store is unavailable ({what}): {source}")]
+    Unavailable {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
 }
 
 impl BlobError {
     /// What a failed [`BlobStore::ping`] means, in words an operator can act on (the readiness
     /// answer); the cause itself goes to the log.
     pub fn readiness(&self) -> &'static str {
-        let Self::Io { source, .. } = self else {
+        let (Self::Io { source, .. } | Self::Unavailable { source, .. }) = self else {
             return "the chunk store does not answer";
         };
         match source.kind() {

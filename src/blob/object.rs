@@ -17,6 +17,10 @@
 //!
 //! Durability is the store's: a put is durable when it returns, so `sync` has nothing to do and
 //! nothing is ever lost to a crash of this machine.
+//!
+//! A store that refuses connections, stays silent or answers 5xx fails a request within
+//! seconds ([`super::bounded`], [`retries`]) with [`BlobError::Unavailable`], which clients
+//! hear as "retry later" (503); a refusal (403, a bad request) stays [`BlobError::Io`].
 
 use std::fmt;
 use std::io;
@@ -35,6 +39,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use url::Url;
 
+use super::bounded::{self, Bounded, CONNECT_TIMEOUT, SILENCE};
 use super::{BlobError, BlobStore, ByteStream, Capacity, Digests, Listed, NameStream};
 use crate::model::{BlobName, Chunk, Millis};
 
@@ -55,17 +60,28 @@ const PING_TIMEOUT: Duration = Duration::from_secs(5);
 /// Chunks declared this small are received whole outside the budget.
 const SMALL: u64 = 1 << 20;
 /// The longest one request to the store may take, body included. The clients' default (30 s)
-/// would cut a download that a slow runner takes minutes to read.
+/// would cut a download that a slow runner takes minutes to read; silence is bounded apart
+/// ([`SILENCE`]).
 const REQUEST_TIMEOUT: &str = "15m";
+/// No retry of a failed request starts later than this after its first try.
+const RETRY_BUDGET: Duration = Duration::from_secs(10);
 
 /// Failed requests are retried (throttling, a dropped connection, a download resumed where it
-/// broke off), but a store that is down fails start-up and `/readyz` within seconds.
+/// broke off) up to 5 times within [`RETRY_BUDGET`], backing off from 100 ms: a store that
+/// refuses connections fails a request in about 3 s, one that answers 5xx within about 10 s,
+/// and a silent one after [`SILENCE`] (a request that timed out is not tried again once the
+/// budget is spent).
 fn retries() -> object_store::RetryConfig {
     object_store::RetryConfig {
         max_retries: 5,
-        retry_timeout: Duration::from_secs(60),
+        retry_timeout: RETRY_BUDGET,
         ..object_store::RetryConfig::default()
     }
+}
+
+/// The connect timeout as the clients' configuration value.
+fn connect_timeout() -> String {
+    format!("{}s", CONNECT_TIMEOUT.as_secs())
 }
 
 /// Which object store, and where in it: `s3://BUCKET/PREFIX`, `gs://BUCKET/PREFIX` or
@@ -182,10 +198,31 @@ impl fmt::Debug for ObjectStorage {
     }
 }
 
+/// A store's failure: [`BlobError::Unavailable`] when a retry later may succeed.
 fn store_err(what: impl fmt::Display, e: object_store::Error) -> BlobError {
-    BlobError::Io {
-        what: what.to_string(),
-        source: io::Error::other(e),
+    let what = what.to_string();
+    if bounded::is_unavailable(&e) {
+        BlobError::Unavailable {
+            what,
+            source: io::Error::other(e),
+        }
+    } else {
+        BlobError::Io {
+            what,
+            source: io::Error::other(e),
+        }
+    }
+}
+
+/// A presigned link's request failed: unavailable unless the request could not be built. The
+/// link's query is a credential: never in an error.
+fn link_err(what: String, e: reqwest::Error) -> BlobError {
+    let builder = e.is_builder();
+    let source = io::Error::other(e.without_url());
+    if builder {
+        BlobError::Io { what, source }
+    } else {
+        BlobError::Unavailable { what, source }
     }
 }
 
@@ -204,7 +241,7 @@ impl ObjectStorage {
             url: url.clone(),
             upload_budget: Arc::new(Semaphore::new(UPLOAD_BUFFER_PARTS)),
             http: reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(5))
+                .connect_timeout(CONNECT_TIMEOUT)
                 .build()
                 .map_err(|e| BlobError::Io {
                     what: url.to_string(),
@@ -225,7 +262,12 @@ impl ObjectStorage {
                 let mut builder = object_store::aws::AmazonS3Builder::from_env()
                     .with_url(bucket_url)
                     .with_retry(retries())
-                    .with_config(Key::Client(ClientConfigKey::Timeout), REQUEST_TIMEOUT);
+                    .with_http_connector(Bounded)
+                    .with_config(Key::Client(ClientConfigKey::Timeout), REQUEST_TIMEOUT)
+                    .with_config(
+                        Key::Client(ClientConfigKey::ConnectTimeout),
+                        connect_timeout(),
+                    );
                 // An S3-compatible server on plain HTTP: the endpoint says so, no second switch.
                 let endpoint = builder.get_config_value(&Key::Endpoint).unwrap_or_default();
                 if endpoint.starts_with("http://") {
@@ -240,7 +282,12 @@ impl ObjectStorage {
                     object_store::gcp::GoogleCloudStorageBuilder::from_env()
                         .with_url(bucket_url)
                         .with_retry(retries())
+                        .with_http_connector(Bounded)
                         .with_config(Key::Client(ClientConfigKey::Timeout), REQUEST_TIMEOUT)
+                        .with_config(
+                            Key::Client(ClientConfigKey::ConnectTimeout),
+                            connect_timeout(),
+                        )
                         .build()?,
                 );
                 (gcs.clone(), gcs)
@@ -250,7 +297,12 @@ impl ObjectStorage {
                 let mut builder = object_store::azure::MicrosoftAzureBuilder::from_env()
                     .with_url(bucket_url)
                     .with_retry(retries())
-                    .with_config(Key::Client(ClientConfigKey::Timeout), REQUEST_TIMEOUT);
+                    .with_http_connector(Bounded)
+                    .with_config(Key::Client(ClientConfigKey::Timeout), REQUEST_TIMEOUT)
+                    .with_config(
+                        Key::Client(ClientConfigKey::ConnectTimeout),
+                        connect_timeout(),
+                    );
                 let emulator = builder
                     .get_config_value(&Key::UseEmulator)
                     .is_some_and(|v| v == "true");
@@ -363,7 +415,9 @@ impl Parts {
 impl ObjectStorage {
     /// Streams a body of known length to the store in one PUT through a presigned link: no
     /// buffer, one request, the frames passed on as they arrive and hashed on the way. Only
-    /// the client's retry can repeat it, since the body cannot be replayed.
+    /// the client's retry can repeat it, since the body cannot be replayed. A store that takes
+    /// no bytes for [`SILENCE`], or sends no answer within [`SILENCE`] of the last, fails it as
+    /// unavailable; a client that is slow to send is not the store's silence.
     async fn put_through_link(
         &self,
         name: &BlobName,
@@ -386,6 +440,14 @@ impl ObjectStorage {
         if self.url.kind == ObjectKind::Azure {
             request = request.header("x-ms-blob-type", "BlockBlob");
         }
+        // Tells the answer's wait whether to go on once the body is over: not when the store
+        // stopped taking it.
+        let (fed_tx, fed_rx) = tokio::sync::oneshot::channel::<bool>();
+        let what = || format!("chunk {name}");
+        let silent = |how: String| BlobError::Unavailable {
+            what: what(),
+            source: io::Error::new(io::ErrorKind::TimedOut, how),
+        };
         let feed = async move {
             let mut digests = Digests::new();
             let mut received: u64 = 0;
@@ -404,9 +466,15 @@ impl ObjectStorage {
                     break;
                 }
                 digests.update(&frame);
-                if tx.send(Ok(frame)).await.is_err() {
+                match tokio::time::timeout(SILENCE, tx.send(Ok(frame))).await {
+                    Ok(Ok(())) => {}
                     // The request is over early (the store refused it): its answer says why.
-                    return Ok(None);
+                    Ok(Err(_)) => return Ok(None),
+                    Err(_) => {
+                        return Err(silent(format!(
+                            "the store took no bytes of the body for {SILENCE:?}"
+                        )))
+                    }
                 }
             }
             if received != declared {
@@ -419,29 +487,50 @@ impl ObjectStorage {
             }
             Ok(Some(digests.finish()))
         };
-        let (sent, fed) = tokio::join!(request.send(), feed);
-        let what = || format!("chunk {name}");
-        let stored = match sent {
-            // The link's query is a credential: never in an error.
-            Err(e) => Err(BlobError::Io {
-                what: what(),
-                source: io::Error::other(e.without_url()),
-            }),
-            Ok(answer) if !answer.status().is_success() => {
-                let status = answer.status();
-                let text: String = answer
-                    .text()
-                    .await
-                    .unwrap_or_default()
-                    .chars()
-                    .take(300)
-                    .collect();
-                Err(BlobError::Io {
-                    what: what(),
-                    source: io::Error::other(format!("the store answered {status}: {text}")),
-                })
+        let feed = async move {
+            let fed = feed.await;
+            let stalled = matches!(fed, Err(BlobError::Unavailable { .. }));
+            let _ = fed_tx.send(!stalled);
+            fed
+        };
+        let answer = async {
+            let send = request.send();
+            tokio::pin!(send);
+            tokio::select! {
+                sent = &mut send => Some(sent),
+                fed = fed_rx => match fed {
+                    Ok(true) => tokio::time::timeout(SILENCE, send).await.ok(),
+                    _ => None,
+                },
             }
-            Ok(_) => Ok(()),
+        };
+        let (sent, fed) = tokio::join!(answer, feed);
+        let stored = match sent {
+            None => Err(silent(format!(
+                "the store sent no answer within {SILENCE:?} of the body's end"
+            ))),
+            Some(Err(e)) => Err(link_err(what(), e)),
+            Some(Ok(answer)) if !answer.status().is_success() => {
+                let status = answer.status();
+                let text = tokio::time::timeout(SILENCE, answer.text()).await;
+                let text: String = match text {
+                    Ok(Ok(text)) => text.chars().take(300).collect(),
+                    _ => String::new(),
+                };
+                let source = io::Error::other(format!("the store answered {status}: {text}"));
+                if bounded::is_failing(status) {
+                    Err(BlobError::Unavailable {
+                        what: what(),
+                        source,
+                    })
+                } else {
+                    Err(BlobError::Io {
+                        what: what(),
+                        source,
+                    })
+                }
+            }
+            Some(Ok(_)) => Ok(()),
         };
         match (fed, stored) {
             (Ok(Some((sha256, xxh3))), Ok(())) => Ok(Chunk {
@@ -666,7 +755,7 @@ impl BlobStore for ObjectStorage {
     /// another layout stays a refusal. The error's kind says which ([`BlobError::readiness`]).
     async fn ping(&self) -> Result<(), BlobError> {
         let what = || format!("{}/VERSION", self.url);
-        let timed_out = || BlobError::Io {
+        let timed_out = || BlobError::Unavailable {
             what: what(),
             source: io::Error::new(
                 io::ErrorKind::TimedOut,

@@ -68,7 +68,8 @@ pub enum CacheError {
     /// stored.
     #[error("request body: {0}")]
     BodyFailed(#[source] std::io::Error),
-    /// The chunk store failed (I/O, or a chunk the metadata names is missing).
+    /// The chunk store failed (I/O, or a chunk the metadata names is missing), or could not
+    /// serve now ([`BlobError::Unavailable`], a transient failure).
     #[error(transparent)]
     Storage(BlobError),
     #[error(transparent)]
@@ -76,10 +77,24 @@ pub enum CacheError {
 }
 
 impl CacheError {
-    /// A failure that a retry may not meet: the database is unreachable, or the upload is
-    /// contended. Protocols answer 503 so that clients retry.
+    /// A failure that a retry may not meet: the database or the chunk store is unreachable,
+    /// or the upload is contended. Protocols answer 503 so that clients retry.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Self::Busy | Self::Meta(MetaError::Unavailable(_)))
+        matches!(
+            self,
+            Self::Busy
+                | Self::Meta(MetaError::Unavailable(_))
+                | Self::Storage(BlobError::Unavailable { .. })
+        )
+    }
+
+    /// The chunk store being unreachable, for the protocols' tests of how they answer it.
+    #[cfg(test)]
+    pub fn storage_unavailable(cause: &str) -> Self {
+        Self::Storage(BlobError::Unavailable {
+            what: "chunk 0123".into(),
+            source: std::io::Error::new(std::io::ErrorKind::ConnectionRefused, cause.to_owned()),
+        })
     }
 
     /// The database being unreachable, for the protocols' tests of how they answer it (they
@@ -96,6 +111,9 @@ impl CacheError {
             Self::Meta(MetaError::Unavailable(_)) => {
                 "the cache's database is unavailable; retry later".to_owned()
             }
+            Self::Storage(BlobError::Unavailable { .. }) => {
+                "the cache's storage is unavailable; retry later".to_owned()
+            }
             other => other.to_string(),
         }
     }
@@ -110,7 +128,9 @@ impl From<BlobError> for CacheError {
             BlobError::LengthMismatch { declared, actual } => {
                 Self::BodyLengthMismatch { declared, actual }
             }
-            e @ (BlobError::NotFound(_) | BlobError::Io { .. }) => Self::Storage(e),
+            e @ (BlobError::NotFound(_) | BlobError::Io { .. } | BlobError::Unavailable { .. }) => {
+                Self::Storage(e)
+            }
         }
     }
 }
@@ -137,5 +157,19 @@ mod tests {
         let missing = CacheError::from(BlobError::NotFound(BlobName::random()));
         assert!(matches!(missing, CacheError::Storage(_)));
         assert!(!missing.is_transient());
+        let refused = CacheError::from(BlobError::Io {
+            what: "chunk 0123".into(),
+            source: std::io::Error::other("403 Forbidden"),
+        });
+        assert!(!refused.is_transient());
+    }
+
+    #[test]
+    fn a_store_that_cannot_serve_now_is_transient_and_its_cause_stays_in_the_log() {
+        let down = CacheError::storage_unavailable("connection refused at 10.1.2.3:9000");
+        assert!(down.is_transient());
+        let told = down.client_message();
+        assert_eq!(told, "the cache's storage is unavailable; retry later");
+        assert!(!told.contains("10.1.2.3"));
     }
 }

@@ -212,7 +212,9 @@ impl Cache {
     /// Streams bytes `[start, start + len)` of an entry, chunk after chunk, each chunk read
     /// whole checked against its hash (see [`integrity`]). The first chunk is opened before
     /// this returns, later ones as the stream reaches them. A damaged or missing chunk
-    /// quarantines the entry and ends the stream with an error.
+    /// quarantines the entry and ends the stream with an error; so does a store that fails
+    /// mid-stream. Either way one line is logged with the entry and the cause: the answer's
+    /// headers are gone by then, and the client sees only a body cut short.
     pub async fn read(
         &self,
         open: &OpenEntry,
@@ -235,20 +237,33 @@ impl Cache {
             .then(move |part| {
                 let cache = cache.clone();
                 async move {
+                    let blob = part.0.blob.clone();
                     match cache.open_chunk(entry, part).await {
                         Ok(stream) => stream,
-                        Err(e) => Box::pin(futures_util::stream::once(async move {
-                            Err(std::io::Error::other(e.to_string()))
-                        })) as ByteStream,
+                        Err(e) => {
+                            let cause = match e {
+                                CacheError::EntryNotFound => {
+                                    format!("chunk {blob} is missing; the entry is quarantined")
+                                }
+                                e => format!("opening chunk {blob}: {e}"),
+                            };
+                            Box::pin(futures_util::stream::once(async move {
+                                Err(std::io::Error::other(cause))
+                            })) as ByteStream
+                        }
                     }
                 }
             })
             .flatten();
-        // Bytes count as downloaded as they leave, so a cut-off download counts what went.
-        Ok(Box::pin(head.chain(tail).inspect(move |frame| {
-            if let Ok(bytes) = frame {
-                counted.downloaded(bytes.len() as u64);
-            }
+        // Bytes count as downloaded as they leave, so a cut-off download counts what went. The
+        // stream's first error is its last: the response ends there.
+        Ok(Box::pin(head.chain(tail).inspect(move |frame| match frame {
+            Ok(bytes) => counted.downloaded(bytes.len() as u64),
+            Err(e) => tracing::warn!(
+                entry = entry.get(),
+                error = %e,
+                "a download broke off after its headers were sent; the client sees its body cut short"
+            ),
         })))
     }
 

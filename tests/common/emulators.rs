@@ -73,12 +73,7 @@ pub fn s3() -> &'static S3Server {
         let (endpoint, emulator) = match endpoint_from_env("HOARD_TEST_S3_ENDPOINT") {
             Some(endpoint) => (endpoint, None),
             None => {
-                let program = emulators_dir().join("venv/bin/moto_server");
-                let emulator = Emulator::start("moto (S3)", &program, |port| {
-                    ["-H", "127.0.0.1", "-p", &port.to_string()]
-                        .map(String::from)
-                        .to_vec()
-                });
+                let emulator = Emulator::start("moto (S3)", &moto_program(), moto_args);
                 (emulator.endpoint.clone(), Some(emulator))
             }
         };
@@ -90,6 +85,124 @@ pub fn s3() -> &'static S3Server {
             emulator,
         }
     })
+}
+
+/// An S3 server (moto) of one test's own, which the test may kill, start again, pause and
+/// empty: never the shared [`s3`], which other tests use. It keeps its data in memory, so a
+/// server started again is empty until the test makes its bucket anew.
+pub struct PrivateS3 {
+    pub server: S3Server,
+    port: u16,
+}
+
+impl PrivateS3 {
+    /// moto, started for the calling test on a free loopback port.
+    pub fn start() -> Self {
+        let emulator = Emulator::start("moto (private S3)", &moto_program(), moto_args);
+        let port = emulator.port();
+        Self {
+            server: S3Server {
+                endpoint: emulator.endpoint.clone(),
+                access_key_id: "hoard-test".into(),
+                secret_access_key: "hoard-test-secret".into(),
+                region: "us-east-1".into(),
+                emulator: Some(emulator),
+            },
+            port,
+        }
+    }
+
+    /// The server's own process (under its watchdog shell).
+    fn pid(&self) -> u32 {
+        self.server
+            .emulator
+            .as_ref()
+            .expect("the private S3 server is running")
+            .program_pid()
+    }
+
+    /// Kills the server (SIGKILL): connections to its port are refused from then on.
+    pub fn kill(&mut self) {
+        let pid = self.pid();
+        signal(pid, "KILL");
+        let emulator = self.server.emulator.take().unwrap();
+        let mut watchdog = emulator.watchdog.lock().unwrap();
+        let _ = watchdog.wait();
+    }
+
+    /// Starts the server again on the same port, empty (no bucket).
+    pub fn start_again(&mut self) {
+        assert!(self.server.emulator.is_none(), "kill it first");
+        // The port is free once the old process is gone; a moment may pass before it is.
+        for _ in 0..50 {
+            if let Ok(emulator) =
+                Emulator::start_on("moto (private S3)", &moto_program(), &moto_args, self.port)
+            {
+                self.server.emulator = Some(emulator);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "cannot start the private S3 server again on port {}",
+            self.port
+        );
+    }
+
+    /// Pauses the server (SIGSTOP): connections are accepted by the kernel and answered by
+    /// no one.
+    pub fn pause(&self) {
+        signal(self.pid(), "STOP");
+    }
+
+    /// Lets a paused server go on (SIGCONT).
+    pub fn resume(&self) {
+        signal(self.pid(), "CONT");
+    }
+
+    /// Empties the server (moto's reset: every bucket and object gone) and makes `bucket`
+    /// anew, empty: a bucket emptied or made again under a running hoard.
+    pub fn empty_and_make(&self, bucket: &str) {
+        let (status, body) = http(&self.server.endpoint, "POST", "/moto-api/reset", &[])
+            .unwrap_or_else(|e| panic!("the private S3 server does not answer: {e}"));
+        assert_eq!(status, 200, "moto reset: {body}");
+        self.make_bucket(bucket);
+    }
+
+    /// Makes the empty bucket `bucket`.
+    pub fn make_bucket(&self, bucket: &str) {
+        let (status, body) = self.server.signed_request("PUT", &format!("/{bucket}"));
+        assert_eq!(status, 200, "cannot create bucket {bucket}: {body}");
+    }
+}
+
+impl Drop for PrivateS3 {
+    fn drop(&mut self) {
+        // A paused server would not hear its watchdog's TERM.
+        if let Some(emulator) = &self.server.emulator {
+            signal(emulator.program_pid(), "CONT");
+        }
+    }
+}
+
+fn moto_program() -> PathBuf {
+    emulators_dir().join("venv/bin/moto_server")
+}
+
+fn moto_args(port: u16) -> Vec<String> {
+    ["-H", "127.0.0.1", "-p", &port.to_string()]
+        .map(String::from)
+        .to_vec()
+}
+
+/// Sends `signal` (a name such as `STOP`) to `pid`.
+fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {pid} failed");
 }
 
 /// Azurite's Blob service: `HOARD_TEST_AZURITE_ENDPOINT`, or Azurite started for this process.
@@ -349,75 +462,113 @@ impl Emulator {
         let mut last_log = Vec::new();
         // Another process may take the free port before the emulator binds it: try another.
         for _ in 0..5 {
-            let port = free_port();
-            let started = Instant::now();
-            let mut child = Command::new("sh")
-                .arg("-c")
-                .arg(WATCHDOG)
-                .arg("sh")
-                .arg(program)
-                .args(args(port))
-                .current_dir(std::env::temp_dir())
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|e| panic!("{name}: cannot start {}: {e}", program.display()));
-            let log = Arc::new(Mutex::new(VecDeque::new()));
-            {
-                let log = log.clone();
-                let out = BufReader::new(child.stdout.take().unwrap());
-                std::thread::spawn(move || {
-                    for line in out.lines().map_while(Result::ok) {
-                        let mut log = log.lock().unwrap();
-                        if log.len() == 200 {
-                            log.pop_front();
-                        }
-                        log.push_back(line);
-                    }
-                });
-            }
-            let endpoint = format!("http://127.0.0.1:{port}");
-            loop {
-                if http(&endpoint, "GET", "/", &[]).is_ok() {
-                    if std::env::var_os("HOARD_TEST_EMULATOR_TIMING").is_some() {
-                        eprintln!(
-                            "{name} answered on {endpoint} after {:?}",
-                            started.elapsed()
-                        );
-                    }
-                    return Self {
-                        endpoint,
-                        watchdog: Mutex::new(child),
-                        log,
-                    };
-                }
-                if let Some(status) = child.try_wait().unwrap() {
-                    // Give the reader thread a moment to take the last lines.
-                    std::thread::sleep(Duration::from_millis(50));
-                    last_log = log.lock().unwrap().iter().cloned().collect();
-                    let busy = last_log
-                        .iter()
-                        .any(|l| l.contains("in use") || l.contains("EADDRINUSE"));
-                    assert!(
-                        busy,
-                        "{name} exited ({status}) before answering:\n{}",
-                        last_log.join("\n")
-                    );
-                    break;
-                }
-                if started.elapsed() > START_TIMEOUT {
-                    let _ = child.kill();
-                    let lines: Vec<String> = log.lock().unwrap().iter().cloned().collect();
-                    panic!(
-                        "{name} did not answer on {endpoint} within {START_TIMEOUT:?}:\n{}",
-                        lines.join("\n")
-                    );
-                }
-                std::thread::sleep(Duration::from_millis(20));
+            match Self::start_on(name, program, &args, free_port()) {
+                Ok(emulator) => return emulator,
+                Err(log) => last_log = log,
             }
         }
         panic!("{name} found no free port:\n{}", last_log.join("\n"));
+    }
+
+    /// Starts `program` on `port` and waits until it answers; its last lines if the port was
+    /// taken.
+    fn start_on(
+        name: &str,
+        program: &Path,
+        args: &impl Fn(u16) -> Vec<String>,
+        port: u16,
+    ) -> Result<Self, Vec<String>> {
+        let started = Instant::now();
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(WATCHDOG)
+            .arg("sh")
+            .arg(program)
+            .args(args(port))
+            .current_dir(std::env::temp_dir())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{name}: cannot start {}: {e}", program.display()));
+        let log = Arc::new(Mutex::new(VecDeque::new()));
+        {
+            let log = log.clone();
+            let out = BufReader::new(child.stdout.take().unwrap());
+            std::thread::spawn(move || {
+                for line in out.lines().map_while(Result::ok) {
+                    let mut log = log.lock().unwrap();
+                    if log.len() == 200 {
+                        log.pop_front();
+                    }
+                    log.push_back(line);
+                }
+            });
+        }
+        let endpoint = format!("http://127.0.0.1:{port}");
+        loop {
+            if http(&endpoint, "GET", "/", &[]).is_ok() {
+                if std::env::var_os("HOARD_TEST_EMULATOR_TIMING").is_some() {
+                    eprintln!(
+                        "{name} answered on {endpoint} after {:?}",
+                        started.elapsed()
+                    );
+                }
+                return Ok(Self {
+                    endpoint,
+                    watchdog: Mutex::new(child),
+                    log,
+                });
+            }
+            if let Some(status) = child.try_wait().unwrap() {
+                // Give the reader thread a moment to take the last lines.
+                std::thread::sleep(Duration::from_millis(50));
+                let last_log: Vec<String> = log.lock().unwrap().iter().cloned().collect();
+                let busy = last_log
+                    .iter()
+                    .any(|l| l.contains("in use") || l.contains("EADDRINUSE"));
+                assert!(
+                    busy,
+                    "{name} exited ({status}) before answering:\n{}",
+                    last_log.join("\n")
+                );
+                return Err(last_log);
+            }
+            if started.elapsed() > START_TIMEOUT {
+                let _ = child.kill();
+                let lines: Vec<String> = log.lock().unwrap().iter().cloned().collect();
+                panic!(
+                    "{name} did not answer on {endpoint} within {START_TIMEOUT:?}:\n{}",
+                    lines.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The loopback port it listens on.
+    fn port(&self) -> u16 {
+        authority(&self.endpoint)
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap()
+    }
+
+    /// The emulator's own process: the watchdog's child that is not a shell.
+    fn program_pid(&self) -> u32 {
+        let watchdog = self.watchdog.lock().unwrap().id();
+        let children =
+            std::fs::read_to_string(format!("/proc/{watchdog}/task/{watchdog}/children"))
+                .unwrap_or_default();
+        children
+            .split_whitespace()
+            .filter_map(|pid| pid.parse::<u32>().ok())
+            .find(|pid| {
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                comm.trim() != "sh"
+            })
+            .unwrap_or_else(|| panic!("the emulator under watchdog {watchdog} is not running"))
     }
 
     /// The last lines the emulator printed.
