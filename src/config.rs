@@ -33,6 +33,11 @@ pub struct ServeArgs {
     #[arg(long, env = "HOARD_DATABASE_POOL_SIZE", default_value_t = 16)]
     pub database_pool_size: u32,
 
+    /// How long a request waits for a PostgreSQL or MySQL connection before it is answered
+    /// 503 with Retry-After (the database is down, hangs or every connection is busy).
+    #[arg(long, env = "HOARD_DATABASE_ACQUIRE_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub database_acquire_timeout: Duration,
+
     /// Where entry bytes live: file://DIR, s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or
     /// az://CONTAINER/PREFIX. Object storage reads its credentials, region and endpoint from
     /// the cloud's usual environment variables (AWS_*, GOOGLE_*, AZURE_*; docs/scale-out.md)
@@ -311,7 +316,8 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// The metadata database.
     pub database: DatabaseUrl,
-    pub database_pool_size: u32,
+    /// Connections to a networked database, and how long a request waits for one.
+    pub database_pool: crate::meta::PoolSettings,
     /// Where chunk bytes are kept.
     pub storage: Storage,
     /// Redirect downloads to presigned object URLs.
@@ -380,6 +386,13 @@ impl ServeArgs {
         if self.database_pool_size == 0 {
             return Err(ConfigError(
                 "--database-pool-size (HOARD_DATABASE_POOL_SIZE) must be at least 1.".into(),
+            ));
+        }
+        if !(Duration::from_millis(100)..=Duration::from_secs(60))
+            .contains(&self.database_acquire_timeout)
+        {
+            return Err(ConfigError(
+                "--database-acquire-timeout (HOARD_DATABASE_ACQUIRE_TIMEOUT) must be from 100ms to 60s.".into(),
             ));
         }
         let storage = match &self.storage_url {
@@ -555,7 +568,10 @@ impl ServeArgs {
             listen,
             data_dir: self.data_dir.clone(),
             database,
-            database_pool_size: self.database_pool_size,
+            database_pool: crate::meta::PoolSettings {
+                size: self.database_pool_size,
+                acquire_timeout: self.database_acquire_timeout,
+            },
             storage,
             direct_downloads: self.direct_downloads,
             public_url,

@@ -71,7 +71,7 @@ pub async fn open_cache(config: &Config) -> Result<Cache, ServeError> {
         path: config.data_dir.display().to_string(),
         source,
     })?;
-    let meta = meta::open(&config.database, config.database_pool_size)
+    let meta = meta::open_with(&config.database, config.database_pool)
         .await
         .map_err(|source| ServeError::Meta {
             url: config.database.redacted(),

@@ -407,18 +407,46 @@ impl<T: Health + SaveStore + RestoreStore + LifecycleStore + AdminStore + StatsS
 {
 }
 
-/// Opens the store a database URL names (`sqlite://PATH`, `postgres://…`, `mysql://…`) and
-/// brings its schema up to date.
+/// How a networked database's connections are pooled (`--database-pool-size`,
+/// `--database-acquire-timeout`); SQLite has no pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSettings {
+    /// Connections this process may hold.
+    pub size: u32,
+    /// How long an operation waits for a connection (one from the pool, checked, or a new
+    /// one) before it fails as [`MetaError::Unavailable`]: a database that is down or hangs
+    /// costs each request this long, not the driver's default of 10 s.
+    pub acquire_timeout: std::time::Duration,
+}
+
+impl PoolSettings {
+    /// `size` connections, waited for as long as `--database-acquire-timeout` does by default.
+    pub fn of(size: u32) -> Self {
+        Self {
+            size,
+            acquire_timeout: std::time::Duration::from_secs(2),
+        }
+    }
+}
+
+/// Opens the store a database URL names (`sqlite://PATH`, `postgres://…`, `mysql://…`) with
+/// `pool_size` connections and brings its schema up to date.
 pub async fn open(
     url: &DatabaseUrl,
     pool_size: u32,
 ) -> Result<std::sync::Arc<dyn MetaStore>, MetaError> {
+    open_with(url, PoolSettings::of(pool_size)).await
+}
+
+/// [`open`], with the pool configured by `pool`.
+pub async fn open_with(
+    url: &DatabaseUrl,
+    pool: PoolSettings,
+) -> Result<std::sync::Arc<dyn MetaStore>, MetaError> {
     Ok(match url {
         DatabaseUrl::Sqlite(path) => std::sync::Arc::new(SqliteStore::open(path).await?),
-        DatabaseUrl::Postgres(url) => {
-            std::sync::Arc::new(PostgresStore::open(url, pool_size).await?)
-        }
-        DatabaseUrl::MySql(url) => std::sync::Arc::new(MySqlStore::open(url, pool_size).await?),
+        DatabaseUrl::Postgres(url) => std::sync::Arc::new(PostgresStore::open(url, pool).await?),
+        DatabaseUrl::MySql(url) => std::sync::Arc::new(MySqlStore::open(url, pool).await?),
     })
 }
 

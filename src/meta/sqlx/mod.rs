@@ -70,8 +70,8 @@ use super::sql::{
 };
 use super::{
     AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health,
-    LifecycleStore, ListedEntry, MetaError, NewEntry, NewUpload, Removal, RepositoryUsage,
-    RestoreStore, SaveStore, SlotState, Totals,
+    LifecycleStore, ListedEntry, MetaError, NewEntry, NewUpload, PoolSettings, Removal,
+    RepositoryUsage, RestoreStore, SaveStore, SlotState, Totals,
 };
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, QuotaUsage, RepoId,
@@ -124,8 +124,8 @@ pub trait Connections: Send + Sync + std::fmt::Debug + 'static {
 /// What differs between PostgreSQL and MySQL.
 #[async_trait]
 pub trait Dialect: Connections + Sized {
-    /// Connects (at most `pool_size` connections) and brings the schema up to date.
-    async fn open(url: &str, pool_size: u32) -> Result<Self, MetaError>;
+    /// Connects (a pool as `pool` says) and brings the schema up to date.
+    async fn open(url: &str, pool: PoolSettings) -> Result<Self, MetaError>;
 
     /// A cast to a 64-bit integer (`CAST(x AS {bigint})`).
     const BIGINT: &'static str;
@@ -188,10 +188,10 @@ pub trait Dialect: Connections + Sized {
 }
 
 impl<D: Dialect> SqlxStore<D> {
-    /// Connects (at most `pool_size` connections) and brings the schema up to date.
-    pub async fn open(url: &str, pool_size: u32) -> Result<Self, MetaError> {
+    /// Connects (a pool as `pool` says) and brings the schema up to date.
+    pub async fn open(url: &str, pool: PoolSettings) -> Result<Self, MetaError> {
         Ok(Self {
-            db: D::open(url, pool_size).await?,
+            db: D::open(url, pool).await?,
         })
     }
 
@@ -734,15 +734,47 @@ impl<D: Dialect> AdminStore for SqlxStore<D> {
     }
 }
 
+/// The pool both dialects build: at most `pool.size` connections, waited for at most
+/// `pool.acquire_timeout` (the whole wait: a pooled connection, its check, or a new one).
+///
+/// A connection is checked before it is handed out (`test_before_acquire`, sqlx's default,
+/// kept on purpose): after the database restarted, every pooled connection is dead, and the
+/// check replaces each one on its first use instead of failing one request per connection.
+/// Connections older than the lifetime are replaced too, so a pool settles on a database that
+/// moved (a fail-over behind the same name).
+pub(super) fn pool_options<DB: ::sqlx::Database>(
+    pool: PoolSettings,
+) -> ::sqlx::pool::PoolOptions<DB> {
+    ::sqlx::pool::PoolOptions::new()
+        .max_connections(pool.size)
+        .min_connections(1)
+        .acquire_timeout(pool.acquire_timeout)
+        .test_before_acquire(true)
+        .idle_timeout(std::time::Duration::from_secs(300))
+        .max_lifetime(std::time::Duration::from_secs(1800))
+}
+
+/// SQLSTATEs that say the connection is gone or the server cannot work now, not that the
+/// statement is wrong: connection exceptions (class 08; MySQL's lost connection is 08S01), the
+/// server shutting down or restarting (57P01 admin shutdown, 57P02 crash shutdown, 57P03
+/// cannot connect now) and too many connections (53300).
+fn is_unavailable_state(code: &str) -> bool {
+    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300")
+}
+
 /// A driver error as a backend-neutral kind: a unique index refused the change (`Conflict`), the
 /// database gave up on a transaction that may succeed if decided again (serialization failure
-/// or deadlock, SQLSTATE 40001 and 40P01: `Stale`), or the connection failed (`Unavailable`).
+/// or deadlock, SQLSTATE 40001 and 40P01: `Stale`), or the connection failed or the server is
+/// going down (`Unavailable`).
 pub(super) fn from_sqlx(e: ::sqlx::Error) -> MetaError {
     use ::sqlx::Error;
     match &e {
         Error::Database(db) if db.is_unique_violation() => MetaError::Conflict,
         Error::Database(db) if matches!(db.code().as_deref(), Some("40001" | "40P01")) => {
             MetaError::Stale
+        }
+        Error::Database(db) if db.code().is_some_and(|c| is_unavailable_state(&c)) => {
+            MetaError::Unavailable(super::bounded(e.to_string()))
         }
         Error::Io(_)
         | Error::Tls(_)
@@ -777,6 +809,16 @@ where
 #[cfg(test)]
 mod tests {
     use super::Dialect;
+
+    #[test]
+    fn a_server_going_away_is_unavailable_and_a_bad_statement_is_not() {
+        for code in ["08006", "08S01", "57P01", "57P02", "57P03", "53300"] {
+            assert!(super::is_unavailable_state(code), "{code}");
+        }
+        for code in ["42601", "23505", "40001", "57014", "22P02"] {
+            assert!(!super::is_unavailable_state(code), "{code}");
+        }
+    }
 
     #[test]
     fn shared_statements_are_spelled_in_each_dialect() {

@@ -8,18 +8,17 @@
 //! (`claim`), as on PostgreSQL. Migrations run under `GET_LOCK`.
 
 use std::str::FromStr;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlRow};
 use sqlx::{AssertSqlSafe, Executor, MySql, Row, Transaction};
 
-use super::{bind_all, from_sqlx, Connections, Dialect, Done, Step};
+use super::{bind_all, from_sqlx, pool_options, Connections, Dialect, Done, Step};
 use crate::meta::sql::{
     bucket, migrations_after, pr_counts, provenance_columns, slot_hash, use_from_row, xxh3_column,
     Param, SqlRow,
 };
-use crate::meta::{EntryChunk, MetaError, NewEntry, NewUpload, Removal};
+use crate::meta::{EntryChunk, MetaError, NewEntry, NewUpload, PoolSettings, Removal};
 use crate::model::{
     BlockId, Chunk, EntryId, EntryUse, Millis, RemovalCause, RepoId, ScopeClass, Upload, UploadId,
 };
@@ -199,7 +198,7 @@ impl_connections!(MySqlDialect, MySqlRow);
 
 #[async_trait]
 impl Dialect for MySqlDialect {
-    async fn open(url: &str, pool_size: u32) -> Result<Self, MetaError> {
+    async fn open(url: &str, pool: PoolSettings) -> Result<Self, MetaError> {
         let options = MySqlConnectOptions::from_str(url)
             .map_err(|e| MetaError::Unavailable(format!("bad MySQL URL: {e}")))?;
         // One connection first: its error names the cause (refused, bad password, no such
@@ -208,10 +207,7 @@ impl Dialect for MySqlDialect {
             .await
             .map_err(from_sqlx)?;
         let _ = sqlx::Connection::close(probe).await;
-        let pool = MySqlPoolOptions::new()
-            .max_connections(pool_size)
-            .min_connections(1)
-            .acquire_timeout(Duration::from_secs(10))
+        let pool = pool_options::<sqlx::MySql>(pool)
             .after_connect(|conn, _| {
                 Box::pin(async move {
                     conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")

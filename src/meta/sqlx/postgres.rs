@@ -8,18 +8,17 @@
 //! under an advisory lock, so processes starting together apply each one once.
 
 use std::str::FromStr;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgRow};
 use sqlx::{AssertSqlSafe, Column, Row, TypeInfo};
 
-use super::{bind_all, from_sqlx, Connections, Dialect, Done, Step};
+use super::{bind_all, from_sqlx, pool_options, Connections, Dialect, Done, Step};
 use crate::meta::sql::{
     bucket, migrations_after, pr_counts, provenance_columns, slot_hash, use_from_row, xxh3_column,
     Param, SqlRow,
 };
-use crate::meta::{EntryChunk, MetaError, NewEntry, NewUpload, Removal};
+use crate::meta::{EntryChunk, MetaError, NewEntry, NewUpload, PoolSettings, Removal};
 use crate::model::{
     BlockId, Chunk, EntryId, EntryUse, Millis, RemovalCause, RepoId, Upload, UploadId,
 };
@@ -157,7 +156,7 @@ impl_connections!(PostgresDialect, PgRow);
 
 #[async_trait]
 impl Dialect for PostgresDialect {
-    async fn open(url: &str, pool_size: u32) -> Result<Self, MetaError> {
+    async fn open(url: &str, pool: PoolSettings) -> Result<Self, MetaError> {
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| MetaError::Unavailable(format!("bad PostgreSQL URL: {e}")))?
             .application_name("hoard");
@@ -167,10 +166,7 @@ impl Dialect for PostgresDialect {
             .await
             .map_err(from_sqlx)?;
         let _ = sqlx::Connection::close(probe).await;
-        let pool = PgPoolOptions::new()
-            .max_connections(pool_size)
-            .min_connections(1)
-            .acquire_timeout(Duration::from_secs(10))
+        let pool = pool_options::<sqlx::Postgres>(pool)
             .connect_with(options)
             .await
             .map_err(from_sqlx)?;
