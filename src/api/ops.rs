@@ -59,7 +59,7 @@ pub(super) async fn readyz(State(app): State<AppState>) -> Response {
             // The cause is in the log; the answer names only the part that failed.
             let failed = match &e {
                 crate::cache::CacheError::Storage(e) => e.readiness(),
-                _ => "the metadata database does not answer",
+                other => other.database_readiness(),
             };
             let body = serde_json::json!({ "status": "unavailable", "error": failed, "warnings": warnings });
             (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()

@@ -104,6 +104,18 @@ impl CacheError {
         Self::Meta(MetaError::Unavailable(cause.into()))
     }
 
+    /// What `/readyz` says of a failure that is not the chunk store's, in words an operator
+    /// can act on; the cause is in the log.
+    pub fn database_readiness(&self) -> &'static str {
+        match self {
+            // The wait is `DATABASE_READINESS_DEADLINE` at most.
+            Self::Meta(MetaError::Unavailable(_)) => {
+                "the metadata database does not answer within 3 s"
+            }
+            _ => "the metadata database answers with an error",
+        }
+    }
+
     /// What a client is told of a transient failure: the database's own words (which may name
     /// a host or quote a statement) stay in the log.
     pub fn client_message(&self) -> String {

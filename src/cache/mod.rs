@@ -39,6 +39,9 @@ pub use error::CacheError;
 pub use restore::{slices, Hit, OpenEntry};
 use save::LinkedUpload;
 
+/// How long `/readyz` waits for the metadata database.
+pub const DATABASE_READINESS_DEADLINE: Duration = Duration::from_secs(3);
+
 /// Domain settings.
 #[derive(Debug, Clone)]
 pub struct Policy {
@@ -165,9 +168,23 @@ impl Cache {
         Ok(self.meta.totals().await?)
     }
 
+    /// Ready when the database and the chunk store both answer, asked at once; the database
+    /// gets [`DATABASE_READINESS_DEADLINE`] whatever it does (down, hung, every connection
+    /// busy), so a probe with a short timeout hears a 503 rather than nothing.
     pub async fn ready(&self) -> Result<(), CacheError> {
-        self.meta.ping().await?;
-        self.blobs.ping().await?;
+        let database = async {
+            tokio::time::timeout(DATABASE_READINESS_DEADLINE, self.meta.ping())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(MetaError::Unavailable(format!(
+                        "no answer to a ping within {} s",
+                        DATABASE_READINESS_DEADLINE.as_secs()
+                    )))
+                })
+        };
+        let (database, blobs) = tokio::join!(database, self.blobs.ping());
+        database?;
+        blobs?;
         Ok(())
     }
 
