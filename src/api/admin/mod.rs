@@ -61,6 +61,12 @@ impl IntoResponse for AdminError {
                 HeaderValue::from_static("Bearer realm=\"hoard admin\""),
             );
         }
+        // A 503 is the database being away: retry soon.
+        if self.0 == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
         no_store(response)
     }
 }
