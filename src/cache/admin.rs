@@ -2,6 +2,7 @@
 //! repository holds and how its lookups go. The admin API and `hoard caches` come here; runtime
 //! tokens never do.
 
+use crate::meta::MetaError;
 use crate::model::{Clipped, EntryId, RemovalCause};
 use crate::model::{EntryFilter, EntryOrder, EntryPage, ListedEntry, RepositoryUsage, Totals};
 
@@ -119,7 +120,7 @@ pub struct CacheStatus {
 impl Cache {
     /// A page of the entries `query` selects.
     pub async fn list_entries(&self, query: &ListQuery) -> Result<Listing, CacheError> {
-        self.write_usage().await;
+        self.write_usage().await?;
         let limit = query.limit.clamp(1, MAX_PAGE);
         let page = EntryPage {
             filter: &query.filter,
@@ -148,7 +149,7 @@ impl Cache {
 
     /// One visible entry, with its repository's name.
     pub async fn listed_entry(&self, id: EntryId) -> Result<Option<ListedEntry>, CacheError> {
-        self.write_usage().await;
+        self.write_usage().await?;
         let filter = EntryFilter {
             id: Some(id),
             ..EntryFilter::default()
@@ -165,10 +166,22 @@ impl Cache {
 
     /// Writes the restores and misses not yet written (see [`super::usage`]), so that what an
     /// operator sees, and how it sorts, includes the latest. Operators ask rarely; lookups never
-    /// wait for this.
-    pub(super) async fn write_usage(&self) {
-        self.usage.flush(self.meta.as_ref()).await;
-        self.stats.flush(self.meta.as_ref(), self.clock.now()).await;
+    /// wait for this. What it cannot write stays pending. A database that is away fails the
+    /// operator's call at once (the reads that follow would wait as long again); another
+    /// failure is logged and the read goes on.
+    pub(super) async fn write_usage(&self) -> Result<(), CacheError> {
+        let written = match self.usage.flush(self.meta.as_ref()).await {
+            Ok(()) => self.stats.flush(self.meta.as_ref(), self.clock.now()).await,
+            Err(e) => Err(e),
+        };
+        match written {
+            Err(e @ MetaError::Unavailable(_)) => Err(e.into()),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not write the restore bookkeeping before an operator's read; kept for the next try");
+                Ok(())
+            }
+            Ok(()) => Ok(()),
+        }
     }
 
     /// Deletes entries for an operator (`by`, for the audit log): the next lookup misses, and
@@ -255,7 +268,7 @@ impl Cache {
         only: Option<&str>,
         limit: usize,
     ) -> Result<(u64, Vec<RepositoryUsage>), CacheError> {
-        self.write_usage().await;
+        self.write_usage().await?;
         let listed = self
             .meta
             .repositories(only, limit.clamp(1, MAX_PAGE))

@@ -148,23 +148,23 @@ impl FamilyStats {
     }
 
     /// Writes what is pending; on failure it is kept for the next try.
-    pub async fn flush(&self, meta: &dyn StatsStore, now: Millis) {
+    pub async fn flush(&self, meta: &dyn StatsStore, now: Millis) -> Result<(), MetaError> {
         let _one_at_a_time = self.flushing.lock().await;
         let counts = self.pending().take();
         if counts.is_empty() {
-            return;
+            return Ok(());
         }
         let written = match self.capped(meta, counts.clone(), now).await {
             Ok(capped) => meta.record_stats(&capped).await,
             Err(e) => Err(e),
         };
-        if let Err(e) = written {
-            tracing::warn!(error = %e, "could not record cache statistics; will retry");
+        if written.is_err() {
             let mut pending = self.pending();
             for (key, counters) in counts {
                 pending.counts.entry(key).or_default().add(&counters);
             }
         }
+        written
     }
 
     /// `counts` with the families the store may not keep counted as `other`, summed and sorted.
@@ -358,8 +358,8 @@ mod tests {
             |_| {},
         );
         stats.saved(&repo, "deps-", RefClass::PullRequest, 9, HOUR + 2);
-        stats.flush(&meta, 0).await;
-        stats.flush(&meta, 0).await; // nothing left to write twice
+        stats.flush(&meta, 0).await.unwrap();
+        stats.flush(&meta, 0).await.unwrap(); // nothing left to write twice
         let filter = StatsFilter {
             since: 0,
             until: Millis::MAX,
@@ -397,11 +397,11 @@ mod tests {
                 0,
             );
         }
-        stats.flush(&meta, 0).await;
+        stats.flush(&meta, 0).await.unwrap();
         // Later flushes: known families stay theirs, new ones still go to `other`.
         stats.saved(&repo, "family-00-", RefClass::OtherBranch, 1, 0);
         stats.saved(&repo, "family-99-", RefClass::OtherBranch, 1, 0);
-        stats.flush(&meta, 0).await;
+        stats.flush(&meta, 0).await.unwrap();
         let rows = stored(&meta).await;
         let families: Vec<&str> = rows.iter().map(|(f, _)| f.as_str()).collect();
         assert_eq!(

@@ -113,7 +113,7 @@ impl Cache {
         period: &Period,
         family: Option<&str>,
     ) -> Result<Series, CacheError> {
-        self.write_usage().await;
+        self.write_usage().await?;
         let starts = period.starts()?;
         let repository = match &period.repository {
             Some(named) => Some(self.named_repository(named).await?.0),
@@ -157,7 +157,7 @@ impl Cache {
         order: FamilyOrder,
         limit: usize,
     ) -> Result<FamilyTable, CacheError> {
-        self.write_usage().await;
+        self.write_usage().await?;
         let starts = period.starts()?;
         let repository = match &period.repository {
             Some(named) => Some(self.named_repository(named).await?),

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 
+use super::backoff::Backoff;
 use super::{Cache, CacheError};
 use crate::blob::Capacity;
 use crate::meta::Removal;
@@ -726,34 +727,53 @@ impl Cache {
         Ok(())
     }
 
-    /// Runs [`Cache::maintenance_pass`] every `--gc-interval` until `stop`.
+    /// Runs [`Cache::maintenance_pass`] every `--gc-interval` until `stop`. A pass that fails
+    /// (the database or the store is away) is tried again sooner, after [`RETRY_FIRST`] and
+    /// then twice as long each time up to the interval, so the work it left catches up soon
+    /// after the outage; the outage is logged when it starts and when it ends.
     pub(super) async fn run_maintenance(self, stop: tokio_util::sync::CancellationToken) {
         // The first pass one interval after start-up: a restart costs no walk of the store.
         let every = self.policy.lifecycle.gc_interval;
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut backoff = Backoff::new(RETRY_FIRST.min(every), every);
         loop {
+            let wait = backoff.retry_in().unwrap_or(every);
             tokio::select! {
-                _ = tick.tick() => {}
+                () = tokio::time::sleep(wait) => {}
                 () = stop.cancelled() => return,
             }
             match self.maintenance_pass(false, &mut |_| {}).await {
-                Ok(report) if report.is_empty() => {}
-                Ok(report) => tracing::info!(
+                Ok(report) => {
+                    if let Some(failed) = backoff.succeeded() {
+                        tracing::info!(target: "hoard::lifecycle", failed_passes = failed, "maintenance pass done again");
+                    }
+                    if !report.is_empty() {
+                        tracing::info!(
+                            target: "hoard::lifecycle",
+                            aborted_uploads = report.aborted_uploads,
+                            pruned_uploads = report.pruned_uploads,
+                            expired = report.expired,
+                            evicted = report.evicted,
+                            deleted_chunks = report.deleted_chunks,
+                            orphans = report.orphans,
+                            "maintenance pass"
+                        );
+                    }
+                }
+                Err(e) if backoff.failed() => tracing::warn!(
                     target: "hoard::lifecycle",
-                    aborted_uploads = report.aborted_uploads,
-                    pruned_uploads = report.pruned_uploads,
-                    expired = report.expired,
-                    evicted = report.evicted,
-                    deleted_chunks = report.deleted_chunks,
-                    orphans = report.orphans,
-                    "maintenance pass"
+                    error = %e,
+                    "maintenance pass failed; retried sooner, then less often until it succeeds"
                 ),
-                Err(e) => tracing::warn!(error = %e, "maintenance pass failed; will retry"),
+                Err(e) => {
+                    tracing::debug!(target: "hoard::lifecycle", error = %e, "maintenance pass failed again")
+                }
             }
         }
     }
 }
+
+/// The first retry of a failed maintenance pass.
+const RETRY_FIRST: Duration = Duration::from_secs(10);
 
 #[cfg(test)]
 mod tests {

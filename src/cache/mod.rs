@@ -11,6 +11,7 @@
 //! restoring in `restore`, and what a call answers when it fails in [`CacheError`].
 
 pub mod admin;
+mod backoff;
 pub mod durability;
 mod error;
 pub mod family_stats;

@@ -544,7 +544,7 @@ async fn restores_are_recorded_with_the_clock_time() {
     w.clock.advance(Duration::from_secs(60));
     w.restore(&me, "k").await.unwrap();
     w.restore(&me, "k").await.unwrap();
-    w.cache.usage.flush(w.meta.as_ref()).await;
+    w.cache.usage.flush(w.meta.as_ref()).await.unwrap();
     let (stored, _) = w.meta.entry(entry).await.unwrap().unwrap();
     assert_eq!(stored.hits, 2);
     assert_eq!(stored.last_used_at, w.clock.now());
@@ -689,7 +689,7 @@ impl World {
     /// Restores, recording the hit in the metadata at once.
     async fn use_entry(&self, who: &Identity, key: &str) {
         self.restore(who, key).await.unwrap();
-        self.cache.usage.flush(self.meta.as_ref()).await;
+        self.cache.usage.flush(self.meta.as_ref()).await.unwrap();
     }
 }
 
@@ -991,7 +991,7 @@ async fn unused_entries_expire_and_old_ones_too_with_a_maximum_age() {
     assert_eq!(report.expired, 1);
     assert_eq!(w.restore(&me, "unused").await, None, "unused for 8 days");
     assert!(w.restore(&me, "used").await.is_some(), "used 2 days ago");
-    w.cache.usage.flush(w.meta.as_ref()).await;
+    w.cache.usage.flush(w.meta.as_ref()).await.unwrap();
     w.clock.advance(3 * DAY);
     w.pass(false).await;
     assert_eq!(

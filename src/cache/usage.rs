@@ -4,7 +4,9 @@
 //! Every hit used to be one write transaction on the lookup path; a restore-heavy workload then
 //! queued on the database writer. Hits are now folded per entry and flushed every second (and at
 //! shutdown), so a lookup does no write at all. The cost: after a crash, up to one second of hit
-//! counts is lost, which only makes eviction slightly less precise.
+//! counts is lost, which only makes eviction slightly less precise. While the database is
+//! away, what is pending stays in memory (one slot per entry and per repository) and is written
+//! when it answers again.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -12,11 +14,15 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::backoff::Backoff;
 use super::family_stats::FamilyStats;
-use crate::meta::{MetaStore, RestoreStore};
+use crate::meta::{MetaError, MetaStore, RestoreStore};
 use crate::model::{Clock, EntryId, Millis, RepoId};
 
 pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
+/// The longest wait between tries while the database is away: what is kept is written at
+/// most this long after the database is back.
+pub const MAX_RETRY: Duration = Duration::from_secs(16);
 
 /// Restores and misses not yet written.
 #[derive(Debug, Default, Clone)]
@@ -87,33 +93,52 @@ impl UsageBuffer {
         (hits, misses)
     }
 
-    /// Writes what is pending; on failure it is kept for the next try.
-    pub async fn flush(&self, meta: &dyn RestoreStore) {
+    /// Puts back what a flush could not write, added to what came since.
+    fn keep(&self, hits: Vec<(EntryId, u64, Millis)>, misses: Vec<(RepoId, String, u64)>) {
+        let mut pending = self.pending_batch();
+        for (id, n, last) in hits {
+            let slot = pending.hits.entry(id).or_insert((0, last));
+            slot.0 += n;
+            slot.1 = slot.1.max(last);
+        }
+        for (repository, name, n) in misses {
+            pending.misses.entry(repository).or_insert((name, 0)).1 += n;
+        }
+    }
+
+    /// Writes what is pending; what it could not write is kept for the next try. A failed
+    /// write ends the flush: the database is away, and the next write would wait as long.
+    pub async fn flush(&self, meta: &dyn RestoreStore) -> Result<(), MetaError> {
         let (hits, misses) = self.take();
         if !hits.is_empty() {
             if let Err(e) = meta.record_hits(&hits).await {
-                tracing::warn!(error = %e, "could not record restores; will retry");
-                let mut pending = self.pending_batch();
-                for (id, n, last) in hits {
-                    let slot = pending.hits.entry(id).or_insert((0, last));
-                    slot.0 += n;
-                    slot.1 = slot.1.max(last);
-                }
+                self.keep(hits, misses);
+                return Err(e);
             }
         }
         if !misses.is_empty() {
             if let Err(e) = meta.record_misses(&misses).await {
-                tracing::warn!(error = %e, "could not record lookup misses; will retry");
-                let mut pending = self.pending_batch();
-                for (repository, name, n) in misses {
-                    pending.misses.entry(repository).or_insert((name, 0)).1 += n;
-                }
+                self.keep(Vec::new(), misses);
+                return Err(e);
             }
         }
+        Ok(())
+    }
+
+    /// One round of [`UsageBuffer::run`]: the restores, then the statistics.
+    async fn round(
+        &self,
+        meta: &dyn MetaStore,
+        stats: &FamilyStats,
+        clock: &dyn Clock,
+    ) -> Result<(), MetaError> {
+        self.flush(meta).await?;
+        stats.flush(meta, clock.now()).await
     }
 
     /// Flushes every [`FLUSH_EVERY`] until `stop`, then once more; the family statistics
-    /// (`stats`) are written in the same round, after the restores.
+    /// (`stats`) are written in the same round, after the restores. While the database is
+    /// away, rounds back off (up to [`MAX_RETRY`]) and keep what they could not write.
     pub async fn run(
         self,
         meta: Arc<dyn MetaStore>,
@@ -121,18 +146,29 @@ impl UsageBuffer {
         clock: Arc<dyn Clock>,
         stop: CancellationToken,
     ) {
-        let mut tick = tokio::time::interval(FLUSH_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut backoff = Backoff::new(2 * FLUSH_EVERY, MAX_RETRY);
         loop {
+            let wait = backoff.retry_in().unwrap_or(FLUSH_EVERY);
             tokio::select! {
-                _ = tick.tick() => {}
+                () = tokio::time::sleep(wait) => {}
                 () = stop.cancelled() => break,
             }
-            self.flush(meta.as_ref()).await;
-            stats.flush(meta.as_ref(), clock.now()).await;
+            match self.round(meta.as_ref(), &stats, clock.as_ref()).await {
+                Ok(()) => {
+                    if let Some(failed) = backoff.succeeded() {
+                        tracing::info!(failed_rounds = failed, "restore bookkeeping written again");
+                    }
+                }
+                Err(e) if backoff.failed() => tracing::warn!(
+                    error = %e,
+                    "could not write the restore bookkeeping; kept, and retried less often until the database answers"
+                ),
+                Err(e) => tracing::debug!(error = %e, "restore bookkeeping still not written"),
+            }
         }
-        self.flush(meta.as_ref()).await;
-        stats.flush(meta.as_ref(), clock.now()).await;
+        if let Err(e) = self.round(meta.as_ref(), &stats, clock.as_ref()).await {
+            tracing::warn!(error = %e, "could not write the restore bookkeeping at shutdown");
+        }
     }
 }
 
@@ -168,5 +204,106 @@ mod tests {
             "folded, named, in repository order"
         );
         assert!(buf.take().1.is_empty());
+    }
+
+    /// A database that can be away: it refuses every write while `away`, or only misses
+    /// while `misses_away`, and keeps what it was given otherwise.
+    #[derive(Debug, Default)]
+    struct Flaky {
+        away: std::sync::atomic::AtomicBool,
+        misses_away: std::sync::atomic::AtomicBool,
+        hits: Mutex<Vec<(EntryId, u64, Millis)>>,
+        misses: Mutex<Vec<(RepoId, String, u64)>>,
+    }
+
+    impl Flaky {
+        fn set(&self, away: bool, misses_away: bool) {
+            use std::sync::atomic::Ordering::Relaxed;
+            self.away.store(away, Relaxed);
+            self.misses_away.store(misses_away, Relaxed);
+        }
+
+        fn refuse(&self, flag: &std::sync::atomic::AtomicBool) -> Result<(), MetaError> {
+            match flag.load(std::sync::atomic::Ordering::Relaxed) {
+                true => Err(MetaError::Unavailable("connection refused".into())),
+                false => Ok(()),
+            }
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl RestoreStore for Flaky {
+        async fn find_candidates(
+            &self,
+            _: &RepoId,
+            _: &crate::model::Version,
+            _: &[crate::model::Scope],
+            _: &[String],
+        ) -> Result<Vec<crate::model::Candidate>, MetaError> {
+            Ok(Vec::new())
+        }
+
+        async fn entries_with_key(
+            &self,
+            _: &RepoId,
+            _: &crate::model::Scope,
+            _: &str,
+            _: usize,
+        ) -> Result<Vec<crate::model::Entry>, MetaError> {
+            Ok(Vec::new())
+        }
+
+        async fn entry(
+            &self,
+            _: EntryId,
+        ) -> Result<Option<(crate::model::Entry, Vec<crate::meta::EntryChunk>)>, MetaError>
+        {
+            Ok(None)
+        }
+
+        async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError> {
+            self.refuse(&self.away)?;
+            self.hits.lock().unwrap().extend_from_slice(hits);
+            Ok(())
+        }
+
+        async fn record_misses(&self, misses: &[(RepoId, String, u64)]) -> Result<(), MetaError> {
+            self.refuse(&self.away)?;
+            self.refuse(&self.misses_away)?;
+            self.misses.lock().unwrap().extend_from_slice(misses);
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn what_a_flush_cannot_write_is_kept_and_written_once_when_the_database_is_back() {
+        let buf = UsageBuffer::default();
+        let db = Flaky::default();
+        let (one, two, repo) = (EntryId::new(1), EntryId::new(2), RepoId::new("1"));
+        buf.record(one, 10);
+        buf.record_miss(&repo, "octo/a");
+        db.set(true, false);
+        for _ in 0..3 {
+            let refused = buf.flush(&db).await;
+            assert!(
+                matches!(refused, Err(MetaError::Unavailable(_))),
+                "{refused:?}"
+            );
+        }
+        buf.record(one, 30);
+        buf.record(two, 20);
+        buf.record_miss(&repo, "");
+        // Hits are written, misses still refused: only the misses are kept.
+        db.set(false, true);
+        assert!(buf.flush(&db).await.is_err());
+        db.set(false, false);
+        buf.flush(&db).await.unwrap();
+        buf.flush(&db).await.unwrap();
+        assert_eq!(
+            *db.hits.lock().unwrap(),
+            [(one, 2, 30), (two, 1, 20)],
+            "each restore counted once, with the latest use"
+        );
+        assert_eq!(*db.misses.lock().unwrap(), [(repo, "octo/a".into(), 2)]);
     }
 }
