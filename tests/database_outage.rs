@@ -624,7 +624,7 @@ impl Load {
             if status == 503 {
                 let body: Value = serde_json::from_slice(&body).unwrap();
                 assert_eq!(
-                    body["error"], "the metadata database does not answer within 3 s",
+                    body["error"], "the metadata database does not answer within 2.5 s",
                     "{body}"
                 );
             }

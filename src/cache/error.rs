@@ -110,7 +110,7 @@ impl CacheError {
         match self {
             // The wait is `DATABASE_READINESS_DEADLINE` at most.
             Self::Meta(MetaError::Unavailable(_)) => {
-                "the metadata database does not answer within 3 s"
+                "the metadata database does not answer within 2.5 s"
             }
             _ => "the metadata database answers with an error",
         }

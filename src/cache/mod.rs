@@ -40,8 +40,9 @@ pub use error::CacheError;
 pub use restore::{slices, Hit, OpenEntry};
 use save::LinkedUpload;
 
-/// How long `/readyz` waits for the metadata database.
-pub const DATABASE_READINESS_DEADLINE: Duration = Duration::from_secs(3);
+/// How long `/readyz` waits for the metadata database: its answer, with the time to make it,
+/// comes within 3 s.
+pub const DATABASE_READINESS_DEADLINE: Duration = Duration::from_millis(2500);
 
 /// Domain settings.
 #[derive(Debug, Clone)]
@@ -178,8 +179,8 @@ impl Cache {
                 .await
                 .unwrap_or_else(|_| {
                     Err(MetaError::Unavailable(format!(
-                        "no answer to a ping within {} s",
-                        DATABASE_READINESS_DEADLINE.as_secs()
+                        "no answer to a ping within {:.1} s",
+                        DATABASE_READINESS_DEADLINE.as_secs_f64()
                     )))
                 })
         };
