@@ -827,6 +827,13 @@ mod tests {
         );
         assert_eq!(c.storage, Storage::Dir(PathBuf::from("./hoard-data")));
         assert!(c.public_url.is_none());
+        assert_eq!(
+            c.database_pool,
+            crate::meta::PoolSettings {
+                size: 16,
+                acquire_timeout: Duration::from_secs(2)
+            }
+        );
     }
 
     #[test]
@@ -874,6 +881,17 @@ mod tests {
         assert!(err.0.contains("names no host"), "{err}");
         let err = args(&["--database-pool-size", "0"]).validate().unwrap_err();
         assert!(err.0.contains("HOARD_DATABASE_POOL_SIZE"), "{err}");
+        for wait in ["50ms", "2min"] {
+            let err = args(&["--database-acquire-timeout", wait])
+                .validate()
+                .unwrap_err();
+            assert!(err.0.contains("HOARD_DATABASE_ACQUIRE_TIMEOUT"), "{err}");
+        }
+        let pool = args(&["--database-acquire-timeout", "500ms"])
+            .validate()
+            .unwrap()
+            .database_pool;
+        assert_eq!(pool.acquire_timeout, Duration::from_millis(500));
         let redacted = DatabaseUrl::parse("postgres://u:secret@h/db")
             .unwrap()
             .redacted();
