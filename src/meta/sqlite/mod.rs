@@ -354,8 +354,13 @@ fn claim(tx: &Connection, upload: &Upload, now: Millis) -> Result<(), MetaError>
 fn drop_blocks(tx: &Connection, upload: UploadId) -> Result<(), MetaError> {
     tx.prepare_cached("DELETE FROM staged_blocks WHERE upload_id = ?")?
         .execute([upload.get()])?;
-    tx.prepare_cached("UPDATE uploads SET staged_count = 0, staged_bytes = 0 WHERE id = ?")?
-        .execute([upload.get()])?;
+    // Only a row with blocks staged is written: a Put Blob save has none, and a finalize
+    // after Put Block List finds them reset by it.
+    tx.prepare_cached(
+        "UPDATE uploads SET staged_count = 0, staged_bytes = 0
+         WHERE id = ? AND (staged_count <> 0 OR staged_bytes <> 0)",
+    )?
+    .execute([upload.get()])?;
     tx.prepare_cached("DELETE FROM upload_parts WHERE upload_id = ?")?
         .execute([upload.get()])?;
     Ok(())
