@@ -2,7 +2,8 @@
 //! what any server that keeps entries on disk must at least pay. Each PUT body goes to its own
 //! file with large buffered writes on blocking threads (no database, no hashing, no fsync); a
 //! block list records the order of the files; a download streams them back in that order with
-//! 1 MiB reads; lookups are an in-memory map. `hoard bench --baseline-disk` runs it as its own
+//! 1 MiB reads; lookups are an in-memory map that matches as GitHub does (per repository and
+//! scope from the token, restore keys by prefix, newest first). `hoard bench --baseline-disk` runs it as its own
 //! process, on its own temporary directory, beside the null baseline.
 //!
 //! Plain hyper, no router, no logging, like the null baseline.
@@ -19,7 +20,9 @@ use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response, StatusCode};
 
-use super::reference::{self, bad_route, created, full, json, lookup_answer, Body, TWIRP};
+use super::reference::{
+    self, bad_route, created, full, json, lookup_answer, Body, Identities, Identity, Index, TWIRP,
+};
 
 /// Reads are this large.
 const IO_SIZE: usize = 1 << 20;
@@ -33,8 +36,9 @@ struct Part {
     len: u64,
 }
 
-#[derive(Default)]
 struct Upload {
+    who: Arc<Identity>,
+    version: String,
     key: String,
     blocks: HashMap<Vec<u8>, Part>,
     order: Vec<Part>,
@@ -44,8 +48,10 @@ struct State {
     dir: PathBuf,
     next: AtomicU64,
     uploads: Mutex<HashMap<u64, Upload>>,
-    /// Finalized entries: their ids by version and key, their parts in order by id.
-    entries: Mutex<HashMap<String, u64>>,
+    /// Finalized entries: their ids by repository, scope, version and key, their parts in
+    /// order by id.
+    entries: Mutex<Index<u64>>,
+    identities: Identities,
     by_id: Mutex<HashMap<u64, Arc<Vec<Part>>>>,
 }
 
@@ -152,13 +158,9 @@ async fn handle(
     let host = reference::host(&req);
     if let Some(method) = path.strip_prefix(TWIRP) {
         let method = method.to_owned();
+        let who = state.identities.of(&req);
         let body = reference::json_body(req.into_body()).await;
-        let key = format!(
-            "{}\n{}",
-            body["version"].as_str().unwrap_or_default(),
-            body["key"].as_str().unwrap_or_default()
-        );
-        return Ok(twirp(&state, &method, &host, key, &body));
+        return Ok(twirp(&state, &method, &host, who, &body));
     }
     if let Some(id) = path
         .strip_prefix("/floor/upload/")
@@ -195,9 +197,11 @@ fn twirp(
     state: &State,
     method: &str,
     host: &str,
-    key: String,
+    who: Arc<Identity>,
     body: &serde_json::Value,
 ) -> Response<Body> {
+    let key = body["key"].as_str().unwrap_or_default();
+    let version = body["version"].as_str().unwrap_or_default();
     match method {
         "CreateCacheEntry" => {
             let id = state.next.fetch_add(1, Ordering::Relaxed);
@@ -208,8 +212,11 @@ fn twirp(
                 .insert(
                     id,
                     Upload {
-                        key,
-                        ..Upload::default()
+                        who,
+                        version: version.to_owned(),
+                        key: key.to_owned(),
+                        blocks: HashMap::new(),
+                        order: Vec::new(),
                     },
                 );
             json(serde_json::json!({
@@ -223,7 +230,7 @@ fn twirp(
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .iter()
-                .find(|(_, u)| u.key == key)
+                .find(|(_, u)| u.key == key && u.version == version && u.who == who)
                 .map(|(id, _)| *id);
             let Some(id) = upload else {
                 return json(serde_json::json!({ "ok": false }));
@@ -243,22 +250,17 @@ fn twirp(
                 .entries
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(key, id);
+                .insert(&who, version, key, id);
             json(serde_json::json!({ "ok": true, "entry_id": id.to_string() }))
         }
         "GetCacheEntryDownloadURL" => {
-            let version = body["version"].as_str().unwrap_or_default();
             let restore = body["restore_keys"].as_array().cloned().unwrap_or_default();
-            let names = std::iter::once(body["key"].as_str().unwrap_or_default())
-                .chain(restore.iter().filter_map(|k| k.as_str()));
-            let hit = {
-                let entries = state.entries.lock().unwrap_or_else(|p| p.into_inner());
-                names.into_iter().find_map(|k| {
-                    entries
-                        .get(&format!("{version}\n{k}"))
-                        .map(|id| (k.to_owned(), *id))
-                })
-            };
+            let keys = std::iter::once(key).chain(restore.iter().filter_map(|k| k.as_str()));
+            let hit = state
+                .entries
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .find(&who, version, keys);
             lookup_answer(
                 hit.map(|(matched, id)| {
                     (matched, format!("http://{host}/floor/download/{id}?sig=x"))
@@ -334,6 +336,7 @@ pub async fn run(listen: SocketAddr, dir: &Path) -> std::io::Result<()> {
         next: AtomicU64::new(1),
         uploads: Mutex::default(),
         entries: Mutex::default(),
+        identities: Identities::default(),
         by_id: Mutex::default(),
     });
     reference::serve(listen, "disk floor", move |req| handle(state.clone(), req)).await

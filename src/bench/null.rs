@@ -5,7 +5,6 @@
 //!
 //! Plain hyper, no router, no logging: as little as possible between the socket and the client.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
@@ -14,14 +13,18 @@ use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response, StatusCode};
 
-use super::reference::{self, bad_route, created, full, json, lookup_answer, Body, TWIRP};
+use super::reference::{
+    self, bad_route, created, full, json, lookup_answer, Body, Identities, Index, TWIRP,
+};
 
 const ZEROS: &[u8] = &[0u8; 1 << 20];
 
 #[derive(Default)]
 struct State {
-    /// Finalized sizes by key, so lookups hit and downloads have the right length.
-    sizes: Mutex<HashMap<String, u64>>,
+    /// Finalized sizes by repository, scope, version and key, so lookups hit as on GitHub
+    /// (restore keys by prefix, newest first) and downloads have the right length.
+    sizes: Mutex<Index<u64>>,
+    identities: Identities,
 }
 
 async fn drain(mut body: Incoming) -> Result<u64, hyper::Error> {
@@ -42,8 +45,10 @@ async fn handle(
     let host = reference::host(&req);
     if let Some(method) = path.strip_prefix(TWIRP) {
         let method = method.to_owned();
+        let who = state.identities.of(&req);
         let body = reference::json_body(req.into_body()).await;
-        let key = body["key"].as_str().unwrap_or_default().to_owned();
+        let key = body["key"].as_str().unwrap_or_default();
+        let version = body["version"].as_str().unwrap_or_default();
         return Ok(match method.as_str() {
             "CreateCacheEntry" => json(serde_json::json!({
                 "ok": true,
@@ -58,18 +63,17 @@ async fn handle(
                     .sizes
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .insert(key, size);
+                    .insert(&who, version, key, size);
                 json(serde_json::json!({ "ok": true, "entry_id": "1" }))
             }
             "GetCacheEntryDownloadURL" => {
                 let restore = body["restore_keys"].as_array().cloned().unwrap_or_default();
-                let keys =
-                    std::iter::once(key.as_str()).chain(restore.iter().filter_map(|k| k.as_str()));
-                let hit = {
-                    let sizes = state.sizes.lock().unwrap_or_else(|p| p.into_inner());
-                    keys.into_iter()
-                        .find_map(|k| sizes.get(k).map(|s| (k.to_owned(), *s)))
-                };
+                let keys = std::iter::once(key).chain(restore.iter().filter_map(|k| k.as_str()));
+                let hit = state
+                    .sizes
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .find(&who, version, keys);
                 lookup_answer(hit.map(|(matched, size)| {
                     (matched, format!("http://{host}/null/download/{size}?sig=x"))
                 }))
