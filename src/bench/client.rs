@@ -51,6 +51,14 @@ impl Client {
         }
     }
 
+    /// The same connections, sending another token (another job's identity).
+    pub fn with_token(&self, token: &str) -> Self {
+        Self {
+            token: token.to_owned(),
+            ..self.clone()
+        }
+    }
+
     async fn twirp(&self, method: &str, body: Value) -> Result<Value> {
         let res = self
             .http
@@ -162,16 +170,58 @@ impl Client {
         restore_keys: &[&str],
         version: &str,
     ) -> Result<Option<String>> {
+        Ok(self
+            .lookup_matched(key, restore_keys, version)
+            .await?
+            .map(|(url, _)| url))
+    }
+
+    /// GetCacheEntryDownloadURL; the signed URL and the matched key of the hit, or `None`.
+    pub async fn lookup_matched(
+        &self,
+        key: &str,
+        restore_keys: &[&str],
+        version: &str,
+    ) -> Result<Option<(String, String)>> {
         let mut req = json!({ "key": key, "version": version });
         if !restore_keys.is_empty() {
             req["restore_keys"] = json!(restore_keys);
         }
         let res = self.twirp("GetCacheEntryDownloadURL", req).await?;
-        Ok(if res["ok"] == true {
-            res["signed_download_url"].as_str().map(str::to_owned)
+        if res["ok"] != true {
+            return Ok(None);
+        }
+        match (
+            res["signed_download_url"].as_str(),
+            res["matched_key"].as_str(),
+        ) {
+            (Some(url), Some(matched)) => Ok(Some((url.to_owned(), matched.to_owned()))),
+            (Some(url), None) => Ok(Some((url.to_owned(), key.to_owned()))),
+            (None, _) => fail(format!(
+                "GetCacheEntryDownloadURL {key}: ok without a URL: {res}"
+            )),
+        }
+    }
+
+    /// A save as `@actions/cache` 6.3.0 makes it: reserve, one Put Blob up to `single_put_max`
+    /// bytes (else `block`-sized Put Blocks, `in_flight` at a time, and Put Block List), finalize.
+    pub async fn save_sdk(
+        &self,
+        key: &str,
+        version: &str,
+        payload: Bytes,
+        single_put_max: usize,
+        block: usize,
+        in_flight: usize,
+    ) -> Result<()> {
+        let url = self.reserve(key, version).await?;
+        let size = payload.len();
+        if size <= single_put_max {
+            self.put_whole(&url, payload).await?;
         } else {
-            None
-        })
+            self.put_blocks(&url, payload, block, in_flight).await?;
+        }
+        self.finalize(key, version, size).await
     }
 
     /// Plain GET of a download URL, checking length (and content unless disabled).

@@ -2,9 +2,11 @@
 //! side by side, plus a null baseline, alternating targets round by round and reporting medians.
 
 mod client;
+mod fleet;
 pub mod floor;
 pub mod null;
 mod procstat;
+mod progress;
 mod reference;
 pub mod report;
 mod scenarios;
@@ -21,7 +23,7 @@ use base64::Engine;
 
 use client::Client;
 use report::{Better, Report, Row};
-use scenarios::{Payloads, Plan, RoundResult};
+use scenarios::{Payloads, Phase, Plan, RoundResult};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
@@ -60,9 +62,23 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1.0)]
     pub scale: f64,
 
-    /// Run only the small save+restore scenario (to profile it alone).
-    #[arg(long, hide = true)]
+    /// The phases to run, in their fixed order: upload, download1, download2, lookups, small,
+    /// fleet [default: all but fleet]. A download or lookups phase without the upload before it
+    /// uploads its entries untimed first (download2 likewise downloads once untimed).
+    #[arg(long, value_delimiter = ',', value_name = "PHASE,…")]
+    pub phases: Vec<Phase>,
+
+    /// The same as `--phases small`.
+    #[arg(long, hide = true, conflicts_with = "phases")]
     pub only_small: bool,
+
+    /// Fleet phase: jobs at once.
+    #[arg(long, default_value_t = 64, value_name = "N")]
+    pub fleet_jobs: usize,
+
+    /// Fleet phase: jobs each of the `--fleet-jobs` runs in turn, per round.
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub fleet_rounds: usize,
 
     /// Store this many small entries, across 1,000 repositories, in the database of the hoard
     /// the bench starts, before it starts: lookups and saves then run against a large database.
@@ -108,6 +124,10 @@ struct Target {
     client_cpu: f64,
     /// The token for this target, when the bench made the server and knows its secret.
     token: Option<String>,
+    /// That secret: the fleet's tokens (one per repository and scope) are signed with it.
+    secret: Option<Vec<u8>>,
+    /// Whether the fleet's entries are stored on this target yet.
+    fleet_seeded: bool,
     /// Keeps a spawned server's data directory alive until the end.
     _data: Option<tempfile::TempDir>,
     /// The SQLite database of a hoard the bench started, and what was preloaded into it.
@@ -217,14 +237,16 @@ fn origin_of(url: &str) -> Result<String, BenchFailure> {
     Ok(parsed.origin().ascii_serialization())
 }
 
-fn bench_claims() -> serde_json::Value {
+const BENCH_AC: &str = r#"[{"Scope":"refs/heads/main","Permission":3}]"#;
+
+fn claims(repository: &str, ac: &str) -> serde_json::Value {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
     serde_json::json!({
-        "ac": r#"[{"Scope":"refs/heads/main","Permission":3}]"#,
-        "repository_id": "bench",
+        "ac": ac,
+        "repository_id": repository,
         "sub": "hoard-bench",
         "exp": now + 24 * 3600,
     })
@@ -233,22 +255,26 @@ fn bench_claims() -> serde_json::Value {
 /// An unsigned runtime token for repository "bench", branch main, read and write: for servers
 /// that do not check signatures.
 pub fn unsigned_token() -> String {
-    format!(
-        "{}.{}.bench",
-        URL_SAFE_NO_PAD.encode(r#"{"alg":"none","typ":"JWT"}"#),
-        URL_SAFE_NO_PAD.encode(bench_claims().to_string())
-    )
+    token_for(None, "bench", BENCH_AC).unwrap_or_default()
 }
 
-/// The same token signed with HS256 and `secret`.
-fn signed_token(secret: &[u8]) -> Result<String, BenchFailure> {
-    let key = jsonwebtoken::EncodingKey::from_secret(secret);
-    jsonwebtoken::encode(
-        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
-        &bench_claims(),
-        &key,
-    )
-    .map_err(|e| usage(format!("cannot sign the bench token: {e}")))
+/// A runtime token for `repository` with the scopes of `ac` (the claim's JSON string):
+/// HS256-signed with `secret`, or unsigned without one.
+fn token_for(secret: Option<&[u8]>, repository: &str, ac: &str) -> Result<String, String> {
+    let claims = claims(repository, ac);
+    match secret {
+        None => Ok(format!(
+            "{}.{}.bench",
+            URL_SAFE_NO_PAD.encode(r#"{"alg":"none","typ":"JWT"}"#),
+            URL_SAFE_NO_PAD.encode(claims.to_string())
+        )),
+        Some(secret) => jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+            &claims,
+            &jsonwebtoken::EncodingKey::from_secret(secret),
+        )
+        .map_err(|e| format!("cannot sign the bench token: {e}")),
+    }
 }
 
 /// Starts `command` and waits until `health` answers 200; returns the child and the time taken.
@@ -295,6 +321,8 @@ fn target(label: String, base: String, verify_content: bool) -> Target {
         rounds: Vec::new(),
         client_cpu: 0.0,
         token: None,
+        secret: None,
+        fleet_seeded: false,
         _data: None,
         database: None,
         preloaded: None,
@@ -350,7 +378,8 @@ async fn prepare_targets(args: &BenchArgs) -> Result<Vec<Target>, BenchFailure> 
         cmd.env("RUST_LOG", "warn");
         let health = format!("http://127.0.0.1:{port}/healthz");
         let mut t = spawned("hoard".into(), cmd, &health, true).await?;
-        t.token = Some(signed_token(secret.as_bytes())?);
+        t.token = Some(token_for(Some(secret.as_bytes()), "bench", BENCH_AC).map_err(usage)?);
+        t.secret = Some(secret.into_bytes());
         t._data = Some(dir);
         t.database = Some(database);
         t.preloaded = preloaded;
@@ -443,8 +472,21 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
         return Err(usage("--scale must be above 0 and at most 100"));
     }
     let default_token = unsigned_token();
-    let mut plan = Plan::scaled(args.scale);
-    plan.only_small = args.only_small;
+    let phases: Vec<Phase> = if args.only_small {
+        vec![Phase::Small]
+    } else if args.phases.is_empty() {
+        Phase::DEFAULT.to_vec()
+    } else {
+        let mut p = args.phases.clone();
+        p.sort_unstable();
+        p.dedup();
+        p
+    };
+    let has = |p| phases.contains(&p);
+    if has(Phase::Fleet) && (args.fleet_jobs == 0 || args.fleet_rounds == 0) {
+        return Err(usage("--fleet-jobs and --fleet-rounds must be at least 1"));
+    }
+    let plan = Plan::scaled(args.scale);
     let mut targets = prepare_targets(&args).await?;
     if targets.is_empty() {
         return Err(usage("nothing to measure"));
@@ -463,6 +505,13 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
     }
     let data = Payloads::generate(&plan, 0x686f617264);
     let run_id = crate::model::BlobName::random().as_str()[..8].to_owned();
+    let fleet = has(Phase::Fleet).then(|| {
+        fleet::Fleet::new(
+            fleet::FleetPlan::new(args.fleet_jobs, args.fleet_rounds, &plan, args.scale),
+            &data,
+            &run_id,
+        )
+    });
     let sampler = procstat::PeakSampler::start(targets.iter().filter_map(|t| t.pid).collect());
     let bench_started = Instant::now();
     let client_cpu_start = procstat::self_cpu_seconds();
@@ -474,14 +523,54 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
                 .or(t.token.as_deref())
                 .unwrap_or(&default_token);
             let client = Client::new(&t.base, token, t.verify_content);
+            let progress = progress::Progress::new(&t.label, round + 1, args.rounds);
+            let tag = format!("{run_id}-{round}");
+            let failed = |e| BenchFailure::Target(format!("{}: round {}: {e}", t.label, round + 1));
             let cpu_before = procstat::self_cpu_seconds();
-            let result = scenarios::run_round(&client, &plan, &data, &format!("{run_id}-{round}"))
+            let mut result = scenarios::run_round(&client, &plan, &data, &tag, &phases, &progress)
                 .await
-                .map_err(|e| {
-                    BenchFailure::Target(format!("{}: round {}: {e}", t.label, round + 1))
-                })?;
+                .map_err(failed)?;
+            if let Some(fleet) = &fleet {
+                let secret = t.secret.clone();
+                let sign =
+                    move |repository: &str, ac: &str| token_for(secret.as_deref(), repository, ac);
+                if !t.fleet_seeded {
+                    let bar = progress.phase("fleet (untimed seeding)", 1, "repositories");
+                    result.moved_bytes +=
+                        fleet.seed(&client, &data, &sign).await.map_err(failed)?;
+                    bar.inc(1);
+                    bar.finish(&format!(
+                        "{} repositories, two entries each in main",
+                        fleet::REPOSITORIES
+                    ));
+                    t.fleet_seeded = true;
+                }
+                let jobs = fleet.jobs(round, &tag, &sign).map_err(failed)?;
+                let bar = progress.phase("fleet", jobs.len() as u64, "jobs");
+                let r = fleet::run(&client, fleet, &data, &jobs, &|| bar.inc(1)).await;
+                bar.finish(&format!(
+                    "{} jobs, {} at once: {} MiB/s, {}/s, job p50 {} s, p99 {} s, {} lookups/s, \
+                     {} errors; exact {:.1}%, restore key {:.1}%, miss {:.1}%",
+                    jobs.len(),
+                    fleet.plan.jobs,
+                    report::format_value(r.mib_s, "MiB/s"),
+                    report::format_value(r.jobs_s, "/s"),
+                    report::format_value(r.job_p50_s, "s"),
+                    report::format_value(r.job_p99_s, "s"),
+                    report::format_value(r.lookups_s, "/s"),
+                    r.errors,
+                    r.exact_pct,
+                    r.restore_key_pct,
+                    r.miss_pct
+                ));
+                for e in &r.first_errors {
+                    tracing::warn!("{}: round {}: fleet: {e}", t.label, round + 1);
+                }
+                result.moved_bytes += r.up + r.down;
+                result.verified_bytes += r.down;
+                result.fleet = Some(r);
+            }
             t.client_cpu += procstat::self_cpu_seconds() - cpu_before;
-            tracing::info!(target = %t.label, round = round + 1, "{result:?}");
             t.rounds.push(result);
         }
     }
@@ -489,14 +578,15 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
     let client_cpu = procstat::self_cpu_seconds() - client_cpu_start;
     let peaks = sampler.finish();
     let rounds = args.rounds as f64;
-    let gib_per_round = plan.bytes_per_round() as f64 / (1u64 << 30) as f64;
 
-    let med = |f: fn(&RoundResult) -> f64| -> Vec<Option<f64>> {
+    let med = |f: &dyn Fn(&RoundResult) -> f64| -> Vec<Option<f64>> {
         targets
             .iter()
             .map(|t| stats::median(&t.rounds.iter().map(f).collect::<Vec<_>>()))
             .collect()
     };
+    let fleet_med =
+        |f: fn(&fleet::FleetResult) -> f64| med(&|r: &RoundResult| r.fleet.as_ref().map_or(0.0, f));
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     let cpu: Vec<Option<f64>> = targets
         .iter()
@@ -511,7 +601,7 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
         better,
         values,
     };
-    let rows = vec![
+    let mut rows = vec![
         row(
             "Startup to healthy",
             "ms",
@@ -538,67 +628,186 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
             "Server CPU per GiB moved",
             "s/GiB",
             Better::Lower,
-            cpu.iter().map(|c| c.map(|c| c / gib_per_round)).collect(),
-        ),
-        row(
-            "Upload 8 entries in parallel, 32 MiB blocks",
-            "MiB/s",
-            Better::Higher,
-            med(|r| r.upload_published_mib_s),
-        ),
-        row(
-            "Upload 8 entries, @actions/cache layout",
-            "MiB/s",
-            Better::Higher,
-            med(|r| r.upload_sdk_mib_s),
-        ),
-        row(
-            "First download (all 8)",
-            "MiB/s",
-            Better::Higher,
-            med(|r| r.first_download_mib_s),
-        ),
-        row(
-            "Later download (all 8 again)",
-            "MiB/s",
-            Better::Higher,
-            med(|r| r.later_download_mib_s),
-        ),
-        row(
-            "Lookups at 64 concurrent",
-            "/s",
-            Better::Higher,
-            med(|r| r.lookups_per_s),
-        ),
-        row("Lookup p50", "ms", Better::Lower, med(|r| r.lookup_p50_ms)),
-        row("Lookup p99", "ms", Better::Lower, med(|r| r.lookup_p99_ms)),
-        row(
-            "Small save+restore at 32 concurrent",
-            "/s",
-            Better::Higher,
-            med(|r| r.small_per_s),
-        ),
-        row(
-            "Client CPU time per round",
-            "s",
-            Better::Lower,
-            targets
-                .iter()
-                .map(|t| Some(t.client_cpu / rounds))
+            cpu.iter()
+                .zip(&targets)
+                .map(|(c, t)| {
+                    let moved: u64 = t.rounds.iter().map(|r| r.moved_bytes).sum();
+                    let gib_per_round = moved as f64 / rounds / (1u64 << 30) as f64;
+                    c.filter(|_| moved > 0).map(|c| c / gib_per_round)
+                })
                 .collect(),
         ),
     ];
-    let mut notes = vec![
-        format!(
+    if has(Phase::Upload) {
+        rows.push(row(
+            "Upload 8 entries in parallel, 32 MiB blocks",
+            "MiB/s",
+            Better::Higher,
+            med(&|r| r.upload_published_mib_s),
+        ));
+        rows.push(row(
+            "Upload 8 entries, @actions/cache layout",
+            "MiB/s",
+            Better::Higher,
+            med(&|r| r.upload_sdk_mib_s),
+        ));
+    }
+    if has(Phase::Download1) {
+        rows.push(row(
+            "First download (all 8)",
+            "MiB/s",
+            Better::Higher,
+            med(&|r| r.first_download_mib_s),
+        ));
+    }
+    if has(Phase::Download2) {
+        rows.push(row(
+            "Later download (all 8 again)",
+            "MiB/s",
+            Better::Higher,
+            med(&|r| r.later_download_mib_s),
+        ));
+    }
+    if has(Phase::Lookups) {
+        rows.push(row(
+            "Lookups at 64 concurrent",
+            "/s",
+            Better::Higher,
+            med(&|r| r.lookups_per_s),
+        ));
+        rows.push(row(
+            "Lookup p50",
+            "ms",
+            Better::Lower,
+            med(&|r| r.lookup_p50_ms),
+        ));
+        rows.push(row(
+            "Lookup p99",
+            "ms",
+            Better::Lower,
+            med(&|r| r.lookup_p99_ms),
+        ));
+    }
+    if has(Phase::Small) {
+        rows.push(row(
+            "Small save+restore at 32 concurrent",
+            "/s",
+            Better::Higher,
+            med(&|r| r.small_per_s),
+        ));
+    }
+    if fleet.is_some() {
+        rows.extend([
+            row(
+                "Fleet: up + down",
+                "MiB/s",
+                Better::Higher,
+                fleet_med(|f| f.mib_s),
+            ),
+            row("Fleet: jobs", "/s", Better::Higher, fleet_med(|f| f.jobs_s)),
+            row(
+                "Fleet: job p50",
+                "s",
+                Better::Lower,
+                fleet_med(|f| f.job_p50_s),
+            ),
+            row(
+                "Fleet: job p99",
+                "s",
+                Better::Lower,
+                fleet_med(|f| f.job_p99_s),
+            ),
+            row(
+                "Fleet: lookups",
+                "/s",
+                Better::Higher,
+                fleet_med(|f| f.lookups_s),
+            ),
+            // Errors are summed over the rounds, not a median: one is one too many.
+            row(
+                "Fleet: errors (all rounds)",
+                "jobs",
+                Better::Neither,
+                targets
+                    .iter()
+                    .map(|t| {
+                        Some(
+                            t.rounds
+                                .iter()
+                                .filter_map(|r| r.fleet.as_ref())
+                                .map(|f| f.errors as f64)
+                                .sum(),
+                        )
+                    })
+                    .collect(),
+            ),
+            row(
+                "Fleet: exact hits seen",
+                "%",
+                Better::Neither,
+                fleet_med(|f| f.exact_pct),
+            ),
+            row(
+                "Fleet: restore-key hits seen",
+                "%",
+                Better::Neither,
+                fleet_med(|f| f.restore_key_pct),
+            ),
+            row(
+                "Fleet: misses seen",
+                "%",
+                Better::Neither,
+                fleet_med(|f| f.miss_pct),
+            ),
+        ]);
+    }
+    rows.push(row(
+        "Client CPU time per round",
+        "s",
+        Better::Lower,
+        targets
+            .iter()
+            .map(|t| Some(t.client_cpu / rounds))
+            .collect(),
+    ));
+    let mut notes = vec![format!(
+        "phases: {}",
+        phases
+            .iter()
+            .map(|p| p.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )];
+    if phases.iter().any(|p| *p != Phase::Fleet) {
+        notes.push(format!(
             "entries: {} × {:.1} MiB; lookups: {}; small: {} × {} KiB",
             plan.entries,
             plan.entry_size as f64 / (1 << 20) as f64,
             plan.lookups,
             plan.small_ops,
             plan.small_size / 1024
-        ),
-        format!("client CPU {client_cpu:.1} s over {wall:.1} s of wall time"),
-    ];
+        ));
+    }
+    if let Some(fleet) = &fleet {
+        let (exact, restore, miss) = fleet.planned();
+        let p = &fleet.plan;
+        let kib = |b: usize| b as f64 / 1024.0;
+        notes.push(format!(
+            "fleet: {} jobs at once × {} each = {} jobs per round over {} repositories, {} missing lookups each; planned per round: {exact} exact, {restore} restore-key, {miss} miss; saves of {:.0}–{:.0} KiB (70%) and {:.0}–{:.0} KiB (30%)",
+            p.jobs,
+            p.rounds,
+            p.jobs_per_round(),
+            fleet::REPOSITORIES,
+            fleet::MISSING_LOOKUPS,
+            kib(p.large.0),
+            kib(p.large.1),
+            kib(p.small.0),
+            kib(p.small.1),
+        ));
+    }
+    notes.push(format!(
+        "client CPU {client_cpu:.1} s over {wall:.1} s of wall time"
+    ));
     for t in &targets {
         let Some(db) = &t.database else { continue };
         let (db_after, wal_after) = database_sizes(db);

@@ -8,6 +8,8 @@ use serde::Serialize;
 pub enum Better {
     Higher,
     Lower,
+    /// Neither: counts and shares, shown without ratios to the references.
+    Neither,
 }
 
 /// One metric: its label, unit, and the value for each target (`None`: not measured).
@@ -29,11 +31,12 @@ pub struct Report {
     pub notes: Vec<String>,
 }
 
-fn format_value(v: f64, unit: &str) -> String {
+pub(crate) fn format_value(v: f64, unit: &str) -> String {
     // Rates read as whole numbers; times and sizes keep two or three significant digits.
     let digits = match unit {
         "ms" | "s" | "MiB" | "s/GiB" if v < 10.0 => 2,
         "ms" | "s" | "MiB" | "s/GiB" if v < 100.0 => 1,
+        "%" => 1,
         _ => 0,
     };
     let text = format!("{v:.digits$}");
@@ -92,10 +95,11 @@ impl Report {
                     .filter(|(r, _)| *r != i)
                     .filter_map(|(r, short)| {
                         let base = row.values[*r].filter(|b| *b > 0.0)?;
-                        Some(match row.better {
-                            Better::Higher => format!("{:.0}% {short}", 100.0 * v / base),
-                            Better::Lower => format!("{:.1}× {short}", v / base),
-                        })
+                        match row.better {
+                            Better::Higher => Some(format!("{:.0}% {short}", 100.0 * v / base)),
+                            Better::Lower => Some(format!("{:.1}× {short}", v / base)),
+                            Better::Neither => None,
+                        }
                     })
                     .collect();
                 let cell = if ratios.is_empty() {
@@ -193,6 +197,22 @@ mod tests {
         assert_eq!(
             lines[4],
             "| Idle memory (MiB) | 4.50 (1.5× disk) | – | 3.00 |"
+        );
+    }
+
+    #[test]
+    fn counts_and_shares_show_no_ratio() {
+        let mut r = report();
+        r.rows.push(Row {
+            metric: "Fleet: misses seen",
+            unit: "%",
+            better: Better::Neither,
+            values: vec![Some(18.75), Some(18.75)],
+        });
+        let md = r.to_markdown();
+        assert!(
+            md.contains("| Fleet: misses seen (%) | 18.8 | 18.8 |"),
+            "{md}"
         );
     }
 

@@ -8,11 +8,52 @@ use futures_util::{StreamExt, TryStreamExt};
 use rand::{RngCore, SeedableRng};
 
 use super::client::{Client, Result};
+use super::progress::Progress;
+use super::report::format_value;
 use super::stats::percentile;
 
 const MIB: usize = 1 << 20;
 /// The version hash every bench entry uses (`sha256("data|zstd-without-long|1.0")`).
 pub const VERSION: &str = "3ad75f27293d65a135214b8c82b296080f911dc107e52f1e7ec871a2eda46e69";
+
+/// The phases of a round, in the order they run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum)]
+pub enum Phase {
+    /// 8 entries in parallel with 32 MiB blocks, then the same through @actions/cache's layout.
+    Upload,
+    /// First download of the 8 (needs them uploaded: untimed if `upload` is not chosen).
+    Download1,
+    /// Later download of the 8 (after a first one: untimed if `download1` is not chosen).
+    Download2,
+    /// Lookups at 64 concurrent of the 8 (uploaded untimed if `upload` is not chosen).
+    Lookups,
+    /// Small save+restores at 32 concurrent.
+    Small,
+    /// A CI fleet (opt-in): see `--fleet-jobs`.
+    Fleet,
+}
+
+impl Phase {
+    /// Every phase but the fleet: what a run measures unless told otherwise.
+    pub const DEFAULT: [Phase; 5] = [
+        Phase::Upload,
+        Phase::Download1,
+        Phase::Download2,
+        Phase::Lookups,
+        Phase::Small,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Upload => "upload",
+            Phase::Download1 => "download1",
+            Phase::Download2 => "download2",
+            Phase::Lookups => "lookups",
+            Phase::Small => "small",
+            Phase::Fleet => "fleet",
+        }
+    }
+}
 
 /// Sizes and counts, scaled from the published ones by `--scale`.
 #[derive(Debug, Clone)]
@@ -31,8 +72,6 @@ pub struct Plan {
     pub small_ops: usize,
     pub small_size: usize,
     pub small_concurrency: usize,
-    /// Only the small save+restore scenario (for profiling it alone).
-    pub only_small: bool,
 }
 
 impl Plan {
@@ -50,16 +89,7 @@ impl Plan {
             small_ops: size(300, 8),
             small_size: size(256 * 1024, 4 * 1024),
             small_concurrency: 32,
-            only_small: false,
         }
-    }
-
-    /// Bytes each round moves (uploads plus downloads), for CPU per GiB.
-    pub fn bytes_per_round(&self) -> u64 {
-        let large = (self.entries * self.entry_size) as u64;
-        let small = (self.small_ops * self.small_size) as u64;
-        // Two uploads of every entry, two downloads, and each small entry up and down.
-        4 * large + 2 * small
     }
 }
 
@@ -108,92 +138,153 @@ pub struct RoundResult {
     pub small_per_s: f64,
     /// Bytes downloaded and checked this round.
     pub verified_bytes: u64,
+    /// Bytes uploaded and downloaded this round, untimed set-up included (for CPU per GiB).
+    pub moved_bytes: u64,
+    /// The fleet phase's figures, when it ran.
+    pub fleet: Option<super::fleet::FleetResult>,
 }
 
 fn mib_per_s(bytes: usize, started: Instant) -> f64 {
     bytes as f64 / MIB as f64 / started.elapsed().as_secs_f64()
 }
 
-/// Runs every scenario once; `tag` makes this round's keys unique.
+/// Runs the chosen phases but the fleet, in order, with what they need done untimed first;
+/// `tag` makes this round's keys unique.
 pub async fn run_round(
     client: &Client,
     plan: &Plan,
     data: &Payloads,
     tag: &str,
+    phases: &[Phase],
+    progress: &Progress,
 ) -> Result<RoundResult> {
     let mut out = RoundResult::default();
-    if plan.only_small {
-        small(client, plan, data, tag, &mut out).await?;
-        return Ok(out);
-    }
+    let has = |p| phases.contains(&p);
     let total = plan.entries * plan.entry_size;
     let published_key = |i: usize| format!("bench-{tag}-published-{i}");
     let sdk_key = |i: usize| format!("bench-{tag}-sdk-{i}");
+    let mib = |rate: f64| format!("{} MiB/s", format_value(rate, "MiB/s"));
 
-    // Upload 8 × 128 MiB in parallel, 32 MiB blocks (the published method).
-    let started = Instant::now();
-    futures_util::future::try_join_all(data.entries.iter().enumerate().map(|(i, payload)| {
-        let key = published_key(i);
-        async move {
-            let url = client.reserve(&key, VERSION).await?;
-            client
-                .put_blocks(&url, payload.clone(), plan.published_block, 1)
-                .await?;
-            client.finalize(&key, VERSION, payload.len()).await
-        }
-    }))
-    .await?;
-    out.upload_published_mib_s = mib_per_s(total, started);
-
-    // The same through @actions/cache 6.3.0's layout: one Put Blob up to 128 MiB, else 64 MiB
-    // blocks with 8 in flight.
-    let started = Instant::now();
-    futures_util::future::try_join_all(data.entries.iter().enumerate().map(|(i, payload)| {
-        let key = sdk_key(i);
-        async move {
-            let url = client.reserve(&key, VERSION).await?;
-            if payload.len() <= plan.sdk_single_put_max {
-                client.put_whole(&url, payload.clone()).await?;
-            } else {
+    if has(Phase::Upload) || has(Phase::Download1) || has(Phase::Download2) || has(Phase::Lookups) {
+        let name = if has(Phase::Upload) {
+            "upload"
+        } else {
+            "upload (untimed set-up)"
+        };
+        let bar = progress.phase(name, 2 * plan.entries as u64, "entries");
+        // Upload 8 × 128 MiB in parallel, 32 MiB blocks (the published method).
+        let started = Instant::now();
+        futures_util::future::try_join_all(data.entries.iter().enumerate().map(|(i, payload)| {
+            let key = published_key(i);
+            let bar = &bar;
+            async move {
+                let url = client.reserve(&key, VERSION).await?;
                 client
-                    .put_blocks(&url, payload.clone(), plan.sdk_block, plan.sdk_in_flight)
+                    .put_blocks(&url, payload.clone(), plan.published_block, 1)
                     .await?;
+                client.finalize(&key, VERSION, payload.len()).await?;
+                bar.inc(1);
+                Ok::<_, super::client::BenchError>(())
             }
-            client.finalize(&key, VERSION, payload.len()).await
-        }
-    }))
-    .await?;
-    out.upload_sdk_mib_s = mib_per_s(total, started);
+        }))
+        .await?;
+        out.upload_published_mib_s = mib_per_s(total, started);
+
+        // The same through @actions/cache 6.3.0's layout: one Put Blob up to 128 MiB, else
+        // 64 MiB blocks with 8 in flight.
+        let started = Instant::now();
+        futures_util::future::try_join_all(data.entries.iter().enumerate().map(|(i, payload)| {
+            let key = sdk_key(i);
+            let bar = &bar;
+            async move {
+                client
+                    .save_sdk(
+                        &key,
+                        VERSION,
+                        payload.clone(),
+                        plan.sdk_single_put_max,
+                        plan.sdk_block,
+                        plan.sdk_in_flight,
+                    )
+                    .await?;
+                bar.inc(1);
+                Ok::<_, super::client::BenchError>(())
+            }
+        }))
+        .await?;
+        out.upload_sdk_mib_s = mib_per_s(total, started);
+        out.moved_bytes += 2 * total as u64;
+        bar.finish(&format!(
+            "8 entries in parallel with 32 MiB blocks {}, @actions/cache layout {}",
+            mib(out.upload_published_mib_s),
+            mib(out.upload_sdk_mib_s)
+        ));
+    }
 
     // First and later download of all 8 (restore = lookup + GET), every byte checked.
-    for later in [false, true] {
+    let first = has(Phase::Download1) || has(Phase::Download2);
+    for (later, wanted) in [(false, first), (true, has(Phase::Download2))] {
+        if !wanted {
+            continue;
+        }
+        let name = match (later, has(Phase::Download1)) {
+            (true, _) => "download2",
+            (false, true) => "download1",
+            (false, false) => "download1 (untimed set-up)",
+        };
+        let bar = progress.phase(name, plan.entries as u64, "entries");
         let started = Instant::now();
         let moved: Vec<u64> = futures_util::future::try_join_all(
             data.entries.iter().enumerate().map(|(i, payload)| {
                 let key = published_key(i);
-                async move { client.restore(&key, VERSION, payload).await }
+                let bar = &bar;
+                async move {
+                    let n = client.restore(&key, VERSION, payload).await?;
+                    bar.inc(1);
+                    Ok::<_, super::client::BenchError>(n)
+                }
             }),
         )
         .await?;
         out.verified_bytes += moved.iter().sum::<u64>();
+        out.moved_bytes += moved.iter().sum::<u64>();
         let rate = mib_per_s(total, started);
         if later {
             out.later_download_mib_s = rate;
         } else {
             out.first_download_mib_s = rate;
         }
+        bar.finish(&format!("all 8, checked, {}", mib(rate)));
     }
 
-    // Lookups at 64 concurrent: hits on this round's entries, half through a restore key.
+    if has(Phase::Lookups) {
+        lookups(client, plan, tag, progress, &mut out).await?;
+    }
+    if has(Phase::Small) {
+        small(client, plan, data, tag, progress, &mut out).await?;
+    }
+    Ok(out)
+}
+
+/// Lookups at 64 concurrent: hits on this round's entries, half through a restore key.
+async fn lookups(
+    client: &Client,
+    plan: &Plan,
+    tag: &str,
+    progress: &Progress,
+    out: &mut RoundResult,
+) -> Result<()> {
+    let bar = progress.phase("lookups", plan.lookups as u64, "lookups");
     let started = Instant::now();
     let latencies: Vec<f64> = futures_util::stream::iter(0..plan.lookups)
         .map(|n| {
             let i = n % plan.entries;
             let key = if n % 2 == 0 {
-                published_key(i)
+                format!("bench-{tag}-published-{i}")
             } else {
-                sdk_key(i)
+                format!("bench-{tag}-sdk-{i}")
             };
+            let bar = &bar;
             async move {
                 let t = Instant::now();
                 let hit = if n % 4 == 1 {
@@ -208,6 +299,7 @@ pub async fn run_round(
                         "lookup {key}: miss"
                     )));
                 }
+                bar.inc(1);
                 Ok(t.elapsed().as_secs_f64() * 1000.0)
             }
         })
@@ -217,9 +309,15 @@ pub async fn run_round(
     out.lookups_per_s = plan.lookups as f64 / started.elapsed().as_secs_f64();
     out.lookup_p50_ms = percentile(&latencies, 50.0).unwrap_or(0.0);
     out.lookup_p99_ms = percentile(&latencies, 99.0).unwrap_or(0.0);
-
-    small(client, plan, data, tag, &mut out).await?;
-    Ok(out)
+    bar.finish(&format!(
+        "{} at {} concurrent, {}/s, p50 {} ms, p99 {} ms",
+        plan.lookups,
+        plan.lookup_concurrency,
+        format_value(out.lookups_per_s, "/s"),
+        format_value(out.lookup_p50_ms, "ms"),
+        format_value(out.lookup_p99_ms, "ms")
+    ));
+    Ok(())
 }
 
 /// Small save + restore, 256 KiB at 32 concurrent.
@@ -228,25 +326,39 @@ async fn small(
     plan: &Plan,
     data: &Payloads,
     tag: &str,
+    progress: &Progress,
     out: &mut RoundResult,
 ) -> Result<()> {
+    let bar = progress.phase("small", plan.small_ops as u64, "save+restores");
     let started = Instant::now();
     let moved: Vec<u64> = futures_util::stream::iter(0..plan.small_ops)
         .map(|i| {
             let payload = data.small(i, plan.small_size);
             let key = format!("bench-{tag}-small-{i}");
+            let bar = &bar;
             async move {
                 let url = client.reserve(&key, VERSION).await?;
                 client.put_whole(&url, payload.clone()).await?;
                 client.finalize(&key, VERSION, payload.len()).await?;
-                client.restore(&key, VERSION, &payload).await
+                let n = client.restore(&key, VERSION, &payload).await?;
+                bar.inc(1);
+                Ok::<_, super::client::BenchError>(n)
             }
         })
         .buffer_unordered(plan.small_concurrency)
         .try_collect()
         .await?;
-    out.verified_bytes += moved.iter().sum::<u64>();
+    let moved: u64 = moved.iter().sum();
+    out.verified_bytes += moved;
+    out.moved_bytes += 2 * moved;
     out.small_per_s = plan.small_ops as f64 / started.elapsed().as_secs_f64();
+    bar.finish(&format!(
+        "{} × {} KiB at {} concurrent, {}/s",
+        plan.small_ops,
+        plan.small_size / 1024,
+        plan.small_concurrency,
+        format_value(out.small_per_s, "/s")
+    ));
     Ok(())
 }
 
