@@ -224,8 +224,14 @@ impl Fleet {
     }
 
     /// Stores every repository's older and then current entry in main: what the hits of every
-    /// round need. Untimed; once per target.
-    pub async fn seed(&self, client: &Client, data: &Payloads, sign: Sign<'_>) -> Result<u64> {
+    /// round need. Untimed; once per target. `done` is called as each repository is seeded.
+    pub async fn seed(
+        &self,
+        client: &Client,
+        data: &Payloads,
+        sign: Sign<'_>,
+        done: &(dyn Fn() + Sync),
+    ) -> Result<u64> {
         let saves = self.repositories.iter().map(|repo| async move {
             let token = sign(&repo.id, &ac_main()).map_err(BenchError::Protocol)?;
             let client = client.with_token(&token);
@@ -244,6 +250,7 @@ impl Fleet {
                     )
                     .await?;
             }
+            done();
             Ok::<_, BenchError>(moved)
         });
         let moved = futures_util::future::try_join_all(saves).await?;

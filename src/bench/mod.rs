@@ -535,10 +535,15 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
                 let sign =
                     move |repository: &str, ac: &str| token_for(secret.as_deref(), repository, ac);
                 if !t.fleet_seeded {
-                    let bar = progress.phase("fleet (untimed seeding)", 1, "repositories");
-                    result.moved_bytes +=
-                        fleet.seed(&client, &data, &sign).await.map_err(failed)?;
-                    bar.inc(1);
+                    let bar = progress.phase(
+                        "fleet (untimed seeding)",
+                        fleet::REPOSITORIES as u64,
+                        "repositories",
+                    );
+                    result.moved_bytes += fleet
+                        .seed(&client, &data, &sign, &|| bar.inc(1))
+                        .await
+                        .map_err(failed)?;
                     bar.finish(&format!(
                         "{} repositories, two entries each in main",
                         fleet::REPOSITORIES
