@@ -546,6 +546,26 @@ fn summary(answers: &[Answer]) -> String {
         .join("\n")
 }
 
+/// A round while the store cannot serve: every answer a success or a retryable 503 within the
+/// bound; what needs the store a 503 (it could not have succeeded); `/readyz` says `readiness`.
+fn assert_store_unavailable(answers: &[Answer], readiness: &str) {
+    for answer in answers {
+        answer.assert_success_or_retry();
+        if matches!(
+            answer.what,
+            "Azure Put Blob"
+                | "Azure Put Block"
+                | "v1 PATCH caches/{id}"
+                | "GET download link (v2)"
+                | "GET archiveLocation (v1)"
+        ) {
+            assert_eq!(answer.status, 503, "{}: {}", answer.what, answer.text());
+        }
+    }
+    let ready = answers.iter().find(|a| a.what == "GET /readyz").unwrap();
+    assert_eq!(ready.json()["error"], readiness, "{}", ready.text());
+}
+
 /// Saves an entry through each protocol before a fault: what the test restores during and
 /// after it.
 async fn saved_before(rig: &Rig) -> Vec<(String, Vec<u8>)> {
@@ -570,29 +590,7 @@ async fn a_store_that_refuses_connections_is_a_503_and_hoard_recovers_by_itself(
     rig.s3.kill();
     let (answers, _) = rig.round("refused", &earlier).await;
     eprintln!("store refusing connections:\n{}", summary(&answers));
-    for answer in &answers {
-        answer.assert_success_or_retry();
-    }
-    // What needs the store could not have succeeded.
-    for answer in &answers {
-        if matches!(
-            answer.what,
-            "Azure Put Blob"
-                | "Azure Put Block"
-                | "v1 PATCH caches/{id}"
-                | "GET download link (v2)"
-                | "GET archiveLocation (v1)"
-        ) {
-            assert_eq!(answer.status, 503, "{}: {}", answer.what, answer.text());
-        }
-    }
-    let ready = answers.iter().find(|a| a.what == "GET /readyz").unwrap();
-    assert_eq!(
-        ready.json()["error"],
-        "the chunk store does not answer",
-        "{}",
-        ready.text()
-    );
+    assert_store_unavailable(&answers, "the chunk store does not answer");
     let log = rig.hoard.log.lock().unwrap().join("\n");
     assert!(!log.contains(&rig.s3.server.secret_access_key), "{log}");
     drop(log);
@@ -639,29 +637,7 @@ async fn a_silent_store_is_a_503_within_bounds_and_hoard_recovers_by_itself() {
     rig.s3.pause();
     let (answers, _) = rig.round("paused", &earlier).await;
     eprintln!("store paused:\n{}", summary(&answers));
-    for answer in &answers {
-        answer.assert_success_or_retry();
-    }
-    for answer in &answers {
-        if matches!(
-            answer.what,
-            "Azure Put Blob"
-                | "Azure Put Block"
-                | "v1 PATCH caches/{id}"
-                | "GET download link (v2)"
-                | "GET archiveLocation (v1)"
-        ) {
-            assert_eq!(answer.status, 503, "{}: {}", answer.what, answer.text());
-        }
-    }
-
-    let ready = answers.iter().find(|a| a.what == "GET /readyz").unwrap();
-    assert_eq!(
-        ready.json()["error"],
-        "the chunk store does not answer within 5 s",
-        "{}",
-        ready.text()
-    );
+    assert_store_unavailable(&answers, "the chunk store does not answer within 5 s");
 
     rig.s3.resume();
     let back = Instant::now();
