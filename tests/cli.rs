@@ -8,7 +8,7 @@ use std::process::Output;
 
 use serde_json::{json, Value};
 
-use common::{claims, sign_hs256, TestServer, MAIN, VERSION};
+use common::{claims, manual_clock, sign_hs256, TestServer, MAIN, VERSION};
 
 const ADMIN: &str = "cli-admin-token-0123456789abcdef";
 
@@ -352,7 +352,8 @@ async fn writers_are_listed_shown_and_purged_by_run() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn stats_prints_families_with_hit_ratio_misses_bytes_and_trend() {
-    let srv = TestServer::start_with(&["--admin-token", ADMIN]).await;
+    // The server's clock stands still: every call falls in one hour, the trend's last.
+    let srv = TestServer::start_with_clock(&["--admin-token", ADMIN], manual_clock()).await;
     let mut c = claims("78", &[(MAIN, 3)]);
     c["repository"] = json!("octo/stats-cli");
     let t = sign_hs256(&c);
