@@ -98,8 +98,11 @@ impl Cache {
                 0,
                 now,
                 |family| {
-                    self.metrics
-                        .family_lookup(who.display_repository(), family, "miss")
+                    self.metrics.family_lookup(
+                        who.display_repository(),
+                        family,
+                        LookupResult::Miss.label(),
+                    )
                 },
             );
             return Ok(None);
@@ -131,13 +134,8 @@ impl Cache {
             best.size,
             now,
             |family| {
-                let outcome = if result == LookupResult::ExactHit {
-                    "exact_hit"
-                } else {
-                    "restore_key_hit"
-                };
                 self.metrics
-                    .family_lookup(who.display_repository(), family, outcome)
+                    .family_lookup(who.display_repository(), family, result.label())
             },
         );
         Ok(Some(Hit {

@@ -99,6 +99,17 @@ pub enum LookupResult {
     Miss,
 }
 
+impl LookupResult {
+    /// The `outcome` label of `hoard_family_lookups_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::ExactHit => "exact_hit",
+            Self::RestoreKeyHit => "restore_key_hit",
+            Self::Miss => "miss",
+        }
+    }
+}
+
 /// What happened to one family in one bucket. Every field only grows; adding two is folding.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {
