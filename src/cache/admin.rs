@@ -170,10 +170,10 @@ impl Cache {
     /// operator's call at once (the reads that follow would wait as long again); another
     /// failure is logged and the read goes on.
     pub(super) async fn write_usage(&self) -> Result<(), CacheError> {
-        let written = match self.usage.flush(self.meta.as_ref()).await {
-            Ok(()) => self.stats.flush(self.meta.as_ref(), self.clock.now()).await,
-            Err(e) => Err(e),
-        };
+        let written = self
+            .usage
+            .round(self.meta.as_ref(), &self.stats, self.clock.as_ref())
+            .await;
         match written {
             Err(e @ MetaError::Unavailable(_)) => Err(e.into()),
             Err(e) => {

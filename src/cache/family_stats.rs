@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use crate::meta::{MetaError, StatsStore};
-use crate::model::family::{family, family_folded};
+use crate::model::family::family_folded;
 use crate::model::stats::OTHER_FAMILY;
 use crate::model::{
     Bucket, CacheKey, Counters, EntryUse, LookupResult, Millis, RefClass, RemovalCause, RepoId,
@@ -116,7 +116,7 @@ impl FamilyStats {
             .lookup_families
             .get(&(repository.clone(), folded.to_owned()))
             .cloned()
-            .unwrap_or_else(|| family(key, &[]))
+            .unwrap_or_else(|| family_folded(key, folded, &[]).to_owned())
     }
 
     /// An entry of `size` bytes saved in `family` by a caller of `class`.

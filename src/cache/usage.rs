@@ -125,8 +125,9 @@ impl UsageBuffer {
         Ok(())
     }
 
-    /// One round of [`UsageBuffer::run`]: the restores, then the statistics.
-    async fn round(
+    /// One round of [`UsageBuffer::run`] (and of an operator's read): the restores, then the
+    /// statistics.
+    pub(super) async fn round(
         &self,
         meta: &dyn MetaStore,
         stats: &FamilyStats,

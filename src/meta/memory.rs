@@ -815,7 +815,7 @@ fn summed_by_width(
 ) -> Vec<StatsRow> {
     let mut sums = BTreeMap::<(Millis, RepoId, String, RefClass), Counters>::new();
     for ((repository, family, class), start, counters) in rows {
-        let start = start - start % width.millis();
+        let start = width.floor(start);
         sums.entry((start, repository, family, class))
             .or_default()
             .add(&counters);
