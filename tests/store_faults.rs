@@ -214,9 +214,8 @@ impl Rig {
         self.send("GET /readyz", Speaks::Readyz, req).await
     }
 
-    /// The v2 client's save of `data` as one Put Blob; the answers, and whether it saved.
-    async fn save_v2(&self, key: &str, data: &[u8]) -> (Vec<Answer>, bool) {
-        let mut answers = Vec::new();
+    /// CreateCacheEntry for `key`, its answer kept in `answers`; the upload link if it gave one.
+    async fn create_v2(&self, key: &str, answers: &mut Vec<Answer>) -> Option<String> {
         let created = self
             .twirp(
                 "Twirp CreateCacheEntry",
@@ -233,7 +232,28 @@ impl Rig {
             })
             .flatten();
         answers.push(created);
-        let Some(url) = url else {
+        url
+    }
+
+    /// FinalizeCacheEntryUpload of `size` bytes for `key`, its answer kept in `answers`;
+    /// whether the entry was saved.
+    async fn finalize_v2(&self, key: &str, size: usize, answers: &mut Vec<Answer>) -> bool {
+        let finalize = self
+            .twirp(
+                "Twirp FinalizeCacheEntryUpload",
+                "FinalizeCacheEntryUpload",
+                json!({ "key": key, "version": VERSION, "size_bytes": size.to_string() }),
+            )
+            .await;
+        let saved = finalize.ok() && finalize.json()["ok"] == true;
+        answers.push(finalize);
+        saved
+    }
+
+    /// The v2 client's save of `data` as one Put Blob; the answers, and whether it saved.
+    async fn save_v2(&self, key: &str, data: &[u8]) -> (Vec<Answer>, bool) {
+        let mut answers = Vec::new();
+        let Some(url) = self.create_v2(key, &mut answers).await else {
             return (answers, false);
         };
         let put = self
@@ -247,38 +267,14 @@ impl Rig {
         if !put_ok {
             return (answers, false);
         }
-        let finalize = self
-            .twirp(
-                "Twirp FinalizeCacheEntryUpload",
-                "FinalizeCacheEntryUpload",
-                json!({ "key": key, "version": VERSION, "size_bytes": data.len().to_string() }),
-            )
-            .await;
-        let saved = finalize.ok() && finalize.json()["ok"] == true;
-        answers.push(finalize);
+        let saved = self.finalize_v2(key, data.len(), &mut answers).await;
         (answers, saved)
     }
 
     /// The v2 client's save of `blocks` as Put Block after Put Block, then Put Block List.
     async fn save_v2_blocks(&self, key: &str, blocks: &[Vec<u8>]) -> (Vec<Answer>, bool) {
         let mut answers = Vec::new();
-        let created = self
-            .twirp(
-                "Twirp CreateCacheEntry",
-                "CreateCacheEntry",
-                json!({ "key": key, "version": VERSION }),
-            )
-            .await;
-        let url = created
-            .ok()
-            .then(|| {
-                created.json()["signed_upload_url"]
-                    .as_str()
-                    .map(str::to_owned)
-            })
-            .flatten();
-        answers.push(created);
-        let Some(url) = url else {
+        let Some(url) = self.create_v2(key, &mut answers).await else {
             return (answers, false);
         };
         let mut list = String::from("<?xml version=\"1.0\" encoding=\"utf-8\"?><BlockList>");
@@ -311,15 +307,7 @@ impl Rig {
             return (answers, false);
         }
         let size: usize = blocks.iter().map(Vec::len).sum();
-        let finalize = self
-            .twirp(
-                "Twirp FinalizeCacheEntryUpload",
-                "FinalizeCacheEntryUpload",
-                json!({ "key": key, "version": VERSION, "size_bytes": size.to_string() }),
-            )
-            .await;
-        let saved = finalize.ok() && finalize.json()["ok"] == true;
-        answers.push(finalize);
+        let saved = self.finalize_v2(key, size, &mut answers).await;
         (answers, saved)
     }
 
