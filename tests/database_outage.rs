@@ -74,11 +74,9 @@ impl Cluster {
             };
             std::os::unix::fs::chown(dir.path(), Some(id("-u")), Some(id("-g"))).unwrap();
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        // Outside the ephemeral range: the cluster is started again on it after thousands of
+        // client connections (see `free_port`).
+        let port = common::emulators::free_port();
         let cluster = Self {
             dir,
             bin,

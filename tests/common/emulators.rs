@@ -640,7 +640,25 @@ fn endpoint_from_env(var: &str) -> Option<String> {
 }
 
 /// A loopback port nothing listens on right now.
-fn free_port() -> u16 {
+/// A free loopback port below the kernel's ephemeral range: a server stopped and started
+/// again on it (the private S3, a private PostgreSQL) never finds it taken as the local port of
+/// one of the many client connections made meanwhile, which the kernel picks in that range.
+pub fn free_port() -> u16 {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (first, span) = (10_000u16, low.saturating_sub(10_000).max(1));
+    // Spread the tries of concurrent test processes by their ids and a counter.
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    for _ in 0..1000 {
+        let n =
+            u64::from(std::process::id()) * 7919 + NEXT.fetch_add(1, Ordering::Relaxed) * 104_729;
+        let port = first + (n % u64::from(span)) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
