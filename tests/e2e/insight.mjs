@@ -23,7 +23,7 @@ const token = env('HOARD_ADMIN_TOKEN');
 const repository = env('REPOSITORY');
 const shotDir = path.resolve(env('SCREENSHOT_DIR'));
 fs.mkdirSync(shotDir, { recursive: true });
-const TIMEOUT = 10_000;
+const TIMEOUT = 30_000; // a first render of every chart in chromium on a busy 2-core machine
 const CHARTS = ['chart-hit-ratio', 'chart-lookups', 'chart-evictions', 'chart-stored-family', 'chart-stored-class'];
 
 async function until(what, probe) {
