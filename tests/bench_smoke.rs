@@ -17,6 +17,7 @@ fn bench_logged(args: &[&str], log: &str) -> (Value, String, String) {
     let dir = tempfile::tempdir().unwrap();
     let json_path = dir.path().join("report.json");
     let out = Command::new(env!("CARGO_BIN_EXE_hoard"))
+        .env("HOARD_MIN_FREE_SPACE", "0")
         .arg("bench")
         .args(args)
         .arg("--json")
@@ -173,6 +174,7 @@ fn a_failing_target_fails_the_run() {
         .unwrap()
         .port();
     let out = Command::new(env!("CARGO_BIN_EXE_hoard"))
+        .env("HOARD_MIN_FREE_SPACE", "0")
         .args(["bench", "--scale", "0.01", "--rounds", "1", "--target"])
         .arg(format!("nothing=http://127.0.0.1:{port}"))
         .output()
@@ -197,6 +199,7 @@ fn a_preloaded_run_reports_the_database_size() {
     );
     // Refused where it cannot apply.
     let out = Command::new(env!("CARGO_BIN_EXE_hoard"))
+        .env("HOARD_MIN_FREE_SPACE", "0")
         .args([
             "bench",
             "--preload",

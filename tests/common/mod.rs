@@ -193,6 +193,9 @@ impl TestServer {
         if test_secret {
             argv.extend(["--token-hs256-secret-file", secret.as_str()]);
         }
+        // The machine's own free space is not the test's: a full disk elsewhere must not make
+        // saves 429. Tests of the free-space rule set it again in `extra`.
+        argv.extend(["--min-free-space", "0"]);
         argv.extend_from_slice(extra);
         let mut config = Cli::try_parse_from(argv).unwrap().serve.validate().unwrap();
         if let Some(clock) = clock {

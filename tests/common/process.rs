@@ -43,6 +43,8 @@ impl Hoard {
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data)
             .args(extra)
+            // As in the in-process harness: the machine's free space is not the test's.
+            .env("HOARD_MIN_FREE_SPACE", "0")
             .envs(env.iter().map(|(k, v)| (k, v)))
             // Request lines (debug level) too: tests count uploads by them.
             .env("RUST_LOG", "info,tower_http=debug,hoard::api=debug")
