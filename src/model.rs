@@ -304,14 +304,17 @@ pub fn random_uuid() -> String {
     )
 }
 
-/// One stored chunk: its name, length and SHA-256, as recorded when it was written.
+/// One stored chunk: its name, length and digests, as recorded when it was written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chunk {
     pub blob: BlobName,
     pub size: u64,
-    pub sha256: [u8; 32],
+    /// SHA-256 of the bytes: what the entry's digest is made of, and what `hoard verify`
+    /// checks where it is known. `None` until the digest pass has hashed a chunk the local
+    /// disk store wrote without it (see `cache::digest_pass`).
+    pub sha256: Option<[u8; 32]>,
     /// XXH3-64 of the bytes: the check every download makes, an order of magnitude cheaper
-    /// than SHA-256 (which `hoard verify` checks). `None` for chunks recorded before it was.
+    /// than SHA-256. `None` for chunks recorded before it was (they all have a SHA-256).
     pub xxh3: Option<u64>,
 }
 

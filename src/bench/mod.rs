@@ -175,7 +175,8 @@ async fn preload(db: &std::path::Path, n: u64) -> Result<Preloaded, BenchFailure
                 let chunk = Chunk {
                     blob: BlobName::random(),
                     size: 64 << 10,
-                    sha256: [0; 32],
+                    // Recorded, never read: any digest (not all zeros, which means "not yet").
+                    sha256: Some([0xab; 32]),
                     xxh3: Some(i),
                 };
                 (slot, vec![chunk], crate::model::now_millis())

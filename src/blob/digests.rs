@@ -1,29 +1,41 @@
-//! What every put computes over the bytes it stores: SHA-256 (the record, checked by
-//! `hoard verify`) and XXH3-64 (the cheap check every download makes).
+//! What a put computes over the bytes it stores: XXH3-64 always (the cheap check every download
+//! makes), and SHA-256 (the record the entry's digest is made of) where the store computes it
+//! while writing.
 
 use sha2::{Digest, Sha256};
 
 pub(crate) struct Digests {
-    sha256: Sha256,
+    sha256: Option<Sha256>,
     // Boxed: the hasher state is 600 bytes, moved in and out of blocking tasks.
     xxh3: Box<xxhash_rust::xxh3::Xxh3>,
 }
 
 impl Digests {
-    pub(crate) fn new() -> Self {
+    /// Both digests.
+    pub(crate) fn with_sha256() -> Self {
         Self {
-            sha256: Sha256::new(),
+            sha256: Some(Sha256::new()),
+            xxh3: Box::new(xxhash_rust::xxh3::Xxh3::new()),
+        }
+    }
+
+    /// XXH3 only: the SHA-256 is left to the digest pass.
+    pub(crate) fn xxh3_only() -> Self {
+        Self {
+            sha256: None,
             xxh3: Box::new(xxhash_rust::xxh3::Xxh3::new()),
         }
     }
 
     pub(crate) fn update(&mut self, bytes: &[u8]) {
-        self.sha256.update(bytes);
+        if let Some(sha256) = self.sha256.as_mut() {
+            sha256.update(bytes);
+        }
         self.xxh3.update(bytes);
     }
 
-    /// The SHA-256 and XXH3-64 of everything given to [`Digests::update`].
-    pub(crate) fn finish(self) -> ([u8; 32], u64) {
-        (self.sha256.finalize().into(), self.xxh3.digest())
+    /// The SHA-256 (if computed) and XXH3-64 of everything given to [`Digests::update`].
+    pub(crate) fn finish(self) -> (Option<[u8; 32]>, u64) {
+        (self.sha256.map(|h| h.finalize().into()), self.xxh3.digest())
     }
 }

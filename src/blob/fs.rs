@@ -226,11 +226,11 @@ impl Disk {
 
 /// Creates the file a put writes: a staging file, or a small chunk's own (whose shard directory
 /// is made the first time it is needed).
-fn create_staging(path: &Path) -> io::Result<Sink> {
+fn create_staging(path: &Path, digests: Digests) -> io::Result<Sink> {
     let file = in_its_directory(path, || {
         OpenOptions::new().write(true).create_new(true).open(path)
     })?;
-    Ok((file, Digests::new()))
+    Ok((file, digests))
 }
 
 /// Runs `op` on `path`, and once more after making `path`'s directory if it was missing: a shard
@@ -247,12 +247,12 @@ fn in_its_directory<T>(path: &Path, op: impl Fn() -> io::Result<T>) -> io::Resul
     }
 }
 
-/// One blocking step of a put: opens the staging file if that has not happened yet, then hashes
-/// and writes a batch of frames.
+/// One blocking step of a put: opens the staging file if that has not happened yet (a small
+/// chunk's, hashed with both digests), then hashes and writes a batch of frames.
 fn write_batch(sink: Option<Sink>, staging: &Path, frames: &[Bytes]) -> io::Result<Sink> {
     let (mut file, mut digests) = match sink {
         Some(sink) => sink,
-        None => create_staging(staging)?,
+        None => create_staging(staging, Digests::with_sha256())?,
     };
     for frame in frames {
         digests.update(frame);
@@ -302,6 +302,10 @@ impl BlobStore for FsStore {
         // written batch by batch by blocking tasks, one in flight while the next batch crosses
         // the network: no thread ever waits on a slow client. Its file is created up front, so
         // that no task can create it after an early return.
+        //
+        // A small chunk's SHA-256 costs less than its request and is computed here; a large
+        // one's (a third of the CPU an upload costs) is left to the digest pass, which reads
+        // the chunk back from the page cache at the lowest CPU priority (`cache::digest_pass`).
         let small = declared_len.is_some_and(|d| d <= SMALL);
         let mut staging = Staging {
             path: if small {
@@ -315,10 +319,11 @@ impl BlobStore for FsStore {
         let mut disk = Disk::Idle(None);
         if !small {
             let path = staging.path.clone();
-            let sink = tokio::task::spawn_blocking(move || create_staging(&path))
-                .await
-                .map_err(|e| fail()(io::Error::other(e)))?
-                .map_err(fail())?;
+            let sink =
+                tokio::task::spawn_blocking(move || create_staging(&path, Digests::xxh3_only()))
+                    .await
+                    .map_err(|e| fail()(io::Error::other(e)))?
+                    .map_err(fail())?;
             disk = Disk::Idle(Some(sink));
         }
         let mut received: u64 = 0;
@@ -353,17 +358,18 @@ impl BlobStore for FsStore {
         // The last step writes what is left and publishes.
         let sink = disk.ready().await.map_err(fail())?;
         let path = staging.path.clone();
-        let (sha256, xxh3) = tokio::task::spawn_blocking(move || -> io::Result<([u8; 32], u64)> {
-            let (file, digests) = write_batch(sink, &path, &batch)?;
-            drop(file);
-            if !small {
-                publish(&path, &final_path)?;
-            }
-            Ok(digests.finish())
-        })
-        .await
-        .map_err(|e| fail()(io::Error::other(e)))?
-        .map_err(fail())?;
+        let (sha256, xxh3) =
+            tokio::task::spawn_blocking(move || -> io::Result<(Option<[u8; 32]>, u64)> {
+                let (file, digests) = write_batch(sink, &path, &batch)?;
+                drop(file);
+                if !small {
+                    publish(&path, &final_path)?;
+                }
+                Ok(digests.finish())
+            })
+            .await
+            .map_err(|e| fail()(io::Error::other(e)))?
+            .map_err(fail())?;
         staging.published = true;
         Ok(Chunk {
             blob: name.clone(),

@@ -449,7 +449,9 @@ impl ObjectStorage {
             source: io::Error::new(io::ErrorKind::TimedOut, how),
         };
         let feed = async move {
-            let mut digests = Digests::new();
+            // Both digests while the bytes pass: reading a chunk back later, as the digest
+            // pass does on local disk, would cost a second transfer from the store.
+            let mut digests = Digests::with_sha256();
             let mut received: u64 = 0;
             while let Some(frame) = body.next().await {
                 let frame = match frame {
@@ -566,7 +568,7 @@ impl ObjectStorage {
     ) -> Result<Chunk, BlobError> {
         let path = self.path_of(name);
         let fail = |e| store_err(format!("chunk {name}"), e);
-        let mut digests = Digests::new();
+        let mut digests = Digests::with_sha256();
         let mut received: u64 = 0;
         let mut buffer: Vec<Bytes> = Vec::new();
         let mut buffered = 0usize;

@@ -4,7 +4,8 @@
 //! Downloads check the chunk's XXH3-64, a non-cryptographic checksum about ten times cheaper
 //! than SHA-256: checking SHA-256 on every download halved download throughput on a 2-core
 //! machine (docs/benchmarks.md), and damage on disk is not an adversary that could forge a
-//! checksum. Chunks recorded before XXH3 was, and `hoard verify`, check the SHA-256.
+//! checksum. Chunks recorded before XXH3 was check the SHA-256; `hoard verify` checks the
+//! SHA-256 where it is known, else the XXH3 (a chunk the digest pass has not hashed yet).
 //!
 //! The last frame of each chunk is held back until the hash is checked, so a reader of a
 //! damaged chunk never receives all of its bytes: the stream ends with an error instead, and
@@ -28,9 +29,9 @@ pub type OnDamage = Box<dyn FnOnce(String) + Send>;
 /// How a chunk is checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Check {
-    /// XXH3 where recorded, else SHA-256: downloads.
+    /// XXH3 where recorded, else SHA-256: downloads and the digest pass.
     Fast,
-    /// SHA-256: `hoard verify`.
+    /// SHA-256 where recorded, else XXH3: `hoard verify`.
     Full,
 }
 
@@ -50,7 +51,7 @@ impl Hasher {
     /// Whether what was hashed matches the record.
     fn matches(self, chunk: &Chunk) -> bool {
         match self {
-            Self::Sha256(h) => <[u8; 32]>::from(h.finalize()) == chunk.sha256,
+            Self::Sha256(h) => Some(<[u8; 32]>::from(h.finalize())) == chunk.sha256,
             Self::Xxh3(h, expected) => h.digest() == expected,
         }
     }
@@ -79,10 +80,11 @@ impl Checking {
 
 /// `body`, the whole of `chunk`, checked against the chunk's recorded length and hash.
 pub fn verified(body: ByteStream, chunk: &Chunk, check: Check, on_damage: OnDamage) -> ByteStream {
-    let hasher = match (check, chunk.xxh3) {
-        (Check::Fast, Some(expected)) => {
-            Hasher::Xxh3(Box::new(xxhash_rust::xxh3::Xxh3::new()), expected)
-        }
+    // Every chunk has at least one of the two: the stores record XXH3 since it was added, and
+    // SHA-256 before.
+    let xxh3 = |expected| Hasher::Xxh3(Box::new(xxhash_rust::xxh3::Xxh3::new()), expected);
+    let hasher = match (check, chunk.xxh3, chunk.sha256) {
+        (Check::Fast, Some(expected), _) | (Check::Full, Some(expected), None) => xxh3(expected),
         _ => Hasher::Sha256(Sha256::new()),
     };
     let state = Checking {
@@ -167,8 +169,10 @@ impl Cache {
                 for placed in &chunks {
                     report.chunks += 1;
                     report.bytes += placed.chunk.size;
-                    if let Some(how) = self.check_chunk(&placed.chunk).await? {
-                        damage = Some(how);
+                    damage = self
+                        .read_checked(&placed.chunk, Check::Full, |_| {})
+                        .await?;
+                    if damage.is_some() {
                         break;
                     }
                 }
@@ -183,8 +187,14 @@ impl Cache {
         Ok(report)
     }
 
-    /// Reads a chunk whole: `Some(how)` if it is damaged or missing.
-    async fn check_chunk(&self, chunk: &Chunk) -> Result<Option<String>, CacheError> {
+    /// Reads a chunk whole, checked as `check` says, giving each frame to `each` (the last
+    /// only once the check passed): `Some(how)` if it is damaged or missing.
+    pub(super) async fn read_checked(
+        &self,
+        chunk: &Chunk,
+        check: Check,
+        mut each: impl FnMut(&[u8]) + Send,
+    ) -> Result<Option<String>, CacheError> {
         let stream = match self.blobs.get(&chunk.blob, 0, chunk.size).await {
             Ok(stream) => stream,
             Err(BlobError::NotFound(_)) => {
@@ -197,20 +207,23 @@ impl Cache {
         let mut checked = verified(
             stream,
             chunk,
-            Check::Full,
+            check,
             Box::new(move |how| *sink.lock().unwrap_or_else(|p| p.into_inner()) = Some(how)),
         );
         while let Some(frame) = checked.next().await {
-            if let Err(e) = frame {
-                let how = found.lock().unwrap_or_else(|p| p.into_inner()).take();
-                return match how {
-                    Some(how) => Ok(Some(how)),
-                    None => Err(BlobError::Io {
-                        what: format!("chunk {}", chunk.blob),
-                        source: e,
-                    }
-                    .into()),
-                };
+            match frame {
+                Ok(frame) => each(&frame),
+                Err(e) => {
+                    let how = found.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    return match how {
+                        Some(how) => Ok(Some(how)),
+                        None => Err(BlobError::Io {
+                            what: format!("chunk {}", chunk.blob),
+                            source: e,
+                        }
+                        .into()),
+                    };
+                }
             }
         }
         Ok(None)
@@ -236,9 +249,18 @@ mod tests {
         Chunk {
             blob: BlobName::random(),
             size: data.len() as u64,
-            sha256: Sha256::digest(data).into(),
+            sha256: Some(Sha256::digest(data).into()),
             xxh3: Some(xxhash_rust::xxh3::xxh3_64(data)),
         }
+    }
+
+    /// Whether `data` passes as `recorded` under `check`.
+    async fn passes(data: &[u8], recorded: &Chunk, check: Check) -> bool {
+        let (report, _) = reporter();
+        verified(frames(data, 1_000), recorded, check, report)
+            .try_collect::<Vec<Bytes>>()
+            .await
+            .is_ok()
     }
 
     fn reporter() -> (OnDamage, Arc<Mutex<Vec<String>>>) {
@@ -285,6 +307,49 @@ mod tests {
             1,
             "the damage is reported once"
         );
+    }
+
+    #[tokio::test]
+    async fn each_check_reads_the_digest_it_should_and_any_recorded_one_catches_a_flipped_byte() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+        let mut damaged = data.clone();
+        damaged[9_999] ^= 0x10;
+        let both = chunk_of(&data);
+        // Written before XXH3 was recorded; written without SHA-256 (the digest pass's to add).
+        let sha256_only = Chunk {
+            xxh3: None,
+            ..both.clone()
+        };
+        let xxh3_only = Chunk {
+            sha256: None,
+            ..both.clone()
+        };
+        for recorded in [&both, &sha256_only, &xxh3_only] {
+            for check in [Check::Fast, Check::Full] {
+                assert!(
+                    passes(&data, recorded, check).await,
+                    "{recorded:?} {check:?}"
+                );
+                assert!(
+                    !passes(&damaged, recorded, check).await,
+                    "{recorded:?} {check:?}"
+                );
+            }
+        }
+        // Which one each reads: a wrong SHA-256 is caught by verify's check only, a wrong
+        // XXH3 by the downloads' only.
+        let wrong_sha256 = Chunk {
+            sha256: Some([0; 32]),
+            ..both.clone()
+        };
+        assert!(passes(&data, &wrong_sha256, Check::Fast).await);
+        assert!(!passes(&data, &wrong_sha256, Check::Full).await);
+        let wrong_xxh3 = Chunk {
+            xxh3: Some(1),
+            ..both.clone()
+        };
+        assert!(!passes(&data, &wrong_xxh3, Check::Fast).await);
+        assert!(passes(&data, &wrong_xxh3, Check::Full).await);
     }
 
     #[tokio::test]

@@ -12,6 +12,7 @@
 
 pub mod admin;
 mod backoff;
+mod digest_pass;
 pub mod durability;
 mod error;
 pub mod family_stats;
@@ -36,6 +37,7 @@ use crate::blob::BlobStore;
 use crate::meta::{MetaError, MetaStore};
 use crate::model::{BlobName, Clipped, Clock, EntryId, Scope, Slot};
 
+pub use digest_pass::Digested;
 pub use error::CacheError;
 pub use restore::{slices, Hit, OpenEntry};
 use save::LinkedUpload;
@@ -82,6 +84,8 @@ pub struct Cache {
     quarantined: Arc<std::sync::atomic::AtomicU64>,
     /// Repositories whose quota a finalize is enforcing (see [`Cache::enforce_quota`]).
     evicting: Arc<lifecycle::Evicting>,
+    /// Entries whose digest the digest pass is to record (see [`digest_pass`]).
+    digests: Arc<digest_pass::DigestQueue>,
     metrics: Arc<crate::metrics::Metrics>,
     /// The write policy in force (`--policy-file`), swapped whole on reload.
     write_policy: Arc<policy::PolicyCell>,
@@ -107,6 +111,7 @@ impl Cache {
             entries: Arc::new(recent::Recent::new(policy_ttl)),
             quarantined: Arc::default(),
             evicting: Arc::default(),
+            digests: Arc::default(),
             metrics: Arc::default(),
             write_policy: Arc::default(),
         }
@@ -134,8 +139,8 @@ impl Cache {
     }
 
     /// Starts the background work of the domain (writing restore counts, syncing chunks to
-    /// disk, the maintenance pass); the returned task ends after `stop`, once every loop has
-    /// done its last round.
+    /// disk, the maintenance pass, the digest pass); the returned task ends after `stop`, once
+    /// every loop has done its last round.
     pub fn spawn_background(
         &self,
         stop: tokio_util::sync::CancellationToken,
@@ -152,11 +157,13 @@ impl Cache {
             self.policy.sync_interval,
             stop.clone(),
         ));
+        let digests = self.spawn_digest_pass(stop.clone());
         let maintenance = tokio::spawn(self.clone().run_maintenance(stop));
         tokio::spawn(async move {
             let _ = usage.await;
             let _ = sync.await;
             let _ = maintenance.await;
+            let _ = digests.await;
         })
     }
 

@@ -345,6 +345,7 @@ impl Cache {
                 chunks,
                 garbage,
             } => {
+                // Without a digest until the digest pass has hashed its large chunks.
                 let digest = entry_digest(&chunks);
                 let class = ScopeClass::of(&slot.scope);
                 let family =
@@ -357,7 +358,7 @@ impl Cache {
                     repository_name: &who.repository_name,
                     chunks: &chunks,
                     written_by: upload.written_by.as_ref(),
-                    digest: &digest,
+                    digest: digest.as_deref().unwrap_or(""),
                     scope_class: class,
                     family: &family,
                     ref_class,
@@ -373,7 +374,17 @@ impl Cache {
                 self.stats
                     .saved(&slot.repository, &family, ref_class, size, now);
                 // `size` is what was stored: the decision checked it.
-                audit_finalize(who, slot, entry, upload.written_by.as_ref(), &digest, size);
+                audit_finalize(
+                    who,
+                    slot,
+                    entry,
+                    upload.written_by.as_ref(),
+                    digest.as_deref(),
+                    size,
+                );
+                if digest.is_none() {
+                    self.digests.push(entry);
+                }
                 self.lookups.invalidate();
                 let open = OpenEntry::new(entry, slot, &upload.key, &chunks, now);
                 self.entries.put(entry, started, now, Arc::new(open));
@@ -480,7 +491,7 @@ fn audit_finalize(
     slot: &Slot,
     entry: EntryId,
     written_by: Option<&Provenance>,
-    digest: &str,
+    digest: Option<&str>,
     size: u64,
 ) {
     let unrecorded;
@@ -500,7 +511,8 @@ fn audit_finalize(
         version = %slot.version,
         id = entry.get(),
         size,
-        digest,
+        // The digest pass logs a `digest` line of its own once it has hashed the entry.
+        digest = digest.unwrap_or("pending"),
         kind = %by.kind,
         issuer = %Clipped(&by.issuer),
         subject = %Clipped(&by.subject),

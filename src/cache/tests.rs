@@ -577,7 +577,7 @@ fn chunks(sizes: &[u64]) -> Vec<EntryChunk> {
                 chunk: Chunk {
                     blob: BlobName::random(),
                     size,
-                    sha256: [0; 32],
+                    sha256: Some([1; 32]),
                     xxh3: None,
                 },
             };
@@ -1313,7 +1313,7 @@ async fn a_put_block_costs_the_same_at_ten_thousand_staged_blocks_as_at_ten() {
     let chunk = |size| Chunk {
         blob: crate::model::BlobName::random(),
         size,
-        sha256: [1; 32],
+        sha256: Some([1; 32]),
         xxh3: Some(size),
     };
     let blobs = Arc::new(crate::blob::FsStore::open(&dir.path().join("blobs")).unwrap());
@@ -1377,4 +1377,152 @@ async fn a_put_block_costs_the_same_at_ten_thousand_staged_blocks_as_at_ten() {
         "a Put Block at 10,000 staged blocks took {new_at_10k} steps (retried: {retried_at_10k}), \
          at 10 it took {new_at_10} (retried: {retried_at_10})"
     );
+}
+
+/// A payload of more than the 1 MiB the disk store hashes with SHA-256 while writing.
+fn large_payload() -> Vec<u8> {
+    (0..(3u32 << 19))
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect()
+}
+
+fn sha256_of(data: &[u8]) -> [u8; 32] {
+    <sha2::Sha256 as sha2::Digest>::digest(data).into()
+}
+
+#[tokio::test]
+async fn a_large_entry_gets_its_sha256_and_digest_from_the_digest_pass() {
+    let w = world();
+    let me = who("1");
+    let small = w.save(&me, "small", b"hashed while written").await;
+    let data = large_payload();
+    let large = w.save(&me, "large", &data).await;
+
+    // The small one has its digest at once; the large one is queued for the pass.
+    let (_, chunks) = w.meta.entry(small).await.unwrap().unwrap();
+    assert_eq!(
+        chunks[0].chunk.sha256,
+        Some(sha256_of(b"hashed while written"))
+    );
+    let (_, chunks) = w.meta.entry(large).await.unwrap().unwrap();
+    assert_eq!(chunks[0].chunk.sha256, None, "no SHA-256 in the request");
+    assert!(chunks[0].chunk.xxh3.is_some(), "but its checksum");
+    let awaiting = w
+        .meta
+        .entries_awaiting_digest(EntryId::new(0), 10)
+        .await
+        .unwrap();
+    assert_eq!(awaiting, [large]);
+    assert!(matches!(w.cache.digests.next(), digest_pass::Next::Entry(id) if id == large));
+
+    // Before the pass: downloads and verify check the XXH3.
+    assert_eq!(w.restore(&me, "large").await.unwrap(), data);
+    let report = w.cache.verify_all(|_| {}).await.unwrap();
+    assert!(report.damaged.is_empty(), "{:?}", report.damaged);
+
+    let expected = format!("sha256:{}", hex::encode(sha256_of(&data)));
+    assert_eq!(
+        w.cache.digest_entry(large).await.unwrap(),
+        Digested::Recorded(expected.clone())
+    );
+    let (_, chunks) = w.meta.entry(large).await.unwrap().unwrap();
+    assert_eq!(chunks[0].chunk.sha256, Some(sha256_of(&data)));
+    assert!(w
+        .meta
+        .entries_awaiting_digest(EntryId::new(0), 10)
+        .await
+        .unwrap()
+        .is_empty());
+    // Once more (a walk after a restart) changes nothing.
+    assert_eq!(
+        w.cache.digest_entry(large).await.unwrap(),
+        Digested::Recorded(expected)
+    );
+    // After it, verify checks the SHA-256, and the entry still downloads.
+    let report = w.cache.verify_all(|_| {}).await.unwrap();
+    assert!(report.damaged.is_empty() && report.entries == 2);
+    assert_eq!(w.restore(&me, "large").await.unwrap(), data);
+}
+
+#[tokio::test]
+async fn a_block_entry_is_known_by_its_chunks_digests_once_each_is_hashed() {
+    let w = world();
+    let me = who("1");
+    let blocks = vec![large_payload(), vec![5u8; 1000]];
+    let entry = w.save_blocks(&me, "blocks", &blocks).await;
+    let mut list = sha2::Sha256::default();
+    for b in &blocks {
+        sha2::Digest::update(&mut list, sha256_of(b));
+    }
+    let expected = format!(
+        "sha256-chunks:{}",
+        hex::encode(sha2::Digest::finalize(list))
+    );
+    assert_eq!(
+        w.cache.digest_entry(entry).await.unwrap(),
+        Digested::Recorded(expected)
+    );
+}
+
+#[tokio::test]
+async fn a_chunk_damaged_before_its_digest_pass_is_quarantined_never_digested() {
+    let w = world_limited(limits());
+    let me = who("1");
+    let data = large_payload();
+    let entry = w.save(&me, "k", &data).await;
+    let path = w.chunk_path(&w.blobs_of(entry).await[0]);
+    let mut stored = std::fs::read(&path).unwrap();
+    stored[1_000_000] ^= 0x01;
+    std::fs::write(&path, stored).unwrap();
+
+    let outcome = w.cache.digest_entry(entry).await.unwrap();
+    assert!(matches!(outcome, Digested::Quarantined(_)), "{outcome:?}");
+    assert!(w.meta.entry(entry).await.unwrap().is_none());
+    assert_eq!(w.restore(&me, "k").await, None, "the next lookup misses");
+    assert_eq!(w.cache.quarantined_count(), 1);
+    assert_eq!(w.cache.digest_entry(entry).await.unwrap(), Digested::Gone);
+
+    // A missing chunk likewise.
+    let entry = w.save(&me, "j", &data).await;
+    std::fs::remove_file(w.chunk_path(&w.blobs_of(entry).await[0])).unwrap();
+    let outcome = w.cache.digest_entry(entry).await.unwrap();
+    assert!(matches!(outcome, Digested::Quarantined(_)), "{outcome:?}");
+}
+
+#[tokio::test]
+async fn verify_finds_a_flipped_byte_in_a_chunk_the_digest_pass_has_not_hashed() {
+    let w = world_limited(limits());
+    let me = who("1");
+    let data = large_payload();
+    let entry = w.save(&me, "k", &data).await;
+    let path = w.chunk_path(&w.blobs_of(entry).await[0]);
+    let mut stored = std::fs::read(&path).unwrap();
+    stored[data.len() - 1] ^= 0x80;
+    std::fs::write(&path, stored).unwrap();
+    let report = w.cache.verify_all(|_| {}).await.unwrap();
+    assert_eq!(
+        report.damaged.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+        [entry]
+    );
+}
+
+#[tokio::test]
+async fn the_digest_queue_walks_at_start_and_after_an_overflow() {
+    let queue = digest_pass::DigestQueue::default();
+    assert!(
+        matches!(queue.next(), digest_pass::Next::Walk),
+        "a new process walks"
+    );
+    assert!(matches!(queue.next(), digest_pass::Next::Wait));
+    for i in 0..digest_pass::QUEUE_CAPACITY as i64 + 1 {
+        queue.push(EntryId::new(i + 1));
+    }
+    for i in 0..digest_pass::QUEUE_CAPACITY as i64 {
+        assert!(matches!(queue.next(), digest_pass::Next::Entry(id) if id == EntryId::new(i + 1)));
+    }
+    assert!(
+        matches!(queue.next(), digest_pass::Next::Walk),
+        "what did not fit is found by a walk"
+    );
+    assert!(matches!(queue.next(), digest_pass::Next::Wait));
 }

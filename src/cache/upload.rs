@@ -291,7 +291,7 @@ mod tests {
         Chunk {
             blob: BlobName::random(),
             size,
-            sha256: [0; 32],
+            sha256: Some([1; 32]),
             xxh3: None,
         }
     }

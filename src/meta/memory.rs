@@ -672,6 +672,41 @@ impl LifecycleStore for MemoryStore {
             .collect())
     }
 
+    async fn entries_awaiting_digest(
+        &self,
+        after: EntryId,
+        limit: usize,
+    ) -> Result<Vec<EntryId>, MetaError> {
+        let state = self.state();
+        Ok(state
+            .entries
+            .range((Bound::Excluded(after), Bound::Unbounded))
+            .filter(|(_, e)| e.digest.is_empty())
+            .take(limit)
+            .map(|(id, _)| *id)
+            .collect())
+    }
+
+    async fn record_digest(
+        &self,
+        entry: EntryId,
+        sha256: &[[u8; 32]],
+        digest: &str,
+    ) -> Result<(), MetaError> {
+        let mut state = self.state();
+        if let Some(e) = state
+            .entries
+            .get_mut(&entry)
+            .filter(|e| e.digest.is_empty())
+        {
+            for (chunk, sha256) in e.chunks.iter_mut().zip(sha256) {
+                chunk.sha256 = Some(*sha256);
+            }
+            e.digest = digest.to_owned();
+        }
+        Ok(())
+    }
+
     async fn forget_after(
         &self,
         since: Millis,

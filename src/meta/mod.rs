@@ -328,6 +328,14 @@ store_trait! {
         /// Up to `limit` entry ids above `after`, in order: a walk over every entry.
         async fn entry_ids(&self, after: EntryId, limit: usize) -> Result<Vec<EntryId>, MetaError>;
 
+        /// Up to `limit` ids above `after`, in order, of entries whose digest is not recorded
+        /// yet: the digest pass's walk.
+        async fn entries_awaiting_digest(&self, after: EntryId, limit: usize) -> Result<Vec<EntryId>, MetaError>;
+
+        /// Records the SHA-256 of each of the entry's chunks, in order, and the entry's digest,
+        /// unless one is recorded already; an entry removed meanwhile is skipped.
+        async fn record_digest(&self, entry: EntryId, sha256: &[[u8; 32]], digest: &str) -> Result<(), MetaError>;
+
         /// After a machine crash: deletes the entries finalized after `since` and aborts every
         /// open upload. Returns how many entries went and the blobs of the dropped rows.
         async fn forget_after(&self, since: Millis, now: Millis) -> Result<(usize, Vec<BlobName>), MetaError>;

@@ -17,9 +17,15 @@ fn chunk_from_parts(
 ) -> Result<Chunk, MetaError> {
     let blob =
         BlobName::parse(&name).ok_or_else(|| MetaError::Corrupt(format!("blob name {name:?}")))?;
-    let sha256 = digest
-        .try_into()
-        .map_err(|_| MetaError::Corrupt("sha256 is not 32 bytes".into()))?;
+    let sha256 = match <[u8; 32]>::try_from(digest.as_slice()) {
+        Ok(zero) if zero == [0; 32] => None,
+        Ok(sha256) => Some(sha256),
+        Err(_) if digest.is_empty() => None,
+        Err(_) => return Err(MetaError::Corrupt("sha256 is not 32 bytes".into())),
+    };
+    if sha256.is_none() && xxh3.is_none() {
+        return Err(MetaError::Corrupt(format!("chunk {name} has no digest")));
+    }
     let size = u64::try_from(size).map_err(|_| MetaError::Corrupt(format!("chunk size {size}")))?;
     Ok(Chunk {
         blob,
@@ -45,6 +51,12 @@ pub(super) fn migrations_after(
 }
 
 /// A chunk's XXH3 as stored: the 64 bits as a signed integer.
+/// The stored SHA-256 of a chunk: empty until the digest pass records it (MySQL's fixed-width
+/// column pads that to 32 zero bytes, which reads back the same).
+pub(super) fn sha256_column(chunk: &Chunk) -> &[u8] {
+    chunk.sha256.as_ref().map_or(&[], |d| &d[..])
+}
+
 pub(super) fn xxh3_column(chunk: &Chunk) -> Option<i64> {
     chunk.xxh3.map(|v| v as i64)
 }

@@ -122,17 +122,18 @@ impl Provenance {
 /// The digest an entry is known by: `sha256:<hex>` of its bytes when it is one chunk (every
 /// entry the clients upload in one request); for an entry assembled from blocks,
 /// `sha256-chunks:<hex>`, the SHA-256 of its chunks' SHA-256s in order, which changes whenever
-/// any byte does and is computed without reading the entry back.
-pub fn entry_digest(chunks: &[super::Chunk]) -> String {
+/// any byte does and is computed without reading the entry back. `None` while a chunk's
+/// SHA-256 is not known yet.
+pub fn entry_digest(chunks: &[super::Chunk]) -> Option<String> {
     use sha2::{Digest, Sha256};
     match chunks {
-        [one] => format!("sha256:{}", hex::encode(one.sha256)),
+        [one] => Some(format!("sha256:{}", hex::encode(one.sha256?))),
         many => {
             let mut hasher = Sha256::new();
             for chunk in many {
-                hasher.update(chunk.sha256);
+                hasher.update(chunk.sha256?);
             }
-            format!("sha256-chunks:{}", hex::encode(hasher.finalize()))
+            Some(format!("sha256-chunks:{}", hex::encode(hasher.finalize())))
         }
     }
 }
@@ -172,15 +173,21 @@ mod tests {
         let chunk = |byte| super::super::Chunk {
             blob: super::super::BlobName::random(),
             size: 1,
-            sha256: [byte; 32],
+            sha256: Some([byte; 32]),
             xxh3: None,
         };
         assert_eq!(
-            entry_digest(&[chunk(0xab)]),
+            entry_digest(&[chunk(0xab)]).unwrap(),
             format!("sha256:{}", "ab".repeat(32))
         );
-        let two = entry_digest(&[chunk(1), chunk(2)]);
+        let two = entry_digest(&[chunk(1), chunk(2)]).unwrap();
         assert!(two.starts_with("sha256-chunks:"), "{two}");
-        assert_ne!(two, entry_digest(&[chunk(2), chunk(1)]));
+        assert_ne!(Some(two), entry_digest(&[chunk(2), chunk(1)]));
+        let pending = super::super::Chunk {
+            sha256: None,
+            ..chunk(3)
+        };
+        assert_eq!(entry_digest(std::slice::from_ref(&pending)), None);
+        assert_eq!(entry_digest(&[chunk(1), pending]), None);
     }
 }

@@ -151,7 +151,7 @@ async fn the_widest_lookup_is_answered(store: Arc<dyn MetaStore>) {
             let chunk = Chunk {
                 blob: BlobName::random(),
                 size: 1,
-                sha256: [1; 32],
+                sha256: Some([1; 32]),
                 xxh3: None,
             };
             let parts = [(BlockId::parse(b"b").unwrap(), chunk.clone())];

@@ -31,7 +31,7 @@ mod wal;
 use crate::meta::sql::{
     block_state_from_row, candidate_from_row, chunk_from_row, count_entries_sql, entry_columns,
     entry_from_row, list_entries_sql, listed_from_row, migrations_after, pr_counts,
-    provenance_columns, quota_usage_from_row, repositories_sql, repository_from_row,
+    provenance_columns, quota_usage_from_row, repositories_sql, repository_from_row, sha256_column,
     upload_columns, upload_from_row, use_from_row, xxh3_column, Param, SqlRow, BLOCK_STATE_SQL,
     CLASS_LRU, QUOTA_USAGE, USE_COLS,
 };
@@ -41,9 +41,9 @@ use crate::meta::{
     RestoreStore, SaveStore, SlotState, Totals,
 };
 use crate::model::{
-    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, QuotaUsage,
-    RemovalCause, RepoId, Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId, UploadState,
-    Version,
+    entry_digest, BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis,
+    QuotaUsage, RemovalCause, RepoId, Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId,
+    UploadState, Version,
 };
 use group_commit::GroupCommit;
 use wal::{checkpoint_now, WalBound, WAL_SOFT_LIMIT};
@@ -70,6 +70,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (
         8,
         include_str!("../migrations/sqlite/0008_upload_totals.sql"),
+    ),
+    (
+        9,
+        include_str!("../migrations/sqlite/0009_deferred_digests.sql"),
     ),
 ];
 const MAX_READERS: usize = 8;
@@ -170,8 +174,8 @@ impl SqliteStore {
         self.write(move |tx| {
             let mut entry = tx.prepare_cached(
                 "INSERT INTO entries (repository, scope, key, key_folded, version, size, chunk_count, created_at, last_used_at,
-                     scope_class)
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                     scope_class, digest)
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
             )?;
             let mut chunk = tx.prepare_cached(
                 "INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256, xxh3) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -187,12 +191,12 @@ impl SqliteStore {
                 let class = ScopeClass::of(&slot.scope);
                 let id: i64 = entry.query_row(
                     params![repo, scope, slot.key.as_str(), folded, version, size as i64, chunks.len() as i64, at, at,
-                        class.code()],
+                        class.code(), entry_digest(&chunks).unwrap_or_default()],
                     |r| r.get(0),
                 )?;
                 for (ordinal, placed) in EntryChunk::place(&chunks).iter().enumerate() {
                     let c = &placed.chunk;
-                    chunk.execute(params![id, ordinal as i64, placed.start as i64, c.blob.as_str(), c.size as i64, &c.sha256[..], xxh3_column(c)])?;
+                    chunk.execute(params![id, ordinal as i64, placed.start as i64, c.blob.as_str(), c.size as i64, sha256_column(c), xxh3_column(c)])?;
                 }
                 let (pr_bytes, pr_entries) = pr_counts(class, size);
                 usage.execute(params![repo, size as i64, pr_bytes, pr_entries])?;
@@ -546,7 +550,7 @@ impl SaveStore for SqliteStore {
             tx.prepare_cached(
                 "INSERT OR REPLACE INTO staged_blocks (upload_id, block_id, blob_name, size, sha256, xxh3) VALUES (?, ?, ?, ?, ?, ?)",
             )?
-            .execute(params![upload.id.get(), block.as_bytes(), chunk.blob.as_str(), chunk.size as i64, &chunk.sha256[..], xxh3_column(&chunk)])?;
+            .execute(params![upload.id.get(), block.as_bytes(), chunk.blob.as_str(), chunk.size as i64, sha256_column(&chunk), xxh3_column(&chunk)])?;
             Ok(())
         })
         .await
@@ -572,7 +576,7 @@ impl SaveStore for SqliteStore {
                     block.as_bytes(),
                     chunk.blob.as_str(),
                     chunk.size as i64,
-                    &chunk.sha256[..],
+                    sha256_column(chunk),
                     xxh3_column(chunk)
                 ])?;
             }
@@ -623,7 +627,7 @@ impl SaveStore for SqliteStore {
                 "INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256, xxh3) VALUES (?, ?, ?, ?, ?, ?, ?)",
             )?;
             for (ordinal, EntryChunk { start, chunk }) in EntryChunk::place(&chunks).iter().enumerate() {
-                insert.execute(params![entry, ordinal as i64, *start as i64, chunk.blob.as_str(), chunk.size as i64, &chunk.sha256[..], xxh3_column(chunk)])?;
+                insert.execute(params![entry, ordinal as i64, *start as i64, chunk.blob.as_str(), chunk.size as i64, sha256_column(chunk), xxh3_column(chunk)])?;
             }
             drop_blocks(tx, upload.id)?;
             tx.prepare_cached("UPDATE uploads SET state = 'finalized', entry_id = ? WHERE id = ?")?
@@ -1004,6 +1008,47 @@ impl LifecycleStore for SqliteStore {
         .await
     }
 
+    async fn entries_awaiting_digest(
+        &self,
+        after: EntryId,
+        limit: usize,
+    ) -> Result<Vec<EntryId>, MetaError> {
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT id FROM entries WHERE digest = '' AND id > ? ORDER BY id LIMIT ?",
+            )?;
+            let ids = rows_of(stmt.query(params![after.get(), limit as i64])?, |r| {
+                r.int(0).map(EntryId::new)
+            });
+            ids
+        })
+        .await
+    }
+
+    async fn record_digest(
+        &self,
+        entry: EntryId,
+        sha256: &[[u8; 32]],
+        digest: &str,
+    ) -> Result<(), MetaError> {
+        let (sha256, digest) = (sha256.to_vec(), digest.to_owned());
+        self.write(move |tx| {
+            let recorded = tx
+                .prepare_cached("UPDATE entries SET digest = ? WHERE id = ? AND digest = ''")?
+                .execute(params![digest, entry.get()])?;
+            if recorded == 1 {
+                let mut chunk = tx.prepare_cached(
+                    "UPDATE entry_chunks SET sha256 = ? WHERE entry_id = ? AND ordinal = ?",
+                )?;
+                for (ordinal, sha256) in sha256.iter().enumerate() {
+                    chunk.execute(params![&sha256[..], entry.get(), ordinal as i64])?;
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
     async fn forget_after(
         &self,
         since: Millis,
@@ -1217,7 +1262,7 @@ mod migration_tests {
             for (id, size) in [(&b"a"[..], 3i64), (b"b", 4)] {
                 let name = BlobName::random();
                 insert
-                    .execute(params![id, name.as_str(), size, &[0u8; 32][..]])
+                    .execute(params![id, name.as_str(), size, &[1u8; 32][..]])
                     .unwrap();
             }
         }

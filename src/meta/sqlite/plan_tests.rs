@@ -78,7 +78,7 @@ fn chunk(size: u64) -> Chunk {
     Chunk {
         blob: BlobName::random(),
         size,
-        sha256: [1; 32],
+        sha256: Some([1; 32]),
         xxh3: Some(size),
     }
 }
@@ -185,6 +185,16 @@ async fn every_statement_uses_an_index_at_a_hundred_thousand_entries() {
     store.deletions_done(&due).await.unwrap();
     store.stale_uploads(10, 10).await.unwrap();
     store.entry_ids(EntryId::new(50_000), 10).await.unwrap();
+    // The preloaded entries have their digests; the one finalized above does not.
+    let awaiting = store
+        .entries_awaiting_digest(EntryId::new(0), 10)
+        .await
+        .unwrap();
+    assert!(awaiting.contains(&new_id), "{awaiting:?}");
+    store
+        .record_digest(new_id, &[[3; 32]], "sha256:03")
+        .await
+        .unwrap();
 
     let statements = STATEMENTS.lock().unwrap().take().unwrap();
     let reader = Connection::open(dir.path().join("hoard.db")).unwrap();
@@ -239,7 +249,7 @@ fn big_block_list() -> Vec<(BlockId, Chunk)> {
             let chunk = Chunk {
                 blob: BlobName::random(),
                 size: 1,
-                sha256: [7; 32],
+                sha256: Some([7; 32]),
                 xxh3: None,
             };
             (id, chunk)

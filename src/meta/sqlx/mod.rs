@@ -630,6 +630,51 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
         rows.iter().map(|r| r.int(0).map(EntryId::new)).collect()
     }
 
+    async fn entries_awaiting_digest(
+        &self,
+        after: EntryId,
+        limit: usize,
+    ) -> Result<Vec<EntryId>, MetaError> {
+        let rows = self
+            .rows(
+                "SELECT id FROM entries WHERE digest = '' AND id > ? ORDER BY id LIMIT ?",
+                vec![Param::Int(after.get()), Param::Int(limit as i64)],
+            )
+            .await?;
+        rows.iter().map(|r| r.int(0).map(EntryId::new)).collect()
+    }
+
+    async fn record_digest(
+        &self,
+        entry: EntryId,
+        sha256: &[[u8; 32]],
+        digest: &str,
+    ) -> Result<(), MetaError> {
+        // The chunks first, each only while the entry still awaits its digest, then the
+        // digest: one transaction, so a reader sees both or neither.
+        let mut steps: Vec<Step> = sha256
+            .iter()
+            .enumerate()
+            .map(|(ordinal, sha256)| {
+                Step::Execute(
+                    "UPDATE entry_chunks SET sha256 = ? WHERE entry_id = ? AND ordinal = ?
+                         AND entry_id IN (SELECT id FROM entries WHERE id = ? AND digest = '')",
+                    vec![
+                        Param::Bytes(sha256.to_vec()),
+                        Param::Int(entry.get()),
+                        Param::Int(ordinal as i64),
+                        Param::Int(entry.get()),
+                    ],
+                )
+            })
+            .collect();
+        steps.push(Step::Execute(
+            "UPDATE entries SET digest = ? WHERE id = ? AND digest = ''",
+            vec![text(digest), Param::Int(entry.get())],
+        ));
+        self.db.in_transaction(steps).await.map(drop)
+    }
+
     async fn forget_after(
         &self,
         since: Millis,

@@ -15,8 +15,8 @@ use sqlx::{AssertSqlSafe, Executor, MySql, Row, Transaction};
 
 use super::{bind_all, from_sqlx, pool_options, Connections, Dialect, Done, Step};
 use crate::meta::sql::{
-    bucket, migrations_after, pr_counts, provenance_columns, slot_hash, use_from_row, xxh3_column,
-    Param, SqlRow,
+    bucket, migrations_after, pr_counts, provenance_columns, sha256_column, slot_hash,
+    use_from_row, xxh3_column, Param, SqlRow,
 };
 use crate::meta::{EntryChunk, MetaError, NewEntry, NewUpload, PoolSettings, Removal};
 use crate::model::{
@@ -35,6 +35,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (
         7,
         include_str!("../migrations/mysql/0007_upload_totals.sql"),
+    ),
+    (
+        8,
+        include_str!("../migrations/mysql/0008_deferred_digests.sql"),
     ),
 ];
 const MIGRATION_LOCK: &str = "hoard_migrations";
@@ -297,7 +301,7 @@ impl Dialect for MySqlDialect {
         .bind(block.as_bytes())
         .bind(chunk.blob.as_str())
         .bind(chunk.size as i64)
-        .bind(&chunk.sha256[..])
+        .bind(sha256_column(chunk))
         .bind(xxh3_column(chunk))
         .execute(&mut *tx)
         .await
@@ -330,7 +334,7 @@ impl Dialect for MySqlDialect {
                     .bind(block.as_bytes())
                     .bind(chunk.blob.as_str())
                     .bind(chunk.size as i64)
-                    .bind(&chunk.sha256[..])
+                    .bind(sha256_column(chunk))
                     .bind(xxh3_column(chunk))
             },
         )
@@ -411,7 +415,7 @@ impl Dialect for MySqlDialect {
                     .bind(*start as i64)
                     .bind(chunk.blob.as_str())
                     .bind(chunk.size as i64)
-                    .bind(&chunk.sha256[..])
+                    .bind(sha256_column(chunk))
                     .bind(xxh3_column(chunk))
             },
         )

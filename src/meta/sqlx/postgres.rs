@@ -15,8 +15,8 @@ use sqlx::{AssertSqlSafe, Column, Row, TypeInfo};
 
 use super::{bind_all, from_sqlx, pool_options, Connections, Dialect, Done, Step};
 use crate::meta::sql::{
-    bucket, migrations_after, pr_counts, provenance_columns, slot_hash, use_from_row, xxh3_column,
-    Param, SqlRow,
+    bucket, migrations_after, pr_counts, provenance_columns, sha256_column, slot_hash,
+    use_from_row, xxh3_column, Param, SqlRow,
 };
 use crate::meta::{EntryChunk, MetaError, NewEntry, NewUpload, PoolSettings, Removal};
 use crate::model::{
@@ -46,6 +46,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (
         7,
         include_str!("../migrations/postgres/0007_upload_totals.sql"),
+    ),
+    (
+        8,
+        include_str!("../migrations/postgres/0008_deferred_digests.sql"),
     ),
 ];
 /// Key of the advisory lock that serializes migrations across processes ("hoard" in ASCII).
@@ -252,7 +256,7 @@ impl Dialect for PostgresDialect {
             .bind(block.as_bytes())
             .bind(chunk.blob.as_str())
             .bind(chunk.size as i64)
-            .bind(&chunk.sha256[..])
+            .bind(sha256_column(chunk))
             .bind(xxh3_column(chunk))
             .execute(&self.pool)
             .await
@@ -281,7 +285,7 @@ impl Dialect for PostgresDialect {
             ids.push(block.as_bytes().to_vec());
             names.push(chunk.blob.as_str().to_owned());
             sizes.push(chunk.size as i64);
-            digests.push(chunk.sha256.to_vec());
+            digests.push(sha256_column(chunk).to_vec());
             checks.push(xxh3_column(chunk));
         }
         let count: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
@@ -340,7 +344,7 @@ impl Dialect for PostgresDialect {
             starts.push(*start as i64);
             names.push(chunk.blob.as_str().to_owned());
             sizes.push(chunk.size as i64);
-            digests.push(chunk.sha256.to_vec());
+            digests.push(sha256_column(chunk).to_vec());
             checks.push(xxh3_column(chunk));
         }
         // The claim takes the entry's id from its sequence, so that the upload, the entry and

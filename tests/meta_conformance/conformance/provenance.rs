@@ -7,6 +7,7 @@ pub async fn run(store: &dyn MetaStore) {
     an_entry_keeps_what_its_upload_recorded_of_its_writer(store).await;
     writers_run_subject_kind_and_time_select_entries(store).await;
     an_entry_without_a_record_has_none(store).await;
+    an_entry_awaiting_its_digest_gets_it_once(store).await;
 }
 
 /// Reserves as `by`, commits one chunk of `size` and finalizes with `digest` at `now`.
@@ -14,6 +15,18 @@ async fn save_by(
     store: &dyn MetaStore,
     slot: &Slot,
     by: Option<&Provenance>,
+    digest: &str,
+    now: i64,
+) -> EntryId {
+    save_chunks(store, slot, by, vec![chunk(3)], digest, now).await
+}
+
+/// The same with `chunks` as its parts.
+async fn save_chunks(
+    store: &dyn MetaStore,
+    slot: &Slot,
+    by: Option<&Provenance>,
+    chunks: Vec<Chunk>,
     digest: &str,
     now: i64,
 ) -> EntryId {
@@ -30,10 +43,13 @@ async fn save_by(
         .await
         .unwrap();
     let upload = upload_of(store, id).await.unwrap();
-    let parts = vec![(block("b"), chunk(3))];
+    let parts: Vec<(BlockId, Chunk)> = chunks
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (block(&format!("b{i}")), c.clone()))
+        .collect();
     store.commit_parts(&upload, &parts, now).await.unwrap();
     let upload = upload_of(store, id).await.unwrap();
-    let chunks = vec![parts[0].1.clone()];
     store
         .finalize(
             &upload,
@@ -196,4 +212,76 @@ async fn an_entry_without_a_record_has_none(store: &dyn MetaStore) {
         listed(store, any_kind).await.is_empty(),
         "a kind filter never selects an entry without a record"
     );
+}
+
+async fn an_entry_awaiting_its_digest_gets_it_once(store: &dyn MetaStore) {
+    // Its first chunk's SHA-256 is not known yet (a large chunk on local disk).
+    let parts = vec![chunk(2), chunk(5)];
+    assert_eq!(parts[0].sha256, None);
+    let awaiting = save_chunks(store, &slot("prov-digest", "a"), None, parts, "", 7).await;
+    let done = format!("sha256:{}", "bb".repeat(32));
+    let digested = save_by(store, &slot("prov-digest", "b"), None, &done, 7).await;
+    let walk = store
+        .entries_awaiting_digest(EntryId::new(0), 1000)
+        .await
+        .unwrap();
+    assert!(walk.contains(&awaiting), "{walk:?}");
+    assert!(
+        !walk.contains(&digested),
+        "an entry with a digest is not walked"
+    );
+    assert!(
+        !store
+            .entries_awaiting_digest(awaiting, 1000)
+            .await
+            .unwrap()
+            .contains(&awaiting),
+        "the walk goes on after `after`"
+    );
+    let (_, chunks) = store.entry(awaiting).await.unwrap().unwrap();
+    assert_eq!(
+        chunks[0].chunk.sha256, None,
+        "the store keeps an unknown SHA-256 unknown"
+    );
+
+    let sums = [[7u8; 32], [8u8; 32]];
+    store
+        .record_digest(awaiting, &sums, "sha256-chunks:77")
+        .await
+        .unwrap();
+    let sha256_of = |chunks: Vec<hoard::meta::EntryChunk>| -> Vec<Option<[u8; 32]>> {
+        chunks.into_iter().map(|c| c.chunk.sha256).collect()
+    };
+    let digest_of = |id: EntryId| async move {
+        let all = listed(
+            store,
+            EntryFilter {
+                repository_id: Some("prov-digest".into()),
+                ..EntryFilter::default()
+            },
+        )
+        .await;
+        all.into_iter().find(|e| e.entry.id == id).unwrap().digest
+    };
+    let (_, chunks) = store.entry(awaiting).await.unwrap().unwrap();
+    assert_eq!(sha256_of(chunks), [Some(sums[0]), Some(sums[1])]);
+    assert_eq!(digest_of(awaiting).await, "sha256-chunks:77");
+    assert!(!store
+        .entries_awaiting_digest(EntryId::new(0), 1000)
+        .await
+        .unwrap()
+        .contains(&awaiting));
+
+    // A second record (another replica's pass) changes nothing; a removed entry is skipped.
+    store
+        .record_digest(awaiting, &[[9; 32], [9; 32]], "sha256-chunks:99")
+        .await
+        .unwrap();
+    let (_, chunks) = store.entry(awaiting).await.unwrap().unwrap();
+    assert_eq!(sha256_of(chunks), [Some(sums[0]), Some(sums[1])]);
+    assert_eq!(digest_of(awaiting).await, "sha256-chunks:77");
+    store
+        .record_digest(EntryId::new(1 << 40), &sums, "sha256-chunks:77")
+        .await
+        .unwrap();
 }
