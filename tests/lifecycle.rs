@@ -70,9 +70,11 @@ async fn a_flipped_byte_fails_the_download_quarantines_the_entry_and_verify_repo
     let server = TestServer::start().await;
     let token = main_token();
     let data = random_bytes(3 * MIB + 17, 1);
-    server.save(&token, "flipped", VERSION, &data).await;
+    let flipped = server.save(&token, "flipped", VERSION, &data).await;
     let intact = random_bytes(1000, 2);
     server.save(&token, "intact", VERSION, &intact).await;
+    // Damaged after the digest pass read it (before, the pass quarantines it: a test below).
+    server.until_digested(flipped).await;
     flip_byte(&chunk_of_size(&server, data.len()), 2 * MIB);
 
     let (_, body) = server.lookup(&token, "flipped", &[], VERSION).await;
@@ -115,6 +117,100 @@ async fn a_flipped_byte_fails_the_download_quarantines_the_entry_and_verify_repo
     let (code, out) = hoard(&["verify"], server.data.path());
     assert_eq!(code, 0, "nothing damaged is left\n{out}");
     assert!(out.contains("0 damaged"), "{out}");
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    hex::encode(<sha2::Sha256 as sha2::Digest>::digest(data))
+}
+
+/// A large entry gets its digest from the digest pass, a chunk damaged before the pass is
+/// quarantined by it, and entries stored by the version before (every chunk with its SHA-256,
+/// some without XXH3 or entry digest, in a database of the schema before) still download,
+/// verify and get their digest.
+#[tokio::test]
+async fn large_entries_get_their_digest_after_the_save_and_chunks_stored_before_still_verify() {
+    let server = TestServer::start().await;
+    let token = main_token();
+    let data = random_bytes(3 * MIB + 5, 11);
+    let id = server.save(&token, "large", VERSION, &data).await;
+    assert_eq!(
+        server.until_digested(id).await,
+        format!("sha256:{}", sha256_hex(&data)),
+        "the digest pass records the SHA-256 of the bytes"
+    );
+
+    // Damaged before its pass: stop the server between the save and the pass.
+    let early = random_bytes(2 * MIB + 9, 12);
+    let early_id = server.save(&token, "early", VERSION, &early).await;
+    let both = random_bytes(2 * MIB + 1, 13);
+    let both_id = server.save(&token, "both", VERSION, &both).await;
+    let sha_only = random_bytes(2 * MIB + 2, 14);
+    let sha_only_id = server.save(&token, "sha-only", VERSION, &sha_only).await;
+    for id in [early_id, both_id, sha_only_id] {
+        server.until_digested(id).await;
+    }
+    let data_dir = server.shut_down().await;
+    // The rows as the version before left them: its migrations only, every chunk with its
+    // SHA-256 (written while saving), "sha-only" from before XXH3 and entry digests were
+    // recorded; "early" as a crash before its digest pass leaves it, then damaged.
+    let db = rusqlite::Connection::open(data_dir.path().join("hoard.db")).unwrap();
+    db.execute_batch(&format!(
+        "DROP INDEX entries_awaiting_digest;
+         PRAGMA user_version = 8;
+         UPDATE entry_chunks SET xxh3 = NULL WHERE entry_id = {sha_only_id};
+         UPDATE entries SET digest = '' WHERE id IN ({sha_only_id}, {early_id});
+         UPDATE entry_chunks SET sha256 = X'' WHERE entry_id = {early_id};"
+    ))
+    .unwrap();
+    let with_sha256: i64 = db
+        .query_row(
+            "SELECT COUNT(*) FROM entry_chunks WHERE length(sha256) = 32",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(
+        with_sha256, 3,
+        "large, both and sha-only keep their SHA-256"
+    );
+    drop(db);
+    let early_chunk = files_of_size(data_dir.path(), early.len());
+    flip_byte(&early_chunk, MIB);
+
+    let server = TestServer::start_on(data_dir).await;
+    // The start-up walk: "early" is read, found damaged and quarantined; "sha-only" gets its
+    // digest from its chunk's SHA-256.
+    assert_eq!(
+        server.until_digested(sha_only_id).await,
+        format!("sha256:{}", sha256_hex(&sha_only))
+    );
+    assert!(
+        misses_eventually(&server, "early").await,
+        "quarantined by the pass"
+    );
+    for (key, bytes) in [("both", &both), ("sha-only", &sha_only), ("large", &data)] {
+        assert_eq!(
+            server.restore(&token, key, VERSION).await.as_ref(),
+            Some(bytes),
+            "{key} downloads whole"
+        );
+    }
+    let (code, out) = hoard(&["verify"], server.data.path());
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("0 damaged"), "{out}");
+    // verify checks the SHA-256 of a chunk stored before: a flipped byte is found.
+    flip_byte(&chunk_of_size(&server, sha_only.len()), 7);
+    let (code, out) = hoard(&["verify"], server.data.path());
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("1 damaged"), "{out}");
+}
+
+/// The chunk file of exactly `len` bytes under a data directory.
+fn files_of_size(data: &Path, len: usize) -> PathBuf {
+    common::files_under(&data.join("chunks"))
+        .into_iter()
+        .find(|p| std::fs::metadata(p).unwrap().len() == len as u64)
+        .unwrap_or_else(|| panic!("no chunk of {len} bytes"))
 }
 
 /// A tmpfs mounted over a directory for the life of the value.

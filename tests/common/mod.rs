@@ -339,6 +339,33 @@ impl TestServer {
     pub fn chunk_files(&self) -> Vec<PathBuf> {
         files_under(&self.data.path().join("chunks"))
     }
+
+    /// The digest of entry `id` once recorded, read from the SQLite database: an entry whose
+    /// chunks are larger than 1 MiB gets it from the digest pass, after its save.
+    pub async fn until_digested(&self, id: i64) -> String {
+        let db = self.data.path().join("hoard.db");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let db = db.clone();
+            let digest = tokio::task::spawn_blocking(move || {
+                let conn = rusqlite::Connection::open(db).unwrap();
+                conn.query_row("SELECT digest FROM entries WHERE id = ?", [id], |r| {
+                    r.get::<_, String>(0)
+                })
+                .unwrap()
+            })
+            .await
+            .unwrap();
+            if !digest.is_empty() {
+                return digest;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "entry {id} got no digest"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 }
 
 pub fn files_under(dir: &Path) -> Vec<PathBuf> {
