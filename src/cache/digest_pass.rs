@@ -4,9 +4,11 @@
 //!
 //! It reads each such chunk back whole, usually from the page cache since it runs right after
 //! the finalize, and checks its XXH3 as a download does: a chunk damaged before its pass is
-//! quarantined, never given the digest of damaged bytes. It runs on a thread of its own at the
-//! lowest CPU priority (nice 19): while requests keep every core busy it waits and digests
-//! lag behind; an idle moment catches up.
+//! quarantined, never given the digest of damaged bytes. The SHA-256 itself is computed on a
+//! thread of its own at the lowest CPU priority (nice 19): while requests keep every core busy
+//! it waits and digests lag behind; an idle moment catches up. Only that thread is lowered:
+//! the pass's database calls run at the requests' priority, so a starved thread never holds a
+//! lock a request waits for.
 //!
 //! The finalize that makes such an entry queues it. At start-up, and whenever the queue was
 //! full, the pass also walks the entries still without a digest: those a crash or a stopped
@@ -16,8 +18,9 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use bytes::Bytes;
 use sha2::{Digest, Sha256};
-use tokio::sync::Notify;
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio_util::sync::CancellationToken;
 
 use super::backoff::Backoff;
@@ -30,6 +33,9 @@ pub(super) const QUEUE_CAPACITY: usize = 10_000;
 
 /// Entries read per step of a walk.
 const WALK_PAGE: usize = 100;
+
+/// Frames in flight to the hashing thread: memory stays a few I/O blocks.
+const FRAMES_IN_FLIGHT: usize = 4;
 
 /// The entries waiting for the pass.
 #[derive(Debug)]
@@ -102,7 +108,7 @@ impl DigestQueue {
 
 /// What the pass did with one entry.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Digested {
+pub(super) enum Digested {
     /// Its digest is recorded (or was already).
     Recorded(String),
     /// A chunk was damaged or missing: the entry is quarantined.
@@ -111,34 +117,80 @@ pub enum Digested {
     Gone,
 }
 
-impl Cache {
-    /// Starts the pass on a thread of its own at the lowest CPU priority; the task ends once
-    /// the pass has stopped after `stop`.
-    pub(super) fn spawn_digest_pass(&self, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
-        let runtime = tokio::runtime::Handle::current();
-        let cache = self.clone();
-        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
-        let spawned = std::thread::Builder::new()
+/// What the hashing thread is given.
+enum Hash {
+    Frame(Bytes),
+    /// The SHA-256 of the frames since the last one; the thread starts over.
+    Finish(oneshot::Sender<[u8; 32]>),
+}
+
+/// SHA-256 on a thread of its own at nice 19, fed frames through a short channel.
+pub(super) struct LowPriorityHasher {
+    frames: mpsc::Sender<Hash>,
+}
+
+impl LowPriorityHasher {
+    /// Starts the thread; it ends when the value is dropped.
+    pub(super) fn spawn() -> std::io::Result<Self> {
+        let (frames, mut jobs) = mpsc::channel::<Hash>(FRAMES_IN_FLIGHT);
+        std::thread::Builder::new()
             .name("hoard-digest".into())
             .spawn(move || {
                 lowest_priority();
-                runtime.block_on(cache.run_digest_pass(stop));
-                let _ = done_tx.send(());
-            });
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "cannot start the digest pass: large entries get no digest until a restart");
-        }
+                let mut sha256 = Sha256::new();
+                while let Some(job) = jobs.blocking_recv() {
+                    match job {
+                        Hash::Frame(frame) => sha256.update(&frame),
+                        Hash::Finish(reply) => {
+                            let _ = reply.send(std::mem::take(&mut sha256).finalize().into());
+                        }
+                    }
+                }
+            })?;
+        Ok(Self { frames })
+    }
+
+    async fn update(&self, frame: Bytes) {
+        // A send fails only once the thread is gone; `finish` then says so.
+        let _ = self.frames.send(Hash::Frame(frame)).await;
+    }
+
+    async fn finish(&self) -> Result<[u8; 32], CacheError> {
+        let (reply, digest) = oneshot::channel();
+        let gone = || {
+            CacheError::Storage(crate::blob::BlobError::Io {
+                what: "the digest thread".into(),
+                source: std::io::Error::other("it stopped"),
+            })
+        };
+        self.frames
+            .send(Hash::Finish(reply))
+            .await
+            .map_err(|_| gone())?;
+        digest.await.map_err(|_| gone())
+    }
+}
+
+impl Cache {
+    /// Starts the pass; the task ends once it has stopped after `stop`.
+    pub(super) fn spawn_digest_pass(&self, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+        let cache = self.clone();
         tokio::spawn(async move {
-            let _ = done_rx.await;
+            match LowPriorityHasher::spawn() {
+                Ok(hasher) => cache.run_digest_pass(&hasher, stop).await,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start the digest pass: large entries get no digest until a restart")
+                }
+            }
         })
     }
 
-    async fn run_digest_pass(self, stop: CancellationToken) {
+    async fn run_digest_pass(&self, hasher: &LowPriorityHasher, stop: CancellationToken) {
         let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
         loop {
             let round = match self.digests.next() {
-                Next::Entry(id) => self.digest_entry(id).await.map(drop),
-                Next::Walk => self.walk_for_digests(&stop).await,
+                Next::Entry(id) => self.digest_entry(hasher, id).await.map(drop),
+                Next::Walk => self.walk_for_digests(hasher, &stop).await,
                 Next::Wait => {
                     tokio::select! {
                         _ = stop.cancelled() => return,
@@ -173,7 +225,11 @@ impl Cache {
     }
 
     /// Digests every entry the database holds without a digest, in id order.
-    async fn walk_for_digests(&self, stop: &CancellationToken) -> Result<(), CacheError> {
+    async fn walk_for_digests(
+        &self,
+        hasher: &LowPriorityHasher,
+        stop: &CancellationToken,
+    ) -> Result<(), CacheError> {
         let mut after = EntryId::new(0);
         loop {
             let ids = self.meta.entries_awaiting_digest(after, WALK_PAGE).await?;
@@ -185,13 +241,17 @@ impl Cache {
                 if stop.is_cancelled() {
                     return Ok(());
                 }
-                self.digest_entry(id).await?;
+                self.digest_entry(hasher, id).await?;
             }
         }
     }
 
     /// Records the SHA-256 of each chunk of `id` that lacks one, and the entry's digest.
-    pub async fn digest_entry(&self, id: EntryId) -> Result<Digested, CacheError> {
+    pub(super) async fn digest_entry(
+        &self,
+        hasher: &LowPriorityHasher,
+        id: EntryId,
+    ) -> Result<Digested, CacheError> {
         let Some((_, chunks)) = self.meta.entry(id).await? else {
             return Ok(Digested::Gone);
         };
@@ -199,15 +259,16 @@ impl Cache {
         for placed in chunks {
             let mut chunk = placed.chunk;
             if chunk.sha256.is_none() {
-                let mut sha256 = Sha256::new();
                 let damage = self
-                    .read_checked(&chunk, Check::Fast, |frame| sha256.update(frame))
+                    .read_checked(&chunk, Check::Fast, |frame| hasher.update(frame))
                     .await?;
+                // Also after damage: the thread starts over for the next chunk.
+                let sha256 = hasher.finish().await?;
                 if let Some(how) = damage {
                     self.quarantine(id, how.clone()).await?;
                     return Ok(Digested::Quarantined(how));
                 }
-                chunk.sha256 = Some(sha256.finalize().into());
+                chunk.sha256 = Some(sha256);
             }
             hashed.push(chunk);
         }
@@ -224,6 +285,6 @@ impl Cache {
 fn lowest_priority() {
     let thread = rustix::thread::gettid();
     if let Err(e) = rustix::process::setpriority_process(Some(thread), 19) {
-        tracing::debug!(error = %e, "the digest pass runs at normal priority");
+        tracing::debug!(error = %e, "the digest pass hashes at normal priority");
     }
 }

@@ -170,7 +170,7 @@ impl Cache {
                     report.chunks += 1;
                     report.bytes += placed.chunk.size;
                     damage = self
-                        .read_checked(&placed.chunk, Check::Full, |_| {})
+                        .read_checked(&placed.chunk, Check::Full, |_| async {})
                         .await?;
                     if damage.is_some() {
                         break;
@@ -189,12 +189,16 @@ impl Cache {
 
     /// Reads a chunk whole, checked as `check` says, giving each frame to `each` (the last
     /// only once the check passed): `Some(how)` if it is damaged or missing.
-    pub(super) async fn read_checked(
+    pub(super) async fn read_checked<F, Fut>(
         &self,
         chunk: &Chunk,
         check: Check,
-        mut each: impl FnMut(&[u8]) + Send,
-    ) -> Result<Option<String>, CacheError> {
+        mut each: F,
+    ) -> Result<Option<String>, CacheError>
+    where
+        F: FnMut(Bytes) -> Fut + Send,
+        Fut: std::future::Future<Output = ()> + Send,
+    {
         let stream = match self.blobs.get(&chunk.blob, 0, chunk.size).await {
             Ok(stream) => stream,
             Err(BlobError::NotFound(_)) => {
@@ -212,7 +216,7 @@ impl Cache {
         );
         while let Some(frame) = checked.next().await {
             match frame {
-                Ok(frame) => each(&frame),
+                Ok(frame) => each(frame).await,
                 Err(e) => {
                     let how = found.lock().unwrap_or_else(|p| p.into_inner()).take();
                     return match how {

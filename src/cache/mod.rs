@@ -37,7 +37,6 @@ use crate::blob::BlobStore;
 use crate::meta::{MetaError, MetaStore};
 use crate::model::{BlobName, Clipped, Clock, EntryId, Scope, Slot};
 
-pub use digest_pass::Digested;
 pub use error::CacheError;
 pub use restore::{slices, Hit, OpenEntry};
 use save::LinkedUpload;

@@ -1386,6 +1386,10 @@ fn large_payload() -> Vec<u8> {
         .collect()
 }
 
+fn hasher() -> digest_pass::LowPriorityHasher {
+    digest_pass::LowPriorityHasher::spawn().unwrap()
+}
+
 fn sha256_of(data: &[u8]) -> [u8; 32] {
     <sha2::Sha256 as sha2::Digest>::digest(data).into()
 }
@@ -1422,8 +1426,8 @@ async fn a_large_entry_gets_its_sha256_and_digest_from_the_digest_pass() {
 
     let expected = format!("sha256:{}", hex::encode(sha256_of(&data)));
     assert_eq!(
-        w.cache.digest_entry(large).await.unwrap(),
-        Digested::Recorded(expected.clone())
+        w.cache.digest_entry(&hasher(), large).await.unwrap(),
+        digest_pass::Digested::Recorded(expected.clone())
     );
     let (_, chunks) = w.meta.entry(large).await.unwrap().unwrap();
     assert_eq!(chunks[0].chunk.sha256, Some(sha256_of(&data)));
@@ -1435,8 +1439,8 @@ async fn a_large_entry_gets_its_sha256_and_digest_from_the_digest_pass() {
         .is_empty());
     // Once more (a walk after a restart) changes nothing.
     assert_eq!(
-        w.cache.digest_entry(large).await.unwrap(),
-        Digested::Recorded(expected)
+        w.cache.digest_entry(&hasher(), large).await.unwrap(),
+        digest_pass::Digested::Recorded(expected)
     );
     // After it, verify checks the SHA-256, and the entry still downloads.
     let report = w.cache.verify_all(|_| {}).await.unwrap();
@@ -1459,8 +1463,8 @@ async fn a_block_entry_is_known_by_its_chunks_digests_once_each_is_hashed() {
         hex::encode(sha2::Digest::finalize(list))
     );
     assert_eq!(
-        w.cache.digest_entry(entry).await.unwrap(),
-        Digested::Recorded(expected)
+        w.cache.digest_entry(&hasher(), entry).await.unwrap(),
+        digest_pass::Digested::Recorded(expected)
     );
 }
 
@@ -1475,18 +1479,27 @@ async fn a_chunk_damaged_before_its_digest_pass_is_quarantined_never_digested() 
     stored[1_000_000] ^= 0x01;
     std::fs::write(&path, stored).unwrap();
 
-    let outcome = w.cache.digest_entry(entry).await.unwrap();
-    assert!(matches!(outcome, Digested::Quarantined(_)), "{outcome:?}");
+    let outcome = w.cache.digest_entry(&hasher(), entry).await.unwrap();
+    assert!(
+        matches!(outcome, digest_pass::Digested::Quarantined(_)),
+        "{outcome:?}"
+    );
     assert!(w.meta.entry(entry).await.unwrap().is_none());
     assert_eq!(w.restore(&me, "k").await, None, "the next lookup misses");
     assert_eq!(w.cache.quarantined_count(), 1);
-    assert_eq!(w.cache.digest_entry(entry).await.unwrap(), Digested::Gone);
+    assert_eq!(
+        w.cache.digest_entry(&hasher(), entry).await.unwrap(),
+        digest_pass::Digested::Gone
+    );
 
     // A missing chunk likewise.
     let entry = w.save(&me, "j", &data).await;
     std::fs::remove_file(w.chunk_path(&w.blobs_of(entry).await[0])).unwrap();
-    let outcome = w.cache.digest_entry(entry).await.unwrap();
-    assert!(matches!(outcome, Digested::Quarantined(_)), "{outcome:?}");
+    let outcome = w.cache.digest_entry(&hasher(), entry).await.unwrap();
+    assert!(
+        matches!(outcome, digest_pass::Digested::Quarantined(_)),
+        "{outcome:?}"
+    );
 }
 
 #[tokio::test]
