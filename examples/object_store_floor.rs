@@ -10,13 +10,19 @@
 //! Credentials and the endpoint come from the environment as for `hoard serve`. It uses the
 //! same `object_store` client as hoard, with one PUT per 32 MiB object (no multipart), which is
 //! the least work a client can do to store these bytes.
+//!
+//! With `fleet [JOBS [ROUNDS]]` after the scale, it moves the bytes of `hoard bench`'s fleet
+//! phase instead (the same plan and seed): each repository's two seeded entries put untimed,
+//! then, three times, every job of a round with JOBS at once, each a GET of the entry it
+//! restores and a PUT of what it saves (one PUT per entry). It prints the median up + down
+//! MiB/s and jobs/s.
 
 #![allow(clippy::print_stdout)] // A report for the terminal.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use futures_util::TryStreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, PutPayload};
 
@@ -32,6 +38,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let parsed = url::Url::parse(&url)?;
     let (store, prefix) = client(&parsed)?;
     let store: Arc<dyn ObjectStore> = store.into();
+    if args.next().as_deref() == Some("fleet") {
+        let jobs = args.next().map_or(Ok(64), |s| s.parse())?;
+        let rounds = args.next().map_or(Ok(3), |s| s.parse())?;
+        fleet(&store, &prefix, scale, jobs, rounds).await?;
+        return clean(&store, &prefix).await;
+    }
 
     let entries = 8;
     let entry_size = ((128 * MIB) as f64 * scale) as usize;
@@ -82,14 +94,83 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         report(round, total, started);
     }
+    clean(&store, &prefix).await
+}
+
+async fn clean(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &Path,
+) -> Result<(), Box<dyn std::error::Error>> {
     let names: Vec<Path> = store
-        .list(Some(&prefix))
+        .list(Some(prefix))
         .map_ok(|m| m.location)
         .try_collect()
         .await?;
     for name in names {
         store.delete(&name).await?;
     }
+    Ok(())
+}
+
+async fn fleet(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &Path,
+    scale: f64,
+    jobs: usize,
+    rounds: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let plan = hoard::bench::fleet_transfers(jobs, rounds, scale);
+    let seeded = |i: usize| prefix.child("seeded").child(i.to_string());
+    futures_util::future::try_join_all(plan.seeded.iter().enumerate().map(|(i, b)| {
+        let path = seeded(i);
+        async move { store.put(&path, PutPayload::from(b.clone())).await }
+    }))
+    .await?;
+    let (seeded_bytes, seeded) = (&plan.seeded, &seeded);
+    let (mut rates, mut job_rates) = (Vec::new(), Vec::new());
+    for round in 0..3 {
+        let started = Instant::now();
+        let moved: Vec<usize> = futures_util::stream::iter(plan.jobs.iter().enumerate())
+            .map(|(i, (restore, save))| async move {
+                let mut n = 0;
+                if let Some(r) = restore {
+                    let mut body = store.get(&seeded(*r)).await?.into_stream();
+                    while let Some(frame) = body.try_next().await? {
+                        n += frame.len();
+                    }
+                    assert_eq!(n, seeded_bytes[*r].len(), "restored whole");
+                }
+                if let Some(bytes) = save {
+                    let path = prefix.child(format!("r{round}")).child(i.to_string());
+                    store.put(&path, PutPayload::from(bytes.clone())).await?;
+                    n += bytes.len();
+                }
+                Ok::<_, object_store::Error>(n)
+            })
+            .buffer_unordered(jobs.max(1))
+            .try_collect()
+            .await?;
+        let secs = started.elapsed().as_secs_f64();
+        let mib = moved.iter().sum::<usize>() as f64 / MIB as f64;
+        println!(
+            "    fleet round {}: {:8.1} MiB/s, {:6.1} jobs/s ({mib:.0} MiB, {} jobs in {secs:.2} s)",
+            round + 1,
+            mib / secs,
+            plan.jobs.len() as f64 / secs,
+            plan.jobs.len()
+        );
+        rates.push(mib / secs);
+        job_rates.push(plan.jobs.len() as f64 / secs);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "          fleet: {:8.1} MiB/s, {:6.1} jobs/s (medians of 3 rounds)",
+        median(&mut rates),
+        median(&mut job_rates)
+    );
     Ok(())
 }
 

@@ -305,6 +305,35 @@ impl Fleet {
     }
 }
 
+/// The bytes a run's fleet moves, for a plain client to move the same to an object store
+/// (`examples/object_store_floor`): the seeded entries, and per job of a round, in start
+/// order, which seeded entry it restores (hits exact or through the restore key) and what it
+/// saves (on an exact miss).
+pub struct Transfers {
+    pub seeded: Vec<Bytes>,
+    pub jobs: Vec<(Option<usize>, Option<Bytes>)>,
+}
+
+impl Fleet {
+    pub fn transfers(&self, data: &Payloads) -> Transfers {
+        let seeded = self
+            .repositories
+            .iter()
+            .flat_map(|r| [r.old.1.bytes(data), r.current.1.bytes(data)])
+            .collect();
+        let jobs = self
+            .shape
+            .iter()
+            .map(|&(r, _, outcome, save)| {
+                let restores = (outcome != Outcome::Miss).then_some(2 * r + 1);
+                let saves = (outcome != Outcome::Exact).then(|| save.bytes(data));
+                (restores, saves)
+            })
+            .collect();
+        Transfers { seeded, jobs }
+    }
+}
+
 /// What one job did.
 #[derive(Debug, Default)]
 struct JobResult {

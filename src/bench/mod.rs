@@ -2,7 +2,7 @@
 //! side by side, plus a null baseline, alternating targets round by round and reporting medians.
 
 mod client;
-mod fleet;
+pub mod fleet;
 pub mod floor;
 pub mod null;
 mod procstat;
@@ -238,6 +238,9 @@ fn origin_of(url: &str) -> Result<String, BenchFailure> {
     Ok(parsed.origin().ascii_serialization())
 }
 
+/// The seed of the run's random payloads.
+const PAYLOAD_SEED: u64 = 0x686f617264;
+
 const BENCH_AC: &str = r#"[{"Scope":"refs/heads/main","Permission":3}]"#;
 
 fn claims(repository: &str, ac: &str) -> serde_json::Value {
@@ -255,6 +258,19 @@ fn claims(repository: &str, ac: &str) -> serde_json::Value {
 
 /// An unsigned runtime token for repository "bench", branch main, read and write: for servers
 /// that do not check signatures.
+/// The bytes of the fleet phase at `scale` with `jobs` at once and `rounds` jobs each, as
+/// `hoard bench` plans them (same seed): what a plain object-store client moves to compare.
+pub fn fleet_transfers(jobs: usize, rounds: usize, scale: f64) -> fleet::Transfers {
+    let plan = Plan::scaled(scale);
+    let data = Payloads::generate(&plan, PAYLOAD_SEED);
+    fleet::Fleet::new(
+        fleet::FleetPlan::new(jobs, rounds, &plan, scale),
+        &data,
+        "plain",
+    )
+    .transfers(&data)
+}
+
 pub fn unsigned_token() -> String {
     token_for(None, "bench", BENCH_AC).unwrap_or_default()
 }
@@ -504,7 +520,7 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
             };
         }
     }
-    let data = Payloads::generate(&plan, 0x686f617264);
+    let data = Payloads::generate(&plan, PAYLOAD_SEED);
     let run_id = crate::model::BlobName::random().as_str()[..8].to_owned();
     let fleet = has(Phase::Fleet).then(|| {
         fleet::Fleet::new(
