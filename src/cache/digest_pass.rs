@@ -274,8 +274,10 @@ impl Cache {
         }
         let digest = entry_digest(&hashed).expect("every chunk was just given its SHA-256");
         let sums: Vec<[u8; 32]> = hashed.iter().filter_map(|c| c.sha256).collect();
-        self.meta.record_digest(id, &sums, &digest).await?;
-        tracing::info!(target: "hoard::audit", action = "digest", id = id.get(), %digest);
+        // A walk and the queue may both bring an entry; only the pass that recorded it says so.
+        if self.meta.record_digest(id, &sums, &digest).await? {
+            tracing::info!(target: "hoard::audit", action = "digest", id = id.get(), %digest);
+        }
         Ok(Digested::Recorded(digest))
     }
 }

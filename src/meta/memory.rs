@@ -692,19 +692,20 @@ impl LifecycleStore for MemoryStore {
         entry: EntryId,
         sha256: &[[u8; 32]],
         digest: &str,
-    ) -> Result<(), MetaError> {
+    ) -> Result<bool, MetaError> {
         let mut state = self.state();
-        if let Some(e) = state
+        let Some(e) = state
             .entries
             .get_mut(&entry)
             .filter(|e| e.digest.is_empty())
-        {
-            for (chunk, sha256) in e.chunks.iter_mut().zip(sha256) {
-                chunk.sha256 = Some(*sha256);
-            }
-            e.digest = digest.to_owned();
+        else {
+            return Ok(false);
+        };
+        for (chunk, sha256) in e.chunks.iter_mut().zip(sha256) {
+            chunk.sha256 = Some(*sha256);
         }
-        Ok(())
+        e.digest = digest.to_owned();
+        Ok(true)
     }
 
     async fn forget_after(

@@ -333,8 +333,9 @@ store_trait! {
         async fn entries_awaiting_digest(&self, after: EntryId, limit: usize) -> Result<Vec<EntryId>, MetaError>;
 
         /// Records the SHA-256 of each of the entry's chunks, in order, and the entry's digest,
-        /// unless one is recorded already; an entry removed meanwhile is skipped.
-        async fn record_digest(&self, entry: EntryId, sha256: &[[u8; 32]], digest: &str) -> Result<(), MetaError>;
+        /// unless one is recorded already; an entry removed meanwhile is skipped. True if this
+        /// call recorded it.
+        async fn record_digest(&self, entry: EntryId, sha256: &[[u8; 32]], digest: &str) -> Result<bool, MetaError>;
 
         /// After a machine crash: deletes the entries finalized after `since` and aborts every
         /// open upload. Returns how many entries went and the blobs of the dropped rows.

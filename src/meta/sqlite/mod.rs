@@ -1030,7 +1030,7 @@ impl LifecycleStore for SqliteStore {
         entry: EntryId,
         sha256: &[[u8; 32]],
         digest: &str,
-    ) -> Result<(), MetaError> {
+    ) -> Result<bool, MetaError> {
         let (sha256, digest) = (sha256.to_vec(), digest.to_owned());
         self.write(move |tx| {
             let recorded = tx
@@ -1044,7 +1044,7 @@ impl LifecycleStore for SqliteStore {
                     chunk.execute(params![&sha256[..], entry.get(), ordinal as i64])?;
                 }
             }
-            Ok(())
+            Ok(recorded == 1)
         })
         .await
     }

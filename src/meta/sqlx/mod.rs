@@ -649,7 +649,7 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
         entry: EntryId,
         sha256: &[[u8; 32]],
         digest: &str,
-    ) -> Result<(), MetaError> {
+    ) -> Result<bool, MetaError> {
         // The chunks first, each only while the entry still awaits its digest, then the
         // digest: one transaction, so a reader sees both or neither.
         let mut steps: Vec<Step> = sha256
@@ -672,7 +672,8 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
             "UPDATE entries SET digest = ? WHERE id = ? AND digest = ''",
             vec![text(digest), Param::Int(entry.get())],
         ));
-        self.db.in_transaction(steps).await.map(drop)
+        let done = self.db.in_transaction(steps).await?;
+        Ok(matches!(done.last(), Some(Done::Changed(1))))
     }
 
     async fn forget_after(

@@ -245,10 +245,10 @@ async fn an_entry_awaiting_its_digest_gets_it_once(store: &dyn MetaStore) {
     );
 
     let sums = [[7u8; 32], [8u8; 32]];
-    store
+    assert!(store
         .record_digest(awaiting, &sums, "sha256-chunks:77")
         .await
-        .unwrap();
+        .unwrap());
     let sha256_of = |chunks: Vec<hoard::meta::EntryChunk>| -> Vec<Option<[u8; 32]>> {
         chunks.into_iter().map(|c| c.chunk.sha256).collect()
     };
@@ -273,15 +273,15 @@ async fn an_entry_awaiting_its_digest_gets_it_once(store: &dyn MetaStore) {
         .contains(&awaiting));
 
     // A second record (another replica's pass) changes nothing; a removed entry is skipped.
-    store
+    assert!(!store
         .record_digest(awaiting, &[[9; 32], [9; 32]], "sha256-chunks:99")
         .await
-        .unwrap();
+        .unwrap());
     let (_, chunks) = store.entry(awaiting).await.unwrap().unwrap();
     assert_eq!(sha256_of(chunks), [Some(sums[0]), Some(sums[1])]);
     assert_eq!(digest_of(awaiting).await, "sha256-chunks:77");
-    store
+    assert!(!store
         .record_digest(EntryId::new(1 << 40), &sums, "sha256-chunks:77")
         .await
-        .unwrap();
+        .unwrap());
 }
