@@ -479,7 +479,7 @@ async fn an_upload_holds_at_most_azures_count_of_uncommitted_blocks() {
     db.execute(
         "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 99999)
          INSERT INTO staged_blocks (upload_id, block_id, blob_name, size, sha256, xxh3)
-         SELECT ?1, CAST(printf('seeded-%06d', i) AS BLOB), printf('%032x', i), 1, zeroblob(32), NULL
+         SELECT ?1, CAST(printf('seeded-%06d', i) AS BLOB), printf('%032x', i), 1, randomblob(32), NULL
          FROM n",
         [id],
     )

@@ -37,6 +37,58 @@ pub(super) fn body_stream(body: Body, idle: std::time::Duration) -> ByteStream {
     ))
 }
 
+/// Most of a refused upload's body read after a transient failure, and for how long.
+const DRAIN_LIMIT: usize = 64 << 20;
+const DRAIN_TIME: Duration = Duration::from_secs(5);
+
+/// A request body handed to the domain, and what it leaves unread.
+pub(super) struct Drainable {
+    // Fused: the domain may have read it to its end, and a finished stream must not be polled.
+    rest: std::sync::Arc<std::sync::Mutex<futures_util::stream::Fuse<ByteStream>>>,
+}
+
+/// `body` for the domain to read, and its remainder for [`Drainable::drain`].
+pub(super) fn drainable(body: ByteStream) -> (ByteStream, Drainable) {
+    let rest = std::sync::Arc::new(std::sync::Mutex::new(body.fuse()));
+    let shared = rest.clone();
+    let stream = futures_util::stream::poll_fn(move |cx| {
+        shared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .poll_next_unpin(cx)
+    });
+    (Box::pin(stream), Drainable { rest })
+}
+
+impl Drainable {
+    /// After a transient failure (the store or the database is away), reads what the client is
+    /// still sending, up to [`DRAIN_LIMIT`] bytes within [`DRAIN_TIME`], before the 503 goes
+    /// out: a server that answers while a body is arriving and closes the connection resets
+    /// it, and the client sees a broken connection instead of the "retry" it is owed.
+    pub(super) async fn drain_after(self, failure: &crate::cache::CacheError) {
+        if !failure.is_transient() {
+            return;
+        }
+        let read = async {
+            let mut read = 0usize;
+            while read <= DRAIN_LIMIT {
+                let frame = std::future::poll_fn(|cx| {
+                    self.rest
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .poll_next_unpin(cx)
+                })
+                .await;
+                match frame {
+                    Some(Ok(frame)) => read += frame.len(),
+                    _ => return,
+                }
+            }
+        };
+        let _ = tokio::time::timeout(DRAIN_TIME, read).await;
+    }
+}
+
 fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
@@ -156,4 +208,58 @@ pub(super) async fn serve_entry(
     h.insert("x-ms-version", HeaderValue::from_static(API_VERSION));
     h.insert("x-ms-request-id", request_id());
     Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::CacheError;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// A body of `frames` frames that counts how many were read; like [`body_stream`], it
+    /// must not be polled once it has ended.
+    fn counted(frames: usize, read: Arc<AtomicUsize>) -> ByteStream {
+        Box::pin(futures_util::stream::unfold(0, move |sent| {
+            let read = read.clone();
+            async move {
+                (sent < frames).then(|| {
+                    read.fetch_add(1, Ordering::Relaxed);
+                    (Ok(bytes::Bytes::from_static(&[7; 1024])), sent + 1)
+                })
+            }
+        }))
+    }
+
+    #[tokio::test]
+    async fn a_transient_failure_reads_the_rest_of_the_body_and_others_do_not() {
+        for (failure, drained) in [
+            (
+                CacheError::storage_unavailable("the store refuses connections"),
+                10,
+            ),
+            (CacheError::NoSuchLink, 3),
+        ] {
+            let read = Arc::new(AtomicUsize::new(0));
+            let (mut body, rest) = drainable(counted(10, read.clone()));
+            for _ in 0..3 {
+                body.next().await.unwrap().unwrap();
+            }
+            drop(body);
+            rest.drain_after(&failure).await;
+            assert_eq!(read.load(Ordering::Relaxed), drained, "{failure:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_read_to_its_end_drains_at_once() {
+        let read = Arc::new(AtomicUsize::new(0));
+        let (mut body, rest) = drainable(counted(2, read.clone()));
+        while body.next().await.is_some() {}
+        drop(body);
+        // Polling a finished body again must not panic (the stream is fused).
+        rest.drain_after(&CacheError::storage_unavailable("away"))
+            .await;
+        assert_eq!(read.load(Ordering::Relaxed), 2);
+    }
 }
