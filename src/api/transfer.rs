@@ -49,18 +49,25 @@ pub(super) struct Drainable {
 
 /// `body` for the domain to read, and its remainder for [`Drainable::drain`].
 pub(super) fn drainable(body: ByteStream) -> (ByteStream, Drainable) {
-    let rest = std::sync::Arc::new(std::sync::Mutex::new(body.fuse()));
-    let shared = rest.clone();
-    let stream = futures_util::stream::poll_fn(move |cx| {
-        shared
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .poll_next_unpin(cx)
-    });
-    (Box::pin(stream), Drainable { rest })
+    let rest = Drainable {
+        rest: std::sync::Arc::new(std::sync::Mutex::new(body.fuse())),
+    };
+    let shared = Drainable {
+        rest: rest.rest.clone(),
+    };
+    let stream = futures_util::stream::poll_fn(move |cx| shared.poll_next(cx));
+    (Box::pin(stream), rest)
 }
 
 impl Drainable {
+    fn poll_next(
+        &self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<std::io::Result<bytes::Bytes>>> {
+        let mut body = self.rest.lock().unwrap_or_else(|p| p.into_inner());
+        body.poll_next_unpin(cx)
+    }
+
     /// After a transient failure (the store or the database is away), reads what the client is
     /// still sending, up to [`DRAIN_LIMIT`] bytes within [`DRAIN_TIME`], before the 503 goes
     /// out: a server that answers while a body is arriving and closes the connection resets
@@ -72,13 +79,7 @@ impl Drainable {
         let read = async {
             let mut read = 0usize;
             while read <= DRAIN_LIMIT {
-                let frame = std::future::poll_fn(|cx| {
-                    self.rest
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .poll_next_unpin(cx)
-                })
-                .await;
+                let frame = std::future::poll_fn(|cx| self.poll_next(cx)).await;
                 match frame {
                     Some(Ok(frame)) => read += frame.len(),
                     _ => return,

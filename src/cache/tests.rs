@@ -681,6 +681,14 @@ impl World {
         stream.try_collect().await
     }
 
+    /// Flips one bit of byte `at` of the entry's first chunk, on disk.
+    async fn flip_byte(&self, entry: EntryId, at: usize) {
+        let path = self.chunk_path(&self.blobs_of(entry).await[0]);
+        let mut stored = std::fs::read(&path).unwrap();
+        stored[at] ^= 0x01;
+        std::fs::write(&path, stored).unwrap();
+    }
+
     fn chunk_path(&self, name: &BlobName) -> std::path::PathBuf {
         let name = name.as_str();
         self._dir.path().join("chunks").join(&name[..2]).join(name)
@@ -1474,10 +1482,7 @@ async fn a_chunk_damaged_before_its_digest_pass_is_quarantined_never_digested() 
     let me = who("1");
     let data = large_payload();
     let entry = w.save(&me, "k", &data).await;
-    let path = w.chunk_path(&w.blobs_of(entry).await[0]);
-    let mut stored = std::fs::read(&path).unwrap();
-    stored[1_000_000] ^= 0x01;
-    std::fs::write(&path, stored).unwrap();
+    w.flip_byte(entry, 1_000_000).await;
 
     let outcome = w.cache.digest_entry(&hasher(), entry).await.unwrap();
     assert!(
@@ -1508,10 +1513,7 @@ async fn verify_finds_a_flipped_byte_in_a_chunk_the_digest_pass_has_not_hashed()
     let me = who("1");
     let data = large_payload();
     let entry = w.save(&me, "k", &data).await;
-    let path = w.chunk_path(&w.blobs_of(entry).await[0]);
-    let mut stored = std::fs::read(&path).unwrap();
-    stored[data.len() - 1] ^= 0x80;
-    std::fs::write(&path, stored).unwrap();
+    w.flip_byte(entry, data.len() - 1).await;
     let report = w.cache.verify_all(|_| {}).await.unwrap();
     assert_eq!(
         report.damaged.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
