@@ -29,7 +29,8 @@ enum Command {
     /// Check every stored chunk against its SHA-256 and quarantine damaged entries.
     ///
     /// Reads every chunk of every entry, quarantines the entries whose chunks are damaged or
-    /// missing, and exits with 1 if any were found. Takes the same options as `serve`; safe while
+    /// missing, and exits with 1 if any were found. A large chunk whose SHA-256 the server's
+    /// digest pass has not recorded yet is checked against its XXH3. Takes the same options as `serve`; safe while
     /// servers run.
     Verify(Box<ServeArgs>),
     /// Say why caching works or not here: run it on a runner machine or in a job step.
