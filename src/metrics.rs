@@ -141,6 +141,7 @@ pub struct Metrics {
     stored_bytes: Gauge,
     stored_entries: Gauge,
     open_uploads: Gauge,
+    digests_pending: Gauge,
     database: Family<OperationLabels, Histogram, fn() -> Histogram>,
     storage: Family<OperationLabels, Histogram, fn() -> Histogram>,
     per_repository: Option<PerRepository>,
@@ -240,6 +241,12 @@ impl Metrics {
             "Uploads reserved and not yet finalized or abandoned (read at each scrape)",
             open_uploads.clone(),
         );
+        let digests_pending = Gauge::default();
+        registry.register(
+            "digests_pending",
+            "Entries this process queued for the digest pass and not yet hashed",
+            digests_pending.clone(),
+        );
         let database =
             Family::<OperationLabels, Histogram, fn() -> Histogram>::new_with_constructor(
                 latency_buckets,
@@ -271,6 +278,7 @@ impl Metrics {
             registry,
             stored_entries,
             open_uploads,
+            digests_pending,
             requests,
             durations,
             lookups,
@@ -508,6 +516,12 @@ impl Metrics {
         self.chunks_deleted
             .get_or_create(&CauseLabels { cause })
             .inc_by(chunks);
+    }
+
+    /// The entries waiting for the digest pass, as of now.
+    pub fn digests_pending(&self, queued: usize) {
+        self.digests_pending
+            .set(queued.min(i64::MAX as usize) as i64);
     }
 
     /// The text exposition, with the store's totals as read now.

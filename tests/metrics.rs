@@ -106,6 +106,11 @@ async fn a_known_sequence_gives_exact_counts() {
     assert_eq!(value(&m, "hoard_stored_bytes"), 3000.0);
     assert_eq!(value(&m, "hoard_stored_entries"), 2.0);
     assert_eq!(value(&m, "hoard_open_uploads"), 0.0);
+    assert_eq!(
+        value(&m, "hoard_digests_pending"),
+        0.0,
+        "small entries need no pass"
+    );
     // Database and storage operations are timed by operation.
     let database = |op: &str| {
         value(

@@ -34,7 +34,7 @@ pub(super) async fn metrics_anywhere(State(app): State<AppState>) -> Response {
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        app.cache().metrics().render(stored),
+        app.cache().render_metrics(stored),
     )
         .into_response()
 }

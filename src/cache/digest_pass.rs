@@ -85,6 +85,11 @@ impl DigestQueue {
         self.wake.notify_one();
     }
 
+    /// How many entries are queued.
+    pub(super) fn len(&self) -> usize {
+        self.lock().ids.len()
+    }
+
     /// After a failure: walk again once the pass is back.
     fn walk_later(&self) {
         self.lock().walk = true;

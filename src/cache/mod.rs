@@ -171,6 +171,13 @@ impl Cache {
         &self.metrics
     }
 
+    /// The metrics' text exposition for a scrape, with the store's `totals` and the digest
+    /// pass's queue as of now.
+    pub fn render_metrics(&self, totals: Option<crate::model::Totals>) -> String {
+        self.metrics.digests_pending(self.digests.len());
+        self.metrics.render(totals)
+    }
+
     /// What the metadata database holds: bytes, entries, open uploads.
     pub async fn totals(&self) -> Result<crate::model::Totals, CacheError> {
         Ok(self.meta.totals().await?)
