@@ -193,9 +193,17 @@ impl Cache {
     async fn run_digest_pass(&self, hasher: &LowPriorityHasher, stop: CancellationToken) {
         let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
         loop {
+            // Stopping drops an entry half hashed: nothing of it is recorded before its end,
+            // and the next start walks it again.
             let round = match self.digests.next() {
-                Next::Entry(id) => self.digest_entry(hasher, id).await.map(drop),
-                Next::Walk => self.walk_for_digests(hasher, &stop).await,
+                Next::Entry(id) => tokio::select! {
+                    _ = stop.cancelled() => return,
+                    done = self.digest_entry(hasher, id) => done.map(drop),
+                },
+                Next::Walk => tokio::select! {
+                    _ = stop.cancelled() => return,
+                    done = self.walk_for_digests(hasher) => done,
+                },
                 Next::Wait => {
                     tokio::select! {
                         _ = stop.cancelled() => return,
@@ -230,11 +238,7 @@ impl Cache {
     }
 
     /// Digests every entry the database holds without a digest, in id order.
-    async fn walk_for_digests(
-        &self,
-        hasher: &LowPriorityHasher,
-        stop: &CancellationToken,
-    ) -> Result<(), CacheError> {
+    async fn walk_for_digests(&self, hasher: &LowPriorityHasher) -> Result<(), CacheError> {
         let mut after = EntryId::new(0);
         loop {
             let ids = self.meta.entries_awaiting_digest(after, WALK_PAGE).await?;
@@ -243,9 +247,6 @@ impl Cache {
             };
             after = *last;
             for id in ids {
-                if stop.is_cancelled() {
-                    return Ok(());
-                }
                 self.digest_entry(hasher, id).await?;
             }
         }
@@ -264,11 +265,13 @@ impl Cache {
         for placed in chunks {
             let mut chunk = placed.chunk;
             if chunk.sha256.is_none() {
-                let damage = self
+                let read = self
                     .read_checked(&chunk, Check::Fast, |frame| hasher.update(frame))
-                    .await?;
-                // Also after damage: the thread starts over for the next chunk.
+                    .await;
+                // Whatever the read gave (damage, an error half-way): the thread starts over,
+                // so the next chunk's SHA-256 is of its bytes only.
                 let sha256 = hasher.finish().await?;
+                let damage = read?;
                 if let Some(how) = damage {
                     self.quarantine(id, how.clone()).await?;
                     return Ok(Digested::Quarantined(how));
