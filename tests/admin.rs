@@ -334,7 +334,7 @@ async fn entries_are_deleted_by_key_prefix_or_repository() {
         body["message"]
             .as_str()
             .unwrap()
-            .contains("delete by repository id"),
+            .contains("name one by its repository id"),
         "{body}"
     );
     let (_, body) = delete(&srv, "caches?repository=3").await;

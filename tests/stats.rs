@@ -442,6 +442,11 @@ async fn the_family_cap_holds_against_ten_thousand_families() {
 #[tokio::test]
 async fn bad_statistics_queries_are_refused_clearly() {
     let srv = TestServer::start_with(&["--admin-token", ADMIN]).await;
+    for id in ["8001", "8002"] {
+        let mut claims = common::claims(id, &[("refs/heads/main", 3)]);
+        claims["repository"] = json!("octo/twin");
+        srv.save(&sign_hs256(&claims), "k", VERSION, b"twin").await;
+    }
     for (query, status, says) in [
         ("stats?bucket=week", 400, "bucket must be hour or day"),
         (
@@ -476,6 +481,17 @@ async fn bad_statistics_queries_are_refused_clearly() {
             "no repository \"octo/none\"",
         ),
         ("stats/families?repository=404", 404, "no repository"),
+        // Two repositories share the name octo/twin (below): never a guess.
+        (
+            "stats?repository=octo/twin",
+            409,
+            "2 repositories are named \"octo/twin\"",
+        ),
+        (
+            "stats/families?repository=octo/twin",
+            409,
+            "name one by its repository id",
+        ),
     ] {
         let res = srv
             .http

@@ -263,6 +263,30 @@ impl Cache {
 
     /// Repositories by bytes held, at most `limit`, or only the one `only` names (id or name);
     /// with the number of repositories known.
+    /// The one repository `wanted` names: the repository with that id, else the only one with
+    /// that name; `None` if there is none; [`CacheError::AmbiguousRepository`] if several share
+    /// the name (never a guess).
+    pub async fn one_repository(
+        &self,
+        wanted: &str,
+    ) -> Result<Option<RepositoryUsage>, CacheError> {
+        let (_, mut found) = self.repositories(Some(wanted), 100).await?;
+        if let Some(at) = found.iter().position(|r| r.repository.as_str() == wanted) {
+            return Ok(Some(found.swap_remove(at)));
+        }
+        match found.len() {
+            0 | 1 => Ok(found.pop()),
+            n => Err(CacheError::AmbiguousRepository(format!(
+                "{n} repositories are named {wanted:?} (ids {}); name one by its repository id",
+                found
+                    .iter()
+                    .map(|r| format!("{:?}", r.repository.as_str()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
+        }
+    }
+
     pub async fn repositories(
         &self,
         only: Option<&str>,

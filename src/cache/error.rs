@@ -44,6 +44,10 @@ pub enum CacheError {
     /// An operator named a repository (id or owner/name) the store has never seen.
     #[error("no repository {0:?} is known to this server")]
     UnknownRepository(String),
+    /// An operator named repositories by a name several of them carry (names are not unique:
+    /// a forge's `octo/app` and GitHub's). The message lists their ids.
+    #[error("{0}")]
+    AmbiguousRepository(String),
     #[error("too many uploads are open for this repository; retry later")]
     TooManyUploads,
     #[error("entries are limited to {0} bytes")]

@@ -96,13 +96,12 @@ fn slot(starts: &[Millis], width: Millis, start: Millis) -> Option<usize> {
 }
 
 impl Cache {
-    /// The repository an operator named (id or owner/name): [`CacheError::NotFound`]-like
-    /// `Invalid` if the store has never seen it.
+    /// The repository an operator named (id, or a name only one repository carries):
+    /// [`CacheError::UnknownRepository`] if the store has never seen it.
     async fn named_repository(&self, named: &str) -> Result<(RepoId, String), CacheError> {
-        let found = self.meta.repositories(Some(named), 1).await?;
-        let repo = found
-            .into_iter()
-            .next()
+        let repo = self
+            .one_repository(named)
+            .await?
             .ok_or_else(|| CacheError::UnknownRepository(named.to_owned()))?;
         Ok((repo.repository, repo.name))
     }

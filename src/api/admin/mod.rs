@@ -76,6 +76,7 @@ impl From<CacheError> for AdminError {
         match e {
             CacheError::Invalid(invalid) => return Self::bad(invalid.0),
             CacheError::UnknownRepository(_) => return Self::not_found(e.to_string()),
+            CacheError::AmbiguousRepository(_) => return Self(StatusCode::CONFLICT, e.to_string()),
             _ => {}
         }
         if e.is_transient() {
@@ -394,38 +395,14 @@ async fn delete_matching(app: &AppState, query: &Query) -> Result<wire::Deleted,
     if let Some(wanted) = filter.repository.take() {
         // No repository by that id or name: the id filter then selects nothing, and the purge
         // is still audited.
-        filter.repository_id = Some(one_repository(app, &wanted).await?.unwrap_or(wanted));
+        let one = app.cache().one_repository(&wanted).await?;
+        filter.repository_id = Some(one.map_or(wanted, |r| r.repository.as_str().to_owned()));
     }
     let purge = app
         .cache()
         .delete_matching(&filter, "admin", dry_run)
         .await?;
     Ok(deleted(purge, dry_run))
-}
-
-/// The one repository `wanted` names: the repository with that id, else the only one with that
-/// name; `None` if there is none; 409 if several share the name.
-async fn one_repository(app: &AppState, wanted: &str) -> Result<Option<String>, AdminError> {
-    let (_, found) = app.cache().repositories(Some(wanted), 100).await?;
-    if found.iter().any(|r| r.repository.as_str() == wanted) {
-        return Ok(Some(wanted.to_owned()));
-    }
-    match found.as_slice() {
-        [] => Ok(None),
-        [one] => Ok(Some(one.repository.as_str().to_owned())),
-        several => Err(AdminError(
-            StatusCode::CONFLICT,
-            format!(
-                "{} repositories are named {wanted:?} (ids {}); delete by repository id",
-                several.len(),
-                several
-                    .iter()
-                    .map(|r| format!("{:?}", r.repository.as_str()))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        )),
-    }
 }
 
 /// What the metadata and the entry bytes are kept in, for `status`.
