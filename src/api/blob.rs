@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::azure::{request_id, AzureError, API_VERSION};
 use super::query::Query;
-use super::transfer::{body_stream, drainable, serve_entry};
+use super::transfer::{body_stream, serve_entry, stored_from};
 use super::{blocklist, AppState};
 use crate::auth::signing::SignatureError;
 use crate::auth::{LinkId, LinkTarget};
@@ -130,11 +130,10 @@ async fn put(
                 ));
             }
             let declared = declared_length(&headers)?;
-            let (body, rest) = drainable(body_stream(body, idle));
-            if let Err(e) = cache.put_blob(target, body, declared).await {
-                rest.drain_after(&e).await;
-                return Err(e.into());
-            }
+            stored_from(body_stream(body, idle), |body| {
+                cache.put_blob(target, body, declared)
+            })
+            .await?;
             Ok(created(true))
         }
         Some("block") => {
@@ -147,11 +146,10 @@ async fn put(
             })?;
             let block = BlockId::parse(raw).map_err(CacheError::from)?;
             let declared = declared_length(&headers)?;
-            let (body, rest) = drainable(body_stream(body, idle));
-            if let Err(e) = cache.put_block(target, block, body, declared).await {
-                rest.drain_after(&e).await;
-                return Err(e.into());
-            }
+            stored_from(body_stream(body, idle), |body| {
+                cache.put_block(target, block, body, declared)
+            })
+            .await?;
             Ok(created(false))
         }
         Some("blocklist") => {

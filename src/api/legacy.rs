@@ -457,11 +457,10 @@ async fn upload(
         _ => {}
     }
     let body = transfer::body_stream(body, app.config().limits.idle_timeout);
-    let (body, rest) = transfer::drainable(body);
-    if let Err(e) = app.cache().stage_range(who, id, start, len, body).await {
-        rest.drain_after(&e).await;
-        return Err(e.into());
-    }
+    transfer::stored_from(body, |body| {
+        app.cache().stage_range(who, id, start, len, body)
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

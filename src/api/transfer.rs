@@ -41,14 +41,31 @@ pub(super) fn body_stream(body: Body, idle: std::time::Duration) -> ByteStream {
 const DRAIN_LIMIT: usize = 64 << 20;
 const DRAIN_TIME: Duration = Duration::from_secs(5);
 
+/// Hands the request body to `store` (a domain call that reads it) and answers what it did;
+/// after a transient failure, the rest of the body is read first (see [`Drainable::drain_after`]).
+pub(super) async fn stored_from<T, Fut>(
+    body: ByteStream,
+    store: impl FnOnce(ByteStream) -> Fut,
+) -> Result<T, crate::cache::CacheError>
+where
+    Fut: std::future::Future<Output = Result<T, crate::cache::CacheError>>,
+{
+    let (body, rest) = drainable(body);
+    let stored = store(body).await;
+    if let Err(e) = &stored {
+        rest.drain_after(e).await;
+    }
+    stored
+}
+
 /// A request body handed to the domain, and what it leaves unread.
 pub(super) struct Drainable {
     // Fused: the domain may have read it to its end, and a finished stream must not be polled.
     rest: std::sync::Arc<std::sync::Mutex<futures_util::stream::Fuse<ByteStream>>>,
 }
 
-/// `body` for the domain to read, and its remainder for [`Drainable::drain`].
-pub(super) fn drainable(body: ByteStream) -> (ByteStream, Drainable) {
+/// `body` for the domain to read, and its remainder for [`Drainable::drain_after`].
+fn drainable(body: ByteStream) -> (ByteStream, Drainable) {
     let rest = Drainable {
         rest: std::sync::Arc::new(std::sync::Mutex::new(body.fuse())),
     };
