@@ -270,7 +270,10 @@ impl Cache {
         &self,
         wanted: &str,
     ) -> Result<Option<RepositoryUsage>, CacheError> {
-        let (_, mut found) = self.repositories(Some(wanted), 100).await?;
+        // Written first: a repository known only by its misses so far must count too. The
+        // listing's count of every repository is not needed here.
+        self.write_usage().await?;
+        let mut found = self.meta.repositories(Some(wanted), 100).await?;
         if let Some(at) = found.iter().position(|r| r.repository.as_str() == wanted) {
             return Ok(Some(found.swap_remove(at)));
         }
