@@ -349,6 +349,8 @@ impl TestServer {
             let db = db.clone();
             let digest = tokio::task::spawn_blocking(move || {
                 let conn = rusqlite::Connection::open(db).unwrap();
+                // The server writes meanwhile: wait out a lock rather than fail on it.
+                conn.busy_timeout(Duration::from_secs(10)).unwrap();
                 conn.query_row("SELECT digest FROM entries WHERE id = ?", [id], |r| {
                     r.get::<_, String>(0)
                 })
