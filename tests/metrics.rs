@@ -264,11 +264,23 @@ async fn per_repository_lookups_are_capped() {
     );
     assert!(!m.keys().any(|k| k.contains("repository=\"6\"")));
 
-    // Off by default.
+    // Off by default, and so are the lookups per key family.
     let plain = TestServer::start().await;
-    plain.lookup(&main_token(), "k", &[], VERSION).await;
-    assert!(!scrape(&plain)
-        .await
+    let t = main_token();
+    plain
+        .save(&t, "deps-Linux-0123abcd4567", VERSION, b"data")
+        .await;
+    plain
+        .lookup(&t, "deps-Linux-89abcdef0123", &["deps-Linux-"], VERSION)
+        .await;
+    plain.lookup(&t, "absent-0123abcd4567", &[], VERSION).await;
+    let m = scrape(&plain).await;
+    assert_eq!(
+        value(&m, "hoard_lookups_total{outcome=\"restore_key_hit\"}"),
+        1.0,
+        "the lookups were counted"
+    );
+    assert!(!m
         .keys()
-        .any(|k| k.contains("repository_lookups")));
+        .any(|k| k.contains("repository_lookups") || k.contains("family_lookups")));
 }
