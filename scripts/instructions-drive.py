@@ -1,7 +1,9 @@
 # The load of scripts/count-instructions: N lookups or N small saves (1 KiB) over one
 # keep-alive connection, with an HS256 token signed by SECRET. `seed` saves the 8 entries the
 # lookups find.
-#   python3 instructions-drive.py PORT SECRET seed|lookups|saves N
+#   python3 instructions-drive.py PORT SECRET seed|lookups|restores|saves N
+# `lookups` asks for an exact key; `restores` asks for a key that misses with a restore key that
+# finds a seeded entry by its prefix (as a run whose lock file changed).
 import base64, hashlib, hmac, http.client, json, sys, time
 
 port, secret, mode, n = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -34,5 +36,9 @@ if mode == "seed":
 elif mode == "lookups":
     for i in range(n):
         assert twirp("GetCacheEntryDownloadURL", {"key": f"seed-{i % 8}", "version": V})["ok"]
+elif mode == "restores":
+    for i in range(n):
+        req = {"key": f"seed-{i % 8}-changed", "restore_keys": [f"seed-{i % 8}"], "version": V}
+        assert twirp("GetCacheEntryDownloadURL", req)["matched_key"] == f"seed-{i % 8}"
 elif mode == "saves":
     for i in range(n): save(f"small-{time.time_ns()}-{i}")
