@@ -10,8 +10,12 @@
 //! A save carries no restore keys, so the family a lookup gave its primary key is remembered for
 //! a while ([`MAX_REMEMBERED`]): the save that follows a miss lands in the lookup's family.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
+
+// Every lookup hashes a key into these maps: foldhash (randomly seeded) costs a fraction of
+// SipHash there, and the maps are bounded, so no client can grow a long collision chain.
+use foldhash::HashMap;
 
 use crate::meta::{MetaError, StatsStore};
 use crate::model::family::family_folded;
@@ -42,8 +46,11 @@ struct Pending {
     /// The row counted last, not yet in `counts`: a run of lookups of one family (a matrix
     /// build, a fleet restoring one cache) adds to it without hashing or copying a key.
     last: Option<(StatsKey, Counters)>,
-    /// (repository, folded primary key) → the family its latest lookup gave it.
-    lookup_families: HashMap<(RepoId, String), String>,
+    /// Repository → folded primary key → the family its latest lookup gave it; looked up by
+    /// borrowed keys, so a lookup of a key already here copies nothing.
+    lookup_families: HashMap<RepoId, HashMap<String, String>>,
+    /// How many keys `lookup_families` holds.
+    remembered: usize,
     /// (repository, family) → whether the store keeps it (else it counts as `other`).
     decided: HashMap<(RepoId, String), bool>,
 }
@@ -90,14 +97,9 @@ impl FamilyStats {
         let family = family_folded(primary.as_str(), primary_folded, restore);
         seen(family);
         let mut pending = self.pending();
-        if !restore.is_empty() {
-            if pending.lookup_families.len() >= MAX_REMEMBERED {
-                pending.lookup_families.clear();
-            }
-            pending.lookup_families.insert(
-                (repository.clone(), primary_folded.clone()),
-                family.to_owned(),
-            );
+        // Only a lookup whose primary key missed is followed by a save of that key.
+        if !restore.is_empty() && result != LookupResult::ExactHit {
+            pending.remember(repository, primary_folded, family);
         }
         pending.add(
             repository,
@@ -114,7 +116,8 @@ impl FamilyStats {
         let pending = self.pending();
         pending
             .lookup_families
-            .get(&(repository.clone(), folded.to_owned()))
+            .get(repository)
+            .and_then(|keys| keys.get(folded))
             .cloned()
             .unwrap_or_else(|| family_folded(key, folded, &[]).to_owned())
     }
@@ -240,6 +243,29 @@ impl FamilyStats {
 }
 
 impl Pending {
+    /// Remembers that a lookup of `key` gave `family`, for the save that may follow.
+    fn remember(&mut self, repository: &RepoId, key: &str, family: &str) {
+        if let Some(known) = self
+            .lookup_families
+            .get_mut(repository)
+            .and_then(|keys| keys.get_mut(key))
+        {
+            if known != family {
+                family.clone_into(known);
+            }
+            return;
+        }
+        if self.remembered >= MAX_REMEMBERED {
+            self.lookup_families.clear();
+            self.remembered = 0;
+        }
+        self.lookup_families
+            .entry(repository.clone())
+            .or_default()
+            .insert(key.to_owned(), family.to_owned());
+        self.remembered += 1;
+    }
+
     fn add(
         &mut self,
         repository: &RepoId,
@@ -328,6 +354,30 @@ mod tests {
         assert_eq!(
             stats.family_of_save(&RepoId::new("2"), k[0].as_str(), &f[0]),
             "Linux-cargo-"
+        );
+        // The latest lookup of the key wins.
+        let (k2, f2) = keys(&["Linux-cargo-abc123def456", "Linux-cargo-"]);
+        stats.lookup(&repo, &k2, &f2, RefClass::DefaultBranch, miss, 0, 6, |_| {});
+        assert_eq!(
+            stats.family_of_save(&repo, k[0].as_str(), &f[0]),
+            "Linux-cargo-"
+        );
+        // What is remembered is bounded: past the bound it starts over.
+        for i in 0..MAX_REMEMBERED {
+            let (k, f) = keys(&[&format!("other-{i}-abc123def456"), "other-"]);
+            stats.lookup(&repo, &k, &f, RefClass::DefaultBranch, miss, 0, 7, |_| {});
+        }
+        assert_eq!(stats.pending().remembered, 1);
+        let (last, last_folded) = keys(&[&format!("other-{}-abc123def456", MAX_REMEMBERED - 1)]);
+        assert_eq!(
+            stats.family_of_save(&repo, last[0].as_str(), &last_folded[0]),
+            "other-"
+        );
+        let (first, first_folded) = keys(&["other-0-abc123def456"]);
+        assert_eq!(
+            stats.family_of_save(&repo, first[0].as_str(), &first_folded[0]),
+            "other-0-",
+            "forgotten: the key's own family"
         );
     }
 

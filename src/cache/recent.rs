@@ -9,7 +9,8 @@
 //! sharing the database changes becomes visible here within the TTL (`--lookup-cache-ttl`); a
 //! TTL of zero turns the cache off. Memory is bounded by [`MAX_ANSWERS`].
 
-use std::collections::HashMap;
+// A fast, randomly seeded hasher: every lookup hashes its key here (see `family_stats`).
+use foldhash::HashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -74,7 +75,7 @@ impl<K: Hash + Eq, V> Recent<K, V> {
             ttl: ttl.as_millis() as Millis,
             inner: Mutex::new(Inner {
                 generation: 0,
-                answers: HashMap::new(),
+                answers: HashMap::default(),
             }),
         }
     }

@@ -8,7 +8,8 @@
 //! away, what is pending stays in memory (one slot per entry and per repository) and is written
 //! when it answers again.
 
-use std::collections::HashMap;
+// A fast, randomly seeded hasher: every restore or miss is counted here (see `family_stats`).
+use foldhash::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
