@@ -1,8 +1,9 @@
 //! Statistics by key family through the admin API (`GET stats`, `GET stats/families`): a known
-//! sequence of lookups, saves and a deletion by the real `@actions/cache` client gives exactly
-//! the expected counts per family, class of refs and hour, on SQLite, PostgreSQL and MariaDB;
-//! folding hours into days keeps the totals; the per-repository cap on families holds against a
-//! client sending 10,000 of them; `--metrics-families` caps its series.
+//! sequence of lookups and saves by the real `@actions/cache` client, an operator's deletion and
+//! an expiry by the maintenance pass gives exactly the expected counts per family, class of refs
+//! and hour, on SQLite, PostgreSQL and MariaDB; folding hours into days keeps the totals; the
+//! per-repository cap on families holds against a client sending 10,000 of them;
+//! `--metrics-families` caps its series.
 #![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
 
 mod common;
@@ -130,7 +131,8 @@ async fn two_hours(srv: &TestServer, family: &str, class: &str, since: i64) -> V
 
 /// The sequence: on the default branch a miss, its save, an exact hit; from a pull request a
 /// restore-key hit of that entry and a save of its own; an hour later a miss of another family
-/// and an operator deleting the pull request's entry.
+/// and an operator deleting the pull request's entry; a month later the maintenance pass
+/// expires the default branch's entry (unused for 7 days).
 async fn known_sequence_gives_exact_counts(database: Option<&str>) {
     // 10:00 two days ago: the sequence's two hours fall in one day whenever the test runs, so
     // the day they are folded into holds them both.
@@ -141,7 +143,7 @@ async fn known_sequence_gives_exact_counts(database: Option<&str>) {
         "--admin-token",
         ADMIN,
         "--unused-ttl",
-        "0s",
+        "7d",
         "--gc-interval",
         "1s",
     ];
@@ -345,6 +347,37 @@ async fn known_sequence_gives_exact_counts(database: Option<&str>) {
     assert_eq!(
         after["totals"], server["totals"],
         "folding keeps every total"
+    );
+
+    // The same pass expired the default branch's entry, unused for a month: an eviction in
+    // the hour it happened, in the entry's family and class.
+    let month_later = hoard::model::Bucket::Hour.floor(hoard::model::Clock::now(&*clock));
+    let expired_path = format!(
+        "stats?repository={REPO}&family=deps-Linux-&scope_class=default_branch&bucket=hour&since={}&until={}",
+        at(month_later),
+        at(month_later + HOUR)
+    );
+    let mut expired = Value::Null;
+    for _ in 0..200 {
+        expired = get(&srv, &expired_path).await;
+        if expired["series"][0]["evictions"].as_u64() != Some(0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        counts(&expired["series"][0]),
+        [0, 0, 0, 0, 0, 0, 0, 1],
+        "{expired}"
+    );
+    assert_eq!(
+        expired["series"][0]["evictions_by_cause"]["expired"], 1,
+        "{expired}"
+    );
+    assert_eq!(
+        get(&srv, "caches?repository=octo/stats").await["total_count"],
+        0,
+        "both entries are gone"
     );
     srv.stop().await;
 }
