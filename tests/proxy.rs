@@ -16,6 +16,7 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, post};
 use axum::{Json, Router};
+use base64::Engine as _;
 use common::process::Hoard;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
@@ -490,6 +491,10 @@ async fn namespace_secrets_and_the_admin_token_are_never_forwarded() {
     let job = format!("Bearer {}", common::main_token());
     let admin_bearer = format!("Bearer {ADMIN}");
     let admin_other = format!("token {ADMIN}");
+    let admin_basic = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("x-access-token:{ADMIN}"))
+    );
     for (path, authorization) in [
         (
             format!("/{SECRET}_apis/artifactcache/cache?keys=k&version=v"),
@@ -504,6 +509,7 @@ async fn namespace_secrets_and_the_admin_token_are_never_forwarded() {
         ("/_hoard%2Fapi/v1/status".to_owned(), admin_bearer.as_str()),
         ("/prefix/_hoard".to_owned(), admin_bearer.as_str()),
         ("/count".to_owned(), admin_other.as_str()),
+        ("/count".to_owned(), admin_basic.as_str()),
     ] {
         let res = http
             .get(format!("{}{path}", hoard.base))

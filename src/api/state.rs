@@ -120,17 +120,31 @@ impl AppState {
 }
 
 /// Whether an `Authorization` value is `token`, alone or after any scheme (`Bearer`, `token`,
-/// …), in any case and spacing. Compared through hashes, in constant time, as the admin API
+/// …), in any case and spacing, or as the user or the password of `Basic` credentials (as git
+/// and curl send a token). Compared through hashes, in constant time, as the admin API
 /// compares it.
 fn carries(value: &[u8], token: &[u8]) -> bool {
+    use base64::Engine as _;
     use sha2::{Digest, Sha256};
     let value = value.trim_ascii();
-    let after_scheme = value
-        .iter()
-        .position(|b| b.is_ascii_whitespace())
-        .map(|at| value[at..].trim_ascii());
+    let (scheme, after_scheme) = match value.iter().position(|b| b.is_ascii_whitespace()) {
+        Some(at) => (&value[..at], Some(value[at..].trim_ascii())),
+        None => (value, None),
+    };
+    let basic = after_scheme
+        .filter(|_| scheme.eq_ignore_ascii_case(b"basic"))
+        .and_then(|encoded| {
+            base64::engine::general_purpose::STANDARD
+                .decode(encoded)
+                .ok()
+        })
+        .unwrap_or_default();
+    let (user, password) = match basic.iter().position(|b| *b == b':') {
+        Some(at) => (Some(&basic[..at]), Some(&basic[at + 1..])),
+        None => (None, None),
+    };
     let expected = Sha256::digest(token);
-    [Some(value), after_scheme]
+    let carried = [Some(value), after_scheme, user, password]
         .into_iter()
         .flatten()
         .any(|credentials| {
@@ -140,7 +154,8 @@ fn carries(value: &[u8], token: &[u8]) -> bool {
                 .zip(expected.iter())
                 .fold(0u8, |acc, (x, y)| acc | (x ^ y))
                 == 0
-        })
+        });
+    carried
 }
 
 #[cfg(test)]
@@ -156,7 +171,19 @@ mod tests {
         ] {
             assert!(super::carries(value.as_bytes(), b"s3cret"), "{value:?}");
         }
-        for value in ["Bearer s3cre", "Bearer s3cretx", "Bearer other", ""] {
+        // Basic credentials: base64 of "x-access-token:s3cret" and of "s3cret:".
+        for value in ["Basic eC1hY2Nlc3MtdG9rZW46czNjcmV0", "basic czNjcmV0Og=="] {
+            assert!(super::carries(value.as_bytes(), b"s3cret"), "{value:?}");
+        }
+        for value in [
+            "Bearer s3cre",
+            "Bearer s3cretx",
+            "Bearer other",
+            "",
+            // "user:s3cretx", and a Basic value that is not base64.
+            "Basic dXNlcjpzM2NyZXR4",
+            "Basic s3cret:",
+        ] {
             assert!(!super::carries(value.as_bytes(), b"s3cret"), "{value:?}");
         }
     }
