@@ -25,6 +25,17 @@ impl Secret {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+
+    /// Whether `presented` is this secret, compared in constant time: both are hashed first,
+    /// so neither their lengths nor a common prefix shows in the time taken.
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        use sha2::{Digest, Sha256};
+        let (a, b) = (Sha256::digest(presented), Sha256::digest(&self.0));
+        a.iter()
+            .zip(b.iter())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+    }
 }
 
 impl fmt::Debug for Secret {
@@ -79,5 +90,14 @@ mod tests {
         let t: SecretText = "hunter2-hunter2".parse().unwrap();
         assert!(!format!("{t:?}").contains("hunter"));
         assert_eq!(t.expose(), "hunter2-hunter2");
+    }
+
+    #[test]
+    fn a_secret_matches_only_itself() {
+        let s = Secret::new(b"hunter2".to_vec());
+        assert!(s.matches(b"hunter2"));
+        for other in [&b"hunter"[..], b"hunter22", b"Hunter2", b""] {
+            assert!(!s.matches(other), "{other:?}");
+        }
     }
 }

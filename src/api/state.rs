@@ -12,6 +12,7 @@ use super::{admin, proxy};
 use crate::auth::{Callers, UrlSigner};
 use crate::cache::Cache;
 use crate::config::Limits;
+use crate::secret::Secret;
 
 /// What the HTTP layer needs to know of the configuration.
 #[derive(Debug, Clone)]
@@ -28,7 +29,7 @@ pub struct ApiConfig {
     /// Where requests that are not hoard's own go; `None` answers them with 404.
     pub upstream: Option<proxy::Upstream>,
     /// Turns on the admin API and dashboard (`None`: both answer 404).
-    pub admin_token: Option<crate::secret::Secret>,
+    pub admin_token: Option<Secret>,
     /// Whether `/metrics` is served on its own address instead (then 404 here).
     pub metrics_elsewhere: bool,
     /// When the server started, for `status`.
@@ -96,7 +97,7 @@ impl AppState {
         headers
             .get_all(axum::http::header::AUTHORIZATION)
             .iter()
-            .any(|value| carries(value.as_bytes(), token.expose()))
+            .any(|value| carries(value.as_bytes(), token))
     }
 
     /// Identifies a caller (see [`Callers::identify`]), counts how, and audits a refusal.
@@ -121,47 +122,37 @@ impl AppState {
 
 /// Whether an `Authorization` value is `token`, alone or after any scheme (`Bearer`, `token`,
 /// …), in any case and spacing, or as the user or the password of `Basic` credentials (as git
-/// and curl send a token). Compared through hashes, in constant time, as the admin API
-/// compares it.
-fn carries(value: &[u8], token: &[u8]) -> bool {
+/// and curl send a token). Compared as the admin API compares it ([`Secret::matches`]).
+fn carries(value: &[u8], token: &Secret) -> bool {
     use base64::Engine as _;
-    use sha2::{Digest, Sha256};
     let value = value.trim_ascii();
-    let (scheme, after_scheme) = match value.iter().position(|b| b.is_ascii_whitespace()) {
-        Some(at) => (&value[..at], Some(value[at..].trim_ascii())),
-        None => (value, None),
+    if token.matches(value) {
+        return true;
+    }
+    let Some(at) = value.iter().position(|b| b.is_ascii_whitespace()) else {
+        return false;
     };
-    let basic = after_scheme
-        .filter(|_| scheme.eq_ignore_ascii_case(b"basic"))
-        .and_then(|encoded| {
-            base64::engine::general_purpose::STANDARD
-                .decode(encoded)
-                .ok()
-        })
-        .unwrap_or_default();
-    let (user, password) = match basic.iter().position(|b| *b == b':') {
-        Some(at) => (Some(&basic[..at]), Some(&basic[at + 1..])),
-        None => (None, None),
+    let (scheme, credentials) = (&value[..at], value[at..].trim_ascii());
+    if token.matches(credentials) {
+        return true;
+    }
+    if !scheme.eq_ignore_ascii_case(b"basic") {
+        return false;
+    }
+    let Ok(decoded) = base64::engine::general_purpose::STANDARD.decode(credentials) else {
+        return false;
     };
-    let expected = Sha256::digest(token);
-    let carried = [Some(value), after_scheme, user, password]
-        .into_iter()
-        .flatten()
-        .any(|credentials| {
-            let presented = Sha256::digest(credentials);
-            presented
-                .iter()
-                .zip(expected.iter())
-                .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-                == 0
-        });
-    carried
+    decoded
+        .iter()
+        .position(|b| *b == b':')
+        .is_some_and(|at| token.matches(&decoded[..at]) || token.matches(&decoded[at + 1..]))
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
     fn the_admin_token_is_recognised_under_any_scheme() {
+        let token = crate::secret::Secret::new(b"s3cret".to_vec());
         for value in [
             "Bearer s3cret",
             "bearer  s3cret ",
@@ -169,11 +160,11 @@ mod tests {
             "s3cret",
             "BEARER\ts3cret",
         ] {
-            assert!(super::carries(value.as_bytes(), b"s3cret"), "{value:?}");
+            assert!(super::carries(value.as_bytes(), &token), "{value:?}");
         }
         // Basic credentials: base64 of "x-access-token:s3cret" and of "s3cret:".
         for value in ["Basic eC1hY2Nlc3MtdG9rZW46czNjcmV0", "basic czNjcmV0Og=="] {
-            assert!(super::carries(value.as_bytes(), b"s3cret"), "{value:?}");
+            assert!(super::carries(value.as_bytes(), &token), "{value:?}");
         }
         for value in [
             "Bearer s3cre",
@@ -184,7 +175,7 @@ mod tests {
             "Basic dXNlcjpzM2NyZXR4",
             "Basic s3cret:",
         ] {
-            assert!(!super::carries(value.as_bytes(), b"s3cret"), "{value:?}");
+            assert!(!super::carries(value.as_bytes(), &token), "{value:?}");
         }
     }
 }
