@@ -4,23 +4,15 @@
 #   python3 scripts/put-block-times.py PORT SECRET [BLOCKS]
 # against `hoard serve --token-hs256-secret-file FILE` whose FILE holds SECRET (see
 # scripts/count-instructions for the same set-up).
-import base64, hashlib, hmac, http.client, json, statistics, sys, time
+import base64, statistics, sys, time
+
+from hoard_load import Hoard
+
 port, secret = int(sys.argv[1]), sys.argv[2]
 blocks = int(sys.argv[3]) if len(sys.argv) > 3 else 10000
-b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
-header = b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
-claims = {"ac": json.dumps([{"Scope": "refs/heads/main", "Permission": 3}]), "repository_id": "1",
-          "exp": int(time.time()) + 3600, "sub": "bench"}
-body = b64(json.dumps(claims).encode())
-sig = b64(hmac.new(secret.encode(), f"{header}.{body}".encode(), hashlib.sha256).digest())
-token = f"{header}.{body}.{sig}"
-conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-SVC = "/twirp/github.actions.results.api.v1.CacheService/"
-V = "3ad75f27293d65a135214b8c82b296080f911dc107e52f1e7ec871a2eda46e69"
-conn.request("POST", SVC + "CreateCacheEntry", json.dumps({"key": f"blocks-{time.time_ns()}", "version": V}),
-             {"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
-r = conn.getresponse(); url = json.loads(r.read())["signed_upload_url"]
-path = url[url.index("/_blob"):]
+hoard = Hoard(port, secret)
+conn = hoard.conn
+path = hoard.upload_path(f"blocks-{time.time_ns()}")
 data = b"x" * 1024
 times = []
 def put(i):
