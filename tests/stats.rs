@@ -89,6 +89,20 @@ async fn get(srv: &TestServer, path: &str) -> Value {
     admin(srv, reqwest::Method::GET, path).await
 }
 
+/// `GET path` once `done` holds of its answer, or its last answer after 20 s: the maintenance
+/// pass runs every second (`--gc-interval 1s`), so what it does shows within a few.
+async fn after_a_pass(srv: &TestServer, path: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let mut seen = get(srv, path).await;
+    for _ in 0..200 {
+        if done(&seen) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        seen = get(srv, path).await;
+    }
+    seen
+}
+
 /// RFC 3339 (seconds) of `millis`, as the API spells bucket starts.
 fn at(millis: i64) -> String {
     let t = std::time::UNIX_EPOCH + Duration::from_millis(millis as u64);
@@ -322,15 +336,7 @@ async fn known_sequence_gives_exact_counts(database: Option<&str>) {
         at(day0),
         at(day0 + 2 * DAY)
     );
-    // The pass runs every second (`--gc-interval 1s`): poll for its result, up to 20 s.
-    let mut seen = Value::Null;
-    for _ in 0..200 {
-        seen = get(&srv, &hourly).await;
-        if seen["series"][0]["lookups"].as_u64() == Some(4) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let seen = after_a_pass(&srv, &hourly, |s| s["series"][0]["lookups"] == 4).await;
     assert_eq!(
         seen["series"][0]["lookups"], 4,
         "the hours were folded into their day's first bucket: {seen}"
@@ -357,14 +363,7 @@ async fn known_sequence_gives_exact_counts(database: Option<&str>) {
         at(month_later),
         at(month_later + HOUR)
     );
-    let mut expired = Value::Null;
-    for _ in 0..200 {
-        expired = get(&srv, &expired_path).await;
-        if expired["series"][0]["evictions"].as_u64() != Some(0) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let expired = after_a_pass(&srv, &expired_path, |s| s["series"][0]["evictions"] != 0).await;
     assert_eq!(
         counts(&expired["series"][0]),
         [0, 0, 0, 0, 0, 0, 0, 1],
