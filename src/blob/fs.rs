@@ -305,7 +305,7 @@ impl BlobStore for FsStore {
         //
         // A small chunk's SHA-256 costs less than its request and is computed here; a large
         // one's (a third of the CPU an upload costs) is left to the digest pass, which reads
-        // the chunk back from the page cache at the lowest CPU priority (`cache::digest_pass`).
+        // the chunk back from the page cache in the idle scheduling class (`cache::digest_pass`).
         let small = declared_len.is_some_and(|d| d <= SMALL);
         let mut staging = Staging {
             path: if small {
@@ -511,6 +511,10 @@ impl BlobStore for FsStore {
         _ttl: std::time::Duration,
     ) -> Result<Option<url::Url>, BlobError> {
         Ok(None)
+    }
+
+    fn local_path(&self, name: &BlobName) -> Option<PathBuf> {
+        Some(self.path_of(name))
     }
 
     fn kind(&self) -> &'static str {

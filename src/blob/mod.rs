@@ -161,6 +161,13 @@ pub trait BlobStore: Send + Sync + std::fmt::Debug + 'static {
 
     /// What kind of store this is, for the admin API's status: `file`, `s3`, `gcs`, `azure`.
     fn kind(&self) -> &'static str;
+
+    /// The file that holds `name`, for a store of local files: the digest pass reads it on its
+    /// own idle thread rather than through [`BlobStore::get`]'s tasks, which run at the
+    /// requests' priority. `None` for object storage.
+    fn local_path(&self, _name: &BlobName) -> Option<std::path::PathBuf> {
+        None
+    }
 }
 
 #[cfg(test)]

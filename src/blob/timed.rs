@@ -83,4 +83,8 @@ impl BlobStore for Timed {
     fn kind(&self) -> &'static str {
         self.inner.kind()
     }
+
+    fn local_path(&self, name: &BlobName) -> Option<std::path::PathBuf> {
+        self.inner.local_path(name)
+    }
 }

@@ -4,17 +4,20 @@
 //!
 //! It reads each such chunk back whole, usually from the page cache since it runs right after
 //! the finalize, and checks its XXH3 as a download does: a chunk damaged before its pass is
-//! quarantined, never given the digest of damaged bytes. The SHA-256 itself is computed on a
-//! thread of its own at the lowest CPU priority (nice 19): while requests keep every core busy
-//! it waits and digests lag behind; an idle moment catches up. Only that thread is lowered:
-//! the pass's database calls run at the requests' priority, so a starved thread never holds a
-//! lock a request waits for.
+//! quarantined, never given the digest of damaged bytes. The reading, the check and the SHA-256
+//! run on a thread of its own in the kernel's idle class (`SCHED_IDLE`): it runs only on a core
+//! nothing else wants, and a request's thread that wakes takes that core at once. While
+//! requests keep every core busy, digests lag behind; an idle moment catches up. Only that
+//! thread is lowered: the pass's database calls run at the requests' priority, so a starved
+//! thread never holds a lock a request waits for.
 //!
 //! The finalize that makes such an entry queues it. At start-up, and whenever the queue was
 //! full, the pass also walks the entries still without a digest: those a crash or a stopped
 //! replica left, and those saved before hoard recorded digests.
 
 use std::collections::VecDeque;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -24,7 +27,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use tokio_util::sync::CancellationToken;
 
 use super::backoff::Backoff;
-use super::integrity::Check;
+use super::integrity::{Check, WholeChunk};
 use super::{Cache, CacheError};
 use crate::model::{entry_digest, Chunk, EntryId};
 
@@ -36,6 +39,9 @@ const WALK_PAGE: usize = 100;
 
 /// Frames in flight to the hashing thread: memory stays a few I/O blocks.
 const FRAMES_IN_FLIGHT: usize = 4;
+
+/// What the hashing thread reads of a chunk file at a time, into one buffer it keeps.
+const READ_BLOCK: usize = 256 << 10;
 
 /// The entries waiting for the pass.
 #[derive(Debug)]
@@ -124,12 +130,28 @@ pub(super) enum Digested {
 
 /// What the hashing thread is given.
 enum Hash {
+    /// A chunk file to read whole here, checked as a download checks it.
+    File {
+        path: PathBuf,
+        chunk: Chunk,
+        reply: oneshot::Sender<std::io::Result<Hashed>>,
+    },
+    /// Bytes of a chunk read elsewhere (a store without local files).
     Frame(Bytes),
     /// The SHA-256 of the frames since the last one; the thread starts over.
     Finish(oneshot::Sender<[u8; 32]>),
 }
 
-/// SHA-256 on a thread of its own at nice 19, fed frames through a short channel.
+/// What hashing one chunk found.
+#[derive(Debug)]
+enum Hashed {
+    Intact([u8; 32]),
+    /// Damaged or missing, and how.
+    Damaged(String),
+}
+
+/// SHA-256 on a thread of its own in the idle class, given chunk files to read or frames
+/// through a short channel.
 pub(super) struct LowPriorityHasher {
     frames: mpsc::Sender<Hash>,
 }
@@ -143,8 +165,12 @@ impl LowPriorityHasher {
             .spawn(move || {
                 lowest_priority();
                 let mut sha256 = Sha256::new();
+                let mut buffer = vec![0; READ_BLOCK];
                 while let Some(job) = jobs.blocking_recv() {
                     match job {
+                        Hash::File { path, chunk, reply } => {
+                            let _ = reply.send(hash_file(&path, &chunk, &mut buffer));
+                        }
                         Hash::Frame(frame) => sha256.update(&frame),
                         Hash::Finish(reply) => {
                             let _ = reply.send(std::mem::take(&mut sha256).finalize().into());
@@ -155,6 +181,23 @@ impl LowPriorityHasher {
         Ok(Self { frames })
     }
 
+    /// Reads and hashes `chunk`'s file on the thread.
+    async fn file(&self, path: PathBuf, chunk: &Chunk) -> Result<Hashed, CacheError> {
+        let (reply, hashed) = oneshot::channel();
+        let job = Hash::File {
+            path,
+            chunk: chunk.clone(),
+            reply,
+        };
+        self.frames.send(job).await.map_err(|_| thread_gone())?;
+        hashed.await.map_err(|_| thread_gone())?.map_err(|source| {
+            CacheError::Storage(crate::blob::BlobError::Io {
+                what: format!("chunk {}", chunk.blob),
+                source,
+            })
+        })
+    }
+
     async fn update(&self, frame: Bytes) {
         // A send fails only once the thread is gone; `finish` then says so.
         let _ = self.frames.send(Hash::Frame(frame)).await;
@@ -162,18 +205,48 @@ impl LowPriorityHasher {
 
     async fn finish(&self) -> Result<[u8; 32], CacheError> {
         let (reply, digest) = oneshot::channel();
-        let gone = || {
-            CacheError::Storage(crate::blob::BlobError::Io {
-                what: "the digest thread".into(),
-                source: std::io::Error::other("it stopped"),
-            })
-        };
         self.frames
             .send(Hash::Finish(reply))
             .await
-            .map_err(|_| gone())?;
-        digest.await.map_err(|_| gone())
+            .map_err(|_| thread_gone())?;
+        digest.await.map_err(|_| thread_gone())
     }
+}
+
+fn thread_gone() -> CacheError {
+    CacheError::Storage(crate::blob::BlobError::Io {
+        what: "the digest thread".into(),
+        source: std::io::Error::other("it stopped"),
+    })
+}
+
+/// Reads the first `chunk.size` bytes of `path` (all a download reads), checks them as a
+/// download does and gives their SHA-256.
+fn hash_file(path: &Path, chunk: &Chunk, buffer: &mut [u8]) -> std::io::Result<Hashed> {
+    let file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Hashed::Damaged(format!("chunk {} is missing", chunk.blob)))
+        }
+        Err(e) => return Err(e),
+    };
+    let mut file = file.take(chunk.size);
+    let mut check = WholeChunk::new(chunk, Check::Fast);
+    let mut sha256 = Sha256::new();
+    loop {
+        let n = match file.read(buffer) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        check.update(&buffer[..n]);
+        sha256.update(&buffer[..n]);
+    }
+    Ok(match check.damage(chunk) {
+        None => Hashed::Intact(sha256.finalize().into()),
+        Some(how) => Hashed::Damaged(how),
+    })
 }
 
 impl Cache {
@@ -265,18 +338,13 @@ impl Cache {
         for placed in chunks {
             let mut chunk = placed.chunk;
             if chunk.sha256.is_none() {
-                let read = self
-                    .read_checked(&chunk, Check::Fast, |frame| hasher.update(frame))
-                    .await;
-                // Whatever the read gave (damage, an error half-way): the thread starts over,
-                // so the next chunk's SHA-256 is of its bytes only.
-                let sha256 = hasher.finish().await?;
-                let damage = read?;
-                if let Some(how) = damage {
-                    self.quarantine(id, how.clone()).await?;
-                    return Ok(Digested::Quarantined(how));
+                match self.chunk_sha256(hasher, &chunk).await? {
+                    Hashed::Intact(sha256) => chunk.sha256 = Some(sha256),
+                    Hashed::Damaged(how) => {
+                        self.quarantine(id, how.clone()).await?;
+                        return Ok(Digested::Quarantined(how));
+                    }
                 }
-                chunk.sha256 = Some(sha256);
             }
             hashed.push(chunk);
         }
@@ -290,11 +358,51 @@ impl Cache {
     }
 }
 
-/// Puts the calling thread at nice 19 (Linux: a thread's nice value is its own). Without it
-/// the pass still works, only at the requests' priority.
+impl Cache {
+    /// Reads `chunk` whole and gives its SHA-256, or how it is damaged. A local file is read on
+    /// the hashing thread; any other store's bytes come through [`Cache::read_checked`].
+    async fn chunk_sha256(
+        &self,
+        hasher: &LowPriorityHasher,
+        chunk: &Chunk,
+    ) -> Result<Hashed, CacheError> {
+        if let Some(path) = self.blobs.local_path(&chunk.blob) {
+            return hasher.file(path, chunk).await;
+        }
+        let read = self
+            .read_checked(chunk, Check::Fast, |frame| hasher.update(frame))
+            .await;
+        // Whatever the read gave (damage, an error half-way): the thread starts over, so the
+        // next chunk's SHA-256 is of its bytes only.
+        let sha256 = hasher.finish().await?;
+        Ok(match read? {
+            None => Hashed::Intact(sha256),
+            Some(how) => Hashed::Damaged(how),
+        })
+    }
+}
+
+/// Puts the calling thread in the kernel's idle scheduling class, at nice 19 as well where
+/// that class is refused. Linux gives a thread its own class and nice value. In the idle class
+/// a woken request's thread preempts this one at once, and the kernel places wakeups on a core
+/// running only it as on an idle core; at nice 19 alone, this thread kept a core for its time
+/// slice (a few milliseconds) before a woken request ran. Without either the pass still works,
+/// only at the requests' priority.
 fn lowest_priority() {
+    use thread_priority::unix::{
+        set_thread_priority_and_policy, thread_native_id, NormalThreadSchedulePolicy,
+        ThreadSchedulePolicy,
+    };
+    let idle = ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle);
+    if let Err(e) = set_thread_priority_and_policy(
+        thread_native_id(),
+        thread_priority::ThreadPriority::Min,
+        idle,
+    ) {
+        tracing::debug!(error = ?e, "the digest pass is not in the idle class");
+    }
     let thread = rustix::thread::gettid();
     if let Err(e) = rustix::process::setpriority_process(Some(thread), 19) {
-        tracing::debug!(error = %e, "the digest pass hashes at normal priority");
+        tracing::debug!(error = %e, "the digest pass is not at nice 19");
     }
 }

@@ -57,10 +57,47 @@ impl Hasher {
     }
 }
 
+/// A whole chunk's check as its bytes go by: its length, and the hash `check` picks.
+pub(super) struct WholeChunk {
+    hasher: Hasher,
+    seen: u64,
+}
+
+impl WholeChunk {
+    pub(super) fn new(chunk: &Chunk, check: Check) -> Self {
+        // Every chunk has at least one of the two: the stores record XXH3 since it was added,
+        // and SHA-256 before.
+        let xxh3 = |expected| Hasher::Xxh3(Box::new(xxhash_rust::xxh3::Xxh3::new()), expected);
+        let hasher = match (check, chunk.xxh3, chunk.sha256) {
+            (Check::Fast, Some(expected), _) | (Check::Full, Some(expected), None) => {
+                xxh3(expected)
+            }
+            _ => Hasher::Sha256(Sha256::new()),
+        };
+        Self { hasher, seen: 0 }
+    }
+
+    pub(super) fn update(&mut self, bytes: &[u8]) {
+        self.seen += bytes.len() as u64;
+        self.hasher.update(bytes);
+    }
+
+    /// `None` when the bytes seen are the whole of `chunk`, intact; else a sentence saying how
+    /// they are not.
+    pub(super) fn damage(self, chunk: &Chunk) -> Option<String> {
+        let seen = self.seen;
+        (seen != chunk.size || !self.hasher.matches(chunk)).then(|| {
+            format!(
+                "chunk {} does not match its recorded checksum ({seen} bytes read, {} recorded)",
+                chunk.blob, chunk.size
+            )
+        })
+    }
+}
+
 struct Checking {
     body: ByteStream,
-    hasher: Option<Hasher>,
-    seen: u64,
+    check: Option<WholeChunk>,
     /// The latest frame, sent once the next one arrives or the hash is checked.
     held: Option<Bytes>,
     expected: Chunk,
@@ -80,17 +117,9 @@ impl Checking {
 
 /// `body`, the whole of `chunk`, checked against the chunk's recorded length and hash.
 pub fn verified(body: ByteStream, chunk: &Chunk, check: Check, on_damage: OnDamage) -> ByteStream {
-    // Every chunk has at least one of the two: the stores record XXH3 since it was added, and
-    // SHA-256 before.
-    let xxh3 = |expected| Hasher::Xxh3(Box::new(xxhash_rust::xxh3::Xxh3::new()), expected);
-    let hasher = match (check, chunk.xxh3, chunk.sha256) {
-        (Check::Fast, Some(expected), _) | (Check::Full, Some(expected), None) => xxh3(expected),
-        _ => Hasher::Sha256(Sha256::new()),
-    };
     let state = Checking {
         body,
-        hasher: Some(hasher),
-        seen: 0,
+        check: Some(WholeChunk::new(chunk, check)),
         held: None,
         expected: chunk.clone(),
         on_damage: Some(on_damage),
@@ -103,9 +132,8 @@ pub fn verified(body: ByteStream, chunk: &Chunk, check: Check, on_damage: OnDama
         loop {
             match s.body.next().await {
                 Some(Ok(frame)) => {
-                    s.seen += frame.len() as u64;
-                    if let Some(h) = s.hasher.as_mut() {
-                        h.update(&frame);
+                    if let Some(check) = s.check.as_mut() {
+                        check.update(&frame);
                     }
                     if let Some(previous) = s.held.replace(frame) {
                         return Some((Ok(previous), s));
@@ -121,12 +149,8 @@ pub fn verified(body: ByteStream, chunk: &Chunk, check: Check, on_damage: OnDama
                     return Some((Err(e), s));
                 }
                 None => {
-                    let intact = s.hasher.take().is_some_and(|h| h.matches(&s.expected));
-                    if s.seen != s.expected.size || !intact {
-                        let how = format!(
-                            "chunk {} does not match its recorded checksum ({} bytes read, {} recorded)",
-                            s.expected.blob, s.seen, s.expected.size
-                        );
+                    let damage = s.check.take().and_then(|check| check.damage(&s.expected));
+                    if let Some(how) = damage {
                         let error = s.damaged(how);
                         return Some((Err(error), s));
                     }

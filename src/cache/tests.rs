@@ -39,13 +39,23 @@ fn world_limited(limits: lifecycle::Limits) -> World {
 }
 
 fn build_world(max_open_uploads: u32, max_entry_size: u64, limits: lifecycle::Limits) -> World {
+    build_world_over(max_open_uploads, max_entry_size, limits, |blobs| blobs)
+}
+
+/// A world whose cache sees the disk store through `store` (the test itself keeps the files).
+fn build_world_over(
+    max_open_uploads: u32,
+    max_entry_size: u64,
+    limits: lifecycle::Limits,
+    store: impl FnOnce(Arc<FsStore>) -> Arc<dyn BlobStore>,
+) -> World {
     let dir = tempfile::tempdir().unwrap();
     let meta = Arc::new(MemoryStore::new());
     let blobs = Arc::new(FsStore::open(dir.path()).unwrap());
     let clock = Arc::new(ManualClock::starting_at(crate::model::now_millis()));
     let cache = Cache::new(
         meta.clone(),
-        blobs.clone(),
+        store(blobs.clone()),
         Policy {
             reservation_ttl: TTL,
             sync_interval: Duration::from_secs(30),
@@ -1507,6 +1517,108 @@ async fn a_chunk_damaged_before_its_digest_pass_is_quarantined_never_digested() 
     );
 }
 
+/// The disk store seen as a store without local files (as object storage is): every call
+/// passes through, and [`BlobStore::local_path`] says `None`.
+#[derive(Debug)]
+struct NotLocal(Arc<FsStore>);
+
+#[async_trait::async_trait]
+impl BlobStore for NotLocal {
+    async fn put(
+        &self,
+        name: &BlobName,
+        body: ByteStream,
+        declared_len: Option<u64>,
+    ) -> Result<Chunk, crate::blob::BlobError> {
+        self.0.put(name, body, declared_len).await
+    }
+    async fn get(
+        &self,
+        name: &BlobName,
+        offset: u64,
+        len: u64,
+    ) -> Result<ByteStream, crate::blob::BlobError> {
+        self.0.get(name, offset, len).await
+    }
+    async fn delete(&self, name: &BlobName) -> Result<(), crate::blob::BlobError> {
+        self.0.delete(name).await
+    }
+    async fn list(&self) -> Result<crate::blob::NameStream, crate::blob::BlobError> {
+        self.0.list().await
+    }
+    async fn capacity(&self) -> Result<Option<crate::blob::Capacity>, crate::blob::BlobError> {
+        self.0.capacity().await
+    }
+    async fn ping(&self) -> Result<(), crate::blob::BlobError> {
+        self.0.ping().await
+    }
+    async fn sync(&self, force: bool) -> Result<(), crate::blob::BlobError> {
+        self.0.sync(force).await
+    }
+    fn lost_since(&self) -> Option<crate::model::Millis> {
+        self.0.lost_since()
+    }
+    async fn presigned_get(
+        &self,
+        name: &BlobName,
+        ttl: Duration,
+    ) -> Result<Option<url::Url>, crate::blob::BlobError> {
+        self.0.presigned_get(name, ttl).await
+    }
+    fn kind(&self) -> &'static str {
+        "not-local"
+    }
+}
+
+#[tokio::test]
+async fn the_digest_pass_reads_a_store_without_local_files_through_the_store() {
+    let w = build_world_over(1000, 1 << 30, limits(), |blobs| Arc::new(NotLocal(blobs)));
+    let me = who("1");
+    let data = large_payload();
+    let entry = w.save(&me, "k", &data).await;
+    let expected = format!("sha256:{}", hex::encode(sha256_of(&data)));
+    let hasher = hasher();
+    assert_eq!(
+        w.cache.digest_entry(&hasher, entry).await.unwrap(),
+        digest_pass::Digested::Recorded(expected)
+    );
+
+    // A flipped byte before the pass is found there too, and the same thread then hashes the
+    // next chunk from its first byte.
+    let damaged = w.save(&me, "j", &data).await;
+    w.flip_byte(damaged, 1_000_000).await;
+    let outcome = w.cache.digest_entry(&hasher, damaged).await.unwrap();
+    assert!(
+        matches!(outcome, digest_pass::Digested::Quarantined(_)),
+        "{outcome:?}"
+    );
+    let other: Vec<u8> = data.iter().rev().copied().collect();
+    let entry = w.save(&me, "i", &other).await;
+    assert_eq!(
+        w.cache.digest_entry(&hasher, entry).await.unwrap(),
+        digest_pass::Digested::Recorded(format!("sha256:{}", hex::encode(sha256_of(&other))))
+    );
+}
+
+#[tokio::test]
+async fn a_chunk_file_longer_than_recorded_is_digested_as_a_download_reads_it() {
+    // A download reads the recorded length only; the pass reads no more of the file either.
+    let w = world();
+    let me = who("1");
+    let data = large_payload();
+    let entry = w.save(&me, "k", &data).await;
+    let path = w.chunk_path(&w.blobs_of(entry).await[0]);
+    let mut longer = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    std::io::Write::write_all(&mut longer, b"trailing").unwrap();
+    assert_eq!(
+        w.cache.digest_entry(&hasher(), entry).await.unwrap(),
+        digest_pass::Digested::Recorded(format!("sha256:{}", hex::encode(sha256_of(&data))))
+    );
+}
+
 #[tokio::test]
 async fn verify_finds_a_flipped_byte_in_a_chunk_the_digest_pass_has_not_hashed() {
     let w = world_limited(limits());
@@ -1540,4 +1652,32 @@ async fn the_digest_queue_walks_at_start_and_after_an_overflow() {
         "what did not fit is found by a walk"
     );
     assert!(matches!(queue.next(), digest_pass::Next::Wait));
+}
+
+#[test]
+fn the_hashing_thread_runs_in_the_idle_class() {
+    const SCHED_IDLE: &str = "5";
+    let _hasher = hasher();
+    // The thread sets its class as it starts; look for it for a few seconds.
+    let policy = (0..500).find_map(|_| {
+        let found = std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(Result::ok)
+            .find(|task| {
+                std::fs::read_to_string(task.path().join("comm"))
+                    .is_ok_and(|comm| comm.trim() == "hoard-digest")
+            })
+            .and_then(|task| std::fs::read_to_string(task.path().join("stat")).ok())
+            .and_then(|stat| {
+                // Field 41 is the policy; the fields after the name start at field 3.
+                let after_name = stat.rsplit_once(") ")?.1.to_owned();
+                after_name.split(' ').nth(41 - 3).map(str::to_owned)
+            })
+            .filter(|policy| policy == SCHED_IDLE);
+        if found.is_none() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        found
+    });
+    assert_eq!(policy.as_deref(), Some(SCHED_IDLE));
 }
