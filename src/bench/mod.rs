@@ -543,6 +543,7 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
             let progress = progress::Progress::new(&t.label, round + 1, args.rounds);
             let tag = format!("{run_id}-{round}");
             let failed = |e| BenchFailure::Target(format!("{}: round {}: {e}", t.label, round + 1));
+            scenarios::drain_writeback().await;
             let cpu_before = procstat::self_cpu_seconds();
             let mut result = scenarios::run_round(&client, &plan, &data, &tag, &phases, &progress)
                 .await
@@ -568,6 +569,7 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
                     t.fleet_seeded = true;
                 }
                 let jobs = fleet.jobs(round, &tag, &sign).map_err(failed)?;
+                scenarios::drain_writeback().await;
                 let bar = progress.phase("fleet", jobs.len() as u64, "jobs");
                 let r = fleet::run(&client, fleet, &data, &jobs, &|| bar.inc(1)).await;
                 bar.finish(&format!(
