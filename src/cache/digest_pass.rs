@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 use super::backoff::Backoff;
 use super::integrity::{Check, WholeChunk};
 use super::{Cache, CacheError};
+use crate::blob::BlobError;
 use crate::model::{entry_digest, Chunk, EntryId};
 
 /// Entries queued at most; past it, the next walk finds the rest.
@@ -191,10 +192,11 @@ impl LowPriorityHasher {
         };
         self.frames.send(job).await.map_err(|_| thread_gone())?;
         hashed.await.map_err(|_| thread_gone())?.map_err(|source| {
-            CacheError::Storage(crate::blob::BlobError::Io {
+            BlobError::Io {
                 what: format!("chunk {}", chunk.blob),
                 source,
-            })
+            }
+            .into()
         })
     }
 
@@ -214,10 +216,11 @@ impl LowPriorityHasher {
 }
 
 fn thread_gone() -> CacheError {
-    CacheError::Storage(crate::blob::BlobError::Io {
+    BlobError::Io {
         what: "the digest thread".into(),
         source: std::io::Error::other("it stopped"),
-    })
+    }
+    .into()
 }
 
 /// Reads the first `chunk.size` bytes of `path` (all a download reads), checks them as a
@@ -226,7 +229,7 @@ fn hash_file(path: &Path, chunk: &Chunk, buffer: &mut [u8]) -> std::io::Result<H
     let file = match std::fs::File::open(path) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(Hashed::Damaged(format!("chunk {} is missing", chunk.blob)))
+            return Ok(Hashed::Damaged(super::integrity::missing(chunk)))
         }
         Err(e) => return Err(e),
     };

@@ -57,6 +57,11 @@ impl Hasher {
     }
 }
 
+/// How a chunk the metadata names but the store lacks is reported (and quarantined).
+pub(super) fn missing(chunk: &Chunk) -> String {
+    format!("chunk {} is missing", chunk.blob)
+}
+
 /// A whole chunk's check as its bytes go by: its length, and the hash `check` picks.
 pub(super) struct WholeChunk {
     hasher: Hasher,
@@ -225,9 +230,7 @@ impl Cache {
     {
         let stream = match self.blobs.get(&chunk.blob, 0, chunk.size).await {
             Ok(stream) => stream,
-            Err(BlobError::NotFound(_)) => {
-                return Ok(Some(format!("chunk {} is missing", chunk.blob)))
-            }
+            Err(BlobError::NotFound(_)) => return Ok(Some(missing(chunk))),
             Err(e) => return Err(e.into()),
         };
         let found = std::sync::Arc::new(std::sync::Mutex::new(None));

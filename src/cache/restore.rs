@@ -290,8 +290,7 @@ impl Cache {
             }
             Ok(stream) => Ok(stream),
             Err(BlobError::NotFound(_)) => {
-                self.quarantine(entry, format!("chunk {} is missing", chunk.blob))
-                    .await?;
+                self.quarantine(entry, integrity::missing(&chunk)).await?;
                 Err(CacheError::EntryNotFound)
             }
             Err(e) => Err(e.into()),
