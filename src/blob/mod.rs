@@ -25,6 +25,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::Stream;
 
+pub(crate) use digests::new_xxh3;
+#[cfg(any(test, feature = "test-util"))]
+pub(crate) use digests::xxh3_64;
 use digests::Digests;
 pub use fs::FsStore;
 pub use object::{ObjectStorage, ObjectStorageUrl};

@@ -37,14 +37,14 @@ pub enum Check {
 
 enum Hasher {
     Sha256(Sha256),
-    Xxh3(Box<xxhash_rust::xxh3::Xxh3>, u64),
+    Xxh3(Box<twox_hash::XxHash3_64>, u64),
 }
 
 impl Hasher {
     fn update(&mut self, bytes: &[u8]) {
         match self {
             Self::Sha256(h) => h.update(bytes),
-            Self::Xxh3(h, _) => h.update(bytes),
+            Self::Xxh3(h, _) => std::hash::Hasher::write(h.as_mut(), bytes),
         }
     }
 
@@ -52,7 +52,7 @@ impl Hasher {
     fn matches(self, chunk: &Chunk) -> bool {
         match self {
             Self::Sha256(h) => Some(<[u8; 32]>::from(h.finalize())) == chunk.sha256,
-            Self::Xxh3(h, expected) => h.digest() == expected,
+            Self::Xxh3(h, expected) => std::hash::Hasher::finish(h.as_ref()) == expected,
         }
     }
 }
@@ -72,7 +72,7 @@ impl WholeChunk {
     pub(super) fn new(chunk: &Chunk, check: Check) -> Self {
         // Every chunk has at least one of the two: the stores record XXH3 since it was added,
         // and SHA-256 before.
-        let xxh3 = |expected| Hasher::Xxh3(Box::new(xxhash_rust::xxh3::Xxh3::new()), expected);
+        let xxh3 = |expected| Hasher::Xxh3(crate::blob::new_xxh3(), expected);
         let hasher = match (check, chunk.xxh3, chunk.sha256) {
             (Check::Fast, Some(expected), _) | (Check::Full, Some(expected), None) => {
                 xxh3(expected)
@@ -281,7 +281,7 @@ mod tests {
             blob: BlobName::random(),
             size: data.len() as u64,
             sha256: Some(Sha256::digest(data).into()),
-            xxh3: Some(xxhash_rust::xxh3::xxh3_64(data)),
+            xxh3: Some(crate::blob::xxh3_64(data)),
         }
     }
 
