@@ -35,6 +35,8 @@ use crate::tls::Reloadable;
 pub struct App {
     pub router: Router,
     pub metrics: Arc<Metrics>,
+    /// Marked by every request of the cache's protocols.
+    pub traffic: Arc<crate::cache::Traffic>,
 }
 
 /// Serves every accepted connection in a task of its own.
@@ -225,6 +227,9 @@ impl tower::Service<Request<Incoming>> for Tracked {
         // Counted here rather than in a router middleware, which costs allocations per
         // request; the label comes from the path as the router would route it.
         let route = crate::api::route_label(req.uri().path());
+        if crate::api::is_cache_route(route) {
+            self.app.traffic.request();
+        }
         let started = Instant::now();
         Box::pin(async move {
             let response = tower::Service::call(&mut router, req.map(Body::new)).await?;

@@ -297,6 +297,7 @@ pub async fn serve(
     builder.http2().timer(TokioTimer::new());
     let app = conn::App {
         metrics: state.cache().metrics().clone(),
+        traffic: state.cache().traffic(),
         router: api::router(state),
     };
     let connections = conn::Connections::new(

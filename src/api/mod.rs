@@ -30,7 +30,7 @@ mod twirp;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-pub use router::{metrics_router, route_label, router, ROUTE_LABELS};
+pub use router::{is_cache_route, metrics_router, route_label, router, ROUTE_LABELS};
 pub use state::{ApiConfig, AppState};
 
 /// A JSON answer (`Content-Type: application/json`), with `Retry-After` when given: the shape

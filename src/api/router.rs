@@ -49,6 +49,12 @@ pub fn route_label(path: &str) -> &'static str {
     }
 }
 
+/// Whether a request under `label` (from [`route_label`]) is one of the cache's protocols, as
+/// opposed to the operator's (admin API, dashboard, metrics, health).
+pub fn is_cache_route(label: &str) -> bool {
+    label.starts_with("/twirp/") || label.starts_with("/_blob/") || label.starts_with("/_apis/")
+}
+
 /// Every label [`route_label`] gives, so that metrics keep their handles (see
 /// `Metrics::with_routes`).
 pub const ROUTE_LABELS: &[&str] = &[
@@ -182,7 +188,7 @@ async fn fallback(
 
 #[cfg(test)]
 mod tests {
-    use super::{route_label, ROUTE_LABELS};
+    use super::{is_cache_route, route_label, ROUTE_LABELS};
     use crate::api::{legacy, twirp};
 
     #[test]
@@ -221,6 +227,31 @@ mod tests {
         ] {
             assert_eq!(route_label(path), label, "{path}");
             assert!(ROUTE_LABELS.contains(&label), "{label} has kept handles");
+        }
+    }
+
+    #[test]
+    fn only_the_cache_protocols_count_as_the_caches_traffic() {
+        for path in [
+            "/twirp/github.actions.results.api.v1.CacheService/GetCacheEntryDownloadURL",
+            "/twirp/github.actions.results.api.v1.CacheService/Nope",
+            "/_blob/uploads/12",
+            "/_blob/entries/7",
+            "/_apis/artifactcache/cache",
+            "/secret/_apis/artifactcache/caches/9",
+            "/_apis/artifactcache/nope",
+        ] {
+            assert!(is_cache_route(route_label(path)), "{path}");
+        }
+        for path in [
+            "/metrics",
+            "/healthz",
+            "/readyz",
+            "/_hoard/api/v1/caches/3",
+            "/_hoard/app.js",
+            "/other",
+        ] {
+            assert!(!is_cache_route(route_label(path)), "{path}");
         }
     }
 }

@@ -11,6 +11,9 @@
 //! thread is lowered: the pass's database calls run at the requests' priority, so a starved
 //! thread never holds a lock a request waits for.
 //!
+//! It also keeps out of the requests' way beyond the idle class: an entry waits until the cache
+//! has been quiet for a moment, or until it has waited long enough (see [`super::pacing`]).
+//!
 //! The finalize that makes such an entry queues it. At start-up, and whenever the queue was
 //! full, the pass also walks the entries still without a digest: those a crash or a stopped
 //! replica left, and those saved before hoard recorded digests.
@@ -18,7 +21,7 @@
 use std::collections::VecDeque;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -28,9 +31,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::backoff::Backoff;
 use super::integrity::{Check, WholeChunk};
+use super::pacing::Traffic;
 use super::{Cache, CacheError};
 use crate::blob::BlobError;
-use crate::model::{entry_digest, Chunk, EntryId};
+use crate::model::{entry_digest, Chunk, EntryId, Millis};
 
 /// Entries queued at most; past it, the next walk finds the rest.
 pub(super) const QUEUE_CAPACITY: usize = 10_000;
@@ -49,18 +53,24 @@ const READ_BLOCK: usize = 256 << 10;
 pub(super) struct DigestQueue {
     pending: Mutex<Pending>,
     wake: Notify,
+    /// The cache's requests, which the pass keeps out of the way of.
+    pub(super) traffic: Arc<Traffic>,
 }
 
 #[derive(Debug)]
 struct Pending {
-    ids: VecDeque<EntryId>,
+    /// Entries, and when they were queued (on the traffic's clock).
+    ids: VecDeque<(EntryId, Millis)>,
+    /// The entry being digested, if any: still pending.
+    digesting: bool,
     /// Entries may be waiting that the queue does not hold: walk the database for them.
     walk: bool,
 }
 
 /// What the pass does next.
 pub(super) enum Next {
-    Entry(EntryId),
+    /// An entry, and when it was queued.
+    Entry(EntryId, Millis),
     Walk,
     Wait,
 }
@@ -71,20 +81,32 @@ impl Default for DigestQueue {
             // A new process walks first.
             pending: Mutex::new(Pending {
                 ids: VecDeque::new(),
+                digesting: false,
                 walk: true,
             }),
             wake: Notify::new(),
+            traffic: Arc::default(),
         }
     }
 }
 
 impl DigestQueue {
+    /// A queue whose pass follows `traffic` (tests give it a clock they move).
+    #[cfg(test)]
+    pub(super) fn with_traffic(traffic: Arc<Traffic>) -> Self {
+        Self {
+            traffic,
+            ..Self::default()
+        }
+    }
+
     /// Queues an entry that awaits its digest.
     pub(super) fn push(&self, id: EntryId) {
         {
             let mut pending = self.lock();
             if pending.ids.len() < QUEUE_CAPACITY {
-                pending.ids.push_back(id);
+                let queued = self.traffic.now();
+                pending.ids.push_back((id, queued));
             } else {
                 pending.walk = true;
             }
@@ -92,9 +114,10 @@ impl DigestQueue {
         self.wake.notify_one();
     }
 
-    /// How many entries are queued.
+    /// How many entries await their digest: those queued and the one being digested.
     pub(super) fn len(&self) -> usize {
-        self.lock().ids.len()
+        let pending = self.lock();
+        pending.ids.len() + usize::from(pending.digesting)
     }
 
     /// After a failure: walk again once the pass is back.
@@ -102,15 +125,22 @@ impl DigestQueue {
         self.lock().walk = true;
     }
 
+    /// What the pass does next; an entry taken counts as pending until [`DigestQueue::done`].
     pub(super) fn next(&self) -> Next {
         let mut pending = self.lock();
-        if let Some(id) = pending.ids.pop_front() {
-            Next::Entry(id)
+        if let Some((id, queued)) = pending.ids.pop_front() {
+            pending.digesting = true;
+            Next::Entry(id, queued)
         } else if std::mem::take(&mut pending.walk) {
             Next::Walk
         } else {
             Next::Wait
         }
+    }
+
+    /// The entry [`DigestQueue::next`] gave is digested, or left to a later walk.
+    fn done(&self) {
+        self.lock().digesting = false;
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
@@ -272,10 +302,14 @@ impl Cache {
             // Stopping drops an entry half hashed: nothing of it is recorded before its end,
             // and the next start walks it again.
             let round = match self.digests.next() {
-                Next::Entry(id) => tokio::select! {
-                    _ = stop.cancelled() => return,
-                    done = self.digest_entry(hasher, id) => done.map(drop),
-                },
+                Next::Entry(id, queued) => {
+                    let done = tokio::select! {
+                        _ = stop.cancelled() => return,
+                        done = self.digest_entry(hasher, id, Some(queued)) => done.map(drop),
+                    };
+                    self.digests.done();
+                    done
+                }
                 Next::Walk => tokio::select! {
                     _ = stop.cancelled() => return,
                     done = self.walk_for_digests(hasher) => done,
@@ -315,6 +349,7 @@ impl Cache {
 
     /// Digests every entry the database holds without a digest, in id order.
     async fn walk_for_digests(&self, hasher: &LowPriorityHasher) -> Result<(), CacheError> {
+        let started = self.digests.traffic.now();
         let mut after = EntryId::new(0);
         loop {
             let ids = self.meta.entries_awaiting_digest(after, WALK_PAGE).await?;
@@ -323,16 +358,19 @@ impl Cache {
             };
             after = *last;
             for id in ids {
-                self.digest_entry(hasher, id).await?;
+                self.digest_entry(hasher, id, Some(started)).await?;
             }
         }
     }
 
-    /// Records the SHA-256 of each chunk of `id` that lacks one, and the entry's digest.
+    /// Records the SHA-256 of each chunk of `id` that lacks one, and the entry's digest. With
+    /// `queued` (when the entry was queued), each chunk first waits for the cache's traffic to
+    /// let it run (see [`super::pacing`]); without, it runs at once.
     pub(super) async fn digest_entry(
         &self,
         hasher: &LowPriorityHasher,
         id: EntryId,
+        queued: Option<Millis>,
     ) -> Result<Digested, CacheError> {
         let Some((_, chunks)) = self.meta.entry(id).await? else {
             return Ok(Digested::Gone);
@@ -341,6 +379,9 @@ impl Cache {
         for placed in chunks {
             let mut chunk = placed.chunk;
             if chunk.sha256.is_none() {
+                if let Some(queued) = queued {
+                    self.digests.traffic.until_ready(queued).await;
+                }
                 match self.chunk_sha256(hasher, &chunk).await? {
                     Hashed::Intact(sha256) => chunk.sha256 = Some(sha256),
                     Hashed::Damaged(how) => {

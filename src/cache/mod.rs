@@ -20,6 +20,7 @@ pub mod insight;
 mod integrity;
 pub mod lifecycle;
 pub mod matching;
+mod pacing;
 pub mod policy;
 mod ranges;
 pub mod recent;
@@ -38,6 +39,7 @@ use crate::meta::{MetaError, MetaStore};
 use crate::model::{BlobName, Clipped, Clock, EntryId, Scope, Slot};
 
 pub use error::CacheError;
+pub use pacing::Traffic;
 pub use restore::{slices, Hit, OpenEntry};
 use save::LinkedUpload;
 
@@ -164,6 +166,12 @@ impl Cache {
             let _ = maintenance.await;
             let _ = digests.await;
         })
+    }
+
+    /// Where the server marks the cache's requests as they arrive; background work keeps out
+    /// of their way (see [`pacing`]).
+    pub fn traffic(&self) -> Arc<Traffic> {
+        self.digests.traffic.clone()
     }
 
     /// What this process counts (see [`crate::metrics`]).

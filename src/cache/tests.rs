@@ -1435,7 +1435,7 @@ async fn a_large_entry_gets_its_sha256_and_digest_from_the_digest_pass() {
         .await
         .unwrap();
     assert_eq!(awaiting, [large]);
-    assert!(matches!(w.cache.digests.next(), digest_pass::Next::Entry(id) if id == large));
+    assert!(matches!(w.cache.digests.next(), digest_pass::Next::Entry(id, _) if id == large));
 
     // Before the pass: downloads and verify check the XXH3.
     assert_eq!(w.restore(&me, "large").await.unwrap(), data);
@@ -1444,7 +1444,7 @@ async fn a_large_entry_gets_its_sha256_and_digest_from_the_digest_pass() {
 
     let expected = format!("sha256:{}", hex::encode(sha256_of(&data)));
     assert_eq!(
-        w.cache.digest_entry(&hasher(), large).await.unwrap(),
+        w.cache.digest_entry(&hasher(), large, None).await.unwrap(),
         digest_pass::Digested::Recorded(expected.clone())
     );
     let (_, chunks) = w.meta.entry(large).await.unwrap().unwrap();
@@ -1457,7 +1457,7 @@ async fn a_large_entry_gets_its_sha256_and_digest_from_the_digest_pass() {
         .is_empty());
     // Once more (a walk after a restart) changes nothing.
     assert_eq!(
-        w.cache.digest_entry(&hasher(), large).await.unwrap(),
+        w.cache.digest_entry(&hasher(), large, None).await.unwrap(),
         digest_pass::Digested::Recorded(expected)
     );
     // After it, verify checks the SHA-256, and the entry still downloads.
@@ -1481,7 +1481,7 @@ async fn a_block_entry_is_known_by_its_chunks_digests_once_each_is_hashed() {
         hex::encode(sha2::Digest::finalize(list))
     );
     assert_eq!(
-        w.cache.digest_entry(&hasher(), entry).await.unwrap(),
+        w.cache.digest_entry(&hasher(), entry, None).await.unwrap(),
         digest_pass::Digested::Recorded(expected)
     );
 }
@@ -1494,7 +1494,7 @@ async fn a_chunk_damaged_before_its_digest_pass_is_quarantined_never_digested() 
     let entry = w.save(&me, "k", &data).await;
     w.flip_byte(entry, 1_000_000).await;
 
-    let outcome = w.cache.digest_entry(&hasher(), entry).await.unwrap();
+    let outcome = w.cache.digest_entry(&hasher(), entry, None).await.unwrap();
     assert!(
         matches!(outcome, digest_pass::Digested::Quarantined(_)),
         "{outcome:?}"
@@ -1503,14 +1503,14 @@ async fn a_chunk_damaged_before_its_digest_pass_is_quarantined_never_digested() 
     assert_eq!(w.restore(&me, "k").await, None, "the next lookup misses");
     assert_eq!(w.cache.quarantined_count(), 1);
     assert_eq!(
-        w.cache.digest_entry(&hasher(), entry).await.unwrap(),
+        w.cache.digest_entry(&hasher(), entry, None).await.unwrap(),
         digest_pass::Digested::Gone
     );
 
     // A missing chunk likewise.
     let entry = w.save(&me, "j", &data).await;
     std::fs::remove_file(w.chunk_path(&w.blobs_of(entry).await[0])).unwrap();
-    let outcome = w.cache.digest_entry(&hasher(), entry).await.unwrap();
+    let outcome = w.cache.digest_entry(&hasher(), entry, None).await.unwrap();
     assert!(
         matches!(outcome, digest_pass::Digested::Quarantined(_)),
         "{outcome:?}"
@@ -1579,7 +1579,7 @@ async fn the_digest_pass_reads_a_store_without_local_files_through_the_store() {
     let expected = format!("sha256:{}", hex::encode(sha256_of(&data)));
     let hasher = hasher();
     assert_eq!(
-        w.cache.digest_entry(&hasher, entry).await.unwrap(),
+        w.cache.digest_entry(&hasher, entry, None).await.unwrap(),
         digest_pass::Digested::Recorded(expected)
     );
 
@@ -1587,7 +1587,7 @@ async fn the_digest_pass_reads_a_store_without_local_files_through_the_store() {
     // next chunk from its first byte.
     let damaged = w.save(&me, "j", &data).await;
     w.flip_byte(damaged, 1_000_000).await;
-    let outcome = w.cache.digest_entry(&hasher, damaged).await.unwrap();
+    let outcome = w.cache.digest_entry(&hasher, damaged, None).await.unwrap();
     assert!(
         matches!(outcome, digest_pass::Digested::Quarantined(_)),
         "{outcome:?}"
@@ -1595,7 +1595,7 @@ async fn the_digest_pass_reads_a_store_without_local_files_through_the_store() {
     let other: Vec<u8> = data.iter().rev().copied().collect();
     let entry = w.save(&me, "i", &other).await;
     assert_eq!(
-        w.cache.digest_entry(&hasher, entry).await.unwrap(),
+        w.cache.digest_entry(&hasher, entry, None).await.unwrap(),
         digest_pass::Digested::Recorded(format!("sha256:{}", hex::encode(sha256_of(&other))))
     );
 }
@@ -1614,7 +1614,7 @@ async fn a_chunk_file_longer_than_recorded_is_digested_as_a_download_reads_it() 
         .unwrap();
     std::io::Write::write_all(&mut longer, b"trailing").unwrap();
     assert_eq!(
-        w.cache.digest_entry(&hasher(), entry).await.unwrap(),
+        w.cache.digest_entry(&hasher(), entry, None).await.unwrap(),
         digest_pass::Digested::Recorded(format!("sha256:{}", hex::encode(sha256_of(&data))))
     );
 }
@@ -1645,13 +1645,79 @@ async fn the_digest_queue_walks_at_start_and_after_an_overflow() {
         queue.push(EntryId::new(i + 1));
     }
     for i in 0..digest_pass::QUEUE_CAPACITY as i64 {
-        assert!(matches!(queue.next(), digest_pass::Next::Entry(id) if id == EntryId::new(i + 1)));
+        assert!(
+            matches!(queue.next(), digest_pass::Next::Entry(id, _) if id == EntryId::new(i + 1))
+        );
     }
     assert!(
         matches!(queue.next(), digest_pass::Next::Walk),
         "what did not fit is found by a walk"
     );
     assert!(matches!(queue.next(), digest_pass::Next::Wait));
+}
+
+async fn has_sha256(meta: &MemoryStore, id: EntryId) -> bool {
+    let (_, chunks) = meta.entry(id).await.unwrap().unwrap();
+    chunks.iter().all(|c| c.chunk.sha256.is_some())
+}
+
+/// Polls (for up to 20 s, a busy machine's worst) until `id` has its SHA-256, marking a request
+/// before each look when `traffic` is given.
+async fn until_sha256(meta: &MemoryStore, id: EntryId, traffic: Option<&pacing::Traffic>) -> bool {
+    for _ in 0..2000 {
+        if let Some(traffic) = traffic {
+            traffic.request();
+        }
+        if has_sha256(meta, id).await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn the_digest_pass_waits_for_a_quiet_moment_or_until_an_entry_has_waited_its_longest() {
+    let mut w = world();
+    let clock = Arc::new(ManualClock::starting_at(0));
+    let traffic = Arc::new(pacing::Traffic::new(clock.clone()));
+    w.cache.digests = Arc::new(digest_pass::DigestQueue::with_traffic(traffic.clone()));
+    let me = who("1");
+    let data = large_payload();
+    traffic.request();
+    let first = w.save(&me, "first", &data).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let pass = w.cache.spawn_digest_pass(stop.clone());
+
+    // Requests keep coming: the entry waits (a pass that did not would hash it in milliseconds).
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        clock.advance(Duration::from_millis(100));
+        traffic.request();
+        assert!(!has_sha256(&w.meta, first).await, "hashed amid requests");
+    }
+    assert_eq!(w.cache.digests.len(), 1, "still pending");
+    // Quiet for long enough: it runs.
+    clock.advance(pacing::QUIET);
+    assert!(
+        until_sha256(&w.meta, first, None).await,
+        "hashed once quiet"
+    );
+
+    // Under unbroken requests, an entry runs once it has waited its longest.
+    traffic.request();
+    let second = w.save(&me, "second", &data).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    traffic.request();
+    assert!(!has_sha256(&w.meta, second).await, "hashed amid requests");
+    clock.advance(pacing::MAX_DEFERRAL);
+    assert!(
+        until_sha256(&w.meta, second, Some(&traffic)).await,
+        "hashed once overdue, requests or not"
+    );
+    assert_eq!(w.cache.digests.len(), 0);
+    stop.cancel();
+    pass.await.unwrap();
 }
 
 #[test]
