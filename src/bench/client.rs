@@ -262,6 +262,25 @@ impl Client {
         Ok(pos as u64)
     }
 
+    /// Entries the server has yet to digest in the background (`hoard_digests_pending` in its
+    /// metrics), or `None` for a server that does not say.
+    pub async fn digests_pending(&self) -> Option<u64> {
+        let res = self
+            .http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .ok()?;
+        if !res.status().is_success() {
+            return None;
+        }
+        let text = res.text().await.ok()?;
+        let value = text
+            .lines()
+            .find_map(|line| line.strip_prefix("hoard_digests_pending "))?;
+        value.trim().parse::<f64>().ok().map(|n| n as u64)
+    }
+
     /// Lookup then download: what a restore does.
     pub async fn restore(&self, key: &str, version: &str, expected: &Bytes) -> Result<u64> {
         match self.lookup(key, &[], version).await? {

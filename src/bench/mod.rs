@@ -595,6 +595,7 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
                 result.fleet = Some(r);
             }
             t.client_cpu += procstat::self_cpu_seconds() - cpu_before;
+            scenarios::settle(&client).await;
             t.rounds.push(result);
         }
     }

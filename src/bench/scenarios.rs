@@ -277,6 +277,20 @@ pub async fn drain_writeback() {
     let _ = tokio::task::spawn_blocking(rustix::fs::sync).await;
 }
 
+/// Waits, untimed, until the target has finished the background work its round left (a hoard's
+/// digest pass, which waits for the requests to stop), so that the work does not run while
+/// the next target is measured. Its CPU still counts in the target's server CPU. Gives up
+/// after five minutes; a server that does not report such work is not waited for.
+pub async fn settle(client: &Client) {
+    let give_up = Instant::now() + std::time::Duration::from_secs(300);
+    while let Some(pending) = client.digests_pending().await {
+        if pending == 0 || Instant::now() > give_up {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 /// Lookups at 64 concurrent: hits on this round's entries, half through a restore key.
 async fn lookups(
     client: &Client,
