@@ -227,9 +227,8 @@ impl tower::Service<Request<Incoming>> for Tracked {
         // Counted here rather than in a router middleware, which costs allocations per
         // request; the label comes from the path as the router would route it.
         let route = crate::api::route_label(req.uri().path());
-        if crate::api::is_cache_route(route) {
-            self.app.traffic.request();
-        }
+        // The cache's requests hold its background work back until they end.
+        let serving = crate::api::is_cache_route(route).then(|| self.app.traffic.begin());
         let started = Instant::now();
         Box::pin(async move {
             let response = tower::Service::call(&mut router, req.map(Body::new)).await?;
@@ -238,6 +237,7 @@ impl tower::Service<Request<Incoming>> for Tracked {
                 Body::new(Counted {
                     body,
                     _guard: guard,
+                    _serving: serving,
                 })
             }))
         })
@@ -248,6 +248,7 @@ impl tower::Service<Request<Incoming>> for Tracked {
 struct Counted {
     body: Body,
     _guard: InFlight,
+    _serving: Option<crate::cache::Serving>,
 }
 
 impl http_body::Body for Counted {

@@ -159,12 +159,17 @@ pub(super) enum Digested {
     Gone,
 }
 
+/// The cache's traffic, and when the entry was queued (see [`Traffic::wait_for`]).
+pub(super) type Pace = (Arc<Traffic>, Millis);
+
 /// What the hashing thread is given.
 enum Hash {
     /// A chunk file to read whole here, checked as a download checks it.
     File {
         path: PathBuf,
         chunk: Chunk,
+        /// The traffic to wait for before each block, and when the entry was queued.
+        pace: Option<Pace>,
         reply: oneshot::Sender<std::io::Result<Hashed>>,
     },
     /// Bytes of a chunk read elsewhere (a store without local files).
@@ -175,7 +180,7 @@ enum Hash {
 
 /// What hashing one chunk found.
 #[derive(Debug)]
-enum Hashed {
+pub(super) enum Hashed {
     Intact([u8; 32]),
     /// Damaged or missing, and how.
     Damaged(String),
@@ -199,8 +204,13 @@ impl LowPriorityHasher {
                 let mut buffer = vec![0; READ_BLOCK];
                 while let Some(job) = jobs.blocking_recv() {
                     match job {
-                        Hash::File { path, chunk, reply } => {
-                            let _ = reply.send(hash_file(&path, &chunk, &mut buffer));
+                        Hash::File {
+                            path,
+                            chunk,
+                            pace,
+                            reply,
+                        } => {
+                            let _ = reply.send(hash_file(&path, &chunk, pace, &mut buffer));
                         }
                         Hash::Frame(frame) => sha256.update(&frame),
                         Hash::Finish(reply) => {
@@ -213,11 +223,17 @@ impl LowPriorityHasher {
     }
 
     /// Reads and hashes `chunk`'s file on the thread.
-    async fn file(&self, path: PathBuf, chunk: &Chunk) -> Result<Hashed, CacheError> {
+    pub(super) async fn file(
+        &self,
+        path: PathBuf,
+        chunk: &Chunk,
+        pace: Option<Pace>,
+    ) -> Result<Hashed, CacheError> {
         let (reply, hashed) = oneshot::channel();
         let job = Hash::File {
             path,
             chunk: chunk.clone(),
+            pace,
             reply,
         };
         self.frames.send(job).await.map_err(|_| thread_gone())?;
@@ -254,8 +270,13 @@ fn thread_gone() -> CacheError {
 }
 
 /// Reads the first `chunk.size` bytes of `path` (all a download reads), checks them as a
-/// download does and gives their SHA-256.
-fn hash_file(path: &Path, chunk: &Chunk, buffer: &mut [u8]) -> std::io::Result<Hashed> {
+/// download does and gives their SHA-256; with `pace`, each block first waits for the traffic.
+fn hash_file(
+    path: &Path,
+    chunk: &Chunk,
+    pace: Option<Pace>,
+    buffer: &mut [u8],
+) -> std::io::Result<Hashed> {
     let file = match std::fs::File::open(path) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -267,6 +288,9 @@ fn hash_file(path: &Path, chunk: &Chunk, buffer: &mut [u8]) -> std::io::Result<H
     let mut check = WholeChunk::new(chunk, Check::Fast);
     let mut sha256 = Sha256::new();
     loop {
+        if let Some((traffic, queued)) = &pace {
+            traffic.block_until_ready(*queued);
+        }
         let n = match file.read(buffer) {
             Ok(0) => break,
             Ok(n) => n,
@@ -382,7 +406,7 @@ impl Cache {
                 if let Some(queued) = queued {
                     self.digests.traffic.until_ready(queued).await;
                 }
-                match self.chunk_sha256(hasher, &chunk).await? {
+                match self.chunk_sha256(hasher, &chunk, queued).await? {
                     Hashed::Intact(sha256) => chunk.sha256 = Some(sha256),
                     Hashed::Damaged(how) => {
                         self.quarantine(id, how.clone()).await?;
@@ -409,9 +433,11 @@ impl Cache {
         &self,
         hasher: &LowPriorityHasher,
         chunk: &Chunk,
+        queued: Option<Millis>,
     ) -> Result<Hashed, CacheError> {
         if let Some(path) = self.blobs.local_path(&chunk.blob) {
-            return hasher.file(path, chunk).await;
+            let pace = queued.map(|queued| (self.digests.traffic.clone(), queued));
+            return hasher.file(path, chunk, pace).await;
         }
         let read = self
             .read_checked(chunk, Check::Fast, |frame| hasher.update(frame))

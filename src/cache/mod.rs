@@ -39,7 +39,7 @@ use crate::meta::{MetaError, MetaStore};
 use crate::model::{BlobName, Clipped, Clock, EntryId, Scope, Slot};
 
 pub use error::CacheError;
-pub use pacing::Traffic;
+pub use pacing::{Serving, Traffic};
 pub use restore::{slices, Hit, OpenEntry};
 use save::LinkedUpload;
 

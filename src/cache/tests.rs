@@ -1720,6 +1720,33 @@ async fn the_digest_pass_waits_for_a_quiet_moment_or_until_an_entry_has_waited_i
     pass.await.unwrap();
 }
 
+#[tokio::test]
+async fn the_hashing_thread_waits_before_each_block_while_a_request_is_in_flight() {
+    let w = world();
+    let me = who("1");
+    let data = large_payload();
+    let entry = w.save(&me, "large", &data).await;
+    let (_, chunks) = w.meta.entry(entry).await.unwrap().unwrap();
+    let chunk = chunks[0].chunk.clone();
+    let path = w.blobs.local_path(&chunk.blob).unwrap();
+    let clock = Arc::new(ManualClock::starting_at(0));
+    let traffic = Arc::new(pacing::Traffic::new(clock.clone()));
+    let queued = traffic.now();
+    let download = traffic.begin();
+
+    let hasher = hasher();
+    let hashing = hasher.file(path, &chunk, Some((traffic.clone(), queued)));
+    tokio::pin!(hashing);
+    let early = tokio::time::timeout(Duration::from_millis(300), &mut hashing).await;
+    assert!(early.is_err(), "hashed while a request was in flight");
+    drop(download);
+    clock.advance(pacing::QUIET);
+    match hashing.await.unwrap() {
+        digest_pass::Hashed::Intact(sha256) => assert_eq!(sha256, sha256_of(&data)),
+        other => panic!("{other:?}"),
+    }
+}
+
 #[test]
 fn the_hashing_thread_runs_in_the_idle_class() {
     const SCHED_IDLE: &str = "5";
