@@ -8,8 +8,8 @@
 //! running beside them than without it. So the pass also waits until the cache has served no
 //! request for [`QUIET`] (none in flight, none begun or ended since), and runs regardless once an
 //! entry has waited [`MAX_DEFERRAL`]: under unbroken load, digests lag by about that much, and
-//! then as much as the idle class allows. The pass looks again before each block it reads, so a request
-//! that arrives while a large chunk is being hashed stops the hashing within a block.
+//! then as much as the idle class allows. The pass looks again before each block it reads, so a
+//! request that arrives while a large chunk is being hashed stops the hashing within a block.
 //!
 //! Only the cache's own requests count (lookups, saves, downloads): an operator polling the admin
 //! API or a scrape of the metrics does not hold the pass back.
