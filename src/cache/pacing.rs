@@ -24,7 +24,7 @@ use crate::model::{Clock, Millis};
 pub(super) const QUIET: Duration = Duration::from_millis(250);
 
 /// How long an entry waits for a quiet moment at most.
-pub(super) const MAX_DEFERRAL: Duration = Duration::from_secs(60);
+pub(super) const MAX_DEFERRAL: Duration = Duration::from_secs(30);
 
 /// The machine's monotonic time since the process started: a change of the wall clock never
 /// stalls the pass.
