@@ -388,8 +388,8 @@ impl Cache {
     }
 
     /// Records the SHA-256 of each chunk of `id` that lacks one, and the entry's digest. With
-    /// `queued` (when the entry was queued), each chunk first waits for the cache's traffic to
-    /// let it run (see [`super::pacing`]); without, it runs at once.
+    /// `queued` (when the entry was queued), the reads wait for the cache's traffic to let them
+    /// run (see [`super::pacing`]); without, they run at once.
     pub(super) async fn digest_entry(
         &self,
         hasher: &LowPriorityHasher,
@@ -399,14 +399,12 @@ impl Cache {
         let Some((_, chunks)) = self.meta.entry(id).await? else {
             return Ok(Digested::Gone);
         };
+        let pace = queued.map(|queued| (self.digests.traffic.clone(), queued));
         let mut hashed: Vec<Chunk> = Vec::with_capacity(chunks.len());
         for placed in chunks {
             let mut chunk = placed.chunk;
             if chunk.sha256.is_none() {
-                if let Some(queued) = queued {
-                    self.digests.traffic.until_ready(queued).await;
-                }
-                match self.chunk_sha256(hasher, &chunk, queued).await? {
+                match self.chunk_sha256(hasher, &chunk, pace.clone()).await? {
                     Hashed::Intact(sha256) => chunk.sha256 = Some(sha256),
                     Hashed::Damaged(how) => {
                         self.quarantine(id, how.clone()).await?;
@@ -424,20 +422,21 @@ impl Cache {
         }
         Ok(Digested::Recorded(digest))
     }
-}
 
-impl Cache {
     /// Reads `chunk` whole and gives its SHA-256, or how it is damaged. A local file is read on
-    /// the hashing thread; any other store's bytes come through [`Cache::read_checked`].
+    /// the hashing thread, which waits for the traffic before each block; any other store's
+    /// bytes come through [`Cache::read_checked`], once the traffic lets the whole chunk run.
     async fn chunk_sha256(
         &self,
         hasher: &LowPriorityHasher,
         chunk: &Chunk,
-        queued: Option<Millis>,
+        pace: Option<Pace>,
     ) -> Result<Hashed, CacheError> {
         if let Some(path) = self.blobs.local_path(&chunk.blob) {
-            let pace = queued.map(|queued| (self.digests.traffic.clone(), queued));
             return hasher.file(path, chunk, pace).await;
+        }
+        if let Some((traffic, queued)) = &pace {
+            traffic.until_ready(*queued).await;
         }
         let read = self
             .read_checked(chunk, Check::Fast, |frame| hasher.update(frame))
