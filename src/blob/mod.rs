@@ -11,6 +11,7 @@
 //!   from which instant puts may have been lost to such a crash.
 
 mod bounded;
+mod bursts;
 #[cfg(any(test, feature = "test-util"))]
 pub mod conformance;
 mod digests;
