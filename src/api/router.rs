@@ -96,7 +96,14 @@ pub fn router(state: AppState) -> Router {
         .on_request(())
         .on_response(DefaultOnResponse::new().level(Level::DEBUG))
         .on_failure(DefaultOnFailure::new().level(Level::ERROR));
-    Router::new()
+    // The calls by name as well as by template: a route without a parameter spares every
+    // call the router's copy of the parameter; the template answers unknown names.
+    let calls = twirp::RPC_ROUTES
+        .into_iter()
+        .fold(Router::new(), |calls, path| {
+            calls.route(path, any(twirp::call))
+        });
+    calls
         .route(TWIRP_ROUTE, any(twirp::call))
         .route(LEGACY_ROUTE, any(legacy::root))
         .route(

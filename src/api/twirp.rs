@@ -1,7 +1,7 @@
 //! Twirp `CacheService` v2 (PROTOCOL.md §2): JSON and binary protobuf, errors always twirp JSON.
 
 use axum::body::{to_bytes, Body};
-use axum::extract::{Path, State};
+use axum::extract::{FromRequestParts, Request, State};
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use prost::Message;
@@ -25,14 +25,16 @@ pub const SERVICE_PATH: &str = "/twirp/github.actions.results.api.v1.CacheServic
 /// The route label of a call of the cache service, at the origin root or under a prefix, by the
 /// call's name; `None` for other paths and for unknown calls (whose names are the client's).
 pub fn rpc_route(path: &str) -> Option<&'static str> {
-    const ROUTES: [&str; 3] = [
-        "/twirp/github.actions.results.api.v1.CacheService/CreateCacheEntry",
-        "/twirp/github.actions.results.api.v1.CacheService/FinalizeCacheEntryUpload",
-        "/twirp/github.actions.results.api.v1.CacheService/GetCacheEntryDownloadURL",
-    ];
     // A suffix compare, not a search: this runs on every request.
-    ROUTES.into_iter().find(|route| path.ends_with(route))
+    RPC_ROUTES.into_iter().find(|route| path.ends_with(route))
 }
+
+/// The paths of the calls at the origin root.
+pub const RPC_ROUTES: [&str; 3] = [
+    "/twirp/github.actions.results.api.v1.CacheService/CreateCacheEntry",
+    "/twirp/github.actions.results.api.v1.CacheService/FinalizeCacheEntryUpload",
+    "/twirp/github.actions.results.api.v1.CacheService/GetCacheEntryDownloadURL",
+];
 /// Twirp requests are small; anything bigger is not a cache call.
 const MAX_REQUEST_BYTES: usize = 64 * 1024;
 
@@ -194,20 +196,26 @@ impl Encoding {
     }
 }
 
-/// `POST /twirp/github.actions.results.api.v1.CacheService/{method}`.
-pub async fn call(
-    State(app): State<AppState>,
-    Path(method): Path<String>,
-    http_method: Method,
-    uri: axum::http::Uri,
-    ClientAddress(address): ClientAddress,
-    mut headers: HeaderMap,
-    body: Body,
-) -> Response {
-    links::host_from_authority(&mut headers, &uri);
-    dispatch(&app, "", &method, &http_method, &headers, address, body)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+/// `POST /twirp/github.actions.results.api.v1.CacheService/{method}`. The request is taken
+/// whole and the call's name read off the path as sent (twirp names are plain ASCII): the
+/// extractors would copy the header map and decode the name into a string of its own, on the
+/// path every lookup takes.
+pub async fn call(State(app): State<AppState>, request: Request) -> Response {
+    let (mut parts, body) = request.into_parts();
+    let Ok(ClientAddress(address)) = ClientAddress::from_request_parts(&mut parts, &app).await;
+    links::host_from_authority(&mut parts.headers, &parts.uri);
+    let method = parts.uri.path().rsplit('/').next().unwrap_or_default();
+    dispatch(
+        &app,
+        "",
+        method,
+        &parts.method,
+        &parts.headers,
+        address,
+        body,
+    )
+    .await
+    .unwrap_or_else(IntoResponse::into_response)
 }
 
 /// Serves one call; `prefix` is the path before `/twirp/` (clients that keep the path of
