@@ -35,6 +35,7 @@ pub const RPC_ROUTES: [&str; 3] = [
     "/twirp/github.actions.results.api.v1.CacheService/FinalizeCacheEntryUpload",
     "/twirp/github.actions.results.api.v1.CacheService/GetCacheEntryDownloadURL",
 ];
+
 /// Twirp requests are small; anything bigger is not a cache call.
 const MAX_REQUEST_BYTES: usize = 64 * 1024;
 

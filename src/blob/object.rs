@@ -429,9 +429,9 @@ impl ObjectStorage {
         // The request reads from a channel this function feeds: it reads the client's body to
         // its end even after the declared bytes went out (the request stops there), so that a
         // longer body is seen; one shorter than declared fails the request rather than end it.
-        // The frames go in batches of at least `bursts::AT_LEAST` bytes, handed on one after
-        // another, so the connection writes each at once (see `bursts`): the client's
-        // body arrives in pieces as small as 4 KiB.
+        // The client's body arrives in pieces as small as 4 KiB: they go to the request in
+        // batches of at least `bursts::AT_LEAST` bytes, handed on one after another, so that
+        // the connection writes each batch at once (see `bursts`).
         let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<Vec<Bytes>>>(2);
         let outgoing = futures_util::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|item| (item, rx))
