@@ -6,8 +6,8 @@
 //! relayed download spends more in system calls than in moving bytes. Held back until they add
 //! up to [`AT_LEAST`] bytes and then handed on one after another, they find the connection
 //! ready for all of them at once: hyper queues the frames it is given in a row and writes them
-//! with one vectored write. Nothing is copied. The same holds for a body relayed to the store
-//! ([`Batch`]): the server at the other end then reads it in larger pieces too.
+//! with one vectored write. Nothing is copied. The same holds for a body relayed to the store:
+//! the server at the other end then reads it in larger pieces too.
 
 use std::io;
 use std::pin::Pin;
@@ -23,21 +23,21 @@ pub const AT_LEAST: usize = 128 << 10;
 
 /// Frames held back until they add up to a burst.
 #[derive(Debug, Default)]
-pub struct Batch {
+struct Batch {
     frames: Vec<Bytes>,
     bytes: usize,
 }
 
 impl Batch {
     /// Holds `frame`; gives the batch once it holds at least [`AT_LEAST`] bytes.
-    pub fn add(&mut self, frame: Bytes) -> Option<Vec<Bytes>> {
+    fn add(&mut self, frame: Bytes) -> Option<Vec<Bytes>> {
         self.bytes += frame.len();
         self.frames.push(frame);
         (self.bytes >= AT_LEAST).then(|| self.take())
     }
 
     /// What is held, however little.
-    pub fn take(&mut self) -> Vec<Bytes> {
+    fn take(&mut self) -> Vec<Bytes> {
         self.bytes = 0;
         std::mem::take(&mut self.frames)
     }

@@ -40,7 +40,7 @@ use tokio::task::JoinSet;
 use url::Url;
 
 use super::bounded::{self, Bounded, CONNECT_TIMEOUT, SILENCE};
-use super::bursts::{in_bursts, Batch};
+use super::bursts::in_bursts;
 use super::{BlobError, BlobStore, ByteStream, Capacity, Digests, Listed, NameStream};
 use crate::model::{BlobName, Chunk, Millis};
 
@@ -429,20 +429,13 @@ impl ObjectStorage {
         // The request reads from a channel this function feeds: it reads the client's body to
         // its end even after the declared bytes went out (the request stops there), so that a
         // longer body is seen; one shorter than declared fails the request rather than end it.
-        // The client's body arrives in pieces as small as 4 KiB: they go to the request in
-        // batches of at least `bursts::AT_LEAST` bytes, handed on one after another, so that
-        // the connection writes each batch at once (see `bursts`).
-        let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<Vec<Bytes>>>(2);
-        let outgoing = futures_util::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|item| (item, rx))
-        })
-        .flat_map(|batch| {
-            let frames: Vec<io::Result<Bytes>> = match batch {
-                Ok(frames) => frames.into_iter().map(Ok).collect(),
-                Err(e) => vec![Err(e)],
-            };
-            futures_util::stream::iter(frames)
-        });
+        // The client's body arrives in pieces as small as 4 KiB: the request takes them in
+        // bursts, so that the connection writes each burst at once (see `bursts`).
+        let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<Bytes>>(2);
+        let outgoing = in_bursts(Box::pin(futures_util::stream::unfold(
+            rx,
+            |mut rx| async move { rx.recv().await.map(|item| (item, rx)) },
+        )));
         let mut request = self
             .http
             .put(link)
@@ -464,20 +457,6 @@ impl ObjectStorage {
             // pass does on local disk, would cost a second transfer from the store.
             let mut digests = Digests::with_sha256();
             let mut received: u64 = 0;
-            let mut batch = Batch::default();
-            // Hands a burst to the request; false once the request is over early (the store
-            // refused it: its answer says why).
-            let pass = |burst: Vec<Bytes>| {
-                let tx = &tx;
-                async move {
-                    match tokio::time::timeout(SILENCE, tx.send(Ok(burst))).await {
-                        Ok(sent) => Ok(sent.is_ok()),
-                        Err(_) => Err(silent(format!(
-                            "the store took no bytes of the body for {SILENCE:?}"
-                        ))),
-                    }
-                }
-            };
             while let Some(frame) = body.next().await {
                 let frame = match frame {
                     Ok(frame) => frame,
@@ -493,16 +472,16 @@ impl ObjectStorage {
                     break;
                 }
                 digests.update(&frame);
-                if let Some(burst) = batch.add(frame) {
-                    if !pass(burst).await? {
-                        return Ok(None);
+                match tokio::time::timeout(SILENCE, tx.send(Ok(frame))).await {
+                    Ok(Ok(())) => {}
+                    // The request is over early (the store refused it): its answer says why.
+                    Ok(Err(_)) => return Ok(None),
+                    Err(_) => {
+                        return Err(silent(format!(
+                            "the store took no bytes of the body for {SILENCE:?}"
+                        )))
                     }
                 }
-            }
-            let rest = batch.take();
-            // Nothing is sent once all went: the store may have answered and ended the request.
-            if received == declared && !rest.is_empty() && !pass(rest).await? {
-                return Ok(None);
             }
             if received != declared {
                 // Fails the request, so the store keeps nothing of it.
