@@ -6,8 +6,8 @@
 //! cores' caches, the memory bus and the page cache's locks are then shared with a SHA-256 over
 //! gigabytes. Measured on 2 cores, the requests of a busy fleet moved 10–15% less with the pass
 //! running beside them than without it. So the pass also waits until the cache has served no
-//! request for [`QUIET`] (none in flight, none begun or ended since), and runs regardless once an
-//! entry has waited [`MAX_DEFERRAL`]: under unbroken load, digests lag by about that much, and
+//! request for [`QUIET`] (none in flight, none ended since), and runs regardless once an entry
+//! has waited [`MAX_DEFERRAL`]: under unbroken load, digests lag by about that much, and
 //! then as much as the idle class allows. The pass looks again before each block it reads, so a
 //! request that arrives while a large chunk is being hashed stops the hashing within a block.
 //!
@@ -43,7 +43,7 @@ impl Clock for Monotonic {
     }
 }
 
-/// The cache's requests in flight, and when one last began or ended: the server counts each
+/// The cache's requests in flight, and when one last ended: the server counts each
 /// request of the cache's protocols from its arrival to the end of its response.
 #[derive(Debug)]
 pub struct Traffic {
@@ -84,14 +84,14 @@ impl Traffic {
         self.clock.now()
     }
 
-    /// A request begins; it is in flight until the value returned is dropped.
+    /// A request begins; it is in flight until the value returned is dropped. Its start needs
+    /// no time of its own: the pass waits while it is in flight, and then from its end.
     pub fn begin(self: &Arc<Self>) -> Serving {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.request();
         Serving(self.clone())
     }
 
-    /// A request begins or ends.
+    /// A request ends: the quiet starts over.
     pub(super) fn request(&self) {
         self.last_request.store(self.clock.now(), Ordering::Relaxed);
     }
