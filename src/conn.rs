@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::http::{Request, Response};
+use axum::http::{Method, Request, Response, StatusCode};
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -229,13 +229,18 @@ impl tower::Service<Request<Incoming>> for Tracked {
         let route = crate::api::route_label(req.uri().path());
         // The cache's requests hold its background work back until they end.
         let serving = crate::api::is_cache_route(route).then(|| self.app.traffic.begin());
+        let method = req.method().clone();
         let started = Instant::now();
         Box::pin(async move {
             let response = tower::Service::call(&mut router, req.map(Body::new)).await?;
-            metrics.request(route, response.status().as_u16(), started.elapsed());
+            let elapsed = started.elapsed();
+            metrics.request(route, response.status().as_u16(), elapsed);
+            log_response(&method, route, response.status(), elapsed);
             Ok(response.map(|body| {
                 Body::new(Counted {
                     body,
+                    method,
+                    route,
                     _guard: guard,
                     _serving: serving,
                 })
@@ -244,9 +249,25 @@ impl tower::Service<Request<Incoming>> for Tracked {
     }
 }
 
-/// A response body that keeps its request counted until it ends or is dropped.
+/// The request log, under the target `hoard::request`: a line per request at debug level,
+/// server errors always. Written here rather than by a tracing middleware, whose span and
+/// body wrapper cost a lookup about 3,000 instructions even with its lines off
+/// (docs/benchmarks.md). Routes are templates, never the URI: links carry signatures.
+fn log_response(method: &Method, route: &'static str, status: StatusCode, elapsed: Duration) {
+    let latency_ms = elapsed.as_secs_f64() * 1e3;
+    if status.is_server_error() {
+        tracing::error!(target: "hoard::request", %method, route, status = status.as_u16(), latency_ms, "response failed");
+    } else {
+        tracing::debug!(target: "hoard::request", %method, route, status = status.as_u16(), latency_ms, "finished processing request");
+    }
+}
+
+/// A response body that keeps its request counted until it ends or is dropped, and logs
+/// the error it ends with, if any (the status was sent long before).
 struct Counted {
     body: Body,
+    method: Method,
+    route: &'static str,
     _guard: InFlight,
     _serving: Option<crate::cache::Serving>,
 }
@@ -259,7 +280,12 @@ impl http_body::Body for Counted {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(Some(Err(error))) = &polled {
+            let (method, route) = (&self.method, self.route);
+            tracing::error!(target: "hoard::request", %method, route, %error, "response body failed");
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {

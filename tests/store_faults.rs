@@ -579,6 +579,25 @@ async fn a_store_that_refuses_connections_is_a_503_and_hoard_recovers_by_itself(
     let (answers, _) = rig.round("refused", &earlier).await;
     eprintln!("store refusing connections:\n{}", summary(&answers));
     assert_store_unavailable(&answers, "the chunk store does not answer");
+    // Server errors are always logged, with the route template and the status.
+    let failed = || {
+        let log = rig.hoard.log.lock().unwrap();
+        log.iter()
+            .filter(|l| l.contains("ERROR") && l.contains("response failed"))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    common::eventually(Duration::from_secs(10), || {
+        failed().iter().any(|l| l.contains("status=503"))
+    })
+    .await;
+    assert!(
+        failed()
+            .iter()
+            .all(|l| l.contains("route=/") && !l.contains("sig=")),
+        "{:#?}",
+        failed()
+    );
     let log = rig.hoard.log.lock().unwrap().join("\n");
     assert!(!log.contains(&rig.s3.server.secret_access_key), "{log}");
     drop(log);

@@ -3,13 +3,11 @@
 //! protocol they look like.
 
 use axum::body::Body;
-use axum::extract::{MatchedPath, State};
-use axum::http::{HeaderMap, Method, Request, StatusCode, Uri};
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 use axum::Router;
-use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
-use tracing::Level;
 
 use super::origin::ClientAddress;
 use super::{admin, azure, blob, json_response, legacy, links, ops, twirp, AppState};
@@ -81,21 +79,7 @@ pub const ROUTE_LABELS: &[&str] = &[
 ];
 
 pub fn router(state: AppState) -> Router {
-    // Request logs name the route template, never the raw URI: links carry signatures. They
-    // are debug-level: a span and a line per request cost a lookup about a sixth of its
-    // instructions (docs/benchmarks.md), and /metrics counts requests. Decisions (reserve,
-    // finalize, delete, refusals) are logged at info under hoard::audit; server errors always.
-    let trace = TraceLayer::new_for_http()
-        .make_span_with(|req: &Request<Body>| {
-            let route = req
-                .extensions()
-                .get::<MatchedPath>()
-                .map_or("(unmatched)", MatchedPath::as_str);
-            tracing::debug_span!("request", method = %req.method(), route)
-        })
-        .on_request(())
-        .on_response(DefaultOnResponse::new().level(Level::DEBUG))
-        .on_failure(DefaultOnFailure::new().level(Level::ERROR));
+    // Requests are counted and logged where connections are served (`conn`).
     // The calls by name as well as by template: a route without a parameter spares every
     // call the router's copy of the parameter; the template answers unknown names.
     let calls = twirp::RPC_ROUTES
@@ -122,7 +106,6 @@ pub fn router(state: AppState) -> Router {
         .route("/_hoard/api/v1/{*rest}", any(admin::api))
         .route("/_hoard/{*rest}", any(admin::dashboard))
         .fallback(fallback)
-        .layer(trace)
         .with_state(state)
 }
 

@@ -47,7 +47,7 @@ impl Hoard {
             .env("HOARD_MIN_FREE_SPACE", "0")
             .envs(env.iter().map(|(k, v)| (k, v)))
             // Request lines (debug level) too: tests count uploads by them.
-            .env("RUST_LOG", "info,tower_http=debug,hoard::api=debug")
+            .env("RUST_LOG", "info,hoard::request=debug")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
