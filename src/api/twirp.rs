@@ -149,19 +149,17 @@ impl Encoding {
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("application/json");
-        let mime = ct
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase();
-        match mime.as_str() {
-            "application/json" | "" => Ok(Self::Json),
-            "application/protobuf" | "application/x-protobuf" => Ok(Self::Protobuf),
-            _ => Err(TwirpError::new(
+        let mime = ct.split(';').next().unwrap_or("").trim();
+        let is = |name: &str| mime.eq_ignore_ascii_case(name);
+        if mime.is_empty() || is("application/json") {
+            Ok(Self::Json)
+        } else if is("application/protobuf") || is("application/x-protobuf") {
+            Ok(Self::Protobuf)
+        } else {
+            Err(TwirpError::new(
                 "bad_route",
                 format!("unexpected Content-Type {ct:?}"),
-            )),
+            ))
         }
     }
 
@@ -185,7 +183,11 @@ impl Encoding {
     fn reply<T: Message + Serialize>(self, message: &T) -> Response {
         match self {
             Self::Json => {
-                let body = serde_json::to_vec(message).unwrap_or_else(|_| b"{}".to_vec());
+                // Room for a lookup's answer (a link and a key) at once: no regrowing.
+                let mut body = Vec::with_capacity(512);
+                if serde_json::to_writer(&mut body, message).is_err() {
+                    body = b"{}".to_vec();
+                }
                 ([(header::CONTENT_TYPE, "application/json")], body).into_response()
             }
             Self::Protobuf => (
@@ -371,6 +373,33 @@ async fn lookup(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_encoding_is_read_off_the_content_type_whatever_its_case() {
+        let of = |ct: Option<&str>| {
+            let mut headers = HeaderMap::new();
+            if let Some(ct) = ct {
+                headers.insert(header::CONTENT_TYPE, ct.parse().unwrap());
+            }
+            Encoding::of(&headers).map_err(|e| e.code)
+        };
+        assert!(matches!(of(None), Ok(Encoding::Json)));
+        assert!(matches!(of(Some("")), Ok(Encoding::Json)));
+        assert!(matches!(
+            of(Some("Application/JSON; charset=utf-8")),
+            Ok(Encoding::Json)
+        ));
+        assert!(matches!(
+            of(Some("application/protobuf")),
+            Ok(Encoding::Protobuf)
+        ));
+        assert!(matches!(
+            of(Some(" APPLICATION/X-PROTOBUF ")),
+            Ok(Encoding::Protobuf)
+        ));
+        assert!(matches!(of(Some("text/plain")), Err("bad_route")));
+        assert!(matches!(of(Some("application/jsonx")), Err("bad_route")));
+    }
 
     #[test]
     fn an_unavailable_database_is_a_503_that_names_no_host() {
