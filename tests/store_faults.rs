@@ -587,10 +587,11 @@ async fn a_store_that_refuses_connections_is_a_503_and_hoard_recovers_by_itself(
             .cloned()
             .collect::<Vec<_>>()
     };
-    common::eventually(Duration::from_secs(10), || {
+    let logged = common::eventually(Duration::from_secs(10), || {
         failed().iter().any(|l| l.contains("status=503"))
     })
     .await;
+    assert!(logged, "no 503 is logged at error level: {:#?}", failed());
     assert!(
         failed()
             .iter()
