@@ -58,7 +58,7 @@ pub struct Serving(Arc<Traffic>);
 
 impl Drop for Serving {
     fn drop(&mut self) {
-        self.0.request();
+        self.0.request_ended();
         // Release: whoever sees the count drop also sees when the request ended.
         self.0.in_flight.fetch_sub(1, Ordering::Release);
     }
@@ -92,7 +92,7 @@ impl Traffic {
     }
 
     /// A request ends: the quiet starts over.
-    pub(super) fn request(&self) {
+    pub(super) fn request_ended(&self) {
         self.last_request.store(self.clock.now(), Ordering::Relaxed);
     }
 
@@ -153,12 +153,12 @@ mod tests {
     fn work_waits_until_the_cache_has_been_quiet_long_enough() {
         let (clock, traffic) = traffic();
         let queued = traffic.now();
-        traffic.request();
+        traffic.request_ended();
         assert_eq!(traffic.wait_for(queued), QUIET);
         clock.advance(Duration::from_millis(100));
         assert_eq!(traffic.wait_for(queued), QUIET - Duration::from_millis(100));
         // Another request starts the quiet over.
-        traffic.request();
+        traffic.request_ended();
         assert_eq!(traffic.wait_for(queued), QUIET);
         clock.advance(QUIET);
         assert_eq!(traffic.wait_for(queued), Duration::ZERO);
@@ -171,15 +171,15 @@ mod tests {
         let step = Duration::from_millis(100);
         let mut waited = Duration::ZERO;
         while waited + step < MAX_DEFERRAL {
-            traffic.request();
+            traffic.request_ended();
             assert!(!traffic.wait_for(queued).is_zero(), "after {waited:?}");
             clock.advance(step);
             waited += step;
         }
-        traffic.request();
+        traffic.request_ended();
         assert_eq!(traffic.wait_for(queued), MAX_DEFERRAL - waited);
         clock.advance(MAX_DEFERRAL - waited);
-        traffic.request();
+        traffic.request_ended();
         assert_eq!(traffic.wait_for(queued), Duration::ZERO);
         // Work queued later still waits for its own quiet.
         assert_eq!(traffic.wait_for(traffic.now()), QUIET);

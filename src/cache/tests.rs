@@ -1666,7 +1666,7 @@ async fn has_sha256(meta: &MemoryStore, id: EntryId) -> bool {
 async fn until_sha256(meta: &MemoryStore, id: EntryId, traffic: Option<&pacing::Traffic>) -> bool {
     for _ in 0..2000 {
         if let Some(traffic) = traffic {
-            traffic.request();
+            traffic.request_ended();
         }
         if has_sha256(meta, id).await {
             return true;
@@ -1684,7 +1684,7 @@ async fn the_digest_pass_waits_for_a_quiet_moment_or_until_an_entry_has_waited_i
     w.cache.digests = Arc::new(digest_pass::DigestQueue::with_traffic(traffic.clone()));
     let me = who("1");
     let data = large_payload();
-    traffic.request();
+    traffic.request_ended();
     let first = w.save(&me, "first", &data).await;
     let stop = tokio_util::sync::CancellationToken::new();
     let pass = w.cache.spawn_digest_pass(stop.clone());
@@ -1693,7 +1693,7 @@ async fn the_digest_pass_waits_for_a_quiet_moment_or_until_an_entry_has_waited_i
     for _ in 0..5 {
         tokio::time::sleep(Duration::from_millis(100)).await;
         clock.advance(Duration::from_millis(100));
-        traffic.request();
+        traffic.request_ended();
         assert!(!has_sha256(&w.meta, first).await, "hashed amid requests");
     }
     assert_eq!(w.cache.digests.len(), 1, "still pending");
@@ -1705,10 +1705,10 @@ async fn the_digest_pass_waits_for_a_quiet_moment_or_until_an_entry_has_waited_i
     );
 
     // Under unbroken requests, an entry runs once it has waited its longest.
-    traffic.request();
+    traffic.request_ended();
     let second = w.save(&me, "second", &data).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    traffic.request();
+    traffic.request_ended();
     assert!(!has_sha256(&w.meta, second).await, "hashed amid requests");
     clock.advance(pacing::MAX_DEFERRAL);
     assert!(
