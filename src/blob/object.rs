@@ -431,11 +431,10 @@ impl ObjectStorage {
         // longer body is seen; one shorter than declared fails the request rather than end it.
         // The client's body arrives in pieces as small as 4 KiB: the request takes them in
         // bursts, so that the connection writes each burst at once (see `bursts`).
-        let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<Bytes>>(2);
-        let outgoing = in_bursts(Box::pin(futures_util::stream::unfold(
-            rx,
-            |mut rx| async move { rx.recv().await.map(|item| (item, rx)) },
-        )));
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<io::Result<Bytes>>(2);
+        let outgoing = in_bursts(Box::pin(futures_util::stream::poll_fn(move |cx| {
+            rx.poll_recv(cx)
+        })));
         let mut request = self
             .http
             .put(link)
