@@ -287,7 +287,8 @@ pub async fn settle(client: &Client) {
         if pending == 0 || Instant::now() > give_up {
             return;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        // Not more often: each poll renders the whole metrics page, on the server's CPU.
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }
 }
 
