@@ -5,6 +5,7 @@ mod client;
 pub mod fleet;
 pub mod floor;
 pub mod null;
+mod page_cache;
 mod procstat;
 mod progress;
 mod reference;
@@ -85,6 +86,13 @@ pub struct BenchArgs {
     /// The report gives the database and write-ahead log sizes before and after the phases.
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub preload: u64,
+
+    /// Before the rounds, fill the free memory with a scratch file's clean page cache (untimed;
+    /// as much as half the free disk space), so that every target writes into memory the kernel
+    /// recycles, as on a server that has run for a while, instead of into free memory a virtual
+    /// machine may have to get back from its host first.
+    #[arg(long)]
+    pub fill_page_cache: bool,
 
     /// Also write the report as JSON to this file.
     #[arg(long, value_name = "FILE")]
@@ -529,11 +537,30 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
             &run_id,
         )
     });
+    // Removed, and its page cache dropped, when the run ends.
+    let _page_cache_fill = if args.fill_page_cache {
+        let dir = tempfile::tempdir().map_err(|e| usage(e.to_string()))?;
+        let path = dir.path().to_owned();
+        tokio::task::spawn_blocking(move || page_cache::fill(&path))
+            .await
+            .map_err(|e| usage(e.to_string()))?
+            .map_err(|e| usage(format!("--fill-page-cache: {e}")))?;
+        Some(dir)
+    } else {
+        None
+    };
     let sampler = procstat::PeakSampler::start(targets.iter().filter_map(|t| t.pid).collect());
     let bench_started = Instant::now();
     let client_cpu_start = procstat::self_cpu_seconds();
     for round in 0..args.rounds {
-        for t in targets.iter_mut() {
+        // A B, then B A: whatever the machine does over time, every target runs as often early
+        // as late, and none is always the first after the servers started.
+        let mut order: Vec<usize> = (0..targets.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for i in order {
+            let t = &mut targets[i];
             let token = args
                 .token
                 .as_deref()

@@ -63,9 +63,14 @@ pub fn process_tree(root: u32) -> Vec<u32> {
 /// Resident memory of one process in bytes.
 pub fn rss_bytes(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib: u64 = status
+    kib_field(&status, "VmRSS:")
+}
+
+/// The value of a `Name:   1234 kB` line of a `/proc` file, in bytes.
+fn kib_field(text: &str, name: &str) -> Option<u64> {
+    let kib: u64 = text
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .find_map(|l| l.strip_prefix(name))?
         .trim()
         .trim_end_matches("kB")
         .trim()
@@ -92,6 +97,11 @@ pub fn tree_cpu_seconds(root: u32) -> f64 {
         }
     }
     total / ticks
+}
+
+/// Memory no one uses, not even the page cache (`MemFree`), in bytes.
+pub fn free_memory_bytes() -> Option<u64> {
+    kib_field(&std::fs::read_to_string("/proc/meminfo").ok()?, "MemFree:")
 }
 
 /// CPU seconds used by this process (all threads) so far, not counting the servers it spawned.
