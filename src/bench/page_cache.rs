@@ -31,9 +31,10 @@ pub fn fill(dir: &Path) -> io::Result<u64> {
         tracing::info!("--fill-page-cache: no free memory to fill");
         return Ok(0);
     }
+    let size = writes * WRITE as u64;
     tracing::info!(
         "filling {} MiB of free memory with a scratch file's page cache (untimed)",
-        writes * WRITE as u64 >> 20
+        size >> 20
     );
     let started = Instant::now();
     let mut file = File::create(dir.join("page-cache-fill"))?;
@@ -43,7 +44,6 @@ pub fn fill(dir: &Path) -> io::Result<u64> {
     }
     // Clean pages: the kernel reclaims them without writing anything.
     file.sync_data()?;
-    let size = writes * WRITE as u64;
     tracing::info!(
         "filled {} MiB in {:.1} s",
         size >> 20,
