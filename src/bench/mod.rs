@@ -539,13 +539,11 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
     });
     // Removed, and its page cache dropped, when the run ends.
     let _page_cache_fill = if args.fill_page_cache {
-        let dir = tempfile::tempdir().map_err(|e| usage(e.to_string()))?;
-        let path = dir.path().to_owned();
-        tokio::task::spawn_blocking(move || page_cache::fill(&path))
+        let filled = tokio::task::spawn_blocking(page_cache::fill)
             .await
             .map_err(|e| usage(e.to_string()))?
             .map_err(|e| usage(format!("--fill-page-cache: {e}")))?;
-        Some(dir)
+        Some(filled)
     } else {
         None
     };

@@ -12,24 +12,26 @@
 
 use std::fs::File;
 use std::io::{self, Write};
-use std::path::Path;
 use std::time::Instant;
+use tempfile::TempDir;
 
 /// Memory left free for what the servers and the bench allocate before the kernel reclaims.
 const LEFT_FREE: u64 = 1 << 30;
 const WRITE: usize = 8 << 20;
 
-/// Writes and syncs a scratch file in `dir` as large as the free memory (less [`LEFT_FREE`],
-/// and at most half the file system's free space); returns its size.
-pub fn fill(dir: &Path) -> io::Result<u64> {
+/// Writes and syncs a scratch file as large as the free memory (less [`LEFT_FREE`], and at
+/// most half the file system's free space) in a temporary directory, which the caller keeps
+/// for the run: dropping it removes the file and its page cache.
+pub fn fill() -> io::Result<TempDir> {
+    let dir = tempfile::tempdir()?;
     let free_memory = super::procstat::free_memory_bytes().unwrap_or(0);
-    let stat = rustix::fs::statvfs(dir)?;
+    let stat = rustix::fs::statvfs(dir.path())?;
     let free_disk = stat.f_bavail.saturating_mul(stat.f_frsize);
     let size = free_memory.saturating_sub(LEFT_FREE).min(free_disk / 2);
     let writes = size / WRITE as u64;
     if writes == 0 {
         tracing::info!("--fill-page-cache: no free memory to fill");
-        return Ok(0);
+        return Ok(dir);
     }
     let size = writes * WRITE as u64;
     tracing::info!(
@@ -37,7 +39,7 @@ pub fn fill(dir: &Path) -> io::Result<u64> {
         size >> 20
     );
     let started = Instant::now();
-    let mut file = File::create(dir.join("page-cache-fill"))?;
+    let mut file = File::create(dir.path().join("page-cache-fill"))?;
     let zeros = vec![0u8; WRITE];
     for _ in 0..writes {
         file.write_all(&zeros)?;
@@ -49,5 +51,5 @@ pub fn fill(dir: &Path) -> io::Result<u64> {
         size >> 20,
         started.elapsed().as_secs_f64()
     );
-    Ok(size)
+    Ok(dir)
 }
