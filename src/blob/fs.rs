@@ -18,7 +18,10 @@
 //!
 //! File I/O runs in blocking tasks of one block each, one in flight per transfer while the next
 //! block crosses the network: disk and network overlap, memory stays bounded whatever the chunk
-//! size, and no thread is held while a slow client sends or reads.
+//! size, and no thread is held while a slow client sends or reads. Each blocking task costs a
+//! thread wake-up and a switch both ways, which on a virtual machine cost as much as copying
+//! tens of KiB: the first [`WIDE_WRITERS`] large puts at a time write in batches of
+//! [`WIDE_BATCH`] instead of [`IO_BLOCK`], so that the memory they hold stays bounded too.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, IoSlice, Read, Seek, SeekFrom, Write};
@@ -29,6 +32,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::StreamExt;
+use tokio::sync::Semaphore;
 
 use super::{BlobError, BlobStore, ByteStream, Capacity, Digests, Listed, NameStream};
 use crate::model::{now_millis, BlobName, Chunk, Millis};
@@ -36,6 +40,13 @@ use crate::model::{now_millis, BlobName, Chunk, Millis};
 const LAYOUT_VERSION: &str = "1";
 /// Size of each disk read when streaming a chunk out, and of each batch of frames written.
 const IO_BLOCK: usize = 256 << 10;
+/// The batch of frames a put holding a wide permit writes at a time. Measured on 2 cores (8
+/// uploads of 128 MiB at once): a fifth less CPU per GiB than batches of [`IO_BLOCK`], as little
+/// as the disk floor's 4 MiB batches.
+const WIDE_BATCH: usize = 1 << 20;
+/// Large puts writing in batches of [`WIDE_BATCH`] at once; the others use [`IO_BLOCK`]. Each
+/// holds up to two batches (one being written, one arriving): 16 MiB in all at most.
+const WIDE_WRITERS: usize = 8;
 /// Chunks up to this size are received whole and written, or read, in one blocking call:
 /// one thread hop instead of a pipeline.
 const SMALL: u64 = 1 << 20;
@@ -52,6 +63,8 @@ pub struct FsStore {
     _staging_lock: Arc<File>,
     /// Set by every put, cleared by a sync.
     unsynced: Arc<AtomicBool>,
+    /// Permits to write in batches of [`WIDE_BATCH`].
+    wide_writers: Arc<Semaphore>,
     lost_since: Option<Millis>,
 }
 
@@ -179,6 +192,7 @@ impl FsStore {
             tmp,
             _staging_lock: Arc::new(staging_lock),
             unsynced: Arc::new(AtomicBool::new(lost_since.is_some())),
+            wide_writers: Arc::new(Semaphore::new(WIDE_WRITERS)),
             lost_since,
         })
     }
@@ -315,7 +329,17 @@ impl BlobStore for FsStore {
             },
             published: false,
         };
-        let flush_at = if small { usize::MAX } else { IO_BLOCK };
+        // A wide permit, if one is free, is held until the put returns.
+        let wide = if small {
+            None
+        } else {
+            self.wide_writers.clone().try_acquire_owned().ok()
+        };
+        let flush_at = match (small, &wide) {
+            (true, _) => usize::MAX,
+            (false, Some(_)) => WIDE_BATCH,
+            (false, None) => IO_BLOCK,
+        };
         let mut disk = Disk::Idle(None);
         if !small {
             let path = staging.path.clone();
