@@ -196,10 +196,14 @@ async fn metrics_can_be_served_on_their_own_address_only() {
     let server = Hoard::start_with(data.path(), &["--metrics-listen", "127.0.0.1:0"]);
     // The metrics address is logged just after the main one.
     let logged = || server.log.lock().unwrap().join("\n");
-    common::eventually(std::time::Duration::from_secs(10), || {
-        logged().contains("metrics on ")
-    })
-    .await;
+    assert!(
+        common::eventually(std::time::Duration::from_secs(10), || {
+            logged().contains("metrics on ")
+        })
+        .await,
+        "the metrics address is logged: {}",
+        logged()
+    );
     let log = logged();
     let metrics_url = log
         .split("metrics on ")

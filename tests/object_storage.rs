@@ -257,7 +257,11 @@ fn readiness_follows_the_store_and_rewrites_a_missing_marker() {
             log.iter()
                 .any(|l| l.contains("readiness check failed") && l.contains("version 2"))
         };
-        common::eventually(Duration::from_secs(10), logged).await;
+        assert!(
+            common::eventually(Duration::from_secs(10), logged).await,
+            "the refusal of the version 2 marker is logged: {}",
+            hoard.log.lock().unwrap().join("\n")
+        );
     });
     let log = hoard.log.lock().unwrap().join("\n");
     assert!(!log.contains(&s3.secret_access_key), "{log}");

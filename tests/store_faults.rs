@@ -771,7 +771,10 @@ async fn a_download_cut_mid_stream_is_an_error_for_the_client() {
             .cloned()
             .collect::<Vec<_>>()
     };
-    common::eventually(Duration::from_secs(10), || !broke_off().is_empty()).await;
+    assert!(
+        common::eventually(Duration::from_secs(10), || !broke_off().is_empty()).await,
+        "no line says the download broke off"
+    );
     tokio::time::sleep(Duration::from_millis(500)).await;
     let lines = broke_off();
     assert_eq!(lines.len(), 1, "{lines:#?}");

@@ -458,6 +458,7 @@ pub fn node_result(out: std::process::Output) -> (Value, String) {
 }
 
 /// Polls `check` until it returns true or `timeout` passes.
+#[must_use = "assert the result: a check that times out is a failure"]
 pub async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
     let deadline = tokio::time::Instant::now() + timeout;
     while tokio::time::Instant::now() < deadline {
