@@ -598,6 +598,77 @@ mod tests {
         assert_eq!(FsStore::open(dir.path()).unwrap().lost_since(), None);
     }
 
+    /// More large puts at once than there are wide permits: every chunk is stored whole, with
+    /// or without a permit, and every permit is given back.
+    #[tokio::test]
+    async fn large_puts_beyond_the_wide_permits_store_their_bytes_and_give_the_permits_back() {
+        use futures_util::TryStreamExt;
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::open(dir.path()).unwrap();
+        let puts = WIDE_WRITERS + 4;
+        let (started, mut all_started) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let go = Arc::new(tokio::sync::Notify::new());
+        let data: Vec<Vec<u8>> = (0..puts)
+            .map(|i| (0..3 * WIDE_BATCH + i).map(|b| (b * 7 + i) as u8).collect())
+            .collect();
+        // Each body sends its first frame, then waits until every put has begun.
+        let body = |bytes: &Vec<u8>| -> ByteStream {
+            let frames: Vec<Bytes> = bytes.chunks(64 << 10).map(Bytes::copy_from_slice).collect();
+            let (started, go) = (started.clone(), go.clone());
+            Box::pin(
+                futures_util::stream::iter(frames)
+                    .enumerate()
+                    .then(move |(n, frame)| {
+                        let (started, go) = (started.clone(), go.clone());
+                        async move {
+                            if n == 1 {
+                                let go = go.notified();
+                                let _ = started.send(());
+                                go.await;
+                            }
+                            Ok::<_, io::Error>(frame)
+                        }
+                    }),
+            )
+        };
+        let names: Vec<BlobName> = (0..puts).map(|_| BlobName::random()).collect();
+        let stored = futures_util::future::join_all(
+            names
+                .iter()
+                .zip(&data)
+                .map(|(name, bytes)| store.put(name, body(bytes), Some(bytes.len() as u64))),
+        );
+        let release = async {
+            for _ in 0..puts {
+                all_started.recv().await.unwrap();
+            }
+            assert_eq!(
+                store.wide_writers.available_permits(),
+                0,
+                "the first puts hold every wide permit"
+            );
+            go.notify_waiters();
+        };
+        let (stored, ()) = tokio::join!(stored, release);
+        for ((chunk, name), bytes) in stored.into_iter().zip(&names).zip(&data) {
+            let chunk = chunk.unwrap();
+            assert_eq!(chunk.size, bytes.len() as u64);
+            assert_eq!(chunk.xxh3, Some(crate::blob::digests::xxh3_64(bytes)));
+            let read: Vec<Bytes> = store
+                .get(name, 0, chunk.size)
+                .await
+                .unwrap()
+                .try_collect()
+                .await
+                .unwrap();
+            assert!(
+                read.concat() == *bytes,
+                "chunk {name} differs from its body"
+            );
+        }
+        assert_eq!(store.wide_writers.available_permits(), WIDE_WRITERS);
+    }
+
     #[tokio::test]
     async fn the_local_disk_store_conforms() {
         let dir = tempfile::tempdir().unwrap();
