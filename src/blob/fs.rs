@@ -20,8 +20,9 @@
 //! block crosses the network: disk and network overlap, memory stays bounded whatever the chunk
 //! size, and no thread is held while a slow client sends or reads. Each blocking task costs a
 //! thread wake-up and a switch both ways, which on a virtual machine cost as much as copying
-//! tens of KiB: the first [`WIDE_WRITERS`] large puts at a time write in batches of
-//! [`WIDE_BATCH`] instead of [`IO_BLOCK`], so that the memory they hold stays bounded too.
+//! tens of KiB: the first [`WIDE_TRANSFERS`] large puts, and as many large reads, at a time
+//! move [`WIDE_BLOCK`] per task instead of [`IO_BLOCK`], so that the memory they hold stays
+//! bounded too.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, IoSlice, Read, Seek, SeekFrom, Write};
@@ -40,13 +41,14 @@ use crate::model::{now_millis, BlobName, Chunk, Millis};
 const LAYOUT_VERSION: &str = "1";
 /// Size of each disk read when streaming a chunk out, and of each batch of frames written.
 const IO_BLOCK: usize = 256 << 10;
-/// The batch of frames a put holding a wide permit writes at a time. Measured on 2 cores (8
-/// uploads of 128 MiB at once): a fifth less CPU per GiB than batches of [`IO_BLOCK`], as little
-/// as the disk floor's 4 MiB batches.
-const WIDE_BATCH: usize = 1 << 20;
-/// Large puts writing in batches of [`WIDE_BATCH`] at once; the others use [`IO_BLOCK`]. Each
-/// holds up to two batches (one being written, one arriving): 16 MiB in all at most.
-const WIDE_WRITERS: usize = 8;
+/// What a transfer holding a wide permit writes or reads per blocking task. Measured on 2 cores
+/// (8 uploads of 128 MiB at once): a fifth less CPU per GiB than batches of [`IO_BLOCK`], as
+/// little as the disk floor's 4 MiB batches.
+const WIDE_BLOCK: usize = 1 << 20;
+/// Large puts, and large reads, moving [`WIDE_BLOCK`] at a time at once (each kind); the others
+/// use [`IO_BLOCK`]. Each holds up to two blocks (one on the disk's side, one on the network's):
+/// 16 MiB of each kind in all at most.
+const WIDE_TRANSFERS: usize = 8;
 /// Chunks up to this size are received whole and written, or read, in one blocking call:
 /// one thread hop instead of a pipeline.
 const SMALL: u64 = 1 << 20;
@@ -63,8 +65,9 @@ pub struct FsStore {
     _staging_lock: Arc<File>,
     /// Set by every put, cleared by a sync.
     unsynced: Arc<AtomicBool>,
-    /// Permits to write in batches of [`WIDE_BATCH`].
+    /// Permits to write, and to read, [`WIDE_BLOCK`] at a time.
     wide_writers: Arc<Semaphore>,
+    wide_readers: Arc<Semaphore>,
     lost_since: Option<Millis>,
 }
 
@@ -192,7 +195,8 @@ impl FsStore {
             tmp,
             _staging_lock: Arc::new(staging_lock),
             unsynced: Arc::new(AtomicBool::new(lost_since.is_some())),
-            wide_writers: Arc::new(Semaphore::new(WIDE_WRITERS)),
+            wide_writers: Arc::new(Semaphore::new(WIDE_TRANSFERS)),
+            wide_readers: Arc::new(Semaphore::new(WIDE_TRANSFERS)),
             lost_since,
         })
     }
@@ -337,7 +341,7 @@ impl BlobStore for FsStore {
         };
         let flush_at = match (small, &wide) {
             (true, _) => usize::MAX,
-            (false, Some(_)) => WIDE_BATCH,
+            (false, Some(_)) => WIDE_BLOCK,
             (false, None) => IO_BLOCK,
         };
         let mut disk = Disk::Idle(None);
@@ -405,8 +409,15 @@ impl BlobStore for FsStore {
 
     async fn get(&self, name: &BlobName, offset: u64, len: u64) -> Result<ByteStream, BlobError> {
         // A small read is one block; a large one goes block by block, each read by a blocking
-        // task started while the previous block is sent: no thread waits on a slow reader.
-        let first_block = if len <= SMALL { len } else { IO_BLOCK as u64 };
+        // task started while the previous block is sent: no thread waits on a slow reader. A
+        // wide permit, if one is free, is held until the stream ends or is dropped.
+        let wide = if len <= SMALL {
+            None
+        } else {
+            self.wide_readers.clone().try_acquire_owned().ok()
+        };
+        let block = if wide.is_some() { WIDE_BLOCK } else { IO_BLOCK } as u64;
+        let first_block = if len <= SMALL { len } else { block };
         // The first block is read before returning, so a missing chunk is an error here.
         let path = self.path_of(name);
         let first =
@@ -427,27 +438,27 @@ impl BlobStore for FsStore {
             Ready((File, io::Result<Bytes>)),
             Reading(Read),
         }
-        let state: (Option<Next>, u64) = (Some(Next::Ready(first)), len);
+        let state = (Some(Next::Ready(first)), len, wide);
         Ok(Box::pin(futures_util::stream::unfold(
             state,
-            move |(next, left)| async move {
-                let (file, block) = match next? {
+            move |(next, left, wide)| async move {
+                let (file, read) = match next? {
                     Next::Ready(done) => done,
                     Next::Reading(task) => match task.await {
                         Ok(done) => done,
-                        Err(e) => return Some((Err(io::Error::other(e)), (None, 0))),
+                        Err(e) => return Some((Err(io::Error::other(e)), (None, 0, None))),
                     },
                 };
-                let bytes = match block {
+                let bytes = match read {
                     Ok(bytes) => bytes,
-                    Err(e) => return Some((Err(e), (None, 0))),
+                    Err(e) => return Some((Err(e), (None, 0, None))),
                 };
                 let left = left - bytes.len() as u64;
                 let next = (left > 0).then(|| {
-                    let want = left.min(IO_BLOCK as u64);
+                    let want = left.min(block);
                     Next::Reading(tokio::task::spawn_blocking(move || read_block(file, want)))
                 });
-                Some((Ok(bytes), (next, left)))
+                Some((Ok(bytes), (next, left, wide)))
             },
         )))
     }
@@ -598,18 +609,18 @@ mod tests {
         assert_eq!(FsStore::open(dir.path()).unwrap().lost_since(), None);
     }
 
-    /// More large puts at once than there are wide permits: every chunk is stored whole, with
-    /// or without a permit, and every permit is given back.
+    /// More large puts, then reads, at once than there are wide permits: every chunk is stored
+    /// and read back whole, with or without a permit, and every permit is given back.
     #[tokio::test]
-    async fn large_puts_beyond_the_wide_permits_store_their_bytes_and_give_the_permits_back() {
+    async fn large_transfers_beyond_the_wide_permits_keep_their_bytes_and_give_the_permits_back() {
         use futures_util::TryStreamExt;
         let dir = tempfile::tempdir().unwrap();
         let store = FsStore::open(dir.path()).unwrap();
-        let puts = WIDE_WRITERS + 4;
+        let puts = WIDE_TRANSFERS + 4;
         let (started, mut all_started) = tokio::sync::mpsc::unbounded_channel::<()>();
         let go = Arc::new(tokio::sync::Notify::new());
         let data: Vec<Vec<u8>> = (0..puts)
-            .map(|i| (0..3 * WIDE_BATCH + i).map(|b| (b * 7 + i) as u8).collect())
+            .map(|i| (0..3 * WIDE_BLOCK + i).map(|b| (b * 7 + i) as u8).collect())
             .collect();
         // Each body sends its first frame, then waits until every put has begun.
         let body = |bytes: &Vec<u8>| -> ByteStream {
@@ -650,23 +661,27 @@ mod tests {
             go.notify_waiters();
         };
         let (stored, ()) = tokio::join!(stored, release);
+        let mut streams = Vec::new();
         for ((chunk, name), bytes) in stored.into_iter().zip(&names).zip(&data) {
             let chunk = chunk.unwrap();
             assert_eq!(chunk.size, bytes.len() as u64);
             assert_eq!(chunk.xxh3, Some(crate::blob::digests::xxh3_64(bytes)));
-            let read: Vec<Bytes> = store
-                .get(name, 0, chunk.size)
-                .await
-                .unwrap()
-                .try_collect()
-                .await
-                .unwrap();
+            streams.push(store.get(name, 0, chunk.size).await.unwrap());
+        }
+        assert_eq!(store.wide_writers.available_permits(), WIDE_TRANSFERS);
+        assert_eq!(
+            store.wide_readers.available_permits(),
+            0,
+            "the first reads hold every wide permit"
+        );
+        for ((stream, name), bytes) in streams.into_iter().zip(&names).zip(&data) {
+            let read: Vec<Bytes> = stream.try_collect().await.unwrap();
             assert!(
                 read.concat() == *bytes,
-                "chunk {name} differs from its body"
+                "chunk {name} read back differs from its body"
             );
         }
-        assert_eq!(store.wide_writers.available_permits(), WIDE_WRITERS);
+        assert_eq!(store.wide_readers.available_permits(), WIDE_TRANSFERS);
     }
 
     #[tokio::test]
