@@ -39,7 +39,8 @@ use super::{BlobError, BlobStore, ByteStream, Capacity, Digests, Listed, NameStr
 use crate::model::{now_millis, BlobName, Chunk, Millis};
 
 const LAYOUT_VERSION: &str = "1";
-/// Size of each disk read when streaming a chunk out, and of each batch of frames written.
+/// Size of each disk read when streaming a chunk out, and of each batch of frames written, for
+/// a transfer without a wide permit.
 const IO_BLOCK: usize = 256 << 10;
 /// What a transfer holding a wide permit writes or reads per blocking task. Measured on 2 cores
 /// (8 uploads of 128 MiB at once): a fifth less CPU per GiB than batches of [`IO_BLOCK`], as
