@@ -33,7 +33,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{BlobError, BlobStore, ByteStream, Capacity, Digests, Listed, NameStream};
 use crate::model::{now_millis, BlobName, Chunk, Millis};
@@ -334,17 +334,9 @@ impl BlobStore for FsStore {
             },
             published: false,
         };
-        // A wide permit, if one is free, is held until the put returns.
-        let wide = if small {
-            None
-        } else {
-            self.wide_writers.clone().try_acquire_owned().ok()
-        };
-        let flush_at = match (small, &wide) {
-            (true, _) => usize::MAX,
-            (false, Some(_)) => WIDE_BLOCK,
-            (false, None) => IO_BLOCK,
-        };
+        // Held until the put returns; a small chunk is written in one batch.
+        let block = (!small).then(|| Block::for_large_transfer(&self.wide_writers));
+        let flush_at = block.as_ref().map_or(usize::MAX, |b| b.size);
         let mut disk = Disk::Idle(None);
         if !small {
             let path = staging.path.clone();
@@ -410,22 +402,17 @@ impl BlobStore for FsStore {
 
     async fn get(&self, name: &BlobName, offset: u64, len: u64) -> Result<ByteStream, BlobError> {
         // A small read is one block; a large one goes block by block, each read by a blocking
-        // task started while the previous block is sent: no thread waits on a slow reader. A
-        // wide permit, if one is free, is held until the stream ends or is dropped.
-        let wide = if len <= SMALL {
-            None
-        } else {
-            self.wide_readers.clone().try_acquire_owned().ok()
-        };
-        let block = if wide.is_some() { WIDE_BLOCK } else { IO_BLOCK } as u64;
-        let first_block = if len <= SMALL { len } else { block };
+        // task started while the previous block is sent: no thread waits on a slow reader. The
+        // stream holds the `Block` (and its wide permit, if any) until it ends or is dropped.
+        let block = (len > SMALL).then(|| Block::for_large_transfer(&self.wide_readers));
+        let step = block.as_ref().map_or(len, |b| b.size as u64);
         // The first block is read before returning, so a missing chunk is an error here.
         let path = self.path_of(name);
         let first =
             tokio::task::spawn_blocking(move || -> io::Result<(File, io::Result<Bytes>)> {
                 let mut file = File::open(&path)?;
                 file.seek(SeekFrom::Start(offset))?;
-                Ok(read_block(file, first_block))
+                Ok(read_block(file, step))
             })
             .await
             .map_err(|e| io_err(format!("chunk {name}"))(io::Error::other(e)))?
@@ -439,10 +426,10 @@ impl BlobStore for FsStore {
             Ready((File, io::Result<Bytes>)),
             Reading(Read),
         }
-        let state = (Some(Next::Ready(first)), len, wide);
+        let state = (Some(Next::Ready(first)), len, block);
         Ok(Box::pin(futures_util::stream::unfold(
             state,
-            move |(next, left, wide)| async move {
+            move |(next, left, block)| async move {
                 let (file, read) = match next? {
                     Next::Ready(done) => done,
                     Next::Reading(task) => match task.await {
@@ -456,10 +443,10 @@ impl BlobStore for FsStore {
                 };
                 let left = left - bytes.len() as u64;
                 let next = (left > 0).then(|| {
-                    let want = left.min(block);
+                    let want = left.min(step);
                     Next::Reading(tokio::task::spawn_blocking(move || read_block(file, want)))
                 });
-                Some((Ok(bytes), (next, left, wide)))
+                Some((Ok(bytes), (next, left, block)))
             },
         )))
     }
@@ -575,6 +562,21 @@ impl BlobStore for FsStore {
             unsynced.store(true, Ordering::Release);
         }
         result.map_err(io_err(format!("sync of {}", self.root.display())))
+    }
+}
+
+/// What a large transfer moves per blocking task: [`WIDE_BLOCK`] while it holds one of the
+/// wide permits (taken if one is free, given back when this is dropped), else [`IO_BLOCK`].
+struct Block {
+    size: usize,
+    _wide: Option<OwnedSemaphorePermit>,
+}
+
+impl Block {
+    fn for_large_transfer(wide_permits: &Arc<Semaphore>) -> Self {
+        let wide = wide_permits.clone().try_acquire_owned().ok();
+        let size = if wide.is_some() { WIDE_BLOCK } else { IO_BLOCK };
+        Self { size, _wide: wide }
     }
 }
 
