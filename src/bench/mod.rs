@@ -539,11 +539,12 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
     });
     // Removed, and its page cache dropped, when the run ends.
     let _page_cache_fill = if args.fill_page_cache {
-        let filled = tokio::task::spawn_blocking(page_cache::fill)
-            .await
-            .map_err(|e| usage(e.to_string()))?
-            .map_err(|e| usage(format!("--fill-page-cache: {e}")))?;
-        Some(filled)
+        Some(
+            tokio::task::spawn_blocking(page_cache::fill)
+                .await
+                .map_err(|e| usage(e.to_string()))?
+                .map_err(|e| usage(format!("--fill-page-cache: {e}")))?,
+        )
     } else {
         None
     };
