@@ -12,6 +12,7 @@ pub mod cache;
 pub mod config;
 mod conn;
 pub mod doctor;
+pub mod health;
 pub mod meta;
 pub mod metrics;
 pub mod model;

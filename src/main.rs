@@ -46,6 +46,19 @@ enum Command {
         #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
         timeout: std::time::Duration,
     },
+    /// Exit 0 if the server on this machine is ready (its /readyz answers 200), 1 if not.
+    ///
+    /// The container image's health check: it needs no shell or HTTP client. Asks
+    /// 127.0.0.1 on the port of HOARD_LISTEN (3000 by default), over HTTPS when
+    /// HOARD_TLS_CERT is set, unless given --url.
+    Health {
+        /// The readiness URL to ask, such as http://127.0.0.1:3000/readyz.
+        #[arg(long)]
+        url: Option<url::Url>,
+        /// How long the server may take to answer.
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+    },
     /// List and delete cache entries on a running server, or see usage per repository.
     ///
     /// Talks to the admin API of the server at --server (HOARD_SERVER) with the admin token from
@@ -124,6 +137,7 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
         }
+        Command::Health { url, timeout } => runtime.block_on(health(url, timeout)),
         Command::Caches { server, command } => {
             print_or_fail(runtime.block_on(hoard::admin_cli::caches(&server, &command)))
         }
@@ -154,6 +168,31 @@ fn main() -> ExitCode {
             }
         },
     }
+}
+
+async fn health(url: Option<url::Url>, timeout: std::time::Duration) -> ExitCode {
+    let url = match url {
+        Some(url) => Ok(url),
+        None => {
+            let listen = std::env::var("HOARD_LISTEN").ok();
+            let tls = std::env::var_os("HOARD_TLS_CERT").is_some_and(|v| !v.is_empty());
+            hoard::health::default_url(listen.as_deref(), tls)
+        }
+    };
+    let answer = match url {
+        Ok(url) => hoard::health::check(&url, timeout).await,
+        Err(e) => Err(e),
+    };
+    let (out, line, code): (&mut dyn std::io::Write, _, _) = match answer {
+        Ok(line) => (&mut std::io::stdout(), line, ExitCode::SUCCESS),
+        Err(e) => (
+            &mut std::io::stderr(),
+            format!("hoard: {e}"),
+            ExitCode::FAILURE,
+        ),
+    };
+    let _ = writeln!(out, "{line}");
+    code
 }
 
 /// A command's output on standard output, or its failure as one sentence on standard error.
