@@ -1,37 +1,52 @@
-# syntax=docker/dockerfile:1
+# hoard's container image: `scripts/image` builds it (with buildah, podman or docker).
 #
-# hoard in a container: `docker build -t hoard .` from the repository root.
-# The image runs `hoard serve` as an unprivileged user (uid 10001) and listens on port 3000.
-# Configure it with HOARD_* variables (`docker run --rm hoard serve --help` lists them).
-# For several replicas on PostgreSQL and object storage, see docs/scale-out.md and
-# contrib/scale-out/.
+# The image holds nothing but what hoard needs: the server binary and the shared libraries it
+# loads, the CA certificates its TLS clients use (S3, GCS, Azure, token-key discovery), a
+# passwd entry for its unprivileged user and /data. No shell, no package manager.
+#
+# scripts/image builds the binary on the host and lays these files out in target/image/, which
+# is the only part of the repository the build context holds (.dockerignore); the image
+# is then built FROM scratch, so building it pulls nothing from a registry. To build with
+# another tool by hand: `scripts/image --rootfs-only`, then `docker build -t hoard .`.
+#
+# Run it with a volume on /data (the SQLite database, the chunks and the signing key of a
+# single server) and a read-only root:
+#
+#   podman run -d --read-only -p 3000:3000 -v hoard-data:/data hoard:VERSION
+#
+# Configure it with HOARD_* variables (`podman run --rm hoard:VERSION serve --help` lists them).
+# For replicas on PostgreSQL and object storage, see docs/scale-out.md and contrib/scale-out/.
 
-FROM rust:1-bookworm AS build
-WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
-COPY src ./src
-# The caches keep downloaded crates and build output between builds of this image; the binary
-# is copied out of the cached target directory in the same step.
-RUN --mount=type=cache,target=/usr/local/cargo/registry \
-    --mount=type=cache,target=/src/target \
-    cargo build --release --locked \
-    && cp target/release/hoard /usr/local/bin/hoard
+FROM scratch
 
-FROM debian:bookworm-slim
-RUN apt-get update \
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates \
-    && rm -rf /var/lib/apt/lists/* \
-    && groupadd --system --gid 10001 hoard \
-    && useradd --system --uid 10001 --gid hoard --home-dir /var/lib/hoard --shell /usr/sbin/nologin hoard \
-    && install -d -o hoard -g hoard -m 0750 /var/lib/hoard
-COPY --from=build /usr/local/bin/hoard /usr/local/bin/hoard
-# The data directory holds the SQLite database, the chunks and the signing key of a single
-# server. Mount a volume there for that. Replicas on PostgreSQL and object storage, with
-# HOARD_SIGNING_KEY set, write nothing to it.
+# scripts/image passes the version from Cargo.toml, the git commit and the repository's address.
+ARG VERSION=dev
+ARG REVISION=unknown
+ARG SOURCE=unknown
+LABEL org.opencontainers.image.title="hoard" \
+      org.opencontainers.image.description="A self-hosted cache server for GitHub Actions" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.licenses="MIT"
+
+# Owned by root and read-only to hoard.
+COPY target/image/rootfs/ /
+# The data directory, hoard's own (a volume mounted there takes its owner on first use).
+COPY --chown=10001:10001 target/image/owned/ /
+
 ENV HOARD_LISTEN=0.0.0.0:3000 \
-    HOARD_DATA_DIR=/var/lib/hoard
-WORKDIR /var/lib/hoard
+    HOARD_DATA_DIR=/data \
+    SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
+WORKDIR /data
 USER 10001:10001
 EXPOSE 3000
-ENTRYPOINT ["hoard"]
+VOLUME ["/data"]
+
+# Asks /readyz on 127.0.0.1 at the port of HOARD_LISTEN; no shell needed. (Kept by Docker and
+# Podman with the docker image format, which scripts/image builds; Kubernetes uses its probes.)
+HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
+    CMD ["/usr/local/bin/hoard", "health"]
+
+ENTRYPOINT ["/usr/local/bin/hoard"]
 CMD ["serve"]
