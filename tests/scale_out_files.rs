@@ -76,7 +76,9 @@ const OTHER_PROGRAMS_FLAGS: &[&str] = &[
     "--lifecycle-configuration",
     "--lifecycle-file",
     "--replicas",
-    "--build",
+    // podman run's, for the container image.
+    "--name",
+    "--read-only",
 ];
 
 fn repo_file(path: &str) -> String {
@@ -302,12 +304,55 @@ fn compose_services() -> Vec<ComposeService> {
         .collect()
 }
 
-/// Replicas are the services built from the repository's Dockerfile.
+/// The image `scripts/image` builds by default: `localhost/hoard:<version>`.
+fn built_image() -> String {
+    format!("localhost/hoard:{}", env!("CARGO_PKG_VERSION"))
+}
+
+/// Replicas are the services that run the image `scripts/image` builds.
 fn replicas(services: &[ComposeService]) -> Vec<&ComposeService> {
     services
         .iter()
-        .filter(|s| !s.body["build"].is_badvalue())
+        .filter(|s| text(&s.body["image"]).is_some_and(|i| i.starts_with("localhost/hoard:")))
         .collect()
+}
+
+/// The replicas run the image as built, as its user, on a read-only root, and their health
+/// check is the image's own shell-free `hoard health`.
+#[test]
+fn the_compose_replicas_run_the_built_image_read_only_with_its_health_check() {
+    let services = compose_services();
+    let replicas = replicas(&services);
+    assert!(!replicas.is_empty(), "no service runs the hoard image");
+    for replica in replicas {
+        let body = &replica.body;
+        assert_eq!(
+            text(&body["image"]),
+            Some(built_image()),
+            "{}",
+            replica.name
+        );
+        assert!(
+            body["build"].is_badvalue(),
+            "{}: the image is built by scripts/image",
+            replica.name
+        );
+        assert_eq!(body["read_only"].as_bool(), Some(true), "{}", replica.name);
+        let user = text(&body["user"]).unwrap_or_default();
+        assert_eq!(
+            user.split(':').next().and_then(|u| u.parse::<u32>().ok()),
+            Some(dockerfile_user()),
+            "{}: the image's user",
+            replica.name
+        );
+        let test = words(&body["healthcheck"]["test"]);
+        assert_eq!(
+            test,
+            ["CMD", "/usr/local/bin/hoard", "health"],
+            "{}",
+            replica.name
+        );
+    }
 }
 
 /// Every variable the Compose file sets for hoard, and every flag it passes, exists.
@@ -638,6 +683,26 @@ fn the_kubernetes_probes_ask_healthz_and_readyz_on_hoards_port() {
         Some(i64::from(image_user)),
         "the pod's user is the image's"
     );
+    // The image as scripts/image tags it, pushed to the user's registry; it has no shell or
+    // other program to exec, so no hook or probe may run one.
+    let image = text(&container["image"]).unwrap();
+    assert!(
+        image.ends_with(&format!("/hoard:{}", env!("CARGO_PKG_VERSION"))),
+        "{image}"
+    );
+    for hook in ["preStop", "postStart"] {
+        assert!(
+            container["lifecycle"][hook]["exec"].is_badvalue(),
+            "{hook} execs a program the image does not have"
+        );
+    }
+    for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
+        let exec = words(&container[probe]["exec"]["command"]);
+        assert!(
+            exec.is_empty() || exec == ["/usr/local/bin/hoard", "health"],
+            "{probe} execs {exec:?}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -654,11 +719,12 @@ fn dockerfile_user() -> u32 {
     user.split(':').next().unwrap().trim().parse().unwrap()
 }
 
-/// The image builds with the locked dependencies, runs `hoard serve` as an unprivileged
-/// numeric user on port 3000, sets only real options, and its build context (.dockerignore)
-/// holds everything it copies.
+/// The image is made FROM scratch out of what scripts/image lays out (a locked release build),
+/// runs `hoard serve` as an unprivileged numeric user on port 3000 with /data as its data
+/// directory, carries OCI labels and a shell-free health check, sets only real options, and its
+/// build context (.dockerignore) holds everything it copies.
 #[test]
-fn the_dockerfile_builds_locked_and_runs_hoard_serve_unprivileged() {
+fn the_dockerfile_runs_the_locked_release_build_unprivileged_from_scratch() {
     let dockerfile = repo_file("Dockerfile");
     // Continuation lines joined: one instruction per entry.
     let joined = dockerfile.replace("\\\n", " ");
@@ -671,25 +737,39 @@ fn the_dockerfile_builds_locked_and_runs_hoard_serve_unprivileged() {
         .iter()
         .filter_map(|l| l.strip_prefix("FROM "))
         .collect();
-    assert!(from[0].starts_with("rust:1-bookworm"), "{from:?}");
-    assert_eq!(from.last(), Some(&"debian:bookworm-slim"));
+    assert_eq!(from, ["scratch"], "nothing but what scripts/image lays out");
+    let script = repo_file("scripts/image");
     assert!(
-        joined.contains("cargo build --release --locked"),
+        script.contains("cargo build --release --locked"),
         "the build must use Cargo.lock as it is"
     );
     assert!(
-        joined.contains("ca-certificates"),
-        "the runtime image needs CA certificates for the object stores' HTTPS"
+        script.contains("ca-certificates.crt"),
+        "the image needs CA certificates for the object stores' HTTPS"
     );
     assert!(dockerfile_user() >= 1000, "a non-root, non-system user");
+    for expected in [
+        r#"ENTRYPOINT ["/usr/local/bin/hoard"]"#,
+        r#"CMD ["serve"]"#,
+        "WORKDIR /data",
+        r#"VOLUME ["/data"]"#,
+    ] {
+        assert!(instructions.contains(&expected), "{expected}");
+    }
+    let healthcheck = instructions
+        .iter()
+        .find_map(|l| l.strip_prefix("HEALTHCHECK "))
+        .expect("a HEALTHCHECK");
     assert!(
-        instructions.contains(&r#"ENTRYPOINT ["hoard"]"#),
-        "ENTRYPOINT [\"hoard\"]"
+        healthcheck.ends_with(r#"CMD ["/usr/local/bin/hoard", "health"]"#),
+        "{healthcheck}"
     );
-    assert!(
-        instructions.contains(&r#"CMD ["serve"]"#),
-        "CMD [\"serve\"]"
-    );
+    for label in ["source", "version", "licenses"] {
+        assert!(
+            joined.contains(&format!("org.opencontainers.image.{label}=")),
+            "the {label} label"
+        );
+    }
 
     let mut env = BTreeMap::new();
     for line in instructions.iter().filter_map(|l| l.strip_prefix("ENV ")) {
@@ -702,6 +782,8 @@ fn the_dockerfile_builds_locked_and_runs_hoard_serve_unprivileged() {
         env.get("HOARD_LISTEN").map(String::as_str),
         Some("0.0.0.0:3000")
     );
+    assert_eq!(env.get("HOARD_DATA_DIR").map(String::as_str), Some("/data"));
+    env.remove("SSL_CERT_FILE"); // read by rustls-native-certs, not a hoard option
     let mut problems = Vec::new();
     check_variables(env.keys(), "the Dockerfile", &mut problems);
     assert_none(&problems, "Dockerfile");
@@ -715,14 +797,18 @@ fn the_dockerfile_builds_locked_and_runs_hoard_serve_unprivileged() {
         .collect();
     assert!(ignore.lines().any(|l| l.trim() == "*"), ".dockerignore");
     for copy in instructions.iter().filter_map(|l| l.strip_prefix("COPY ")) {
-        if copy.starts_with("--from") {
-            continue;
-        }
-        let parts: Vec<&str> = copy.split_whitespace().collect();
+        let parts: Vec<&str> = copy
+            .split_whitespace()
+            .filter(|p| !p.starts_with("--"))
+            .collect();
         for source in &parts[..parts.len() - 1] {
             assert!(
                 kept.contains(&source.trim_end_matches('/')),
                 ".dockerignore leaves {source} out of the build context"
+            );
+            assert!(
+                script.contains(source.trim_end_matches('/')),
+                "scripts/image does not lay out {source}"
             );
         }
     }
@@ -752,9 +838,16 @@ fn tokens(text: &str, prefix: &str, more: impl Fn(char) -> bool) -> BTreeSet<Str
     found
 }
 
+/// Whether `scripts/image` takes `flag` (an arm of its argument `case`).
+fn image_script_flag(flag: &str) -> bool {
+    repo_file("scripts/image")
+        .lines()
+        .any(|l| l.trim_start().starts_with(&format!("{flag})")))
+}
+
 /// Every flag, `HOARD_*` variable and cloud variable that docs/scale-out.md names exists: in
-/// `hoard serve --help` (`hoard gc` and `hoard caches` for theirs), in [`CLOUD_VARIABLES`], or,
-/// for flags, in [`OTHER_PROGRAMS_FLAGS`].
+/// `hoard serve --help` (`hoard gc` and `hoard caches` for theirs), `scripts/image`, in
+/// [`CLOUD_VARIABLES`], or, for flags, in [`OTHER_PROGRAMS_FLAGS`].
 #[test]
 fn the_scale_out_page_names_only_real_options_and_variables() {
     let page = repo_file("docs/scale-out.md");
@@ -766,6 +859,7 @@ fn the_scale_out_page_names_only_real_options_and_variables() {
     for flag in &flags {
         let known = has_flag(help("serve"), flag)
             || has_flag(help("gc"), flag)
+            || image_script_flag(flag)
             || OTHER_PROGRAMS_FLAGS.contains(&flag.as_str());
         if !known {
             problems.push(format!("{flag} is not a flag of hoard serve"));
