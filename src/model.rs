@@ -266,28 +266,52 @@ impl fmt::Display for BlobName {
     }
 }
 
-/// Text a client chose (a token's claims, a path, a driver's message quoting a statement),
-/// shown in a log line or an error message at most [`Clipped::MAX`] bytes long: what one request
-/// can make the server write is bounded whatever it sends.
+/// Text a client chose (a token's claims, a path, a key, a driver's message quoting a
+/// statement), made safe for a log line or an error message: control characters (newlines,
+/// ESC and the rest of C0 and C1) are written as escapes, so one value can neither start a
+/// forged line nor drive a terminal, and at most [`LogSafe::MAX`] bytes of it are shown, so
+/// what one request can make the server write is bounded whatever it sends. Every token- or
+/// request-derived value in a log line goes through this.
 #[derive(Debug, Clone, Copy)]
-pub struct Clipped<'a>(pub &'a str);
+pub struct LogSafe<'a>(pub &'a str);
 
-impl Clipped<'_> {
+impl LogSafe<'_> {
     pub const MAX: usize = 300;
 }
 
-impl fmt::Display for Clipped<'_> {
+impl fmt::Display for LogSafe<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let text = self.0;
-        if text.len() <= Self::MAX {
-            return f.write_str(text);
-        }
-        let mut end = Self::MAX;
+        let mut end = text.len().min(Self::MAX);
         while !text.is_char_boundary(end) {
             end -= 1;
         }
-        write!(f, "{}… ({} bytes)", &text[..end], text.len())
+        let shown = &text[..end];
+        if shown.chars().any(needs_escape) {
+            for c in shown.chars() {
+                match c {
+                    '\n' => f.write_str("\\n")?,
+                    '\r' => f.write_str("\\r")?,
+                    '\t' => f.write_str("\\t")?,
+                    c if needs_escape(c) => write!(f, "\\u{{{:x}}}", u32::from(c))?,
+                    c => fmt::Write::write_char(f, c)?,
+                }
+            }
+        } else {
+            f.write_str(shown)?;
+        }
+        if end < text.len() {
+            write!(f, "… ({} bytes)", text.len())?;
+        }
+        Ok(())
     }
+}
+
+/// Control characters, the Unicode line and paragraph separators some viewers break lines at,
+/// and the bidirectional overrides that make text read differently from what it is.
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 /// A random RFC 4122-shaped id (`8-4-4-4-12` hex), for request ids and block-id prefixes.
@@ -574,6 +598,26 @@ pub struct BlockRef {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_safe_text_is_one_line_without_control_characters_and_bounded() {
+        let hostile = "octo/app\naction=\"delete\" id=1\r\x1b[31mred\u{85}\u{2028}\u{202e}\t";
+        let shown = LogSafe(hostile).to_string();
+        assert_eq!(
+            shown,
+            "octo/app\\naction=\"delete\" id=1\\r\\u{1b}[31mred\\u{85}\\u{2028}\\u{202e}\\t"
+        );
+        assert!(!shown.chars().any(needs_escape), "{shown:?}");
+        assert_eq!(LogSafe("plain text").to_string(), "plain text");
+        let long = format!("{}\n", "é".repeat(400));
+        let shown = LogSafe(&long).to_string();
+        assert!(
+            shown.ends_with(&format!("… ({} bytes)", long.len())),
+            "{shown}"
+        );
+        assert!(shown.len() <= LogSafe::MAX + 20, "{}", shown.len());
+        assert!(!shown.contains('\n'));
+    }
 
     #[test]
     fn keys_follow_the_client_rules() {

@@ -547,3 +547,104 @@ fn refusals_and_audit_lines_log_bounded_text() {
         .collect();
     assert!(long.is_empty(), "log lines over 2 KiB: {long:#?}");
 }
+
+/// What a verified token carries reaches the log escaped: a newline in its `repository_id`,
+/// `repository`, `ac` scopes, `sub` or run cannot start a forged line, and terminal escapes
+/// do not pass through (issue #43). Every line stays one line without a control character.
+#[test]
+fn audit_lines_with_hostile_claims_stay_one_line_without_control_characters() {
+    let issuer = Issuer::new(ISS);
+    let data = tempfile::tempdir().unwrap();
+    let jwks = issuer.write_jwks(data.path());
+    let secret = secret_file(data.path());
+    let hoard = Hoard::start_with(
+        data.path(),
+        &[
+            "--token-issuer",
+            ISS,
+            "--jwks-file",
+            jwks.to_str().unwrap(),
+            "--token-hs256-secret-file",
+            secret.to_str().unwrap(),
+        ],
+    );
+    let forged = "\nFORGED hoard::audit: action=\"delete\" id=1 \u{1b}[2J\r\u{85}";
+    let mut hostile = claims(&format!("1{forged}"), &[]);
+    hostile["ac"] = json!(serde_json::to_string(&json!([
+        { "Scope": format!("refs/heads/main{forged}"), "Permission": 3 }
+    ]))
+    .unwrap());
+    hostile["repository"] = json!(format!("octo/app{forged}"));
+    hostile["sub"] = json!(format!("repo:octo/app{forged}"));
+    hostile["scp"] = json!(format!("Actions.Results:1{forged}:2{forged}"));
+    let mut untrusted = hostile.clone();
+    untrusted["iss"] = json!(format!("https://evil.example/{forged}"));
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let http = reqwest::Client::new();
+        let token = sign_hs256(&hostile);
+        let (status, body) = twirp_at(
+            &http,
+            &hoard.base,
+            &token,
+            "CreateCacheEntry",
+            json!({ "key": "k", "version": VERSION }),
+        )
+        .await;
+        assert_eq!((status, body["ok"].as_bool()), (200, Some(true)), "{body}");
+        let url = body["signed_upload_url"].as_str().unwrap();
+        let put = http
+            .put(url)
+            .header("x-ms-blob-type", "BlockBlob")
+            .body(b"payload".to_vec())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(put.status(), 201);
+        let (status, body) = twirp_at(
+            &http,
+            &hoard.base,
+            &token,
+            "FinalizeCacheEntryUpload",
+            json!({ "key": "k", "version": VERSION, "size_bytes": 7 }),
+        )
+        .await;
+        assert_eq!((status, body["ok"].as_bool()), (200, Some(true)), "{body}");
+        // A refusal's reason, for a token whose issuer is not trusted.
+        let (status, _) = twirp_at(
+            &http,
+            &hoard.base,
+            &issuer.rs256(&untrusted),
+            "GetCacheEntryDownloadURL",
+            json!({ "key": "k", "version": VERSION }),
+        )
+        .await;
+        assert_eq!(status, 401);
+        let logged = eventually(std::time::Duration::from_secs(30), || {
+            let log = hoard.log.lock().unwrap();
+            let audited = |action: &str| log.iter().any(|l| l.contains(action));
+            audited("action=\"reserve\"")
+                && audited("action=\"finalize\"")
+                && audited("action=\"refused\"")
+        })
+        .await;
+        assert!(logged, "the writes and the refusal are audited");
+    });
+    let log = hoard.log.lock().unwrap().clone();
+    let audit: Vec<&String> = log.iter().filter(|l| l.contains("hoard::audit")).collect();
+    assert!(
+        audit.iter().any(|l| l.contains("FORGED")),
+        "the hostile claims are in the audit lines, escaped: {audit:#?}"
+    );
+    for line in &log {
+        assert!(
+            !line.trim_start().starts_with("FORGED"),
+            "a token started a log line of its own: {line:?}"
+        );
+        assert!(
+            !line.chars().any(|c| c.is_control() || c == '\u{85}'),
+            "a control character reached the log: {line:?}"
+        );
+    }
+}

@@ -5,7 +5,7 @@
 //! with `Authorization`, body) and the answer returned as it came, both streaming. Only
 //! hop-by-hop headers are dropped. Nothing of a body or a token is logged.
 
-use crate::model::Clipped;
+use crate::model::LogSafe;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -84,11 +84,11 @@ impl Upstream {
         let answer = match request.send().await {
             Ok(answer) => answer,
             Err(e) => {
-                tracing::warn!(%method, path = %Clipped(uri.path()), upstream = self.host(), error = %Clipped(&e.to_string()), "the upstream results service could not be reached");
+                tracing::warn!(%method, path = %LogSafe(uri.path()), upstream = self.host(), error = %LogSafe(&e.to_string()), "the upstream results service could not be reached");
                 return unreachable(self.host());
             }
         };
-        tracing::info!(%method, path = %Clipped(uri.path()), status = answer.status().as_u16(), "forwarded to the upstream results service");
+        tracing::info!(%method, path = %LogSafe(uri.path()), status = answer.status().as_u16(), "forwarded to the upstream results service");
         let status = answer.status();
         let mut headers = answer.headers().clone();
         strip_hop_by_hop(&mut headers);

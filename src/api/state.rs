@@ -113,7 +113,7 @@ impl AppState {
             Ok(c) => metrics.caller(c.how),
             Err(e) => {
                 metrics.caller("refused");
-                tracing::info!(target: "hoard::audit", action = "refused", reason = %e);
+                tracing::info!(target: "hoard::audit", action = "refused", reason = %crate::model::LogSafe(&e.to_string()));
             }
         }
         caller

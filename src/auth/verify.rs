@@ -290,7 +290,7 @@ impl Verifier {
                 if !trusted {
                     return Err(TokenError::Rejected(format!(
                         "the token's issuer {:?} is not trusted",
-                        crate::model::Clipped(&iss).to_string()
+                        crate::model::LogSafe(&iss).to_string()
                     )));
                 }
                 validation.set_issuer(&[iss.as_str()]);

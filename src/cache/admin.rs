@@ -3,8 +3,8 @@
 //! tokens never do.
 
 use crate::meta::MetaError;
-use crate::model::{Clipped, EntryId, RemovalCause};
 use crate::model::{EntryFilter, EntryOrder, EntryPage, ListedEntry, RepositoryUsage, Totals};
+use crate::model::{EntryId, LogSafe, RemovalCause};
 
 use super::{Cache, CacheError};
 
@@ -205,13 +205,13 @@ impl Cache {
             tracing::info!(
                 target: "hoard::audit",
                 action = "delete",
-                by,
+                by = %LogSafe(by),
                 id = e.id.get(),
-                repository = %e.repository,
-                repository_name = %listed.repository_name,
-                scope = %e.scope,
-                key = %e.key,
-                version = %e.version,
+                repository = %LogSafe(e.repository.as_str()),
+                repository_name = %LogSafe(&listed.repository_name),
+                scope = %LogSafe(e.scope.as_str()),
+                key = %LogSafe(e.key.as_str()),
+                version = %LogSafe(e.version.as_str()),
                 size = e.size,
                 run_id = %listed.written_by.as_ref().map_or("", |p| p.run_id.as_str()),
             );
@@ -253,8 +253,8 @@ impl Cache {
         tracing::info!(
             target: "hoard::audit",
             action = if dry_run { "purge_dry_run" } else { "purge" },
-            by,
-            filter = %Clipped(&describe(filter)),
+            by = %LogSafe(by),
+            filter = %LogSafe(&describe(filter)),
             count = purge.count,
             size = purge.bytes,
         );

@@ -28,8 +28,8 @@ use super::{Cache, CacheError};
 use crate::blob::Capacity;
 use crate::meta::Removal;
 use crate::model::{
-    BlobName, EntryId, EntryUse, Millis, QuotaUsage, RemovalCause, RepoId, ScopeClass, Share,
-    UploadId,
+    BlobName, EntryId, EntryUse, LogSafe, Millis, QuotaUsage, RemovalCause, RepoId, ScopeClass,
+    Share, UploadId,
 };
 
 /// How much free space `--min-free-space` keeps (parsed in `model`, where `config` reads it too).
@@ -336,7 +336,7 @@ impl Cache {
                 target: "hoard::lifecycle",
                 cause = cause.as_str(),
                 entry = entry.id.get(),
-                repository = %entry.repository,
+                repository = %LogSafe(entry.repository.as_str()),
                 size = entry.size,
                 "entry removed"
             );

@@ -36,7 +36,7 @@ use std::time::Duration;
 use crate::auth::Identity;
 use crate::blob::BlobStore;
 use crate::meta::{MetaError, MetaStore};
-use crate::model::{BlobName, Clipped, Clock, EntryId, Scope, Slot};
+use crate::model::{BlobName, Clock, EntryId, LogSafe, Scope, Slot};
 
 pub use error::CacheError;
 pub use pacing::{Serving, Traffic};
@@ -302,14 +302,14 @@ fn audit(action: &str, who: &Identity, slot: &Slot, id: i64) {
     tracing::info!(
         target: "hoard::audit",
         action,
-        repository = %slot.repository,
-        scope = %slot.scope,
-        key = %slot.key,
-        version = %slot.version,
+        repository = %LogSafe(slot.repository.as_str()),
+        scope = %LogSafe(slot.scope.as_str()),
+        key = %LogSafe(slot.key.as_str()),
+        version = %LogSafe(slot.version.as_str()),
         kind = %who.kind,
-        subject = %Clipped(&who.subject),
-        run_id = %Clipped(&who.run_id),
-        job_id = %Clipped(&who.job_id),
+        subject = %LogSafe(&who.subject),
+        run_id = %LogSafe(&who.run_id),
+        job_id = %LogSafe(&who.job_id),
         id,
     );
 }
@@ -321,13 +321,13 @@ fn audit_refusal(action: &str, who: &Identity, refused: &policy::Refusal) {
         action,
         rule = refused.rule,
         access = %refused.access,
-        repository = %who.repository,
-        repository_name = %Clipped(&who.repository_name),
-        scope = %refused.scope,
+        repository = %LogSafe(who.repository.as_str()),
+        repository_name = %LogSafe(&who.repository_name),
+        scope = %LogSafe(refused.scope.as_str()),
         kind = %who.kind,
-        subject = %Clipped(&who.subject),
-        run_id = %Clipped(&who.run_id),
-        job_id = %Clipped(&who.job_id),
+        subject = %LogSafe(&who.subject),
+        run_id = %LogSafe(&who.run_id),
+        job_id = %LogSafe(&who.job_id),
     );
 }
 

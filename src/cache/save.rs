@@ -13,7 +13,7 @@ use crate::auth::{Identity, LinkTarget};
 use crate::blob::BlobError;
 use crate::meta::{BlockState, MetaError, NewEntry, NewUpload};
 use crate::model::{
-    entry_digest, BlobName, BlockId, BlockRef, ByteStream, CacheKey, Clipped, EntryId, Millis,
+    entry_digest, BlobName, BlockId, BlockRef, ByteStream, CacheKey, EntryId, LogSafe, Millis,
     Provenance, Slot, Upload, UploadBlocks, UploadId, Version,
 };
 use crate::model::{RefClass, ScopeClass};
@@ -395,7 +395,7 @@ impl Cache {
                     .enforce_quota(&slot.repository, entry, class, size)
                     .await
                 {
-                    tracing::warn!(repository = %slot.repository, error = %e, "could not enforce the repository quota");
+                    tracing::warn!(repository = %LogSafe(slot.repository.as_str()), error = %e, "could not enforce the repository quota");
                 }
                 Ok(entry)
             }
@@ -505,20 +505,20 @@ fn audit_finalize(
     tracing::info!(
         target: "hoard::audit",
         action = "finalize",
-        repository = %slot.repository,
-        scope = %slot.scope,
-        key = %slot.key,
-        version = %slot.version,
+        repository = %LogSafe(slot.repository.as_str()),
+        scope = %LogSafe(slot.scope.as_str()),
+        key = %LogSafe(slot.key.as_str()),
+        version = %LogSafe(slot.version.as_str()),
         id = entry.get(),
         size,
         // The digest pass logs a `digest` line of its own once it has hashed the entry.
         digest = digest.unwrap_or("pending"),
         kind = %by.kind,
-        issuer = %Clipped(&by.issuer),
-        subject = %Clipped(&by.subject),
-        run_id = %Clipped(&by.run_id),
-        job_id = %Clipped(&by.job_id),
-        address = %Clipped(&by.address),
+        issuer = %LogSafe(&by.issuer),
+        subject = %LogSafe(&by.subject),
+        run_id = %LogSafe(&by.run_id),
+        job_id = %LogSafe(&by.job_id),
+        address = %LogSafe(&by.address),
     );
 }
 

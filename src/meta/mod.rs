@@ -70,10 +70,10 @@ pub enum MetaError {
 /// A driver's error message, cut to a length fit for a log line and an error value: some
 /// drivers quote the whole statement, which a large lookup makes long.
 pub(crate) fn bounded(message: String) -> String {
-    if message.len() <= crate::model::Clipped::MAX {
+    if message.len() <= crate::model::LogSafe::MAX {
         return message;
     }
-    crate::model::Clipped(&message).to_string()
+    crate::model::LogSafe(&message).to_string()
 }
 
 /// A new reservation.

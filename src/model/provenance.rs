@@ -5,7 +5,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::Clipped;
+use super::LogSafe;
 
 /// How a caller was identified: what provenance records and what write policies name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -63,7 +63,7 @@ impl FromStr for CallerKind {
             .ok_or_else(|| {
                 super::InvalidInput(format!(
                     "{:?} is no caller kind (github, ghes, hs256, forgejo, namespace or anonymous)",
-                    Clipped(s).to_string()
+                    LogSafe(s).to_string()
                 ))
             })
     }

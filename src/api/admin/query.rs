@@ -119,7 +119,7 @@ impl Query {
             Some("true" | "1") => Ok(true),
             Some(other) => Err(AdminError::bad(format!(
                 "{name} must be true or false, not {:?}",
-                crate::model::Clipped(other).to_string()
+                crate::model::LogSafe(other).to_string()
             ))),
         }
     }
