@@ -625,3 +625,83 @@ async fn purges_select_by_writer_and_a_dry_run_deletes_nothing() {
     assert!(srv.restore(&run_b, "b1", VERSION).await.is_some());
     srv.stop().await;
 }
+
+/// A misspelt parameter beside a real filter is refused (400, naming it) on every endpoint,
+/// and so is a parameter given twice; a purge with one deletes nothing (issue #43).
+#[tokio::test]
+async fn unknown_or_repeated_query_parameters_are_refused_on_every_endpoint() {
+    let srv = start().await;
+    let run_a = run_token("8104", "repo:o/r:ref:refs/heads/main", "run-a", "1");
+    let run_b = run_token("8104", "repo:o/r:ref:refs/heads/main", "run-b", "1");
+    let a = save_from(&srv, &run_a, "a", None).await;
+    save_from(&srv, &run_b, "b", None).await;
+
+    let endpoints = [
+        (reqwest::Method::GET, "status?verbose=1".to_owned()),
+        (reqwest::Method::GET, "policy?verbose=1".to_owned()),
+        (
+            reqwest::Method::GET,
+            "usage?repository=8104&limits=5".to_owned(),
+        ),
+        (
+            reqwest::Method::GET,
+            "stats?since=24h&familly=npm".to_owned(),
+        ),
+        (
+            reqwest::Method::GET,
+            "stats/families?since=24h&limt=5".to_owned(),
+        ),
+        (
+            reqwest::Method::GET,
+            "caches?repository=8104&runid=run-a".to_owned(),
+        ),
+        (reqwest::Method::GET, format!("caches/{a}?fields=all")),
+        (
+            reqwest::Method::DELETE,
+            "caches?repository=8104&runid=run-a&dry_run=true".to_owned(),
+        ),
+        (
+            reqwest::Method::DELETE,
+            "caches?repository=8104&run-id=run-a".to_owned(),
+        ),
+        (
+            reqwest::Method::DELETE,
+            "caches?repository=8104&runId=run-a".to_owned(),
+        ),
+        (
+            reqwest::Method::DELETE,
+            "caches?repository=8104&keys=a".to_owned(),
+        ),
+        (reqwest::Method::DELETE, format!("caches/{a}?dryrun=true")),
+    ];
+    for (method, path) in endpoints {
+        let (status, body) = admin(&srv, method.clone(), &path).await;
+        assert_eq!(status, 400, "{method} {path}: {body}");
+        let message = body["message"].as_str().unwrap();
+        assert!(
+            message.contains("unknown query parameter"),
+            "{path}: {message}"
+        );
+    }
+    for path in [
+        "caches?run_id=run-a&run_id=run-b",
+        "caches?repository=8104&dry_run=true&dry_run=false",
+    ] {
+        let (status, body) = delete(&srv, path).await;
+        assert_eq!(status, 400, "{path}: {body}");
+        assert!(
+            body["message"].as_str().unwrap().contains("more than once"),
+            "{body}"
+        );
+    }
+    // Nothing was deleted by any of them; the well-formed purge still works.
+    let (_, left) = get(&srv, "caches?repository=8104").await;
+    assert_eq!(left["total_count"], 2, "{left}");
+    let (status, purged) = delete(&srv, "caches?repository=8104&run_id=run-a").await;
+    assert_eq!(
+        (status, purged["deleted"].as_u64()),
+        (200, Some(1)),
+        "{purged}"
+    );
+    srv.stop().await;
+}

@@ -207,6 +207,18 @@ async fn route(
     let query = Query::of(uri);
     let path = rest.trim_end_matches('/');
     let one = path.strip_prefix("caches/");
+    // Every endpoint names the parameters it reads; anything else is refused before it acts.
+    use query::{DELETION, FAMILIES, FILTER, PAGE, PERIOD, SERIES, USAGE};
+    let allowed: &[&[&str]] = match (method, path) {
+        (&Method::GET, "usage") => &[USAGE],
+        (&Method::GET, "stats") => &[PERIOD, SERIES],
+        (&Method::GET, "stats/families") => &[PERIOD, FAMILIES],
+        (&Method::GET, "caches") => &[FILTER, PAGE],
+        (&Method::DELETE, "caches") => &[FILTER, DELETION],
+        (&Method::DELETE, _) if one.is_some() => &[&["dry_run"]],
+        _ => &[],
+    };
+    query.only(allowed)?;
     match (method, path) {
         (&Method::GET, "status") => ok(&status(app).await?),
         (&Method::GET, "usage") => ok(&usage(app, &query).await?),

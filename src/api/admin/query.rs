@@ -7,6 +7,32 @@ use super::AdminError;
 use crate::cache::admin::MAX_PAGE;
 use crate::model::{CacheKey, CallerKind, EntryFilter, EntryId, EntryOrder, Millis, Scope};
 
+/// The parameters of the entry filter ([`Query::filter`]).
+pub const FILTER: &[&str] = &[
+    "repository",
+    "ref",
+    "scope",
+    "key",
+    "version",
+    "run_id",
+    "subject",
+    "kind",
+    "written_after",
+    "written_before",
+];
+/// A listing's order and page.
+pub const PAGE: &[&str] = &["sort", "direction", "cursor", "per_page"];
+/// A deletion's: see what would go, or select everything.
+pub const DELETION: &[&str] = &["dry_run", "all"];
+/// `GET usage`.
+pub const USAGE: &[&str] = &["limit", "repository"];
+/// The period of `GET stats` and `GET stats/families`.
+pub const PERIOD: &[&str] = &["bucket", "since", "until", "repository", "scope_class"];
+/// `GET stats`' own.
+pub const SERIES: &[&str] = &["family"];
+/// `GET stats/families`' own.
+pub const FAMILIES: &[&str] = &["sort", "limit"];
+
 /// Entries a page lists unless asked otherwise (GitHub's default).
 pub const DEFAULT_PAGE: usize = 30;
 
@@ -20,6 +46,32 @@ impl Query {
                 .map(|(k, v)| (k.into_owned(), v.into_owned()))
                 .collect(),
         )
+    }
+
+    /// Refuses (400) a parameter that none of `allowed` names, and one given twice: a misspelt
+    /// filter beside a real one must not widen what a purge selects, and two values of one
+    /// filter must not be read as one of them.
+    pub fn only(&self, allowed: &[&[&str]]) -> Result<(), AdminError> {
+        for (i, (name, _)) in self.0.iter().enumerate() {
+            if !allowed.iter().any(|group| group.contains(&name.as_str())) {
+                let known: Vec<&str> = allowed.iter().flat_map(|g| g.iter().copied()).collect();
+                let known = if known.is_empty() {
+                    "this endpoint takes none".to_owned()
+                } else {
+                    format!("this endpoint takes {}", known.join(", "))
+                };
+                return Err(AdminError::bad(format!(
+                    "unknown query parameter {:?}: {known}",
+                    crate::model::LogSafe(name).to_string()
+                )));
+            }
+            if self.0[..i].iter().any(|(earlier, _)| earlier == name) {
+                return Err(AdminError::bad(format!(
+                    "query parameter {name} is given more than once"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The first value of `name`; an empty value counts as absent.
@@ -226,6 +278,25 @@ mod tests {
         assert!(message("ref=a&scope=b").contains("give one"));
         assert!(query("dry_run=maybe").flag("dry_run").is_err());
         assert!(query("dry_run=true").flag("dry_run").unwrap());
+    }
+
+    #[test]
+    fn unknown_and_repeated_parameters_are_refused_by_name() {
+        let message = |q: &str| query(q).only(&[FILTER, DELETION]).unwrap_err().1;
+        for misspelt in ["runid", "run-id", "runId", "keys"] {
+            let m = message(&format!("repository=octo/a&{misspelt}=2&dry_run=true"));
+            assert!(m.contains(&format!("\"{misspelt}\"")), "{m}");
+            assert!(m.contains("run_id"), "the known ones are listed: {m}");
+        }
+        assert!(message("run_id=1&run_id=2").contains("run_id is given more than once"));
+        assert!(message("run_id=1&dry_run=true&dry_run=false").contains("more than once"));
+        assert!(query("repository=octo/a&run_id=2&dry_run=true")
+            .only(&[FILTER, DELETION])
+            .is_ok());
+        assert!(query("").only(&[]).is_ok());
+        assert!(query("x=1").only(&[]).unwrap_err().1.contains("takes none"));
+        let hostile = message("a%0Ab=1");
+        assert!(!hostile.contains('\n'), "{hostile}");
     }
 
     #[test]
