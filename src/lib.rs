@@ -15,6 +15,7 @@ pub mod doctor;
 pub mod meta;
 pub mod metrics;
 pub mod model;
+pub mod runner;
 pub mod secret;
 pub mod tls;
 
