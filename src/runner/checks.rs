@@ -55,6 +55,22 @@ pub fn is_loopback_ip(ip: IpAddr) -> bool {
     }
 }
 
+/// The addresses a host name of `url` resolves to, if every one is loopback or link-local (a
+/// machine's own name mapped to 127.0.1.1 in /etc/hosts, as Debian does). `None` for an address
+/// literal, a name that does not resolve, or one with any other address.
+pub async fn resolves_to_loopback(url: &Url) -> Option<Vec<IpAddr>> {
+    let Some(Host::Domain(name)) = url.host() else {
+        return None;
+    };
+    let port = url.port_or_known_default().unwrap_or(80);
+    let addrs: Vec<IpAddr> = tokio::net::lookup_host((name, port))
+        .await
+        .ok()?
+        .map(|a| a.ip())
+        .collect();
+    (!addrs.is_empty() && addrs.iter().all(|ip| is_loopback_ip(*ip))).then_some(addrs)
+}
+
 /// What a runner directory holds, as `config.sh` and the runner's tarball leave it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunnerDir {
@@ -246,6 +262,17 @@ mod tests {
             "http://localhost.example.com/",
         ] {
             assert!(!is_loopback_host(&Url::parse(url).unwrap()), "{url}");
+        }
+    }
+
+    #[tokio::test]
+    async fn names_that_resolve_to_loopback_only_are_found() {
+        let local = Url::parse("http://localhost:3000/").unwrap();
+        let addrs = resolves_to_loopback(&local).await.unwrap();
+        assert!(addrs.iter().all(|ip| ip.is_loopback()), "{addrs:?}");
+        // An address is judged as written, and a name that does not resolve is not refused.
+        for url in ["http://127.0.0.1:3000/", "http://hoard.invalid:3000/"] {
+            assert_eq!(resolves_to_loopback(&Url::parse(url).unwrap()).await, None);
         }
     }
 

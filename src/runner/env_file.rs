@@ -77,7 +77,7 @@ pub fn last_value<'a>(text: &'a str, key: &str) -> Option<&'a str> {
         .filter_map(|line| line.trim_end_matches('\r').split_once('='))
         .filter(|(k, _)| *k == key)
         .map(|(_, v)| v)
-        .last()
+        .next_back()
 }
 
 /// Where hoard's block is: the byte range to remove (with the newline added before it, if any).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# hoard runner job-started hook @VERSION@. Written by `hoard runner setup`, which rewrites it;
-# `hoard runner doctor` checks that it is unchanged. The runner runs it before each job's steps
-# (ACTIONS_RUNNER_HOOK_JOB_STARTED).
+# hoard runner job-started hook @VERSION@.
+# Written by `hoard runner setup`, which rewrites it; `hoard runner doctor` checks that it is
+# unchanged. The runner runs it before each job's steps (ACTIONS_RUNNER_HOOK_JOB_STARTED).
 #
 # It asks hoard's /readyz (2 s at most). If hoard does not answer ready, it leaves a marker in
 # the job's RUNNER_TEMP so that the preload keeps GitHub's URLs for this job, and says why with a
@@ -20,8 +20,11 @@ hoard_check() {
   fi
   local here node answer
   here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-  # The runner's own Node (the newest bundled one), else one on PATH.
-  node="$(ls -d "$here"/../externals/node*/bin/node 2>/dev/null | sort -V | tail -n 1)"
+  # The runner's own Node (the newest bundled one: node20 sorts after node16), else one on PATH.
+  node=""
+  for candidate in "$here"/../externals/node*/bin/node; do
+    [ -x "$candidate" ] && node="$candidate"
+  done
   [ -n "$node" ] || node="$(command -v node)"
   if [ -z "$node" ]; then
     answer="no Node.js to ask it with (none in externals/ or on PATH)"
@@ -32,7 +35,7 @@ const [base, wantResults] = process.argv.slice(2);
 const say = (line) => { process.stdout.write(line + '\n'); process.exit(0); };
 setTimeout(() => say('no answer within 2 s'), 2000).unref();
 let url;
-try { url = new URL('readyz', base.endsWith('/') ? base : base + '/'); } catch (e) { say('not a URL: ' + e.message); }
+try { url = new URL('/readyz', base); } catch (e) { say('not a URL: ' + e.message); }
 const http = require(url.protocol === 'https:' ? 'https' : 'http');
 const req = http.get(url, (res) => {
   let body = '';

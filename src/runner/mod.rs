@@ -146,14 +146,34 @@ async fn check_forwarding(base: &Url, needs_forwarding: bool) -> Result<Option<S
     }
 }
 
+/// Refuses a host name that resolves to loopback addresses only, unless allowed.
+async fn resolves_for_containers(flag: &str, url: &Url, allow: bool) -> Result<(), Refusal> {
+    if allow {
+        return Ok(());
+    }
+    if let Some(addrs) = checks::resolves_to_loopback(url).await {
+        let addrs: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+        return refuse(format!(
+            "{flag} {url}: {} resolves to {} on this machine, a loopback address. BuildKit (docker/build-push-action's type=gha cache) runs in a container, where that address is the container itself. Give this machine's LAN address or a name that resolves to it, or pass --allow-loopback if no job uses BuildKit's cache",
+            url.host_str().unwrap_or_default(),
+            addrs.join(", ")
+        ));
+    }
+    Ok(())
+}
+
 /// `hoard runner setup`: the report, or why it refused.
 pub async fn setup(args: &SetupArgs) -> Result<String, Refusal> {
     let (results, cache) = urls(args)?;
+    if let Some(url) = &results {
+        resolves_for_containers("--url", url, args.allow_loopback).await?;
+    }
+    resolves_for_containers("--cache-url", &cache, args.allow_loopback).await?;
     let mut report = String::new();
     if args.arc {
         let probe = results.as_ref().unwrap_or(&cache);
         if let Some(note) = check_forwarding(probe, results.is_some()).await? {
-            // The cluster's address often does not resolve here: say so, on standard error.
+            // The cluster's address often does not resolve here: a note in a YAML comment.
             report.push_str(&format!("# {note}\n"));
         }
         report.push_str(&arc::render(

@@ -1,5 +1,6 @@
-// hoard runner preload @VERSION@. Written by `hoard runner setup`, which rewrites it; `hoard runner
-// doctor` checks that it is unchanged. Loaded into every Node process of this runner through
+// hoard runner preload @VERSION@.
+// Written by `hoard runner setup`, which rewrites it; `hoard runner doctor` checks that it is
+// unchanged. Loaded into every Node process of this runner through
 // NODE_OPTIONS=--require (CommonJS and ES-module entry points alike), before the action's code.
 //
 // Only where the runner set ACTIONS_RESULTS_URL (or ACTIONS_CACHE_URL), that is in JavaScript
