@@ -221,6 +221,25 @@ impl Job {
         token
     }
 
+    /// The URL variables a Node process of this job sees: an action's (with the step's
+    /// variables) or any other (a `run:` step's, a tool's).
+    async fn node_sees(&self, action: bool) -> Value {
+        let mut cmd = self.base_command(&self.runner.join("externals/node20/bin/node"));
+        cmd.args([
+            "-e",
+            "const e = process.env; console.log(JSON.stringify({ results: e.ACTIONS_RESULTS_URL ?? null, cache: e.ACTIONS_CACHE_URL ?? null, original: e.HOARD_ORIGINAL_ACTIONS_RESULTS_URL ?? null }))",
+        ]);
+        if action {
+            cmd.envs(self.step_env.iter().map(|(k, v)| (k, v)));
+        }
+        let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+            .await
+            .unwrap();
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{stdout}{stderr}");
+        serde_json::from_str(stdout.trim()).unwrap()
+    }
+
     fn write(&self, rel: &str, data: &[u8]) {
         let path = self.workspace.path().join(rel);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -477,6 +496,77 @@ async fn an_existing_hook_still_runs_after_hoards_and_keeps_its_exit_status() {
     assert_eq!(code, 3, "the existing hook's status: {said}");
     assert!(ran.is_file(), "{said}");
     assert!(!said.contains("::warning::"), "{said}");
+}
+
+/// A hoard restarted without forwarding: the hook says so, and the job's actions keep GitHub's
+/// results URL (artifacts, cache v2) while v1 still goes to hoard. Processes that are not
+/// actions are never touched.
+#[tokio::test]
+async fn a_hoard_that_stops_forwarding_sends_the_jobs_results_calls_to_github() {
+    let upstream = Results::start().await;
+    let forwarding = forwarding_hoard(&upstream.base).await;
+    let runner = fixture("");
+    let out = setup(runner.path(), &forwarding.base, &["--allow-loopback"]).await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    let github = "http://127.0.0.1:9";
+    let job = Job::new(runner.path(), github);
+    assert_eq!(
+        job.node_sees(false).await,
+        serde_json::json!({ "results": null, "cache": null, "original": null })
+    );
+    let hoard_url = format!("{}/", forwarding.base);
+    assert_eq!(
+        job.node_sees(true).await,
+        serde_json::json!({ "results": hoard_url, "cache": hoard_url, "original": format!("{github}/") })
+    );
+
+    // The same runner, now pointed at a hoard without --upstream-results-url.
+    let plain = TestServer::start().await;
+    let env_path = runner.path().join(".env");
+    let env = std::fs::read_to_string(&env_path).unwrap();
+    std::fs::write(&env_path, env.replace(&forwarding.base, &plain.base)).unwrap();
+    let job = Job::new(runner.path(), github);
+    let (code, said) = job.hook().await;
+    assert_eq!(code, 0, "{said}");
+    assert!(
+        said.lines()
+            .any(|l| l.starts_with("::warning::") && l.contains("does not forward")),
+        "{said}"
+    );
+    assert_eq!(
+        job.node_sees(true).await,
+        serde_json::json!({ "results": format!("{github}/"), "cache": format!("{}/", plain.base), "original": null })
+    );
+}
+
+/// A hoard that accepts the connection and never answers: the hook gives up after its 2 s.
+#[tokio::test]
+async fn the_hook_gives_up_on_a_hoard_that_does_not_answer() {
+    let upstream = Results::start().await;
+    let srv = forwarding_hoard(&upstream.base).await;
+    let runner = fixture("");
+    let out = setup(runner.path(), &srv.base, &["--allow-loopback"]).await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_base = format!("http://{}", silent.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((conn, _)) = silent.accept().await {
+            open.push(conn);
+        }
+    });
+    let env_path = runner.path().join(".env");
+    let env = std::fs::read_to_string(&env_path).unwrap();
+    std::fs::write(&env_path, env.replace(&srv.base, &silent_base)).unwrap();
+    let job = Job::new(runner.path(), "http://127.0.0.1:9");
+    let (code, said) = job.hook().await;
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains("no answer within 2 s"), "{said}");
+    assert_eq!(
+        std::fs::read_to_string(job.temp.path().join(".hoard-fallback")).unwrap(),
+        "all\n"
+    );
+    held.abort();
 }
 
 #[tokio::test]
