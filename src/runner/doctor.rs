@@ -168,6 +168,21 @@ pub async fn run(dir: &Path) -> Report {
     for (name, raw) in [(RESULTS_URL, &results), (CACHE_URL, &cache)] {
         let Some(raw) = raw else { continue };
         findings.extend(url_findings(name, raw, name == RESULTS_URL));
+        let Ok(url) = Url::parse(raw) else { continue };
+        if checks::is_loopback_host(&url) {
+            continue; // Said above.
+        }
+        if let Some(addrs) = checks::resolves_to_loopback(&url).await {
+            let addrs: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+            findings.push(Finding::warn(
+                format!(
+                    ".env: {name}={raw}: {} resolves to {} here, a loopback address: BuildKit's container (docker/build-push-action type=gha) cannot reach it",
+                    url.host_str().unwrap_or_default(),
+                    addrs.join(", ")
+                ),
+                "use this machine's LAN address, or a name that resolves to it",
+            ));
+        }
     }
     let Some(probe) = results.as_deref().or(cache.as_deref()) else {
         findings.push(Finding::fail(
