@@ -127,8 +127,13 @@ fn urls(args: &SetupArgs) -> Result<(Option<Url>, Url), Refusal> {
     Ok((results, cache))
 }
 
-/// What `/readyz` at `base` says about forwarding, as a refusal or a note for the report.
-async fn check_forwarding(base: &Url, needs_forwarding: bool) -> Result<Option<String>, Refusal> {
+/// What `/readyz` at `base` says about forwarding, as a refusal or a note for the report;
+/// `later` says how to check again.
+async fn check_forwarding(
+    base: &Url,
+    needs_forwarding: bool,
+    later: &str,
+) -> Result<Option<String>, Refusal> {
     match checks::readiness(base, PROBE_TIMEOUT).await {
         Readiness::Ready { forwards_to: Some(to) } => Ok(Some(format!(
             "hoard at {base} is ready and forwards the results service (artifacts) to {to}"
@@ -138,10 +143,10 @@ async fn check_forwarding(base: &Url, needs_forwarding: bool) -> Result<Option<S
         )),
         Readiness::Ready { forwards_to: None } => Ok(Some(format!("hoard at {base} is ready"))),
         Readiness::NotReady(why) => Ok(Some(format!(
-            "warning: hoard at {base} is not ready ({why}); until it is, each job falls back to GitHub's cache, and forwarding could not be checked: run hoard runner doctor once it is"
+            "warning: hoard at {base} is not ready ({why}); until it is, each job falls back to GitHub's cache, and forwarding could not be checked: {later} once it is"
         ))),
         Readiness::Unreachable(why) => Ok(Some(format!(
-            "warning: hoard at {base} did not answer ({why}); until it does, each job falls back to GitHub's cache, and forwarding could not be checked: run hoard runner doctor once it answers"
+            "warning: hoard at {base} did not answer ({why}); until it does, each job falls back to GitHub's cache, and forwarding could not be checked: {later} once it answers"
         ))),
     }
 }
@@ -172,7 +177,11 @@ pub async fn setup(args: &SetupArgs) -> Result<String, Refusal> {
     let mut report = String::new();
     if args.arc {
         let probe = results.as_ref().unwrap_or(&cache);
-        if let Some(note) = check_forwarding(probe, results.is_some()).await? {
+        let readyz = probe
+            .join("/readyz")
+            .map_or_else(|_| probe.to_string(), String::from);
+        let later = format!("ask {readyz} from a runner pod (forwarding.results must not be null)");
+        if let Some(note) = check_forwarding(probe, results.is_some(), &later).await? {
             // The cluster's address often does not resolve here: a note in a YAML comment.
             report.push_str(&format!("# {note}\n"));
         }
@@ -195,7 +204,11 @@ pub async fn setup(args: &SetupArgs) -> Result<String, Refusal> {
         ));
     }
     let probe = results.as_ref().unwrap_or(&cache);
-    if let Some(note) = check_forwarding(probe, results.is_some()).await? {
+    let later = format!(
+        "run hoard runner doctor --runner-dir {}",
+        runner.root.display()
+    );
+    if let Some(note) = check_forwarding(probe, results.is_some(), &later).await? {
         let _ = writeln!(report, "{note}");
     }
 
