@@ -67,7 +67,8 @@ pub struct ServeArgs {
 
     /// Forward every request that is not hoard's own (for example actions/upload-artifact's
     /// ArtifactService calls, which share ACTIONS_RESULTS_URL) to this results service. On
-    /// github.com: https://results-receiver.actions.githubusercontent.com/ [default: off].
+    /// github.com: https://results-receiver.actions.githubusercontent.com/. Runners set up with
+    /// `hoard runner setup` need it; /readyz says where it points [default: off].
     #[arg(long, env = "HOARD_UPSTREAM_RESULTS_URL")]
     pub upstream_results_url: Option<String>,
 

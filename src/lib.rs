@@ -16,6 +16,7 @@ pub mod health;
 pub mod meta;
 pub mod metrics;
 pub mod model;
+pub mod runner;
 pub mod secret;
 pub mod tls;
 

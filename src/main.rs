@@ -59,6 +59,15 @@ enum Command {
         #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
         timeout: std::time::Duration,
     },
+    /// Point a GitHub Actions runner at hoard without patching it, check it, or undo it.
+    ///
+    /// `setup` writes a Node preload and a job-started hook under the runner's .hoard/ and adds
+    /// one block to its .env; `undo` removes them (.env is then as it was); `doctor` checks a
+    /// runner set up so. `setup --arc` prints the same for actions-runner-controller.
+    Runner {
+        #[command(subcommand)]
+        command: RunnerCommand,
+    },
     /// List and delete cache entries on a running server, or see usage per repository.
     ///
     /// Talks to the admin API of the server at --server (HOARD_SERVER) with the admin token from
@@ -92,6 +101,20 @@ enum Command {
         #[arg(long)]
         dir: std::path::PathBuf,
     },
+}
+
+#[derive(Subcommand)]
+enum RunnerCommand {
+    /// Make the runner's JavaScript actions use hoard, with a fallback to GitHub per job.
+    ///
+    /// Refuses a directory that is not a runner's, a runner patched the old way
+    /// (Runner.Worker.dll), a loopback --url (unless --allow-loopback) and a hoard that does not
+    /// forward the results service. Running it again changes nothing.
+    Setup(hoard::runner::SetupArgs),
+    /// Remove what setup added: .env is then byte for byte as before setup.
+    Undo(hoard::runner::DirArgs),
+    /// Check a runner set up with `hoard runner setup`; exits with 1 if a check failed.
+    Doctor(hoard::runner::DirArgs),
 }
 
 #[derive(clap::Args)]
@@ -138,6 +161,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Health { url, timeout } => runtime.block_on(health(url, timeout)),
+        Command::Runner { command } => runner(&runtime, command),
         Command::Caches { server, command } => {
             print_or_fail(runtime.block_on(hoard::admin_cli::caches(&server, &command)))
         }
@@ -193,6 +217,44 @@ async fn health(url: Option<url::Url>, timeout: std::time::Duration) -> ExitCode
     };
     let _ = writeln!(out, "{line}");
     code
+}
+
+fn runner(runtime: &tokio::runtime::Runtime, command: RunnerCommand) -> ExitCode {
+    let result = match command {
+        RunnerCommand::Setup(args) => runtime.block_on(hoard::runner::setup(&args)),
+        RunnerCommand::Undo(args) => hoard::runner::undo(&args),
+        RunnerCommand::Doctor(args) => {
+            let report = runtime.block_on(hoard::runner::doctor::run(&args.runner_dir));
+            let _ = std::io::Write::write_all(
+                &mut std::io::stdout(),
+                report
+                    .render_as(
+                        "hoard runner doctor: whether this runner's jobs send their cache calls to hoard",
+                        "this runner is set up for hoard",
+                        "this runner is not set up for hoard until the failures above are fixed",
+                    )
+                    .as_bytes(),
+            );
+            return if report.failed() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    match result {
+        Ok(out) => {
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), out.as_bytes());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            let _ = std::io::Write::write_all(
+                &mut std::io::stderr(),
+                format!("hoard runner: {e}\n").as_bytes(),
+            );
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// A command's output on standard output, or its failure as one sentence on standard error.

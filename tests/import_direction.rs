@@ -22,19 +22,30 @@ const LAYERS: &[&[&str]] = &[
     &["cache"],
     &["config"],
     &["api"],
-    &["lib", "main", "bench", "doctor", "admin_cli", "tls", "conn"],
+    &[
+        "lib",
+        "main",
+        "bench",
+        "doctor",
+        "admin_cli",
+        "tls",
+        "conn",
+        "runner",
+    ],
 ];
 
 /// What `api` may use besides itself.
 const API_MAY_USE: &[&str] = &["cache", "auth", "model", "config", "metrics", "secret"];
 
 /// Imports within one layer that are allowed, as (from, to). The commands at the top may run
-/// the crate root's wiring (`crate::open_cache`), and a connection may be a TLS one.
+/// the crate root's wiring (`crate::open_cache`), a connection may be a TLS one, and `runner
+/// doctor` reports in `hoard doctor`'s findings.
 const SAME_LAYER: &[(&str, &str)] = &[
     ("bench", "lib"),
     ("doctor", "lib"),
     ("admin_cli", "lib"),
     ("conn", "tls"),
+    ("runner", "doctor"),
 ];
 
 /// A module using one it may not.
@@ -301,6 +312,7 @@ const ROOT_MODULES: &[&str] = &[
     "meta",
     "metrics",
     "model",
+    "runner",
     "secret",
     "tls",
 ];

@@ -1,5 +1,8 @@
 //! The operator's endpoints: `/healthz` (the process answers), `/readyz` (the database and
 //! storage answer, and the server is not shutting down) and `/metrics` (Prometheus text).
+//! `/readyz` also says where hoard forwards what is not its own (`forwarding.results`, the
+//! `--upstream-results-url`, or `null`): `hoard runner setup`, `hoard runner doctor` and the
+//! runner's job-started hook read it, unauthenticated, before sending artifacts through hoard.
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -46,13 +49,18 @@ pub(super) async fn healthz() -> Json<serde_json::Value> {
 /// Ready when the database and storage answer and the server is not shutting down.
 pub(super) async fn readyz(State(app): State<AppState>) -> Response {
     let warnings = &app.config().warnings;
+    // The results service's URL is GitHub's (or the enterprise's) public address, not a secret.
+    let forwarding = serde_json::json!({
+        "results": app.config().upstream.as_ref().map(|u| u.base().as_str()),
+    });
     if app.shutdown().is_cancelled() {
-        let body = serde_json::json!({ "status": "shutting down", "warnings": warnings });
+        let body = serde_json::json!({ "status": "shutting down", "warnings": warnings, "forwarding": forwarding });
         return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
     }
     match app.cache().ready().await {
         Ok(()) => {
-            Json(serde_json::json!({ "status": "ready", "warnings": warnings })).into_response()
+            Json(serde_json::json!({ "status": "ready", "warnings": warnings, "forwarding": forwarding }))
+                .into_response()
         }
         Err(e) => {
             tracing::warn!(error = %e, "readiness check failed");
@@ -61,7 +69,7 @@ pub(super) async fn readyz(State(app): State<AppState>) -> Response {
                 crate::cache::CacheError::Storage(e) => e.readiness(),
                 other => other.database_readiness(),
             };
-            let body = serde_json::json!({ "status": "unavailable", "error": failed, "warnings": warnings });
+            let body = serde_json::json!({ "status": "unavailable", "error": failed, "warnings": warnings, "forwarding": forwarding });
             (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
         }
     }

@@ -51,6 +51,11 @@ impl Upstream {
         Ok(Self { base, http, idle })
     }
 
+    /// The results service's URL, as `/readyz` names it.
+    pub fn base(&self) -> &Url {
+        &self.base
+    }
+
     pub fn host(&self) -> &str {
         self.base.host_str().unwrap_or("")
     }

@@ -66,8 +66,16 @@ impl Report {
 
     /// The report as printed: one line per finding, its fix indented below.
     pub fn render(&self) -> String {
-        let mut out =
-            String::from("hoard doctor: what a cache client in this environment will do\n");
+        self.render_as(
+            "hoard doctor: what a cache client in this environment will do",
+            "caching works here",
+            "caching will not work here until the failures above are fixed",
+        )
+    }
+
+    /// The report under `title`, ending with `works` or `broken`.
+    pub fn render_as(&self, title: &str, works: &str, broken: &str) -> String {
+        let mut out = format!("{title}\n");
         for f in &self.findings {
             let mark = match f.severity {
                 Severity::Ok => "ok  ",
@@ -79,11 +87,7 @@ impl Report {
                 let _ = writeln!(out, "       fix: {fix}");
             }
         }
-        let verdict = if self.failed() {
-            "caching will not work here until the failures above are fixed"
-        } else {
-            "caching works here"
-        };
+        let verdict = if self.failed() { broken } else { works };
         let _ = writeln!(out, "{verdict}");
         out
     }

@@ -16,6 +16,7 @@ pub mod databases;
 pub mod emulators;
 pub mod issuer;
 pub mod process;
+pub mod results;
 
 pub const SERVICE: &str = "/twirp/github.actions.results.api.v1.CacheService/";
 pub const VERSION: &str = "3ad75f27293d65a135214b8c82b296080f911dc107e52f1e7ec871a2eda46e69";

@@ -21,6 +21,15 @@ for (let i = 0; i < rest.length; i++) {
   else paths.push(rest[i]);
 }
 
+// What the process saw, for tests of the runner's preload (tests/runner.rs).
+if (process.env.HOARD_E2E_SHOW_ENV) console.log(`ENV ${JSON.stringify({
+  module: typeof require === 'undefined' ? 'es-module' : 'other',
+  ACTIONS_RESULTS_URL: process.env.ACTIONS_RESULTS_URL,
+  ACTIONS_CACHE_URL: process.env.ACTIONS_CACHE_URL,
+  HOARD_ORIGINAL_ACTIONS_RESULTS_URL: process.env.HOARD_ORIGINAL_ACTIONS_RESULTS_URL,
+  HOARD_ORIGINAL_ACTIONS_CACHE_URL: process.env.HOARD_ORIGINAL_ACTIONS_CACHE_URL,
+})}`);
+
 let result;
 if (command === 'save') {
   result = await cache.saveCache(paths, key);

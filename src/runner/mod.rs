@@ -1,0 +1,375 @@
+//! `hoard runner setup | undo | doctor`: point GitHub's own runner at hoard without patching it.
+//!
+//! The runner reads `<root>/.env` into its environment at start, and its Node actions inherit
+//! that environment, `NODE_OPTIONS` included; a self-update replaces only `bin*` and
+//! `externals*`. So `setup` writes a preload (`.hoard/preload.cjs`, [`files`]) that swaps hoard's
+//! URL into `ACTIONS_RESULTS_URL`/`ACTIONS_CACHE_URL` inside each JavaScript action, after the
+//! runner set GitHub's, and a job-started hook (`.hoard/job-started.sh`) that falls back to
+//! GitHub for a job when hoard is not ready; then it adds one block to `.env` ([`env_file`]) that
+//! loads both. `undo` removes the block (the file is then byte-identical to before) and the
+//! files. [`checks`] holds what both trust only after checking; [`arc`] prints the same for
+//! actions-runner-controller; [`doctor`] checks a set-up runner.
+
+pub mod arc;
+pub mod checks;
+pub mod doctor;
+pub mod env_file;
+pub mod files;
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use url::Url;
+
+use checks::Readiness;
+use env_file::EnvChange;
+
+/// How long `setup` and `doctor` wait for hoard's `/readyz`.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// GitHub's results service, the `--upstream-results-url` a github.com runner needs.
+pub const GITHUB_RESULTS: &str = "https://results-receiver.actions.githubusercontent.com/";
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct SetupArgs {
+    /// The runner's directory, as config.sh left it (run.sh, bin/, .runner).
+    #[arg(long, required_unless_present = "arc")]
+    pub runner_dir: Option<PathBuf>,
+    /// hoard's URL, at the root of its origin (http://cache.internal:3000/). Jobs' JavaScript
+    /// actions get it as ACTIONS_RESULTS_URL (cache v2, and artifact calls, which hoard
+    /// forwards) and, unless --cache-url, as ACTIONS_CACHE_URL (cache v1).
+    #[arg(long)]
+    pub url: String,
+    /// hoard's URL for ACTIONS_CACHE_URL (cache v1 and GHES), if not --url: for example with a
+    /// path prefix. The trailing slash is added if missing.
+    #[arg(long)]
+    pub cache_url: Option<String>,
+    /// Redirect ACTIONS_CACHE_URL only (cache v1, GitHub Enterprise Server) and leave
+    /// ACTIONS_RESULTS_URL, and with it artifacts, to GitHub: hoard then need not forward.
+    #[arg(long)]
+    pub cache_only: bool,
+    /// Print what would change, and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Accept a loopback or link-local --url. BuildKit (docker/build-push-action's type=gha
+    /// cache) runs in a container, where such an address is the container itself.
+    #[arg(long)]
+    pub allow_loopback: bool,
+    /// Print, touching no cluster, a ConfigMap and the runner container's env and volumeMounts
+    /// for an actions-runner-controller gha-runner-scale-set values file.
+    #[arg(long)]
+    pub arc: bool,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct DirArgs {
+    /// The runner's directory, as config.sh left it (run.sh, bin/, .runner).
+    #[arg(long)]
+    pub runner_dir: PathBuf,
+}
+
+/// Why a command refused or failed: one sentence, with what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refusal(pub String);
+
+fn refuse<T>(msg: impl Into<String>) -> Result<T, Refusal> {
+    Err(Refusal(msg.into()))
+}
+
+/// A URL for a cache client, with the slash at the end that the clients need.
+fn client_url(flag: &str, raw: &str, root_only: bool) -> Result<Url, Refusal> {
+    let mut url =
+        Url::parse(raw).map_err(|e| Refusal(format!("{flag} {raw:?} is not a URL ({e})")))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return refuse(format!("{flag} {raw} must be an http:// or https:// URL"));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return refuse(format!("{flag} {raw} must not have a query or fragment"));
+    }
+    if root_only && url.path() != "/" {
+        return refuse(format!(
+            "{flag} {raw} has a path: @actions/cache drops it and calls /twirp/… at the origin, so hoard must be served at the root of {} (for a path prefix for v1, use --cache-url)",
+            url.origin().ascii_serialization()
+        ));
+    }
+    if !url.path().ends_with('/') {
+        let path = format!("{}/", url.path());
+        url.set_path(&path);
+    }
+    Ok(url)
+}
+
+/// Refuses a loopback or link-local URL unless allowed.
+fn reachable_from_containers(flag: &str, url: &Url, allow: bool) -> Result<(), Refusal> {
+    if checks::is_loopback_host(url) && !allow {
+        return refuse(format!(
+            "{flag} {url} is a loopback or link-local address. docker/build-push-action's type=gha cache is read and written by BuildKit, which runs in a container, where that address is the container itself, not this machine. Give an address of this machine that containers reach (its LAN address or name), or pass --allow-loopback if no job uses BuildKit's cache"
+        ));
+    }
+    Ok(())
+}
+
+/// The URLs `setup` puts in place: (results, cache).
+fn urls(args: &SetupArgs) -> Result<(Option<Url>, Url), Refusal> {
+    let url = client_url("--url", &args.url, !args.cache_only)?;
+    reachable_from_containers("--url", &url, args.allow_loopback)?;
+    let cache = match &args.cache_url {
+        Some(raw) => {
+            let cache = client_url("--cache-url", raw, false)?;
+            reachable_from_containers("--cache-url", &cache, args.allow_loopback)?;
+            cache
+        }
+        None => url.clone(),
+    };
+    let results = (!args.cache_only).then_some(url);
+    Ok((results, cache))
+}
+
+/// What `/readyz` at `base` says about forwarding, as a refusal or a note for the report;
+/// `later` says how to check again.
+async fn check_forwarding(
+    base: &Url,
+    needs_forwarding: bool,
+    later: &str,
+) -> Result<Option<String>, Refusal> {
+    match checks::readiness(base, PROBE_TIMEOUT).await {
+        Readiness::Ready { forwards_to: Some(to) } => Ok(Some(format!(
+            "hoard at {base} is ready and forwards the results service (artifacts) to {to}"
+        ))),
+        Readiness::Ready { forwards_to: None } if needs_forwarding => refuse(format!(
+            "hoard at {base} does not forward the results service: with this set-up every JavaScript action's results-service calls go to hoard, so actions/upload-artifact and download-artifact would fail. Start hoard with --upstream-results-url {GITHUB_RESULTS} (HOARD_UPSTREAM_RESULTS_URL; on GHE.com your enterprise's results service), or an older hoard that cannot say so: upgrade it. Or pass --cache-only to redirect only ACTIONS_CACHE_URL (v1, GHES)"
+        )),
+        Readiness::Ready { forwards_to: None } => Ok(Some(format!("hoard at {base} is ready"))),
+        Readiness::NotReady(why) => Ok(Some(format!(
+            "warning: hoard at {base} is not ready ({why}); until it is, each job falls back to GitHub's cache, and forwarding could not be checked: {later} once it is"
+        ))),
+        Readiness::Unreachable(why) => Ok(Some(format!(
+            "warning: hoard at {base} did not answer ({why}); until it does, each job falls back to GitHub's cache, and forwarding could not be checked: {later} once it answers"
+        ))),
+    }
+}
+
+/// Refuses a host name that resolves to loopback addresses only, unless allowed.
+async fn resolves_for_containers(flag: &str, url: &Url, allow: bool) -> Result<(), Refusal> {
+    if allow {
+        return Ok(());
+    }
+    if let Some(addrs) = checks::resolves_to_loopback(url).await {
+        let addrs: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+        return refuse(format!(
+            "{flag} {url}: {} resolves to {} on this machine, a loopback address. BuildKit (docker/build-push-action's type=gha cache) runs in a container, where that address is the container itself. Give this machine's LAN address or a name that resolves to it, or pass --allow-loopback if no job uses BuildKit's cache",
+            url.host_str().unwrap_or_default(),
+            addrs.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// `hoard runner setup`: the report, or why it refused.
+pub async fn setup(args: &SetupArgs) -> Result<String, Refusal> {
+    let (results, cache) = urls(args)?;
+    if let Some(url) = &results {
+        resolves_for_containers("--url", url, args.allow_loopback).await?;
+    }
+    resolves_for_containers("--cache-url", &cache, args.allow_loopback).await?;
+    let mut report = String::new();
+    if args.arc {
+        let probe = results.as_ref().unwrap_or(&cache);
+        let readyz = probe
+            .join("/readyz")
+            .map_or_else(|_| probe.to_string(), String::from);
+        let later = format!("ask {readyz} from a runner pod (forwarding.results must not be null)");
+        if let Some(note) = check_forwarding(probe, results.is_some(), &later).await? {
+            // The cluster's address often does not resolve here: a note in a YAML comment.
+            report.push_str(&format!("# {note}\n"));
+        }
+        report.push_str(&arc::render(
+            results.as_ref().map(Url::as_str),
+            Some(cache.as_str()),
+        ));
+        return Ok(report);
+    }
+    let Some(dir) = &args.runner_dir else {
+        return refuse("--runner-dir is required without --arc");
+    };
+    let runner = checks::runner_dir(dir).map_err(Refusal)?;
+    if let Some(found) = runner.dll_patches().filter(|p| !p.is_empty()) {
+        return refuse(format!(
+            "{} is patched the old way ({} in bin/Runner.Worker.dll), so the runner never sets ACTIONS_RESULTS_URL and the preload would have nothing to replace. To restore it: {}. Then run this again",
+            runner.root.display(),
+            found.join(", "),
+            runner.dll_restore_hint()
+        ));
+    }
+    let probe = results.as_ref().unwrap_or(&cache);
+    let later = format!(
+        "run hoard runner doctor --runner-dir {}",
+        runner.root.display()
+    );
+    if let Some(note) = check_forwarding(probe, results.is_some(), &later).await? {
+        let _ = writeln!(report, "{note}");
+    }
+
+    let hoard_dir = runner.hoard_dir();
+    let preload_path = hoard_dir.join(files::PRELOAD_NAME);
+    let hook_path = hoard_dir.join(files::HOOK_NAME);
+    let require = env_file::require_option(&preload_path.to_string_lossy()).ok_or_else(|| {
+        Refusal(format!(
+            "{} has a quote, a backslash or a newline in its path, which NODE_OPTIONS cannot carry; move the runner",
+            runner.root.display()
+        ))
+    })?;
+    let change = EnvChange {
+        require,
+        hook: hook_path.to_string_lossy().into_owned(),
+        results_url: results.as_ref().map(|u| u.to_string()),
+        cache_url: Some(cache.to_string()),
+    };
+    let env_path = runner.env_file();
+    let before = match std::fs::read_to_string(&env_path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return refuse(format!("cannot read {}: {e}", env_path.display())),
+    };
+    let after = env_file::setup(&before, &change)
+        .map_err(|e| Refusal(format!("{}: {e}", env_path.display())))?;
+
+    let verb = if args.dry_run { "would write" } else { "wrote" };
+    let mut changed = false;
+    if !args.dry_run {
+        std::fs::create_dir_all(&hoard_dir)
+            .map_err(|e| Refusal(format!("cannot create {}: {e}", hoard_dir.display())))?;
+    }
+    for (name, text) in files::all() {
+        let path = hoard_dir.join(name);
+        let same = std::fs::read(&path).ok().as_deref() == Some(text.as_bytes());
+        if same {
+            continue;
+        }
+        changed = true;
+        if !args.dry_run {
+            files::write_if_changed(&path, &text)
+                .map_err(|e| Refusal(format!("cannot write {}: {e}", path.display())))?;
+        }
+        let _ = writeln!(report, "{verb} {}", path.display());
+    }
+    if after != before {
+        changed = true;
+        if !args.dry_run {
+            std::fs::write(&env_path, &after)
+                .map_err(|e| Refusal(format!("cannot write {}: {e}", env_path.display())))?;
+        }
+        let _ = writeln!(
+            report,
+            "{} {}:\n{}",
+            if args.dry_run {
+                "would change"
+            } else {
+                "changed"
+            },
+            env_path.display(),
+            env_file::describe(&before, &after)
+        );
+    }
+    if !changed {
+        let _ = writeln!(
+            report,
+            "nothing to change: {} is set up for hoard at {}",
+            runner.root.display(),
+            probe
+        );
+    } else if args.dry_run {
+        let _ = writeln!(report, "dry run: nothing was changed");
+    } else {
+        let _ = writeln!(
+            report,
+            "the runner reads .env when it starts; restart it: {}",
+            runner.restart_command()
+        );
+        let _ = writeln!(
+            report,
+            "undo with: hoard runner undo --runner-dir {}",
+            runner.root.display()
+        );
+    }
+    if !runner.configured {
+        let _ = writeln!(
+            report,
+            "note: {} has no .runner yet: run config.sh to register it",
+            runner.root.display()
+        );
+    }
+    Ok(report)
+}
+
+/// `hoard runner undo`: removes hoard's block from `.env` and its files.
+pub fn undo(args: &DirArgs) -> Result<String, Refusal> {
+    let runner = checks::runner_dir(&args.runner_dir).map_err(Refusal)?;
+    let env_path = runner.env_file();
+    let mut report = String::new();
+    match std::fs::read_to_string(&env_path) {
+        Ok(before) => {
+            let after = env_file::undo(&before)
+                .map_err(|e| Refusal(format!("{}: {e}", env_path.display())))?;
+            if after != before {
+                std::fs::write(&env_path, &after)
+                    .map_err(|e| Refusal(format!("cannot write {}: {e}", env_path.display())))?;
+                let _ = writeln!(
+                    report,
+                    "changed {}:\n{}",
+                    env_path.display(),
+                    env_file::describe(&before, &after)
+                );
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return refuse(format!("cannot read {}: {e}", env_path.display())),
+    }
+    let hoard_dir = runner.hoard_dir();
+    for (name, _) in files::all() {
+        let path = hoard_dir.join(name);
+        if path.exists() {
+            std::fs::remove_file(&path)
+                .map_err(|e| Refusal(format!("cannot remove {}: {e}", path.display())))?;
+            let _ = writeln!(report, "removed {}", path.display());
+        }
+    }
+    // Only if empty: anything else in it is not hoard's.
+    let _ = std::fs::remove_dir(&hoard_dir);
+    if report.is_empty() {
+        let _ = writeln!(report, "nothing to undo in {}", runner.root.display());
+    } else {
+        let _ = writeln!(
+            report,
+            "restart the runner so that it reads .env again: {}",
+            runner.restart_command()
+        );
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_urls_get_their_slash_and_keep_to_the_root() {
+        assert_eq!(
+            client_url("--url", "http://cache.internal:3000", true)
+                .unwrap()
+                .as_str(),
+            "http://cache.internal:3000/"
+        );
+        assert!(client_url("--url", "http://cache.internal:3000/ns/", true).is_err());
+        assert_eq!(
+            client_url("--cache-url", "http://cache.internal:3000/ns", false)
+                .unwrap()
+                .as_str(),
+            "http://cache.internal:3000/ns/"
+        );
+        assert!(client_url("--url", "ftp://cache.internal/", true).is_err());
+        assert!(client_url("--url", "cache.internal:3000", true).is_err());
+    }
+}

@@ -1,0 +1,827 @@
+//! `hoard runner setup | undo | doctor` on fixture runner directories (the files `config.sh`
+//! leaves, with the runner's Node linked in), and the real clients started the way the runner
+//! starts a JavaScript action: the runner's environment read from the `.env` that setup wrote,
+//! plus what the runner sets per step, with `ACTIONS_RESULTS_URL` pointing at a recording
+//! stand-in for GitHub's results service.
+#![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::results::{Results, ARTIFACTS, CACHE};
+use common::TestServer;
+use serde_json::Value;
+
+const VERSION: &str = "2.336.0";
+
+/// A runner directory as `config.sh` leaves it, with `.env` holding `env`.
+fn fixture(env: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    for sub in ["bin", "externals/node20/bin", "_work"] {
+        std::fs::create_dir_all(root.join(sub)).unwrap();
+    }
+    write_script(&root.join("run.sh"), "#!/bin/bash\necho runner\n");
+    write_script(&root.join("config.sh"), "#!/bin/bash\n");
+    write_script(
+        &root.join("bin/Runner.Listener"),
+        &format!("#!/bin/sh\necho {VERSION}\n"),
+    );
+    std::fs::write(
+        root.join("bin/Runner.Worker.dll"),
+        dll("ACTIONS_RESULTS_URL"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(node(), root.join("externals/node20/bin/node")).unwrap();
+    std::fs::write(root.join(".runner"), "{}\n").unwrap();
+    std::fs::write(root.join(".env"), env).unwrap();
+    dir
+}
+
+fn write_script(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// A stand-in for `Runner.Worker.dll` holding `name` as .NET keeps it (UTF-16LE).
+fn dll(name: &str) -> Vec<u8> {
+    let mut bytes = b"MZ\x90\x00\x03\x00 a .NET assembly ".to_vec();
+    bytes.extend(name.encode_utf16().flat_map(u16::to_le_bytes));
+    bytes.extend(b"\x00\x00 more");
+    bytes
+}
+
+/// The `node` on PATH, standing in for the runner's bundled one.
+fn node() -> PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|p| p.join("node"))
+                .find(|p| p.is_file())
+        })
+        .expect("node is needed on PATH")
+}
+
+/// `hoard ARGS`, as its own process.
+async fn hoard(args: &[&str]) -> Output {
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_hoard"))
+            .args(&args)
+            .env_remove("HOARD_UPSTREAM_RESULTS_URL")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn setup(dir: &Path, url: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "runner",
+        "setup",
+        "--runner-dir",
+        dir.to_str().unwrap(),
+        "--url",
+        url,
+    ];
+    args.extend_from_slice(extra);
+    hoard(&args).await
+}
+
+/// The runner's environment from `.env`, read as the runner reads it: `KEY=VALUE` split at the
+/// first `=`, in order, a later line winning.
+fn dotenv(dir: &Path) -> BTreeMap<String, String> {
+    let text = std::fs::read_to_string(dir.join(".env")).unwrap();
+    let mut env = BTreeMap::new();
+    for line in text.lines() {
+        if let Some((k, v)) = line.split_once('=') {
+            if !k.is_empty() {
+                env.insert(k.to_owned(), v.to_owned());
+            }
+        }
+    }
+    env
+}
+
+/// A hoard that forwards the results service to `upstream`.
+async fn forwarding_hoard(upstream: &str) -> TestServer {
+    TestServer::start_with(&["--upstream-results-url", upstream]).await
+}
+
+/// One job on the fixture runner: its temporary directory and workspace.
+struct Job {
+    runner: PathBuf,
+    temp: tempfile::TempDir,
+    workspace: tempfile::TempDir,
+    /// What the runner sets for a JavaScript action step.
+    step_env: Vec<(String, String)>,
+}
+
+impl Job {
+    fn new(runner: &Path, github: &str) -> Self {
+        let temp = tempfile::tempdir().unwrap();
+        let workspace = tempfile::tempdir().unwrap();
+        let step_env = [
+            ("ACTIONS_RESULTS_URL", format!("{github}/")),
+            ("ACTIONS_CACHE_URL", format!("{github}/v1-cache-id/")),
+            ("ACTIONS_CACHE_SERVICE_V2", "True".to_owned()),
+            ("ACTIONS_RUNTIME_TOKEN", common::main_token()),
+            ("GITHUB_SERVER_URL", "https://github.com".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        Self {
+            runner: runner.to_owned(),
+            temp,
+            workspace,
+            step_env,
+        }
+    }
+
+    /// The environment every step of the job gets: the runner's own (its process's, then
+    /// `.env`) and the job's directories.
+    fn base_command(&self, program: &Path) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap())
+            .env(
+                "HOME",
+                std::env::var("HOME").unwrap_or_else(|_| "/tmp".into()),
+            )
+            .envs(dotenv(&self.runner))
+            .env("RUNNER_TEMP", self.temp.path())
+            .env("GITHUB_WORKSPACE", self.workspace.path())
+            .current_dir(self.workspace.path());
+        cmd
+    }
+
+    /// Runs the job-started hook as the runner does (`bash -e PATH`); its exit code and output.
+    async fn hook(&self) -> (i32, String) {
+        let hook = dotenv(&self.runner)["ACTIONS_RUNNER_HOOK_JOB_STARTED"].clone();
+        let mut cmd = self.base_command(Path::new("bash"));
+        cmd.args(["-e", &hook]);
+        let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+            .await
+            .unwrap();
+        let (stdout, stderr) = text(&out);
+        (out.status.code().unwrap(), format!("{stdout}{stderr}"))
+    }
+
+    /// Runs `script ARGS` from tests/e2e with the runner's Node, as the runner starts an action:
+    /// the job's environment plus the step's. Its `RESULT`, its `ENV` line and its output.
+    async fn action(
+        &self,
+        script: &str,
+        extra: &[(&str, &str)],
+        args: &[&str],
+    ) -> (Value, Value, String) {
+        let e2e = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e");
+        assert!(
+            e2e.join("node_modules/@actions/cache").exists(),
+            "the real clients are not installed: run `npm ci --prefix tests/e2e` (scripts/test does)"
+        );
+        let mut cmd = self.base_command(&self.runner.join("externals/node20/bin/node"));
+        cmd.arg(e2e.join(script))
+            .args(args)
+            .envs(self.step_env.iter().map(|(k, v)| (k, v)))
+            .envs(extra.iter().copied())
+            .env("HOARD_E2E_SHOW_ENV", "1");
+        let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+            .await
+            .unwrap();
+        let (result, all) = common::node_result(out);
+        let env = all
+            .lines()
+            .find_map(|l| l.strip_prefix("ENV "))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .unwrap_or(Value::Null);
+        (result, env, all)
+    }
+
+    /// The job's runtime token.
+    fn token(&self) -> &str {
+        let (_, token) = self
+            .step_env
+            .iter()
+            .find(|(k, _)| k == "ACTIONS_RUNTIME_TOKEN")
+            .unwrap();
+        token
+    }
+
+    /// The URL variables a Node process of this job sees: an action's (with the step's
+    /// variables) or any other (a `run:` step's, a tool's).
+    async fn node_sees(&self, action: bool) -> Value {
+        let mut cmd = self.base_command(&self.runner.join("externals/node20/bin/node"));
+        cmd.args([
+            "-e",
+            "const e = process.env; console.log(JSON.stringify({ results: e.ACTIONS_RESULTS_URL ?? null, cache: e.ACTIONS_CACHE_URL ?? null, original: e.HOARD_ORIGINAL_ACTIONS_RESULTS_URL ?? null }))",
+        ]);
+        if action {
+            cmd.envs(self.step_env.iter().map(|(k, v)| (k, v)));
+        }
+        let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+            .await
+            .unwrap();
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{stdout}{stderr}");
+        serde_json::from_str(stdout.trim()).unwrap()
+    }
+
+    fn write(&self, rel: &str, data: &[u8]) {
+        let path = self.workspace.path().join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, data).unwrap();
+    }
+
+    fn read(&self, rel: &str) -> Vec<u8> {
+        std::fs::read(self.workspace.path().join(rel)).unwrap()
+    }
+
+    fn remove(&self, rel: &str) {
+        std::fs::remove_dir_all(self.workspace.path().join(rel)).unwrap();
+    }
+}
+
+/// The slow case, with one hoard: the real clients through the preload, then the fallback
+/// with hoard stopped.
+#[tokio::test(flavor = "multi_thread")]
+async fn real_clients_use_hoard_through_the_preload_and_github_when_hoard_is_down() {
+    let github = Results::start().await;
+    let upstream = Results::start().await;
+    let srv = forwarding_hoard(&format!("{}/", upstream.base)).await;
+    let runner = fixture("LANG=C.UTF-8\n");
+    let out = setup(runner.path(), &srv.base, &["--allow-loopback"]).await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+
+    // A job starts: the hook finds hoard ready and leaves no marker.
+    let job = Job::new(runner.path(), &github.base);
+    let (code, said) = job.hook().await;
+    assert_eq!(code, 0, "{said}");
+    assert!(!said.contains("::warning::"), "{said}");
+    assert!(!job.temp.path().join(".hoard-fallback").exists());
+
+    // @actions/cache 6.3.0 from a CommonJS and from an ES-module entry point.
+    let hoard_url = format!("{}/", srv.base);
+    for (script, module, key) in [
+        ("client.cjs", "commonjs", "cjs-key"),
+        ("client.mjs", "es-module", "esm-key"),
+    ] {
+        let data = common::random_bytes(200_000, key.len() as u64);
+        job.write("f/data.bin", &data);
+        let (saved, env, out) = job.action(script, &[], &["save", key, "f"]).await;
+        assert!(saved.as_i64().unwrap() > 0, "{out}");
+        assert_eq!(env["module"], module, "{out}");
+        assert_eq!(env["ACTIONS_RESULTS_URL"], hoard_url.as_str(), "{out}");
+        assert_eq!(
+            env["HOARD_ORIGINAL_ACTIONS_RESULTS_URL"],
+            format!("{}/", github.base).as_str(),
+            "GitHub's URL is kept: {out}"
+        );
+        job.remove("f");
+        let (restored, _, out) = job.action(script, &[], &["restore", key, "f"]).await;
+        assert_eq!(restored, key, "{out}");
+        assert_eq!(job.read("f/data.bin"), data);
+    }
+    // The v1 client (3.2.4) through ACTIONS_CACHE_URL.
+    let v1 = [("HOARD_E2E_CLIENT", "3")];
+    let data = common::random_bytes(100_000, 3);
+    job.write("g/data.bin", &data);
+    let (saved, env, out) = job
+        .action("client.cjs", &v1, &["save", "v1-key", "g"])
+        .await;
+    assert!(saved.as_i64().unwrap() > 0, "{out}");
+    assert_eq!(env["ACTIONS_CACHE_URL"], hoard_url.as_str(), "{out}");
+    job.remove("g");
+    let (restored, _, out) = job
+        .action("client.cjs", &v1, &["restore", "v1-key", "g"])
+        .await;
+    assert_eq!(restored, "v1-key", "{out}");
+    assert_eq!(job.read("g/data.bin"), data);
+    assert_eq!(common::table_rows(srv.data.path(), "entries"), 3);
+
+    // @actions/artifact: its calls reach the results service through hoard, with the job's token.
+    job.write("out/report.txt", &b"all green\n".repeat(100));
+    let root = job.workspace.path().join("out");
+    let file = root.join("report.txt");
+    let (uploaded, _, out) = job
+        .action(
+            "artifact.mjs",
+            &[],
+            &[
+                "upload",
+                "report",
+                root.to_str().unwrap(),
+                file.to_str().unwrap(),
+            ],
+        )
+        .await;
+    assert_eq!(uploaded["id"], 42, "{out}");
+    let calls: Vec<_> = upstream
+        .seen()
+        .into_iter()
+        .filter(|s| s.path.starts_with(ARTIFACTS))
+        .collect();
+    let methods: Vec<&str> = calls.iter().map(|s| &s.path[ARTIFACTS.len()..]).collect();
+    assert_eq!(methods, ["CreateArtifact", "FinalizeArtifact"]);
+    let bearer = format!("Bearer {}", job.token());
+    assert!(
+        calls
+            .iter()
+            .all(|s| s.authorization.as_deref() == Some(&bearer)),
+        "{calls:?}"
+    );
+    assert!(
+        !upstream.blob().is_empty(),
+        "the artifact's bytes were stored"
+    );
+    assert!(
+        github.seen().is_empty(),
+        "GitHub's URL got nothing while hoard was up: {:?}",
+        github.paths()
+    );
+
+    // hoard stops. The next job's hook says so and leaves the marker; the same client's save
+    // and restore go to GitHub's URL.
+    let hoard_base = srv.base.clone();
+    srv.stop().await;
+    let job = Job::new(runner.path(), &github.base);
+    let (code, said) = job.hook().await;
+    assert_eq!(code, 0, "the hook never fails the job: {said}");
+    let warning = said
+        .lines()
+        .find(|l| l.starts_with("::warning::"))
+        .unwrap_or_else(|| panic!("no warning: {said}"));
+    assert!(warning.contains(&hoard_base), "{warning}");
+    assert!(warning.contains("ECONNREFUSED"), "the cause: {warning}");
+    assert!(job.temp.path().join(".hoard-fallback").exists());
+    job.write("f/data.bin", b"fallback");
+    let (restored, env, out) = job
+        .action("client.mjs", &[], &["restore", "down-key", "f"])
+        .await;
+    assert_eq!(restored, Value::Null, "{out}");
+    assert_eq!(
+        env["ACTIONS_RESULTS_URL"],
+        format!("{}/", github.base).as_str(),
+        "{out}"
+    );
+    assert_eq!(
+        env["HOARD_ORIGINAL_ACTIONS_RESULTS_URL"],
+        Value::Null,
+        "{out}"
+    );
+    let (saved, _, out) = job
+        .action("client.cjs", &[], &["save", "down-key", "f"])
+        .await;
+    assert_eq!(saved, -1, "GitHub's stand-in reserves nothing: {out}");
+    let bearer = format!("Bearer {}", job.token());
+    let cache_calls: Vec<(String, Option<String>)> = github
+        .seen()
+        .into_iter()
+        .map(|s| (s.path.replace(CACHE, ""), s.authorization))
+        .collect();
+    assert_eq!(
+        cache_calls,
+        [
+            ("GetCacheEntryDownloadURL".to_owned(), Some(bearer.clone())),
+            ("CreateCacheEntry".to_owned(), Some(bearer.clone())),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn setup_twice_then_undo_gives_back_the_env_byte_for_byte() {
+    let upstream = Results::start().await;
+    let srv = forwarding_hoard(&upstream.base).await;
+    let before = "LANG=C.UTF-8\nNODE_OPTIONS=--max-old-space-size=4096\nACTIONS_RUNNER_HOOK_JOB_STARTED=/opt/hooks/start.sh\nPATH=/usr/bin:/bin";
+    let runner = fixture(before);
+    std::fs::write(
+        runner.path().join(".service"),
+        "actions.runner.o-r.x.service\n",
+    )
+    .unwrap();
+    let root = runner.path().canonicalize().unwrap();
+
+    let out = setup(runner.path(), &srv.base, &["--allow-loopback"]).await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("sudo ./svc.sh stop && sudo ./svc.sh start"),
+        "{stdout}"
+    );
+    let env = dotenv(runner.path());
+    let preload = root.join(".hoard/preload.cjs");
+    let hook = root.join(".hoard/job-started.sh");
+    assert_eq!(
+        env["NODE_OPTIONS"],
+        format!("--max-old-space-size=4096 --require {}", preload.display())
+    );
+    assert_eq!(
+        env["ACTIONS_RUNNER_HOOK_JOB_STARTED"],
+        hook.to_str().unwrap()
+    );
+    assert_eq!(env["HOARD_CHAINED_JOB_STARTED_HOOK"], "/opt/hooks/start.sh");
+    assert_eq!(env["HOARD_RESULTS_URL"], format!("{}/", srv.base));
+    assert_eq!(env["HOARD_CACHE_URL"], format!("{}/", srv.base));
+    assert_eq!(env["PATH"], "/usr/bin:/bin", "other lines are kept");
+    assert!(preload.is_file() && hook.is_file());
+    let after = std::fs::read(runner.path().join(".env")).unwrap();
+
+    // A second run changes nothing.
+    let out = setup(runner.path(), &srv.base, &["--allow-loopback"]).await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("nothing to change"), "{stdout}");
+    assert_eq!(std::fs::read(runner.path().join(".env")).unwrap(), after);
+
+    // --dry-run after undo says what it would do and does nothing.
+    let out = hoard(&[
+        "runner",
+        "undo",
+        "--runner-dir",
+        runner.path().to_str().unwrap(),
+    ])
+    .await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(runner.path().join(".env")).unwrap(),
+        before
+    );
+    assert!(!root.join(".hoard").exists(), "{stdout}");
+    let out = setup(runner.path(), &srv.base, &["--allow-loopback", "--dry-run"]).await;
+    let (stdout, _) = text(&out);
+    assert!(out.status.success());
+    assert!(stdout.contains("+ HOARD_RESULTS_URL="), "{stdout}");
+    assert_eq!(
+        std::fs::read_to_string(runner.path().join(".env")).unwrap(),
+        before
+    );
+    assert!(!root.join(".hoard").exists());
+}
+
+#[tokio::test]
+async fn an_existing_hook_still_runs_after_hoards_and_keeps_its_exit_status() {
+    let upstream = Results::start().await;
+    let srv = forwarding_hoard(&upstream.base).await;
+    let hooks = tempfile::tempdir().unwrap();
+    let ran = hooks.path().join("ran");
+    let theirs = hooks.path().join("start.sh");
+    std::fs::write(
+        &theirs,
+        format!("echo their hook ran > {}\nexit 3\n", ran.display()),
+    )
+    .unwrap();
+    let runner = fixture(&format!(
+        "ACTIONS_RUNNER_HOOK_JOB_STARTED={}\n",
+        theirs.display()
+    ));
+    let out = setup(runner.path(), &srv.base, &["--allow-loopback"]).await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    let job = Job::new(runner.path(), "http://127.0.0.1:9");
+    let (code, said) = job.hook().await;
+    assert_eq!(code, 3, "the existing hook's status: {said}");
+    assert!(ran.is_file(), "{said}");
+    assert!(!said.contains("::warning::"), "{said}");
+}
+
+/// A hoard restarted without forwarding: the hook says so, and the job's actions keep GitHub's
+/// results URL (artifacts, cache v2) while v1 still goes to hoard. Processes that are not
+/// actions are never touched.
+#[tokio::test]
+async fn a_hoard_that_stops_forwarding_sends_the_jobs_results_calls_to_github() {
+    let upstream = Results::start().await;
+    let forwarding = forwarding_hoard(&upstream.base).await;
+    let runner = fixture("");
+    let out = setup(runner.path(), &forwarding.base, &["--allow-loopback"]).await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    let github = "http://127.0.0.1:9";
+    let job = Job::new(runner.path(), github);
+    assert_eq!(
+        job.node_sees(false).await,
+        serde_json::json!({ "results": null, "cache": null, "original": null })
+    );
+    let hoard_url = format!("{}/", forwarding.base);
+    assert_eq!(
+        job.node_sees(true).await,
+        serde_json::json!({ "results": hoard_url, "cache": hoard_url, "original": format!("{github}/") })
+    );
+
+    // The same runner, now pointed at a hoard without --upstream-results-url.
+    let plain = TestServer::start().await;
+    let env_path = runner.path().join(".env");
+    let env = std::fs::read_to_string(&env_path).unwrap();
+    std::fs::write(&env_path, env.replace(&forwarding.base, &plain.base)).unwrap();
+    let job = Job::new(runner.path(), github);
+    let (code, said) = job.hook().await;
+    assert_eq!(code, 0, "{said}");
+    assert!(
+        said.lines()
+            .any(|l| l.starts_with("::warning::") && l.contains("does not forward")),
+        "{said}"
+    );
+    assert_eq!(
+        job.node_sees(true).await,
+        serde_json::json!({ "results": format!("{github}/"), "cache": format!("{}/", plain.base), "original": null })
+    );
+}
+
+/// A hoard that accepts the connection and never answers: the hook gives up after its 2 s.
+#[tokio::test]
+async fn the_hook_gives_up_on_a_hoard_that_does_not_answer() {
+    let upstream = Results::start().await;
+    let srv = forwarding_hoard(&upstream.base).await;
+    let runner = fixture("");
+    let out = setup(runner.path(), &srv.base, &["--allow-loopback"]).await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_base = format!("http://{}", silent.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((conn, _)) = silent.accept().await {
+            open.push(conn);
+        }
+    });
+    let env_path = runner.path().join(".env");
+    let env = std::fs::read_to_string(&env_path).unwrap();
+    std::fs::write(&env_path, env.replace(&srv.base, &silent_base)).unwrap();
+    let job = Job::new(runner.path(), "http://127.0.0.1:9");
+    let (code, said) = job.hook().await;
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains("no answer within 2 s"), "{said}");
+    assert_eq!(
+        std::fs::read_to_string(job.temp.path().join(".hoard-fallback")).unwrap(),
+        "all\n"
+    );
+    held.abort();
+}
+
+#[tokio::test]
+async fn a_loopback_url_is_refused_unless_allowed() {
+    let runner = fixture("LANG=C.UTF-8\n");
+    for url in [
+        "http://127.0.0.1:3000/",
+        "http://localhost:3000",
+        "http://169.254.1.1/",
+    ] {
+        let out = setup(runner.path(), url, &[]).await;
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{url}: {stderr}");
+        assert!(stderr.contains("loopback or link-local"), "{stderr}");
+        assert!(
+            stderr.contains("BuildKit") && stderr.contains("container"),
+            "{stderr}"
+        );
+        assert!(stderr.contains("--allow-loopback"), "{stderr}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(runner.path().join(".env")).unwrap(),
+        "LANG=C.UTF-8\n"
+    );
+    assert!(!runner.path().join(".hoard").exists());
+}
+
+#[tokio::test]
+async fn a_runner_patched_the_old_way_is_found_and_how_to_restore_it_is_said() {
+    let runner = fixture("ACTIONS_RESULTS_URL=http://cache.internal:3000/\n");
+    let worker = runner.path().join("bin/Runner.Worker.dll");
+    std::fs::write(&worker, dll("ACTIONS_RESULTS_ORL")).unwrap();
+    let url = "http://cache.internal:3000/";
+    let out = setup(runner.path(), url, &[]).await;
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("patched the old way (ACTIONS_RESULTS_ORL"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("reinstall"), "{stderr}");
+
+    std::fs::write(
+        worker.with_extension("dll.orig"),
+        dll("ACTIONS_RESULTS_URL"),
+    )
+    .unwrap();
+    let out = setup(runner.path(), url, &[]).await;
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("cp ") && stderr.contains("Runner.Worker.dll.orig"),
+        "{stderr}"
+    );
+    assert!(!runner.path().join(".hoard").exists());
+
+    let out = hoard(&[
+        "runner",
+        "doctor",
+        "--runner-dir",
+        runner.path().to_str().unwrap(),
+    ])
+    .await;
+    let (stdout, _) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.contains("FAIL") && l.contains("patched the old way")),
+        "{stdout}"
+    );
+}
+
+#[tokio::test]
+async fn a_directory_that_is_not_a_runner_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(".env"), "A=b\n").unwrap();
+    std::fs::create_dir(dir.path().join("bin")).unwrap();
+    let out = setup(dir.path(), "http://cache.internal:3000/", &[]).await;
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("is not a runner directory"), "{stderr}");
+    assert!(stderr.contains("bin/Runner.Listener"), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join(".env")).unwrap(),
+        "A=b\n"
+    );
+    assert!(!dir.path().join(".hoard").exists());
+}
+
+#[tokio::test]
+async fn a_hoard_that_does_not_forward_is_refused_unless_cache_only() {
+    let srv = TestServer::start().await;
+    let runner = fixture("LANG=C.UTF-8\n");
+    let out = setup(runner.path(), &srv.base, &["--allow-loopback"]).await;
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("does not forward"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "--upstream-results-url https://results-receiver.actions.githubusercontent.com/"
+        ),
+        "{stderr}"
+    );
+    assert!(!runner.path().join(".hoard").exists());
+
+    let out = setup(
+        runner.path(),
+        &srv.base,
+        &["--allow-loopback", "--cache-only"],
+    )
+    .await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    let env = dotenv(runner.path());
+    assert_eq!(env["HOARD_CACHE_URL"], format!("{}/", srv.base));
+    assert!(!env.contains_key("HOARD_RESULTS_URL"));
+}
+
+#[tokio::test]
+async fn doctor_passes_a_set_up_runner_and_names_what_breaks() {
+    let upstream = Results::start().await;
+    let srv = forwarding_hoard(&upstream.base).await;
+    let runner = fixture("LANG=C.UTF-8\n");
+    let dir = runner.path().to_str().unwrap().to_owned();
+    let out = setup(runner.path(), &srv.base, &["--allow-loopback"]).await;
+    assert!(out.status.success(), "{:?}", text(&out));
+
+    let out = doctor(&dir).await;
+    let (stdout, _) = text(&out);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains(&format!("runner version {VERSION}")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("answers ready"), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "forwards the results service (artifacts) to {}",
+            upstream.base
+        )),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("FAIL"), "{stdout}");
+
+    // An edited preload.
+    let preload = runner.path().join(".hoard/preload.cjs");
+    let original = std::fs::read(&preload).unwrap();
+    std::fs::write(&preload, b"// edited\n").unwrap();
+    let out = doctor(&dir).await;
+    let (stdout, _) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.contains("FAIL") && l.contains("preload.cjs differs")),
+        "{stdout}"
+    );
+    std::fs::write(&preload, original).unwrap();
+
+    // hoard stopped.
+    srv.stop().await;
+    let out = doctor(&dir).await;
+    let (stdout, _) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.contains("FAIL") && l.contains("does not answer")),
+        "{stdout}"
+    );
+
+    // After undo, the .env lines are missing.
+    let out = hoard(&["runner", "undo", "--runner-dir", &dir]).await;
+    assert!(out.status.success());
+    let out = doctor(&dir).await;
+    let (stdout, _) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("has no block from hoard runner setup"),
+        "{stdout}"
+    );
+}
+
+async fn doctor(dir: &str) -> Output {
+    hoard(&["runner", "doctor", "--runner-dir", dir]).await
+}
+
+/// The `--arc` output: a ConfigMap holding the two files, and a runner container whose env
+/// names files that its volumeMounts bring from that ConfigMap.
+#[tokio::test]
+async fn arc_output_is_yaml_whose_env_names_what_it_mounts() {
+    use yaml_rust2::{Yaml, YamlLoader};
+    let upstream = Results::start().await;
+    let srv = forwarding_hoard(&upstream.base).await;
+    let out = hoard(&[
+        "runner",
+        "setup",
+        "--arc",
+        "--url",
+        &srv.base,
+        "--allow-loopback",
+    ])
+    .await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let docs = YamlLoader::load_from_str(&stdout).unwrap();
+    assert_eq!(docs.len(), 2, "{stdout}");
+    let (configmap, values) = (&docs[0], &docs[1]);
+    assert_eq!(configmap["kind"].as_str(), Some("ConfigMap"));
+    let cm_name = configmap["metadata"]["name"].as_str().unwrap();
+    let data = &configmap["data"];
+    // The files are the ones setup writes on a runner machine.
+    let runner = fixture("");
+    let out = setup(runner.path(), &srv.base, &["--allow-loopback"]).await;
+    assert!(out.status.success());
+    for name in ["preload.cjs", "job-started.sh"] {
+        assert_eq!(
+            data[name].as_str(),
+            Some(
+                std::fs::read_to_string(runner.path().join(".hoard").join(name))
+                    .unwrap()
+                    .as_str()
+            ),
+            "{name}"
+        );
+    }
+
+    let spec = &values["template"]["spec"];
+    let container = &spec["containers"][0];
+    assert_eq!(container["name"].as_str(), Some("runner"));
+    let env: BTreeMap<&str, &str> = container["env"]
+        .as_vec()
+        .unwrap()
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap(), e["value"].as_str().unwrap()))
+        .collect();
+    assert_eq!(env["HOARD_RESULTS_URL"], format!("{}/", srv.base));
+    let volumes = spec["volumes"].as_vec().unwrap();
+    // Each file the env names is in a mounted directory, from a volume that is the ConfigMap.
+    let mounted = |path: &str| -> bool {
+        container["volumeMounts"].as_vec().unwrap().iter().any(|m| {
+            let dir = m["mountPath"].as_str().unwrap();
+            let Some(file) = path.strip_prefix(&format!("{dir}/")) else {
+                return false;
+            };
+            volumes.iter().any(|v| {
+                v["name"] == m["name"]
+                    && v["configMap"]["name"].as_str() == Some(cm_name)
+                    && !data[file].is_badvalue()
+            })
+        })
+    };
+    let preload = env["NODE_OPTIONS"].strip_prefix("--require ").unwrap();
+    assert!(mounted(preload), "{preload}");
+    assert!(mounted(env["ACTIONS_RUNNER_HOOK_JOB_STARTED"]));
+    assert!(!mounted("/home/runner/.hoard/nothing.js"));
+    let _ = Yaml::Null;
+}
