@@ -31,6 +31,7 @@ const LAYERS: &[&[&str]] = &[
         "tls",
         "conn",
         "runner",
+        "health",
     ],
 ];
 
@@ -309,6 +310,7 @@ const ROOT_MODULES: &[&str] = &[
     "config",
     "conn",
     "doctor",
+    "health",
     "meta",
     "metrics",
     "model",
