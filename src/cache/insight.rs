@@ -1,7 +1,7 @@
 //! Answers from the family statistics (see [`super::family_stats`]): a dense time series of
 //! counters, and a table of families with their totals, a trend and what they store now.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use super::{Cache, CacheError};
 use crate::model::stats::OTHER_FAMILY;
@@ -11,6 +11,10 @@ use crate::model::{Bucket, Counters, InvalidInput, Millis, RefClass, RepoId, Sta
 pub const MAX_POINTS: usize = 10_000;
 /// Most rows a family table may have.
 pub const MAX_FAMILY_ROWS: usize = 1000;
+/// Most trend points one family table holds (rows asked for × buckets of the period): what
+/// bounds the work and memory of an answer, whatever the clients made the store hold. The
+/// dashboard (1,000 rows over 30 days) and `hoard caches stats` stay under it.
+pub const MAX_TREND_POINTS: usize = 100_000;
 
 /// Which statistics, over which period.
 #[derive(Debug, Clone)]
@@ -149,15 +153,25 @@ impl Cache {
     }
 
     /// The families of `period`, ranked by `order`, at most `limit`, each with its trend per
-    /// bucket and what its entries store now.
+    /// bucket and what its entries store now. Lines are ranked on their totals and cut to
+    /// `limit` before any trend is built, so an answer costs what it returns: at most
+    /// [`MAX_TREND_POINTS`] points, or the request is refused.
     pub async fn family_table(
         &self,
         period: &Period,
         order: FamilyOrder,
         limit: usize,
     ) -> Result<FamilyTable, CacheError> {
-        self.write_usage().await?;
         let starts = period.starts()?;
+        let limit = limit.min(MAX_FAMILY_ROWS);
+        if limit.saturating_mul(starts.len()) > MAX_TREND_POINTS {
+            return Err(invalid(format!(
+                "{limit} families × {} {}s is more than the {MAX_TREND_POINTS} trend points one answer holds; ask for fewer families (limit), a shorter period (since) or days (bucket=day)",
+                starts.len(),
+                period.bucket.as_str()
+            )));
+        }
+        self.write_usage().await?;
         let repository = match &period.repository {
             Some(named) => Some(self.named_repository(named).await?),
             None => None,
@@ -170,26 +184,15 @@ impl Cache {
             since: starts[0],
             until: period.until,
         };
-        let width = period.bucket.millis();
-        type Line = (Counters, Vec<Counters>, u64, u64);
-        let mut lines = BTreeMap::<(RepoId, String, RefClass), Line>::new();
-        let empty = || {
-            (
-                Counters::default(),
-                vec![Counters::default(); starts.len()],
-                0,
-                0,
-            )
-        };
-        for row in self.meta.family_stats(&filter, period.bucket).await? {
-            let Some(i) = slot(&starts, width, row.start) else {
-                continue;
-            };
-            let line = lines
+        // Totals, bytes and entries per line: one row per line, never per bucket.
+        type Key = (RepoId, String, RefClass);
+        let mut lines = HashMap::<Key, (Counters, u64, u64)>::new();
+        for row in self.meta.family_totals(&filter).await? {
+            lines
                 .entry((row.repository, row.family, row.class))
-                .or_insert_with(empty);
-            line.0.add(&row.counters);
-            line.1[i].add(&row.counters);
+                .or_default()
+                .0
+                .add(&row.counters);
         }
         let mut stored_bytes = 0;
         for stored in self.meta.stored_by_family(repo_id.as_ref()).await? {
@@ -199,43 +202,36 @@ impl Cache {
             stored_bytes += stored.bytes;
             let line = lines
                 .entry((stored.repository, stored.family, stored.class))
-                .or_insert_with(empty);
-            line.2 += stored.bytes;
-            line.3 += stored.entries;
+                .or_default();
+            line.1 += stored.bytes;
+            line.2 += stored.entries;
         }
-        let mut families: Vec<FamilyLine> = lines
-            .into_iter()
-            .map(
-                |((repository, family, class), (totals, trend, bytes, entries))| FamilyLine {
-                    repository,
-                    repository_name: String::new(),
-                    family,
-                    class,
-                    totals,
-                    trend,
-                    bytes_stored: bytes,
-                    entries,
-                },
-            )
-            .collect();
-        let rank = |l: &FamilyLine| match order {
-            FamilyOrder::Misses => (l.totals.misses, l.totals.lookups),
-            FamilyOrder::Bytes => (
-                l.bytes_stored,
-                l.totals.bytes_restored + l.totals.bytes_saved,
-            ),
-            FamilyOrder::Lookups => (l.totals.lookups, l.totals.misses),
+        let mut ranked: Vec<(Key, (Counters, u64, u64))> = lines.into_iter().collect();
+        let rank = |(_, (totals, bytes, _)): &(Key, (Counters, u64, u64))| match order {
+            FamilyOrder::Misses => (totals.misses, totals.lookups),
+            FamilyOrder::Bytes => (*bytes, totals.bytes_restored + totals.bytes_saved),
+            FamilyOrder::Lookups => (totals.lookups, totals.misses),
         };
         // Highest first; `other` after the families it stands for, then by name.
-        families.sort_by(|a, b| {
+        ranked.sort_by(|a, b| {
             rank(b)
                 .cmp(&rank(a))
-                .then_with(|| (a.family == OTHER_FAMILY).cmp(&(b.family == OTHER_FAMILY)))
-                .then_with(|| {
-                    (&a.repository, &a.family, a.class).cmp(&(&b.repository, &b.family, b.class))
-                })
+                .then_with(|| (a.0 .1 == OTHER_FAMILY).cmp(&(b.0 .1 == OTHER_FAMILY)))
+                .then_with(|| a.0.cmp(&b.0))
         });
-        families.truncate(limit.min(MAX_FAMILY_ROWS));
+        ranked.truncate(limit);
+
+        // The trends of the lines kept, and of no other.
+        let kept: Vec<Key> = ranked.iter().map(|(key, _)| key.clone()).collect();
+        let place: HashMap<&Key, usize> = kept.iter().enumerate().map(|(i, k)| (k, i)).collect();
+        let width = period.bucket.millis();
+        let mut trends = vec![vec![Counters::default(); starts.len()]; kept.len()];
+        for row in self.meta.line_stats(&filter, period.bucket, &kept).await? {
+            let key = (row.repository, row.family, row.class);
+            if let (Some(line), Some(i)) = (place.get(&key), slot(&starts, width, row.start)) {
+                trends[*line][i].add(&row.counters);
+            }
+        }
         // Names: the one repository asked for, else every repository's in one query.
         let names: HashMap<RepoId, String> = match &repository {
             Some((id, name)) => HashMap::from([(id.clone(), name.clone())]),
@@ -247,9 +243,22 @@ impl Cache {
                 .map(|r| (r.repository, r.name))
                 .collect(),
         };
-        for line in &mut families {
-            line.repository_name = names.get(&line.repository).cloned().unwrap_or_default();
-        }
+        let families = ranked
+            .into_iter()
+            .zip(trends)
+            .map(
+                |(((repository, family, class), (totals, bytes, entries)), trend)| FamilyLine {
+                    repository_name: names.get(&repository).cloned().unwrap_or_default(),
+                    repository,
+                    family,
+                    class,
+                    totals,
+                    trend,
+                    bytes_stored: bytes,
+                    entries,
+                },
+            )
+            .collect();
         let limits = &self.policy.lifecycle;
         Ok(FamilyTable {
             since: starts[0],

@@ -946,6 +946,53 @@ impl StatsStore for MemoryStore {
         Ok(summed_by_width(rows, width))
     }
 
+    async fn family_totals(&self, filter: &StatsFilter) -> Result<Vec<StatsRow>, MetaError> {
+        let state = self.state();
+        let mut lines = BTreeMap::<(RepoId, String, RefClass), (Millis, Counters)>::new();
+        for ((r, f, c, _, start), n) in &state.family_stats {
+            if selects(filter, r, f, *c, *start) {
+                let line = lines
+                    .entry((r.clone(), f.clone(), *c))
+                    .or_insert((*start, Counters::default()));
+                line.0 = line.0.min(*start);
+                line.1.add(n);
+            }
+        }
+        Ok(lines
+            .into_iter()
+            .map(
+                |((repository, family, class), (start, counters))| StatsRow {
+                    repository,
+                    family,
+                    class,
+                    bucket: Bucket::Day,
+                    start,
+                    counters,
+                },
+            )
+            .collect())
+    }
+
+    async fn line_stats(
+        &self,
+        filter: &StatsFilter,
+        width: Bucket,
+        lines: &[(RepoId, String, RefClass)],
+    ) -> Result<Vec<StatsRow>, MetaError> {
+        let state = self.state();
+        let rows = state
+            .family_stats
+            .iter()
+            .filter(|((r, f, c, _, start), _)| {
+                selects(filter, r, f, *c, *start)
+                    && lines
+                        .iter()
+                        .any(|(lr, lf, lc)| lr == r && lf == f && lc == c)
+            })
+            .map(|((r, f, c, _, start), n)| ((r.clone(), f.clone(), *c), *start, *n));
+        Ok(summed_by_width(rows, width))
+    }
+
     async fn server_stats(
         &self,
         filter: &StatsFilter,

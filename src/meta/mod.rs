@@ -388,6 +388,15 @@ store_trait! {
         /// bucket (a day row stays one row when hours are asked for).
         async fn family_stats(&self, filter: &StatsFilter, width: Bucket) -> Result<Vec<StatsRow>, MetaError>;
 
+        /// One row per repository, family and class `filter` selects, summed over its whole
+        /// period (`start`: the earliest row's): what a family table ranks, before any trend.
+        async fn family_totals(&self, filter: &StatsFilter) -> Result<Vec<StatsRow>, MetaError>;
+
+        /// [`StatsStore::family_stats`] of only `lines` (repository, family, class): the trends
+        /// of the lines a family table kept. None for no lines.
+        async fn line_stats(&self, filter: &StatsFilter, width: Bucket, lines: &[(RepoId, String, RefClass)])
+            -> Result<Vec<StatsRow>, MetaError>;
+
         /// The server's rows (`repository` and `family` empty) `filter.class` and its times
         /// select, summed per class and `width` bucket.
         async fn server_stats(&self, filter: &StatsFilter, width: Bucket) -> Result<Vec<StatsRow>, MetaError>;

@@ -241,9 +241,47 @@ fn conditions(filter: &StatsFilter, params: &mut Vec<Param>, with_families: bool
 /// The statement of `family_stats` and its parameters; rows: repository, family, class, start,
 /// counters.
 pub(super) fn family_stats_sql(filter: &StatsFilter, width: Bucket) -> (String, Vec<Param>) {
+    line_stats_sql(filter, width, &[])
+}
+
+/// [`family_stats_sql`] of only `lines` (all of them when empty).
+pub(super) fn line_stats_sql(
+    filter: &StatsFilter,
+    width: Bucket,
+    lines: &[(RepoId, String, RefClass)],
+) -> (String, Vec<Param>) {
     let mut params = vec![Param::Int(width.millis())];
+    let mut chosen = conditions(filter, &mut params, true);
+    chosen.push_str(&lines_condition(lines, &mut params));
     let sql = format!(
-        "SELECT repository, family, ref_class, start_at - (start_at % ?), {} FROM family_stats{} GROUP BY 1, 2, 3, 4 ORDER BY 4",
+        "SELECT repository, family, ref_class, start_at - (start_at % ?), {} FROM family_stats{chosen} GROUP BY 1, 2, 3, 4 ORDER BY 4",
+        summed(),
+    );
+    (sql, params)
+}
+
+/// ` AND (repository, family, ref_class) IN ((?, ?, ?), …)`, or nothing for no lines (every
+/// line). Row values in IN are read alike by SQLite, PostgreSQL and MySQL/MariaDB.
+fn lines_condition(lines: &[(RepoId, String, RefClass)], params: &mut Vec<Param>) -> String {
+    if lines.is_empty() {
+        return String::new();
+    }
+    for (repository, family, class) in lines {
+        params.push(Param::Text(repository.as_str().to_owned()));
+        params.push(Param::Text(family.clone()));
+        params.push(Param::Int(class.code()));
+    }
+    format!(
+        " AND (repository, family, ref_class) IN ({})",
+        vec!["(?, ?, ?)"; lines.len()].join(", ")
+    )
+}
+
+/// The statement of `family_totals`; rows as [`family_stats_sql`]'s, one per line.
+pub(super) fn family_totals_sql(filter: &StatsFilter) -> (String, Vec<Param>) {
+    let mut params = Vec::new();
+    let sql = format!(
+        "SELECT repository, family, ref_class, MIN(start_at), {} FROM family_stats{} GROUP BY 1, 2, 3",
         summed(),
         conditions(filter, &mut params, true)
     );

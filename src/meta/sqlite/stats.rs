@@ -7,13 +7,14 @@ use rusqlite::params_from_iter;
 use super::{rows_of, SqliteStore};
 use crate::meta::sql::Param;
 use crate::meta::stats_sql::{
-    adding, family_params, family_row, family_stats_sql, kept_families_sql, server_counts,
-    server_params, server_row, server_stats_sql, stored_by_family_sql, stored_row, Upsert,
-    COUNT_FAMILIES, DROP_FOLDED, DROP_OLD, FORGET_FAMILIES,
+    adding, family_params, family_row, family_stats_sql, family_totals_sql, kept_families_sql,
+    line_stats_sql, server_counts, server_params, server_row, server_stats_sql,
+    stored_by_family_sql, stored_row, Upsert, COUNT_FAMILIES, DROP_FOLDED, DROP_OLD,
+    FORGET_FAMILIES,
 };
 use crate::meta::{MetaError, StatsStore};
 use crate::model::{
-    Bucket, Counters, Millis, RepoId, StatsFilter, StatsKey, StatsRow, StoredFamily,
+    Bucket, Counters, Millis, RefClass, RepoId, StatsFilter, StatsKey, StatsRow, StoredFamily,
 };
 
 /// A shared statement in SQLite's spelling.
@@ -94,6 +95,36 @@ impl StatsStore for SqliteStore {
         width: Bucket,
     ) -> Result<Vec<StatsRow>, MetaError> {
         let (sql, params) = family_stats_sql(filter, width);
+        let sql = spell(&sql);
+        self.read(move |conn| {
+            let mut stmt = conn.prepare(&sql)?;
+            let rows = stmt.query(params_from_iter(params))?;
+            rows_of(rows, |r| family_row(r, width))
+        })
+        .await
+    }
+
+    async fn family_totals(&self, filter: &StatsFilter) -> Result<Vec<StatsRow>, MetaError> {
+        let (sql, params) = family_totals_sql(filter);
+        let sql = spell(&sql);
+        self.read(move |conn| {
+            let mut stmt = conn.prepare(&sql)?;
+            let rows = stmt.query(params_from_iter(params))?;
+            rows_of(rows, |r| family_row(r, Bucket::Day))
+        })
+        .await
+    }
+
+    async fn line_stats(
+        &self,
+        filter: &StatsFilter,
+        width: Bucket,
+        lines: &[(RepoId, String, RefClass)],
+    ) -> Result<Vec<StatsRow>, MetaError> {
+        if lines.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (sql, params) = line_stats_sql(filter, width, lines);
         let sql = spell(&sql);
         self.read(move |conn| {
             let mut stmt = conn.prepare(&sql)?;

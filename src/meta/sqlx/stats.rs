@@ -6,13 +6,13 @@ use async_trait::async_trait;
 use super::{text, Dialect, SqlxStore, Step};
 use crate::meta::sql::Param;
 use crate::meta::stats_sql::{
-    adding, family_params, family_row, family_stats_sql, kept_families_sql, server_counts,
-    server_params, server_row, server_stats_sql, stored_by_family_sql, stored_row, COUNT_FAMILIES,
-    DROP_FOLDED, DROP_OLD, FORGET_FAMILIES,
+    adding, family_params, family_row, family_stats_sql, family_totals_sql, kept_families_sql,
+    line_stats_sql, server_counts, server_params, server_row, server_stats_sql,
+    stored_by_family_sql, stored_row, COUNT_FAMILIES, DROP_FOLDED, DROP_OLD, FORGET_FAMILIES,
 };
 use crate::meta::{MetaError, StatsStore};
 use crate::model::{
-    Bucket, Counters, Millis, RepoId, StatsFilter, StatsKey, StatsRow, StoredFamily,
+    Bucket, Counters, Millis, RefClass, RepoId, StatsFilter, StatsKey, StatsRow, StoredFamily,
 };
 
 use super::super::sql::SqlRow;
@@ -82,6 +82,26 @@ impl<D: Dialect> StatsStore for SqlxStore<D> {
         width: Bucket,
     ) -> Result<Vec<StatsRow>, MetaError> {
         let (sql, params) = family_stats_sql(filter, width);
+        let rows = self.rows(&sql, params).await?;
+        rows.iter().map(|r| family_row(r, width)).collect()
+    }
+
+    async fn family_totals(&self, filter: &StatsFilter) -> Result<Vec<StatsRow>, MetaError> {
+        let (sql, params) = family_totals_sql(filter);
+        let rows = self.rows(&sql, params).await?;
+        rows.iter().map(|r| family_row(r, Bucket::Day)).collect()
+    }
+
+    async fn line_stats(
+        &self,
+        filter: &StatsFilter,
+        width: Bucket,
+        lines: &[(RepoId, String, RefClass)],
+    ) -> Result<Vec<StatsRow>, MetaError> {
+        if lines.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (sql, params) = line_stats_sql(filter, width, lines);
         let rows = self.rows(&sql, params).await?;
         rows.iter().map(|r| family_row(r, width)).collect()
     }

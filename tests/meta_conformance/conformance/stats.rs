@@ -133,6 +133,41 @@ async fn counts_add_up_and_answer_by_filter_and_width(store: &dyn MetaStore) {
         "a day width sums the day's hours; family and class filter"
     );
 
+    // Totals: one row per line over the whole period, what a family table ranks.
+    let totals = store.family_totals(&a).await.unwrap();
+    assert_eq!(
+        summary(&totals),
+        [
+            ("stats-a".into(), "npm-".into(), main, T0, 8, 2, 1),
+            ("stats-a".into(), "npm-".into(), pr, T0, 1, 1, 0),
+            ("stats-a".into(), "pip-".into(), main, T0, 4, 0, 0),
+        ],
+        "family totals sum each line's hours, starting at its earliest"
+    );
+    // Trends of chosen lines only.
+    let chosen = [
+        (RepoId::new("stats-a"), "npm-".to_owned(), main),
+        (RepoId::new("stats-b"), "npm-".to_owned(), main),
+    ];
+    let lines = store
+        .line_stats(&all_time(), Bucket::Hour, &chosen)
+        .await
+        .unwrap();
+    assert_eq!(
+        summary(&lines),
+        [
+            ("stats-a".into(), "npm-".into(), main, T0, 6, 2, 0),
+            ("stats-a".into(), "npm-".into(), main, T0 + HOUR, 2, 0, 1),
+            ("stats-b".into(), "npm-".into(), main, T0, 5, 0, 0),
+        ],
+        "line stats are the family rows of the chosen lines and no other"
+    );
+    assert!(store
+        .line_stats(&all_time(), Bucket::Hour, &[])
+        .await
+        .unwrap()
+        .is_empty());
+
     let later = StatsFilter {
         since: T0 + HOUR,
         ..a.clone()
