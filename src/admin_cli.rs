@@ -265,6 +265,27 @@ fn root_cause(e: &dyn std::error::Error) -> String {
     cause.to_string()
 }
 
+/// The families `hoard caches stats` asks for: `--limit`, at most 1,000, and few enough that
+/// rows × buckets of the period stay within the server's ceiling of trend points (the server
+/// picks hours up to 48 h, days beyond).
+fn families_within_ceiling(args: &StatsArgs) -> usize {
+    use crate::cache::insight::{MAX_FAMILY_ROWS, MAX_TREND_POINTS};
+    let length = humantime::parse_duration(&args.since).ok().or_else(|| {
+        let at = humantime::parse_rfc3339_weak(&args.since).ok()?;
+        std::time::SystemTime::now().duration_since(at).ok()
+    });
+    let buckets = match length {
+        Some(d) if d.as_secs() <= 48 * 3600 => d.as_secs().div_ceil(3600) + 1,
+        Some(d) => d.as_secs().div_ceil(86_400) + 1,
+        // The server refuses what it cannot read; the limit does not matter then.
+        None => 1,
+    };
+    let within = MAX_TREND_POINTS as u64 / buckets.max(1);
+    args.limit
+        .clamp(1, MAX_FAMILY_ROWS)
+        .min(within.max(1) as usize)
+}
+
 /// `key=value&…` of the filter's set parts, percent-encoded.
 fn filter_query(filter: &FilterArgs) -> url::form_urlencoded::Serializer<'static, String> {
     let mut query = url::form_urlencoded::Serializer::new(String::new());
@@ -297,7 +318,7 @@ pub async fn caches(server: &ServerArgs, command: &CachesCommand) -> Result<Stri
             query
                 .append_pair("since", &args.since)
                 .append_pair("sort", &args.sort)
-                .append_pair("limit", &args.limit.clamp(1, 1000).to_string());
+                .append_pair("limit", &families_within_ceiling(args).to_string());
             for (name, value) in [
                 ("repository", &args.repository),
                 ("scope_class", &args.scope_class),
@@ -852,6 +873,23 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stats_asks_for_no_more_families_than_the_ceiling_allows() {
+        let args = |since: &str, limit: usize| StatsArgs {
+            repository: None,
+            since: since.to_owned(),
+            scope_class: None,
+            sort: "misses".to_owned(),
+            limit,
+        };
+        assert_eq!(families_within_ceiling(&args("7d", 20)), 20);
+        assert_eq!(families_within_ceiling(&args("24h", 5000)), 1000);
+        // 366 days: 100,000 / 366 = 273 families.
+        assert_eq!(families_within_ceiling(&args("365d", 1000)), 273);
+        let ten_thousand_hours = families_within_ceiling(&args("10000h", 1000));
+        assert!(ten_thousand_hours * 418 <= crate::cache::insight::MAX_TREND_POINTS);
+    }
 
     #[test]
     fn sizes_read_in_binary_units() {

@@ -558,3 +558,129 @@ async fn bad_statistics_queries_are_refused_clearly() {
     assert_eq!(daily["series"].as_array().unwrap().len(), 30);
     srv.stop().await;
 }
+
+/// One statistics answer costs what it returns (issue #43): with 1,000 repositories × 3
+/// families over 10,000 hours, answers within the ceiling of trend points come back whole and
+/// the server's memory grows by less than 64 MiB; answers beyond it, and times near the
+/// 64-bit limits, are refused with a sentence.
+#[test]
+fn family_answers_are_bounded_by_what_they_return() {
+    use hoard::model::{Counters, RefClass, RepoId, StatsKey};
+
+    let data = tempfile::tempdir().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let this_hour = now - now % HOUR;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // 60,000 rows: 1,000 repositories × 3 families, each active in 20 hours spread over 10,000.
+    rt.block_on(async {
+        let url = hoard::meta::DatabaseUrl::Sqlite(data.path().join("hoard.db"));
+        let store = hoard::meta::open(&url, 1).await.unwrap();
+        for step in 0..20i64 {
+            let hour = this_hour - (step * 499 + 1) * HOUR;
+            let mut batch = Vec::new();
+            for repo in 0..1000u64 {
+                for (f, family) in ["npm-", "cargo-", "pip-"].into_iter().enumerate() {
+                    let misses = repo % 97 + f as u64;
+                    batch.push((
+                        StatsKey {
+                            repository: RepoId::new(format!("{}", 100_000 + repo)),
+                            family: family.to_owned(),
+                            class: RefClass::DefaultBranch,
+                            hour,
+                        },
+                        Counters {
+                            lookups: misses + 3,
+                            exact_hits: 3,
+                            misses,
+                            ..Counters::default()
+                        },
+                    ));
+                }
+            }
+            batch.sort_by(|a, b| (a.0.hour, &a.0.repository).cmp(&(b.0.hour, &b.0.repository)));
+            store.record_stats(&batch).await.unwrap();
+        }
+    });
+
+    let secret = common::secret_file(data.path());
+    let hoard = common::process::Hoard::start_with(
+        data.path(),
+        &[
+            "--admin-token",
+            ADMIN,
+            "--token-hs256-secret-file",
+            secret.to_str().unwrap(),
+        ],
+    );
+    let rss_before = hoard.peak_rss_kib();
+    let get = |query: &str| {
+        let url = format!("{}/_hoard/api/v1/stats/families?{query}", hoard.base);
+        rt.block_on(async {
+            let res = reqwest::Client::new()
+                .get(url)
+                .bearer_auth(ADMIN)
+                .send()
+                .await
+                .unwrap();
+            json_of(res).await
+        })
+    };
+
+    // Within the ceiling: 10 lines × 10,000 hours, the most misses first, each line whole.
+    let (status, body) = get("bucket=hour&since=10000h&limit=10");
+    assert_eq!(status, 200, "{body}");
+    let families = body["families"].as_array().unwrap();
+    assert_eq!(families.len(), 10);
+    for line in families {
+        assert_eq!(line["trend"]["misses"].as_array().unwrap().len(), 10_000);
+        let summed: u64 = line["trend"]["misses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .sum();
+        assert_eq!(summed, line["misses"].as_u64().unwrap(), "{line}");
+    }
+    // The most misses: repository 96 (and every 97th) of family pip- (96 + 2) × 20 hours.
+    assert_eq!(families[0]["misses"], 98 * 20, "{}", families[0]);
+    assert_eq!(families[0]["family"], "pip-");
+    let (status, body) = get("bucket=day&since=3650d&limit=27");
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = get("since=30d&limit=1000");
+    assert_eq!(status, 200, "the dashboard's widest question: {body}");
+    assert_eq!(body["families"].as_array().unwrap().len(), 1000);
+
+    // Beyond it, or out of range: 400 with a sentence saying how to narrow it.
+    for query in [
+        "bucket=hour&since=10000h&limit=11",
+        "bucket=hour&since=10000h&limit=1000",
+        "bucket=day&since=3650d",
+        "since=9223372036854775807&until=9223372036854775807",
+        "until=-1",
+        "since=0&until=9223372036854775",
+        "since=99999999999h",
+        "limit=0",
+        "limit=1001",
+    ] {
+        let (status, body) = get(query);
+        assert_eq!(status, 400, "{query}: {body}");
+        assert!(
+            body["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{query}: {body}"
+        );
+    }
+    let (_, body) = get("bucket=hour&since=10000h&limit=11");
+    assert!(
+        body["message"].as_str().unwrap().contains("fewer families"),
+        "{body}"
+    );
+
+    let grown_mib = (hoard.peak_rss_kib() - rss_before) / 1024;
+    assert!(
+        grown_mib < 64,
+        "the answers grew the server by {grown_mib} MiB"
+    );
+}

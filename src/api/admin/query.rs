@@ -7,6 +7,9 @@ use super::AdminError;
 use crate::cache::admin::MAX_PAGE;
 use crate::model::{CacheKey, CallerKind, EntryFilter, EntryId, EntryOrder, Millis, Scope};
 
+/// The last millisecond of the year 9999: the latest time a query may name.
+pub const LAST_TIME: Millis = 253_402_300_799_999;
+
 /// The parameters of the entry filter ([`Query::filter`]).
 pub const FILTER: &[&str] = &[
     "repository",
@@ -141,7 +144,8 @@ impl Query {
         })
     }
 
-    /// A time parameter: RFC 3339 (`2026-05-04T12:00:00Z`), or seconds since the Unix epoch.
+    /// A time parameter: RFC 3339 (`2026-05-04T12:00:00Z`), or seconds since the Unix epoch;
+    /// from 1970 to the end of year 9999, so that no arithmetic on it can wrap.
     pub fn time(&self, name: &str) -> Result<Option<Millis>, AdminError> {
         let Some(raw) = self.param(name) else {
             return Ok(None);
@@ -149,8 +153,14 @@ impl Query {
         if let Ok(seconds) = raw.parse::<i64>() {
             return seconds
                 .checked_mul(1000)
+                .filter(|ms| (0..=LAST_TIME).contains(ms))
                 .map(Some)
-                .ok_or_else(|| AdminError::bad(format!("{name} is out of range")));
+                .ok_or_else(|| {
+                    AdminError::bad(format!(
+                        "{name} is out of range: seconds from 0 (1970) to {} (year 9999)",
+                        LAST_TIME / 1000
+                    ))
+                });
         }
         let at = humantime::parse_rfc3339_weak(raw).map_err(|_| {
             AdminError::bad(format!(
@@ -161,6 +171,9 @@ impl Query {
             .duration_since(std::time::UNIX_EPOCH)
             .map_err(|_| AdminError::bad(format!("{name} is before 1970")))?
             .as_millis();
+        if millis > LAST_TIME as u128 {
+            return Err(AdminError::bad(format!("{name} is after the year 9999")));
+        }
         Ok(Some(millis as Millis))
     }
 
@@ -277,6 +290,22 @@ mod tests {
         assert!(message("written_after=20&written_before=10").contains("earlier than"));
         assert!(message("ref=a&scope=b").contains("give one"));
         assert!(query("dry_run=maybe").flag("dry_run").is_err());
+        for out_of_range in [
+            "-1",
+            "9223372036854775807",
+            "253402300800",
+            "-9223372036854775808",
+        ] {
+            let m = query(&format!("until={out_of_range}"))
+                .time("until")
+                .unwrap_err()
+                .1;
+            assert!(m.contains("out of range"), "{out_of_range}: {m}");
+        }
+        assert_eq!(
+            query("until=253402300799").time("until").unwrap(),
+            Some(253_402_300_799_000)
+        );
         assert!(query("dry_run=true").flag("dry_run").unwrap());
     }
 

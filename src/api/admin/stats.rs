@@ -13,6 +13,9 @@ use crate::api::AppState;
 use crate::cache::insight::{FamilyOrder, Period, MAX_FAMILY_ROWS};
 use crate::model::{Bucket, Millis, RefClass};
 
+/// The longest `since` duration: with times up to the year 9999, no period arithmetic wraps.
+const LONGEST_SINCE: Duration = Duration::from_secs(100 * 366 * 86_400);
+
 /// Rows a family table has unless asked otherwise.
 const DEFAULT_FAMILIES: usize = 100;
 /// Periods up to this long get an hourly trend in the family table; longer ones a daily one.
@@ -132,6 +135,11 @@ fn period(
     let since = match query.param("since") {
         None => Since::Back(default_since),
         Some(raw) => match humantime::parse_duration(raw) {
+            Ok(back) if back > LONGEST_SINCE => {
+                return Err(AdminError::bad(
+                    "since is longer than 100 years; name a shorter period",
+                ))
+            }
             Ok(back) if !back.is_zero() => Since::Back(back),
             Ok(_) => return Err(AdminError::bad("since must not be a zero duration")),
             Err(_) => Since::At(query.time("since")?.unwrap_or(until)),
