@@ -127,6 +127,7 @@ pub async fn build_state(
     if let Some(policy) = &config.policy {
         log_policy("write policy loaded", policy);
         cache.set_write_policy(policy.clone());
+        pair_names_for_policy(&cache).await;
     }
     if config.direct_downloads {
         cache
@@ -199,6 +200,17 @@ pub async fn serve_metrics(state: AppState, listener: TcpListener, shutdown: Can
     }
 }
 
+/// Pairs repository ids with the names the store knows, for the policy just put in force,
+/// and warns of each rule by name that no token has tied to an id yet.
+async fn pair_names_for_policy(cache: &Cache) {
+    if let Err(e) = cache.learn_repository_names().await {
+        tracing::warn!(error = %e, "cannot read the repositories' names; policy rules by name apply once tokens name them");
+    }
+    for warning in cache.policy_warnings() {
+        tracing::warn!("{warning}");
+    }
+}
+
 /// One info line for a policy put in force: `<what> from <path>: N rules`.
 fn log_policy(what: &str, policy: &cache::policy::Policy) {
     let source = policy
@@ -250,8 +262,9 @@ async fn reload_on_sighup(
                     }
                 }
                 if let Some((path, cache)) = &policy {
-                    if let Err(e) = reload_policy(cache, path) {
-                        tracing::error!("SIGHUP: policy not reloaded, the previous one stays: {e}");
+                    match reload_policy(cache, path) {
+                        Ok(()) => pair_names_for_policy(cache).await,
+                        Err(e) => tracing::error!("SIGHUP: policy not reloaded, the previous one stays: {e}"),
                     }
                 }
                 if tls.is_none() && policy.is_none() {

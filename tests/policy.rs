@@ -437,3 +437,75 @@ async fn without_a_policy_file_the_admin_api_shows_none() {
         .unwrap();
     assert_eq!(res.status(), 405);
 }
+
+/// A freeze by owner/name holds for a token that carries only its `repository_id` once any
+/// token has paired that id with the name, and until then is reported; a freeze by id holds
+/// always; a token that names its id otherwise is decided by the id's name (issue #43).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_freeze_by_name_follows_the_id_and_an_unpaired_name_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.toml");
+    std::fs::write(
+        &file,
+        "[[rule]]\nrepository = \"octo/app\"\nscope = \"refs/heads/main\"\naccess = \"read-only\"\n\n[[rule]]\nrepository = 5\nscope = \"refs/heads/main\"\naccess = \"read-only\"\n",
+    )
+    .unwrap();
+    let srv = Server::start(&file);
+    let token = |id: &str, name: Option<&str>| {
+        let mut c = claims(id, &[(MAIN, 3)]);
+        if let Some(name) = name {
+            c["repository"] = json!(name);
+        }
+        sign_hs256(&c)
+    };
+    let unpaired = "policy rule 1 (line 1) names octo/app, which no token has named yet";
+    let readyz = || async {
+        let res = srv
+            .http
+            .get(format!("{}/readyz", srv.hoard.base))
+            .send()
+            .await
+            .unwrap();
+        res.json::<Value>().await.unwrap()["warnings"].to_string()
+    };
+    assert!(readyz().await.contains(unpaired), "{}", readyz().await);
+    assert!(srv.status_text().await.contains(unpaired));
+    assert!(
+        !srv.log_lines(unpaired).is_empty(),
+        "reported at load: {:?}",
+        srv.hoard.log.lock().unwrap()
+    );
+
+    // A freeze by id holds for a token without a name.
+    let by_id = srv.create(&token("5", None), "k").await;
+    assert_eq!(by_id.1["ok"], false, "{by_id:?}");
+
+    // Before any token pairs id 1 with octo/app, its id-only token is not frozen (and the
+    // rule is reported as applying to nothing).
+    assert_eq!(srv.create(&token("1", None), "before").await.1["ok"], true);
+
+    // A reader of octo/app pairs id 1 with the name; from then on the id-only token is frozen
+    // and the report is gone.
+    let (status, _) = srv.lookup(&token("1", Some("octo/app")), "none").await;
+    assert_eq!(status, 200);
+    let frozen = "cache write denied: refs/heads/main of octo/app is read-only by policy rule 1";
+    assert_eq!(
+        srv.create(&token("1", None), "after").await,
+        (200, json!({ "ok": false, "message": frozen }))
+    );
+    assert!(!readyz().await.contains(unpaired), "{}", readyz().await);
+    assert!(!srv.status_text().await.contains(unpaired));
+
+    // A token of id 1 that names itself otherwise is decided by the id's name, and logged.
+    assert_eq!(
+        srv.create(&token("1", Some("evil/other")), "renamed").await,
+        (200, json!({ "ok": false, "message": frozen }))
+    );
+    assert!(
+        !srv.log_lines("name_disagrees").is_empty(),
+        "{:?}",
+        srv.hoard.log.lock().unwrap()
+    );
+    // Another repository is not frozen.
+    assert_eq!(srv.create(&other_token(), "free").await.1["ok"], true);
+}

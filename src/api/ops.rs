@@ -48,7 +48,8 @@ pub(super) async fn healthz() -> Json<serde_json::Value> {
 
 /// Ready when the database and storage answer and the server is not shutting down.
 pub(super) async fn readyz(State(app): State<AppState>) -> Response {
-    let warnings = &app.config().warnings;
+    let mut warnings = app.config().warnings.clone();
+    warnings.extend(app.cache().policy_warnings());
     // The results service's URL is GitHub's (or the enterprise's) public address, not a secret.
     let forwarding = serde_json::json!({
         "results": app.config().upstream.as_ref().map(|u| u.base().as_str()),

@@ -20,6 +20,7 @@ pub mod insight;
 mod integrity;
 pub mod lifecycle;
 pub mod matching;
+mod names;
 mod pacing;
 pub mod policy;
 mod ranges;
@@ -90,6 +91,8 @@ pub struct Cache {
     metrics: Arc<crate::metrics::Metrics>,
     /// The write policy in force (`--policy-file`), swapped whole on reload.
     write_policy: Arc<policy::PolicyCell>,
+    /// Which name goes with which repository id, for policy rules by name.
+    names: Arc<names::RepositoryNames>,
 }
 
 impl Cache {
@@ -115,6 +118,7 @@ impl Cache {
             digests: Arc::default(),
             metrics: Arc::default(),
             write_policy: Arc::default(),
+            names: Arc::default(),
         }
     }
 
@@ -227,9 +231,30 @@ impl Cache {
         self.write_policy.current()
     }
 
+    /// Pairs repository ids with the names the store recorded (at start-up and on each policy
+    /// reload), so that policy rules by name hold for tokens that carry only the id.
+    pub async fn learn_repository_names(&self) -> Result<(), CacheError> {
+        let known = self.meta.repositories(None, usize::MAX >> 1).await?;
+        self.names
+            .seed(known.into_iter().map(|r| (r.repository, r.name)));
+        Ok(())
+    }
+
+    /// A sentence for each policy rule whose owner/name no token has tied to an id yet.
+    pub fn policy_warnings(&self) -> Vec<String> {
+        self.write_policy
+            .with(|p| p.unresolved_names(|name| self.names.knows_name(name)))
+            .unwrap_or_default()
+    }
+
     /// Refuses a write of `who` to `scope` that the write policy does not allow.
     fn check_write_policy(&self, who: &Identity, scope: &Scope) -> Result<(), CacheError> {
-        match self.write_policy.with(|p| p.check_write(who, scope)) {
+        // Names are looked up only while a policy is in force: lookups without one pay nothing.
+        let decided = self.write_policy.with(|p| {
+            self.names
+                .with_name(who, |name| p.check_write_as(who, name, scope))
+        });
+        match decided {
             Some(Err(refused)) => {
                 audit_refusal("write_denied", who, &refused);
                 Err(CacheError::WriteDeniedByPolicy(refused))
@@ -244,10 +269,11 @@ impl Cache {
         if who.read_scopes.is_empty() {
             return Err(CacheError::ReadDenied);
         }
-        match self
-            .write_policy
-            .with(|p| p.readable(who, &who.read_scopes))
-        {
+        let decided = self.write_policy.with(|p| {
+            self.names
+                .with_name(who, |name| p.readable_as(who, name, &who.read_scopes))
+        });
+        match decided {
             None => Ok(Cow::Borrowed(&who.read_scopes)),
             Some(Ok(kept)) => Ok(Cow::Owned(kept)),
             Some(Err(refused)) => {

@@ -77,6 +77,8 @@ impl fmt::Display for Access {
 pub struct Rule {
     /// A glob over the repository id and its owner/name; `*` for every repository.
     pub repository: String,
+    /// The line of the file the rule starts on.
+    pub line: usize,
     /// A glob over the scope (git ref).
     pub scope: String,
     pub access: Access,
@@ -85,17 +87,25 @@ pub struct Rule {
 }
 
 impl Rule {
-    /// Whether the rule applies to `who` using `scope`.
-    pub fn applies(&self, who: &Identity, scope: &Scope) -> bool {
+    /// Whether the rule applies to `who` using `scope`, `name` being the owner/name of `who`'s
+    /// repository (the one hoard paired with its id, else the token's; empty: none known).
+    pub fn applies(&self, who: &Identity, name: &str, scope: &Scope) -> bool {
         if let Some(kinds) = &self.callers {
             if !kinds.contains(&who.kind) {
                 return false;
             }
         }
         let repository = glob(&self.repository, who.repository.as_str(), false)
-            || (!who.repository_name.is_empty()
-                && glob(&self.repository, &who.repository_name, true));
+            || (!name.is_empty() && glob(&self.repository, name, true));
         repository && glob(&self.scope, scope.as_str(), false)
+    }
+
+    /// The owner/name this rule names exactly (no glob, not an id), which only a pairing of
+    /// an id with that name can tie to a repository.
+    pub fn exact_name(&self) -> Option<&str> {
+        let r = self.repository.as_str();
+        let is_id = r.bytes().all(|b| b.is_ascii_digit());
+        (!is_id && !r.contains(['*', '?'])).then_some(r)
     }
 }
 
@@ -209,12 +219,12 @@ impl Policy {
                 let bad = |what: &str| {
                     PolicyError(format!("{} (rule {}): {what}", at(Some(span.clone())), i + 1))
                 };
-                if raw.repository.is_empty() {
+                if raw.repository.0.is_empty() {
                     return Err(bad(
                         "repository must be an id, owner/name or \"*\", not empty",
                     ));
                 }
-                if raw.repository.len() > MAX_PATTERN || raw.scope.len() > MAX_PATTERN {
+                if raw.repository.0.len() > MAX_PATTERN || raw.scope.len() > MAX_PATTERN {
                     return Err(bad(&format!(
                         "repository and scope are at most {MAX_PATTERN} bytes"
                     )));
@@ -229,7 +239,8 @@ impl Policy {
                     None => None,
                 };
                 Ok(Rule {
-                    repository: raw.repository,
+                    repository: raw.repository.0,
+                    line: line_of(text, span.start),
                     scope: raw.scope,
                     access: raw.access,
                     callers,
@@ -242,11 +253,17 @@ impl Policy {
         })
     }
 
-    /// The first rule that applies to `who` using `scope`; `None`: no rule does (read-write).
+    /// The first rule that applies to `who` using `scope`, by the token's own name; `None`:
+    /// no rule does (read-write).
     pub fn decide(&self, who: &Identity, scope: &Scope) -> Option<Decision> {
+        self.decide_as(who, &who.repository_name, scope)
+    }
+
+    /// [`Policy::decide`], `name` being the owner/name hoard knows for `who`'s repository id.
+    pub fn decide_as(&self, who: &Identity, name: &str, scope: &Scope) -> Option<Decision> {
         self.rules
             .iter()
-            .position(|r| r.applies(who, scope))
+            .position(|r| r.applies(who, name, scope))
             .map(|i| Decision {
                 rule: i + 1,
                 access: self.rules[i].access,
@@ -255,8 +272,13 @@ impl Policy {
 
     /// Whether `who` may write to `scope`: the refusal if a rule makes it read-only or denies it.
     pub fn check_write(&self, who: &Identity, scope: &Scope) -> Result<(), Refusal> {
-        match self.decide(who, scope) {
-            Some(d) if !d.access.may_write() => Err(refusal(who, scope, d)),
+        self.check_write_as(who, &who.repository_name, scope)
+    }
+
+    /// [`Policy::check_write`] with the name hoard knows for the repository (see [`Policy::decide_as`]).
+    pub fn check_write_as(&self, who: &Identity, name: &str, scope: &Scope) -> Result<(), Refusal> {
+        match self.decide_as(who, name, scope) {
+            Some(d) if !d.access.may_write() => Err(refusal(who, name, scope, d)),
             _ => Ok(()),
         }
     }
@@ -264,12 +286,22 @@ impl Policy {
     /// The scopes of `scopes` that `who` may read, in order; `Err` with the first scope's
     /// refusal when the policy denies every one. An empty `scopes` is returned as it is.
     pub fn readable(&self, who: &Identity, scopes: &[Scope]) -> Result<Vec<Scope>, Refusal> {
+        self.readable_as(who, &who.repository_name, scopes)
+    }
+
+    /// [`Policy::readable`] with the name hoard knows for the repository.
+    pub fn readable_as(
+        &self,
+        who: &Identity,
+        name: &str,
+        scopes: &[Scope],
+    ) -> Result<Vec<Scope>, Refusal> {
         let mut first_refusal = None;
         let mut kept = Vec::with_capacity(scopes.len());
         for scope in scopes {
-            match self.decide(who, scope) {
+            match self.decide_as(who, name, scope) {
                 Some(d) if !d.access.may_read() => {
-                    first_refusal.get_or_insert_with(|| refusal(who, scope, d));
+                    first_refusal.get_or_insert_with(|| refusal(who, name, scope, d));
                 }
                 _ => kept.push(scope.clone()),
             }
@@ -281,10 +313,39 @@ impl Policy {
     }
 }
 
-fn refusal(who: &Identity, scope: &Scope, d: Decision) -> Refusal {
+impl Policy {
+    /// A sentence for each rule that names an owner/name no token has paired with a
+    /// repository id yet (`known` says whether one has): such a rule applies to nothing until
+    /// one does, so a freeze written that way may not be in force.
+    pub fn unresolved_names(&self, known: impl Fn(&str) -> bool) -> Vec<String> {
+        self.rules
+            .iter()
+            .enumerate()
+            .filter_map(|(i, rule)| {
+                let name = rule.exact_name()?;
+                (!known(name)).then(|| {
+                    format!(
+                        "policy rule {} (line {}) names {}, which no token has named yet; it applies to no repository until one does: name it by id",
+                        i + 1,
+                        rule.line,
+                        crate::model::LogSafe(name)
+                    )
+                })
+            })
+            .collect()
+    }
+}
+
+/// The refusal of `d`, naming the repository as people know it: the name paired with its id
+/// (`name`), else its id.
+fn refusal(who: &Identity, name: &str, scope: &Scope, d: Decision) -> Refusal {
     Refusal {
         scope: scope.clone(),
-        repository: who.display_repository().to_owned(),
+        repository: if name.is_empty() {
+            who.repository.as_str().to_owned()
+        } else {
+            name.to_owned()
+        },
         rule: d.rule,
         access: d.access,
     }
@@ -311,11 +372,33 @@ struct File {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawRule {
-    repository: String,
+    repository: Repository,
     scope: String,
     access: Access,
     #[serde(default)]
     callers: Option<Vec<Kind>>,
+}
+
+/// A rule's `repository`: owner/name, a glob, or an id written as a string or an integer
+/// (`repository = 123456`).
+struct Repository(String);
+
+impl<'de> Deserialize<'de> for Repository {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Id(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d) {
+            Ok(Raw::Id(id)) => Ok(Self(id.to_string())),
+            Ok(Raw::Text(text)) => Ok(Self(text)),
+            Err(_) => Err(serde::de::Error::custom(
+                "repository must be an id (a number or a string of digits), owner/name or \"*\"",
+            )),
+        }
+    }
 }
 
 /// A caller kind by its name; an unknown name fails where it is written.
@@ -464,6 +547,44 @@ mod tests {
     }
 
     #[test]
+    fn a_repository_by_id_is_a_number_or_a_string_and_a_rule_by_name_follows_the_paired_name() {
+        let p = parse(
+            "[[rule]]\nrepository = 123456\nscope = \"refs/heads/main\"\naccess = \"read-only\"\n\n[[rule]]\nrepository = \"octo/app\"\nscope = \"*\"\naccess = \"deny\"\n",
+        )
+        .unwrap();
+        assert_eq!(p.rules[0].repository, "123456");
+        assert_eq!((p.rules[0].line, p.rules[1].line), (1, 6));
+        let main = scope("refs/heads/main");
+        // A token with only its id: the id rule holds; the name rule holds through the name
+        // hoard paired with the id, and not without it.
+        let by_id = caller("123456", "", CallerKind::Github);
+        assert!(p.check_write(&by_id, &main).is_err());
+        let nameless = caller("99", "", CallerKind::Github);
+        assert!(p.readable(&nameless, &[main.clone()]).is_ok());
+        assert!(p
+            .readable_as(&nameless, "Octo/App", &[main.clone()])
+            .is_err());
+        // The paired name wins over the token's own.
+        let claims_other = caller("99", "evil/x", CallerKind::Github);
+        assert!(p
+            .readable_as(&claims_other, "octo/app", &[main.clone()])
+            .is_err());
+        let claims_octo = caller("100", "octo/app", CallerKind::Github);
+        assert!(p.readable_as(&claims_octo, "other/repo", &[main]).is_ok());
+        // A rule by an exact name no token has paired is reported with its line; ids and globs
+        // are not.
+        let warnings = p.unresolved_names(|_| false);
+        assert_eq!(
+            warnings,
+            ["policy rule 2 (line 6) names octo/app, which no token has named yet; it applies to no repository until one does: name it by id"]
+        );
+        assert!(p.unresolved_names(|name| name == "octo/app").is_empty());
+        let globs =
+            parse("[[rule]]\nrepository = \"octo/*\"\nscope = \"*\"\naccess = \"deny\"\n").unwrap();
+        assert!(globs.unresolved_names(|_| false).is_empty());
+    }
+
+    #[test]
     fn the_format_of_the_issue_parses() {
         let policy = parse(
             r#"
@@ -490,12 +611,14 @@ access = "deny"
             vec![
                 Rule {
                     repository: "octo/app".into(),
+                    line: 3,
                     scope: "refs/heads/main".into(),
                     access: Access::ReadOnly,
                     callers: Some(vec![CallerKind::Github]),
                 },
                 Rule {
                     repository: "*".into(),
+                    line: 9,
                     scope: "refs/pull/*".into(),
                     access: Access::Deny,
                     callers: None,
@@ -516,7 +639,8 @@ access = "deny"
             ("[[rule]]\nrepository = \"*\"\nscope = \"*\"\naccess = \"deny\"\ncallers = []\n", 1, "at least one"),
             ("[[rule]]\nrepository = \"\"\nscope = \"*\"\naccess = \"deny\"\n", 1, "repository"),
             ("[[rules]]\nrepository = \"*\"\n", 1, "rules"),
-            ("[[rule]]\nrepository = 7\nscope = \"*\"\naccess = \"deny\"\n", 2, "string"),
+            ("[[rule]]\nrepository = -7\nscope = \"*\"\naccess = \"deny\"\n", 2, "an id"),
+            ("[[rule]]\nrepository = true\nscope = \"*\"\naccess = \"deny\"\n", 2, "an id"),
             ("[[rule]\n", 1, ""),
             ("\n\n[[rule]]\nrepository = \"*\"\nscope = \"*\"\naccess = \"read-write\"\n\n[[rule]]\nrepository = \"*\"\nscope = \"*\"\naccess = \"nope\"\n", 11, "nope"),
         ] {
@@ -563,6 +687,7 @@ access = "deny"
             rules: rules
                 .iter()
                 .map(|(repository, scope, access, callers)| Rule {
+                    line: 1,
                     repository: (*repository).into(),
                     scope: (*scope).into(),
                     access: *access,

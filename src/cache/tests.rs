@@ -1235,6 +1235,7 @@ fn write_policy(rules: &[(&str, &str, policy::Access)]) -> policy::Policy {
         rules: rules
             .iter()
             .map(|(repository, scope, access)| policy::Rule {
+                line: 1,
                 repository: (*repository).into(),
                 scope: (*scope).into(),
                 access: *access,

@@ -262,6 +262,7 @@ async fn status(app: &AppState) -> Result<wire::Status, AdminError> {
     let limits = &status.limits;
     let mut warnings = config.warnings.clone();
     warnings.extend(status.warnings);
+    warnings.extend(app.cache().policy_warnings());
     Ok(wire::Status {
         version: env!("CARGO_PKG_VERSION").to_owned(),
         started_at: wire::time(started_at),
