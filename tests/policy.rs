@@ -509,3 +509,53 @@ async fn a_freeze_by_name_follows_the_id_and_an_unpaired_name_is_reported() {
     // Another repository is not frozen.
     assert_eq!(srv.create(&other_token(), "free").await.1["ok"], true);
 }
+
+/// Bytes staged for a reservation made before a freeze never become an entry: the finalize
+/// the freeze refuses ends the upload, so a finalize after the freeze is lifted finds none
+/// (issue #43). A new save after the freeze works as ever.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_finalize_ends_the_upload_for_good() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.toml");
+    std::fs::write(&file, "# no rules yet\n").unwrap();
+    let srv = Server::start(&file);
+    let main = app_token(&[(MAIN, 3)]);
+
+    let (status, body) = srv.create(&main, "staged").await;
+    assert_eq!((status, &body["ok"]), (200, &json!(true)), "{body}");
+    let put = srv
+        .http
+        .put(body["signed_upload_url"].as_str().unwrap())
+        .header("x-ms-blob-type", "BlockBlob")
+        .body(b"staged under a freeze".to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 201);
+
+    std::fs::write(&file, FREEZE).unwrap();
+    assert!(srv.hangup().await.contains("reloaded"));
+    let (status, body) = srv.finalize(&main, "staged", 21).await;
+    assert_eq!((status, &body["ok"]), (200, &json!(false)), "{body}");
+    assert!(
+        !srv.log_lines("action=\"abort\"").is_empty(),
+        "the refused finalize ends the upload: {:?}",
+        srv.hoard.log.lock().unwrap()
+    );
+
+    std::fs::write(&file, "# lifted\n").unwrap();
+    assert!(srv.hangup().await.contains("reloaded"));
+    let (status, body) = srv.finalize(&main, "staged", 21).await;
+    assert!(
+        status != 200 || body["ok"] != json!(true),
+        "a finalize after the freeze must not make the staged bytes an entry: {status} {body}"
+    );
+    assert_eq!(
+        srv.lookup(&main, "staged").await,
+        (200, json!({ "ok": false }))
+    );
+    // The slot is free: a new save of the key works.
+    srv.save(&main, "staged", b"after the freeze").await;
+    let (_, hit) = srv.lookup(&main, "staged").await;
+    assert_eq!(hit["ok"], true, "{hit}");
+}

@@ -23,7 +23,7 @@ impl Cache {
         who: &Identity,
         id: UploadId,
     ) -> Result<LinkedUpload, CacheError> {
-        self.check_writer(who)?;
+        self.check_writer_of(who, id).await?;
         let linked = self.upload(id).await?;
         writes_to(who, &linked.upload)?;
         Ok(linked)
@@ -33,6 +33,22 @@ impl Cache {
     fn check_writer(&self, who: &Identity) -> Result<(), CacheError> {
         let write_scope = who.write_scope.as_ref().ok_or(CacheError::WriteDenied)?;
         self.check_write_policy(who, write_scope)
+    }
+
+    /// [`Cache::check_writer`] for a write to upload `id`; a write the policy refuses ends
+    /// the upload if it is `who`'s, so that its staged bytes never become an entry.
+    async fn check_writer_of(&self, who: &Identity, id: UploadId) -> Result<(), CacheError> {
+        match self.check_writer(who) {
+            Err(refused @ CacheError::WriteDeniedByPolicy(_)) => {
+                if let Ok(linked) = self.upload(id).await {
+                    if writes_to(who, &linked.upload).is_ok() {
+                        self.abandon_refused(id).await;
+                    }
+                }
+                Err(refused)
+            }
+            other => other,
+        }
     }
 
     /// `PATCH caches/{id}`: stores bytes `[start, start + len)` of the upload. A retried range
@@ -49,7 +65,7 @@ impl Cache {
         if start.saturating_add(len) > max {
             return Err(CacheError::TooLarge(max));
         }
-        self.check_writer(who)?;
+        self.check_writer_of(who, id).await?;
         let block = BlockId::range(start);
         let target = self.block_target(id, &block).await?;
         writes_to(who, &target.upload)?;

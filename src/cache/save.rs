@@ -316,7 +316,13 @@ impl Cache {
         version: &str,
         size: u64,
     ) -> Result<EntryId, CacheError> {
-        let slot = self.write_slot(who, key, version)?;
+        let slot = match self.write_slot(who, key, version) {
+            Err(refused @ CacheError::WriteDeniedByPolicy(_)) => {
+                self.abandon_refused_slot(who, key, version).await;
+                return Err(refused);
+            }
+            other => other?,
+        };
         if size > self.policy.max_entry_size {
             return Err(CacheError::TooLarge(self.policy.max_entry_size));
         }
@@ -460,6 +466,51 @@ impl Cache {
                 let chunk = other?;
                 self.metrics.uploaded(chunk.size);
                 Ok(chunk)
+            }
+        }
+    }
+
+    /// A finalize the write policy refused ends the slot's open upload: bytes staged under a
+    /// freeze never become an entry, not even once the freeze is lifted.
+    async fn abandon_refused_slot(&self, who: &Identity, key: &str, version: &str) {
+        let (Ok(key), Ok(version), Some(scope)) = (
+            CacheKey::parse(key),
+            Version::parse(version),
+            who.write_scope.clone(),
+        ) else {
+            return;
+        };
+        let slot = Slot {
+            repository: who.repository.clone(),
+            scope,
+            key,
+            version,
+        };
+        let open = match self.meta.finalize_state(&slot).await {
+            Ok(state) => state.open.map(|(upload, _)| upload.id),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot end an upload the write policy refused; it is swept when abandoned");
+                return;
+            }
+        };
+        if let Some(id) = open {
+            self.abandon_refused(id).await;
+        }
+    }
+
+    /// Ends upload `id` after the write policy refused a write to it, logging a failure (the
+    /// sweep of abandoned uploads ends it later then).
+    pub(super) async fn abandon_refused(&self, id: UploadId) {
+        match self.abandon(id).await {
+            Ok(true) => tracing::info!(
+                target: "hoard::audit",
+                action = "abort",
+                reason = "write policy",
+                id = id.get(),
+            ),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot end an upload the write policy refused; it is swept when abandoned")
             }
         }
     }
