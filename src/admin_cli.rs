@@ -497,14 +497,19 @@ async fn remove(client: &Client, json: bool, args: &RemoveArgs) -> Result<String
         (false, false) => format!(": {ids}"),
         (false, true) => format!(": {ids}, … (the first {})", answer.ids.len()),
     };
+    let uploads = match answer.uploads_aborted {
+        0 => String::new(),
+        1 => " and 1 open upload".to_owned(),
+        n => format!(" and {n} open uploads"),
+    };
     Ok(if answer.dry_run {
         format!(
-            "Dry run: would delete {count} {noun} ({}){ids}. Nothing was deleted.\n",
+            "Dry run: would delete {count} {noun} ({}){ids}{uploads}. Nothing was deleted.\n",
             size(answer.size_in_bytes)
         )
     } else {
         format!(
-            "Deleted {count} {noun} ({}){ids}.\n",
+            "Deleted {count} {noun} ({}){ids}{uploads}.\n",
             size(answer.size_in_bytes)
         )
     })
@@ -522,6 +527,7 @@ async fn remove_ids(
         size_in_bytes: 0,
         ids: Vec::new(),
         ids_truncated: false,
+        uploads_aborted: 0,
     };
     for id in ids {
         let failed = |e: CliError| CliError(format!("entry {id}: {e}"));

@@ -705,3 +705,61 @@ async fn unknown_or_repeated_query_parameters_are_refused_on_every_endpoint() {
     );
     srv.stop().await;
 }
+
+/// A purge by writer also ends that writer's uploads still open, and its dry run counts them:
+/// what the purged run staged cannot become an entry after the purge (issue #43).
+#[tokio::test]
+async fn a_purge_by_writer_ends_its_open_uploads_and_the_dry_run_counts_them() {
+    let srv = start().await;
+    let run_a = run_token("8105", "repo:o/r:ref:refs/heads/main", "run-a", "1");
+    let run_b = run_token("8105", "repo:o/r:ref:refs/heads/main", "run-b", "1");
+    save_from(&srv, &run_a, "saved", None).await;
+    // Run a has one upload staged and not finalized; run b another.
+    let mut urls = Vec::new();
+    for (token, key) in [(&run_a, "staged-a"), (&run_b, "staged-b")] {
+        let (status, body) = srv
+            .twirp(
+                "CreateCacheEntry",
+                token,
+                json!({"key": key, "version": VERSION}),
+            )
+            .await;
+        assert_eq!((status, &body["ok"]), (200, &json!(true)), "{body}");
+        let url = body["signed_upload_url"].as_str().unwrap().to_owned();
+        assert_eq!(srv.put_blob(&url, b"payload".to_vec()).await.status(), 201);
+        urls.push(url);
+    }
+
+    let (status, dry) = delete(&srv, "caches?repository=8105&run_id=run-a&dry_run=true").await;
+    assert_eq!(status, 200, "{dry}");
+    assert_eq!(
+        (dry["deleted"].as_u64(), dry["uploads_aborted"].as_u64()),
+        (Some(1), Some(1)),
+        "{dry}"
+    );
+    // The dry run ended nothing: run a could still finalize here.
+    let (status, purged) = delete(&srv, "caches?repository=8105&run_id=run-a").await;
+    assert_eq!(status, 200, "{purged}");
+    assert_eq!(
+        (
+            purged["deleted"].as_u64(),
+            purged["uploads_aborted"].as_u64()
+        ),
+        (Some(1), Some(1)),
+        "{purged}"
+    );
+
+    // Run a's staged upload is gone; run b's finalizes as ever.
+    let (status, body) = srv.finalize(&run_a, "staged-a", VERSION, 7).await;
+    assert!(
+        status != 200 || body["ok"] != json!(true),
+        "{status} {body}"
+    );
+    assert!(srv.restore(&run_a, "staged-a", VERSION).await.is_none());
+    let (status, body) = srv.finalize(&run_b, "staged-b", VERSION, 7).await;
+    assert_eq!((status, &body["ok"]), (200, &json!(true)), "{body}");
+    // A purge that selects no open upload answers as before, without the field.
+    let (_, none) = delete(&srv, "caches?repository=8105&run_id=run-b&dry_run=true").await;
+    assert!(none.get("uploads_aborted").is_none(), "{none}");
+    srv.stop().await;
+}

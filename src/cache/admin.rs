@@ -4,7 +4,7 @@
 
 use crate::meta::MetaError;
 use crate::model::{EntryFilter, EntryOrder, EntryPage, ListedEntry, RepositoryUsage, Totals};
-use crate::model::{EntryId, LogSafe, RemovalCause};
+use crate::model::{EntryId, LogSafe, Millis, Provenance, RemovalCause, RepoId, Upload, UploadId};
 
 use super::{Cache, CacheError};
 
@@ -47,6 +47,8 @@ pub struct Purge {
     pub bytes: u64,
     /// The first [`MAX_PURGE_IDS`] of their ids, oldest first.
     pub ids: Vec<EntryId>,
+    /// Open uploads the filter selects, ended with the entries (on a dry run, to be ended).
+    pub uploads: u64,
 }
 
 impl Purge {
@@ -64,6 +66,36 @@ impl Purge {
         let room = MAX_PURGE_IDS.saturating_sub(self.ids.len());
         self.ids.extend(other.ids.into_iter().take(room));
     }
+}
+
+/// Whether `filter` selects `upload` as it would the entry the upload becomes; `named` are the
+/// ids of the repository the filter names, when it names one.
+fn upload_selected(filter: &EntryFilter, named: Option<&[RepoId]>, upload: &Upload) -> bool {
+    let by = upload.written_by.as_ref();
+    let writer = |wanted: &Option<String>, field: fn(&Provenance) -> &str| {
+        wanted
+            .as_deref()
+            .is_none_or(|w| by.is_some_and(|p| field(p) == w))
+    };
+    named.is_none_or(|ids| ids.contains(&upload.repository))
+        && filter
+            .repository_id
+            .as_deref()
+            .is_none_or(|id| upload.repository.as_str() == id)
+        && filter.scope.as_ref().is_none_or(|s| &upload.scope == s)
+        && filter
+            .folded_key_prefix
+            .as_deref()
+            .is_none_or(|p| upload.key.to_lowercase().starts_with(p))
+        && filter
+            .version
+            .as_deref()
+            .is_none_or(|v| upload.version == v)
+        && writer(&filter.run_id, |p| &p.run_id)
+        && writer(&filter.subject, |p| &p.subject)
+        && filter.kind.is_none_or(|k| by.is_some_and(|p| p.kind == k))
+        && filter.written_after.is_none_or(|t| upload.created_at >= t)
+        && filter.written_before.is_none_or(|t| upload.created_at < t)
 }
 
 /// A filter as the audit log shows it: each part that is set, as `name=value`.
@@ -250,6 +282,15 @@ impl Cache {
                 purge.extend(self.delete_entries(&batch, by).await?);
             }
         }
+        // The writer's uploads still open go too: what it staged must not become an entry
+        // after the purge.
+        let open = self.open_uploads_matching(filter).await?;
+        purge.uploads = open.len() as u64;
+        if !dry_run {
+            for id in open {
+                self.abandon(id).await?;
+            }
+        }
         tracing::info!(
             target: "hoard::audit",
             action = if dry_run { "purge_dry_run" } else { "purge" },
@@ -257,8 +298,44 @@ impl Cache {
             filter = %LogSafe(&describe(filter)),
             count = purge.count,
             size = purge.bytes,
+            uploads = purge.uploads,
         );
         Ok(purge)
+    }
+
+    /// The open uploads `filter` selects, by what their reservation recorded (repository,
+    /// scope, key, version, writer and time). Open uploads are at most `--max-open-uploads`,
+    /// so they are read whole and matched here.
+    async fn open_uploads_matching(
+        &self,
+        filter: &EntryFilter,
+    ) -> Result<Vec<UploadId>, CacheError> {
+        if filter.id.is_some() {
+            return Ok(Vec::new());
+        }
+        // A repository named by owner/name: the ids that carry it.
+        let named = match &filter.repository {
+            Some(named) => Some(
+                self.meta
+                    .repositories(Some(named), usize::MAX >> 1)
+                    .await?
+                    .into_iter()
+                    .map(|r| r.repository)
+                    .collect::<Vec<_>>(),
+            ),
+            None => None,
+        };
+        let most = self.policy.max_open_uploads as usize + 1000;
+        let mut selected = Vec::new();
+        for id in self.meta.stale_uploads(Millis::MAX, most).await? {
+            let Some((upload, _)) = self.meta.upload_with_blocks(id).await? else {
+                continue;
+            };
+            if upload.is_open() && upload_selected(filter, named.as_deref(), &upload) {
+                selected.push(id);
+            }
+        }
+        Ok(selected)
     }
 
     /// Repositories by bytes held, at most `limit`, or only the one `only` names (id or name);

@@ -380,6 +380,7 @@ fn deleted(purge: Purge, dry_run: bool) -> wire::Deleted {
         size_in_bytes: purge.bytes,
         ids_truncated: purge.count > purge.ids.len() as u64,
         ids: purge.ids.iter().map(|id| id.get()).collect(),
+        uploads_aborted: purge.uploads,
     }
 }
 

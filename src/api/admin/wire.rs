@@ -81,6 +81,10 @@ pub struct Deleted {
     /// More entries went than `ids` names.
     #[serde(default)]
     pub ids_truncated: bool,
+    /// Open uploads the filter selects that the purge ended (on a dry run, would end), so the
+    /// writer it purges cannot finalize what it staged; left out when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub uploads_aborted: u64,
 }
 
 /// What one repository holds and how its lookups went (schema `Repository`).
@@ -411,4 +415,8 @@ mod tests {
         assert_eq!(time(-1), "1970-01-01T00:00:00.000Z");
         assert_eq!(time(i64::MAX), "9999-12-31T23:59:59.999Z");
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
