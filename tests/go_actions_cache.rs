@@ -1,0 +1,193 @@
+//! BuildKit's cache client, `github.com/tonistiigi/go-actions-cache` (what `docker buildx`
+//! uses for `type=gha`), against hoard: saves of several sizes (the Azure SDK for Go puts a
+//! small blob whole and a larger one as 1 MiB blocks with the ids it makes; v1 sends 32 MiB
+//! chunks, four at a time), a miss and byte-identical restores, over v2 and v1, configured
+//! from the environment as BuildKit is. The client is the small Go program in
+//! `tests/go-actions-cache/`, built here with `go build` (modules from the Go module proxy,
+//! pinned by its go.sum). Without Go the tests skip, except under
+//! `HOARD_TEST_REQUIRE_CLIENTS=1` (CI).
+#![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use common::clients::{all_of, clean_env, or_skip, output, target_dir};
+use common::*;
+
+/// The client, built once per test binary (`go build` is incremental and cached).
+fn client() -> Option<&'static Path> {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/go-actions-cache");
+        let binary = target_dir().join("go-actions-cache/go-actions-cache");
+        let out = Command::new("go")
+            .args(["build", "-mod=readonly", "-o"])
+            .arg(&binary)
+            .arg(".")
+            .current_dir(&source)
+            .output()
+            .map_err(|e| {
+                format!("the Go toolchain cannot be run ({e}); install Go 1.22 or later")
+            })?;
+        if !out.status.success() {
+            return Err(format!("`go build` failed:\n{}", all_of(&out)));
+        }
+        Ok(binary)
+    });
+    or_skip(
+        "go-actions-cache",
+        built.as_ref().map(PathBuf::as_path).map_err(Clone::clone),
+    )
+}
+
+enum Protocol {
+    /// `ACTIONS_RESULTS_URL` at `base`, with the trailing slash the runner gives it.
+    V2,
+    V1,
+}
+
+/// Runs the client (`save`/`load`) against hoard at `base` over `protocol`.
+async fn run(
+    client: &Path,
+    protocol: &Protocol,
+    base: &str,
+    args: &[&str],
+) -> std::process::Output {
+    let mut cmd = Command::new(client);
+    clean_env(&mut cmd)
+        .args(args)
+        .env("ACTIONS_RUNTIME_TOKEN", main_token())
+        .env("GO_ACTIONS_CACHE_DEBUG", "1");
+    match protocol {
+        Protocol::V2 => cmd
+            .env("ACTIONS_CACHE_SERVICE_V2", "true")
+            .env("ACTIONS_RESULTS_URL", format!("{base}/")),
+        Protocol::V1 => cmd
+            .env("ACTIONS_CACHE_API_FORCE_VERSION", "v1")
+            .env("ACTIONS_CACHE_URL", format!("{base}/")),
+    };
+    output(cmd).await
+}
+
+/// Saves each size under its own key, checks that a key never saved misses, and restores
+/// every save byte for byte.
+async fn saves_misses_and_restores(protocol: Protocol, base: &str, sizes: &[usize]) {
+    let Some(client) = client() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    for (i, &size) in sizes.iter().enumerate() {
+        let data = random_bytes(size, 40 + i as u64);
+        let file = dir.path().join(format!("save-{size}"));
+        std::fs::write(&file, &data).unwrap();
+        let key = format!("buildkit-{size}");
+        let out = run(
+            client,
+            &protocol,
+            base,
+            &["save", &key, file.to_str().unwrap()],
+        )
+        .await;
+        assert!(
+            out.status.success(),
+            "save of {size} bytes:\n{}",
+            all_of(&out)
+        );
+
+        let restored = dir.path().join(format!("restored-{size}"));
+        let out = run(
+            client,
+            &protocol,
+            base,
+            &["load", &key, restored.to_str().unwrap()],
+        )
+        .await;
+        assert!(
+            out.status.success(),
+            "restore of {size} bytes:\n{}",
+            all_of(&out)
+        );
+        let back = std::fs::read(&restored).unwrap();
+        assert!(
+            back == data,
+            "restored {} bytes of {size}, not the bytes saved",
+            back.len()
+        );
+    }
+    let nowhere = dir.path().join("missed");
+    let out = run(
+        client,
+        &protocol,
+        base,
+        &["load", "buildkit-never-saved", nowhere.to_str().unwrap()],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(3), "a miss:\n{}", all_of(&out));
+    assert!(!nowhere.exists());
+}
+
+const MIB: usize = 1 << 20;
+
+/// v2 by host name (`localhost`): the Azure SDK for Go then sends the blob name's `/`
+/// percent-encoded. A blob under 1 MiB is one Put Blob; above, 1 MiB blocks and a block list.
+#[tokio::test(flavor = "multi_thread")]
+async fn buildkit_saves_and_restores_over_v2() {
+    let srv = TestServer::start().await;
+    let base = format!("http://localhost:{}", srv.addr.port());
+    saves_misses_and_restores(Protocol::V2, &base, &[1, 100_000, MIB, 3 * MIB + 12_345]).await;
+}
+
+/// v1 at an IP: 32 MiB chunks uploaded four at a time, a larger save in two.
+#[tokio::test(flavor = "multi_thread")]
+async fn buildkit_saves_and_restores_over_v1() {
+    let srv = TestServer::start().await;
+    saves_misses_and_restores(Protocol::V1, &srv.base, &[1, 100_000, 32 * MIB + 7]).await;
+}
+
+/// The Azure SDK for Go takes hoard's links apart and puts them back together (azcopy does
+/// so for every request; `blob.ParseURL` then `String`): what it rebuilds still opens the
+/// upload, and a link of the previous format lost its expiry that way.
+#[tokio::test(flavor = "multi_thread")]
+async fn links_survive_the_azure_sdk_for_go() {
+    let Some(client) = client() else { return };
+    let srv = TestServer::start().await;
+    let t = main_token();
+    for base in [
+        srv.base.clone(),
+        format!("http://localhost:{}", srv.addr.port()),
+    ] {
+        let key = format!("rebuilt-{}", base.len());
+        let (status, body) = twirp_at(
+            &srv.http,
+            &base,
+            &t,
+            "CreateCacheEntry",
+            serde_json::json!({ "key": key, "version": VERSION }),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let link = body["signed_upload_url"].as_str().unwrap();
+        let out = output({
+            let mut cmd = Command::new(client);
+            cmd.args(["azure-url", link]);
+            cmd
+        })
+        .await;
+        assert!(out.status.success(), "{}", all_of(&out));
+        let rebuilt = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        assert!(
+            rebuilt.contains("se=") && rebuilt.contains("sig="),
+            "{rebuilt}"
+        );
+        let res = srv.put_blob(&rebuilt, b"rebuilt".to_vec()).await;
+        assert_eq!(
+            res.status(),
+            201,
+            "{rebuilt}: {}",
+            res.text().await.unwrap()
+        );
+        let (_, done) = srv.finalize(&t, &key, VERSION, 7).await;
+        assert_eq!(done["ok"], true, "{done}");
+    }
+}
