@@ -3,8 +3,8 @@
 //! small blob whole and a larger one as 1 MiB blocks with the ids it makes; v1 sends 32 MiB
 //! chunks, four at a time), a miss and byte-identical restores, over v2 and v1, configured
 //! from the environment as BuildKit is. The client is the small Go program in
-//! `tests/go-actions-cache/`, built here with `go build` (modules from the Go module proxy,
-//! pinned by its go.sum). Without Go the tests skip, except under
+//! `tests/go-actions-cache/`, built by `scripts/clients` with `go build` (modules from the Go
+//! module proxy, pinned by its go.sum). Without it the tests skip, except under
 //! `HOARD_TEST_REQUIRE_CLIENTS=1` (CI).
 #![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
 
@@ -12,35 +12,14 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
-use common::clients::{all_of, clean_env, or_skip, output, target_dir};
+use common::clients::{all_of, clean_env, installed, or_skip, output};
 use common::*;
 
-/// The client, built once per test binary (`go build` is incremental and cached).
-fn client() -> Option<&'static Path> {
-    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let built = BUILT.get_or_init(|| {
-        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/go-actions-cache");
-        let binary = target_dir().join("go-actions-cache/go-actions-cache");
-        let out = Command::new("go")
-            .args(["build", "-mod=readonly", "-o"])
-            .arg(&binary)
-            .arg(".")
-            .current_dir(&source)
-            .output()
-            .map_err(|e| {
-                format!("the Go toolchain cannot be run ({e}); install Go 1.22 or later")
-            })?;
-        if !out.status.success() {
-            return Err(format!("`go build` failed:\n{}", all_of(&out)));
-        }
-        Ok(binary)
-    });
-    or_skip(
-        "go-actions-cache",
-        built.as_ref().map(PathBuf::as_path).map_err(Clone::clone),
-    )
+/// The client, built by `scripts/clients` (`scripts/test` runs it; `go build` in
+/// `tests/go-actions-cache/` does the same).
+fn client() -> Option<PathBuf> {
+    or_skip("go-actions-cache", installed("bin/go-actions-cache"))
 }
 
 enum Protocol {
@@ -76,6 +55,7 @@ async fn run(
 /// every save byte for byte.
 async fn saves_misses_and_restores(protocol: Protocol, base: &str, sizes: &[usize]) {
     let Some(client) = client() else { return };
+    let client = client.as_path();
     let dir = tempfile::tempdir().unwrap();
     for (i, &size) in sizes.iter().enumerate() {
         let data = random_bytes(size, 40 + i as u64);
@@ -151,16 +131,33 @@ async fn buildkit_saves_and_restores_over_v1() {
 #[tokio::test(flavor = "multi_thread")]
 async fn links_survive_the_azure_sdk_for_go() {
     let Some(client) = client() else { return };
+    let client = client.as_path();
     let srv = TestServer::start().await;
     let t = main_token();
-    for base in [
+    let rebuilt_by_sdk = |link: String| async move {
+        let mut cmd = Command::new(client);
+        cmd.args(["azure-url", &link]);
+        let out = output(cmd).await;
+        assert!(out.status.success(), "{}", all_of(&out));
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    };
+    // What the previous format lost: its `se` of Unix seconds.
+    let old = rebuilt_by_sdk(format!(
+        "{}/_blob/uploads/1?se=1796310245&ct=1796310000123&sig=abc",
+        srv.base
+    ))
+    .await;
+    assert!(!old.contains("se=") && old.contains("sig=abc"), "{old}");
+
+    let bases = [
         srv.base.clone(),
         format!("http://localhost:{}", srv.addr.port()),
-    ] {
-        let key = format!("rebuilt-{}", base.len());
+    ];
+    for (i, base) in bases.iter().enumerate() {
+        let key = format!("rebuilt-{i}");
         let (status, body) = twirp_at(
             &srv.http,
-            &base,
+            base,
             &t,
             "CreateCacheEntry",
             serde_json::json!({ "key": key, "version": VERSION }),
@@ -168,14 +165,7 @@ async fn links_survive_the_azure_sdk_for_go() {
         .await;
         assert_eq!(status, 200, "{body}");
         let link = body["signed_upload_url"].as_str().unwrap();
-        let out = output({
-            let mut cmd = Command::new(client);
-            cmd.args(["azure-url", link]);
-            cmd
-        })
-        .await;
-        assert!(out.status.success(), "{}", all_of(&out));
-        let rebuilt = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        let rebuilt = rebuilt_by_sdk(link.to_owned()).await;
         assert!(
             rebuilt.contains("se=") && rebuilt.contains("sig="),
             "{rebuilt}"

@@ -8,18 +8,30 @@
 //	go-actions-cache load KEY FILE   restores KEY into FILE; exit status 3 on a miss
 //	go-actions-cache azure-url URL   prints URL as the Azure SDK for Go rebuilds it
 //	                                 (blob.ParseURL, then String), as azcopy does
+//	go-actions-cache --version       prints the versions of the two libraries
 package main
 
 import (
 	"context"
 	"fmt"
 	"os"
+	"runtime/debug"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/blob"
 	actionscache "github.com/tonistiigi/go-actions-cache"
 )
 
 func main() {
+	if len(os.Args) == 2 && os.Args[1] == "--version" {
+		info, ok := debug.ReadBuildInfo()
+		if !ok {
+			fail(fmt.Errorf("no build information"))
+		}
+		for _, dep := range info.Deps {
+			fmt.Println(dep.Path, dep.Version)
+		}
+		return
+	}
 	if len(os.Args) != 4 && !(len(os.Args) == 3 && os.Args[1] == "azure-url") {
 		fail(fmt.Errorf("usage: %s save|load KEY FILE, or azure-url URL", os.Args[0]))
 	}
