@@ -24,11 +24,12 @@ pub fn route_label(path: &str) -> &'static str {
         return call;
     }
     if path.starts_with("/_blob") || path.starts_with("/%5") {
-        return match links::blob_route(path) {
-            Some((links::LinkKind::Upload, _)) => "/_blob/uploads/{id}",
-            Some((links::LinkKind::Download, _)) => "/_blob/entries/{id}",
-            None => "other",
-        };
+        match links::blob_route(path) {
+            Some((links::LinkKind::Upload, _)) => return "/_blob/uploads/{id}",
+            Some((links::LinkKind::Download, _)) => return "/_blob/entries/{id}",
+            None if path.starts_with("/_blob/") => return "other",
+            None => {}
+        }
     }
     if let Some(endpoint) = legacy::route_label(path) {
         return endpoint;
@@ -148,15 +149,18 @@ async fn fallback(
     }
     // Blob paths with an encoded `/` (the Go SDK's, by host name): matched decoded.
     if path.starts_with("/_blob") || path.starts_with("/%5") {
-        return match links::blob_route(path) {
+        match links::blob_route(path) {
             Some((links::LinkKind::Upload, id)) => {
-                blob::upload_at(app, method, &id, uri.clone(), headers, body).await
+                return blob::upload_at(app, method, &id, uri.clone(), headers, body).await
             }
             Some((links::LinkKind::Download, id)) => {
-                blob::download_at(app, method, &id, uri.clone(), headers).await
+                return blob::download_at(app, method, &id, uri.clone(), headers).await
             }
-            None => azure::AzureError::not_found().into_response(),
-        };
+            None if path.starts_with("/_blob/") => {
+                return azure::AzureError::not_found().into_response()
+            }
+            None => {}
+        }
     }
     // The admin API lives at the root only. Under a prefix it is an error, never forwarded:
     // its bearer token is the admin token.
@@ -215,6 +219,11 @@ mod tests {
             ("/_blob/uploads%2F12.5", "/_blob/uploads/{id}"),
             ("/_blob/uploads/%2e%2e%2F12", "other"),
             ("/_blob//uploads/12", "other"),
+            ("/%5Fblob/entries/7.5", "/_blob/entries/{id}"),
+            (
+                "/%5Bx/_apis/artifactcache/cache",
+                "/_apis/artifactcache/cache",
+            ),
             ("/_blob/other", "other"),
             ("/_apis/artifactcache/cache", "/_apis/artifactcache/cache"),
             (
