@@ -798,3 +798,71 @@ async fn encoded_paths_route_as_decoded_and_never_reach_another_row() {
         b"the other entry"
     );
 }
+
+/// Links made by the previous release (`<id>?se=<Unix seconds>&ct=<created>&sig=…`) keep
+/// opening their upload and entry until they expire.
+#[tokio::test]
+async fn links_of_the_previous_format_work_until_they_expire() {
+    use hoard::auth::{LinkTarget, UrlSigner};
+    use hoard::model::{EntryId, UploadId};
+    let srv = TestServer::start().await;
+    let t = main_token();
+    let signer = UrlSigner::load_or_create(&srv.data.path().join("signing.key")).unwrap();
+    // `<base>/_blob/<kind>/` and the id and creation time of a link of this release.
+    let parts = |link: &str| {
+        let (path, _) = link.split_once('?').unwrap();
+        let (dir, segment) = path.rsplit_once('/').unwrap();
+        let (id, created) = segment.split_once('.').unwrap();
+        (
+            dir.to_owned(),
+            id.parse::<i64>().unwrap(),
+            created.parse::<i64>().unwrap(),
+        )
+    };
+    let later = unix_now() + 600;
+
+    let (dir, id, created_at) = parts(&srv.reserve(&t, "old", VERSION).await);
+    let target = LinkTarget {
+        id: UploadId::new(id),
+        created_at,
+    };
+    let old_upload = format!(
+        "{dir}/{id}?se={later}&ct={created_at}&sig={}",
+        signer.sign(target, later)
+    );
+    assert_eq!(
+        srv.put_blob(&old_upload, b"old link".to_vec())
+            .await
+            .status(),
+        201
+    );
+    assert_eq!(
+        srv.http.head(&old_upload).send().await.unwrap().status(),
+        200
+    );
+    let (_, done) = srv.finalize(&t, "old", VERSION, 8).await;
+    assert_eq!(done["ok"], true, "{done}");
+
+    let (_, hit) = srv.lookup(&t, "old", &[], VERSION).await;
+    let (dir, id, created_at) = parts(hit["signed_download_url"].as_str().unwrap());
+    let target = LinkTarget {
+        id: EntryId::new(id),
+        created_at,
+    };
+    let old_download = |expires: u64| {
+        format!(
+            "{dir}/{id}?se={expires}&ct={created_at}&sig={}",
+            signer.sign(target, expires)
+        )
+    };
+    let res = srv.http.get(old_download(later)).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.bytes().await.unwrap(), &b"old link"[..]);
+    let res = srv
+        .http
+        .get(old_download(unix_now() - 1))
+        .send()
+        .await
+        .unwrap();
+    assert_azure_error(res, 403, "AuthenticationFailed").await;
+}
