@@ -13,7 +13,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::clients::{all_of, clean_env, installed, or_skip, output};
+use common::clients::{all_of, clean_env, installed, or_skip, output, requests_by_protocol};
 use common::*;
 
 /// The client, built by `scripts/clients` (`scripts/test` runs it; `go build` in
@@ -52,9 +52,11 @@ async fn run(
 }
 
 /// Saves each size under its own key, checks that a key never saved misses, and restores
-/// every save byte for byte.
-async fn saves_misses_and_restores(protocol: Protocol, base: &str, sizes: &[usize]) {
-    let Some(client) = client() else { return };
+/// every save byte for byte; `false` if the client is not there (the test skips).
+async fn saves_misses_and_restores(protocol: Protocol, base: &str, sizes: &[usize]) -> bool {
+    let Some(client) = client() else {
+        return false;
+    };
     let client = client.as_path();
     let dir = tempfile::tempdir().unwrap();
     for (i, &size) in sizes.iter().enumerate() {
@@ -105,6 +107,7 @@ async fn saves_misses_and_restores(protocol: Protocol, base: &str, sizes: &[usiz
     .await;
     assert_eq!(out.status.code(), Some(3), "a miss:\n{}", all_of(&out));
     assert!(!nowhere.exists());
+    true
 }
 
 const MIB: usize = 1 << 20;
@@ -115,14 +118,32 @@ const MIB: usize = 1 << 20;
 async fn buildkit_saves_and_restores_over_v2() {
     let srv = TestServer::start().await;
     let base = format!("http://localhost:{}", srv.addr.port());
-    saves_misses_and_restores(Protocol::V2, &base, &[1, 100_000, MIB, 3 * MIB + 12_345]).await;
+    let sizes = [1, 100_000, MIB, 3 * MIB + 12_345];
+    if !saves_misses_and_restores(Protocol::V2, &base, &sizes).await {
+        return;
+    }
+    let (v2, v1, uploads) = requests_by_protocol(&srv.http, &srv.base).await;
+    assert!(v2 > 0.0 && v1 == 0.0, "v2 {v2}, v1 {v1} calls");
+    // At least a Put Blob for each of the three smaller saves, and four 1 MiB blocks and a
+    // block list for the largest.
+    assert!(uploads >= 8.0, "{uploads} requests on upload links");
 }
 
 /// v1 at an IP: 32 MiB chunks uploaded four at a time, a larger save in two.
 #[tokio::test(flavor = "multi_thread")]
 async fn buildkit_saves_and_restores_over_v1() {
     let srv = TestServer::start().await;
-    saves_misses_and_restores(Protocol::V1, &srv.base, &[1, 100_000, 32 * MIB + 7]).await;
+    if !saves_misses_and_restores(Protocol::V1, &srv.base, &[1, 100_000, 32 * MIB + 7]).await {
+        return;
+    }
+    let (v2, v1, uploads) = requests_by_protocol(&srv.http, &srv.base).await;
+    // A reservation, a chunk for each small save and two for the large one, a commit and a
+    // lookup each, and the miss.
+    assert!(
+        v1 >= 3.0 * 3.0 + 1.0 + 1.0 && v2 == 0.0,
+        "v2 {v2}, v1 {v1} calls"
+    );
+    assert_eq!(uploads, 0.0);
 }
 
 /// The Azure SDK for Go takes hoard's links apart and puts them back together (azcopy does

@@ -12,7 +12,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use common::clients::{all_of, clean_env, installed, or_skip, output, point_at};
+use common::clients::{
+    all_of, clean_env, installed, or_skip, output, point_at, requests_by_protocol,
+};
 use common::*;
 
 /// One sccache server for one test, stopped when dropped.
@@ -156,6 +158,16 @@ async fn compiles_twice_with_hits(v2: bool) {
         assert!(out.status.success(), "{}\n{}", all_of(&out), error_log());
     }
     assert_eq!(sccache.stat("cache_hits"), 2, "{}", error_log());
+    let (v2_calls, v1_calls, _) = requests_by_protocol(&srv.http, &srv.base).await;
+    let spoken = if v2 {
+        (v2_calls, v1_calls)
+    } else {
+        (v1_calls, v2_calls)
+    };
+    assert!(
+        spoken.0 > 0.0 && spoken.1 == 0.0,
+        "v2 {v2_calls}, v1 {v1_calls} calls"
+    );
     for name in ["small", "big"] {
         let read = |round: &str| std::fs::read(w.join(format!("{name}-{round}.o"))).unwrap();
         assert!(

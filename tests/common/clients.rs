@@ -56,6 +56,7 @@ pub fn clean_env(cmd: &mut Command) -> &mut Command {
         "ACTIONS_RESULTS_URL",
         "ACTIONS_CACHE_SERVICE_V2",
         "ACTIONS_CACHE_API_FORCE_VERSION",
+        "GITHUB_SERVER_URL",
         "GHCACHE_TOKEN_ENC",
         "GHCACHE_TOKEN_PW",
         "HTTP_PROXY",
@@ -101,4 +102,23 @@ pub fn point_at(cmd: &mut Command, base: &str, v2: bool, token: &str) {
     } else {
         cmd.env("ACTIONS_CACHE_URL", format!("{base}/"));
     }
+}
+
+/// Requests hoard at `base` answered so far on the v2 service (Twirp), on v1
+/// (`/_apis/artifactcache/`) and on upload links: which protocol a client spoke, and how many
+/// blob requests its uploads took.
+pub async fn requests_by_protocol(http: &reqwest::Client, base: &str) -> (f64, f64, f64) {
+    let count = |route: &'static str| async move {
+        super::metric(
+            http,
+            base,
+            &format!("hoard_http_requests_total{{route=\"{route}"),
+        )
+        .await
+    };
+    (
+        count("/twirp/").await,
+        count("/_apis/").await,
+        count("/_blob/uploads/").await,
+    )
 }
