@@ -201,7 +201,7 @@ async fn forged_expired_and_cross_purpose_links_are_403() {
         "AuthenticationFailed",
     )
     .await;
-    let other_id = url.replacen("/_blob/uploads/1?", "/_blob/uploads/2?", 1);
+    let other_id = url.replacen("/_blob/uploads/1.", "/_blob/uploads/2.", 1);
     assert_ne!(other_id, url);
     assert_azure_error(
         srv.put_blob(&other_id, b"x".to_vec()).await,
@@ -461,7 +461,8 @@ async fn a_block_list_longer_than_azures_limit_is_400_block_list_too_long() {
 /// The id of an upload link: its path's last segment.
 fn upload_id(url: &str) -> i64 {
     let path = url.split('?').next().unwrap();
-    path.rsplit('/').next().unwrap().parse().unwrap()
+    let segment = path.rsplit('/').next().unwrap();
+    segment.split('.').next().unwrap().parse().unwrap()
 }
 
 /// Azure keeps at most 100,000 uncommitted blocks per blob, and so does hoard: one more is 409
@@ -538,7 +539,9 @@ async fn signatures_are_checked_before_any_row_is_read() {
     srv.finalize(&t, "k", VERSION, 5).await;
     let (_, hit) = srv.lookup(&t, "k", &[], VERSION).await;
     let download = hit["signed_download_url"].as_str().unwrap().to_owned();
-    assert!(download.contains("&ct="), "{download}");
+    // The link names the row's creation time after its id: `/_blob/entries/<id>.<created>`.
+    let (path, _) = download.split_once('?').unwrap();
+    assert!(path.rsplit('/').next().unwrap().contains('.'), "{download}");
 
     // Another connection removes the rows' tables: any load now fails.
     let db = rusqlite::Connection::open(srv.data.path().join("hoard.db")).unwrap();
@@ -548,7 +551,9 @@ async fn signatures_are_checked_before_any_row_is_read() {
 
     let forge = |link: &str, id: &str| {
         let (path, query) = link.split_once('?').unwrap();
-        let path = format!("{}/{id}", path.rsplit_once('/').unwrap().0);
+        let (dir, segment) = path.rsplit_once('/').unwrap();
+        let created = segment.split_once('.').unwrap().1;
+        let path = format!("{dir}/{id}.{created}");
         let query = query.replace("sig=", "sig=AAAA");
         format!("{path}?{query}")
     };
@@ -580,11 +585,10 @@ async fn signatures_are_checked_before_any_row_is_read() {
         };
         assert_azure_error(res, 403, "AuthenticationFailed").await;
     }
-    let stripped: String = download
-        .split('&')
-        .filter(|p| !p.starts_with("ct="))
-        .collect::<Vec<_>>()
-        .join("&");
+    let stripped = {
+        let (path, query) = download.split_once('?').unwrap();
+        format!("{}?{query}", path.rsplit_once('.').unwrap().0)
+    };
     let res = srv.http.get(&stripped).send().await.unwrap();
     assert_azure_error(res, 403, "AuthenticationFailed").await;
     assert_eq!(chunks(), chunks_before, "nothing stored by refused links");
@@ -593,4 +597,272 @@ async fn signatures_are_checked_before_any_row_is_read() {
         loads_before,
         "no row was loaded for a refused link"
     );
+}
+
+/// Get Blob Properties on an upload link, as azcopy checks the length it put: 404
+/// `BlobNotFound` with no body before anything is committed, then 200 with the committed
+/// length and Azure's headers, after Put Blob and after a Put Block List alike.
+#[tokio::test]
+async fn head_on_an_upload_link_describes_the_committed_blob() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    let url = srv.reserve(&t, "head", VERSION).await;
+    let res = srv.http.head(&url).send().await.unwrap();
+    assert_eq!(res.status(), 404);
+    assert_eq!(res.headers()["x-ms-error-code"], "BlobNotFound");
+    assert!(res.headers().contains_key("x-ms-request-id"));
+    assert!(res.bytes().await.unwrap().is_empty());
+
+    let ids: Vec<String> = (0..2).map(js_block_id).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let res = srv
+            .put_block(&url, id, random_bytes(1000 + i, i as u64))
+            .await;
+        assert_eq!(res.status(), 201);
+    }
+    // Staged blocks are no blob yet.
+    assert_eq!(srv.http.head(&url).send().await.unwrap().status(), 404);
+    let res = srv.put_block_list(&url, block_list(&ids, "Latest")).await;
+    assert_eq!(res.status(), 201);
+    let res = srv.http.head(&url).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    let h = res.headers();
+    assert_eq!(h["content-length"], "2001");
+    assert_eq!(h["x-ms-blob-type"], "BlockBlob");
+    for name in [
+        "etag",
+        "last-modified",
+        "x-ms-request-id",
+        "x-ms-version",
+        "x-ms-creation-time",
+    ] {
+        assert!(h.contains_key(name), "missing {name}");
+    }
+    assert!(res.bytes().await.unwrap().is_empty());
+
+    let res = srv.put_blob(&url, b"whole".to_vec()).await;
+    assert_eq!(res.status(), 201);
+    let res = srv.http.head(&url).send().await.unwrap();
+    assert_eq!(
+        (res.status().as_u16(), &res.headers()["content-length"]),
+        (200, &"5".parse().unwrap())
+    );
+    let (_, done) = srv.finalize(&t, "head", VERSION, 5).await;
+    assert_eq!(done["ok"], true, "{done}");
+}
+
+/// Get Block List on an upload link: the committed blocks in list order, the staged ones, or
+/// both, by id and size, as Azure's XML; a blob made by Put Blob has no committed blocks.
+#[tokio::test]
+async fn get_block_list_on_an_upload_link() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    let url = srv.reserve(&t, "blocklist", VERSION).await;
+    let ids: Vec<String> = (0..3).map(js_block_id).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let res = srv
+            .put_block(&url, id, random_bytes(10 + i, i as u64))
+            .await;
+        assert_eq!(res.status(), 201);
+    }
+    let get = |kind: &'static str| {
+        let url = format!("{url}&comp=blocklist{kind}");
+        let http = srv.http.clone();
+        async move {
+            let res = http.get(url).send().await.unwrap();
+            assert_eq!(res.status(), 200);
+            assert_eq!(res.headers()["content-type"], "application/xml");
+            res.text().await.unwrap()
+        }
+    };
+    let block = |i: usize| {
+        format!(
+            "<Block><Name>{}</Name><Size>{}</Size></Block>",
+            ids[i],
+            10 + i
+        )
+    };
+    assert_eq!(
+        get("&blocklisttype=all").await,
+        format!(
+            r#"<?xml version="1.0" encoding="utf-8"?><BlockList><CommittedBlocks></CommittedBlocks><UncommittedBlocks>{}{}{}</UncommittedBlocks></BlockList>"#,
+            block(0),
+            block(1),
+            block(2)
+        )
+    );
+    let res = srv
+        .put_block_list(
+            &url,
+            block_list(&[ids[2].clone(), ids[0].clone()], "Latest"),
+        )
+        .await;
+    assert_eq!(res.status(), 201);
+    assert_eq!(
+        get("").await,
+        format!(
+            r#"<?xml version="1.0" encoding="utf-8"?><BlockList><CommittedBlocks>{}{}</CommittedBlocks></BlockList>"#,
+            block(2),
+            block(0)
+        )
+    );
+    assert!(get("&blocklisttype=uncommitted")
+        .await
+        .contains("<UncommittedBlocks></UncommittedBlocks>"));
+    let res = srv
+        .http
+        .get(format!("{url}&comp=blocklist&blocklisttype=some"))
+        .send()
+        .await
+        .unwrap();
+    assert_azure_error(res, 400, "InvalidQueryParameterValue").await;
+    assert_eq!(srv.put_blob(&url, b"x".to_vec()).await.status(), 201);
+    assert!(get("")
+        .await
+        .contains("<CommittedBlocks></CommittedBlocks>"));
+}
+
+/// Blob paths are matched after percent-decoding: the Go SDK's `uploads%2F<id>` is the same
+/// link, while `%2e%2e`, an encoded `/` inside the id and doubled slashes never reach another
+/// upload or entry (404 or 403, nothing stored, the other rows unchanged).
+#[tokio::test]
+async fn encoded_paths_route_as_decoded_and_never_reach_another_row() {
+    let srv = TestServer::start().await;
+    let t = main_token();
+    srv.save(&t, "other", VERSION, b"the other entry").await;
+    let (_, hit) = srv.lookup(&t, "other", &[], VERSION).await;
+    let download = hit["signed_download_url"].as_str().unwrap().to_owned();
+    let url = srv.reserve(&t, "encoded", VERSION).await;
+
+    let encoded = url.replacen("/_blob/uploads/", "/_blob/uploads%2F", 1);
+    assert_eq!(
+        srv.put_blob(&encoded, b"via %2F".to_vec()).await.status(),
+        201
+    );
+    let lower = url.replacen("/_blob/uploads/", "/_blob%2fuploads%2f", 1);
+    assert_eq!(srv.http.head(&lower).send().await.unwrap().status(), 200);
+    let res = srv
+        .http
+        .get(download.replacen("/_blob/entries/", "/_blob/entries%2F", 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.bytes().await.unwrap(), &b"the other entry"[..]);
+
+    let (path, query) = url.split_once('?').unwrap();
+    let (dir, segment) = path.rsplit_once('/').unwrap();
+    let (entry_path, _) = download.split_once('?').unwrap();
+    let entry_segment = entry_path.rsplit('/').next().unwrap();
+    let chunks_before = srv.chunk_files();
+    for hostile in [
+        format!("{dir}/%2e%2e/entries/{entry_segment}?{query}"),
+        format!("{dir}%2F%2e%2e%2Fentries%2F{entry_segment}?{query}"),
+        format!("{dir}/{segment}%2F%2e%2e%2F{entry_segment}?{query}"),
+        format!("{dir}//{segment}?{query}"),
+        format!("{dir}%2F%2F{segment}?{query}"),
+        format!(
+            "{}//uploads/{segment}?{query}",
+            dir.trim_end_matches("/uploads")
+        ),
+        format!("{dir}/%252F{segment}?{query}"),
+        format!("{dir}/%2e%2e?{query}"),
+    ] {
+        // Raw, as sent: an HTTP client library would resolve the dot segments first.
+        let path = hostile.trim_start_matches(&srv.base);
+        let head = format!(
+            "PUT {path} HTTP/1.1\r\nhost: {}\r\nx-ms-blob-type: BlockBlob\r\ncontent-length: 7\r\nconnection: close\r\n\r\n",
+            srv.addr
+        );
+        let answer = raw_exchange(&srv, head, b"hostile", false).await;
+        let status = answer.split(' ').nth(1).unwrap_or("");
+        assert!(status == "404" || status == "403", "{hostile}: {answer}");
+        assert!(
+            answer.to_ascii_lowercase().contains("x-ms-error-code"),
+            "{hostile}: {answer}"
+        );
+    }
+    assert_eq!(
+        srv.chunk_files(),
+        chunks_before,
+        "nothing stored by hostile paths"
+    );
+    let res = srv.http.head(&url).send().await.unwrap();
+    assert_eq!(
+        res.headers()["content-length"],
+        "7",
+        "the upload kept its blob"
+    );
+    assert_eq!(
+        srv.restore(&t, "other", VERSION).await.unwrap(),
+        b"the other entry"
+    );
+}
+
+/// Links made by the previous release (`<id>?se=<Unix seconds>&ct=<created>&sig=…`) keep
+/// opening their upload and entry until they expire.
+#[tokio::test]
+async fn links_of_the_previous_format_work_until_they_expire() {
+    use hoard::auth::{LinkTarget, UrlSigner};
+    use hoard::model::{EntryId, UploadId};
+    let srv = TestServer::start().await;
+    let t = main_token();
+    let signer = UrlSigner::load_or_create(&srv.data.path().join("signing.key")).unwrap();
+    // `<base>/_blob/<kind>/` and the id and creation time of a link of this release.
+    let parts = |link: &str| {
+        let (path, _) = link.split_once('?').unwrap();
+        let (dir, segment) = path.rsplit_once('/').unwrap();
+        let (id, created) = segment.split_once('.').unwrap();
+        (
+            dir.to_owned(),
+            id.parse::<i64>().unwrap(),
+            created.parse::<i64>().unwrap(),
+        )
+    };
+    let later = unix_now() + 600;
+
+    let (dir, id, created_at) = parts(&srv.reserve(&t, "old", VERSION).await);
+    let target = LinkTarget {
+        id: UploadId::new(id),
+        created_at,
+    };
+    let old_upload = format!(
+        "{dir}/{id}?se={later}&ct={created_at}&sig={}",
+        signer.sign(target, later)
+    );
+    assert_eq!(
+        srv.put_blob(&old_upload, b"old link".to_vec())
+            .await
+            .status(),
+        201
+    );
+    assert_eq!(
+        srv.http.head(&old_upload).send().await.unwrap().status(),
+        200
+    );
+    let (_, done) = srv.finalize(&t, "old", VERSION, 8).await;
+    assert_eq!(done["ok"], true, "{done}");
+
+    let (_, hit) = srv.lookup(&t, "old", &[], VERSION).await;
+    let (dir, id, created_at) = parts(hit["signed_download_url"].as_str().unwrap());
+    let target = LinkTarget {
+        id: EntryId::new(id),
+        created_at,
+    };
+    let old_download = |expires: u64| {
+        format!(
+            "{dir}/{id}?se={expires}&ct={created_at}&sig={}",
+            signer.sign(target, expires)
+        )
+    };
+    let res = srv.http.get(old_download(later)).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.bytes().await.unwrap(), &b"old link"[..]);
+    let res = srv
+        .http
+        .get(old_download(unix_now() - 1))
+        .send()
+        .await
+        .unwrap();
+    assert_azure_error(res, 403, "AuthenticationFailed").await;
 }

@@ -23,12 +23,13 @@ pub fn route_label(path: &str) -> &'static str {
     if let Some(call) = twirp::rpc_route(path) {
         return call;
     }
-    if let Some(blob) = path.strip_prefix("/_blob/") {
-        return match blob.split_once('/') {
-            Some(("uploads", id)) if !id.is_empty() && !id.contains('/') => "/_blob/uploads/{id}",
-            Some(("entries", id)) if !id.is_empty() && !id.contains('/') => "/_blob/entries/{id}",
-            _ => "other",
-        };
+    if path.starts_with("/_blob") || path.starts_with("/%5") {
+        match links::blob_route(path) {
+            Some((links::LinkKind::Upload, _)) => return "/_blob/uploads/{id}",
+            Some((links::LinkKind::Download, _)) => return "/_blob/entries/{id}",
+            None if path.starts_with("/_blob/") => return "other",
+            None => {}
+        }
     }
     if let Some(endpoint) = legacy::route_label(path) {
         return endpoint;
@@ -146,8 +147,20 @@ async fn fallback(
         };
         return legacy::dispatch(&app, prefix, rest, request, body).await;
     }
-    if path.starts_with("/_blob/") {
-        return azure::AzureError::not_found().into_response();
+    // Blob paths with an encoded `/` (the Go SDK's, by host name): matched decoded.
+    if path.starts_with("/_blob") || path.starts_with("/%5") {
+        match links::blob_route(path) {
+            Some((links::LinkKind::Upload, id)) => {
+                return blob::upload_at(app, method, &id, uri.clone(), headers, body).await
+            }
+            Some((links::LinkKind::Download, id)) => {
+                return blob::download_at(app, method, &id, uri.clone(), headers).await
+            }
+            None if path.starts_with("/_blob/") => {
+                return azure::AzureError::not_found().into_response()
+            }
+            None => {}
+        }
     }
     // The admin API lives at the root only. Under a prefix it is an error, never forwarded:
     // its bearer token is the admin token.
@@ -203,6 +216,14 @@ mod tests {
             ("/_blob/uploads/12", "/_blob/uploads/{id}"),
             ("/_blob/entries/7", "/_blob/entries/{id}"),
             ("/_blob/entries/7/x", "other"),
+            ("/_blob/uploads%2F12.5", "/_blob/uploads/{id}"),
+            ("/_blob/uploads/%2e%2e%2F12", "other"),
+            ("/_blob//uploads/12", "other"),
+            ("/%5Fblob/entries/7.5", "/_blob/entries/{id}"),
+            (
+                "/%5Bx/_apis/artifactcache/cache",
+                "/_apis/artifactcache/cache",
+            ),
             ("/_blob/other", "other"),
             ("/_apis/artifactcache/cache", "/_apis/artifactcache/cache"),
             (

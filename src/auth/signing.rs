@@ -1,7 +1,10 @@
 //! Signed blob URLs: HMAC-SHA256 over (purpose, id, expiry), compared in constant time.
 //!
 //! Blob endpoints get no `Authorization` header (PROTOCOL.md §1.4), so each URL carries its own
-//! authority: `se` (expiry, Unix seconds) and `sig` (the client masks `sig` in its logs, §3.2).
+//! authority: `se` (expiry) and `sig` (the client masks `sig` in its logs, §3.2). `se` is written
+//! as Azure's shared-access signatures write it, an ISO-8601 time to the second
+//! ([`expiry_text`]), so that an Azure SDK that parses and re-encodes the link keeps it; links of
+//! earlier releases carry Unix seconds, still read until they expire ([`parse_expiry`]).
 //! The purpose is part of the MAC, so an upload signature never opens a download and vice versa;
 //! so is the target's creation time, so a link can never open a later row that reused its id
 //! (SQLite may reuse the ids of deleted rows).
@@ -192,8 +195,8 @@ impl UrlSigner {
         sig: Option<&str>,
         now: u64,
     ) -> Result<(), SignatureError> {
-        let expires: u64 = expires
-            .and_then(|e| e.parse().ok())
+        let expires = expires
+            .and_then(parse_expiry)
             .ok_or(SignatureError::Malformed)?;
         let sig = sig
             .and_then(|s| URL_SAFE_NO_PAD.decode(s).ok())
@@ -206,6 +209,24 @@ impl UrlSigner {
         }
         Ok(())
     }
+}
+
+/// A link's expiry (Unix seconds) as its `se` carries it: `2026-12-03T15:04:05Z`, the format
+/// every Azure SAS parser reads and writes back unchanged (the Go SDK keeps the format it read;
+/// the others keep the text or write seconds in this form).
+pub fn expiry_text(expires: u64) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(expires);
+    humantime::format_rfc3339_seconds(at).to_string()
+}
+
+/// An `se` value: an ISO-8601 UTC time ([`expiry_text`], also with a fraction of a second, as
+/// SAS parsers accept), or the Unix seconds of links made before that format.
+pub fn parse_expiry(raw: &str) -> Option<u64> {
+    if !raw.is_empty() && raw.bytes().all(|b| b.is_ascii_digit()) {
+        return raw.parse().ok();
+    }
+    let at = humantime::parse_rfc3339(raw).ok()?;
+    Some(at.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs())
 }
 
 #[cfg(test)]
@@ -296,6 +317,30 @@ mod tests {
         assert_eq!(s.verify_at(upload(5), Some("soon"), Some("x"), 0), m);
         assert_eq!(s.verify_at(upload(5), Some("1000"), None, 0), m);
         assert_eq!(s.verify_at(upload(5), Some("1000"), Some("%%%"), 0), m);
+    }
+
+    #[test]
+    fn expiry_reads_as_iso_time_and_as_the_unix_seconds_of_earlier_links() {
+        let at = 1_796_310_245; // 2026-12-03T15:04:05Z
+        assert_eq!(expiry_text(at), "2026-12-03T15:04:05Z");
+        assert_eq!(parse_expiry("2026-12-03T15:04:05Z"), Some(at));
+        assert_eq!(parse_expiry("2026-12-03T15:04:05.0000000Z"), Some(at));
+        assert_eq!(parse_expiry(&at.to_string()), Some(at));
+        for bad in ["", "soon", "-5", "2026-12-03", "2026-12-03T15:04:05+01:00"] {
+            assert_eq!(parse_expiry(bad), None, "{bad}");
+        }
+        let s = signer();
+        let sig = s.sign(upload(5), at);
+        for se in [expiry_text(at), at.to_string()] {
+            assert_eq!(
+                s.verify_at(upload(5), Some(&se), Some(&sig), at - 1),
+                Ok(())
+            );
+        }
+        assert_eq!(
+            s.verify_at(upload(5), Some(&expiry_text(at + 1)), Some(&sig), 0),
+            Err(SignatureError::Forged)
+        );
     }
 
     #[test]

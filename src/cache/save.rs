@@ -134,6 +134,17 @@ impl Cache {
         Ok(self.commit_block_list(&linked, &list).await?)
     }
 
+    /// What Get Blob Properties and Get Block List show of the upload a signed link names: the
+    /// upload and its staged and committed blocks. [`CacheError::NoSuchLink`] as for data
+    /// requests.
+    pub async fn upload_blocks(
+        &self,
+        link: LinkTarget<UploadId>,
+    ) -> Result<(Upload, UploadBlocks), CacheError> {
+        let linked = self.linked_upload(link).await?;
+        Ok((linked.upload, linked.blocks))
+    }
+
     /// The upload a signed link names, in whatever state: [`CacheError::NoSuchLink`] unless
     /// the row is the one the link was signed for (same id and creation time).
     async fn linked_upload(&self, link: LinkTarget<UploadId>) -> Result<LinkedUpload, CacheError> {

@@ -12,6 +12,7 @@ use clap::Parser;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+pub mod clients;
 pub mod databases;
 pub mod emulators;
 pub mod issuer;
