@@ -560,14 +560,14 @@ mod tests {
         let by_id = caller("123456", "", CallerKind::Github);
         assert!(p.check_write(&by_id, &main).is_err());
         let nameless = caller("99", "", CallerKind::Github);
-        assert!(p.readable(&nameless, &[main.clone()]).is_ok());
+        assert!(p.readable(&nameless, std::slice::from_ref(&main)).is_ok());
         assert!(p
-            .readable_as(&nameless, "Octo/App", &[main.clone()])
+            .readable_as(&nameless, "Octo/App", std::slice::from_ref(&main))
             .is_err());
         // The paired name wins over the token's own.
         let claims_other = caller("99", "evil/x", CallerKind::Github);
         assert!(p
-            .readable_as(&claims_other, "octo/app", &[main.clone()])
+            .readable_as(&claims_other, "octo/app", std::slice::from_ref(&main))
             .is_err());
         let claims_octo = caller("100", "octo/app", CallerKind::Github);
         assert!(p.readable_as(&claims_octo, "other/repo", &[main]).is_ok());

@@ -159,6 +159,7 @@ mod tests {
                         size_in_bytes: 2048,
                         ids: vec![7, 9],
                         ids_truncated: true,
+                        uploads_aborted: 1,
                     }),
                     sent(Deleted {
                         deleted: 0,
@@ -166,6 +167,7 @@ mod tests {
                         size_in_bytes: 0,
                         ids: vec![],
                         ids_truncated: false,
+                        uploads_aborted: 0,
                     }),
                 ],
             ),

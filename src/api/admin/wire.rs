@@ -398,6 +398,10 @@ pub fn time(millis: Millis) -> String {
     humantime::format_rfc3339_millis(at).to_string()
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -415,8 +419,4 @@ mod tests {
         assert_eq!(time(-1), "1970-01-01T00:00:00.000Z");
         assert_eq!(time(i64::MAX), "9999-12-31T23:59:59.999Z");
     }
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
 }
