@@ -162,11 +162,12 @@ fn main() -> ExitCode {
         }
         Command::Health { url, timeout } => runtime.block_on(health(url, timeout)),
         Command::Runner { command } => runner(&runtime, command),
-        Command::Caches { server, command } => {
-            print_or_fail(runtime.block_on(hoard::admin_cli::caches(&server, &command)))
-        }
+        Command::Caches { server, command } => print_or_fail(
+            "hoard",
+            runtime.block_on(hoard::admin_cli::caches(&server, &command)),
+        ),
         Command::Status { server } => {
-            print_or_fail(runtime.block_on(hoard::admin_cli::status(&server)))
+            print_or_fail("hoard", runtime.block_on(hoard::admin_cli::status(&server)))
         }
         Command::Bench(args) => match runtime.block_on(hoard::bench::run(*args)) {
             Ok(_) => ExitCode::SUCCESS,
@@ -207,16 +208,7 @@ async fn health(url: Option<url::Url>, timeout: std::time::Duration) -> ExitCode
         Ok(url) => hoard::health::check(&url, timeout).await,
         Err(e) => Err(e),
     };
-    let (out, line, code): (&mut dyn std::io::Write, _, _) = match answer {
-        Ok(line) => (&mut std::io::stdout(), line, ExitCode::SUCCESS),
-        Err(e) => (
-            &mut std::io::stderr(),
-            format!("hoard: {e}"),
-            ExitCode::FAILURE,
-        ),
-    };
-    let _ = writeln!(out, "{line}");
-    code
+    print_or_fail("hoard", answer.map(|line| line + "\n"))
 }
 
 fn runner(runtime: &tokio::runtime::Runtime, command: RunnerCommand) -> ExitCode {
@@ -242,23 +234,12 @@ fn runner(runtime: &tokio::runtime::Runtime, command: RunnerCommand) -> ExitCode
             };
         }
     };
-    match result {
-        Ok(out) => {
-            let _ = std::io::Write::write_all(&mut std::io::stdout(), out.as_bytes());
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            let _ = std::io::Write::write_all(
-                &mut std::io::stderr(),
-                format!("hoard runner: {e}\n").as_bytes(),
-            );
-            ExitCode::FAILURE
-        }
-    }
+    print_or_fail("hoard runner", result)
 }
 
-/// A command's output on standard output, or its failure as one sentence on standard error.
-fn print_or_fail(result: Result<String, hoard::admin_cli::CliError>) -> ExitCode {
+/// A command's output on standard output, or its failure as one sentence on standard error
+/// after `command: `.
+fn print_or_fail(command: &str, result: Result<String, impl std::fmt::Display>) -> ExitCode {
     match result {
         Ok(out) => {
             let _ = std::io::Write::write_all(&mut std::io::stdout(), out.as_bytes());
@@ -267,7 +248,7 @@ fn print_or_fail(result: Result<String, hoard::admin_cli::CliError>) -> ExitCode
         Err(e) => {
             let _ = std::io::Write::write_all(
                 &mut std::io::stderr(),
-                format!("hoard: {e}\n").as_bytes(),
+                format!("{command}: {e}\n").as_bytes(),
             );
             ExitCode::FAILURE
         }

@@ -51,11 +51,13 @@ pub(super) async fn readyz(State(app): State<AppState>) -> Response {
     let mut warnings = app.config().warnings.clone();
     warnings.extend(app.cache().policy_warnings());
     // The results service's URL is GitHub's (or the enterprise's) public address, not a secret.
+    // Only a ready server says it: `hoard runner` reads it from a 200, and a failing answer
+    // stays what it was.
     let forwarding = serde_json::json!({
         "results": app.config().upstream.as_ref().map(|u| u.base().as_str()),
     });
     if app.shutdown().is_cancelled() {
-        let body = serde_json::json!({ "status": "shutting down", "warnings": warnings, "forwarding": forwarding });
+        let body = serde_json::json!({ "status": "shutting down", "warnings": warnings });
         return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
     }
     match app.cache().ready().await {
@@ -70,7 +72,7 @@ pub(super) async fn readyz(State(app): State<AppState>) -> Response {
                 crate::cache::CacheError::Storage(e) => e.readiness(),
                 other => other.database_readiness(),
             };
-            let body = serde_json::json!({ "status": "unavailable", "error": failed, "warnings": warnings, "forwarding": forwarding });
+            let body = serde_json::json!({ "status": "unavailable", "error": failed, "warnings": warnings });
             (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
         }
     }
