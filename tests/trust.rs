@@ -483,11 +483,9 @@ fn an_unreachable_issuer_fails_closed_with_a_clear_answer() {
     assert_eq!(table_rows(data.path(), "uploads"), 0);
 }
 
-/// What a client puts in a token reaches the log only bounded: a refusal's reason (here, an
-/// untrusted issuer of 100,000 characters, read before any signature is checked) and the audit
-/// line of a reservation (a token subject of 50,000 characters) stay short lines.
-#[test]
-fn refusals_and_audit_lines_log_bounded_text() {
+/// A server (its own process, its log kept) that trusts the test issuer [`ISS`] by its key file
+/// and HS256 tokens signed with the test secret; the issuer, the server and its data directory.
+fn hoard_trusting_the_test_issuer() -> (Issuer, Hoard, tempfile::TempDir) {
     let issuer = Issuer::new(ISS);
     let data = tempfile::tempdir().unwrap();
     let jwks = issuer.write_jwks(data.path());
@@ -503,6 +501,15 @@ fn refusals_and_audit_lines_log_bounded_text() {
             secret.to_str().unwrap(),
         ],
     );
+    (issuer, hoard, data)
+}
+
+/// What a client puts in a token reaches the log only bounded: a refusal's reason (here, an
+/// untrusted issuer of 100,000 characters, read before any signature is checked) and the audit
+/// line of a reservation (a token subject of 50,000 characters) stay short lines.
+#[test]
+fn refusals_and_audit_lines_log_bounded_text() {
+    let (issuer, hoard, _data) = hoard_trusting_the_test_issuer();
     let mut untrusted = issuer.claims("1", &[(MAIN, 3)]);
     untrusted["iss"] = json!(format!("https://evil.example/{}", "x".repeat(100_000)));
     let mut long_subject = claims("1", &[(MAIN, 3)]);
@@ -553,21 +560,7 @@ fn refusals_and_audit_lines_log_bounded_text() {
 /// do not pass through (issue #43). Every line stays one line without a control character.
 #[test]
 fn audit_lines_with_hostile_claims_stay_one_line_without_control_characters() {
-    let issuer = Issuer::new(ISS);
-    let data = tempfile::tempdir().unwrap();
-    let jwks = issuer.write_jwks(data.path());
-    let secret = secret_file(data.path());
-    let hoard = Hoard::start_with(
-        data.path(),
-        &[
-            "--token-issuer",
-            ISS,
-            "--jwks-file",
-            jwks.to_str().unwrap(),
-            "--token-hs256-secret-file",
-            secret.to_str().unwrap(),
-        ],
-    );
+    let (issuer, hoard, _data) = hoard_trusting_the_test_issuer();
     let forged = "\nFORGED hoard::audit: action=\"delete\" id=1 \u{1b}[2J\r\u{85}";
     let mut hostile = claims(&format!("1{forged}"), &[]);
     hostile["ac"] = json!(serde_json::to_string(&json!([
