@@ -868,6 +868,24 @@ fn summed_by_width(
         .collect()
 }
 
+impl MemoryStore {
+    /// The family rows `filter` selects of the lines `keep` keeps, summed per `width` bucket.
+    fn family_rows(
+        &self,
+        filter: &StatsFilter,
+        width: Bucket,
+        keep: impl Fn((&RepoId, &String, &RefClass)) -> bool,
+    ) -> Vec<StatsRow> {
+        let state = self.state();
+        let rows = state
+            .family_stats
+            .iter()
+            .filter(|((r, f, c, _, start), _)| selects(filter, r, f, *c, *start) && keep((r, f, c)))
+            .map(|((r, f, c, _, start), n)| ((r.clone(), f.clone(), *c), *start, *n));
+        summed_by_width(rows, width)
+    }
+}
+
 #[async_trait]
 impl StatsStore for MemoryStore {
     async fn kept_families(
@@ -937,13 +955,7 @@ impl StatsStore for MemoryStore {
         filter: &StatsFilter,
         width: Bucket,
     ) -> Result<Vec<StatsRow>, MetaError> {
-        let state = self.state();
-        let rows = state
-            .family_stats
-            .iter()
-            .filter(|((r, f, c, _, start), _)| selects(filter, r, f, *c, *start))
-            .map(|((r, f, c, _, start), n)| ((r.clone(), f.clone(), *c), *start, *n));
-        Ok(summed_by_width(rows, width))
+        Ok(self.family_rows(filter, width, |_| true))
     }
 
     async fn family_totals(&self, filter: &StatsFilter) -> Result<Vec<StatsRow>, MetaError> {
@@ -979,18 +991,11 @@ impl StatsStore for MemoryStore {
         width: Bucket,
         lines: &[(RepoId, String, RefClass)],
     ) -> Result<Vec<StatsRow>, MetaError> {
-        let state = self.state();
-        let rows = state
-            .family_stats
-            .iter()
-            .filter(|((r, f, c, _, start), _)| {
-                selects(filter, r, f, *c, *start)
-                    && lines
-                        .iter()
-                        .any(|(lr, lf, lc)| lr == r && lf == f && lc == c)
-            })
-            .map(|((r, f, c, _, start), n)| ((r.clone(), f.clone(), *c), *start, *n));
-        Ok(summed_by_width(rows, width))
+        Ok(self.family_rows(filter, width, |(r, f, c)| {
+            lines
+                .iter()
+                .any(|(lr, lf, lc)| lr == r && lf == f && lc == c)
+        }))
     }
 
     async fn server_stats(

@@ -241,18 +241,29 @@ fn conditions(filter: &StatsFilter, params: &mut Vec<Param>, with_families: bool
 /// The statement of `family_stats` and its parameters; rows: repository, family, class, start,
 /// counters.
 pub(super) fn family_stats_sql(filter: &StatsFilter, width: Bucket) -> (String, Vec<Param>) {
-    line_stats_sql(filter, width, &[])
+    family_rows_sql(filter, width, None)
 }
 
-/// [`family_stats_sql`] of only `lines` (all of them when empty).
+/// [`family_stats_sql`] of only `lines` (repository, family, class).
 pub(super) fn line_stats_sql(
     filter: &StatsFilter,
     width: Bucket,
     lines: &[(RepoId, String, RefClass)],
 ) -> (String, Vec<Param>) {
+    family_rows_sql(filter, width, Some(lines))
+}
+
+/// Family rows summed per `width` bucket, of every line or only of `lines`.
+fn family_rows_sql(
+    filter: &StatsFilter,
+    width: Bucket,
+    lines: Option<&[(RepoId, String, RefClass)]>,
+) -> (String, Vec<Param>) {
     let mut params = vec![Param::Int(width.millis())];
     let mut chosen = conditions(filter, &mut params, true);
-    chosen.push_str(&lines_condition(lines, &mut params));
+    if let Some(lines) = lines {
+        chosen.push_str(&lines_condition(lines, &mut params));
+    }
     let sql = format!(
         "SELECT repository, family, ref_class, start_at - (start_at % ?), {} FROM family_stats{chosen} GROUP BY 1, 2, 3, 4 ORDER BY 4",
         summed(),
@@ -260,11 +271,11 @@ pub(super) fn line_stats_sql(
     (sql, params)
 }
 
-/// ` AND (repository, family, ref_class) IN ((?, ?, ?), …)`, or nothing for no lines (every
-/// line). Row values in IN are read alike by SQLite, PostgreSQL and MySQL/MariaDB.
+/// ` AND (repository, family, ref_class) IN ((?, ?, ?), …)`; no lines select no row. Row
+/// values in IN are read alike by SQLite, PostgreSQL and MySQL/MariaDB.
 fn lines_condition(lines: &[(RepoId, String, RefClass)], params: &mut Vec<Param>) -> String {
     if lines.is_empty() {
-        return String::new();
+        return " AND 1 = 0".to_owned();
     }
     for (repository, family, class) in lines {
         params.push(Param::Text(repository.as_str().to_owned()));

@@ -22,6 +22,24 @@ fn spell(template: &str) -> String {
     template.replace("{bigint}", "INTEGER")
 }
 
+impl SqliteStore {
+    /// Runs a shared statement whose rows are family rows (repository, family, class, start,
+    /// counters) of `width` buckets.
+    async fn family_rows(
+        &self,
+        (sql, params): (String, Vec<Param>),
+        width: Bucket,
+    ) -> Result<Vec<StatsRow>, MetaError> {
+        let sql = spell(&sql);
+        self.read(move |conn| {
+            let mut stmt = conn.prepare(&sql)?;
+            let rows = stmt.query(params_from_iter(params))?;
+            rows_of(rows, |r| family_row(r, width))
+        })
+        .await
+    }
+}
+
 #[async_trait]
 impl StatsStore for SqliteStore {
     async fn kept_families(
@@ -94,25 +112,13 @@ impl StatsStore for SqliteStore {
         filter: &StatsFilter,
         width: Bucket,
     ) -> Result<Vec<StatsRow>, MetaError> {
-        let (sql, params) = family_stats_sql(filter, width);
-        let sql = spell(&sql);
-        self.read(move |conn| {
-            let mut stmt = conn.prepare(&sql)?;
-            let rows = stmt.query(params_from_iter(params))?;
-            rows_of(rows, |r| family_row(r, width))
-        })
-        .await
+        self.family_rows(family_stats_sql(filter, width), width)
+            .await
     }
 
     async fn family_totals(&self, filter: &StatsFilter) -> Result<Vec<StatsRow>, MetaError> {
-        let (sql, params) = family_totals_sql(filter);
-        let sql = spell(&sql);
-        self.read(move |conn| {
-            let mut stmt = conn.prepare(&sql)?;
-            let rows = stmt.query(params_from_iter(params))?;
-            rows_of(rows, |r| family_row(r, Bucket::Day))
-        })
-        .await
+        self.family_rows(family_totals_sql(filter), Bucket::Day)
+            .await
     }
 
     async fn line_stats(
@@ -121,17 +127,8 @@ impl StatsStore for SqliteStore {
         width: Bucket,
         lines: &[(RepoId, String, RefClass)],
     ) -> Result<Vec<StatsRow>, MetaError> {
-        if lines.is_empty() {
-            return Ok(Vec::new());
-        }
-        let (sql, params) = line_stats_sql(filter, width, lines);
-        let sql = spell(&sql);
-        self.read(move |conn| {
-            let mut stmt = conn.prepare(&sql)?;
-            let rows = stmt.query(params_from_iter(params))?;
-            rows_of(rows, |r| family_row(r, width))
-        })
-        .await
+        self.family_rows(line_stats_sql(filter, width, lines), width)
+            .await
     }
 
     async fn server_stats(

@@ -18,6 +18,19 @@ use crate::model::{
 use super::super::sql::SqlRow;
 use super::Done;
 
+impl<D: Dialect> SqlxStore<D> {
+    /// Runs a shared statement whose rows are family rows (repository, family, class, start,
+    /// counters) of `width` buckets.
+    async fn family_rows(
+        &self,
+        (sql, params): (String, Vec<Param>),
+        width: Bucket,
+    ) -> Result<Vec<StatsRow>, MetaError> {
+        let rows = self.rows(&sql, params).await?;
+        rows.iter().map(|r| family_row(r, width)).collect()
+    }
+}
+
 #[async_trait]
 impl<D: Dialect> StatsStore for SqlxStore<D> {
     async fn kept_families(
@@ -81,15 +94,13 @@ impl<D: Dialect> StatsStore for SqlxStore<D> {
         filter: &StatsFilter,
         width: Bucket,
     ) -> Result<Vec<StatsRow>, MetaError> {
-        let (sql, params) = family_stats_sql(filter, width);
-        let rows = self.rows(&sql, params).await?;
-        rows.iter().map(|r| family_row(r, width)).collect()
+        self.family_rows(family_stats_sql(filter, width), width)
+            .await
     }
 
     async fn family_totals(&self, filter: &StatsFilter) -> Result<Vec<StatsRow>, MetaError> {
-        let (sql, params) = family_totals_sql(filter);
-        let rows = self.rows(&sql, params).await?;
-        rows.iter().map(|r| family_row(r, Bucket::Day)).collect()
+        self.family_rows(family_totals_sql(filter), Bucket::Day)
+            .await
     }
 
     async fn line_stats(
@@ -98,12 +109,8 @@ impl<D: Dialect> StatsStore for SqlxStore<D> {
         width: Bucket,
         lines: &[(RepoId, String, RefClass)],
     ) -> Result<Vec<StatsRow>, MetaError> {
-        if lines.is_empty() {
-            return Ok(Vec::new());
-        }
-        let (sql, params) = line_stats_sql(filter, width, lines);
-        let rows = self.rows(&sql, params).await?;
-        rows.iter().map(|r| family_row(r, width)).collect()
+        self.family_rows(line_stats_sql(filter, width, lines), width)
+            .await
     }
 
     async fn server_stats(
