@@ -269,17 +269,17 @@ fn root_cause(e: &dyn std::error::Error) -> String {
 /// rows × buckets of the period stay within the server's ceiling of trend points (the server
 /// picks hours up to 48 h, days beyond).
 fn families_within_ceiling(args: &StatsArgs) -> usize {
-    use crate::cache::insight::{MAX_FAMILY_ROWS, MAX_TREND_POINTS};
+    use crate::cache::insight::{trend_bucket, MAX_FAMILY_ROWS, MAX_TREND_POINTS};
     let length = humantime::parse_duration(&args.since).ok().or_else(|| {
         let at = humantime::parse_rfc3339_weak(&args.since).ok()?;
         std::time::SystemTime::now().duration_since(at).ok()
     });
-    let buckets = match length {
-        Some(d) if d.as_secs() <= 48 * 3600 => d.as_secs().div_ceil(3600) + 1,
-        Some(d) => d.as_secs().div_ceil(86_400) + 1,
-        // The server refuses what it cannot read; the limit does not matter then.
-        None => 1,
-    };
+    // The server refuses what it cannot read; the limit does not matter then.
+    let buckets = length.map_or(1, |d| {
+        let length = d.as_millis().min(i64::MAX as u128 / 2) as u64;
+        let width = trend_bucket(length as i64).millis() as u64;
+        length.div_ceil(width) + 1
+    });
     let within = MAX_TREND_POINTS as u64 / buckets.max(1);
     args.limit
         .clamp(1, MAX_FAMILY_ROWS)

@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::query::Query;
 use super::{wire, AdminError};
 use crate::api::AppState;
-use crate::cache::insight::{FamilyOrder, Period, MAX_FAMILY_ROWS};
+use crate::cache::insight::{trend_bucket, FamilyOrder, Period, MAX_FAMILY_ROWS};
 use crate::model::{Bucket, Millis, RefClass};
 
 /// The longest `since` duration: with times up to the year 9999, no period arithmetic wraps.
@@ -18,8 +18,6 @@ const LONGEST_SINCE: Duration = Duration::from_secs(100 * 366 * 86_400);
 
 /// Rows a family table has unless asked otherwise.
 const DEFAULT_FAMILIES: usize = 100;
-/// Periods up to this long get an hourly trend in the family table; longer ones a daily one.
-const HOURLY_TREND_UP_TO: Millis = 48 * 3_600_000;
 
 /// `GET stats`.
 pub async fn series(app: &AppState, query: &Query) -> Result<wire::Stats, AdminError> {
@@ -54,11 +52,7 @@ pub async fn series(app: &AppState, query: &Query) -> Result<wire::Stats, AdminE
 pub async fn families(app: &AppState, query: &Query) -> Result<wire::Families, AdminError> {
     let chosen = bucket(query)?;
     let period = period(app, query, Duration::from_secs(7 * 86_400), |length| {
-        chosen.unwrap_or(if length <= HOURLY_TREND_UP_TO {
-            Bucket::Hour
-        } else {
-            Bucket::Day
-        })
+        chosen.unwrap_or(trend_bucket(length))
     })?;
     let order = match query.param("sort") {
         None | Some("misses") => FamilyOrder::Misses,
