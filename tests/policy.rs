@@ -501,11 +501,12 @@ async fn a_freeze_by_name_follows_the_id_and_an_unpaired_name_is_reported() {
         srv.create(&token("1", Some("evil/other")), "renamed").await,
         (200, json!({ "ok": false, "message": frozen }))
     );
-    assert!(
-        !srv.log_lines("name_disagrees").is_empty(),
-        "{:?}",
-        srv.hoard.log.lock().unwrap()
-    );
+    // The log is read by another thread: wait for the line rather than race it.
+    let logged = common::eventually(Duration::from_secs(10), || {
+        !srv.log_lines("name_disagrees").is_empty()
+    })
+    .await;
+    assert!(logged, "{:?}", srv.hoard.log.lock().unwrap());
     // Another repository is not frozen.
     assert_eq!(srv.create(&other_token(), "free").await.1["ok"], true);
 }
@@ -537,8 +538,12 @@ async fn a_refused_finalize_ends_the_upload_for_good() {
     assert!(srv.hangup().await.contains("reloaded"));
     let (status, body) = srv.finalize(&main, "staged", 21).await;
     assert_eq!((status, &body["ok"]), (200, &json!(false)), "{body}");
+    let logged = common::eventually(Duration::from_secs(10), || {
+        !srv.log_lines("action=\"abort\"").is_empty()
+    })
+    .await;
     assert!(
-        !srv.log_lines("action=\"abort\"").is_empty(),
+        logged,
         "the refused finalize ends the upload: {:?}",
         srv.hoard.log.lock().unwrap()
     );
