@@ -8,6 +8,8 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
+use super::schema::EntryRow;
+use super::sql;
 use super::{
     AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health,
     LifecycleStore, ListedEntry, MetaError, NewEntry, NewUpload, Removal, RepositoryUsage,
@@ -68,17 +70,12 @@ struct StoredUpload {
     entry: Option<EntryId>,
 }
 
+/// An entry as the SQL stores keep it: the declared row a finalize writes (`schema.rs`), read
+/// back by the same decoders, and its chunks.
 #[derive(Debug, Clone)]
 struct StoredEntry {
-    entry: Entry,
-    folded: String,
+    row: EntryRow,
     chunks: Vec<Chunk>,
-    written_by: Option<Provenance>,
-    digest: String,
-    /// As the finalize gave it (the fake, like the SQL stores, keeps what it is told).
-    class: ScopeClass,
-    family: String,
-    ref_class: RefClass,
 }
 
 /// Whether a row's repository, scope, version and folded key are the slot's.
@@ -102,22 +99,30 @@ impl StoredUpload {
 }
 
 impl StoredEntry {
+    fn entry(&self) -> Entry {
+        sql::entry_from_row(&self.row).expect("the fake reads the rows it wrote")
+    }
+
     fn usage(&self) -> EntryUse {
-        let e = &self.entry;
-        EntryUse {
-            id: e.id,
-            repository: e.repository.clone(),
-            size: e.size,
-            created_at: e.created_at,
-            last_used_at: e.last_used_at,
-            family: self.family.clone(),
-            ref_class: self.ref_class,
-        }
+        sql::use_from_row(&self.row).expect("the fake reads the rows it wrote")
+    }
+
+    fn written_by(&self) -> Option<Provenance> {
+        sql::entry_writer(&self.row).expect("the fake reads the rows it wrote")
+    }
+
+    /// As the finalize gave it (the fake, like the SQL stores, keeps what it is told).
+    fn class(&self) -> ScopeClass {
+        ScopeClass::from_code(self.row.scope_class)
+    }
+
+    fn ref_class(&self) -> RefClass {
+        RefClass::from_code(self.row.ref_class)
     }
 
     fn holds(&self, slot: &Slot) -> bool {
-        let e = &self.entry;
-        in_slot(slot, &e.repository, &e.scope, &e.version, &self.folded)
+        let e = self.entry();
+        in_slot(slot, &e.repository, &e.scope, &e.version, &self.row.key_folded)
     }
 }
 
@@ -144,7 +149,7 @@ impl State {
 
     /// Whether `filter` selects `e`, as the SQL stores decide it.
     fn selects(&self, filter: &EntryFilter, e: &StoredEntry) -> bool {
-        let entry = &e.entry;
+        let entry = &e.entry();
         filter
             .repository
             .as_ref()
@@ -157,10 +162,10 @@ impl State {
             && filter
                 .folded_key_prefix
                 .as_ref()
-                .is_none_or(|p| e.folded.starts_with(p.as_str()))
+                .is_none_or(|p| e.row.key_folded.starts_with(p.as_str()))
             && filter.version.as_ref().is_none_or(|v| &entry.version == v)
             && filter.id.is_none_or(|id| entry.id == id)
-            && self.written_by_selects(filter, e.written_by.as_ref())
+            && self.written_by_selects(filter, e.written_by().as_ref())
             && filter.written_after.is_none_or(|t| entry.created_at >= t)
             && filter.written_before.is_none_or(|t| entry.created_at < t)
     }
@@ -287,7 +292,7 @@ impl SaveStore for MemoryStore {
             .find(|u| u.upload.state == UploadState::Finalized && u.holds(slot))
             .and_then(|u| u.entry)
             .and_then(|id| state.entries.get(&id))
-            .map(|e| (e.entry.id, e.entry.size));
+            .map(|e| (e.entry().id, e.entry().size));
         Ok(FinalizeState { open, finalized })
     }
 
@@ -387,24 +392,11 @@ impl SaveStore for MemoryStore {
         state.entries.insert(
             id,
             StoredEntry {
-                entry: Entry {
-                    id,
-                    repository: slot.repository.clone(),
-                    scope: slot.scope.clone(),
-                    key: new.key.to_owned(),
-                    version: slot.version.as_str().to_owned(),
-                    size: new.chunks.iter().map(|c| c.size).sum(),
-                    created_at: new.now,
-                    last_used_at: new.now,
-                    hits: 0,
+                row: EntryRow {
+                    id: id.get(),
+                    ..EntryRow::from_new(&new)
                 },
-                folded: slot.key.folded(),
                 chunks: new.chunks.to_vec(),
-                written_by: new.written_by.cloned(),
-                digest: new.digest.to_owned(),
-                class: new.scope_class,
-                family: new.family.to_owned(),
-                ref_class: new.ref_class,
             },
         );
         state
@@ -431,30 +423,30 @@ impl RestoreStore for MemoryStore {
     ) -> Result<Vec<Candidate>, MetaError> {
         let state = self.state();
         let candidate = |e: &StoredEntry| Candidate {
-            id: e.entry.id,
-            scope: e.entry.scope.clone(),
-            key: e.entry.key.clone(),
-            key_folded: e.folded.clone(),
-            created_at: e.entry.created_at,
-            size: e.entry.size,
+            id: e.entry().id,
+            scope: e.entry().scope.clone(),
+            key: e.entry().key.clone(),
+            key_folded: e.row.key_folded.clone(),
+            created_at: e.entry().created_at,
+            size: e.entry().size,
         };
         let mut out = Vec::new();
         for scope in scopes {
             for key in folded_keys {
                 let in_slot = || {
                     state.entries.values().filter(|e| {
-                        &e.entry.repository == repository
-                            && e.entry.version == version.as_str()
-                            && &e.entry.scope == scope
+                        &e.entry().repository == repository
+                            && e.entry().version == version.as_str()
+                            && &e.entry().scope == scope
                     })
                 };
-                out.extend(in_slot().find(|e| &e.folded == key).map(candidate));
+                out.extend(in_slot().find(|e| &e.row.key_folded == key).map(candidate));
                 // The same byte range the SQL stores scan.
                 let end = super::sql::prefix_end(key);
                 out.extend(
                     in_slot()
-                        .filter(|e| e.folded.as_str() >= key.as_str() && e.folded < end)
-                        .max_by_key(|e| (e.entry.created_at, e.entry.id))
+                        .filter(|e| e.row.key_folded.as_str() >= key.as_str() && e.row.key_folded < end)
+                        .max_by_key(|e| (e.entry().created_at, e.entry().id))
                         .map(candidate),
                 );
             }
@@ -474,11 +466,11 @@ impl RestoreStore for MemoryStore {
             .entries
             .values()
             .filter(|e| {
-                &e.entry.repository == repository
-                    && &e.entry.scope == scope
-                    && e.folded == folded_key
+                &e.entry().repository == repository
+                    && &e.entry().scope == scope
+                    && e.row.key_folded == folded_key
             })
-            .map(|e| e.entry.clone())
+            .map(|e| e.entry())
             .collect();
         found.sort_by_key(|e| std::cmp::Reverse((e.created_at, e.id)));
         found.truncate(limit);
@@ -490,16 +482,16 @@ impl RestoreStore for MemoryStore {
         Ok(state
             .entries
             .get(&id)
-            .map(|e| (e.entry.clone(), EntryChunk::place(&e.chunks))))
+            .map(|e| (e.entry(), EntryChunk::place(&e.chunks))))
     }
 
     async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError> {
         let mut state = self.state();
         for (id, count, last_used) in hits {
             if let Some(e) = state.entries.get_mut(id) {
-                e.entry.hits += count;
-                e.entry.last_used_at = e.entry.last_used_at.max(*last_used);
-                let repository = e.entry.repository.clone();
+                e.row.hits += *count as i64;
+                e.row.last_used_at = e.row.last_used_at.max(*last_used);
+                let repository = RepoId::new(e.row.repository.clone());
                 if let Some(seen) = state.repositories.get_mut(&repository) {
                     seen.hits += count;
                 }
@@ -525,18 +517,18 @@ impl LifecycleStore for MemoryStore {
         let held = state
             .entries
             .values()
-            .filter(|e| &e.entry.repository == repository);
+            .filter(|e| &e.entry().repository == repository);
         Ok(QuotaUsage {
-            bytes: held.clone().map(|e| e.entry.size).sum(),
+            bytes: held.clone().map(|e| e.entry().size).sum(),
             pr_bytes: held
-                .filter(|e| e.class == ScopeClass::PullRequestOrTag)
-                .map(|e| e.entry.size)
+                .filter(|e| e.class() == ScopeClass::PullRequestOrTag)
+                .map(|e| e.entry().size)
                 .sum(),
         })
     }
 
     async fn total_usage(&self) -> Result<u64, MetaError> {
-        Ok(self.state().entries.values().map(|e| e.entry.size).sum())
+        Ok(self.state().entries.values().map(|e| e.entry().size).sum())
     }
 
     async fn pending_deletions(&self) -> Result<u64, MetaError> {
@@ -549,7 +541,7 @@ impl LifecycleStore for MemoryStore {
         limit: usize,
     ) -> Result<Vec<EntryUse>, MetaError> {
         Ok(self.state().least_used(limit, |e| {
-            repository.is_none_or(|r| &e.entry.repository == r)
+            repository.is_none_or(|r| &e.entry().repository == r)
         }))
     }
 
@@ -560,7 +552,7 @@ impl LifecycleStore for MemoryStore {
         limit: usize,
     ) -> Result<Vec<EntryUse>, MetaError> {
         Ok(self.state().least_used(limit, |e| {
-            &e.entry.repository == repository && e.class == class
+            &e.entry().repository == repository && e.class() == class
         }))
     }
 
@@ -575,8 +567,8 @@ impl LifecycleStore for MemoryStore {
             .entries
             .values()
             .filter(|e| {
-                e.entry.last_used_at < unused_before
-                    || created_before.is_some_and(|t| e.entry.created_at < t)
+                e.entry().last_used_at < unused_before
+                    || created_before.is_some_and(|t| e.entry().created_at < t)
             })
             .take(limit)
             .map(StoredEntry::usage)
@@ -600,7 +592,7 @@ impl LifecycleStore for MemoryStore {
                     .insert(chunk.blob.clone(), (chunk.size, removal.delete_at));
             }
             if let RemovalCause::Quarantined(reason) = removal.cause {
-                state.quarantined.push((gone.entry.clone(), reason.clone()));
+                state.quarantined.push((gone.entry(), reason.clone()));
             }
             removed.push(gone.usage());
         }
@@ -681,7 +673,7 @@ impl LifecycleStore for MemoryStore {
         Ok(state
             .entries
             .range((Bound::Excluded(after), Bound::Unbounded))
-            .filter(|(_, e)| e.digest.is_empty())
+            .filter(|(_, e)| e.row.digest.is_empty())
             .take(limit)
             .map(|(id, _)| *id)
             .collect())
@@ -697,14 +689,14 @@ impl LifecycleStore for MemoryStore {
         let Some(e) = state
             .entries
             .get_mut(&entry)
-            .filter(|e| e.digest.is_empty())
+            .filter(|e| e.row.digest.is_empty())
         else {
             return Ok(false);
         };
         for (chunk, sha256) in e.chunks.iter_mut().zip(sha256) {
             chunk.sha256 = Some(*sha256);
         }
-        e.digest = digest.to_owned();
+        e.row.digest = digest.to_owned();
         Ok(true)
     }
 
@@ -717,7 +709,7 @@ impl LifecycleStore for MemoryStore {
         let mut garbage = Vec::new();
         let before = state.entries.len();
         state.entries.retain(|_, e| {
-            let keep = e.entry.created_at <= since;
+            let keep = e.entry().created_at <= since;
             if !keep {
                 garbage.extend(e.chunks.iter().map(|c| c.blob.clone()));
             }
@@ -747,11 +739,11 @@ impl AdminStore for MemoryStore {
             .filter(|e| state.selects(page.filter, e))
             .filter(|e| match page.after {
                 None => true,
-                Some(after) if page.descending => sort_key(&e.entry) < after,
-                Some(after) => sort_key(&e.entry) > after,
+                Some(after) if page.descending => sort_key(&e.entry()) < after,
+                Some(after) => sort_key(&e.entry()) > after,
             })
             .collect();
-        found.sort_by_key(|e| sort_key(&e.entry));
+        found.sort_by_key(|e| sort_key(&e.entry()));
         if page.descending {
             found.reverse();
         }
@@ -759,10 +751,10 @@ impl AdminStore for MemoryStore {
             .into_iter()
             .take(page.limit)
             .map(|e| ListedEntry {
-                entry: e.entry.clone(),
-                repository_name: state.name_of(&e.entry.repository),
-                written_by: e.written_by.clone(),
-                digest: e.digest.clone(),
+                entry: e.entry(),
+                repository_name: state.name_of(&e.entry().repository),
+                written_by: e.written_by(),
+                digest: e.row.digest.clone(),
             })
             .collect())
     }
@@ -787,16 +779,16 @@ impl AdminStore for MemoryStore {
             .iter()
             .filter(|(id, seen)| only.is_none_or(|o| id.as_str() == o || seen.name == o))
             .map(|(id, seen)| {
-                let held = state.entries.values().filter(|e| &e.entry.repository == id);
+                let held = state.entries.values().filter(|e| &e.entry().repository == id);
                 let pr = held
                     .clone()
-                    .filter(|e| e.class == ScopeClass::PullRequestOrTag);
+                    .filter(|e| e.class() == ScopeClass::PullRequestOrTag);
                 RepositoryUsage {
                     repository: id.clone(),
                     name: seen.name.clone(),
-                    bytes: held.clone().map(|e| e.entry.size).sum(),
+                    bytes: held.clone().map(|e| e.entry().size).sum(),
                     entries: held.count() as u64,
-                    pr_bytes: pr.clone().map(|e| e.entry.size).sum(),
+                    pr_bytes: pr.clone().map(|e| e.entry().size).sum(),
                     pr_entries: pr.count() as u64,
                     hits: seen.hits,
                     misses: seen.misses,
@@ -819,7 +811,7 @@ impl AdminStore for MemoryStore {
     async fn totals(&self) -> Result<Totals, MetaError> {
         let state = self.state();
         Ok(Totals {
-            bytes: state.entries.values().map(|e| e.entry.size).sum(),
+            bytes: state.entries.values().map(|e| e.entry().size).sum(),
             entries: state.entries.len() as u64,
             open_uploads: state
                 .uploads
@@ -1025,20 +1017,20 @@ impl StatsStore for MemoryStore {
         let state = self.state();
         let mut sums = BTreeMap::<(RepoId, String, RefClass), (u64, u64)>::new();
         for e in state.entries.values() {
-            let repo = &e.entry.repository;
+            let repo = &e.entry().repository;
             if repository.is_some_and(|r| r != repo) {
                 continue;
             }
             let family = if state
                 .kept_families
-                .contains_key(&(repo.clone(), e.family.clone()))
+                .contains_key(&(repo.clone(), e.row.family.clone()))
             {
-                e.family.clone()
+                e.row.family.clone()
             } else {
                 crate::model::stats::OTHER_FAMILY.to_owned()
             };
-            let sum = sums.entry((repo.clone(), family, e.ref_class)).or_default();
-            sum.0 += e.entry.size;
+            let sum = sums.entry((repo.clone(), family, e.ref_class())).or_default();
+            sum.0 += e.entry().size;
             sum.1 += 1;
         }
         Ok(sums

@@ -22,6 +22,11 @@
 
 #[macro_use]
 mod timed;
+mod dialect;
+mod row;
+mod schema;
+#[cfg(any(test, feature = "test-util"))]
+mod schema_check;
 mod sql;
 mod sqlite;
 mod sqlx;
@@ -35,6 +40,8 @@ use async_trait::async_trait;
 pub use self::sqlx::{MySqlStore, PostgresStore};
 #[cfg(any(test, feature = "test-util"))]
 pub use memory::MemoryStore;
+#[cfg(any(test, feature = "test-util"))]
+pub use schema_check::schema_disagreements;
 /// SQLite's virtual-machine steps for some work on this thread (tests of how work grows).
 #[cfg(test)]
 pub(crate) use sqlite::count_vm_steps;

@@ -2,6 +2,9 @@
 //! bounds of a prefix range, the statements built at run time (lookups, listings), and the
 //! index hashes of the networked stores.
 
+pub(super) use super::row::{Param, SqlRow};
+use super::schema::{entries, entry_chunks, repository_usage, uploads};
+use super::dialect::Shared;
 use super::MetaError;
 use crate::model::{
     BlobName, BlockId, CallerKind, Chunk, Entry, EntryId, EntryUse, Provenance, RepoId, Scope,
@@ -50,17 +53,6 @@ pub(super) fn migrations_after(
     Ok(all.iter().filter(move |m| m.0 > current))
 }
 
-/// A chunk's XXH3 as stored: the 64 bits as a signed integer.
-/// The stored SHA-256 of a chunk: empty until the digest pass records it (MySQL's fixed-width
-/// column pads that to 32 zero bytes, which reads back the same).
-pub(super) fn sha256_column(chunk: &Chunk) -> &[u8] {
-    chunk.sha256.as_ref().map_or(&[], |d| &d[..])
-}
-
-pub(super) fn xxh3_column(chunk: &Chunk) -> Option<i64> {
-    chunk.xxh3.map(|v| v as i64)
-}
-
 /// The exclusive upper bound of the keys that start with `prefix`, under byte-wise comparison
 /// of UTF-8: U+10FFFF (F4 8F BF BF) sorts above every other character, so the range holds every
 /// key that continues the prefix, except one whose next character is U+10FFFF itself (a
@@ -106,10 +98,10 @@ pub(super) fn slot_hash(slot: &crate::model::Slot) -> Vec<u8> {
 /// (1-based) in the dialect. Parameters, per pair: bucket, repository, version, scope, key (exact);
 /// then bucket, repository, version, scope, key, prefix end (prefix).
 pub(super) fn candidates_sql(pairs: usize, placeholder: impl Fn(usize) -> String) -> String {
-    // `entries.key`: a qualified name needs no quoting in either dialect, though KEY is
-    // reserved in MySQL.
-    const COLS: &str =
-        "SELECT entries.id, entries.scope, entries.key, entries.key_folded, entries.created_at, entries.size FROM entries";
+    static COLS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!("SELECT {} FROM entries", columns("entries", CANDIDATE))
+    });
+    let cols = COLS.as_str();
     let mut n = 0;
     let mut p = || {
         n += 1;
@@ -122,54 +114,116 @@ pub(super) fn candidates_sql(pairs: usize, placeholder: impl Fn(usize) -> String
         }
         let (b, r, v, s, k) = (p(), p(), p(), p(), p());
         sql.push_str(&format!(
-            "({COLS} WHERE bucket = {b} AND repository = {r} AND version = {v} AND scope = {s} AND key_folded = {k} LIMIT 1)"
+            "({cols} WHERE bucket = {b} AND repository = {r} AND version = {v} AND scope = {s} AND key_folded = {k} LIMIT 1)"
         ));
         let (b, r, v, s, k, end) = (p(), p(), p(), p(), p(), p());
         sql.push_str(&format!(
-            " UNION ALL ({COLS} WHERE bucket = {b} AND repository = {r} AND version = {v} AND scope = {s} \
+            " UNION ALL ({cols} WHERE bucket = {b} AND repository = {r} AND version = {v} AND scope = {s} \
              AND key_folded >= {k} AND key_folded < {end} ORDER BY created_at DESC, id DESC LIMIT 1)"
         ));
     }
     sql
 }
 
-/// A parameter of a statement built at run time.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Param {
-    Text(String),
-    Int(i64),
-    Bytes(Vec<u8>),
+/// `alias.name, …` of `names`: a projection's select list. Qualified names need no quoting in
+/// any dialect, though `KEY` is reserved in MySQL.
+pub(super) fn columns(alias: &str, names: &[&str]) -> String {
+    names
+        .iter()
+        .map(|name| format!("{alias}.{name}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
-/// The columns of `entries` (as `e`) that [`entry_from_row`] reads, in its order: a literal, so
-/// that statements can be `concat!`ed from it. A new column of entries is added here once.
-macro_rules! entry_columns {
-    () => {
-        "e.id, e.repository, e.scope, e.key, e.version, e.size, e.created_at, e.last_used_at, e.hits"
-    };
-}
-pub(super) use entry_columns;
+/// The columns of `entries` that [`entry_from_row`] reads.
+pub(super) const ENTRY: &[&str] = &[
+    entries::id.name,
+    entries::repository.name,
+    entries::scope.name,
+    entries::key.name,
+    entries::version.name,
+    entries::size.name,
+    entries::created_at.name,
+    entries::last_used_at.name,
+    entries::hits.name,
+];
 
-/// The columns of `uploads` (as `u`) that [`upload_from_row`] reads, in its order; the
-/// writer's subject is the older `created_by`.
-macro_rules! upload_columns {
-    () => {
-        "u.id, u.repository, u.scope, u.key, u.version, u.state, u.created_at, u.revision, \
-         u.writer_kind, u.writer_issuer, u.created_by, u.writer_run_id, u.writer_job_id, u.writer_address"
-    };
-}
-pub(super) use upload_columns;
+/// The columns of `uploads` that [`upload_from_row`] reads.
+pub(super) const UPLOAD: &[&str] = &[
+    uploads::id.name,
+    uploads::repository.name,
+    uploads::scope.name,
+    uploads::key.name,
+    uploads::version.name,
+    uploads::state.name,
+    uploads::created_at.name,
+    uploads::revision.name,
+    uploads::writer_kind.name,
+    uploads::writer_issuer.name,
+    uploads::created_by.name,
+    uploads::writer_run_id.name,
+    uploads::writer_job_id.name,
+    uploads::writer_address.name,
+];
 
-/// How many columns [`upload_columns`] names: what a statement selects after them starts here.
-pub(super) const UPLOAD_COLUMNS: usize = 14;
+/// The columns of a chunk ([`chunk_from_row`]), alike in `entry_chunks`, `staged_blocks` and
+/// `upload_parts`.
+pub(super) const CHUNK: &[&str] = &[
+    entry_chunks::blob_name.name,
+    entry_chunks::size.name,
+    entry_chunks::sha256.name,
+    entry_chunks::xxh3.name,
+];
 
-/// The columns every listing statement selects, as [`listed_from_row`] reads them; `u` is the
+/// The columns of `entries` that [`use_from_row`] reads.
+pub(super) const USE: &[&str] = &[
+    entries::id.name,
+    entries::repository.name,
+    entries::size.name,
+    entries::created_at.name,
+    entries::last_used_at.name,
+    entries::family.name,
+    entries::ref_class.name,
+];
+
+/// The columns of `entries` that [`candidate_from_row`] reads.
+pub(super) const CANDIDATE: &[&str] = &[
+    entries::id.name,
+    entries::scope.name,
+    entries::key.name,
+    entries::key_folded.name,
+    entries::created_at.name,
+    entries::size.name,
+];
+
+/// The writer's columns of `entries` and of `uploads` (whose subject is the older `created_by`),
+/// in [`provenance_from_row`]'s order.
+const ENTRY_WRITER: [&str; 6] = [
+    entries::writer_kind.name,
+    entries::writer_issuer.name,
+    entries::writer_subject.name,
+    entries::writer_run_id.name,
+    entries::writer_job_id.name,
+    entries::writer_address.name,
+];
+const UPLOAD_WRITER: [&str; 6] = [
+    uploads::writer_kind.name,
+    uploads::writer_issuer.name,
+    uploads::created_by.name,
+    uploads::writer_run_id.name,
+    uploads::writer_job_id.name,
+    uploads::writer_address.name,
+];
+
+/// The select list of every listing statement, as [`listed_from_row`] reads it; `u` is the
 /// entry's repository's `repository_usage` row.
-const LISTED_COLUMNS: &str = concat!(
-    entry_columns!(),
-    ", COALESCE(u.name, ''), e.writer_kind, e.writer_issuer, e.writer_subject, e.writer_run_id, \
-     e.writer_job_id, e.writer_address, e.digest"
-);
+fn listed_columns() -> String {
+    format!(
+        "{}, COALESCE(u.name, '') AS repository_name, {}, e.digest",
+        columns("e", ENTRY),
+        columns("e", &ENTRY_WRITER)
+    )
+}
 
 /// `FROM … WHERE …` selecting what `filter` asks for, with its parameters pushed to `params`.
 fn filtered(
@@ -246,7 +300,7 @@ pub(super) fn list_entries_sql(
     placeholder: impl Fn(usize) -> String,
 ) -> (String, Vec<Param>) {
     let mut params = Vec::new();
-    let mut sql = format!("SELECT {LISTED_COLUMNS}");
+    let mut sql = format!("SELECT {}", listed_columns());
     sql.push_str(&filtered(page.filter, &mut params, &placeholder));
     let column = match page.order {
         super::EntryOrder::LastUsed => "e.last_used_at",
@@ -284,7 +338,7 @@ pub(super) fn count_entries_sql(
 ) -> (String, Vec<Param>) {
     let mut params = Vec::new();
     let sql = format!(
-        "SELECT COUNT(*){}",
+        "SELECT COUNT(*) AS n{}",
         filtered(filter, &mut params, &placeholder)
     );
     (sql, params)
@@ -298,8 +352,8 @@ pub(super) fn repositories_sql(
     placeholder: impl Fn(usize) -> String,
 ) -> (String, Vec<Param>) {
     let mut params = Vec::new();
-    let mut sql =
-        String::from("SELECT repository, name, bytes, entries, hits, misses, pr_bytes, pr_entries FROM repository_usage");
+    let names: Vec<&str> = repository_usage::TABLE.columns.iter().map(|c| c.name).collect();
+    let mut sql = format!("SELECT {} FROM repository_usage", names.join(", "));
     if let Some(only) = only {
         params.push(Param::Text(only.to_owned()));
         let id = placeholder(params.len());
@@ -316,75 +370,69 @@ pub(super) fn repositories_sql(
 }
 
 /// An upload and its blocks in one statement (one round trip, one snapshot). Columns: the upload
-/// (as [`upload_from_row`] reads them), then per block: kind (1 staged, 2 committed part; NULL when the
-/// upload has no blocks), ordinal, block id, blob name, size, SHA-256, XXH3. `upload_id` is
-/// an expression for the upload's id, used in both block branches (MariaDB does not push the
-/// join condition into a UNION, so the branches name it themselves), and `which` selects the
-/// upload on columns of `u`; parameters appear in that order.
+/// (as [`upload_from_row`] reads them), then per block: `block_kind` (1 staged, 2 committed part;
+/// NULL when the upload has no blocks), ordinal, block id and the chunk. `upload_id` is an
+/// expression for the upload's id, used in both block branches (MariaDB does not push the join
+/// condition into a UNION, so the branches name it themselves), and `which` selects the upload
+/// on columns of `u`; parameters appear in that order.
 pub(super) fn upload_with_blocks_sql(upload_id: &str, which: &str) -> String {
     format!(
-        "SELECT {}, b.kind, b.ordinal, b.block_id, b.blob_name, b.size, b.sha256, b.xxh3
+        "SELECT {}, b.block_kind, b.ordinal, b.block_id, b.blob_name, b.size, b.sha256, b.xxh3
          FROM uploads u LEFT JOIN (
-             SELECT upload_id, 1 AS kind, 0 AS ordinal, block_id, blob_name, size, sha256, xxh3
+             SELECT upload_id, 1 AS block_kind, 0 AS ordinal, block_id, blob_name, size, sha256, xxh3
              FROM staged_blocks WHERE upload_id = {upload_id}
              UNION ALL
              SELECT upload_id, 2, ordinal, block_id, blob_name, size, sha256, xxh3
              FROM upload_parts WHERE upload_id = {upload_id}
          ) b ON b.upload_id = u.id
          WHERE {which}
-         ORDER BY b.kind, b.ordinal",
-        upload_columns!()
+         ORDER BY b.block_kind, b.ordinal",
+        columns("u", UPLOAD)
     )
 }
 
 /// An upload and the [`super::BlockState`] of one block in one statement, reading the upload's
 /// row and at most one block (primary keys), whatever the upload holds. Parameters: the block
 /// id, the upload id. Columns: the upload, its staged count and bytes, the block's staged
-/// chunk (NULLs without one), whether a committed part shares its blob.
-pub(super) const BLOCK_STATE_SQL: &str = concat!(
-    "SELECT ",
-    upload_columns!(),
-    ", u.staged_count, u.staged_bytes, s.blob_name, s.size, s.sha256, s.xxh3,
-       CASE WHEN EXISTS (SELECT 1 FROM upload_parts p WHERE p.upload_id = u.id AND p.blob_name = s.blob_name)
-            THEN 1 ELSE 0 END
-     FROM uploads u LEFT JOIN staged_blocks s ON s.upload_id = u.id AND s.block_id = ?
-     WHERE u.id = ?"
-);
+/// chunk (NULLs without one), whether a committed part shares its blob (`copy_committed`).
+pub(super) static BLOCK_STATE_SQL: Shared = Shared::built(|| {
+    format!(
+        "SELECT {}, u.staged_count, u.staged_bytes, {},
+           CASE WHEN EXISTS (SELECT 1 FROM upload_parts p WHERE p.upload_id = u.id AND p.blob_name = s.blob_name)
+                THEN 1 ELSE 0 END AS copy_committed
+         FROM uploads u LEFT JOIN staged_blocks s ON s.upload_id = u.id AND s.block_id = ?
+         WHERE u.id = ?",
+        columns("u", UPLOAD),
+        columns("s", CHUNK)
+    )
+});
 
 /// A row of [`BLOCK_STATE_SQL`].
 pub(super) fn block_state_from_row(
     row: &impl SqlRow,
 ) -> Result<(Upload, super::BlockState), MetaError> {
-    let first = UPLOAD_COLUMNS;
-    let count = |col| {
-        let n = row.int(col)?;
-        u64::try_from(n).map_err(|_| MetaError::Corrupt(format!("staged total {n}")))
-    };
-    let copy = match row.opt_text(first + 2)? {
-        Some(_) => Some(chunk_from_row(row, first + 2)?),
+    let copy = match row.opt_text(entry_chunks::blob_name.name)? {
+        Some(_) => Some(chunk_from_row(row)?),
         None => None,
     };
     let state = super::BlockState {
-        staged_count: count(first)?,
-        staged_bytes: count(first + 1)?,
+        staged_count: row.count(uploads::staged_count.name)?,
+        staged_bytes: row.count(uploads::staged_bytes.name)?,
         copy,
-        copy_committed: row.int(first + 6)? != 0,
+        copy_committed: row.int("copy_committed")? != 0,
     };
     Ok((upload_from_row(row)?, state))
 }
 
-/// The blocks of an upload from [`upload_with_blocks_sql`] rows: per row, past the upload's
-/// columns, the kind (1 staged, 2 committed part; NULL when the upload has no blocks), ordinal,
-/// block id and the chunk.
+/// The blocks of an upload from [`upload_with_blocks_sql`] rows.
 pub(super) fn collect_blocks(rows: &[impl SqlRow]) -> Result<UploadBlocks, MetaError> {
     let mut blocks = UploadBlocks::default();
-    let first = UPLOAD_COLUMNS;
     for row in rows {
-        let Some(kind) = row.opt_int(first)? else {
+        let Some(kind) = row.opt_int("block_kind")? else {
             continue; // the upload has no blocks
         };
-        let id = BlockId::from_stored(row.opt_bytes(first + 2)?.ok_or_else(|| null(first + 2))?);
-        let chunk = chunk_from_row(row, first + 3)?;
+        let id = BlockId::from_stored(row.read(super::schema::upload_parts::block_id)?);
+        let chunk = chunk_from_row(row)?;
         if kind == 2 {
             blocks.parts.push((id, chunk));
         } else {
@@ -394,45 +442,29 @@ pub(super) fn collect_blocks(rows: &[impl SqlRow]) -> Result<UploadBlocks, MetaE
     Ok(blocks)
 }
 
-/// A row as the SQL stores read it, by column index. Each driver decodes its own column types
-/// (SQLite's dynamic ones, PostgreSQL's strict integer widths, MySQL's binary strings).
-pub trait SqlRow {
-    fn opt_int(&self, col: usize) -> Result<Option<i64>, MetaError>;
-    fn opt_text(&self, col: usize) -> Result<Option<String>, MetaError>;
-    fn opt_bytes(&self, col: usize) -> Result<Option<Vec<u8>>, MetaError>;
-
-    fn int(&self, col: usize) -> Result<i64, MetaError> {
-        self.opt_int(col)?.ok_or_else(|| null(col))
-    }
-    fn text(&self, col: usize) -> Result<String, MetaError> {
-        self.opt_text(col)?.ok_or_else(|| null(col))
-    }
-}
-
-pub(super) fn null(col: usize) -> MetaError {
-    MetaError::Corrupt(format!("column {col} is NULL"))
-}
-
 pub(super) fn upload_from_row(r: &impl SqlRow) -> Result<Upload, MetaError> {
-    let state = r.text(5)?;
+    let state = r.read(uploads::state)?;
     Ok(Upload {
-        id: UploadId::new(r.int(0)?),
-        repository: RepoId::new(r.text(1)?),
-        scope: Scope::new(r.text(2)?),
-        key: r.text(3)?,
-        version: r.text(4)?,
+        id: UploadId::new(r.read(uploads::id)?),
+        repository: RepoId::new(r.read(uploads::repository)?),
+        scope: Scope::new(r.read(uploads::scope)?),
+        key: r.read(uploads::key)?,
+        version: r.read(uploads::version)?,
         state: UploadState::parse(&state)
             .ok_or_else(|| MetaError::Corrupt(format!("upload state {state:?}")))?,
-        created_at: r.int(6)?,
-        revision: r.int(7)?,
-        written_by: provenance_from_row(r, 8)?,
+        created_at: r.read(uploads::created_at)?,
+        revision: r.read(uploads::revision)?,
+        written_by: provenance_from_row(r, UPLOAD_WRITER)?,
     })
 }
 
-/// A writer's columns from `first` on: kind, issuer, subject, run, job, address; `None` when
-/// the kind is empty (written before hoard recorded it).
-fn provenance_from_row(r: &impl SqlRow, first: usize) -> Result<Option<Provenance>, MetaError> {
-    let kind = r.text(first)?;
+/// A writer from its columns, named in the order kind, issuer, subject, run, job, address;
+/// `None` when the kind is empty (written before hoard recorded it).
+fn provenance_from_row(
+    r: &impl SqlRow,
+    [kind, issuer, subject, run_id, job_id, address]: [&str; 6],
+) -> Result<Option<Provenance>, MetaError> {
+    let kind = r.text(kind)?;
     if kind.is_empty() {
         return Ok(None);
     }
@@ -441,48 +473,37 @@ fn provenance_from_row(r: &impl SqlRow, first: usize) -> Result<Option<Provenanc
         .map_err(|e: crate::model::InvalidInput| MetaError::Corrupt(e.0))?;
     Ok(Some(Provenance {
         kind,
-        issuer: r.text(first + 1)?,
-        subject: r.text(first + 2)?,
-        run_id: r.text(first + 3)?,
-        job_id: r.text(first + 4)?,
-        address: r.text(first + 5)?,
+        issuer: r.text(issuer)?,
+        subject: r.text(subject)?,
+        run_id: r.text(run_id)?,
+        job_id: r.text(job_id)?,
+        address: r.text(address)?,
     }))
 }
 
-/// The columns a provenance is stored in, for statements that write it: kind (empty when not
-/// recorded), issuer, subject, run, job, address.
-pub(super) fn provenance_columns(p: Option<&Provenance>) -> [&str; 6] {
-    match p {
-        Some(p) => [
-            p.kind.as_str(),
-            &p.issuer,
-            &p.subject,
-            &p.run_id,
-            &p.job_id,
-            &p.address,
-        ],
-        None => [""; 6],
-    }
+/// The writer of an entry, from its writer columns.
+pub(super) fn entry_writer(r: &impl SqlRow) -> Result<Option<Provenance>, MetaError> {
+    provenance_from_row(r, ENTRY_WRITER)
 }
 
-/// An entry from its columns: id, repository, scope, key, version, size, created, last used, hits.
+/// An entry from its [`ENTRY`] columns.
 pub(super) fn entry_from_row(r: &impl SqlRow) -> Result<Entry, MetaError> {
     Ok(Entry {
-        id: EntryId::new(r.int(0)?),
-        repository: RepoId::new(r.text(1)?),
-        scope: Scope::new(r.text(2)?),
-        key: r.text(3)?,
-        version: r.text(4)?,
-        size: r.int(5)?.max(0) as u64,
-        created_at: r.int(6)?,
-        last_used_at: r.int(7)?,
-        hits: r.int(8)?.max(0) as u64,
+        id: EntryId::new(r.read(entries::id)?),
+        repository: RepoId::new(r.read(entries::repository)?),
+        scope: Scope::new(r.read(entries::scope)?),
+        key: r.read(entries::key)?,
+        version: r.read(entries::version)?,
+        size: r.count(entries::size.name)?,
+        created_at: r.read(entries::created_at)?,
+        last_used_at: r.read(entries::last_used_at)?,
+        hits: r.count(entries::hits.name)?,
     })
 }
 
-/// A repository's [`crate::model::QuotaUsage`] row: bytes, pull-request and tag bytes.
-pub(super) const QUOTA_USAGE: &str =
-    "SELECT bytes, pr_bytes FROM repository_usage WHERE repository = ?";
+/// A repository's [`crate::model::QuotaUsage`] row.
+pub(super) static QUOTA_USAGE: Shared =
+    Shared::new("SELECT bytes, pr_bytes FROM repository_usage WHERE repository = ?");
 
 /// The [`crate::model::QuotaUsage`] of a [`QUOTA_USAGE`] row (none: nothing held).
 pub(super) fn quota_usage_from_row(
@@ -492,8 +513,8 @@ pub(super) fn quota_usage_from_row(
         return Ok(crate::model::QuotaUsage::default());
     };
     Ok(crate::model::QuotaUsage {
-        bytes: r.int(0)?.max(0) as u64,
-        pr_bytes: r.int(1)?.max(0) as u64,
+        bytes: r.count(repository_usage::bytes.name)?,
+        pr_bytes: r.count(repository_usage::pr_bytes.name)?,
     })
 }
 
@@ -506,81 +527,83 @@ pub(super) fn pr_counts(class: crate::model::ScopeClass, size: u64) -> (i64, i64
     }
 }
 
-/// The least recently used entries of one class of a repository (repository, class, limit).
-pub(super) const CLASS_LRU: &str =
-    "SELECT id, repository, size, created_at, last_used_at, family, ref_class FROM entries
-     WHERE repository = ? AND scope_class = ? ORDER BY last_used_at, id LIMIT ?";
+/// `SELECT` of the [`USE`] columns of `entries`, for statements that go on with a condition.
+pub(super) static USE_COLS: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!("SELECT {} FROM entries", USE.join(", ")));
 
-/// The columns [`use_from_row`] reads.
-pub(super) const USE_COLS: &str =
-    "SELECT id, repository, size, created_at, last_used_at, family, ref_class FROM entries";
+/// The least recently used entries of one class of a repository (repository, class, limit).
+pub(super) static CLASS_LRU: Shared = Shared::built(|| {
+    format!(
+        "{} WHERE repository = ? AND scope_class = ? ORDER BY last_used_at, id LIMIT ?",
+        *USE_COLS
+    )
+});
 
 pub(super) fn use_from_row(r: &impl SqlRow) -> Result<EntryUse, MetaError> {
     Ok(EntryUse {
-        id: EntryId::new(r.int(0)?),
-        repository: RepoId::new(r.text(1)?),
-        size: r.int(2)?.max(0) as u64,
-        created_at: r.int(3)?,
-        last_used_at: r.int(4)?,
-        family: r.text(5)?,
-        ref_class: crate::model::RefClass::from_code(r.int(6)?),
+        id: EntryId::new(r.read(entries::id)?),
+        repository: RepoId::new(r.read(entries::repository)?),
+        size: r.count(entries::size.name)?,
+        created_at: r.read(entries::created_at)?,
+        last_used_at: r.read(entries::last_used_at)?,
+        family: r.read(entries::family)?,
+        ref_class: crate::model::RefClass::from_code(r.read(entries::ref_class)?),
     })
 }
 
+/// The chunk names of rows that select `blob_name`.
 pub(super) fn names_from_rows(rows: &[impl SqlRow]) -> Result<Vec<BlobName>, MetaError> {
     let mut names = Vec::with_capacity(rows.len());
     for row in rows {
-        names.extend(BlobName::parse(&row.text(0)?));
+        names.extend(BlobName::parse(&row.read(entry_chunks::blob_name)?));
     }
     Ok(names)
 }
 
-/// A chunk from its columns, from `first` on: blob name, size, SHA-256, XXH3.
-pub(super) fn chunk_from_row(r: &impl SqlRow, first: usize) -> Result<Chunk, MetaError> {
-    let digest = r.opt_bytes(first + 2)?.ok_or_else(|| null(first + 2))?;
+/// A chunk from its [`CHUNK`] columns.
+pub(super) fn chunk_from_row(r: &impl SqlRow) -> Result<Chunk, MetaError> {
     chunk_from_parts(
-        r.text(first)?,
-        r.int(first + 1)?,
-        digest,
-        r.opt_int(first + 3)?,
+        r.read(entry_chunks::blob_name)?,
+        r.read(entry_chunks::size)?,
+        r.read(entry_chunks::sha256)?,
+        r.read(entry_chunks::xxh3)?,
     )
 }
 
-/// A row of a listing statement (`LISTED_COLUMNS`).
+/// A row of a listing statement ([`listed_columns`]).
 pub(super) fn listed_from_row(r: &impl SqlRow) -> Result<super::ListedEntry, MetaError> {
     Ok(super::ListedEntry {
         entry: entry_from_row(r)?,
-        repository_name: r.text(9)?,
-        written_by: provenance_from_row(r, 10)?,
-        digest: r.text(16)?,
+        repository_name: r.text("repository_name")?,
+        written_by: provenance_from_row(r, ENTRY_WRITER)?,
+        digest: r.read(entries::digest)?,
     })
 }
 
-/// A `repository_usage` row: repository, name, bytes, entries, hits, misses, pull-request and
-/// tag bytes and entries.
+/// A `repository_usage` row.
 pub(super) fn repository_from_row(r: &impl SqlRow) -> Result<super::RepositoryUsage, MetaError> {
-    let count = |col| Ok::<_, MetaError>(r.int(col)?.max(0) as u64);
+    use repository_usage as u;
     Ok(super::RepositoryUsage {
-        repository: RepoId::new(r.text(0)?),
-        name: r.text(1)?,
-        bytes: count(2)?,
-        entries: count(3)?,
-        hits: count(4)?,
-        misses: count(5)?,
-        pr_bytes: count(6)?,
-        pr_entries: count(7)?,
+        repository: RepoId::new(r.read(u::repository)?),
+        name: r.read(u::name)?,
+        bytes: r.count(u::bytes.name)?,
+        entries: r.count(u::entries.name)?,
+        hits: r.count(u::hits.name)?,
+        misses: r.count(u::misses.name)?,
+        pr_bytes: r.count(u::pr_bytes.name)?,
+        pr_entries: r.count(u::pr_entries.name)?,
     })
 }
 
-/// A lookup's candidate: id, scope, key, folded key, created, size.
+/// A lookup's candidate from its [`CANDIDATE`] columns.
 pub(super) fn candidate_from_row(r: &impl SqlRow) -> Result<crate::model::Candidate, MetaError> {
     Ok(crate::model::Candidate {
-        id: crate::model::EntryId::new(r.int(0)?),
-        scope: Scope::new(r.text(1)?),
-        key: r.text(2)?,
-        key_folded: r.text(3)?,
-        created_at: r.int(4)?,
-        size: r.int(5)?.max(0) as u64,
+        id: crate::model::EntryId::new(r.read(entries::id)?),
+        scope: Scope::new(r.read(entries::scope)?),
+        key: r.read(entries::key)?,
+        key_folded: r.read(entries::key_folded)?,
+        created_at: r.read(entries::created_at)?,
+        size: r.count(entries::size.name)?,
     })
 }
 

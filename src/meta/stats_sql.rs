@@ -4,6 +4,8 @@
 
 use std::sync::LazyLock;
 
+use super::dialect::{Backend, Shared, Upsert};
+use super::schema::family_stats as f;
 use super::sql::{Param, SqlRow};
 use super::MetaError;
 use crate::model::{
@@ -12,27 +14,18 @@ use crate::model::{
 
 /// The counter columns of `family_stats` and `server_stats`, in [`counter_params`]' order.
 const COUNTER_COLUMNS: [&str; 11] = [
-    "lookups",
-    "exact_hits",
-    "restore_key_hits",
-    "misses",
-    "bytes_restored",
-    "saves",
-    "bytes_saved",
-    "evicted",
-    "expired",
-    "quarantined",
-    "deleted",
+    f::lookups.name,
+    f::exact_hits.name,
+    f::restore_key_hits.name,
+    f::misses.name,
+    f::bytes_restored.name,
+    f::saves.name,
+    f::bytes_saved.name,
+    f::evicted.name,
+    f::expired.name,
+    f::quarantined.name,
+    f::deleted.name,
 ];
-
-/// How a dialect adds to a row that already exists.
-#[derive(Debug, Clone, Copy)]
-pub enum Upsert {
-    /// SQLite and PostgreSQL: `ON CONFLICT (…) DO UPDATE SET c = t.c + excluded.c`.
-    OnConflict,
-    /// MySQL and MariaDB: `ON DUPLICATE KEY UPDATE c = c + VALUES(c)`.
-    OnDuplicateKey,
-}
 
 /// The statements that add to rows, spelled for one [`Upsert`].
 #[derive(Debug)]
@@ -48,19 +41,23 @@ pub(super) struct Adding {
     pub keep_family: String,
 }
 
-static ON_CONFLICT: LazyLock<Adding> = LazyLock::new(|| Adding::new(Upsert::OnConflict));
-static ON_DUPLICATE_KEY: LazyLock<Adding> = LazyLock::new(|| Adding::new(Upsert::OnDuplicateKey));
+static SQLITE: LazyLock<Adding> = LazyLock::new(|| Adding::new(Backend::Sqlite));
+static POSTGRES: LazyLock<Adding> = LazyLock::new(|| Adding::new(Backend::Postgres));
+static MYSQL: LazyLock<Adding> = LazyLock::new(|| Adding::new(Backend::MySql));
 
-/// The adding statements of a dialect, built once.
-pub(super) fn adding(upsert: Upsert) -> &'static Adding {
-    match upsert {
-        Upsert::OnConflict => &ON_CONFLICT,
-        Upsert::OnDuplicateKey => &ON_DUPLICATE_KEY,
+/// The adding statements of a backend, built and spelled once.
+pub(super) fn adding(backend: Backend) -> &'static Adding {
+    match backend {
+        Backend::Sqlite => &SQLITE,
+        Backend::Postgres => &POSTGRES,
+        Backend::MySql => &MYSQL,
     }
 }
 
 impl Adding {
-    fn new(upsert: Upsert) -> Self {
+    fn new(backend: Backend) -> Self {
+        let upsert = backend.upsert();
+        let spell = |template: String| backend.spell(&template);
         let counters = COUNTER_COLUMNS.join(", ");
         let values = vec!["?"; COUNTER_COLUMNS.len()].join(", ");
         let sums = COUNTER_COLUMNS
@@ -90,50 +87,53 @@ impl Adding {
         const SERVER_KEYS: &str = "ref_class, bucket, start_at";
         let day = Bucket::Day.millis();
         Self {
-            record_family: format!(
+            record_family: spell(format!(
                 "INSERT INTO family_stats ({FAMILY_KEYS}, {counters}) VALUES (?, ?, ?, 0, ?, {values}){}",
                 on_existing("family_stats", FAMILY_KEYS)
-            ),
-            record_server: format!(
+            )),
+            record_server: spell(format!(
                 "INSERT INTO server_stats ({SERVER_KEYS}, {counters}) VALUES (?, 0, ?, {values}){}",
                 on_existing("server_stats", SERVER_KEYS)
-            ),
-            fold_family: format!(
+            )),
+            fold_family: spell(format!(
                 "INSERT INTO family_stats ({FAMILY_KEYS}, {counters})
                  SELECT repository, family, ref_class, 1, start_at - (start_at % {day}), {sums}
                  FROM family_stats WHERE bucket = 0 AND start_at < ?
                  GROUP BY repository, family, ref_class, start_at - (start_at % {day}){}",
                 on_existing("family_stats", FAMILY_KEYS)
-            ),
-            fold_server: format!(
+            )),
+            fold_server: spell(format!(
                 "INSERT INTO server_stats ({SERVER_KEYS}, {counters})
                  SELECT ref_class, 1, start_at - (start_at % {day}), {sums}
                  FROM server_stats WHERE bucket = 0 AND start_at < ?
                  GROUP BY ref_class, start_at - (start_at % {day}){}",
                 on_existing("server_stats", SERVER_KEYS)
-            ),
-            keep_family: match upsert {
+            )),
+            keep_family: spell(match upsert {
                 Upsert::OnConflict => "INSERT INTO stats_families (repository, family, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING".into(),
                 Upsert::OnDuplicateKey => "INSERT IGNORE INTO stats_families (repository, family, created_at) VALUES (?, ?, ?)".into(),
-            },
+            }),
         }
     }
 }
 
 /// Drops the hour rows folded by `fold_*` (same parameter), then day rows past keeping.
-pub(super) const DROP_FOLDED: [&str; 2] = [
-    "DELETE FROM family_stats WHERE bucket = 0 AND start_at < ?",
-    "DELETE FROM server_stats WHERE bucket = 0 AND start_at < ?",
+pub(super) static DROP_FOLDED: [Shared; 2] = [
+    Shared::new("DELETE FROM family_stats WHERE bucket = 0 AND start_at < ?"),
+    Shared::new("DELETE FROM server_stats WHERE bucket = 0 AND start_at < ?"),
 ];
-pub(super) const DROP_OLD: [&str; 2] = [
-    "DELETE FROM family_stats WHERE bucket = 1 AND start_at < ?",
-    "DELETE FROM server_stats WHERE bucket = 1 AND start_at < ?",
+pub(super) static DROP_OLD: [Shared; 2] = [
+    Shared::new("DELETE FROM family_stats WHERE bucket = 1 AND start_at < ?"),
+    Shared::new("DELETE FROM server_stats WHERE bucket = 1 AND start_at < ?"),
 ];
 /// Forgets families kept since before the parameter that no row names any more.
-pub(super) const FORGET_FAMILIES: &str = "DELETE FROM stats_families WHERE created_at < ? AND NOT EXISTS
-     (SELECT 1 FROM family_stats f WHERE f.repository = stats_families.repository AND f.family = stats_families.family)";
+pub(super) static FORGET_FAMILIES: Shared = Shared::new(
+    "DELETE FROM stats_families WHERE created_at < ? AND NOT EXISTS
+     (SELECT 1 FROM family_stats f WHERE f.repository = stats_families.repository AND f.family = stats_families.family)",
+);
 
-pub(super) const COUNT_FAMILIES: &str = "SELECT COUNT(*) FROM stats_families WHERE repository = ?";
+pub(super) static COUNT_FAMILIES: Shared =
+    Shared::new("SELECT COUNT(*) AS n FROM stats_families WHERE repository = ?");
 
 /// Which of `n` families (parameters after the repository) are kept.
 pub(super) fn kept_families_sql(n: usize) -> String {
@@ -188,30 +188,33 @@ fn counter_params(c: &Counters) -> [i64; 11] {
     .map(|n| n.min(i64::MAX as u64) as i64)
 }
 
-fn counters_from_row(r: &impl SqlRow, first: usize) -> Result<Counters, MetaError> {
-    let n = |i: usize| Ok::<_, MetaError>(r.opt_int(first + i)?.unwrap_or(0).max(0) as u64);
+/// The counters of a row that sums them under their own names ([`summed`]).
+fn counters_from_row(r: &impl SqlRow) -> Result<Counters, MetaError> {
+    let n = |col: crate::meta::row::Col<i64>| {
+        Ok::<_, MetaError>(r.opt_int(col.name)?.unwrap_or(0).max(0) as u64)
+    };
     Ok(Counters {
-        lookups: n(0)?,
-        exact_hits: n(1)?,
-        restore_key_hits: n(2)?,
-        misses: n(3)?,
-        bytes_restored: n(4)?,
-        saves: n(5)?,
-        bytes_saved: n(6)?,
+        lookups: n(f::lookups)?,
+        exact_hits: n(f::exact_hits)?,
+        restore_key_hits: n(f::restore_key_hits)?,
+        misses: n(f::misses)?,
+        bytes_restored: n(f::bytes_restored)?,
+        saves: n(f::saves)?,
+        bytes_saved: n(f::bytes_saved)?,
         evictions: Evictions {
-            evicted: n(7)?,
-            expired: n(8)?,
-            quarantined: n(9)?,
-            deleted: n(10)?,
+            evicted: n(f::evicted)?,
+            expired: n(f::expired)?,
+            quarantined: n(f::quarantined)?,
+            deleted: n(f::deleted)?,
         },
     })
 }
 
-/// `CAST(SUM(c) AS {bigint})` for every counter.
+/// `CAST(SUM(c) AS {bigint}) AS c` for every counter.
 fn summed() -> String {
     COUNTER_COLUMNS
         .iter()
-        .map(|c| format!("CAST(SUM({c}) AS {{bigint}})"))
+        .map(|c| format!("CAST(SUM({c}) AS {{bigint}}) AS {c}"))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -265,7 +268,7 @@ fn family_rows_sql(
         chosen.push_str(&lines_condition(lines, &mut params));
     }
     let sql = format!(
-        "SELECT repository, family, ref_class, start_at - (start_at % ?), {} FROM family_stats{chosen} GROUP BY 1, 2, 3, 4 ORDER BY 4",
+        "SELECT repository, family, ref_class, start_at - (start_at % ?) AS start_at, {} FROM family_stats{chosen} GROUP BY 1, 2, 3, 4 ORDER BY 4",
         summed(),
     );
     (sql, params)
@@ -292,7 +295,7 @@ fn lines_condition(lines: &[(RepoId, String, RefClass)], params: &mut Vec<Param>
 pub(super) fn family_totals_sql(filter: &StatsFilter) -> (String, Vec<Param>) {
     let mut params = Vec::new();
     let sql = format!(
-        "SELECT repository, family, ref_class, MIN(start_at), {} FROM family_stats{} GROUP BY 1, 2, 3",
+        "SELECT repository, family, ref_class, MIN(start_at) AS start_at, {} FROM family_stats{} GROUP BY 1, 2, 3",
         summed(),
         conditions(filter, &mut params, true)
     );
@@ -303,7 +306,7 @@ pub(super) fn family_totals_sql(filter: &StatsFilter) -> (String, Vec<Param>) {
 pub(super) fn server_stats_sql(filter: &StatsFilter, width: Bucket) -> (String, Vec<Param>) {
     let mut params = vec![Param::Int(width.millis())];
     let sql = format!(
-        "SELECT ref_class, start_at - (start_at % ?), {} FROM server_stats{} GROUP BY 1, 2 ORDER BY 2",
+        "SELECT ref_class, start_at - (start_at % ?) AS start_at, {} FROM server_stats{} GROUP BY 1, 2 ORDER BY 2",
         summed(),
         conditions(filter, &mut params, false)
     );
@@ -312,12 +315,12 @@ pub(super) fn server_stats_sql(filter: &StatsFilter, width: Bucket) -> (String, 
 
 pub(super) fn family_row(r: &impl SqlRow, width: Bucket) -> Result<StatsRow, MetaError> {
     Ok(StatsRow {
-        repository: RepoId::new(r.text(0)?),
-        family: r.text(1)?,
-        class: RefClass::from_code(r.int(2)?),
+        repository: RepoId::new(r.read(f::repository)?),
+        family: r.read(f::family)?,
+        class: RefClass::from_code(r.read(f::ref_class)?),
         bucket: width,
-        start: r.int(3)?,
-        counters: counters_from_row(r, 4)?,
+        start: r.read(f::start_at)?,
+        counters: counters_from_row(r)?,
     })
 }
 
@@ -325,10 +328,10 @@ pub(super) fn server_row(r: &impl SqlRow, width: Bucket) -> Result<StatsRow, Met
     Ok(StatsRow {
         repository: RepoId::new(""),
         family: String::new(),
-        class: RefClass::from_code(r.int(0)?),
+        class: RefClass::from_code(r.read(f::ref_class)?),
         bucket: width,
-        start: r.int(1)?,
-        counters: counters_from_row(r, 2)?,
+        start: r.read(f::start_at)?,
+        counters: counters_from_row(r)?,
     })
 }
 
@@ -336,7 +339,8 @@ pub(super) fn server_row(r: &impl SqlRow, width: Bucket) -> Result<StatsRow, Met
 /// repository, family, class, bytes, entries.
 pub(super) fn stored_by_family_sql(only: bool) -> String {
     format!(
-        "SELECT e.repository, COALESCE(f.family, '{other}'), e.ref_class, CAST(SUM(e.size) AS {{bigint}}), COUNT(*)
+        "SELECT e.repository, COALESCE(f.family, '{other}') AS family, e.ref_class,
+                CAST(SUM(e.size) AS {{bigint}}) AS bytes, COUNT(*) AS entries
          FROM entries e LEFT JOIN stats_families f ON f.repository = e.repository AND f.family = e.family{}
          GROUP BY 1, 2, 3",
         if only { " WHERE e.repository = ?" } else { "" },
@@ -346,10 +350,10 @@ pub(super) fn stored_by_family_sql(only: bool) -> String {
 
 pub(super) fn stored_row(r: &impl SqlRow) -> Result<StoredFamily, MetaError> {
     Ok(StoredFamily {
-        repository: RepoId::new(r.text(0)?),
-        family: r.text(1)?,
-        class: RefClass::from_code(r.int(2)?),
-        bytes: r.opt_int(3)?.unwrap_or(0).max(0) as u64,
-        entries: r.int(4)?.max(0) as u64,
+        repository: RepoId::new(r.text("repository")?),
+        family: r.text("family")?,
+        class: RefClass::from_code(r.int("ref_class")?),
+        bytes: r.opt_int("bytes")?.unwrap_or(0).max(0) as u64,
+        entries: r.count("entries")?,
     })
 }

@@ -22,6 +22,11 @@ async fn the_in_memory_fake_conforms() {
 /// second time) and checks that what was stored is still there.
 async fn conforms(url: DatabaseUrl) {
     let store = meta::open(&url, 4).await.unwrap();
+    let wrong = meta::schema_disagreements(&url).await.unwrap();
+    assert!(
+        wrong.is_empty(),
+        "the migrations and the declared tables disagree: {wrong:#?}"
+    );
     conformance::run_all(store.clone()).await;
     let probe = probe_entry(store.as_ref()).await;
     drop(store);
@@ -44,6 +49,38 @@ async fn probe_entry(store: &dyn MetaStore) -> EntryId {
         .await
         .unwrap();
     found.first().expect("the suite stored iso-a/k").id
+}
+
+/// The check of declared tables against the migrations sees a column the migrations lack and
+/// one of another kind, and lets pass the columns every declared INSERT may leave out.
+#[tokio::test]
+async fn a_schema_that_differs_from_the_declared_tables_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hoard.db");
+    let url = DatabaseUrl::Sqlite(path.clone());
+    drop(meta::open(&url, 1).await.unwrap());
+    assert_eq!(meta::schema_disagreements(&url).await.unwrap(), Vec::<String>::new());
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch(
+        "ALTER TABLE entries DROP COLUMN family;
+         ALTER TABLE entries RENAME COLUMN digest TO old_digest;
+         ALTER TABLE entries ADD COLUMN digest BLOB NOT NULL DEFAULT x'';
+         ALTER TABLE pending_deletions ADD COLUMN owner TEXT NOT NULL DEFAULT '';",
+    )
+    .unwrap();
+    conn.execute_batch("ALTER TABLE stats_families ADD COLUMN note TEXT").unwrap();
+    drop(conn);
+    let wrong = meta::schema_disagreements(&url).await.unwrap();
+    assert!(
+        wrong.contains(&"entries.family is declared but missing".to_owned()),
+        "{wrong:#?}"
+    );
+    assert!(
+        wrong.contains(&"entries.digest is declared Text but is blob".to_owned()),
+        "{wrong:#?}"
+    );
+    // A column with a default or one that may be NULL leaves every declared INSERT valid.
+    assert_eq!(wrong.len(), 2, "{wrong:#?}");
 }
 
 #[tokio::test]

@@ -12,7 +12,7 @@
 //! still open at the one the domain loaded, and otherwise refuses the whole change as stale.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -28,12 +28,18 @@ pub(crate) use plan_tests::vm_steps as count_vm_steps;
 mod stats;
 mod wal;
 
+use crate::meta::dialect::Backend;
+use crate::meta::row::Row as _;
+use crate::meta::schema::{
+    entries, entry_chunks, pending_deletions, staged_blocks, upload_parts, uploads,
+    EntryChunkRow, EntryRow, StagedBlockRow, UploadPartRow, UploadRow,
+};
 use crate::meta::sql::{
-    block_state_from_row, candidate_from_row, chunk_from_row, count_entries_sql, entry_columns,
+    block_state_from_row, candidate_from_row, chunk_from_row, columns, count_entries_sql,
     entry_from_row, list_entries_sql, listed_from_row, migrations_after, pr_counts,
-    provenance_columns, quota_usage_from_row, repositories_sql, repository_from_row, sha256_column,
-    upload_columns, upload_from_row, use_from_row, xxh3_column, Param, SqlRow, BLOCK_STATE_SQL,
-    CLASS_LRU, QUOTA_USAGE, USE_COLS,
+    quota_usage_from_row, repositories_sql, repository_from_row, upload_from_row, use_from_row,
+    Param, SqlRow, BLOCK_STATE_SQL, CANDIDATE, CHUNK, CLASS_LRU, ENTRY, QUOTA_USAGE, UPLOAD,
+    USE_COLS,
 };
 use crate::meta::{
     AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health,
@@ -41,9 +47,9 @@ use crate::meta::{
     RestoreStore, SaveStore, SlotState, Totals,
 };
 use crate::model::{
-    entry_digest, BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis,
-    QuotaUsage, RemovalCause, RepoId, Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId,
-    UploadState, Version,
+    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, QuotaUsage,
+    RemovalCause, RepoId, Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId, UploadState,
+    Version,
 };
 use group_commit::GroupCommit;
 use wal::{checkpoint_now, WalBound, WAL_SOFT_LIMIT};
@@ -172,34 +178,19 @@ impl SqliteStore {
     /// recorded, not written: downloading these entries fails.
     pub async fn import(&self, entries: Vec<(Slot, Vec<Chunk>, Millis)>) -> Result<(), MetaError> {
         self.write(move |tx| {
-            let mut entry = tx.prepare_cached(
-                "INSERT INTO entries (repository, scope, key, key_folded, version, size, chunk_count, created_at, last_used_at,
-                     scope_class, digest)
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-            )?;
-            let mut chunk = tx.prepare_cached(
-                "INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256, xxh3) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            )?;
             let mut usage = tx.prepare_cached(
                 "INSERT INTO repository_usage (repository, bytes, entries, pr_bytes, pr_entries) VALUES (?, ?, 1, ?, ?)
                  ON CONFLICT (repository) DO UPDATE SET bytes = bytes + excluded.bytes, entries = entries + 1,
                      pr_bytes = pr_bytes + excluded.pr_bytes, pr_entries = pr_entries + excluded.pr_entries",
             )?;
             for (slot, chunks, at) in entries {
-                let (repo, scope, folded, version) = slot_params(&slot);
-                let size: u64 = chunks.iter().map(|c| c.size).sum();
+                let row = EntryRow::imported(&slot, &chunks, at);
+                let (repository, size) = (row.repository.clone(), row.size);
                 let class = ScopeClass::of(&slot.scope);
-                let id: i64 = entry.query_row(
-                    params![repo, scope, slot.key.as_str(), folded, version, size as i64, chunks.len() as i64, at, at,
-                        class.code(), entry_digest(&chunks).unwrap_or_default()],
-                    |r| r.get(0),
-                )?;
-                for (ordinal, placed) in EntryChunk::place(&chunks).iter().enumerate() {
-                    let c = &placed.chunk;
-                    chunk.execute(params![id, ordinal as i64, placed.start as i64, c.blob.as_str(), c.size as i64, sha256_column(c), xxh3_column(c)])?;
-                }
-                let (pr_bytes, pr_entries) = pr_counts(class, size);
-                usage.execute(params![repo, size as i64, pr_bytes, pr_entries])?;
+                let id = insert_entry(tx, row)?;
+                insert_chunks(tx, id, &chunks)?;
+                let (pr_bytes, pr_entries) = pr_counts(class, size as u64);
+                usage.execute(params![repository, size, pr_bytes, pr_entries])?;
             }
             Ok(())
         })
@@ -285,16 +276,16 @@ impl From<rusqlite::Error> for MetaError {
 }
 
 impl SqlRow for Row<'_> {
-    fn opt_int(&self, col: usize) -> Result<Option<i64>, MetaError> {
-        Ok(self.get(col)?)
+    fn opt_int(&self, name: &str) -> Result<Option<i64>, MetaError> {
+        Ok(self.get(name)?)
     }
 
-    fn opt_text(&self, col: usize) -> Result<Option<String>, MetaError> {
-        Ok(self.get(col)?)
+    fn opt_text(&self, name: &str) -> Result<Option<String>, MetaError> {
+        Ok(self.get(name)?)
     }
 
-    fn opt_bytes(&self, col: usize) -> Result<Option<Vec<u8>>, MetaError> {
-        Ok(self.get(col)?)
+    fn opt_bytes(&self, name: &str) -> Result<Option<Vec<u8>>, MetaError> {
+        Ok(self.get(name)?)
     }
 }
 
@@ -310,33 +301,62 @@ fn rows_of<T>(
     Ok(out)
 }
 
-const UPLOAD_COLS: &str = concat!("SELECT ", upload_columns!(), " FROM uploads u");
+/// `SELECT` of the [`UPLOAD`] columns, for statements that go on with a condition.
+static UPLOAD_COLS: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM uploads u", columns("u", UPLOAD)));
+
+/// An INSERT of a declared row that returns the new row's id.
+fn returning_id(table: &crate::meta::row::Table) -> String {
+    format!("{} RETURNING id", table.insert(Backend::Sqlite))
+}
+
+fn insert_entry(tx: &Connection, row: EntryRow) -> Result<i64, MetaError> {
+    static INSERT: LazyLock<String> = LazyLock::new(|| returning_id(&entries::TABLE));
+    let values = row.inserted_values(Backend::Sqlite);
+    Ok(tx
+        .prepare_cached(&INSERT)?
+        .query_row(rusqlite::params_from_iter(values), |r| r.get("id"))?)
+}
+
+fn insert_chunks(tx: &Connection, entry: i64, chunks: &[Chunk]) -> Result<(), MetaError> {
+    let mut insert = tx.prepare_cached(entry_chunks::TABLE.insert(Backend::Sqlite))?;
+    for row in EntryChunkRow::of_entry(entry, chunks) {
+        insert.execute(rusqlite::params_from_iter(row.inserted_values(Backend::Sqlite)))?;
+    }
+    Ok(())
+}
 
 fn load_upload(conn: &Connection, id: UploadId) -> Result<Option<Upload>, MetaError> {
-    let mut stmt = conn.prepare_cached(&format!("{UPLOAD_COLS} WHERE id = ?"))?;
+    let mut stmt = conn.prepare_cached(&format!("{} WHERE id = ?", *UPLOAD_COLS))?;
     let mut rows = stmt.query([id.get()])?;
     rows.next()?.map(upload_from_row).transpose()
 }
 
 fn load_blocks(conn: &Connection, upload: UploadId) -> Result<UploadBlocks, MetaError> {
+    static STAGED: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT block_id, {} FROM staged_blocks WHERE upload_id = ?",
+            CHUNK.join(", ")
+        )
+    });
+    static PARTS: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT block_id, {} FROM upload_parts WHERE upload_id = ? ORDER BY ordinal",
+            CHUNK.join(", ")
+        )
+    });
     let mut blocks = UploadBlocks::default();
-    let mut stmt = conn.prepare_cached(
-        "SELECT block_id, blob_name, size, sha256, xxh3 FROM staged_blocks WHERE upload_id = ?",
-    )?;
+    let mut stmt = conn.prepare_cached(&STAGED)?;
     let mut rows = stmt.query([upload.get()])?;
     while let Some(row) = rows.next()? {
-        blocks
-            .staged
-            .insert(BlockId::from_stored(row.get(0)?), chunk_from_row(row, 1)?);
+        let id = BlockId::from_stored(row.read(staged_blocks::block_id)?);
+        blocks.staged.insert(id, chunk_from_row(row)?);
     }
-    let mut stmt = conn.prepare_cached(
-        "SELECT block_id, blob_name, size, sha256, xxh3 FROM upload_parts WHERE upload_id = ? ORDER BY ordinal",
-    )?;
+    let mut stmt = conn.prepare_cached(&PARTS)?;
     let mut rows = stmt.query([upload.get()])?;
     while let Some(row) = rows.next()? {
-        blocks
-            .parts
-            .push((BlockId::from_stored(row.get(0)?), chunk_from_row(row, 1)?));
+        let id = BlockId::from_stored(row.read(upload_parts::block_id)?);
+        blocks.parts.push((id, chunk_from_row(row)?));
     }
     Ok(blocks)
 }
@@ -422,15 +442,16 @@ impl SaveStore for SqliteStore {
                 .prepare_cached("SELECT 1 FROM entries WHERE repository = ? AND version = ? AND scope = ? AND key_folded = ?")?
                 .exists(params![repo, version, scope, folded])?;
             let mut stmt = conn.prepare_cached(&format!(
-                "{UPLOAD_COLS} WHERE repository = ? AND scope = ? AND key_folded = ? AND version = ? AND state = 'open'"
+                "{} WHERE repository = ? AND scope = ? AND key_folded = ? AND version = ? AND state = 'open'",
+                *UPLOAD_COLS
             ))?;
             let mut rows = stmt.query(params![repo, scope, folded, version])?;
             let open = rows.next()?.map(upload_from_row).transpose()?;
             let live: i64 = conn
                 .prepare_cached(
-                    "SELECT COUNT(*) FROM uploads WHERE repository = ? AND state = 'open' AND created_at >= ?",
+                    "SELECT COUNT(*) AS n FROM uploads WHERE repository = ? AND state = 'open' AND created_at >= ?",
                 )?
-                .query_row(params![repo, live_since], |r| r.get(0))?;
+                .query_row(params![repo, live_since], |r| r.get("n"))?;
             Ok(SlotState {
                 entry_exists,
                 open,
@@ -460,7 +481,7 @@ impl SaveStore for SqliteStore {
     ) -> Result<Option<(Upload, BlockState)>, MetaError> {
         let block = block.clone();
         self.read(move |conn| {
-            let mut stmt = conn.prepare_cached(BLOCK_STATE_SQL)?;
+            let mut stmt = conn.prepare_cached(BLOCK_STATE_SQL.on(Backend::Sqlite))?;
             let mut rows = stmt.query(params![block.as_bytes(), id.get()])?;
             rows.next()?.map(block_state_from_row).transpose()
         })
@@ -471,7 +492,8 @@ impl SaveStore for SqliteStore {
         let (repo, scope, folded, version) = slot_params(slot);
         self.read_consistent(move |conn| {
             let mut stmt = conn.prepare_cached(&format!(
-                "{UPLOAD_COLS} WHERE repository = ? AND scope = ? AND key_folded = ? AND version = ? AND state = 'open'"
+                "{} WHERE repository = ? AND scope = ? AND key_folded = ? AND version = ? AND state = 'open'",
+                *UPLOAD_COLS
             ))?;
             let mut rows = stmt.query(params![repo, scope, folded, version])?;
             let open = match rows.next()?.map(upload_from_row).transpose()? {
@@ -487,7 +509,7 @@ impl SaveStore for SqliteStore {
                      WHERE u.repository = ? AND u.scope = ? AND u.key_folded = ? AND u.version = ? AND u.state = 'finalized'
                      ORDER BY u.id DESC LIMIT 1",
                 )?
-                .query_row(params![repo, scope, folded, version], |r| Ok((r.get(0)?, r.get(1)?)))
+                .query_row(params![repo, scope, folded, version], |r| Ok((r.get("id")?, r.get("size")?)))
                 .optional()?;
             Ok(FinalizeState {
                 open,
@@ -502,26 +524,20 @@ impl SaveStore for SqliteStore {
         new: NewUpload<'_>,
         replacing: Option<&Upload>,
     ) -> Result<UploadId, MetaError> {
-        let (repo, scope, folded, version) = slot_params(new.slot);
-        let key = new.slot.key.as_str().to_owned();
+        let row = UploadRow::from_new(&new);
         let now = new.now;
-        let [kind, issuer, subject, run, job, address] =
-            provenance_columns(Some(new.written_by)).map(str::to_owned);
         let replacing = replacing.cloned();
         self.write(move |tx| {
+            static INSERT: LazyLock<String> = LazyLock::new(|| returning_id(&uploads::TABLE));
             if let Some(old) = &replacing {
                 claim(tx, old, now)?;
                 drop_blocks(tx, old.id)?;
                 set_state(tx, old.id, UploadState::Aborted)?;
             }
+            let values = row.inserted_values(Backend::Sqlite);
             let id = tx
-                .prepare_cached(
-                    "INSERT INTO uploads (repository, scope, key, key_folded, version, state, created_at, updated_at,
-                         writer_kind, writer_issuer, created_by, writer_run_id, writer_job_id, writer_address)
-                     VALUES (?, ?, ?, ?, ?, 'open', ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-                )?
-                .query_row(params![repo, scope, key, folded, version, now, now,
-                    kind, issuer, subject, run, job, address], |r| r.get(0))?;
+                .prepare_cached(&INSERT)?
+                .query_row(rusqlite::params_from_iter(values), |r| r.get("id"))?;
             Ok(UploadId::new(id))
         })
         .await
@@ -547,10 +563,9 @@ impl SaveStore for SqliteStore {
                  WHERE id = ?1",
             )?
             .execute(params![upload.id.get(), block.as_bytes(), chunk.size as i64])?;
-            tx.prepare_cached(
-                "INSERT OR REPLACE INTO staged_blocks (upload_id, block_id, blob_name, size, sha256, xxh3) VALUES (?, ?, ?, ?, ?, ?)",
-            )?
-            .execute(params![upload.id.get(), block.as_bytes(), chunk.blob.as_str(), chunk.size as i64, sha256_column(&chunk), xxh3_column(&chunk)])?;
+            let row = StagedBlockRow::new(upload.id.get(), &block, &chunk);
+            tx.prepare_cached(staged_blocks::TABLE.replace(Backend::Sqlite, 2))?
+                .execute(rusqlite::params_from_iter(row.inserted_values(Backend::Sqlite)))?;
             Ok(())
         })
         .await
@@ -566,19 +581,9 @@ impl SaveStore for SqliteStore {
         self.write(move |tx| {
             claim(tx, &upload, now)?;
             drop_blocks(tx, upload.id)?;
-            let mut insert = tx.prepare_cached(
-                "INSERT INTO upload_parts (upload_id, ordinal, block_id, blob_name, size, sha256, xxh3) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            )?;
-            for (ordinal, (block, chunk)) in parts.iter().enumerate() {
-                insert.execute(params![
-                    upload.id.get(),
-                    ordinal as i64,
-                    block.as_bytes(),
-                    chunk.blob.as_str(),
-                    chunk.size as i64,
-                    sha256_column(chunk),
-                    xxh3_column(chunk)
-                ])?;
+            let mut insert = tx.prepare_cached(upload_parts::TABLE.insert(Backend::Sqlite))?;
+            for row in UploadPartRow::of_list(upload.id.get(), &parts) {
+                insert.execute(rusqlite::params_from_iter(row.inserted_values(Backend::Sqlite)))?;
             }
             Ok(())
         })
@@ -596,39 +601,15 @@ impl SaveStore for SqliteStore {
     }
 
     async fn finalize(&self, upload: &Upload, entry: NewEntry<'_>) -> Result<EntryId, MetaError> {
-        let (repo, scope, folded, version) = slot_params(entry.slot);
-        let (upload, key, chunks, now) = (
-            upload.clone(),
-            entry.key.to_owned(),
-            entry.chunks.to_vec(),
-            entry.now,
-        );
+        let row = EntryRow::from_new(&entry);
+        let (upload, chunks, now) = (upload.clone(), entry.chunks.to_vec(), entry.now);
         let name = entry.repository_name.to_owned();
-        let [kind, issuer, subject, run, job, address] =
-            provenance_columns(entry.written_by).map(str::to_owned);
-        let digest = entry.digest.to_owned();
-        let class = entry.scope_class;
-        let (family, ref_class) = (entry.family.to_owned(), entry.ref_class.code());
+        let (pr_bytes, pr_entries) = pr_counts(entry.scope_class, row.size as u64);
         self.write(move |tx| {
             claim(tx, &upload, now)?;
-            let size: u64 = chunks.iter().map(|c| c.size).sum();
-            let (pr_bytes, pr_entries) = pr_counts(class, size);
-            let entry: i64 = tx
-                .prepare_cached(
-                    "INSERT INTO entries (repository, scope, key, key_folded, version, size, chunk_count, created_at, last_used_at,
-                         writer_kind, writer_issuer, writer_subject, writer_run_id, writer_job_id, writer_address, digest,
-                         scope_class, family, ref_class)
-                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-                )?
-                .query_row(params![repo, scope, key, folded, version, size as i64, chunks.len() as i64, now, now,
-                    kind, issuer, subject, run, job, address, digest,
-                    class.code(), family, ref_class], |r| r.get(0))?;
-            let mut insert = tx.prepare_cached(
-                "INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256, xxh3) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            )?;
-            for (ordinal, EntryChunk { start, chunk }) in EntryChunk::place(&chunks).iter().enumerate() {
-                insert.execute(params![entry, ordinal as i64, *start as i64, chunk.blob.as_str(), chunk.size as i64, sha256_column(chunk), xxh3_column(chunk)])?;
-            }
+            let (repository, size) = (row.repository.clone(), row.size);
+            let entry = insert_entry(tx, row)?;
+            insert_chunks(tx, entry, &chunks)?;
             drop_blocks(tx, upload.id)?;
             tx.prepare_cached("UPDATE uploads SET state = 'finalized', entry_id = ? WHERE id = ?")?
                 .execute(params![entry, upload.id.get()])?;
@@ -638,7 +619,7 @@ impl SaveStore for SqliteStore {
                      name = CASE WHEN excluded.name = '' THEN name ELSE excluded.name END,
                      pr_bytes = pr_bytes + excluded.pr_bytes, pr_entries = pr_entries + excluded.pr_entries",
             )?
-            .execute(params![repo, size as i64, name, pr_bytes, pr_entries])?;
+            .execute(params![repository, size, name, pr_bytes, pr_entries])?;
             Ok(EntryId::new(entry))
         })
         .await
@@ -660,7 +641,8 @@ impl RestoreStore for SqliteStore {
         // One statement: for each (scope, key), the exact match and the newest prefix match.
         // Prefixes are ranges on the index: every string that starts with `k` sorts in
         // [k, k || U+10FFFF) under SQLite's byte-wise comparison of UTF-8.
-        const COLS: &str = "SELECT id, scope, key, key_folded, created_at, size FROM entries";
+        static COLS: LazyLock<String> =
+            LazyLock::new(|| format!("SELECT {} FROM entries", CANDIDATE.join(", ")));
         let pairs = scopes.len() * folded_keys.len();
         let mut sql = String::with_capacity(pairs * 400);
         for i in 0..pairs {
@@ -668,9 +650,9 @@ impl RestoreStore for SqliteStore {
                 sql.push_str(" UNION ALL ");
             }
             sql.push_str("SELECT * FROM (");
-            sql.push_str(COLS);
+            sql.push_str(&COLS);
             sql.push_str(" WHERE repository = ?1 AND version = ?2 AND scope = ? AND key_folded = ? LIMIT 1) UNION ALL SELECT * FROM (");
-            sql.push_str(COLS);
+            sql.push_str(&COLS);
             sql.push_str(
                 " WHERE repository = ?1 AND version = ?2 AND scope = ? AND key_folded >= ? AND key_folded < ? \
                  ORDER BY created_at DESC, id DESC LIMIT 1)",
@@ -708,12 +690,14 @@ impl RestoreStore for SqliteStore {
             folded_key.to_owned(),
         );
         self.read(move |conn| {
-            let mut stmt = conn.prepare_cached(concat!(
-                "SELECT ",
-                entry_columns!(),
-                " FROM entries e WHERE e.repository = ? AND e.scope = ? AND e.key_folded = ?
-                 ORDER BY e.created_at DESC, e.id DESC LIMIT ?"
-            ))?;
+            static SQL: LazyLock<String> = LazyLock::new(|| {
+                format!(
+                    "SELECT {} FROM entries e WHERE e.repository = ? AND e.scope = ? AND e.key_folded = ?
+                     ORDER BY e.created_at DESC, e.id DESC LIMIT ?",
+                    columns("e", ENTRY)
+                )
+            });
+            let mut stmt = conn.prepare_cached(&SQL)?;
             let rows = stmt.query(params![params.0, params.1, params.2, limit as i64])?;
             rows_of(rows, |r| entry_from_row(r))
         })
@@ -722,20 +706,23 @@ impl RestoreStore for SqliteStore {
 
     async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
         self.read_consistent(move |conn| {
-            let mut head = conn.prepare_cached(concat!(
-                "SELECT ",
-                entry_columns!(),
-                " FROM entries e WHERE e.id = ?"
-            ))?;
+            static HEAD: LazyLock<String> = LazyLock::new(|| {
+                format!("SELECT {} FROM entries e WHERE e.id = ?", columns("e", ENTRY))
+            });
+            static CHUNKS: LazyLock<String> = LazyLock::new(|| {
+                format!(
+                    "SELECT start, {} FROM entry_chunks WHERE entry_id = ? ORDER BY ordinal",
+                    CHUNK.join(", ")
+                )
+            });
+            let mut head = conn.prepare_cached(&HEAD)?;
             let mut head = head.query([id.get()])?;
             let Some(entry) = head.next()?.map(entry_from_row).transpose()? else {
                 return Ok(None);
             };
-            let mut stmt = conn.prepare_cached(
-                "SELECT start, blob_name, size, sha256, xxh3 FROM entry_chunks WHERE entry_id = ? ORDER BY ordinal",
-            )?;
+            let mut stmt = conn.prepare_cached(&CHUNKS)?;
             let chunks = rows_of(stmt.query([id.get()])?, |row| {
-                Ok(EntryChunk { start: row.int(0)?.max(0) as u64, chunk: chunk_from_row(row, 1)? })
+                Ok(EntryChunk { start: row.count(entry_chunks::start.name)?, chunk: chunk_from_row(row)? })
             })?;
             Ok(Some((entry, chunks)))
         })
@@ -781,7 +768,7 @@ impl LifecycleStore for SqliteStore {
     async fn repository_usage(&self, repository: &RepoId) -> Result<QuotaUsage, MetaError> {
         let repository = repository.as_str().to_owned();
         self.read(move |conn| {
-            let mut stmt = conn.prepare_cached(QUOTA_USAGE)?;
+            let mut stmt = conn.prepare_cached(QUOTA_USAGE.on(Backend::Sqlite))?;
             let mut rows = stmt.query([repository])?;
             quota_usage_from_row(rows.next()?)
         })
@@ -791,8 +778,8 @@ impl LifecycleStore for SqliteStore {
     async fn total_usage(&self) -> Result<u64, MetaError> {
         self.read(|conn| {
             let bytes: i64 = conn
-                .prepare_cached("SELECT COALESCE(SUM(bytes), 0) FROM repository_usage")?
-                .query_row([], |r| r.get(0))?;
+                .prepare_cached("SELECT COALESCE(SUM(bytes), 0) AS n FROM repository_usage")?
+                .query_row([], |r| r.get("n"))?;
             Ok(bytes.max(0) as u64)
         })
         .await
@@ -801,8 +788,8 @@ impl LifecycleStore for SqliteStore {
     async fn pending_deletions(&self) -> Result<u64, MetaError> {
         self.read(|conn| {
             let bytes: i64 = conn
-                .prepare_cached("SELECT COALESCE(SUM(size), 0) FROM pending_deletions")?
-                .query_row([], |r| r.get(0))?;
+                .prepare_cached("SELECT COALESCE(SUM(size), 0) AS n FROM pending_deletions")?
+                .query_row([], |r| r.get("n"))?;
             Ok(bytes.max(0) as u64)
         })
         .await
@@ -819,13 +806,16 @@ impl LifecycleStore for SqliteStore {
             let rows = match &repository {
                 Some(repo) => {
                     stmt = conn.prepare_cached(&format!(
-                        "{USE_COLS} WHERE repository = ? ORDER BY last_used_at, id LIMIT ?"
+                        "{} WHERE repository = ? ORDER BY last_used_at, id LIMIT ?",
+                        *USE_COLS
                     ))?;
                     stmt.query(params![repo, limit as i64])?
                 }
                 None => {
-                    stmt = conn
-                        .prepare_cached(&format!("{USE_COLS} ORDER BY last_used_at, id LIMIT ?"))?;
+                    stmt = conn.prepare_cached(&format!(
+                        "{} ORDER BY last_used_at, id LIMIT ?",
+                        *USE_COLS
+                    ))?;
                     stmt.query(params![limit as i64])?
                 }
             };
@@ -842,7 +832,7 @@ impl LifecycleStore for SqliteStore {
     ) -> Result<Vec<EntryUse>, MetaError> {
         let repository = repository.as_str().to_owned();
         self.read(move |conn| {
-            let mut stmt = conn.prepare_cached(CLASS_LRU)?;
+            let mut stmt = conn.prepare_cached(CLASS_LRU.on(Backend::Sqlite))?;
             let rows = stmt.query(params![repository, class.code(), limit as i64])?;
             rows_of(rows, |r| use_from_row(r))
         })
@@ -857,8 +847,9 @@ impl LifecycleStore for SqliteStore {
     ) -> Result<Vec<EntryUse>, MetaError> {
         self.read(move |conn| {
             let mut stmt = conn.prepare_cached(&format!(
-                "SELECT * FROM ({USE_COLS} WHERE last_used_at < ?1 LIMIT ?3)
-                 UNION SELECT * FROM ({USE_COLS} WHERE created_at < ?2 LIMIT ?3) LIMIT ?3"
+                "SELECT * FROM ({cols} WHERE last_used_at < ?1 LIMIT ?3)
+                 UNION SELECT * FROM ({cols} WHERE created_at < ?2 LIMIT ?3) LIMIT ?3",
+                cols = *USE_COLS
             ))?;
             let rows = stmt.query(params![
                 unused_before,
@@ -902,7 +893,7 @@ impl LifecycleStore for SqliteStore {
                          RETURNING id, repository, size, created_at, last_used_at, family, ref_class, scope_class",
                     )?
                     .query_row([id.get()], |r| {
-                        let class = ScopeClass::from_code(r.get(7)?);
+                        let class = ScopeClass::from_code(r.get(entries::scope_class.name)?);
                         Ok(use_from_row(r).map(|u| (u, class)))
                     })
                     .optional()?
@@ -927,7 +918,9 @@ impl LifecycleStore for SqliteStore {
             let mut stmt = conn.prepare_cached(
                 "SELECT blob_name FROM pending_deletions WHERE delete_at <= ? ORDER BY delete_at LIMIT ?",
             )?;
-            let names = rows_of(stmt.query(params![now, limit as i64])?, |r| r.text(0))?;
+            let names = rows_of(stmt.query(params![now, limit as i64])?, |r| {
+                r.read(pending_deletions::blob_name)
+            })?;
             Ok(names.iter().filter_map(|n| BlobName::parse(n)).collect())
         })
         .await
@@ -953,11 +946,11 @@ impl LifecycleStore for SqliteStore {
                 "SELECT EXISTS (SELECT 1 FROM entry_chunks WHERE blob_name = ?1)
                      OR EXISTS (SELECT 1 FROM staged_blocks WHERE blob_name = ?1)
                      OR EXISTS (SELECT 1 FROM upload_parts WHERE blob_name = ?1)
-                     OR EXISTS (SELECT 1 FROM pending_deletions WHERE blob_name = ?1)",
+                     OR EXISTS (SELECT 1 FROM pending_deletions WHERE blob_name = ?1) AS referenced",
             )?;
             let mut out = Vec::new();
             for name in names {
-                if stmt.query_row([name.as_str()], |r| r.get::<_, bool>(0))? {
+                if stmt.query_row([name.as_str()], |r| r.get::<_, bool>("referenced"))? {
                     out.push(name);
                 }
             }
@@ -976,7 +969,7 @@ impl LifecycleStore for SqliteStore {
                 "SELECT id FROM uploads WHERE state = 'open' AND created_at < ? ORDER BY created_at LIMIT ?",
             )?;
             let ids = rows_of(stmt.query(params![created_before, limit as i64])?, |r| {
-                r.int(0).map(UploadId::new)
+                r.read(uploads::id).map(UploadId::new)
             });
             ids
         })
@@ -1001,7 +994,7 @@ impl LifecycleStore for SqliteStore {
             let mut stmt =
                 conn.prepare_cached("SELECT id FROM entries WHERE id > ? ORDER BY id LIMIT ?")?;
             let ids = rows_of(stmt.query(params![after.get(), limit as i64])?, |r| {
-                r.int(0).map(EntryId::new)
+                r.read(entries::id).map(EntryId::new)
             });
             ids
         })
@@ -1018,7 +1011,7 @@ impl LifecycleStore for SqliteStore {
                 "SELECT id FROM entries WHERE digest = '' AND id > ? ORDER BY id LIMIT ?",
             )?;
             let ids = rows_of(stmt.query(params![after.get(), limit as i64])?, |r| {
-                r.int(0).map(EntryId::new)
+                r.read(entries::id).map(EntryId::new)
             });
             ids
         })
@@ -1060,7 +1053,7 @@ impl LifecycleStore for SqliteStore {
                  UNION ALL SELECT blob_name FROM staged_blocks WHERE upload_id IN (SELECT id FROM uploads WHERE state = 'open')
                  UNION ALL SELECT blob_name FROM upload_parts WHERE upload_id IN (SELECT id FROM uploads WHERE state = 'open')",
             )?;
-            let names = rows_of(names.query([since])?, |r| r.text(0))?;
+            let names = rows_of(names.query([since])?, |r| r.read(entry_chunks::blob_name))?;
             let mut garbage: Vec<BlobName> = names.iter().filter_map(|n| BlobName::parse(n)).collect();
             // Usage drops by what is forgotten: work in proportion to it, not to the database.
             tx.prepare_cached(
@@ -1111,7 +1104,7 @@ impl AdminStore for SqliteStore {
         self.read(move |conn| {
             let n: i64 = conn
                 .prepare(&sql)?
-                .query_row(rusqlite::params_from_iter(params), |r| r.get(0))?;
+                .query_row(rusqlite::params_from_iter(params), |r| r.get("n"))?;
             Ok(n.max(0) as u64)
         })
         .await
@@ -1135,8 +1128,8 @@ impl AdminStore for SqliteStore {
     async fn count_repositories(&self) -> Result<u64, MetaError> {
         self.read(|conn| {
             let n: i64 = conn
-                .prepare_cached("SELECT COUNT(*) FROM repository_usage")?
-                .query_row([], |r| r.get(0))?;
+                .prepare_cached("SELECT COUNT(*) AS n FROM repository_usage")?
+                .query_row([], |r| r.get("n"))?;
             Ok(n.max(0) as u64)
         })
         .await
@@ -1146,12 +1139,13 @@ impl AdminStore for SqliteStore {
         self.read(|conn| {
             let (bytes, entries): (i64, i64) = conn
                 .prepare_cached(
-                    "SELECT COALESCE(SUM(bytes), 0), COALESCE(SUM(entries), 0) FROM repository_usage",
+                    "SELECT COALESCE(SUM(bytes), 0) AS bytes, COALESCE(SUM(entries), 0) AS entries
+                     FROM repository_usage",
                 )?
-                .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                .query_row([], |r| Ok((r.get("bytes")?, r.get("entries")?)))?;
             let open: i64 = conn
-                .prepare_cached("SELECT COUNT(*) FROM uploads WHERE state = 'open'")?
-                .query_row([], |r| r.get(0))?;
+                .prepare_cached("SELECT COUNT(*) AS n FROM uploads WHERE state = 'open'")?
+                .query_row([], |r| r.get("n"))?;
             Ok(Totals::from_counts(bytes, entries, open))
         })
         .await
@@ -1165,6 +1159,7 @@ impl rusqlite::ToSql for Param {
             Param::Text(text) => text.as_str().into(),
             Param::Int(n) => (*n).into(),
             Param::Bytes(bytes) => bytes.as_slice().into(),
+            Param::Null => rusqlite::types::ToSqlOutput::Owned(rusqlite::types::Value::Null),
         })
     }
 }

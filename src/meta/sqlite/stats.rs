@@ -5,11 +5,12 @@ use async_trait::async_trait;
 use rusqlite::params_from_iter;
 
 use super::{rows_of, SqliteStore};
-use crate::meta::sql::Param;
+use crate::meta::dialect::Backend;
+use crate::meta::sql::{Param, SqlRow as _};
 use crate::meta::stats_sql::{
     adding, family_params, family_row, family_stats_sql, family_totals_sql, kept_families_sql,
     line_stats_sql, server_counts, server_params, server_row, server_stats_sql,
-    stored_by_family_sql, stored_row, Upsert, COUNT_FAMILIES, DROP_FOLDED, DROP_OLD,
+    stored_by_family_sql, stored_row, COUNT_FAMILIES, DROP_FOLDED, DROP_OLD,
     FORGET_FAMILIES,
 };
 use crate::meta::{MetaError, StatsStore};
@@ -17,9 +18,11 @@ use crate::model::{
     Bucket, Counters, Millis, RefClass, RepoId, StatsFilter, StatsKey, StatsRow, StoredFamily,
 };
 
-/// A shared statement in SQLite's spelling.
+const SQLITE: Backend = Backend::Sqlite;
+
+/// A statement built at run time, in SQLite's spelling.
 fn spell(template: &str) -> String {
-    template.replace("{bigint}", "INTEGER")
+    SQLITE.spell(template)
 }
 
 impl SqliteStore {
@@ -54,13 +57,13 @@ impl StatsStore for SqliteStore {
                 // Not cached: the statement's length follows the batch.
                 let mut stmt = conn.prepare(&kept_families_sql(params.len() - 1))?;
                 let rows = stmt.query(params_from_iter(params.iter()))?;
-                rows_of(rows, |r| Ok(r.get::<_, String>(0)?))?
+                rows_of(rows, |r| r.read(crate::meta::schema::stats_families::family))?
             } else {
                 Vec::new()
             };
             let count: i64 = conn
-                .prepare_cached(COUNT_FAMILIES)?
-                .query_row([&params[0]], |r| r.get(0))?;
+                .prepare_cached(COUNT_FAMILIES.on(SQLITE))?
+                .query_row([&params[0]], |r| r.get("n"))?;
             Ok((kept, count.max(0) as u64))
         })
         .await
@@ -74,7 +77,7 @@ impl StatsStore for SqliteStore {
     ) -> Result<(), MetaError> {
         let (repository, families) = (repository.as_str().to_owned(), families.to_vec());
         self.write(move |tx| {
-            let mut keep = tx.prepare_cached(&adding(Upsert::OnConflict).keep_family)?;
+            let mut keep = tx.prepare_cached(&adding(SQLITE).keep_family)?;
             for family in families {
                 keep.execute(rusqlite::params![repository, family, now])?;
             }
@@ -93,7 +96,7 @@ impl StatsStore for SqliteStore {
             .map(|(class, hour, counters)| server_params(*class, *hour, counters))
             .collect();
         self.write(move |tx| {
-            let sql = adding(Upsert::OnConflict);
+            let sql = adding(SQLITE);
             let mut family = tx.prepare_cached(&sql.record_family)?;
             for params in family_rows {
                 family.execute(params_from_iter(params))?;
@@ -170,20 +173,20 @@ impl StatsStore for SqliteStore {
         families_before: Millis,
     ) -> Result<(u64, u64), MetaError> {
         self.write(move |tx| {
-            let sql = adding(Upsert::OnConflict);
+            let sql = adding(SQLITE);
             let mut folded = 0;
             for (fold, drop) in [
-                (&sql.fold_family, DROP_FOLDED[0]),
-                (&sql.fold_server, DROP_FOLDED[1]),
+                (&sql.fold_family, &DROP_FOLDED[0]),
+                (&sql.fold_server, &DROP_FOLDED[1]),
             ] {
                 tx.prepare_cached(fold)?.execute([hours_before])?;
-                folded += tx.prepare_cached(drop)?.execute([hours_before])? as u64;
+                folded += tx.prepare_cached(drop.on(SQLITE))?.execute([hours_before])? as u64;
             }
             let mut dropped = 0;
-            for drop in DROP_OLD {
-                dropped += tx.prepare_cached(drop)?.execute([days_before])? as u64;
+            for drop in &DROP_OLD {
+                dropped += tx.prepare_cached(drop.on(SQLITE))?.execute([days_before])? as u64;
             }
-            tx.prepare_cached(FORGET_FAMILIES)?
+            tx.prepare_cached(FORGET_FAMILIES.on(SQLITE))?
                 .execute([families_before])?;
             Ok((folded, dropped))
         })

@@ -14,14 +14,19 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlRow};
 use sqlx::{AssertSqlSafe, Executor, MySql, Row, Transaction};
 
 use super::{bind_all, from_sqlx, pool_options, Connections, Dialect, Done, Step};
-use crate::meta::sql::{
-    bucket, migrations_after, pr_counts, provenance_columns, sha256_column, slot_hash,
-    use_from_row, xxh3_column, Param, SqlRow,
+use crate::meta::dialect::Backend;
+use crate::meta::row::{Row as _, Table};
+use crate::meta::schema::{
+    entries, entry_chunks, staged_blocks, upload_parts, uploads, EntryChunkRow, EntryRow,
+    StagedBlockRow, UploadPartRow, UploadRow,
 };
-use crate::meta::{EntryChunk, MetaError, NewEntry, NewUpload, PoolSettings, Removal};
+use crate::meta::sql::{migrations_after, pr_counts, use_from_row, Param, SqlRow};
+use crate::meta::{MetaError, NewEntry, NewUpload, PoolSettings, Removal};
 use crate::model::{
     BlockId, Chunk, EntryId, EntryUse, Millis, RemovalCause, RepoId, ScopeClass, Upload, UploadId,
 };
+
+const MYSQL: Backend = Backend::MySql;
 
 /// Migrations compiled into the binary, applied in order; `hoard_schema` records the last one.
 /// MySQL runs one statement per call: statements are separated by lines holding only `;`.
@@ -152,40 +157,43 @@ async fn drop_blocks(tx: &mut Transaction<'_, MySql>, upload: UploadId) -> Resul
     Ok(())
 }
 
-/// Inserts `rows` (each `width` values, bound by `bind`) in multi-row statements.
-async fn insert_rows<T>(
+/// Inserts declared rows of `table` in multi-row statements.
+async fn insert_rows<R: crate::meta::row::Row>(
     tx: &mut Transaction<'_, MySql>,
-    head: &str,
-    width: usize,
-    rows: &[T],
-    bind: impl for<'q> Fn(
-        sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments>,
-        &'q T,
-    ) -> sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments>,
+    table: &Table,
+    rows: Vec<R>,
 ) -> Result<(), MetaError> {
+    let width = table.inserted(MYSQL).count();
     let tuple = format!("({})", vec!["?"; width].join(", "));
-    for batch in rows.chunks(ROWS_PER_INSERT) {
+    let mut rows = rows.into_iter().peekable();
+    while rows.peek().is_some() {
+        let batch: Vec<R> = rows.by_ref().take(ROWS_PER_INSERT).collect();
         let sql = format!(
-            "{head} VALUES {}",
+            "INSERT INTO {} ({}) VALUES {}",
+            table.name,
+            table.inserted_list(MYSQL),
             vec![tuple.as_str(); batch.len()].join(", ")
         );
-        let mut query = sqlx::query(AssertSqlSafe(sql));
-        for row in batch {
-            query = bind(query, row);
-        }
-        query.execute(&mut **tx).await.map_err(from_sqlx)?;
+        let values = batch
+            .into_iter()
+            .flat_map(|row| row.inserted_values(MYSQL))
+            .collect();
+        bind_all(sqlx::query(AssertSqlSafe(sql)), values)
+            .execute(&mut **tx)
+            .await
+            .map_err(from_sqlx)?;
     }
     Ok(())
 }
 
 impl SqlRow for MySqlRow {
-    fn opt_int(&self, col: usize) -> Result<Option<i64>, MetaError> {
-        self.try_get(col).map_err(from_sqlx)
+    fn opt_int(&self, name: &str) -> Result<Option<i64>, MetaError> {
+        self.try_get(name).map_err(from_sqlx)
     }
 
     /// Strings are stored as bytes (binary columns compare byte-wise): back as UTF-8.
-    fn opt_text(&self, col: usize) -> Result<Option<String>, MetaError> {
-        let Some(bytes) = self.opt_bytes(col)? else {
+    fn opt_text(&self, name: &str) -> Result<Option<String>, MetaError> {
+        let Some(bytes) = self.opt_bytes(name)? else {
             return Ok(None);
         };
         String::from_utf8(bytes)
@@ -193,8 +201,8 @@ impl SqlRow for MySqlRow {
             .map_err(|_| MetaError::Corrupt("a stored string is not UTF-8".into()))
     }
 
-    fn opt_bytes(&self, col: usize) -> Result<Option<Vec<u8>>, MetaError> {
-        self.try_get(col).map_err(from_sqlx)
+    fn opt_bytes(&self, name: &str) -> Result<Option<Vec<u8>>, MetaError> {
+        self.try_get(name).map_err(from_sqlx)
     }
 }
 
@@ -227,35 +235,15 @@ impl Dialect for MySqlDialect {
         Ok(store)
     }
 
-    const BIGINT: &'static str = "SIGNED";
-    const UPSERT: crate::meta::stats_sql::Upsert = crate::meta::stats_sql::Upsert::OnDuplicateKey;
-
-    fn placeholder(_: usize) -> String {
-        "?".to_owned()
-    }
+    const BACKEND: Backend = MYSQL;
 
     async fn create_upload(
         &self,
         new: NewUpload<'_>,
         replacing: Option<&Upload>,
     ) -> Result<UploadId, MetaError> {
-        let slot = new.slot;
-        let mut insert = sqlx::query(
-            "INSERT INTO uploads (repository, scope, `key`, key_folded, version, slot_hash, state, created_at, updated_at,
-                 writer_kind, writer_issuer, created_by, writer_run_id, writer_job_id, writer_address)
-             VALUES (?, ?, ?, ?, ?, ?, 'open', ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(slot.repository.as_str().as_bytes())
-        .bind(slot.scope.as_str().as_bytes())
-        .bind(slot.key.as_str().as_bytes())
-        .bind(slot.key.folded().into_bytes())
-        .bind(slot.version.as_str().as_bytes())
-        .bind(slot_hash(slot))
-        .bind(new.now)
-        .bind(new.now);
-        for column in provenance_columns(Some(new.written_by)) {
-            insert = insert.bind(column.as_bytes());
-        }
+        let values = UploadRow::from_new(&new).inserted_values(MYSQL);
+        let insert = bind_all(sqlx::query(uploads::TABLE.insert(MYSQL)), values);
         let Some(old) = replacing else {
             let inserted = insert.execute(&self.pool).await.map_err(from_sqlx)?;
             return Ok(UploadId::new(inserted.last_insert_id() as i64));
@@ -292,17 +280,11 @@ impl Dialect for MySqlDialect {
         .execute(&mut *tx)
         .await
         .map_err(from_sqlx)?;
-        sqlx::query(
-            "INSERT INTO staged_blocks (upload_id, block_id, blob_name, size, sha256, xxh3) VALUES (?, ?, ?, ?, ?, ?)
-             ON DUPLICATE KEY UPDATE blob_name = VALUES(blob_name), size = VALUES(size), sha256 = VALUES(sha256),
-                                     xxh3 = VALUES(xxh3)",
+        let row = StagedBlockRow::new(upload.id.get(), block, chunk);
+        bind_all(
+            sqlx::query(staged_blocks::TABLE.replace(MYSQL, 2)),
+            row.inserted_values(MYSQL),
         )
-        .bind(upload.id.get())
-        .bind(block.as_bytes())
-        .bind(chunk.blob.as_str())
-        .bind(chunk.size as i64)
-        .bind(sha256_column(chunk))
-        .bind(xxh3_column(chunk))
         .execute(&mut *tx)
         .await
         .map_err(from_sqlx)?;
@@ -318,27 +300,8 @@ impl Dialect for MySqlDialect {
         let mut tx = self.begin().await?;
         claim(&mut tx, upload, now, None).await?;
         drop_blocks(&mut tx, upload.id).await?;
-        let rows: Vec<(i64, usize, &BlockId, &Chunk)> = parts
-            .iter()
-            .enumerate()
-            .map(|(ordinal, (block, chunk))| (upload.id.get(), ordinal, block, chunk))
-            .collect();
-        insert_rows(
-            &mut tx,
-            "INSERT INTO upload_parts (upload_id, ordinal, block_id, blob_name, size, sha256, xxh3)",
-            7,
-            &rows,
-            |q, (upload, ordinal, block, chunk)| {
-                q.bind(*upload)
-                    .bind(*ordinal as i64)
-                    .bind(block.as_bytes())
-                    .bind(chunk.blob.as_str())
-                    .bind(chunk.size as i64)
-                    .bind(sha256_column(chunk))
-                    .bind(xxh3_column(chunk))
-            },
-        )
-        .await?;
+        let rows = UploadPartRow::of_list(upload.id.get(), parts);
+        insert_rows(&mut tx, &upload_parts::TABLE, rows).await?;
         tx.commit().await.map_err(from_sqlx)
     }
 
@@ -350,39 +313,18 @@ impl Dialect for MySqlDialect {
     }
 
     async fn finalize(&self, upload: &Upload, new: NewEntry<'_>) -> Result<EntryId, MetaError> {
-        let slot = new.slot;
-        let size: u64 = new.chunks.iter().map(|c| c.size).sum();
+        let row = EntryRow::from_new(&new);
+        let (repository, size) = (row.repository.clone(), row.size);
         let mut tx = self.begin().await?;
         // The entry first, for its id; if the upload turns out stale, the transaction is
         // rolled back with it.
-        let mut insert = sqlx::query(
-            "INSERT INTO entries (repository, scope, `key`, key_folded, version, bucket, slot_hash, size, chunk_count, created_at, last_used_at,
-                 writer_kind, writer_issuer, writer_subject, writer_run_id, writer_job_id, writer_address, digest,
-                 scope_class, family, ref_class)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        let inserted = bind_all(
+            sqlx::query(entries::TABLE.insert(MYSQL)),
+            row.inserted_values(MYSQL),
         )
-        .bind(slot.repository.as_str().as_bytes())
-        .bind(slot.scope.as_str().as_bytes())
-        .bind(new.key.as_bytes())
-        .bind(slot.key.folded().into_bytes())
-        .bind(slot.version.as_str().as_bytes())
-        .bind(bucket(&slot.repository, &slot.version, &slot.scope))
-        .bind(slot_hash(slot))
-        .bind(size as i64)
-        .bind(new.chunks.len() as i64)
-        .bind(new.now)
-        .bind(new.now);
-        for column in provenance_columns(new.written_by) {
-            insert = insert.bind(column.as_bytes());
-        }
-        let inserted = insert
-            .bind(new.digest.as_bytes())
-            .bind(new.scope_class.code())
-            .bind(new.family.as_bytes())
-            .bind(new.ref_class.code())
-            .execute(&mut *tx)
-            .await
-            .map_err(from_sqlx)?;
+        .execute(&mut *tx)
+        .await
+        .map_err(from_sqlx)?;
         let entry = inserted.last_insert_id() as i64;
         let claimed = sqlx::query(
             "UPDATE uploads SET revision = revision + 1, updated_at = ?, state = 'finalized', entry_id = ?
@@ -398,28 +340,8 @@ impl Dialect for MySqlDialect {
         if claimed.rows_affected() == 0 {
             return Err(MetaError::Stale);
         }
-        let placed = EntryChunk::place(new.chunks);
-        let rows: Vec<(i64, usize, u64, &Chunk)> = placed
-            .iter()
-            .enumerate()
-            .map(|(ordinal, c)| (entry, ordinal, c.start, &c.chunk))
-            .collect();
-        insert_rows(
-            &mut tx,
-            "INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256, xxh3)",
-            7,
-            &rows,
-            |q, (entry, ordinal, start, chunk)| {
-                q.bind(*entry)
-                    .bind(*ordinal as i64)
-                    .bind(*start as i64)
-                    .bind(chunk.blob.as_str())
-                    .bind(chunk.size as i64)
-                    .bind(sha256_column(chunk))
-                    .bind(xxh3_column(chunk))
-            },
-        )
-        .await?;
+        let chunks = EntryChunkRow::of_entry(entry, new.chunks);
+        insert_rows(&mut tx, &entry_chunks::TABLE, chunks).await?;
         drop_blocks(&mut tx, upload.id).await?;
         sqlx::query(
             "INSERT INTO repository_usage (repository, bytes, entries, name, pr_bytes, pr_entries) VALUES (?, ?, 1, ?, ?, ?)
@@ -427,11 +349,11 @@ impl Dialect for MySqlDialect {
                  name = IF(VALUES(name) = '', name, VALUES(name)),
                  pr_bytes = pr_bytes + VALUES(pr_bytes), pr_entries = pr_entries + VALUES(pr_entries)",
         )
-        .bind(slot.repository.as_str().as_bytes())
-        .bind(size as i64)
+        .bind(repository.as_bytes())
+        .bind(size)
         .bind(new.repository_name.as_bytes())
-        .bind(pr_counts(new.scope_class, size).0)
-        .bind(pr_counts(new.scope_class, size).1)
+        .bind(pr_counts(new.scope_class, size as u64).0)
+        .bind(pr_counts(new.scope_class, size as u64).1)
         .execute(&mut *tx)
         .await
         .map_err(from_sqlx)?;
@@ -505,7 +427,7 @@ impl Dialect for MySqlDialect {
         let removed: Vec<EntryUse> = rows.iter().map(use_from_row).collect::<Result<_, _>>()?;
         let classes: Vec<ScopeClass> = rows
             .iter()
-            .map(|r| r.int(7).map(ScopeClass::from_code))
+            .map(|r| r.read(entries::scope_class).map(ScopeClass::from_code))
             .collect::<Result<_, _>>()?;
         for (entry, class) in removed.iter().zip(classes) {
             sqlx::query(

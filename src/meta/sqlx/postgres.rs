@@ -14,14 +14,17 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgRow};
 use sqlx::{AssertSqlSafe, Column, Row, TypeInfo};
 
 use super::{bind_all, from_sqlx, pool_options, Connections, Dialect, Done, Step};
-use crate::meta::sql::{
-    bucket, migrations_after, pr_counts, provenance_columns, sha256_column, slot_hash,
-    use_from_row, xxh3_column, Param, SqlRow,
+use crate::meta::dialect::{Backend, Shared};
+use crate::meta::row::{Kind, Row as _, Table};
+use crate::meta::schema::{
+    entries, entry_chunks, staged_blocks, upload_parts, uploads, EntryChunkRow, EntryRow,
+    StagedBlockRow, UploadPartRow, UploadRow,
 };
-use crate::meta::{EntryChunk, MetaError, NewEntry, NewUpload, PoolSettings, Removal};
-use crate::model::{
-    BlockId, Chunk, EntryId, EntryUse, Millis, RemovalCause, RepoId, Upload, UploadId,
-};
+use crate::meta::sql::{migrations_after, pr_counts, use_from_row, Param, SqlRow};
+use crate::meta::{MetaError, NewEntry, NewUpload, PoolSettings, Removal};
+use crate::model::{BlockId, Chunk, EntryId, EntryUse, Millis, RemovalCause, RepoId, Upload, UploadId};
+
+const POSTGRES: Backend = Backend::Postgres;
 
 /// Migrations compiled into the binary, applied in order; `hoard_schema` records the last one.
 const MIGRATIONS: &[(i64, &str)] = &[
@@ -118,6 +121,96 @@ fn claim(set: &str) -> String {
     )
 }
 
+/// The values of a declared row bound from `$first` on, in the order of its INSERT's columns:
+/// the statement's text for each, where `from` names the ones taken from elsewhere (a column of
+/// a CTE) instead of a parameter.
+fn row_values(table: &Table, first: usize, from: &[(&str, &str)]) -> String {
+    table
+        .inserted(POSTGRES)
+        .enumerate()
+        .map(|(i, c)| match from.iter().find(|(name, _)| *name == c.name) {
+            Some((_, expression)) => (*expression).to_owned(),
+            None => format!("${}", first + i),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The parameter that carries column `name` of a declared row bound from `$first` on.
+fn row_param(table: &Table, first: usize, name: &str) -> String {
+    let i = table
+        .inserted(POSTGRES)
+        .position(|c| c.name == name)
+        .expect("a declared column");
+    format!("${}", first + i)
+}
+
+/// `UNNEST($first::…[], …) AS alias` over the columns of many declared rows, each column one
+/// array parameter, all but the first `skip` (taken from a CTE instead).
+fn unnest(table: &Table, skip: usize, first: usize, alias: &str) -> String {
+    let arrays: Vec<String> = table
+        .inserted(POSTGRES)
+        .skip(skip)
+        .enumerate()
+        .map(|(i, c)| {
+            let kind = match c.kind {
+                Kind::Int => "bigint",
+                Kind::Text => "text",
+                Kind::Bytes => "bytea",
+            };
+            format!("${}::{kind}[]", first + i)
+        })
+        .collect();
+    format!("UNNEST({}) AS {alias}", arrays.join(", "))
+}
+
+/// Binds the columns of `rows` as arrays, one per column past the first `skip` ([`unnest`]).
+fn bind_columns<'q, R: crate::meta::row::Row>(
+    mut query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    rows: Vec<R>,
+    skip: usize,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    let columns: Vec<Kind> = R::table().inserted(POSTGRES).map(|c| c.kind).collect();
+    let mut values: Vec<Vec<Param>> = vec![Vec::with_capacity(rows.len()); columns.len()];
+    for row in rows {
+        for (i, value) in row.inserted_values(POSTGRES).into_iter().enumerate() {
+            values[i].push(value);
+        }
+    }
+    for (kind, column) in columns.into_iter().zip(values).skip(skip) {
+        query = match kind {
+            Kind::Int => query.bind(
+                column
+                    .into_iter()
+                    .map(|v| match v {
+                        Param::Int(n) => Some(n),
+                        _ => None,
+                    })
+                    .collect::<Vec<Option<i64>>>(),
+            ),
+            Kind::Text => query.bind(
+                column
+                    .into_iter()
+                    .map(|v| match v {
+                        Param::Text(t) => t,
+                        _ => String::new(),
+                    })
+                    .collect::<Vec<String>>(),
+            ),
+            Kind::Bytes => query.bind(
+                column
+                    .into_iter()
+                    .map(|v| match v {
+                        Param::Bytes(b) => b,
+                        _ => Vec::new(),
+                    })
+                    .collect::<Vec<Vec<u8>>>(),
+            ),
+        };
+    }
+    query
+}
+
 /// `Stale` unless the statement claimed the upload.
 fn claimed(count: i64) -> Result<(), MetaError> {
     if count == 0 {
@@ -127,7 +220,7 @@ fn claimed(count: i64) -> Result<(), MetaError> {
 }
 
 impl SqlRow for PgRow {
-    fn opt_int(&self, col: usize) -> Result<Option<i64>, MetaError> {
+    fn opt_int(&self, col: &str) -> Result<Option<i64>, MetaError> {
         // PostgreSQL decodes each integer width as its own type.
         let kind = self.try_column(col).map_err(from_sqlx)?.type_info().name();
         Ok(match kind {
@@ -147,11 +240,11 @@ impl SqlRow for PgRow {
         })
     }
 
-    fn opt_text(&self, col: usize) -> Result<Option<String>, MetaError> {
+    fn opt_text(&self, col: &str) -> Result<Option<String>, MetaError> {
         self.try_get(col).map_err(from_sqlx)
     }
 
-    fn opt_bytes(&self, col: usize) -> Result<Option<Vec<u8>>, MetaError> {
+    fn opt_bytes(&self, col: &str) -> Result<Option<Vec<u8>>, MetaError> {
         self.try_get(col).map_err(from_sqlx)
     }
 }
@@ -179,36 +272,21 @@ impl Dialect for PostgresDialect {
         Ok(store)
     }
 
-    const BIGINT: &'static str = "BIGINT";
-    const UPSERT: crate::meta::stats_sql::Upsert = crate::meta::stats_sql::Upsert::OnConflict;
-
-    fn placeholder(n: usize) -> String {
-        format!("${n}")
-    }
+    const BACKEND: Backend = POSTGRES;
 
     async fn create_upload(
         &self,
         new: NewUpload<'_>,
         replacing: Option<&Upload>,
     ) -> Result<UploadId, MetaError> {
-        let slot = new.slot;
-        const INSERT: &str = "INSERT INTO uploads (repository, scope, key, key_folded, version, slot_hash, state, created_at, updated_at,
-                 writer_kind, writer_issuer, created_by, writer_run_id, writer_job_id, writer_address)
-             VALUES ($1, $2, $3, $4, $5, $6, 'open', $7, $7, $8, $9, $10, $11, $12, $13) RETURNING id";
-        let mut insert = sqlx::query_scalar::<_, i64>(INSERT)
-            .bind(slot.repository.as_str())
-            .bind(slot.scope.as_str())
-            .bind(slot.key.as_str())
-            .bind(slot.key.folded())
-            .bind(slot.version.as_str())
-            .bind(slot_hash(slot))
-            .bind(new.now);
-        for column in provenance_columns(Some(new.written_by)) {
-            insert = insert.bind(column);
-        }
+        static INSERT: Shared = Shared::built(|| {
+            format!("{} RETURNING id", uploads::TABLE.insert(POSTGRES))
+        });
+        let values = UploadRow::from_new(&new).inserted_values(POSTGRES);
+        let insert = bind_all(sqlx::query(INSERT.on(POSTGRES)), values);
         let Some(old) = replacing else {
-            let id = insert.fetch_one(&self.pool).await.map_err(from_sqlx)?;
-            return Ok(UploadId::new(id));
+            let row = insert.fetch_one(&self.pool).await.map_err(from_sqlx)?;
+            return Ok(UploadId::new(row.read(uploads::id)?));
         };
         // Taking over an abandoned upload: abort it and insert the new one together.
         let mut tx = self.pool.begin().await.map_err(from_sqlx)?;
@@ -223,9 +301,9 @@ impl Dialect for PostgresDialect {
         .await
         .map_err(from_sqlx)?;
         claimed(aborted)?;
-        let id = insert.fetch_one(&mut *tx).await.map_err(from_sqlx)?;
+        let row = insert.fetch_one(&mut *tx).await.map_err(from_sqlx)?;
         tx.commit().await.map_err(from_sqlx)?;
-        Ok(UploadId::new(id))
+        Ok(UploadId::new(row.read(uploads::id)?))
     }
 
     async fn stage_block(
@@ -237,27 +315,31 @@ impl Dialect for PostgresDialect {
     ) -> Result<(), MetaError> {
         // The totals count the copy this block replaces as the statement's snapshot has it;
         // a change committed since then moved the revision on, so nothing is claimed.
-        const SQL: &str = "WITH replaced AS (
-                 SELECT size FROM staged_blocks WHERE upload_id = $1 AND block_id = $4),
-             claimed AS (
-                 UPDATE uploads SET revision = revision + 1, updated_at = $3,
-                     staged_count = staged_count + CASE WHEN EXISTS (SELECT 1 FROM replaced) THEN 0 ELSE 1 END,
-                     staged_bytes = staged_bytes + $6 - COALESCE((SELECT size FROM replaced), 0)
-                 WHERE id = $1 AND revision = $2 AND state = 'open' RETURNING id)
-             INSERT INTO staged_blocks (upload_id, block_id, blob_name, size, sha256, xxh3)
-             SELECT id, $4, $5, $6, $7, $8 FROM claimed
-             ON CONFLICT (upload_id, block_id) DO UPDATE
-             SET blob_name = EXCLUDED.blob_name, size = EXCLUDED.size, sha256 = EXCLUDED.sha256,
-                 xxh3 = EXCLUDED.xxh3";
-        let done = sqlx::query(SQL)
+        // Parameters: $1 upload, $2 revision, $3 now, then the block's row.
+        static SQL: Shared = Shared::built(|| {
+            let table = &staged_blocks::TABLE;
+            let block = row_param(table, 4, staged_blocks::block_id.name);
+            let size = row_param(table, 4, staged_blocks::size.name);
+            format!(
+                "WITH replaced AS (
+                     SELECT size FROM staged_blocks WHERE upload_id = $1 AND block_id = {block}),
+                 claimed AS (
+                     UPDATE uploads SET revision = revision + 1, updated_at = $3,
+                         staged_count = staged_count + CASE WHEN EXISTS (SELECT 1 FROM replaced) THEN 0 ELSE 1 END,
+                         staged_bytes = staged_bytes + {size} - COALESCE((SELECT size FROM replaced), 0)
+                     WHERE id = $1 AND revision = $2 AND state = 'open' RETURNING id)
+                 INSERT INTO staged_blocks ({}) SELECT {} FROM claimed {}",
+                table.inserted_list(POSTGRES),
+                row_values(table, 4, &[(staged_blocks::upload_id.name, "id")]),
+                table.on_existing_replace(POSTGRES, 2)
+            )
+        });
+        let row = StagedBlockRow::new(upload.id.get(), block, chunk);
+        let query = sqlx::query(SQL.on(POSTGRES))
             .bind(upload.id.get())
             .bind(upload.revision)
-            .bind(now)
-            .bind(block.as_bytes())
-            .bind(chunk.blob.as_str())
-            .bind(chunk.size as i64)
-            .bind(sha256_column(chunk))
-            .bind(xxh3_column(chunk))
+            .bind(now);
+        let done = bind_all(query, row.inserted_values(POSTGRES))
             .execute(&self.pool)
             .await
             .map_err(from_sqlx)?;
@@ -272,43 +354,28 @@ impl Dialect for PostgresDialect {
     ) -> Result<(), MetaError> {
         // All parts in one statement, however long the block list. The old parts are deleted
         // by the same statement; a DELETE in a CTE does not see rows its statement inserts.
-        let (mut ordinals, mut ids, mut names, mut sizes, mut digests, mut checks) = (
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-        );
-        for (ordinal, (block, chunk)) in parts.iter().enumerate() {
-            ordinals.push(ordinal as i32);
-            ids.push(block.as_bytes().to_vec());
-            names.push(chunk.blob.as_str().to_owned());
-            sizes.push(chunk.size as i64);
-            digests.push(sha256_column(chunk).to_vec());
-            checks.push(xxh3_column(chunk));
-        }
-        let count: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-            "WITH {},
-             inserted AS (
-                 INSERT INTO upload_parts (upload_id, ordinal, block_id, blob_name, size, sha256, xxh3)
-                 SELECT claimed.id, p.* FROM claimed,
-                     UNNEST($4::int[], $5::bytea[], $6::text[], $7::bigint[], $8::bytea[], $9::bigint[]) AS p)
-             SELECT COUNT(*) FROM claimed",
-            claim("")
-        )))
-        .bind(upload.id.get())
-        .bind(upload.revision)
-        .bind(now)
-        .bind(ordinals)
-        .bind(ids)
-        .bind(names)
-        .bind(sizes)
-        .bind(digests)
-        .bind(checks)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(from_sqlx)?;
+        static SQL: Shared = Shared::built(|| {
+            let table = &upload_parts::TABLE;
+            format!(
+                "WITH {},
+                 inserted AS (
+                     INSERT INTO upload_parts ({}) SELECT claimed.id, p.* FROM claimed, {})
+                 SELECT COUNT(*) AS n FROM claimed",
+                claim(""),
+                table.inserted_list(POSTGRES),
+                unnest(table, 1, 4, "p")
+            )
+        });
+        let rows = UploadPartRow::of_list(upload.id.get(), parts);
+        let query = sqlx::query(SQL.on(POSTGRES))
+            .bind(upload.id.get())
+            .bind(upload.revision)
+            .bind(now);
+        let row = bind_columns(query, rows, 1)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(from_sqlx)?;
+        let count = row.int("n")?;
         claimed(count)
     }
 
@@ -327,90 +394,60 @@ impl Dialect for PostgresDialect {
     }
 
     async fn finalize(&self, upload: &Upload, new: NewEntry<'_>) -> Result<EntryId, MetaError> {
-        let slot = new.slot;
-        let size: u64 = new.chunks.iter().map(|c| c.size).sum();
-        let (mut ordinals, mut starts, mut names, mut sizes, mut digests, mut checks) = (
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-        );
-        for (ordinal, EntryChunk { start, chunk }) in
-            EntryChunk::place(new.chunks).iter().enumerate()
-        {
-            ordinals.push(ordinal as i32);
-            starts.push(*start as i64);
-            names.push(chunk.blob.as_str().to_owned());
-            sizes.push(chunk.size as i64);
-            digests.push(sha256_column(chunk).to_vec());
-            checks.push(xxh3_column(chunk));
-        }
         // The claim takes the entry's id from its sequence, so that the upload, the entry and
-        // its chunks are written by one statement.
-        let sql = format!(
-            "WITH {},
-             entry AS (
-                 INSERT INTO entries (id, repository, scope, key, key_folded, version, bucket, slot_hash,
-                                      size, chunk_count, created_at, last_used_at,
-                                      writer_kind, writer_issuer, writer_subject, writer_run_id, writer_job_id,
-                                      writer_address, digest,
-                                      scope_class, family, ref_class)
-                 SELECT entry_id, $4, $5, $6, $7, $8, $9, $10, $11, $12, $3, $3,
-                        $20, $21, $22, $23, $24, $25, $26,
-                        $27, $30, $31 FROM claimed
-                 RETURNING id),
-             chunks AS (
-                 INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256, xxh3)
-                 SELECT entry.id, c.* FROM entry,
-                     UNNEST($13::int[], $14::bigint[], $15::text[], $16::bigint[], $17::bytea[], $18::bigint[]) AS c),
-             usage AS (
-                 INSERT INTO repository_usage (repository, bytes, entries, name, pr_bytes, pr_entries)
-                 SELECT $4, $11, 1, $19, $28, $29 FROM entry
-                 ON CONFLICT (repository) DO UPDATE
-                 SET bytes = repository_usage.bytes + EXCLUDED.bytes, entries = repository_usage.entries + 1,
-                     name = CASE WHEN EXCLUDED.name = '' THEN repository_usage.name ELSE EXCLUDED.name END,
-                     pr_bytes = repository_usage.pr_bytes + EXCLUDED.pr_bytes,
-                     pr_entries = repository_usage.pr_entries + EXCLUDED.pr_entries)
-             SELECT id FROM entry",
-            claim(", state = 'finalized', entry_id = nextval(pg_get_serial_sequence('entries', 'id'))")
-        );
-        let mut statement = sqlx::query_scalar(AssertSqlSafe(sql))
+        // its chunks are written by one statement. Parameters: $1 upload, $2 revision, $3 now,
+        // the entry's row from $4, then its chunks' columns, then the repository's name and
+        // its pull-request and tag bytes and entries.
+        static SQL: Shared = Shared::built(|| {
+            let (entry, chunk) = (&entries::TABLE, &entry_chunks::TABLE);
+            let entry_width = entry.inserted(POSTGRES).count();
+            let chunks_from = 4 + entry_width;
+            let after = chunks_from + chunk.inserted(POSTGRES).count() - 1;
+            let (name, pr_bytes, pr_entries) = (after, after + 1, after + 2);
+            let repository = row_param(entry, 4, entries::repository.name);
+            let size = row_param(entry, 4, entries::size.name);
+            format!(
+                "WITH {},
+                 entry AS (
+                     INSERT INTO entries (id, {}) SELECT entry_id, {} FROM claimed RETURNING id),
+                 chunks AS (
+                     INSERT INTO entry_chunks ({}) SELECT entry.id, c.* FROM entry, {}),
+                 usage AS (
+                     INSERT INTO repository_usage (repository, bytes, entries, name, pr_bytes, pr_entries)
+                     SELECT {repository}, {size}, 1, ${name}, ${pr_bytes}, ${pr_entries} FROM entry
+                     ON CONFLICT (repository) DO UPDATE
+                     SET bytes = repository_usage.bytes + EXCLUDED.bytes, entries = repository_usage.entries + 1,
+                         name = CASE WHEN EXCLUDED.name = '' THEN repository_usage.name ELSE EXCLUDED.name END,
+                         pr_bytes = repository_usage.pr_bytes + EXCLUDED.pr_bytes,
+                         pr_entries = repository_usage.pr_entries + EXCLUDED.pr_entries)
+                 SELECT id FROM entry",
+                claim(", state = 'finalized', entry_id = nextval(pg_get_serial_sequence('entries', 'id'))"),
+                entry.inserted_list(POSTGRES),
+                row_values(entry, 4, &[]),
+                chunk.inserted_list(POSTGRES),
+                unnest(chunk, 1, chunks_from, "c"),
+            )
+        });
+        let row = EntryRow::from_new(&new);
+        let (pr_bytes, pr_entries) = pr_counts(new.scope_class, row.size as u64);
+        // The chunks' entry id comes from the statement (skipped by `bind_columns`).
+        let chunks = EntryChunkRow::of_entry(0, new.chunks);
+        let query = sqlx::query(SQL.on(POSTGRES))
             .bind(upload.id.get())
             .bind(upload.revision)
-            .bind(new.now)
-            .bind(slot.repository.as_str())
-            .bind(slot.scope.as_str())
-            .bind(new.key)
-            .bind(slot.key.folded())
-            .bind(slot.version.as_str())
-            .bind(bucket(&slot.repository, &slot.version, &slot.scope))
-            .bind(slot_hash(slot))
-            .bind(size as i64)
-            .bind(new.chunks.len() as i32)
-            .bind(ordinals)
-            .bind(starts)
-            .bind(names)
-            .bind(sizes)
-            .bind(digests)
-            .bind(checks)
-            .bind(new.repository_name);
-        for column in provenance_columns(new.written_by) {
-            statement = statement.bind(column);
-        }
-        let (pr_bytes, pr_entries) = pr_counts(new.scope_class, size);
-        let entry: Option<i64> = statement
-            .bind(new.digest)
-            .bind(new.scope_class.code() as i16)
+            .bind(new.now);
+        let query = bind_all(query, row.inserted_values(POSTGRES));
+        let entry = bind_columns(query, chunks, 1)
+            .bind(new.repository_name)
             .bind(pr_bytes)
             .bind(pr_entries)
-            .bind(new.family)
-            .bind(new.ref_class.code() as i16)
             .fetch_optional(&self.pool)
             .await
             .map_err(from_sqlx)?;
-        entry.map(EntryId::new).ok_or(MetaError::Stale)
+        match entry {
+            Some(row) => Ok(EntryId::new(row.read(entries::id)?)),
+            None => Err(MetaError::Stale),
+        }
     }
 
     async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError> {

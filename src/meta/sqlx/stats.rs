@@ -16,6 +16,7 @@ use crate::model::{
 };
 
 use super::super::sql::SqlRow;
+use crate::meta::schema::stats_families;
 use super::Done;
 
 impl<D: Dialect> SqlxStore<D> {
@@ -26,7 +27,7 @@ impl<D: Dialect> SqlxStore<D> {
         (sql, params): (String, Vec<Param>),
         width: Bucket,
     ) -> Result<Vec<StatsRow>, MetaError> {
-        let rows = self.rows(&sql, params).await?;
+        let rows = self.built_rows(&sql, params).await?;
         rows.iter().map(|r| family_row(r, width)).collect()
     }
 }
@@ -44,12 +45,14 @@ impl<D: Dialect> StatsStore for SqlxStore<D> {
             let mut params = vec![text(repository.as_str())];
             params.extend(families.iter().map(|f| Param::Text(f.clone())));
             let rows = self
-                .rows(&kept_families_sql(families.len()), params)
+                .built_rows(&kept_families_sql(families.len()), params)
                 .await?;
-            rows.iter().map(|r| r.text(0)).collect::<Result<_, _>>()?
+            rows.iter()
+                .map(|r| r.read(stats_families::family))
+                .collect::<Result<_, _>>()?
         };
         let count = self
-            .number(COUNT_FAMILIES, vec![text(repository.as_str())])
+            .number(&COUNT_FAMILIES, vec![text(repository.as_str())])
             .await?;
         Ok((kept, count))
     }
@@ -60,7 +63,7 @@ impl<D: Dialect> StatsStore for SqlxStore<D> {
         families: &[String],
         now: Millis,
     ) -> Result<(), MetaError> {
-        let keep = adding(D::UPSERT).keep_family.as_str();
+        let keep = adding(D::BACKEND).keep_family.as_str();
         let steps = families
             .iter()
             .map(|family| {
@@ -78,7 +81,7 @@ impl<D: Dialect> StatsStore for SqlxStore<D> {
     }
 
     async fn record_stats(&self, counts: &[(StatsKey, Counters)]) -> Result<(), MetaError> {
-        let sql = adding(D::UPSERT);
+        let sql = adding(D::BACKEND);
         let mut steps: Vec<Step> = counts
             .iter()
             .map(|(key, counters)| Step::Execute(&sql.record_family, family_params(key, counters)))
@@ -119,7 +122,7 @@ impl<D: Dialect> StatsStore for SqlxStore<D> {
         width: Bucket,
     ) -> Result<Vec<StatsRow>, MetaError> {
         let (sql, params) = server_stats_sql(filter, width);
-        let rows = self.rows(&sql, params).await?;
+        let rows = self.built_rows(&sql, params).await?;
         rows.iter().map(|r| server_row(r, width)).collect()
     }
 
@@ -129,7 +132,7 @@ impl<D: Dialect> StatsStore for SqlxStore<D> {
     ) -> Result<Vec<StoredFamily>, MetaError> {
         let sql = stored_by_family_sql(repository.is_some());
         let params = repository.map(|r| text(r.as_str())).into_iter().collect();
-        let rows = self.rows(&sql, params).await?;
+        let rows = self.built_rows(&sql, params).await?;
         rows.iter().map(stored_row).collect()
     }
 
@@ -139,16 +142,17 @@ impl<D: Dialect> StatsStore for SqlxStore<D> {
         days_before: Millis,
         families_before: Millis,
     ) -> Result<(u64, u64), MetaError> {
-        let sql = adding(D::UPSERT);
+        let sql = adding(D::BACKEND);
         let at = |t: Millis| vec![Param::Int(t)];
+        let on = |statement: &'static crate::meta::dialect::Shared| statement.on(D::BACKEND);
         let steps = vec![
             Step::Execute(&sql.fold_family, at(hours_before)),
-            Step::Execute(DROP_FOLDED[0], at(hours_before)),
+            Step::Execute(on(&DROP_FOLDED[0]), at(hours_before)),
             Step::Execute(&sql.fold_server, at(hours_before)),
-            Step::Execute(DROP_FOLDED[1], at(hours_before)),
-            Step::Execute(DROP_OLD[0], at(days_before)),
-            Step::Execute(DROP_OLD[1], at(days_before)),
-            Step::Execute(FORGET_FAMILIES, at(families_before)),
+            Step::Execute(on(&DROP_FOLDED[1]), at(hours_before)),
+            Step::Execute(on(&DROP_OLD[0]), at(days_before)),
+            Step::Execute(on(&DROP_OLD[1]), at(days_before)),
+            Step::Execute(on(&FORGET_FAMILIES), at(families_before)),
         ];
         let done = self.db.in_transaction(steps).await?;
         let changed = |i: usize| match done.get(i) {

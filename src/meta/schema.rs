@@ -1,0 +1,410 @@
+//! Every table hoard keeps, declared once (see `row.rs` for the [`table!`] macro): the typed row,
+//! its columns and kinds, and the rows the domain's changes become. The SQL stores build their
+//! INSERTs from these rows and read columns by the names declared here; the in-memory store keeps
+//! the same rows. `tests/meta_conformance` checks, on every backend, that the migrations made
+//! each declared column with its declared kind.
+//!
+//! A new column: a migration per database, a field here (and where the domain's value becomes
+//! it, in the `from` functions below), and the record in `model` that shows it.
+
+use super::row::{table, Table};
+use super::sql::{bucket, slot_hash};
+use super::{EntryChunk, NewEntry, NewUpload};
+use crate::model::{BlockId, Chunk, Millis, Provenance, Slot, UploadState};
+
+table! {
+    /// A reservation and, after its finalize, which entry it became.
+    UploadRow in uploads {
+        id: i64 = database,
+        repository: String,
+        scope: String,
+        key: String,
+        key_folded: String,
+        version: String,
+        slot_hash: Vec<u8> = networked,
+        state: String,
+        /// The writer's subject (the column is older than the other writer columns).
+        created_by: String,
+        created_at: i64,
+        updated_at: i64,
+        revision: i64 = database,
+        entry_id: Option<i64> = database,
+        writer_kind: String,
+        writer_issuer: String,
+        writer_run_id: String,
+        writer_job_id: String,
+        writer_address: String,
+        /// The blocks staged and their bytes, kept by every change to them.
+        staged_count: i64 = database,
+        staged_bytes: i64 = database,
+    }
+}
+
+table! {
+    /// A block put and not yet committed by a block list (a retry replaces it).
+    StagedBlockRow in staged_blocks {
+        upload_id: i64,
+        block_id: Vec<u8>,
+        blob_name: String,
+        size: i64,
+        /// Empty until known (see [`Chunk::sha256`]).
+        sha256: Vec<u8>,
+        xxh3: Option<i64>,
+    }
+}
+
+table! {
+    /// A block of an upload's committed block list, in order.
+    UploadPartRow in upload_parts {
+        upload_id: i64,
+        ordinal: i64,
+        block_id: Vec<u8>,
+        blob_name: String,
+        size: i64,
+        sha256: Vec<u8>,
+        xxh3: Option<i64>,
+    }
+}
+
+table! {
+    /// A finalized cache entry: what lookups find.
+    EntryRow in entries {
+        id: i64 = database,
+        repository: String,
+        scope: String,
+        key: String,
+        key_folded: String,
+        version: String,
+        /// The networked stores' lookup index key ([`bucket`]).
+        bucket: Vec<u8> = networked,
+        /// The networked stores' unique key of the slot ([`slot_hash`]).
+        slot_hash: Vec<u8> = networked,
+        size: i64,
+        chunk_count: i64,
+        created_at: i64,
+        last_used_at: i64,
+        hits: i64 = database,
+        writer_kind: String,
+        writer_issuer: String,
+        writer_subject: String,
+        writer_run_id: String,
+        writer_job_id: String,
+        writer_address: String,
+        /// See [`crate::model::entry_digest`]; empty until the digest pass records it.
+        digest: String,
+        scope_class: i64,
+        family: String,
+        ref_class: i64,
+    }
+}
+
+table! {
+    /// A chunk of an entry, with its byte offset in the entry.
+    EntryChunkRow in entry_chunks {
+        entry_id: i64,
+        ordinal: i64,
+        start: i64,
+        blob_name: String,
+        size: i64,
+        sha256: Vec<u8>,
+        xxh3: Option<i64>,
+    }
+}
+
+table! {
+    /// A repository's usage and counts, kept by every change.
+    RepositoryUsageRow in repository_usage {
+        repository: String,
+        bytes: i64,
+        entries: i64,
+        name: String,
+        hits: i64,
+        misses: i64,
+        pr_bytes: i64,
+        pr_entries: i64,
+    }
+}
+
+table! {
+    /// A chunk to delete once every download that may read it is over.
+    PendingDeletionRow in pending_deletions {
+        blob_name: String,
+        size: i64,
+        delete_at: i64,
+    }
+}
+
+table! {
+    /// An entry removed because a check found it damaged.
+    QuarantineRow in quarantine {
+        id: i64 = database,
+        entry_id: i64,
+        repository: String,
+        scope: String,
+        key: String,
+        version: String,
+        size: i64,
+        reason: String,
+        quarantined_at: i64,
+    }
+}
+
+table! {
+    /// Counters of one repository's key family, ref class and hour (bucket 0) or day (1).
+    FamilyStatsRow in family_stats {
+        repository: String,
+        family: String,
+        ref_class: i64,
+        bucket: i64,
+        start_at: i64,
+        lookups: i64,
+        exact_hits: i64,
+        restore_key_hits: i64,
+        misses: i64,
+        bytes_restored: i64,
+        saves: i64,
+        bytes_saved: i64,
+        evicted: i64,
+        expired: i64,
+        quarantined: i64,
+        deleted: i64,
+    }
+}
+
+table! {
+    /// The server's counters per ref class and hour or day.
+    ServerStatsRow in server_stats {
+        ref_class: i64,
+        bucket: i64,
+        start_at: i64,
+        lookups: i64,
+        exact_hits: i64,
+        restore_key_hits: i64,
+        misses: i64,
+        bytes_restored: i64,
+        saves: i64,
+        bytes_saved: i64,
+        evicted: i64,
+        expired: i64,
+        quarantined: i64,
+        deleted: i64,
+    }
+}
+
+table! {
+    /// A key family counted on its own (the others count as one).
+    StatsFamilyRow in stats_families {
+        repository: String,
+        family: String,
+        created_at: i64,
+    }
+}
+
+/// Every declared table.
+#[cfg_attr(not(any(test, feature = "test-util")), allow(dead_code))]
+pub static TABLES: [&Table; 11] = [
+    &uploads::TABLE,
+    &staged_blocks::TABLE,
+    &upload_parts::TABLE,
+    &entries::TABLE,
+    &entry_chunks::TABLE,
+    &repository_usage::TABLE,
+    &pending_deletions::TABLE,
+    &quarantine::TABLE,
+    &family_stats::TABLE,
+    &server_stats::TABLE,
+    &stats_families::TABLE,
+];
+
+/// A writer's six columns (kind, issuer, subject, run, job, address), empty when unknown.
+fn writer_columns(p: Option<&Provenance>) -> [String; 6] {
+    match p {
+        Some(p) => [
+            p.kind.as_str().to_owned(),
+            p.issuer.clone(),
+            p.subject.clone(),
+            p.run_id.clone(),
+            p.job_id.clone(),
+            p.address.clone(),
+        ],
+        None => Default::default(),
+    }
+}
+
+impl UploadRow {
+    /// The row a reservation inserts.
+    pub fn from_new(new: &NewUpload<'_>) -> Self {
+        let slot = new.slot;
+        let [writer_kind, writer_issuer, created_by, writer_run_id, writer_job_id, writer_address] =
+            writer_columns(Some(new.written_by));
+        Self {
+            repository: slot.repository.as_str().to_owned(),
+            scope: slot.scope.as_str().to_owned(),
+            key: slot.key.as_str().to_owned(),
+            key_folded: slot.key.folded(),
+            version: slot.version.as_str().to_owned(),
+            slot_hash: slot_hash(slot),
+            state: UploadState::Open.as_str().to_owned(),
+            created_by,
+            created_at: new.now,
+            updated_at: new.now,
+            writer_kind,
+            writer_issuer,
+            writer_run_id,
+            writer_job_id,
+            writer_address,
+            ..Self::default()
+        }
+    }
+}
+
+impl EntryRow {
+    /// The row a finalize inserts (its id and hits come from the database).
+    pub fn from_new(new: &NewEntry<'_>) -> Self {
+        let slot = new.slot;
+        let [writer_kind, writer_issuer, writer_subject, writer_run_id, writer_job_id, writer_address] =
+            writer_columns(new.written_by);
+        Self {
+            repository: slot.repository.as_str().to_owned(),
+            scope: slot.scope.as_str().to_owned(),
+            key: new.key.to_owned(),
+            key_folded: slot.key.folded(),
+            version: slot.version.as_str().to_owned(),
+            bucket: bucket(&slot.repository, &slot.version, &slot.scope),
+            slot_hash: slot_hash(slot),
+            size: new.chunks.iter().map(|c| c.size).sum::<u64>() as i64,
+            chunk_count: new.chunks.len() as i64,
+            created_at: new.now,
+            last_used_at: new.now,
+            writer_kind,
+            writer_issuer,
+            writer_subject,
+            writer_run_id,
+            writer_job_id,
+            writer_address,
+            digest: new.digest.to_owned(),
+            scope_class: new.scope_class.code(),
+            family: new.family.to_owned(),
+            ref_class: new.ref_class.code(),
+            ..Self::default()
+        }
+    }
+
+    /// The row of an entry stored in bulk (`SqliteStore::import`): as a finalize with no writer,
+    /// family or known ref would store it.
+    pub fn imported(slot: &Slot, chunks: &[Chunk], at: Millis) -> Self {
+        let scope_class = crate::model::ScopeClass::of(&slot.scope);
+        Self::from_new(&NewEntry {
+            slot,
+            key: slot.key.as_str(),
+            repository_name: "",
+            chunks,
+            written_by: None,
+            digest: &crate::model::entry_digest(chunks).unwrap_or_default(),
+            scope_class,
+            family: "",
+            ref_class: crate::model::RefClass::OtherBranch,
+            now: at,
+        })
+    }
+}
+
+/// A chunk's stored SHA-256: empty until the digest pass records it (MySQL's fixed-width column
+/// pads that to 32 zero bytes, which reads back the same).
+fn sha256_column(chunk: &Chunk) -> Vec<u8> {
+    chunk.sha256.map_or_else(Vec::new, |d| d.to_vec())
+}
+
+/// A chunk's XXH3 as stored: the 64 bits as a signed integer.
+fn xxh3_column(chunk: &Chunk) -> Option<i64> {
+    chunk.xxh3.map(|v| v as i64)
+}
+
+impl EntryChunkRow {
+    /// The rows of an entry's chunks, laid end to end.
+    pub fn of_entry(entry_id: i64, chunks: &[Chunk]) -> Vec<Self> {
+        EntryChunk::place(chunks)
+            .iter()
+            .enumerate()
+            .map(|(ordinal, EntryChunk { start, chunk })| Self {
+                entry_id,
+                ordinal: ordinal as i64,
+                start: *start as i64,
+                blob_name: chunk.blob.as_str().to_owned(),
+                size: chunk.size as i64,
+                sha256: sha256_column(chunk),
+                xxh3: xxh3_column(chunk),
+            })
+            .collect()
+    }
+}
+
+impl StagedBlockRow {
+    pub fn new(upload_id: i64, block: &BlockId, chunk: &Chunk) -> Self {
+        Self {
+            upload_id,
+            block_id: block.as_bytes().to_vec(),
+            blob_name: chunk.blob.as_str().to_owned(),
+            size: chunk.size as i64,
+            sha256: sha256_column(chunk),
+            xxh3: xxh3_column(chunk),
+        }
+    }
+}
+
+impl UploadPartRow {
+    /// The rows of a committed block list, in its order.
+    pub fn of_list(upload_id: i64, parts: &[(BlockId, Chunk)]) -> Vec<Self> {
+        parts
+            .iter()
+            .enumerate()
+            .map(|(ordinal, (block, chunk))| Self {
+                upload_id,
+                ordinal: ordinal as i64,
+                block_id: block.as_bytes().to_vec(),
+                blob_name: chunk.blob.as_str().to_owned(),
+                size: chunk.size as i64,
+                sha256: sha256_column(chunk),
+                xxh3: xxh3_column(chunk),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::dialect::Backend;
+    use crate::meta::row::Row;
+
+    #[test]
+    fn an_insert_names_the_written_columns_of_its_backend_in_declaration_order() {
+        assert_eq!(
+            pending_deletions::TABLE.insert(Backend::Postgres),
+            "INSERT INTO pending_deletions (blob_name, size, delete_at) VALUES ($1, $2, $3)"
+        );
+        let sqlite = entries::TABLE.insert(Backend::Sqlite);
+        assert!(!sqlite.contains("bucket") && !sqlite.contains(" id,") && !sqlite.contains("hits"));
+        let mysql = entries::TABLE.insert(Backend::MySql);
+        assert!(mysql.contains("`key`, `key_folded`") && mysql.contains("`bucket`"));
+        let values = EntryRow::default().inserted_values(Backend::MySql);
+        assert_eq!(values.len(), mysql.matches('?').count());
+        let values = EntryRow::default().inserted_values(Backend::Sqlite);
+        assert_eq!(values.len(), sqlite.matches('?').count());
+    }
+
+    #[test]
+    fn a_declared_row_reads_back_by_column_name() {
+        use crate::meta::row::SqlRow;
+        let row = EntryChunkRow {
+            entry_id: 7,
+            blob_name: "b".into(),
+            xxh3: None,
+            ..Default::default()
+        };
+        assert_eq!(row.read(entry_chunks::entry_id).unwrap(), 7);
+        assert_eq!(row.read(entry_chunks::blob_name).unwrap(), "b");
+        assert_eq!(row.read(entry_chunks::xxh3).unwrap(), None);
+        assert!(row.int("no_such_column").is_err());
+    }
+}
