@@ -5,8 +5,8 @@
 //! a `message` under `/_apis/artifactcache/`. Both cache services are also served under any
 //! path prefix, which may name a namespace (see `auth::namespaces`).
 //!
-//! One module per idea: `state` (what handlers share), `router` (paths, layers, labels,
-//! unknown paths), one module per protocol (`twirp`, `blob` with its error shape in `azure`,
+//! One module per idea: `state` (what handlers share), `router` (paths, labels, unknown
+//! paths), one module per protocol (`twirp`, `blob` with its error shape in `azure`,
 //! `legacy`, `admin`), `transfer` for the body streaming and entry serving v2 and v1 share,
 //! and `ops` for `/healthz`, `/readyz` and `/metrics`.
 

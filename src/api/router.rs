@@ -1,6 +1,6 @@
-//! The one router: which path goes to which protocol, the outer layers in their order, the
-//! label each request is counted under, and the answer to unknown paths in the shape of the
-//! protocol they look like.
+//! The one router: which path goes to which protocol, the label each request is counted under
+//! (counting and logging happen where connections are served, in `conn`), and the answer to
+//! unknown paths in the shape of the protocol they look like.
 
 use axum::body::Body;
 use axum::extract::State;

@@ -204,10 +204,6 @@ impl Verifier {
         unix_seconds(self.clock.as_ref())
     }
 
-    pub fn is_insecure(&self) -> bool {
-        self.settings.insecure_skip_validation
-    }
-
     /// Reads the `Authorization` header value (`Bearer <jwt>`).
     pub async fn identify(&self, authorization: Option<&str>) -> Result<Arc<Identity>, TokenError> {
         let header = authorization.ok_or(TokenError::Missing)?;

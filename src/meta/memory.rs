@@ -122,7 +122,13 @@ impl StoredEntry {
 
     fn holds(&self, slot: &Slot) -> bool {
         let e = self.entry();
-        in_slot(slot, &e.repository, &e.scope, &e.version, &self.row.key_folded)
+        in_slot(
+            slot,
+            &e.repository,
+            &e.scope,
+            &e.version,
+            &self.row.key_folded,
+        )
     }
 }
 
@@ -445,7 +451,9 @@ impl RestoreStore for MemoryStore {
                 let end = super::sql::prefix_end(key);
                 out.extend(
                     in_slot()
-                        .filter(|e| e.row.key_folded.as_str() >= key.as_str() && e.row.key_folded < end)
+                        .filter(|e| {
+                            e.row.key_folded.as_str() >= key.as_str() && e.row.key_folded < end
+                        })
                         .max_by_key(|e| (e.entry().created_at, e.entry().id))
                         .map(candidate),
                 );
@@ -779,7 +787,10 @@ impl AdminStore for MemoryStore {
             .iter()
             .filter(|(id, seen)| only.is_none_or(|o| id.as_str() == o || seen.name == o))
             .map(|(id, seen)| {
-                let held = state.entries.values().filter(|e| &e.entry().repository == id);
+                let held = state
+                    .entries
+                    .values()
+                    .filter(|e| &e.entry().repository == id);
                 let pr = held
                     .clone()
                     .filter(|e| e.class() == ScopeClass::PullRequestOrTag);
@@ -1029,7 +1040,9 @@ impl StatsStore for MemoryStore {
             } else {
                 crate::model::stats::OTHER_FAMILY.to_owned()
             };
-            let sum = sums.entry((repo.clone(), family, e.ref_class())).or_default();
+            let sum = sums
+                .entry((repo.clone(), family, e.ref_class()))
+                .or_default();
             sum.0 += e.entry().size;
             sum.1 += 1;
         }

@@ -27,7 +27,9 @@ fn holds(backend: Backend, kind: Kind, found: &str) -> bool {
         (Backend::Sqlite, Kind::Int) => found == "integer",
         (Backend::Sqlite, Kind::Text) => found == "text",
         (Backend::Sqlite, Kind::Bytes) => found == "blob",
-        (Backend::Postgres, Kind::Int) => matches!(found.as_str(), "smallint" | "integer" | "bigint"),
+        (Backend::Postgres, Kind::Int) => {
+            matches!(found.as_str(), "smallint" | "integer" | "bigint")
+        }
         (Backend::Postgres, Kind::Text) => found == "text",
         (Backend::Postgres, Kind::Bytes) => found == "bytea",
         (Backend::MySql, Kind::Int) => {
@@ -40,7 +42,10 @@ fn holds(backend: Backend, kind: Kind, found: &str) -> bool {
             "varbinary" | "blob" | "mediumblob" | "longblob" | "varchar" | "text" | "mediumtext"
         ),
         (Backend::MySql, Kind::Bytes) => {
-            matches!(found.as_str(), "binary" | "varbinary" | "blob" | "mediumblob" | "longblob")
+            matches!(
+                found.as_str(),
+                "binary" | "varbinary" | "blob" | "mediumblob" | "longblob"
+            )
         }
     }
 }
@@ -60,7 +65,10 @@ pub async fn schema_disagreements(url: &DatabaseUrl) -> Result<Vec<String>, Meta
                 .iter()
                 .find(|f| f.table == table.name && f.name == column.name)
             else {
-                wrong.push(format!("{}.{} is declared but missing", table.name, column.name));
+                wrong.push(format!(
+                    "{}.{} is declared but missing",
+                    table.name, column.name
+                ));
                 continue;
             };
             if !holds(backend, column.kind, &f.kind) {
@@ -76,7 +84,11 @@ pub async fn schema_disagreements(url: &DatabaseUrl) -> Result<Vec<String>, Meta
                     "{}.{} is declared {} but is {}",
                     table.name,
                     column.name,
-                    if column.nullable { "nullable" } else { "NOT NULL" },
+                    if column.nullable {
+                        "nullable"
+                    } else {
+                        "NOT NULL"
+                    },
                     if nullable { "nullable" } else { "NOT NULL" },
                 ));
             }

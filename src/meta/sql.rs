@@ -2,9 +2,9 @@
 //! bounds of a prefix range, the statements built at run time (lookups, listings), and the
 //! index hashes of the networked stores.
 
+use super::dialect::Shared;
 pub(super) use super::row::{Param, SqlRow};
 use super::schema::{entries, entry_chunks, repository_usage, uploads};
-use super::dialect::Shared;
 use super::MetaError;
 use crate::model::{
     BlobName, BlockId, CallerKind, Chunk, Entry, EntryId, EntryUse, Provenance, RepoId, Scope,
@@ -352,7 +352,11 @@ pub(super) fn repositories_sql(
     placeholder: impl Fn(usize) -> String,
 ) -> (String, Vec<Param>) {
     let mut params = Vec::new();
-    let names: Vec<&str> = repository_usage::TABLE.columns.iter().map(|c| c.name).collect();
+    let names: Vec<&str> = repository_usage::TABLE
+        .columns
+        .iter()
+        .map(|c| c.name)
+        .collect();
     let mut sql = format!("SELECT {} FROM repository_usage", names.join(", "));
     if let Some(only) = only {
         params.push(Param::Text(only.to_owned()));

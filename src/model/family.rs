@@ -14,15 +14,9 @@ pub const MAX_FAMILY_BYTES: usize = 200;
 /// The family of keys that have no stable part at all (a bare hash).
 pub const NO_PREFIX: &str = "(no prefix)";
 
-/// The family of `key`, looked up or saved with `restore_keys` (none for a save).
-pub fn family(key: &str, restore_keys: &[&str]) -> String {
-    let folded: Vec<String> = restore_keys.iter().map(|r| r.to_lowercase()).collect();
-    family_folded(key, &key.to_lowercase(), &folded).to_owned()
-}
-
-/// [`family`] for a lookup whose keys are already folded (`folded_key`, `folded_restore_keys`:
-/// lower case, as lookups match them), as a part of `key` (or [`NO_PREFIX`]): nothing is
-/// copied on the lookup path.
+/// The family of `key`, looked up or saved with `restore_keys` (none for a save), whose keys
+/// are already folded (`folded_key`, `folded_restore_keys`: lower case, as lookups match them),
+/// as a part of `key` (or [`NO_PREFIX`]): nothing is copied on the lookup path.
 pub fn family_folded<'k>(
     key: &'k str,
     folded_key: &str,
@@ -144,6 +138,12 @@ fn clip(s: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The family of `key` with `restore_keys` as given (folded here).
+    fn family(key: &str, restore_keys: &[&str]) -> String {
+        let folded: Vec<String> = restore_keys.iter().map(|r| r.to_lowercase()).collect();
+        family_folded(key, &key.to_lowercase(), &folded).to_owned()
+    }
 
     const SHA: &str = "3f2a9c4be1d07f6a5b8c9d0e1f2a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c";
 

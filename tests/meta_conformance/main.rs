@@ -59,7 +59,10 @@ async fn a_schema_that_differs_from_the_declared_tables_is_reported() {
     let path = dir.path().join("hoard.db");
     let url = DatabaseUrl::Sqlite(path.clone());
     drop(meta::open(&url, 1).await.unwrap());
-    assert_eq!(meta::schema_disagreements(&url).await.unwrap(), Vec::<String>::new());
+    assert_eq!(
+        meta::schema_disagreements(&url).await.unwrap(),
+        Vec::<String>::new()
+    );
     let conn = rusqlite::Connection::open(&path).unwrap();
     conn.execute_batch(
         "ALTER TABLE entries DROP COLUMN family;
@@ -68,7 +71,8 @@ async fn a_schema_that_differs_from_the_declared_tables_is_reported() {
          ALTER TABLE pending_deletions ADD COLUMN owner TEXT NOT NULL DEFAULT '';",
     )
     .unwrap();
-    conn.execute_batch("ALTER TABLE stats_families ADD COLUMN note TEXT").unwrap();
+    conn.execute_batch("ALTER TABLE stats_families ADD COLUMN note TEXT")
+        .unwrap();
     drop(conn);
     let wrong = meta::schema_disagreements(&url).await.unwrap();
     assert!(

@@ -414,6 +414,6 @@ async fn delete_matching(app: &AppState, query: &Query) -> Result<wire::Deleted,
 pub struct Backends {
     /// `sqlite`, `postgres` or `mysql`.
     pub database: &'static str,
-    /// `file`, for now.
+    /// Where entry bytes live: `file`, `s3`, `gcs` or `azure`.
     pub storage: &'static str,
 }

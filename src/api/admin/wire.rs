@@ -267,7 +267,6 @@ pub fn hit_ratio(hits: u64, misses: u64) -> Option<f64> {
     (lookups > 0).then(|| (hits as f64 / lookups as f64 * 1000.0).round() / 1000.0)
 }
 
-/// A stored time as RFC 3339 with milliseconds.
 /// Counters of cache statistics (schema `StatsCounters`): lookups = exact_hits +
 /// restore_key_hits + misses; evictions = the sum of `evictions_by_cause`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

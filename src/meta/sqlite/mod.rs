@@ -31,8 +31,8 @@ mod wal;
 use crate::meta::dialect::Backend;
 use crate::meta::row::Row as _;
 use crate::meta::schema::{
-    entries, entry_chunks, pending_deletions, staged_blocks, upload_parts, uploads,
-    EntryChunkRow, EntryRow, StagedBlockRow, UploadPartRow, UploadRow,
+    entries, entry_chunks, pending_deletions, staged_blocks, upload_parts, uploads, EntryChunkRow,
+    EntryRow, StagedBlockRow, UploadPartRow, UploadRow,
 };
 use crate::meta::sql::{
     block_state_from_row, candidate_from_row, chunk_from_row, columns, count_entries_sql,
@@ -321,7 +321,9 @@ fn insert_entry(tx: &Connection, row: EntryRow) -> Result<i64, MetaError> {
 fn insert_chunks(tx: &Connection, entry: i64, chunks: &[Chunk]) -> Result<(), MetaError> {
     let mut insert = tx.prepare_cached(entry_chunks::TABLE.insert(Backend::Sqlite))?;
     for row in EntryChunkRow::of_entry(entry, chunks) {
-        insert.execute(rusqlite::params_from_iter(row.inserted_values(Backend::Sqlite)))?;
+        insert.execute(rusqlite::params_from_iter(
+            row.inserted_values(Backend::Sqlite),
+        ))?;
     }
     Ok(())
 }
@@ -583,7 +585,9 @@ impl SaveStore for SqliteStore {
             drop_blocks(tx, upload.id)?;
             let mut insert = tx.prepare_cached(upload_parts::TABLE.insert(Backend::Sqlite))?;
             for row in UploadPartRow::of_list(upload.id.get(), &parts) {
-                insert.execute(rusqlite::params_from_iter(row.inserted_values(Backend::Sqlite)))?;
+                insert.execute(rusqlite::params_from_iter(
+                    row.inserted_values(Backend::Sqlite),
+                ))?;
             }
             Ok(())
         })
@@ -707,7 +711,10 @@ impl RestoreStore for SqliteStore {
     async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
         self.read_consistent(move |conn| {
             static HEAD: LazyLock<String> = LazyLock::new(|| {
-                format!("SELECT {} FROM entries e WHERE e.id = ?", columns("e", ENTRY))
+                format!(
+                    "SELECT {} FROM entries e WHERE e.id = ?",
+                    columns("e", ENTRY)
+                )
             });
             static CHUNKS: LazyLock<String> = LazyLock::new(|| {
                 format!(
@@ -722,7 +729,10 @@ impl RestoreStore for SqliteStore {
             };
             let mut stmt = conn.prepare_cached(&CHUNKS)?;
             let chunks = rows_of(stmt.query([id.get()])?, |row| {
-                Ok(EntryChunk { start: row.count(entry_chunks::start.name)?, chunk: chunk_from_row(row)? })
+                Ok(EntryChunk {
+                    start: row.count(entry_chunks::start.name)?,
+                    chunk: chunk_from_row(row)?,
+                })
             })?;
             Ok(Some((entry, chunks)))
         })

@@ -10,8 +10,7 @@ use crate::meta::sql::{Param, SqlRow as _};
 use crate::meta::stats_sql::{
     adding, family_params, family_row, family_stats_sql, family_totals_sql, kept_families_sql,
     line_stats_sql, server_counts, server_params, server_row, server_stats_sql,
-    stored_by_family_sql, stored_row, COUNT_FAMILIES, DROP_FOLDED, DROP_OLD,
-    FORGET_FAMILIES,
+    stored_by_family_sql, stored_row, COUNT_FAMILIES, DROP_FOLDED, DROP_OLD, FORGET_FAMILIES,
 };
 use crate::meta::{MetaError, StatsStore};
 use crate::model::{
@@ -57,7 +56,9 @@ impl StatsStore for SqliteStore {
                 // Not cached: the statement's length follows the batch.
                 let mut stmt = conn.prepare(&kept_families_sql(params.len() - 1))?;
                 let rows = stmt.query(params_from_iter(params.iter()))?;
-                rows_of(rows, |r| r.read(crate::meta::schema::stats_families::family))?
+                rows_of(rows, |r| {
+                    r.read(crate::meta::schema::stats_families::family)
+                })?
             } else {
                 Vec::new()
             };
@@ -180,7 +181,9 @@ impl StatsStore for SqliteStore {
                 (&sql.fold_server, &DROP_FOLDED[1]),
             ] {
                 tx.prepare_cached(fold)?.execute([hours_before])?;
-                folded += tx.prepare_cached(drop.on(SQLITE))?.execute([hours_before])? as u64;
+                folded += tx
+                    .prepare_cached(drop.on(SQLITE))?
+                    .execute([hours_before])? as u64;
             }
             let mut dropped = 0;
             for drop in &DROP_OLD {

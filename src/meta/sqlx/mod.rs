@@ -66,8 +66,8 @@ use super::dialect::{shared, Backend, Shared};
 use super::row::Renamed;
 use super::schema::{entries, entry_chunks, uploads};
 use super::sql::{
-    block_state_from_row, bucket, candidate_from_row, candidates_sql, chunk_from_row, columns,
-    collect_blocks, count_entries_sql, entry_from_row, list_entries_sql, listed_from_row,
+    block_state_from_row, bucket, candidate_from_row, candidates_sql, chunk_from_row,
+    collect_blocks, columns, count_entries_sql, entry_from_row, list_entries_sql, listed_from_row,
     names_from_rows, prefix_end, quota_usage_from_row, repositories_sql, repository_from_row,
     slot_hash, upload_from_row, upload_with_blocks_sql, use_from_row, Param, SqlRow,
     BLOCK_STATE_SQL, CHUNK, CLASS_LRU, ENTRY, QUOTA_USAGE, UPLOAD, USE_COLS,
@@ -189,7 +189,11 @@ impl<D: Dialect> SqlxStore<D> {
     }
 
     /// Runs a statement built at run time with `?` parameters and returns its rows.
-    async fn built_rows(&self, template: &str, params: Vec<Param>) -> Result<Vec<D::Row>, MetaError> {
+    async fn built_rows(
+        &self,
+        template: &str,
+        params: Vec<Param>,
+    ) -> Result<Vec<D::Row>, MetaError> {
         self.db.fetch(&D::BACKEND.spell(template), params).await
     }
 
@@ -281,7 +285,12 @@ impl<D: Dialect> SaveStore for SqlxStore<D> {
         let rows = self
             .rows(
                 &SLOT_STATE,
-                vec![hash.clone(), text(slot.repository.as_str()), Param::Int(live_since), hash],
+                vec![
+                    hash.clone(),
+                    text(slot.repository.as_str()),
+                    Param::Int(live_since),
+                    hash,
+                ],
             )
             .await?;
         let row = rows

@@ -22,7 +22,9 @@ use crate::meta::schema::{
 };
 use crate::meta::sql::{migrations_after, pr_counts, use_from_row, Param, SqlRow};
 use crate::meta::{MetaError, NewEntry, NewUpload, PoolSettings, Removal};
-use crate::model::{BlockId, Chunk, EntryId, EntryUse, Millis, RemovalCause, RepoId, Upload, UploadId};
+use crate::model::{
+    BlockId, Chunk, EntryId, EntryUse, Millis, RemovalCause, RepoId, Upload, UploadId,
+};
 
 const POSTGRES: Backend = Backend::Postgres;
 
@@ -128,10 +130,12 @@ fn row_values(table: &Table, first: usize, from: &[(&str, &str)]) -> String {
     table
         .inserted(POSTGRES)
         .enumerate()
-        .map(|(i, c)| match from.iter().find(|(name, _)| *name == c.name) {
-            Some((_, expression)) => (*expression).to_owned(),
-            None => format!("${}", first + i),
-        })
+        .map(
+            |(i, c)| match from.iter().find(|(name, _)| *name == c.name) {
+                Some((_, expression)) => (*expression).to_owned(),
+                None => format!("${}", first + i),
+            },
+        )
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -279,9 +283,8 @@ impl Dialect for PostgresDialect {
         new: NewUpload<'_>,
         replacing: Option<&Upload>,
     ) -> Result<UploadId, MetaError> {
-        static INSERT: Shared = Shared::built(|| {
-            format!("{} RETURNING id", uploads::TABLE.insert(POSTGRES))
-        });
+        static INSERT: Shared =
+            Shared::built(|| format!("{} RETURNING id", uploads::TABLE.insert(POSTGRES)));
         let values = UploadRow::from_new(&new).inserted_values(POSTGRES);
         let insert = bind_all(sqlx::query(INSERT.on(POSTGRES)), values);
         let Some(old) = replacing else {

@@ -16,8 +16,8 @@ use crate::model::{
 };
 
 use super::super::sql::SqlRow;
-use crate::meta::schema::stats_families;
 use super::Done;
+use crate::meta::schema::stats_families;
 
 impl<D: Dialect> SqlxStore<D> {
     /// Runs a shared statement whose rows are family rows (repository, family, class, start,
