@@ -107,11 +107,15 @@ pub struct FilterArgs {
     /// Entries written before this time (RFC 3339).
     #[arg(long)]
     pub written_before: Option<String>,
+    /// Entries whose archive has this digest (sha256:… or sha256-chunks:…, as `show` prints
+    /// it): the same bytes under every key and run that saved them.
+    #[arg(long)]
+    pub digest: Option<String>,
 }
 
 impl FilterArgs {
     /// The set parts, as the admin API names them.
-    fn pairs(&self) -> [(&'static str, &Option<String>); 9] {
+    fn pairs(&self) -> [(&'static str, &Option<String>); 10] {
         [
             ("key", &self.key),
             ("repository", &self.repository),
@@ -122,6 +126,7 @@ impl FilterArgs {
             ("kind", &self.kind),
             ("written_after", &self.written_after),
             ("written_before", &self.written_before),
+            ("digest", &self.digest),
         ]
     }
 

@@ -96,6 +96,8 @@ fn upload_selected(filter: &EntryFilter, named: Option<&[RepoId]>, upload: &Uplo
         && filter.kind.is_none_or(|k| by.is_some_and(|p| p.kind == k))
         && filter.written_after.is_none_or(|t| upload.created_at >= t)
         && filter.written_before.is_none_or(|t| upload.created_at < t)
+        // An open upload's bytes have no digest yet.
+        && filter.digest.is_none()
 }
 
 /// A filter as the audit log shows it: each part that is set, as `name=value`.
@@ -112,8 +114,9 @@ fn describe(filter: &EntryFilter) -> String {
         kind,
         written_after,
         written_before,
+        digest,
     } = filter;
-    let parts: [(&str, Option<String>); 11] = [
+    let parts: [(&str, Option<String>); 12] = [
         ("repository", repository.clone()),
         ("repository_id", repository_id.clone()),
         ("scope", scope.as_ref().map(|s| s.as_str().to_owned())),
@@ -125,6 +128,7 @@ fn describe(filter: &EntryFilter) -> String {
         ("kind", kind.map(|k| k.as_str().to_owned())),
         ("written_after", written_after.map(|t| t.to_string())),
         ("written_before", written_before.map(|t| t.to_string())),
+        ("digest", digest.clone()),
     ];
     let set: Vec<String> = parts
         .into_iter()

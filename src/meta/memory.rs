@@ -174,6 +174,7 @@ impl State {
             && self.written_by_selects(filter, e.written_by().as_ref())
             && filter.written_after.is_none_or(|t| entry.created_at >= t)
             && filter.written_before.is_none_or(|t| entry.created_at < t)
+            && filter.digest.as_ref().is_none_or(|d| *d == e.row.digest)
     }
 
     /// The writer's part of [`State::selects`]: an entry without a record has empty fields.

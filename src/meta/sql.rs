@@ -289,6 +289,10 @@ fn filtered(
         let b = p(Param::Int(before), params);
         sql.push_str(&format!(" AND e.created_at < {b}"));
     }
+    if let Some(digest) = &filter.digest {
+        let d = p(Param::Text(digest.clone()), params);
+        sql.push_str(&format!(" AND e.digest = {d}"));
+    }
     sql
 }
 
@@ -579,7 +583,7 @@ pub(super) fn listed_from_row(r: &impl SqlRow) -> Result<super::ListedEntry, Met
     Ok(super::ListedEntry {
         entry: entry_from_row(r)?,
         repository_name: r.text("repository_name")?,
-        written_by: provenance_from_row(r, ENTRY_WRITER)?,
+        written_by: entry_writer(r)?,
         digest: r.read(entries::digest)?,
     })
 }

@@ -28,6 +28,9 @@ pub struct EntryFilter {
     pub written_after: Option<Millis>,
     /// Written before this time.
     pub written_before: Option<Millis>,
+    /// Exactly this archive digest (`sha256:…` or `sha256-chunks:…`, see
+    /// [`crate::model::entry_digest`]): the same bytes saved under any key, by any run.
+    pub digest: Option<String>,
 }
 
 impl EntryFilter {

@@ -22,6 +22,7 @@ pub const FILTER: &[&str] = &[
     "kind",
     "written_after",
     "written_before",
+    "digest",
 ];
 /// A listing's order and page.
 pub const PAGE: &[&str] = &["sort", "direction", "cursor", "per_page"];
@@ -141,7 +142,28 @@ impl Query {
             kind,
             written_after,
             written_before,
+            digest: self.digest()?,
         })
+    }
+
+    /// `digest`: an entry digest as hoard shows it, `sha256:` or `sha256-chunks:` and 64 hex
+    /// digits (either case; kept lower case, as stored).
+    fn digest(&self) -> Result<Option<String>, AdminError> {
+        let Some(raw) = self.param("digest") else {
+            return Ok(None);
+        };
+        let raw = raw.to_ascii_lowercase();
+        let hex = raw
+            .strip_prefix("sha256:")
+            .or_else(|| raw.strip_prefix("sha256-chunks:"));
+        match hex {
+            Some(hex) if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                Ok(Some(raw))
+            }
+            _ => Err(AdminError::bad(
+                "digest must be sha256:<64 hex digits> or sha256-chunks:<64 hex digits>, as entries show it",
+            )),
+        }
     }
 
     /// A time parameter: RFC 3339 (`2026-05-04T12:00:00Z`), or seconds since the Unix epoch;
@@ -287,6 +309,24 @@ mod tests {
         let message = |q: &str| query(q).filter().unwrap_err().1;
         assert!(message("kind=token").contains("is no caller kind"));
         assert!(message("written_after=yesterday").contains("RFC 3339"));
+        let hex = "Ab".repeat(32);
+        let f = query(&format!("digest=sha256-chunks:{hex}"))
+            .filter()
+            .unwrap();
+        assert_eq!(
+            f.digest,
+            Some(format!("sha256-chunks:{}", hex.to_lowercase()))
+        );
+        for bad in [
+            "sha256:abc",
+            "md5:00",
+            &format!("sha256:{}", "zz".repeat(32)),
+        ] {
+            assert!(
+                message(&format!("digest={bad}")).contains("64 hex digits"),
+                "{bad}"
+            );
+        }
         assert!(message("written_after=20&written_before=10").contains("earlier than"));
         assert!(message("ref=a&scope=b").contains("give one"));
         assert!(query("dry_run=maybe").flag("dry_run").is_err());

@@ -6,6 +6,7 @@ use super::*;
 pub async fn run(store: &dyn MetaStore) {
     an_entry_keeps_what_its_upload_recorded_of_its_writer(store).await;
     writers_run_subject_kind_and_time_select_entries(store).await;
+    a_digest_selects_the_same_archive_under_every_key(store).await;
     an_entry_without_a_record_has_none(store).await;
     an_entry_awaiting_its_digest_gets_it_once(store).await;
 }
@@ -186,6 +187,33 @@ async fn writers_run_subject_kind_and_time_select_entries(store: &dyn MetaStore)
         [a2],
         "writer filters combine with the others"
     );
+}
+
+async fn a_digest_selects_the_same_archive_under_every_key(store: &dyn MetaStore) {
+    let poisoned = format!("sha256:{}", "d1a6".repeat(16));
+    let clean = format!("sha256:{}", "c1ea".repeat(16));
+    let x = save_by(store, &slot("prov-digest-1", "x"), None, &poisoned, 10).await;
+    let y = save_by(store, &slot("prov-digest-2", "y"), None, &poisoned, 11).await;
+    save_by(store, &slot("prov-digest-1", "z"), None, &clean, 12).await;
+    let by_digest = |digest: &str| EntryFilter {
+        digest: Some(digest.to_owned()),
+        ..EntryFilter::default()
+    };
+    let found = listed(store, by_digest(&poisoned)).await;
+    let mut ids: Vec<EntryId> = found.iter().map(|l| l.entry.id).collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        [x, y],
+        "digest selects every entry of those bytes, in any repository"
+    );
+    assert_eq!(
+        store.count_entries(&by_digest(&poisoned)).await.unwrap(),
+        2,
+        "and counts them"
+    );
+    let other = format!("sha256:{}", "0e7e".repeat(16));
+    assert!(listed(store, by_digest(&other)).await.is_empty());
 }
 
 async fn an_entry_without_a_record_has_none(store: &dyn MetaStore) {
