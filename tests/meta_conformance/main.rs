@@ -29,11 +29,32 @@ async fn conforms(url: DatabaseUrl) {
     );
     conformance::run_all(store.clone()).await;
     let probe = probe_entry(store.as_ref()).await;
+    // The newest entry removed before a restart: its id is not given again after it.
+    let newest =
+        conformance::save(store.as_ref(), &conformance::slot("restart", "a"), &[1], 1).await;
+    let deleted = hoard::model::RemovalCause::Deleted;
+    let removal = meta::Removal {
+        cause: &deleted,
+        now: 1,
+        delete_at: 2,
+    };
+    store.remove_entries(&[newest], removal).await.unwrap();
     drop(store);
     let reopened = meta::open(&url, 4).await.unwrap();
     assert!(
         reopened.entry(probe).await.unwrap().is_some(),
         "reopening (migrations again) keeps the data"
+    );
+    let next = conformance::save(
+        reopened.as_ref(),
+        &conformance::slot("restart", "b"),
+        &[1],
+        2,
+    )
+    .await;
+    assert!(
+        next > newest,
+        "after a restart {next:?} is past the removed {newest:?}"
     );
 }
 

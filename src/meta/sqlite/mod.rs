@@ -81,6 +81,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         9,
         include_str!("../migrations/sqlite/0009_deferred_digests.sql"),
     ),
+    (
+        10,
+        include_str!("../migrations/sqlite/0010_entry_ids_never_reused.sql"),
+    ),
 ];
 const MAX_READERS: usize = 8;
 
@@ -110,15 +114,34 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// Applies the migrations this database still needs, each in its own transaction. Foreign keys
+/// are off meanwhile (a migration that makes a table anew drops the one rows refer to; SQLite
+/// ignores the setting inside a transaction) and each migration must leave every reference
+/// whole before it commits.
 fn migrate(conn: &mut Connection) -> Result<(), MetaError> {
     let current: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
-    for (version, sql) in migrations_after(MIGRATIONS, current)? {
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        tx.execute_batch(sql)?;
-        tx.pragma_update(None, "user_version", version)?;
-        tx.commit()?;
-    }
-    Ok(())
+    conn.pragma_update(None, "foreign_keys", "OFF")?;
+    let migrated = (|| {
+        for (version, sql) in migrations_after(MIGRATIONS, current)? {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.execute_batch(sql)?;
+            let broken = tx
+                .prepare("PRAGMA foreign_key_check")?
+                .query([])?
+                .next()?
+                .is_some();
+            if broken {
+                return Err(MetaError::Corrupt(format!(
+                    "migration {version} would leave rows referring to missing ones"
+                )));
+            }
+            tx.pragma_update(None, "user_version", version)?;
+            tx.commit()?;
+        }
+        Ok(())
+    })();
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    migrated
 }
 
 impl SqliteStore {
@@ -1242,6 +1265,57 @@ mod migration_tests {
         assert_eq!(pr.iter().map(|e| e.size).collect::<Vec<_>>(), [20, 5]);
         let listed = store.repositories(Some("r"), 1).await.unwrap();
         assert_eq!((listed[0].pr_bytes, listed[0].pr_entries), (25, 2));
+    }
+
+    /// A database from before ids were kept for good: the upgrade keeps every entry and its
+    /// chunks, and the next entry's id is past every id an upload or the quarantine still names
+    /// (the newest entry was deleted before the upgrade, its id recorded by its upload).
+    #[tokio::test]
+    async fn the_entry_id_migration_keeps_entries_and_never_reuses_a_named_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 < 10) {
+                conn.execute_batch(sql).unwrap();
+                conn.pragma_update(None, "user_version", version).unwrap();
+            }
+            conn.execute_batch(
+                "INSERT INTO entries (id, repository, scope, key, key_folded, version, size, chunk_count, created_at, last_used_at, digest)
+                     VALUES (3, 'r', '', 'k', 'k', 'v', 1, 1, 0, 0, 'd');
+                 INSERT INTO uploads (repository, scope, key, key_folded, version, state, created_by, created_at, updated_at, entry_id)
+                     VALUES ('r', '', 'gone', 'gone', 'v', 'finalized', '', 0, 0, 9);",
+            )
+            .unwrap();
+            conn.execute(
+                "INSERT INTO entry_chunks (entry_id, ordinal, start, blob_name, size, sha256) VALUES (3, 0, 0, ?, 1, ?)",
+                params![BlobName::random().as_str(), &[7u8; 32][..]],
+            )
+            .unwrap();
+        }
+        let store = SqliteStore::open(&path).await.unwrap();
+        let (kept, chunks) = store.entry(EntryId::new(3)).await.unwrap().unwrap();
+        assert_eq!((kept.key.as_str(), chunks.len()), ("k", 1));
+        let id = store
+            .import(vec![(
+                Slot {
+                    repository: RepoId::new("r"),
+                    scope: Scope::new(""),
+                    key: crate::model::CacheKey::parse("new").unwrap(),
+                    version: Version::parse("v").unwrap(),
+                },
+                vec![Chunk {
+                    blob: BlobName::random(),
+                    size: 1,
+                    sha256: Some([1; 32]),
+                    xxh3: None,
+                }],
+                1,
+            )])
+            .await;
+        id.unwrap();
+        let ids = store.entry_ids(EntryId::new(0), 10).await.unwrap();
+        assert_eq!(ids, [EntryId::new(3), EntryId::new(10)]);
     }
 
     /// Uploads staged before their totals were kept get them counted when the database is

@@ -4,6 +4,7 @@ use super::*;
 
 pub async fn run(store: Arc<dyn MetaStore>) {
     usage_follows_finalize_and_removal(store.as_ref()).await;
+    ids_of_removed_entries_are_never_given_again(store.as_ref()).await;
     removed_chunks_wait_for_their_deletion_time(store.as_ref()).await;
     least_recently_used_come_first(store.as_ref()).await;
     scope_classes_are_counted_and_listed_apart(store.as_ref()).await;
@@ -53,6 +54,25 @@ async fn usage_follows_finalize_and_removal(store: &dyn MetaStore) {
         "an entry already gone is not removed twice"
     );
     assert_eq!(store.repository_usage(&repo).await.unwrap().bytes, 500);
+}
+
+/// An entry id names one entry for good: the newest entry removed, the next one saved still
+/// gets a new id (audit lines and `caches show` never name two entries by one id).
+async fn ids_of_removed_entries_are_never_given_again(store: &dyn MetaStore) {
+    let first = save(store, &slot("lc-ids", "one"), &[1], 1).await;
+    let newest = save(store, &slot("lc-ids", "two"), &[1], 2).await;
+    let deleted = RemovalCause::Deleted;
+    for id in [newest, first] {
+        store
+            .remove_entries(&[id], removal(&deleted, 10))
+            .await
+            .unwrap();
+    }
+    let next = save(store, &slot("lc-ids", "three"), &[1], 3).await;
+    assert!(
+        next > newest && next > first,
+        "{next:?} is a new id, past the removed {first:?} and {newest:?}"
+    );
 }
 
 async fn removed_chunks_wait_for_their_deletion_time(store: &dyn MetaStore) {
