@@ -13,7 +13,7 @@ pub mod stats;
 pub mod units;
 
 pub use listing::{EntryFilter, EntryOrder, EntryPage, ListedEntry, RepositoryUsage, Totals};
-pub use provenance::{entry_digest, CallerKind, Provenance};
+pub use provenance::{entry_digest, CallerKind, Provenance, RestoreRecord};
 pub use scope_class::{QuotaUsage, ScopeClass, Share};
 pub use stats::{
     Bucket, Counters, Evictions, LookupResult, RefClass, StatsFilter, StatsKey, StatsRow,

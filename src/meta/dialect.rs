@@ -62,6 +62,20 @@ impl Backend {
         }
     }
 
+    /// The larger and the smaller of two values (SQLite's scalar `MAX` and `MIN`).
+    pub fn greatest(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "MAX",
+            Backend::Postgres | Backend::MySql => "GREATEST",
+        }
+    }
+    pub fn least(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "MIN",
+            Backend::Postgres | Backend::MySql => "LEAST",
+        }
+    }
+
     pub fn upsert(self) -> Upsert {
         match self {
             Backend::MySql => Upsert::OnDuplicateKey,

@@ -15,6 +15,8 @@ use super::{
     LifecycleStore, ListedEntry, MetaError, NewEntry, NewUpload, Removal, RepositoryUsage,
     RestoreStore, SaveStore, SlotState, StatsStore, Totals,
 };
+use super::{NewRestore, RestoreQuery};
+use crate::model::RestoreRecord;
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, Provenance, QuotaUsage,
     RemovalCause, RepoId, Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId, UploadState,
@@ -42,6 +44,8 @@ struct State {
     server_stats: BTreeMap<(RefClass, Bucket, Millis), Counters>,
     /// Families kept per repository, with when.
     kept_families: BTreeMap<(RepoId, String), Millis>,
+    /// Restore records, by a number that orders them as the SQL stores' ids do.
+    restores: Vec<(i64, RestoreRecord)>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -517,6 +521,55 @@ impl RestoreStore for MemoryStore {
         }
         Ok(())
     }
+
+    async fn record_restores(&self, restores: &[NewRestore]) -> Result<(), MetaError> {
+        let mut state = self.state();
+        for new in restores {
+            let Some(stored) = state.entries.get(&new.entry) else {
+                continue; // gone: nothing is recorded
+            };
+            let (entry, written_by) = (stored.entry(), stored.written_by());
+            let same = |r: &RestoreRecord| r.entry_id == new.entry && r.reader == new.reader;
+            if let Some(record) = state.restores.iter_mut().find(|(_, r)| same(r)) {
+                let r = &mut record.1;
+                r.count += new.count;
+                r.first_at = r.first_at.min(new.first_at);
+                r.last_at = r.last_at.max(new.last_at);
+                continue;
+            }
+            let id = state.next_id();
+            state.restores.push((
+                id,
+                RestoreRecord {
+                    entry_id: new.entry,
+                    repository: entry.repository,
+                    scope: entry.scope,
+                    key: entry.key,
+                    written_by,
+                    written_at: entry.created_at,
+                    reader: new.reader.clone(),
+                    first_at: new.first_at,
+                    last_at: new.last_at,
+                    count: new.count,
+                },
+            ));
+            // The entry's most recent readers are kept.
+            let mut of_entry: Vec<(Millis, i64)> = state
+                .restores
+                .iter()
+                .filter(|(_, r)| r.entry_id == new.entry)
+                .map(|(id, r)| (r.last_at, *id))
+                .collect();
+            of_entry.sort_unstable_by(|a, b| b.cmp(a));
+            let dropped: Vec<i64> = of_entry
+                .iter()
+                .skip(super::MAX_READERS_PER_ENTRY)
+                .map(|(_, id)| *id)
+                .collect();
+            state.restores.retain(|(id, _)| !dropped.contains(id));
+        }
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -538,6 +591,13 @@ impl LifecycleStore for MemoryStore {
 
     async fn total_usage(&self) -> Result<u64, MetaError> {
         Ok(self.state().entries.values().map(|e| e.entry().size).sum())
+    }
+
+    async fn prune_restores(&self, before: Millis) -> Result<u64, MetaError> {
+        let mut state = self.state();
+        let count = state.restores.len();
+        state.restores.retain(|(_, r)| r.last_at >= before);
+        Ok((count - state.restores.len()) as u64)
     }
 
     async fn pending_deletions(&self) -> Result<u64, MetaError> {
@@ -814,6 +874,44 @@ impl AdminStore for MemoryStore {
         });
         out.truncate(limit);
         Ok(out)
+    }
+
+    async fn restores(&self, query: &RestoreQuery) -> Result<Vec<RestoreRecord>, MetaError> {
+        let state = self.state();
+        let f = &query.written_under;
+        let writer = |r: &RestoreRecord, pick: fn(&Provenance) -> &str, wanted: &Option<String>| {
+            let have = r.written_by.as_ref().map_or("", pick);
+            wanted.as_deref().is_none_or(|w| w == have)
+        };
+        let mut found: Vec<&(i64, RestoreRecord)> = state
+            .restores
+            .iter()
+            .filter(|(_, r)| query.entries.is_empty() || query.entries.contains(&r.entry_id))
+            .filter(|(_, r)| {
+                f.repository.as_ref().is_none_or(|name| {
+                    r.repository.as_str() == name || state.name_of(&r.repository) == *name
+                }) && f
+                    .repository_id
+                    .as_deref()
+                    .is_none_or(|id| r.repository.as_str() == id)
+                    && f.scope.as_ref().is_none_or(|s| &r.scope == s)
+                    && writer(r, |p| &p.run_id, &f.run_id)
+                    && writer(r, |p| &p.subject, &f.subject)
+                    && writer(
+                        r,
+                        |p| p.kind.as_str(),
+                        &f.kind.map(|k| k.as_str().to_owned()),
+                    )
+                    && f.written_after.is_none_or(|t| r.written_at >= t)
+                    && f.written_before.is_none_or(|t| r.written_at < t)
+            })
+            .collect();
+        found.sort_by(|(a_id, a), (b_id, b)| (b.last_at, b_id).cmp(&(a.last_at, a_id)));
+        Ok(found
+            .into_iter()
+            .take(query.limit)
+            .map(|(_, r)| r.clone())
+            .collect())
     }
 
     async fn count_repositories(&self) -> Result<u64, MetaError> {

@@ -48,6 +48,7 @@ pub(crate) use sqlite::count_vm_steps;
 pub use sqlite::SqliteStore;
 pub use timed::Timed;
 
+use crate::model::RestoreRecord;
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, Provenance, QuotaUsage,
     RefClass, RemovalCause, RepoId, Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId,
@@ -190,6 +191,31 @@ impl EntryChunk {
     }
 }
 
+/// Readers kept per entry in its restore records: the most recent ones (the entry's hit count
+/// counts every restore).
+pub const MAX_READERS_PER_ENTRY: usize = 50;
+
+/// Restores of one entry by one reader, as the bookkeeping folded them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewRestore {
+    pub entry: EntryId,
+    pub reader: Provenance,
+    pub count: u64,
+    pub first_at: Millis,
+    pub last_at: Millis,
+}
+
+/// Which restore records [`AdminStore::restores`] answers.
+#[derive(Debug, Clone, Default)]
+pub struct RestoreQuery {
+    /// These entries' records; when empty, those `written_under` selects.
+    pub entries: Vec<EntryId>,
+    /// Of the filter, the parts a record keeps of its entry: `repository_id`, `scope`, `run_id`,
+    /// `subject`, `kind`, `written_after` and `written_before`.
+    pub written_under: EntryFilter,
+    pub limit: usize,
+}
+
 /// How entries leave: why, when, and when their chunks may be deleted (after every reader that
 /// could have started has finished).
 #[derive(Debug, Clone)]
@@ -280,6 +306,11 @@ store_trait! {
         /// Records lookups that found nothing: per repository, its name (as in [`NewEntry`])
         /// and how many.
         async fn record_misses(&self, misses: &[(RepoId, String, u64)]) -> Result<(), MetaError>;
+
+        /// Records who received entries: per entry and reader, how many restores and when,
+        /// added to what the reader's record holds; each entry keeps its
+        /// [`MAX_READERS_PER_ENTRY`] most recent readers. Entries that no longer exist are skipped.
+        async fn record_restores(&self, restores: &[NewRestore]) -> Result<(), MetaError>;
     }
 }
 
@@ -295,6 +326,9 @@ store_trait! {
 
         /// Bytes of chunks whose deletion is scheduled but not yet done.
         async fn pending_deletions(&self) -> Result<u64, MetaError>;
+
+        /// Forgets restore records whose latest restore is before `before`; how many.
+        async fn prune_restores(&self, before: Millis) -> Result<u64, MetaError>;
 
         /// Up to `limit` entries, least recently used first (then oldest id), of one repository
         /// or of all.
@@ -370,6 +404,11 @@ store_trait! {
         /// What the store holds, for metrics: bytes and entries of all repositories, and open
         /// uploads.
         async fn totals(&self) -> Result<Totals, MetaError>;
+
+        /// Restore records, most recent first, at most `query.limit`: of the entries named, or of
+        /// every entry written under `query.written_under` (its repository, scope, writer and
+        /// time window: the blast radius of a writer), whether or not the entry still exists.
+        async fn restores(&self, query: &RestoreQuery) -> Result<Vec<RestoreRecord>, MetaError>;
     }
 }
 

@@ -200,9 +200,50 @@ table! {
     }
 }
 
+table! {
+    /// One reader's restores of one entry, with the entry's writer copied from it: the record
+    /// outlives the entry. `reader_hash` is [`reader_hash`] of the reader's six columns.
+    RestoreRow in restores {
+        id: i64 = database,
+        entry_id: i64,
+        repository: String,
+        scope: String,
+        key: String,
+        written_at: i64,
+        writer_kind: String,
+        writer_issuer: String,
+        writer_subject: String,
+        writer_run_id: String,
+        writer_job_id: String,
+        writer_address: String,
+        reader_hash: Vec<u8>,
+        reader_kind: String,
+        reader_issuer: String,
+        reader_subject: String,
+        reader_run_id: String,
+        reader_job_id: String,
+        reader_address: String,
+        first_at: i64,
+        last_at: i64,
+        count: i64,
+    }
+}
+
+/// The key that tells readers apart: SHA-256 over their six columns, length-prefixed (the
+/// columns themselves are too long together for MySQL's unique indexes).
+pub fn reader_hash(reader: &Provenance) -> Vec<u8> {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for field in writer_columns(Some(reader)) {
+        hasher.update((field.len() as u64).to_le_bytes());
+        hasher.update(field.as_bytes());
+    }
+    hasher.finalize().to_vec()
+}
+
 /// Every declared table.
 #[cfg_attr(not(any(test, feature = "test-util")), allow(dead_code))]
-pub static TABLES: [&Table; 11] = [
+pub static TABLES: [&Table; 12] = [
     &uploads::TABLE,
     &staged_blocks::TABLE,
     &upload_parts::TABLE,
@@ -214,10 +255,11 @@ pub static TABLES: [&Table; 11] = [
     &family_stats::TABLE,
     &server_stats::TABLE,
     &stats_families::TABLE,
+    &restores::TABLE,
 ];
 
 /// A writer's six columns (kind, issuer, subject, run, job, address), empty when unknown.
-fn writer_columns(p: Option<&Provenance>) -> [String; 6] {
+pub(super) fn writer_columns(p: Option<&Provenance>) -> [String; 6] {
     match p {
         Some(p) => [
             p.kind.as_str().to_owned(),

@@ -3,8 +3,9 @@
 //! index hashes of the networked stores.
 
 use super::dialect::Shared;
+use super::dialect::{Backend, Upsert};
 pub(super) use super::row::{Param, SqlRow};
-use super::schema::{entries, entry_chunks, repository_usage, uploads};
+use super::schema::{entries, entry_chunks, repository_usage, restores, uploads};
 use super::MetaError;
 use crate::model::{
     BlobName, BlockId, CallerKind, Chunk, Entry, EntryId, EntryUse, Provenance, RepoId, Scope,
@@ -600,6 +601,190 @@ pub(super) fn repository_from_row(r: &impl SqlRow) -> Result<super::RepositoryUs
         misses: r.count(u::misses.name)?,
         pr_bytes: r.count(u::pr_bytes.name)?,
         pr_entries: r.count(u::pr_entries.name)?,
+    })
+}
+
+/// The statement that records one reader's restores of one entry, spelled for `backend`:
+/// the entry's columns copied from its row (nothing is recorded for an entry that is gone),
+/// added to the reader's record if it has one. Parameters: the reader's hash and six columns,
+/// first and latest restore, count, then the entry's id.
+pub(super) fn record_restore_sql(backend: Backend) -> &'static str {
+    fn build(backend: Backend) -> String {
+        let from_entry = [
+            (restores::entry_id.name, "e.id"),
+            (restores::repository.name, "e.repository"),
+            (restores::scope.name, "e.scope"),
+            (restores::key.name, "e.key"),
+            (restores::written_at.name, "e.created_at"),
+            (restores::writer_kind.name, "e.writer_kind"),
+            (restores::writer_issuer.name, "e.writer_issuer"),
+            (restores::writer_subject.name, "e.writer_subject"),
+            (restores::writer_run_id.name, "e.writer_run_id"),
+            (restores::writer_job_id.name, "e.writer_job_id"),
+            (restores::writer_address.name, "e.writer_address"),
+        ];
+        let values: Vec<String> = restores::TABLE
+            .inserted(backend)
+            .map(|c| {
+                from_entry
+                    .iter()
+                    .find(|(name, _)| *name == c.name)
+                    .map_or("?".to_owned(), |(_, from)| (*from).to_owned())
+            })
+            .collect();
+        let (greatest, least) = (backend.greatest(), backend.least());
+        let on_existing = match backend.upsert() {
+            Upsert::OnConflict => format!(
+                "ON CONFLICT (entry_id, reader_hash) DO UPDATE SET count = restores.count + excluded.count,
+                     last_at = {greatest}(restores.last_at, excluded.last_at),
+                     first_at = {least}(restores.first_at, excluded.first_at)"
+            ),
+            Upsert::OnDuplicateKey => format!(
+                "ON DUPLICATE KEY UPDATE count = count + VALUES(count),
+                     last_at = {greatest}(last_at, VALUES(last_at)),
+                     first_at = {least}(first_at, VALUES(first_at))"
+            ),
+        };
+        backend.spell(&format!(
+            "INSERT INTO restores ({}) SELECT {} FROM entries e WHERE e.id = ? {on_existing}",
+            restores::TABLE.inserted_list(backend),
+            values.join(", ")
+        ))
+    }
+    static BUILT: [std::sync::OnceLock<String>; 3] = [
+        std::sync::OnceLock::new(),
+        std::sync::OnceLock::new(),
+        std::sync::OnceLock::new(),
+    ];
+    BUILT[backend as usize].get_or_init(|| build(backend))
+}
+
+/// The parameters of [`record_restore_sql`].
+pub(super) fn record_restore_params(restore: &super::NewRestore) -> Vec<Param> {
+    let mut params = vec![Param::Bytes(super::schema::reader_hash(&restore.reader))];
+    params.extend(
+        super::schema::writer_columns(Some(&restore.reader))
+            .into_iter()
+            .map(Param::Text),
+    );
+    params.extend([
+        Param::Int(restore.first_at),
+        Param::Int(restore.last_at),
+        Param::Int(restore.count.min(i64::MAX as u64) as i64),
+        Param::Int(restore.entry.get()),
+    ]);
+    params
+}
+
+/// Drops an entry's readers past the [`super::MAX_READERS_PER_ENTRY`] most recent. Parameters:
+/// the entry's id, twice.
+pub(super) static PRUNE_READERS: Shared = Shared::built(|| {
+    format!(
+        "DELETE FROM restores WHERE entry_id = ? AND id NOT IN (
+             SELECT id FROM (SELECT id FROM restores WHERE entry_id = ?
+                             ORDER BY last_at DESC, id DESC LIMIT {}) AS kept)",
+        super::MAX_READERS_PER_ENTRY
+    )
+});
+
+/// Forgets records whose latest restore is before the parameter.
+pub(super) static PRUNE_RESTORES: Shared = Shared::new("DELETE FROM restores WHERE last_at < ?");
+
+/// The statement of [`super::AdminStore::restores`] and its parameters, with `placeholder`
+/// spelling the n-th.
+pub(super) fn restores_sql(
+    query: &super::RestoreQuery,
+    placeholder: impl Fn(usize) -> String,
+) -> (String, Vec<Param>) {
+    let names: Vec<&str> = restores::TABLE
+        .columns
+        .iter()
+        .map(|c| c.name)
+        .filter(|name| *name != restores::reader_hash.name)
+        .collect();
+    let mut params = Vec::new();
+    let mut p = |value: Param| {
+        params.push(value);
+        placeholder(params.len())
+    };
+    let mut sql = format!(
+        "SELECT {} FROM restores r LEFT JOIN repository_usage u ON u.repository = r.repository WHERE 1 = 1",
+        columns("r", &names)
+    );
+    if !query.entries.is_empty() {
+        let list: Vec<String> = query
+            .entries
+            .iter()
+            .map(|id| p(Param::Int(id.get())))
+            .collect();
+        sql.push_str(&format!(" AND r.entry_id IN ({})", list.join(", ")));
+    }
+    let f = &query.written_under;
+    if let Some(repository) = &f.repository {
+        let (id, name) = (
+            p(Param::Text(repository.clone())),
+            p(Param::Text(repository.clone())),
+        );
+        sql.push_str(&format!(" AND (r.repository = {id} OR u.name = {name})"));
+    }
+    for (column, value) in [
+        ("r.repository", f.repository_id.clone()),
+        ("r.scope", f.scope.as_ref().map(|s| s.as_str().to_owned())),
+        ("r.writer_run_id", f.run_id.clone()),
+        ("r.writer_subject", f.subject.clone()),
+        ("r.writer_kind", f.kind.map(|k| k.as_str().to_owned())),
+    ] {
+        if let Some(value) = value {
+            let v = p(Param::Text(value));
+            sql.push_str(&format!(" AND {column} = {v}"));
+        }
+    }
+    if let Some(after) = f.written_after {
+        let a = p(Param::Int(after));
+        sql.push_str(&format!(" AND r.written_at >= {a}"));
+    }
+    if let Some(before) = f.written_before {
+        let b = p(Param::Int(before));
+        sql.push_str(&format!(" AND r.written_at < {b}"));
+    }
+    let limit = p(Param::Int(query.limit as i64));
+    sql.push_str(&format!(
+        " ORDER BY r.last_at DESC, r.id DESC LIMIT {limit}"
+    ));
+    (sql, params)
+}
+
+/// A row of [`restores_sql`].
+pub(super) fn restore_from_row(r: &impl SqlRow) -> Result<crate::model::RestoreRecord, MetaError> {
+    let writer = [
+        restores::writer_kind.name,
+        restores::writer_issuer.name,
+        restores::writer_subject.name,
+        restores::writer_run_id.name,
+        restores::writer_job_id.name,
+        restores::writer_address.name,
+    ];
+    let reader = [
+        restores::reader_kind.name,
+        restores::reader_issuer.name,
+        restores::reader_subject.name,
+        restores::reader_run_id.name,
+        restores::reader_job_id.name,
+        restores::reader_address.name,
+    ];
+    Ok(crate::model::RestoreRecord {
+        entry_id: EntryId::new(r.read(restores::entry_id)?),
+        repository: RepoId::new(r.read(restores::repository)?),
+        scope: Scope::new(r.read(restores::scope)?),
+        key: r.read(restores::key)?,
+        written_by: provenance_from_row(r, writer)?,
+        written_at: r.read(restores::written_at)?,
+        reader: provenance_from_row(r, reader)?.ok_or_else(|| {
+            MetaError::Corrupt("a restore record without its reader's kind".into())
+        })?,
+        first_at: r.read(restores::first_at)?,
+        last_at: r.read(restores::last_at)?,
+        count: r.count(restores::count.name)?,
     })
 }
 

@@ -119,6 +119,26 @@ impl Provenance {
     }
 }
 
+/// Who received an entry: one reader's restores of it (every lookup that matched it, v1 or v2,
+/// by exact key or restore key), kept with what the entry's writer was, so the record outlives
+/// the entry (a purge, a quarantine) and answers "which jobs restored what that run wrote".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreRecord {
+    pub entry_id: super::EntryId,
+    pub repository: super::RepoId,
+    pub scope: super::Scope,
+    pub key: String,
+    /// The entry's writer, as the entry recorded it (`None`: not recorded).
+    pub written_by: Option<Provenance>,
+    /// When the entry was written.
+    pub written_at: super::Millis,
+    pub reader: Provenance,
+    /// The first and latest restores by this reader, and how many.
+    pub first_at: super::Millis,
+    pub last_at: super::Millis,
+    pub count: u64,
+}
+
 /// The digest an entry is known by: `sha256:<hex>` of its bytes when it is one chunk (every
 /// entry the clients upload in one request); for an entry assembled from blocks,
 /// `sha256-chunks:<hex>`, the SHA-256 of its chunks' SHA-256s in order, which changes whenever

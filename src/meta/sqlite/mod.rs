@@ -37,19 +37,20 @@ use crate::meta::schema::{
 use crate::meta::sql::{
     block_state_from_row, candidate_from_row, chunk_from_row, columns, count_entries_sql,
     entry_from_row, list_entries_sql, listed_from_row, migrations_after, pr_counts,
-    quota_usage_from_row, repositories_sql, repository_from_row, upload_from_row, use_from_row,
-    Param, SqlRow, BLOCK_STATE_SQL, CANDIDATE, CHUNK, CLASS_LRU, ENTRY, QUOTA_USAGE, UPLOAD,
-    USE_COLS,
+    quota_usage_from_row, record_restore_params, record_restore_sql, repositories_sql,
+    repository_from_row, restore_from_row, restores_sql, upload_from_row, use_from_row, Param,
+    SqlRow, BLOCK_STATE_SQL, CANDIDATE, CHUNK, CLASS_LRU, ENTRY, PRUNE_READERS, PRUNE_RESTORES,
+    QUOTA_USAGE, UPLOAD, USE_COLS,
 };
 use crate::meta::{
     AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health,
-    LifecycleStore, ListedEntry, MetaError, NewEntry, NewUpload, Removal, RepositoryUsage,
-    RestoreStore, SaveStore, SlotState, Totals,
+    LifecycleStore, ListedEntry, MetaError, NewEntry, NewRestore, NewUpload, Removal,
+    RepositoryUsage, RestoreQuery, RestoreStore, SaveStore, SlotState, Totals,
 };
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, QuotaUsage,
-    RemovalCause, RepoId, Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId, UploadState,
-    Version,
+    RemovalCause, RepoId, RestoreRecord, Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId,
+    UploadState, Version,
 };
 use group_commit::GroupCommit;
 use wal::{checkpoint_now, WalBound, WAL_SOFT_LIMIT};
@@ -85,6 +86,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         10,
         include_str!("../migrations/sqlite/0010_entry_ids_never_reused.sql"),
     ),
+    (11, include_str!("../migrations/sqlite/0011_restores.sql")),
 ];
 const MAX_READERS: usize = 8;
 
@@ -779,6 +781,25 @@ impl RestoreStore for SqliteStore {
         .await
     }
 
+    async fn record_restores(&self, restores: &[NewRestore]) -> Result<(), MetaError> {
+        let restores = restores.to_vec();
+        self.write(move |tx| {
+            let mut record = tx.prepare_cached(record_restore_sql(Backend::Sqlite))?;
+            for restore in &restores {
+                record.execute(rusqlite::params_from_iter(record_restore_params(restore)))?;
+            }
+            let mut entries: Vec<EntryId> = restores.iter().map(|r| r.entry).collect();
+            entries.sort_unstable();
+            entries.dedup();
+            let mut prune = tx.prepare_cached(PRUNE_READERS.on(Backend::Sqlite))?;
+            for entry in entries {
+                prune.execute(params![entry.get(), entry.get()])?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
     async fn record_misses(&self, misses: &[(RepoId, String, u64)]) -> Result<(), MetaError> {
         let misses = misses.to_vec();
         self.write(move |tx| {
@@ -814,6 +835,16 @@ impl LifecycleStore for SqliteStore {
                 .prepare_cached("SELECT COALESCE(SUM(bytes), 0) AS n FROM repository_usage")?
                 .query_row([], |r| r.get("n"))?;
             Ok(bytes.max(0) as u64)
+        })
+        .await
+    }
+
+    async fn prune_restores(&self, before: Millis) -> Result<u64, MetaError> {
+        self.write(move |tx| {
+            let pruned = tx
+                .prepare_cached(PRUNE_RESTORES.on(Backend::Sqlite))?
+                .execute([before])?;
+            Ok(pruned as u64)
         })
         .await
     }
@@ -1154,6 +1185,17 @@ impl AdminStore for SqliteStore {
             let mut stmt = conn.prepare(&sql)?;
             let rows = stmt.query(rusqlite::params_from_iter(params))?;
             rows_of(rows, |r| repository_from_row(r))
+        })
+        .await
+    }
+
+    async fn restores(&self, query: &RestoreQuery) -> Result<Vec<RestoreRecord>, MetaError> {
+        let (sql, params) = restores_sql(query, |_| "?".into());
+        self.read(move |conn| {
+            // Not cached: operators' statements vary and would push the hot ones out.
+            let mut stmt = conn.prepare(&sql)?;
+            let rows = stmt.query(rusqlite::params_from_iter(params))?;
+            rows_of(rows, |r| restore_from_row(r))
         })
         .await
     }

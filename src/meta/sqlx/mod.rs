@@ -68,18 +68,19 @@ use super::schema::{entries, entry_chunks, uploads};
 use super::sql::{
     block_state_from_row, bucket, candidate_from_row, candidates_sql, chunk_from_row,
     collect_blocks, columns, count_entries_sql, entry_from_row, list_entries_sql, listed_from_row,
-    names_from_rows, prefix_end, quota_usage_from_row, repositories_sql, repository_from_row,
-    slot_hash, upload_from_row, upload_with_blocks_sql, use_from_row, Param, SqlRow,
-    BLOCK_STATE_SQL, CHUNK, CLASS_LRU, ENTRY, QUOTA_USAGE, UPLOAD, USE_COLS,
+    names_from_rows, prefix_end, quota_usage_from_row, record_restore_params, record_restore_sql,
+    repositories_sql, repository_from_row, restore_from_row, restores_sql, slot_hash,
+    upload_from_row, upload_with_blocks_sql, use_from_row, Param, SqlRow, BLOCK_STATE_SQL, CHUNK,
+    CLASS_LRU, ENTRY, PRUNE_READERS, PRUNE_RESTORES, QUOTA_USAGE, UPLOAD, USE_COLS,
 };
 use super::{
     AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health,
-    LifecycleStore, ListedEntry, MetaError, NewEntry, NewUpload, PoolSettings, Removal,
-    RepositoryUsage, RestoreStore, SaveStore, SlotState, Totals,
+    LifecycleStore, ListedEntry, MetaError, NewEntry, NewRestore, NewUpload, PoolSettings, Removal,
+    RepositoryUsage, RestoreQuery, RestoreStore, SaveStore, SlotState, Totals,
 };
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, QuotaUsage, RepoId,
-    Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId, Version,
+    RestoreRecord, Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId, Version,
 };
 
 /// The PostgreSQL store: several hoard processes may share one database.
@@ -507,6 +508,21 @@ impl<D: Dialect> RestoreStore for SqlxStore<D> {
     async fn record_misses(&self, misses: &[(RepoId, String, u64)]) -> Result<(), MetaError> {
         self.db.record_misses(misses).await
     }
+
+    async fn record_restores(&self, restores: &[NewRestore]) -> Result<(), MetaError> {
+        let mut steps: Vec<Step> = restores
+            .iter()
+            .map(|r| Step::Execute(record_restore_sql(D::BACKEND), record_restore_params(r)))
+            .collect();
+        let mut entries: Vec<EntryId> = restores.iter().map(|r| r.entry).collect();
+        entries.sort_unstable();
+        entries.dedup();
+        steps.extend(entries.into_iter().map(|id| {
+            let id = Param::Int(id.get());
+            Step::Execute(PRUNE_READERS.on(D::BACKEND), vec![id.clone(), id])
+        }));
+        self.db.in_transaction(steps).await.map(drop)
+    }
 }
 
 #[async_trait]
@@ -524,6 +540,12 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
             Vec::new(),
         )
         .await
+    }
+
+    async fn prune_restores(&self, before: Millis) -> Result<u64, MetaError> {
+        self.db
+            .execute(PRUNE_RESTORES.on(D::BACKEND), vec![Param::Int(before)])
+            .await
     }
 
     async fn pending_deletions(&self) -> Result<u64, MetaError> {
@@ -803,6 +825,12 @@ impl<D: Dialect> AdminStore for SqlxStore<D> {
         let (sql, params) = repositories_sql(only, limit, D::placeholder);
         let rows = self.db.fetch(&sql, params).await?;
         rows.iter().map(repository_from_row).collect()
+    }
+
+    async fn restores(&self, query: &RestoreQuery) -> Result<Vec<RestoreRecord>, MetaError> {
+        let (sql, params) = restores_sql(query, D::placeholder);
+        let rows = self.db.fetch(&sql, params).await?;
+        rows.iter().map(restore_from_row).collect()
     }
 
     async fn count_repositories(&self) -> Result<u64, MetaError> {

@@ -7,6 +7,8 @@ pub async fn run(store: &dyn MetaStore) {
     an_entry_keeps_what_its_upload_recorded_of_its_writer(store).await;
     writers_run_subject_kind_and_time_select_entries(store).await;
     a_digest_selects_the_same_archive_under_every_key(store).await;
+    restore_records_name_the_readers_and_outlive_the_entry(store).await;
+    an_entry_keeps_its_most_recent_readers(store).await;
     an_entry_without_a_record_has_none(store).await;
     an_entry_awaiting_its_digest_gets_it_once(store).await;
 }
@@ -313,4 +315,152 @@ async fn an_entry_awaiting_its_digest_gets_it_once(store: &dyn MetaStore) {
         .record_digest(EntryId::new(1 << 40), &sums, "sha256-chunks:77")
         .await
         .unwrap());
+}
+
+fn reader(run: &str, job: &str) -> Provenance {
+    Provenance {
+        run_id: run.into(),
+        job_id: job.into(),
+        address: "10.0.0.9".into(),
+        ..writer("repo:o/r:ref:refs/heads/release")
+    }
+}
+
+fn restore(entry: EntryId, reader: &Provenance, at: i64) -> hoard::meta::NewRestore {
+    hoard::meta::NewRestore {
+        entry,
+        reader: reader.clone(),
+        count: 1,
+        first_at: at,
+        last_at: at,
+    }
+}
+
+fn restores_of(entries: Vec<EntryId>) -> hoard::meta::RestoreQuery {
+    hoard::meta::RestoreQuery {
+        entries,
+        limit: 100,
+        ..Default::default()
+    }
+}
+
+async fn restore_records_name_the_readers_and_outlive_the_entry(store: &dyn MetaStore) {
+    let repo = "prov-restores";
+    let poisoner = Provenance {
+        run_id: "poison-run".into(),
+        ..writer("repo:o/r:pull_request")
+    };
+    let clean = Provenance {
+        run_id: "clean-run".into(),
+        ..writer("repo:o/r:ref:refs/heads/main")
+    };
+    let bad = save_by(store, &slot(repo, "bad"), Some(&poisoner), "", 100).await;
+    let good = save_by(store, &slot(repo, "good"), Some(&clean), "", 110).await;
+    let (release, nightly) = (
+        reader("release-run", "build"),
+        reader("nightly-run", "test"),
+    );
+    store
+        .record_restores(&[
+            restore(bad, &release, 200),
+            restore(bad, &nightly, 210),
+            restore(good, &nightly, 220),
+            restore(EntryId::new(i64::MAX - 1), &release, 230),
+        ])
+        .await
+        .unwrap();
+    // Restored again later: added to the reader's record, not a second one.
+    store
+        .record_restores(&[restore(bad, &release, 300)])
+        .await
+        .unwrap();
+
+    let records = store.restores(&restores_of(vec![bad])).await.unwrap();
+    let readers: Vec<(&str, u64, i64, i64)> = records
+        .iter()
+        .map(|r| (r.reader.run_id.as_str(), r.count, r.first_at, r.last_at))
+        .collect();
+    assert_eq!(
+        readers,
+        [("release-run", 2, 200, 300), ("nightly-run", 1, 210, 210)],
+        "one record per reader, most recent first, counted"
+    );
+    assert_eq!(records[0].reader, release, "the reader is kept whole");
+    assert_eq!(records[0].written_by.as_ref(), Some(&poisoner));
+    assert_eq!(
+        (records[0].key.as_str(), records[0].written_at),
+        ("bad", 100)
+    );
+
+    let blast = hoard::meta::RestoreQuery {
+        written_under: EntryFilter {
+            run_id: Some("poison-run".into()),
+            ..EntryFilter::default()
+        },
+        limit: 100,
+        ..Default::default()
+    };
+    let found = store.restores(&blast).await.unwrap();
+    let mut runs: Vec<&str> = found.iter().map(|r| r.reader.run_id.as_str()).collect();
+    runs.sort();
+    assert_eq!(
+        runs,
+        ["nightly-run", "release-run"],
+        "the blast radius of a writer's run"
+    );
+    assert!(found.iter().all(|r| r.entry_id == bad));
+
+    let deleted = RemovalCause::Deleted;
+    let removal = Removal {
+        cause: &deleted,
+        now: 400,
+        delete_at: 500,
+    };
+    store.remove_entries(&[bad], removal).await.unwrap();
+    assert_eq!(
+        store.restores(&blast).await.unwrap().len(),
+        2,
+        "records outlive the entry"
+    );
+    store
+        .record_restores(&[restore(bad, &release, 450)])
+        .await
+        .unwrap();
+    assert_eq!(
+        store.restores(&restores_of(vec![bad])).await.unwrap()[0].count,
+        2,
+        "an entry that is gone records nothing more"
+    );
+
+    assert!(store.prune_restores(215).await.unwrap() >= 1);
+    let left = store.restores(&restores_of(vec![bad, good])).await.unwrap();
+    let left: Vec<(EntryId, &str)> = left
+        .iter()
+        .map(|r| (r.entry_id, r.reader.run_id.as_str()))
+        .collect();
+    assert_eq!(
+        left,
+        [(bad, "release-run"), (good, "nightly-run")],
+        "retention forgets the records last restored before it"
+    );
+}
+
+async fn an_entry_keeps_its_most_recent_readers(store: &dyn MetaStore) {
+    let entry = save_by(store, &slot("prov-readers", "k"), None, "", 1).await;
+    let many = hoard::meta::MAX_READERS_PER_ENTRY + 5;
+    let batch: Vec<_> = (0..many)
+        .map(|i| restore(entry, &reader(&format!("run-{i}"), "j"), 1000 + i as i64))
+        .collect();
+    store.record_restores(&batch).await.unwrap();
+    let kept = store.restores(&restores_of(vec![entry])).await.unwrap();
+    assert_eq!(kept.len(), hoard::meta::MAX_READERS_PER_ENTRY);
+    assert_eq!(
+        kept[0].reader.run_id,
+        format!("run-{}", many - 1),
+        "the newest first"
+    );
+    assert!(
+        kept.iter().all(|r| r.reader.run_id != "run-0"),
+        "the oldest readers are dropped"
+    );
 }
