@@ -309,13 +309,13 @@ pub async fn caches(server: &ServerArgs, command: &CachesCommand) -> Result<Stri
         CachesCommand::Ls(args) => list(&client, server.json, args).await,
         CachesCommand::Rm(args) => remove(&client, server.json, args).await,
         CachesCommand::Show { id } => {
-            let entry: wire::Cache = client
+            let entry: wire::CacheDetail = client
                 .call(reqwest::Method::GET, &format!("caches/{id}"))
                 .await?;
             Ok(if server.json {
                 pretty(&entry)
             } else {
-                entry_text(&entry)
+                entry_text(&entry.cache) + &restored_text(&entry.restored_by)
             })
         }
         CachesCommand::Stats(args) => {
@@ -509,8 +509,9 @@ async fn remove(client: &Client, json: bool, args: &RemoveArgs) -> Result<String
     };
     Ok(if answer.dry_run {
         format!(
-            "Dry run: would delete {count} {noun} ({}){ids}{uploads}. Nothing was deleted.\n",
-            size(answer.size_in_bytes)
+            "Dry run: would delete {count} {noun} ({}){ids}{uploads}. Nothing was deleted.\n{}",
+            size(answer.size_in_bytes),
+            jobs_text(&answer.restored_by)
         )
     } else {
         format!(
@@ -533,17 +534,22 @@ async fn remove_ids(
         ids: Vec::new(),
         ids_truncated: false,
         uploads_aborted: 0,
+        restored_by: Vec::new(),
     };
     for id in ids {
         let failed = |e: CliError| CliError(format!("entry {id}: {e}"));
         if dry_run {
-            let entry: wire::Cache = client
-                .call(reqwest::Method::GET, &format!("caches/{id}"))
+            let entry: wire::Deleted = client
+                .call(
+                    reqwest::Method::DELETE,
+                    &format!("caches/{id}?dry_run=true"),
+                )
                 .await
                 .map_err(failed)?;
-            total.deleted += 1;
+            total.deleted += entry.deleted;
             total.size_in_bytes += entry.size_in_bytes;
-            total.ids.push(entry.id);
+            total.ids.extend(entry.ids);
+            total.restored_by.extend(entry.restored_by);
             continue;
         }
         let answer: wire::Deleted = client
@@ -621,6 +627,61 @@ fn entry_text(e: &wire::Cache) -> String {
         ),
     }
     out
+}
+
+/// `show`'s lines of who restored an entry, most recent first.
+fn restored_text(restores: &[wire::Restore]) -> String {
+    if restores.is_empty() {
+        return "restored by   nobody recorded\n".to_owned();
+    }
+    let mut out = String::from("restored by\n");
+    for r in restores {
+        let w = &r.reader;
+        out.push_str(&format!(
+            "  {} run {} job {} ({}) from {}: {} time{}, last {}\n",
+            w.kind,
+            dash(&w.run_id),
+            dash(&w.job_id),
+            dash(&w.subject),
+            dash(&w.address),
+            r.count,
+            if r.count == 1 { "" } else { "s" },
+            r.last_restored_at
+        ));
+    }
+    out
+}
+
+/// A dry run's lines of the jobs that restored what it would delete.
+fn jobs_text(jobs: &[wire::RestoringJob]) -> String {
+    if jobs.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("Restored by:\n");
+    for j in jobs {
+        out.push_str(&format!(
+            "  {} run {} job {} ({}): {} {}, {} restore{}, last {}\n",
+            j.kind,
+            dash(&j.run_id),
+            dash(&j.job_id),
+            dash(&j.subject),
+            j.entries,
+            if j.entries == 1 { "entry" } else { "entries" },
+            j.restores,
+            if j.restores == 1 { "" } else { "s" },
+            j.last_restored_at
+        ));
+    }
+    out
+}
+
+/// `text`, or `-` when empty.
+fn dash(text: &str) -> &str {
+    if text.is_empty() {
+        "-"
+    } else {
+        text
+    }
 }
 
 /// `ls --json`: the entries of every page read, and how many the filter selects.

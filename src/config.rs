@@ -252,6 +252,11 @@ pub struct ServeArgs {
     #[arg(long, env = "HOARD_STATS_RETENTION", default_value = "30d", value_parser = humantime::parse_duration)]
     pub stats_retention: Duration,
 
+    /// How long a restore record (who received which entry, kept through a purge of the entry)
+    /// is kept after its latest restore.
+    #[arg(long, env = "HOARD_RESTORE_RECORDS_RETENTION", default_value = "90d", value_parser = humantime::parse_duration)]
+    pub restore_records_retention: Duration,
+
     /// The most key families whose statistics are kept per repository; later families count as
     /// `other`, so that no client can grow the statistics without bound.
     #[arg(long, env = "HOARD_STATS_MAX_FAMILIES", default_value_t = 100)]
@@ -653,6 +658,7 @@ impl ServeArgs {
             deletion_grace,
             gc_interval: self.gc_interval,
             stats_retention: self.stats_retention,
+            restore_records_retention: self.restore_records_retention,
         })
     }
 

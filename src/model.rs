@@ -12,8 +12,10 @@ pub mod scope_class;
 pub mod stats;
 pub mod units;
 
-pub use listing::{EntryFilter, EntryOrder, EntryPage, ListedEntry, RepositoryUsage, Totals};
-pub use provenance::{entry_digest, CallerKind, Provenance, RestoreRecord};
+pub use listing::{
+    EntryFilter, EntryOrder, EntryPage, ListedEntry, RepositoryUsage, RestoreQuery, Totals,
+};
+pub use provenance::{entry_digest, CallerKind, Provenance, RestoreRecord, RestoringJob};
 pub use scope_class::{QuotaUsage, ScopeClass, Share};
 pub use stats::{
     Bucket, Counters, Evictions, LookupResult, RefClass, StatsFilter, StatsKey, StatsRow,

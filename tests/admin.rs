@@ -763,3 +763,117 @@ async fn a_purge_by_writer_ends_its_open_uploads_and_the_dry_run_counts_them() {
     assert!(none.get("uploads_aborted").is_none(), "{none}");
     srv.stop().await;
 }
+
+/// The first hour of an incident: which jobs restored what a run wrote (also after the purge),
+/// the entry's readers, a dry run that names them, and the same archive found by its digest.
+#[tokio::test]
+async fn the_blast_radius_names_the_jobs_that_restored_a_writers_entries() {
+    let srv = start().await;
+    let poisoner = run_token("8110", "repo:o/r:pull_request", "poison", "1");
+    let clean = run_token("8110", "repo:o/r:ref:refs/heads/main", "clean", "1");
+    let release = run_token("8110", "repo:o/r:ref:refs/tags/v1", "rel", "publish");
+    let nightly = run_token("8110", "repo:o/r:ref:refs/heads/main", "nightly", "test");
+    let p1 = save_from(&srv, &poisoner, "p1", None).await;
+    let p2 = save_from(&srv, &poisoner, "p2", None).await;
+    save_from(&srv, &clean, "c1", None).await;
+    for (token, key) in [
+        (&release, "p1"),
+        (&release, "p1"),
+        (&release, "c1"),
+        (&nightly, "p2"),
+    ] {
+        assert!(srv.restore(token, key, VERSION).await.is_some(), "{key}");
+    }
+
+    let (status, radius) = get(&srv, "restores?run_id=poison").await;
+    assert_eq!(status, 200, "{radius}");
+    let jobs: Vec<(&str, &str, u64, u64)> = radius["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| {
+            (
+                j["run_id"].as_str().unwrap(),
+                j["job_id"].as_str().unwrap(),
+                j["entries"].as_u64().unwrap(),
+                j["restores"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        jobs,
+        [("nightly", "test", 1, 1), ("rel", "publish", 1, 2)],
+        "exactly the runs that restored the poisoned entries, latest first: {radius}"
+    );
+    assert_eq!(radius["truncated"], false);
+    let record = &radius["restores"][1];
+    assert_eq!(
+        (
+            record["entry_id"].as_i64(),
+            record["key"].as_str(),
+            record["count"].as_u64()
+        ),
+        (Some(p1), Some("p1"), Some(2)),
+        "{radius}"
+    );
+    assert_eq!(record["written_by"]["run_id"], "poison");
+    assert_eq!(record["reader"]["subject"], "repo:o/r:ref:refs/tags/v1");
+    assert_eq!(record["reader"]["address"], "127.0.0.1");
+
+    let (_, entry) = get(&srv, &format!("caches/{p1}")).await;
+    let readers = entry["restored_by"].as_array().unwrap();
+    assert_eq!(readers.len(), 1, "{entry}");
+    assert_eq!(
+        (
+            readers[0]["reader"]["run_id"].as_str(),
+            readers[0]["count"].as_u64()
+        ),
+        (Some("rel"), Some(2))
+    );
+    assert_eq!(entry["hits"], 2);
+
+    let (_, dry) = delete(&srv, "caches?run_id=poison&dry_run=true").await;
+    assert_eq!(dry["ids"], json!([p1, p2]));
+    let dry_runs: Vec<&str> = dry["restored_by"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["run_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        dry_runs,
+        ["nightly", "rel"],
+        "a dry run names who restored them: {dry}"
+    );
+
+    // The same bytes, found by their digest under every key that holds them (all three
+    // entries hold "payload"); other bytes are not.
+    let digest = entry["digest"].as_str().unwrap().to_owned();
+    let (_, same) = get(
+        &srv,
+        &format!("caches?digest={digest}&sort=created_at&direction=asc"),
+    )
+    .await;
+    assert_eq!(keys(&same), ["p1", "p2", "c1"], "{same}");
+    let other = format!("sha256:{}", "0".repeat(64));
+    let (_, none) = get(&srv, &format!("caches?digest={other}")).await;
+    assert_eq!(none["total_count"], 0, "{none}");
+
+    let (_, purged) = delete(&srv, "caches?run_id=poison").await;
+    assert_eq!(purged["deleted"], 2);
+    assert!(
+        purged.get("restored_by").is_none(),
+        "only a dry run names them: {purged}"
+    );
+    let (_, after) = get(&srv, "restores?run_id=poison").await;
+    assert_eq!(after["jobs"], radius["jobs"], "records outlive the purge");
+
+    for bad in [
+        "restores?key=p",
+        "restores?digest=sha256:00",
+        "restores?per_page=0",
+    ] {
+        let (status, e) = get(&srv, bad).await;
+        assert_eq!(status, 400, "{bad}: {e}");
+    }
+}

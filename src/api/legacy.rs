@@ -290,7 +290,11 @@ async fn lookup(
     let primary = keys.next().unwrap_or_default();
     let restore: Vec<String> = keys.collect();
     let lookup = Lookup::parse(&primary, &restore, version).map_err(CacheError::from)?;
-    let Some(hit) = app.cache().lookup(&caller.identity, &lookup).await? else {
+    let Some(hit) = app
+        .cache()
+        .lookup(&caller.identity, caller.address, &lookup)
+        .await?
+    else {
         return Ok(StatusCode::NO_CONTENT.into_response());
     };
     let archive_location = match caller.forgejo.as_ref() {

@@ -271,7 +271,7 @@ pub(super) async fn dispatch(
         Rpc::Finalize => finalize(app, who, encoding.decode(&body)?)
             .await
             .map(|r| encoding.reply(&r)),
-        Rpc::Lookup => lookup(app, who, headers, encoding.decode(&body)?)
+        Rpc::Lookup => lookup(app, who, caller.address, headers, encoding.decode(&body)?)
             .await
             .map(|r| encoding.reply(&r)),
     }
@@ -354,12 +354,13 @@ async fn finalize(
 async fn lookup(
     app: &AppState,
     who: &Identity,
+    address: Option<std::net::IpAddr>,
     headers: &HeaderMap,
     req: GetCacheEntryDownloadUrlRequest,
 ) -> Result<GetCacheEntryDownloadUrlResponse, TwirpError> {
     let lookup =
         Lookup::parse(&req.key, &req.restore_keys, &req.version).map_err(CacheError::from)?;
-    match app.cache().lookup(who, &lookup).await? {
+    match app.cache().lookup(who, address, &lookup).await? {
         // A miss is 200 {"ok":false}: a 404 would make the client print a warning (§2.7).
         None => Ok(GetCacheEntryDownloadUrlResponse::default()),
         Some(hit) => Ok(GetCacheEntryDownloadUrlResponse {

@@ -39,6 +39,9 @@ pub struct ListQuery {
 /// of entries must not hold (or answer) millions of ids.
 pub const MAX_PURGE_IDS: usize = 10_000;
 
+/// Restore records one answer holds at most.
+pub const MAX_RESTORES: usize = 1000;
+
 /// What a deletion removed (or, on a dry run, would remove).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Purge {
@@ -198,6 +201,21 @@ impl Cache {
             limit: 1,
         };
         Ok(self.meta.list_entries(&page).await?.into_iter().next())
+    }
+
+    /// Restore records, most recent first: of the entries `query` names, or of every entry
+    /// written under its filter (the blast radius of a writer), whether or not the entries
+    /// still exist; at most [`MAX_RESTORES`]. The restores not yet written are written first.
+    pub async fn restores(
+        &self,
+        query: &crate::model::RestoreQuery,
+    ) -> Result<Vec<crate::model::RestoreRecord>, CacheError> {
+        self.write_usage().await?;
+        let query = crate::model::RestoreQuery {
+            limit: query.limit.clamp(1, MAX_RESTORES),
+            ..query.clone()
+        };
+        Ok(self.meta.restores(&query).await?)
     }
 
     /// Writes the restores and misses not yet written (see [`super::usage`]), so that what an

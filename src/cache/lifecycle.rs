@@ -64,6 +64,9 @@ pub struct Limits {
     pub gc_interval: Duration,
     /// How long hourly statistics stay hourly before they are folded into days.
     pub stats_retention: Duration,
+    /// How long a restore record is kept after its latest restore (who received which entry:
+    /// the incident playbook's "which jobs restored it").
+    pub restore_records_retention: Duration,
 }
 
 impl Default for Limits {
@@ -79,6 +82,7 @@ impl Default for Limits {
             deletion_grace: Duration::from_secs(2 * 3600),
             gc_interval: Duration::from_secs(600),
             stats_retention: Duration::from_secs(30 * 86_400),
+            restore_records_retention: Duration::from_secs(90 * 86_400),
         }
     }
 }
@@ -699,11 +703,24 @@ impl Cache {
         self.collect_orphans(dry_run, &mut tally).await?;
         if !dry_run {
             self.fold_stats().await?;
+            self.prune_restore_records().await?;
         }
         Ok(PassReport {
             pruned_uploads: pruned,
             ..tally.report
         })
+    }
+
+    /// Forgets restore records whose latest restore is older than
+    /// `--restore-records-retention`.
+    pub async fn prune_restore_records(&self) -> Result<(), CacheError> {
+        let retention = millis(self.policy.lifecycle.restore_records_retention);
+        let before = self.clock.now().saturating_sub(retention);
+        let pruned = self.meta.prune_restores(before).await?;
+        if pruned > 0 {
+            tracing::info!(target: "hoard::lifecycle", pruned, "restore records past their retention forgotten");
+        }
+        Ok(())
     }
 
     /// Folds hourly statistics older than `--stats-retention` into days, drops days older than

@@ -61,8 +61,14 @@ impl OpenEntry {
 impl Cache {
     /// GetCacheEntryDownloadURL: GitHub's matching over the token's readable scopes (less
     /// those the write policy denies, see [`super::policy`]). A hit
-    /// counts as a use of the entry (last-used time and hit count, written within a second).
-    pub async fn lookup(&self, who: &Identity, lookup: &Lookup) -> Result<Option<Hit>, CacheError> {
+    /// counts as a use of the entry (last-used time and hit count, written within a second) and
+    /// is recorded as a restore by `who` from `address` (the entry's restore records).
+    pub async fn lookup(
+        &self,
+        who: &Identity,
+        address: Option<std::net::IpAddr>,
+        lookup: &Lookup,
+    ) -> Result<Option<Hit>, CacheError> {
         if who.read_scopes.len() > crate::model::MAX_READ_SCOPES {
             return Err(CacheError::Invalid(crate::model::InvalidInput(format!(
                 "the token grants {} readable scopes; lookups search at most {}",
@@ -124,7 +130,7 @@ impl Cache {
         self.metrics.lookup(outcome);
         self.metrics
             .repository_lookup(who.display_repository(), true);
-        self.usage.record(best.id, now);
+        self.usage.record(best.id, who, address, now);
         self.stats.lookup(
             &who.repository,
             &lookup.keys,

@@ -158,7 +158,7 @@ impl World {
 
     async fn restore(&self, who: &Identity, key: &str) -> Option<Vec<u8>> {
         let lookup = Lookup::parse(key, &[], "v").unwrap();
-        let hit = self.cache.lookup(who, &lookup).await.unwrap()?;
+        let hit = self.cache.lookup(who, None, &lookup).await.unwrap()?;
         let open = self.cache.open_entry(hit.entry.id).await.unwrap();
         let size = open.entry.size;
         let frames: Vec<Bytes> = self
@@ -227,7 +227,7 @@ async fn a_link_opens_only_the_row_it_was_signed_for() {
     w.cache.finalize(&me, "k", "v", 3).await.unwrap();
 
     let lookup = Lookup::parse("k", &[], "v").unwrap();
-    let hit = w.cache.lookup(&me, &lookup).await.unwrap().unwrap();
+    let hit = w.cache.lookup(&me, None, &lookup).await.unwrap().unwrap();
     assert_eq!(w.cache.open_link(hit.entry).await.unwrap().entry.size, 3);
     let earlier = LinkTarget {
         id: hit.entry.id,
@@ -626,16 +626,16 @@ async fn lookups_are_exact_within_a_process_and_bounded_by_the_ttl_across_proces
         w.clock.clone(),
     );
     let lookup = Lookup::parse("k", &[], "v").unwrap();
-    assert!(w.cache.lookup(&me, &lookup).await.unwrap().is_none());
-    assert!(other.lookup(&me, &lookup).await.unwrap().is_none());
+    assert!(w.cache.lookup(&me, None, &lookup).await.unwrap().is_none());
+    assert!(other.lookup(&me, None, &lookup).await.unwrap().is_none());
 
     w.save(&me, "k", b"abc").await;
     // The process that saved sees the entry at once, although it had just answered a miss.
-    assert!(w.cache.lookup(&me, &lookup).await.unwrap().is_some());
+    assert!(w.cache.lookup(&me, None, &lookup).await.unwrap().is_some());
     // The other one reuses its recent miss until the TTL has passed, then finds the entry.
-    assert!(other.lookup(&me, &lookup).await.unwrap().is_none());
+    assert!(other.lookup(&me, None, &lookup).await.unwrap().is_none());
     w.clock.advance(Duration::from_secs(1));
-    assert!(other.lookup(&me, &lookup).await.unwrap().is_some());
+    assert!(other.lookup(&me, None, &lookup).await.unwrap().is_some());
 }
 
 // ---- lifecycle ----
@@ -1302,7 +1302,7 @@ async fn a_denied_scope_is_invisible_and_all_denied_is_read_denied() {
         ("1", MAIN, policy::Access::Deny),
     ]));
     let lookup = Lookup::parse("k", &[], "v").unwrap();
-    let refused = w.cache.lookup(&pull, &lookup).await;
+    let refused = w.cache.lookup(&pull, None, &lookup).await;
     let Err(e @ CacheError::ReadDeniedByPolicy(_)) = refused else {
         panic!("{refused:?}");
     };

@@ -1,5 +1,6 @@
-//! Restore bookkeeping (last-used time and hit count, and each repository's misses) kept in
-//! memory and written in batches, with the family statistics (`super::family_stats`).
+//! Restore bookkeeping (last-used time and hit count, who received each entry, and each
+//! repository's misses) kept in memory and written in batches, with the family statistics
+//! (`super::family_stats`).
 //!
 //! Every hit used to be one write transaction on the lookup path; a restore-heavy workload then
 //! queued on the database writer. Hits are now folded per entry and flushed every second (and at
@@ -17,7 +18,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::backoff::Backoff;
 use super::family_stats::FamilyStats;
-use crate::meta::{MetaError, MetaStore, RestoreStore};
+use crate::auth::Identity;
+use crate::meta::{MetaError, MetaStore, NewRestore, RestoreStore, MAX_READERS_PER_ENTRY};
 use crate::model::{Clock, EntryId, Millis, RepoId};
 
 pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
@@ -33,22 +35,77 @@ pub struct UsageBuffer(Arc<Mutex<Pending>>);
 struct Pending {
     /// Entry → (hits, latest use).
     hits: HashMap<EntryId, (u64, Millis)>,
+    /// Entry → who received it: at most [`MAX_READERS_PER_ENTRY`] readers, the most recent.
+    readers: HashMap<EntryId, Vec<Reading>>,
     /// Repository → (its name, lookups that found nothing).
     misses: HashMap<RepoId, (String, u64)>,
 }
 
-type Batch = (Vec<(EntryId, u64, Millis)>, Vec<(RepoId, String, u64)>);
+/// One reader's restores of one entry, not yet written. The caller's texts are copied once,
+/// at its first restore: a lookup by a known reader compares and counts.
+#[derive(Debug, Clone)]
+struct Reading {
+    reader: crate::model::Provenance,
+    address: Option<std::net::IpAddr>,
+    count: u64,
+    first: Millis,
+    last: Millis,
+}
+
+impl Reading {
+    fn is(&self, who: &Identity, address: Option<std::net::IpAddr>) -> bool {
+        let r = &self.reader;
+        self.address == address
+            && r.kind == who.kind
+            && r.run_id == who.run_id
+            && r.job_id == who.job_id
+            && r.subject == who.subject
+            && r.issuer == who.issuer
+    }
+}
+
+type Batch = (
+    Vec<(EntryId, u64, Millis)>,
+    Vec<(RepoId, String, u64)>,
+    Vec<NewRestore>,
+);
 
 impl UsageBuffer {
     fn pending_batch(&self) -> std::sync::MutexGuard<'_, Pending> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn record(&self, entry: EntryId, now: Millis) {
+    /// A restore of `entry` by `who` from `address`.
+    pub fn record(
+        &self,
+        entry: EntryId,
+        who: &Identity,
+        address: Option<std::net::IpAddr>,
+        now: Millis,
+    ) {
         let mut pending = self.pending_batch();
         let slot = pending.hits.entry(entry).or_insert((0, now));
         slot.0 += 1;
         slot.1 = slot.1.max(now);
+        let readers = pending.readers.entry(entry).or_default();
+        if let Some(known) = readers.iter_mut().find(|r| r.is(who, address)) {
+            known.count += 1;
+            known.last = known.last.max(now);
+            return;
+        }
+        if readers.len() >= MAX_READERS_PER_ENTRY {
+            // The least recent reader makes room; the entry's hit count still counts it.
+            if let Some(oldest) = (0..readers.len()).min_by_key(|&i| readers[i].last) {
+                readers.swap_remove(oldest);
+            }
+        }
+        readers.push(Reading {
+            reader: who.provenance(None),
+            address,
+            count: 1,
+            first: now,
+            last: now,
+        });
     }
 
     /// A lookup of `repository` (called `name` by its caller, or "") that found nothing.
@@ -88,15 +145,60 @@ impl UsageBuffer {
             .drain()
             .map(|(repository, (name, n))| (repository, name, n))
             .collect();
+        let mut restores: Vec<NewRestore> = pending
+            .readers
+            .drain()
+            .flat_map(|(entry, readers)| {
+                readers.into_iter().map(move |r| NewRestore {
+                    entry,
+                    reader: crate::model::Provenance {
+                        address: r.address.map(|a| a.to_string()).unwrap_or_default(),
+                        ..r.reader
+                    },
+                    count: r.count,
+                    first_at: r.first,
+                    last_at: r.last,
+                })
+            })
+            .collect();
         drop(pending);
         hits.sort_unstable();
         misses.sort_unstable();
-        (hits, misses)
+        restores.sort_unstable_by_key(|r| r.entry);
+        (hits, misses, restores)
     }
 
     /// Puts back what a flush could not write, added to what came since.
-    fn keep(&self, hits: Vec<(EntryId, u64, Millis)>, misses: Vec<(RepoId, String, u64)>) {
+    fn keep(
+        &self,
+        hits: Vec<(EntryId, u64, Millis)>,
+        misses: Vec<(RepoId, String, u64)>,
+        restores: Vec<NewRestore>,
+    ) {
         let mut pending = self.pending_batch();
+        for r in restores {
+            let address = r.reader.address.parse().ok();
+            let readers = pending.readers.entry(r.entry).or_default();
+            let same = |known: &Reading| {
+                let (a, b) = (&known.reader, &r.reader);
+                known.address == address
+                    && (a.kind, &a.issuer, &a.subject, &a.run_id, &a.job_id)
+                        == (b.kind, &b.issuer, &b.subject, &b.run_id, &b.job_id)
+            };
+            if let Some(known) = readers.iter_mut().find(|k| same(k)) {
+                known.count += r.count;
+                known.first = known.first.min(r.first_at);
+                known.last = known.last.max(r.last_at);
+            } else if readers.len() < MAX_READERS_PER_ENTRY {
+                readers.push(Reading {
+                    reader: r.reader,
+                    address,
+                    count: r.count,
+                    first: r.first_at,
+                    last: r.last_at,
+                });
+            }
+        }
         for (id, n, last) in hits {
             let slot = pending.hits.entry(id).or_insert((0, last));
             slot.0 += n;
@@ -110,16 +212,22 @@ impl UsageBuffer {
     /// Writes what is pending; what it could not write is kept for the next try. A failed
     /// write ends the flush: the database is away, and the next write would wait as long.
     pub async fn flush(&self, meta: &dyn RestoreStore) -> Result<(), MetaError> {
-        let (hits, misses) = self.take();
+        let (hits, misses, restores) = self.take();
         if !hits.is_empty() {
             if let Err(e) = meta.record_hits(&hits).await {
-                self.keep(hits, misses);
+                self.keep(hits, misses, restores);
+                return Err(e);
+            }
+        }
+        if !restores.is_empty() {
+            if let Err(e) = meta.record_restores(&restores).await {
+                self.keep(Vec::new(), misses, restores);
                 return Err(e);
             }
         }
         if !misses.is_empty() {
             if let Err(e) = meta.record_misses(&misses).await {
-                self.keep(Vec::new(), misses);
+                self.keep(Vec::new(), misses, Vec::new());
                 return Err(e);
             }
         }
@@ -178,15 +286,86 @@ impl UsageBuffer {
 mod tests {
     use super::*;
 
+    /// A caller in run `run`.
+    fn reader(run: &str) -> Identity {
+        Identity {
+            repository: RepoId::new("1"),
+            repository_name: "octo/a".into(),
+            read_scopes: Vec::new(),
+            write_scope: None,
+            kind: crate::model::CallerKind::Github,
+            issuer: "iss".into(),
+            subject: "repo:octo/a:ref:refs/heads/main".into(),
+            run_id: run.into(),
+            job_id: "build".into(),
+        }
+    }
+
+    #[test]
+    fn readers_fold_per_entry_and_address() {
+        let buf = UsageBuffer::default();
+        let one = EntryId::new(1);
+        let here: Option<std::net::IpAddr> = Some([10, 0, 0, 1].into());
+        buf.record(one, &reader("7"), here, 10);
+        buf.record(one, &reader("7"), here, 30);
+        buf.record(one, &reader("8"), here, 20);
+        buf.record(one, &reader("7"), None, 40);
+        let (_, _, restores) = buf.take();
+        let seen: Vec<(&str, &str, u64, Millis, Millis)> = restores
+            .iter()
+            .map(|r| {
+                (
+                    r.reader.run_id.as_str(),
+                    r.reader.address.as_str(),
+                    r.count,
+                    r.first_at,
+                    r.last_at,
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("7", "10.0.0.1", 2, 10, 30),
+                ("8", "10.0.0.1", 1, 20, 20),
+                ("7", "", 1, 40, 40)
+            ],
+            "one record per reader and address, counted, with its first and latest restore"
+        );
+    }
+
+    #[test]
+    fn an_entry_keeps_its_most_recent_readers_in_memory() {
+        let buf = UsageBuffer::default();
+        let one = EntryId::new(1);
+        for i in 0..(MAX_READERS_PER_ENTRY + 3) {
+            buf.record(one, &reader(&i.to_string()), None, i as Millis);
+        }
+        let (hits, _, restores) = buf.take();
+        assert_eq!(
+            hits,
+            [(
+                one,
+                (MAX_READERS_PER_ENTRY + 3) as u64,
+                (MAX_READERS_PER_ENTRY + 2) as Millis
+            )]
+        );
+        assert_eq!(restores.len(), MAX_READERS_PER_ENTRY, "bounded");
+        assert!(
+            restores.iter().all(|r| r.reader.run_id != "0"),
+            "the oldest made room"
+        );
+    }
+
     #[test]
     fn hits_fold_per_entry() {
         let buf = UsageBuffer::default();
         let (one, two) = (EntryId::new(1), EntryId::new(2));
-        buf.record(one, 10);
-        buf.record(one, 30);
-        buf.record(one, 20);
-        buf.record(two, 5);
-        let (batch, _) = buf.take();
+        buf.record(one, &reader("1"), None, 10);
+        buf.record(one, &reader("1"), None, 30);
+        buf.record(one, &reader("1"), None, 20);
+        buf.record(two, &reader("1"), None, 5);
+        let (batch, _, _) = buf.take();
         assert_eq!(batch, [(one, 3, 30), (two, 1, 5)], "folded, in entry order");
         assert!(buf.take().0.is_empty());
     }
@@ -199,7 +378,7 @@ mod tests {
         buf.record_miss(&a, "octo/a");
         buf.record_miss(&a, "");
         buf.record_miss(&b, "octo/b");
-        let (_, batch) = buf.take();
+        let (_, batch, _) = buf.take();
         assert_eq!(
             batch,
             [(a, "octo/a".into(), 2), (b, "octo/b".into(), 2)],
@@ -216,6 +395,7 @@ mod tests {
         misses_away: std::sync::atomic::AtomicBool,
         hits: Mutex<Vec<(EntryId, u64, Millis)>>,
         misses: Mutex<Vec<(RepoId, String, u64)>>,
+        restores: Mutex<Vec<NewRestore>>,
     }
 
     impl Flaky {
@@ -269,6 +449,12 @@ mod tests {
             Ok(())
         }
 
+        async fn record_restores(&self, restores: &[NewRestore]) -> Result<(), MetaError> {
+            self.refuse(&self.away)?;
+            self.restores.lock().unwrap().extend_from_slice(restores);
+            Ok(())
+        }
+
         async fn record_misses(&self, misses: &[(RepoId, String, u64)]) -> Result<(), MetaError> {
             self.refuse(&self.away)?;
             self.refuse(&self.misses_away)?;
@@ -282,7 +468,7 @@ mod tests {
         let buf = UsageBuffer::default();
         let db = Flaky::default();
         let (one, two, repo) = (EntryId::new(1), EntryId::new(2), RepoId::new("1"));
-        buf.record(one, 10);
+        buf.record(one, &reader("1"), None, 10);
         buf.record_miss(&repo, "octo/a");
         db.set(true, false);
         for _ in 0..3 {
@@ -292,8 +478,8 @@ mod tests {
                 "{refused:?}"
             );
         }
-        buf.record(one, 30);
-        buf.record(two, 20);
+        buf.record(one, &reader("1"), None, 30);
+        buf.record(two, &reader("1"), None, 20);
         buf.record_miss(&repo, "");
         // Hits are written, misses still refused: only the misses are kept.
         db.set(false, true);
@@ -307,5 +493,17 @@ mod tests {
             "each restore counted once, with the latest use"
         );
         assert_eq!(*db.misses.lock().unwrap(), [(repo, "octo/a".into(), 2)]);
+        let restores: Vec<(EntryId, u64)> = db
+            .restores
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| (r.entry, r.count))
+            .collect();
+        assert_eq!(
+            restores,
+            [(one, 2), (two, 1)],
+            "who restored, kept until written"
+        );
     }
 }

@@ -48,6 +48,7 @@ pub(crate) use sqlite::count_vm_steps;
 pub use sqlite::SqliteStore;
 pub use timed::Timed;
 
+pub use crate::model::RestoreQuery;
 use crate::model::RestoreRecord;
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, Provenance, QuotaUsage,
@@ -203,17 +204,6 @@ pub struct NewRestore {
     pub count: u64,
     pub first_at: Millis,
     pub last_at: Millis,
-}
-
-/// Which restore records [`AdminStore::restores`] answers.
-#[derive(Debug, Clone, Default)]
-pub struct RestoreQuery {
-    /// These entries' records; when empty, those `written_under` selects.
-    pub entries: Vec<EntryId>,
-    /// Of the filter, the parts a record keeps of its entry: `repository_id`, `scope`, `run_id`,
-    /// `subject`, `kind`, `written_after` and `written_before`.
-    pub written_under: EntryFilter,
-    pub limit: usize,
 }
 
 /// How entries leave: why, when, and when their chunks may be deleted (after every reader that

@@ -40,6 +40,18 @@ impl EntryFilter {
     }
 }
 
+/// Which restore records to answer ([`crate::model::RestoreRecord`]), most recent first.
+#[derive(Debug, Clone, Default)]
+pub struct RestoreQuery {
+    /// These entries' records; when empty, those `written_under` selects.
+    pub entries: Vec<EntryId>,
+    /// Of the filter, the parts a record keeps of its entry: `repository` (id or name),
+    /// `repository_id`, `scope`, `run_id`, `subject`, `kind`, `written_after` and
+    /// `written_before`: the blast radius of a writer.
+    pub written_under: EntryFilter,
+    pub limit: usize,
+}
+
 /// The order of a listing; ties are broken by entry id in the same direction.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum EntryOrder {

@@ -139,6 +139,63 @@ pub struct RestoreRecord {
     pub count: u64,
 }
 
+/// A job that restored entries: what an incident asks first ("which jobs restored it").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoringJob {
+    pub kind: CallerKind,
+    pub subject: String,
+    pub run_id: String,
+    pub job_id: String,
+    /// How many of the entries it restored, how often in all, and when last.
+    pub entries: u64,
+    pub restores: u64,
+    pub last_at: super::Millis,
+}
+
+impl RestoringJob {
+    /// The jobs of `records`, the most recent first: one per reader kind, subject, run and job
+    /// (whatever address it came from).
+    pub fn of(records: &[RestoreRecord]) -> Vec<RestoringJob> {
+        let mut jobs: Vec<(RestoringJob, Vec<super::EntryId>)> = Vec::new();
+        for r in records {
+            let who = &r.reader;
+            let found = jobs.iter_mut().find(|(j, _)| {
+                j.kind == who.kind
+                    && j.subject == who.subject
+                    && j.run_id == who.run_id
+                    && j.job_id == who.job_id
+            });
+            let (job, entries) = match found {
+                Some(found) => found,
+                None => {
+                    jobs.push((
+                        RestoringJob {
+                            kind: who.kind,
+                            subject: who.subject.clone(),
+                            run_id: who.run_id.clone(),
+                            job_id: who.job_id.clone(),
+                            entries: 0,
+                            restores: 0,
+                            last_at: r.last_at,
+                        },
+                        Vec::new(),
+                    ));
+                    jobs.last_mut().expect("just pushed")
+                }
+            };
+            if !entries.contains(&r.entry_id) {
+                entries.push(r.entry_id);
+                job.entries += 1;
+            }
+            job.restores += r.count;
+            job.last_at = job.last_at.max(r.last_at);
+        }
+        let mut jobs: Vec<RestoringJob> = jobs.into_iter().map(|(j, _)| j).collect();
+        jobs.sort_by_key(|j| std::cmp::Reverse(j.last_at));
+        jobs
+    }
+}
+
 /// The digest an entry is known by: `sha256:<hex>` of its bytes when it is one chunk (every
 /// entry the clients upload in one request); for an entry assembled from blocks,
 /// `sha256-chunks:<hex>`, the SHA-256 of its chunks' SHA-256s in order, which changes whenever

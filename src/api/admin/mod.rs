@@ -22,7 +22,7 @@ use serde::Serialize;
 use super::AppState;
 use crate::cache::admin::{ListQuery, Listing, Purge};
 use crate::cache::CacheError;
-use crate::model::{EntryId, ListedEntry};
+use crate::model::{EntryId, ListedEntry, RestoreQuery, RestoringJob};
 use crate::secret::Secret;
 use query::Query;
 
@@ -208,12 +208,13 @@ async fn route(
     let path = rest.trim_end_matches('/');
     let one = path.strip_prefix("caches/");
     // Every endpoint names the parameters it reads; anything else is refused before it acts.
-    use query::{DELETION, FAMILIES, FILTER, PAGE, PERIOD, SERIES, USAGE};
+    use query::{DELETION, FAMILIES, FILTER, PAGE, PERIOD, RESTORES, SERIES, USAGE};
     let allowed: &[&[&str]] = match (method, path) {
         (&Method::GET, "usage") => &[USAGE],
         (&Method::GET, "stats") => &[PERIOD, SERIES],
         (&Method::GET, "stats/families") => &[PERIOD, FAMILIES],
         (&Method::GET, "caches") => &[FILTER, PAGE],
+        (&Method::GET, "restores") => &[RESTORES],
         (&Method::DELETE, "caches") => &[FILTER, DELETION],
         (&Method::DELETE, _) if one.is_some() => &[&["dry_run"]],
         _ => &[],
@@ -226,14 +227,15 @@ async fn route(
         (&Method::GET, "stats") => ok(&stats::series(app, &query).await?),
         (&Method::GET, "stats/families") => ok(&stats::families(app, &query).await?),
         (&Method::GET, "caches") => ok(&list(app, &query).await?),
+        (&Method::GET, "restores") => ok(&restores(app, &query).await?),
         (&Method::DELETE, "caches") => ok(&delete_matching(app, &query).await?),
-        (&Method::GET, _) if one.is_some() => ok(&wire::Cache::from(&entry(app, one).await?)),
+        (&Method::GET, _) if one.is_some() => ok(&detail(app, one).await?),
         (&Method::DELETE, _) if one.is_some() => ok(&delete_one(app, one, &query).await?),
         // A known endpoint, another method.
         _ if one.is_some()
             || matches!(
                 path,
-                "status" | "usage" | "caches" | "policy" | "stats" | "stats/families"
+                "status" | "usage" | "caches" | "restores" | "policy" | "stats" | "stats/families"
             ) =>
         {
             Err(AdminError(
@@ -353,6 +355,79 @@ async fn list(app: &AppState, query: &Query) -> Result<wire::CacheList, AdminErr
     })
 }
 
+/// `GET caches/{id}`: the entry and who received it.
+async fn detail(app: &AppState, id: Option<&str>) -> Result<wire::CacheDetail, AdminError> {
+    let listed = entry(app, id).await?;
+    let records = app
+        .cache()
+        .restores(&RestoreQuery {
+            entries: vec![listed.entry.id],
+            limit: crate::cache::admin::MAX_RESTORES,
+            ..RestoreQuery::default()
+        })
+        .await?;
+    Ok(wire::CacheDetail {
+        cache: wire::Cache::from(&listed),
+        restored_by: records.iter().map(wire::Restore::from).collect(),
+    })
+}
+
+/// `GET restores?…`: which jobs restored the entries written under the filter (the blast
+/// radius of a writer), and the records, most recent first.
+async fn restores(app: &AppState, query: &Query) -> Result<wire::RestoreList, AdminError> {
+    let most = crate::cache::admin::MAX_RESTORES;
+    let limit = match query.param("per_page") {
+        None => most,
+        Some(raw) => raw
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=most).contains(n))
+            .ok_or_else(|| {
+                AdminError::bad(format!("per_page must be a number from 1 to {most}"))
+            })?,
+    };
+    let asked = RestoreQuery {
+        entries: Vec::new(),
+        written_under: query.filter()?,
+        // One more than asked tells whether the answer is whole.
+        limit: limit + 1,
+    };
+    let mut records = app.cache().restores(&asked).await?;
+    let truncated = records.len() > limit;
+    records.truncate(limit);
+    Ok(wire::RestoreList {
+        jobs: RestoringJob::of(&records)
+            .iter()
+            .map(wire::RestoringJob::from)
+            .collect(),
+        restores: records.iter().map(wire::Restore::from).collect(),
+        truncated,
+    })
+}
+
+/// The jobs that restored `ids` (the first [`crate::cache::admin::MAX_RESTORES`]), for a dry
+/// run's answer.
+async fn restoring_jobs(
+    app: &AppState,
+    ids: &[EntryId],
+) -> Result<Vec<wire::RestoringJob>, AdminError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let records = app
+        .cache()
+        .restores(&RestoreQuery {
+            entries: ids.iter().copied().take(1000).collect(),
+            limit: crate::cache::admin::MAX_RESTORES,
+            ..RestoreQuery::default()
+        })
+        .await?;
+    Ok(RestoringJob::of(&records)
+        .iter()
+        .map(wire::RestoringJob::from)
+        .collect())
+}
+
 /// `DELETE caches/{id}`; with `dry_run=true`, what it would delete.
 async fn delete_one(
     app: &AppState,
@@ -364,7 +439,9 @@ async fn delete_one(
     if dry_run {
         let mut purge = Purge::default();
         purge.add(&listed.entry);
-        return Ok(deleted(purge, true));
+        let mut answer = deleted(purge, true);
+        answer.restored_by = restoring_jobs(app, &[listed.entry.id]).await?;
+        return Ok(answer);
     }
     let purge = app.cache().delete_entries(&[listed], "admin").await?;
     if purge.count == 0 {
@@ -381,6 +458,7 @@ fn deleted(purge: Purge, dry_run: bool) -> wire::Deleted {
         ids_truncated: purge.count > purge.ids.len() as u64,
         ids: purge.ids.iter().map(|id| id.get()).collect(),
         uploads_aborted: purge.uploads,
+        restored_by: Vec::new(),
     }
 }
 
@@ -406,7 +484,14 @@ async fn delete_matching(app: &AppState, query: &Query) -> Result<wire::Deleted,
         .cache()
         .delete_matching(&filter, "admin", dry_run)
         .await?;
-    Ok(deleted(purge, dry_run))
+    let jobs = match dry_run {
+        true => restoring_jobs(app, &purge.ids).await?,
+        false => Vec::new(),
+    };
+    Ok(wire::Deleted {
+        restored_by: jobs,
+        ..deleted(purge, dry_run)
+    })
 }
 
 /// What the metadata and the entry bytes are kept in, for `status`.

@@ -65,6 +65,47 @@ mod tests {
         }
     }
 
+    fn restore() -> Restore {
+        let reader = WrittenBy {
+            subject: "repo:octo/hello:ref:refs/tags/v1".into(),
+            run_id: "9001".into(),
+            job_id: "release".into(),
+            ..cache().written_by.unwrap()
+        };
+        Restore {
+            entry_id: 42,
+            repository_id: "1296269".into(),
+            git_ref: "refs/heads/main".into(),
+            key: "Linux-npm-abc".into(),
+            written_by: cache().written_by,
+            written_at: time(1_700_000_000_000),
+            reader,
+            first_restored_at: time(1_700_000_050_000),
+            last_restored_at: time(1_700_000_100_000),
+            count: 2,
+        }
+    }
+
+    /// A record of an entry whose writer was not recorded.
+    fn unrecorded_restore() -> Restore {
+        Restore {
+            written_by: None,
+            ..restore()
+        }
+    }
+
+    fn job() -> RestoringJob {
+        RestoringJob {
+            kind: "github".into(),
+            subject: "repo:octo/hello:ref:refs/tags/v1".into(),
+            run_id: "9001".into(),
+            job_id: "release".into(),
+            entries: 2,
+            restores: 3,
+            last_restored_at: time(1_700_000_100_000),
+        }
+    }
+
     fn totals() -> Totals {
         Totals {
             size_in_bytes: 1 << 20,
@@ -136,6 +177,36 @@ mod tests {
             ("Cache", vec![sent(cache()), sent(unrecorded_cache())]),
             ("WrittenBy", vec![sent(cache().written_by.unwrap())]),
             (
+                "CacheDetail",
+                vec![
+                    sent(CacheDetail {
+                        cache: cache(),
+                        restored_by: vec![restore(), unrecorded_restore()],
+                    }),
+                    sent(CacheDetail {
+                        cache: unrecorded_cache(),
+                        restored_by: vec![],
+                    }),
+                ],
+            ),
+            ("Restore", vec![sent(restore()), sent(unrecorded_restore())]),
+            ("RestoringJob", vec![sent(job())]),
+            (
+                "RestoreList",
+                vec![
+                    sent(RestoreList {
+                        jobs: vec![job()],
+                        restores: vec![restore()],
+                        truncated: true,
+                    }),
+                    sent(RestoreList {
+                        jobs: vec![],
+                        restores: vec![],
+                        truncated: false,
+                    }),
+                ],
+            ),
+            (
                 "CacheList",
                 vec![
                     sent(CacheList {
@@ -160,6 +231,7 @@ mod tests {
                         ids: vec![7, 9],
                         ids_truncated: true,
                         uploads_aborted: 1,
+                        restored_by: vec![job()],
                     }),
                     sent(Deleted {
                         deleted: 0,
@@ -168,6 +240,7 @@ mod tests {
                         ids: vec![],
                         ids_truncated: false,
                         uploads_aborted: 0,
+                        restored_by: vec![],
                     }),
                 ],
             ),
@@ -430,7 +503,7 @@ mod tests {
     }
 
     /// The only fields an answer leaves out (when they are zero): `Schema.field`.
-    const OMITTED_WHEN_ZERO: &[&str] = &["Deleted.uploads_aborted"];
+    const OMITTED_WHEN_ZERO: &[&str] = &["Deleted.uploads_aborted", "Deleted.restored_by"];
 
     #[test]
     fn every_schema_matches_the_answers_of_its_type() {
@@ -499,6 +572,7 @@ mod tests {
                 "/stats/families",
                 "/caches",
                 "/caches/{id}",
+                "/restores",
                 "/openapi.json"
             ])
         );

@@ -24,6 +24,18 @@ pub const FILTER: &[&str] = &[
     "written_before",
     "digest",
 ];
+/// `GET restores`: the parts of the entry filter a restore record keeps, and the answer's size.
+pub const RESTORES: &[&str] = &[
+    "repository",
+    "ref",
+    "scope",
+    "run_id",
+    "subject",
+    "kind",
+    "written_after",
+    "written_before",
+    "per_page",
+];
 /// A listing's order and page.
 pub const PAGE: &[&str] = &["sort", "direction", "cursor", "per_page"];
 /// A deletion's: see what would go, or select everything.

@@ -54,6 +54,90 @@ pub struct WrittenBy {
     pub address: String,
 }
 
+/// One entry with the jobs that received it (schema `CacheDetail`): `GET caches/{id}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheDetail {
+    #[serde(flatten)]
+    pub cache: Cache,
+    /// Who restored it, most recent first: its most recent readers (`hits` counts every
+    /// restore).
+    pub restored_by: Vec<Restore>,
+}
+
+/// One reader's restores of one entry (schema `Restore`), kept through a purge or quarantine
+/// of the entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Restore {
+    pub entry_id: i64,
+    pub repository_id: String,
+    #[serde(rename = "ref")]
+    pub git_ref: String,
+    pub key: String,
+    /// The entry's writer, as it recorded it; `None` (null) if it recorded none.
+    pub written_by: Option<WrittenBy>,
+    pub written_at: String,
+    /// Who received the entry.
+    pub reader: WrittenBy,
+    pub first_restored_at: String,
+    pub last_restored_at: String,
+    /// How many times this reader restored it.
+    pub count: u64,
+}
+
+/// A job that restored entries (schema `RestoringJob`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoringJob {
+    pub kind: String,
+    pub subject: String,
+    pub run_id: String,
+    pub job_id: String,
+    /// How many of the entries it restored, how many times in all, and when last.
+    pub entries: u64,
+    pub restores: u64,
+    pub last_restored_at: String,
+}
+
+/// `GET restores` (schema `RestoreList`): which jobs restored the entries written under the
+/// filter, and each record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RestoreList {
+    pub jobs: Vec<RestoringJob>,
+    pub restores: Vec<Restore>,
+    /// More records matched than the answer holds (the most recent are given).
+    pub truncated: bool,
+}
+
+impl From<&crate::model::RestoreRecord> for Restore {
+    fn from(r: &crate::model::RestoreRecord) -> Self {
+        Self {
+            entry_id: r.entry_id.get(),
+            repository_id: r.repository.as_str().to_owned(),
+            git_ref: r.scope.as_str().to_owned(),
+            key: r.key.clone(),
+            written_by: r.written_by.as_ref().map(WrittenBy::from),
+            written_at: time(r.written_at),
+            reader: WrittenBy::from(&r.reader),
+            first_restored_at: time(r.first_at),
+            last_restored_at: time(r.last_at),
+            count: r.count,
+        }
+    }
+}
+
+impl From<&crate::model::RestoringJob> for RestoringJob {
+    fn from(j: &crate::model::RestoringJob) -> Self {
+        Self {
+            kind: j.kind.as_str().to_owned(),
+            subject: j.subject.clone(),
+            run_id: j.run_id.clone(),
+            job_id: j.job_id.clone(),
+            entries: j.entries,
+            restores: j.restores,
+            last_restored_at: time(j.last_at),
+        }
+    }
+}
+
 /// A page of entries (schema `CacheList`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CacheList {
@@ -85,6 +169,10 @@ pub struct Deleted {
     /// writer it purges cannot finalize what it staged; left out when none.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub uploads_aborted: u64,
+    /// On a dry run, the jobs that restored the entries it would delete (of the first 1,000);
+    /// left out when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restored_by: Vec<RestoringJob>,
 }
 
 /// What one repository holds and how its lookups went (schema `Repository`).
