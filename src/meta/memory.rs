@@ -405,7 +405,8 @@ impl SaveStore for MemoryStore {
             StoredEntry {
                 row: EntryRow {
                     id: id.get(),
-                    ..EntryRow::from_new(&new)
+                    // The fake keeps what SQLite keeps.
+                    ..EntryRow::from_new(&new, super::dialect::Backend::Sqlite)
                 },
                 chunks: new.chunks.to_vec(),
             },

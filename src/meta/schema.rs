@@ -7,6 +7,7 @@
 //! A new column: a migration per database, a field here (and where the domain's value becomes
 //! it, in the `from` functions below), and the record in `model` that shows it.
 
+use super::dialect::Backend;
 use super::row::{table, Table};
 use super::sql::{bucket, slot_hash};
 use super::{EntryChunk, NewEntry, NewUpload};
@@ -274,8 +275,9 @@ pub(super) fn writer_columns(p: Option<&Provenance>) -> [String; 6] {
 }
 
 impl UploadRow {
-    /// The row a reservation inserts.
-    pub fn from_new(new: &NewUpload<'_>) -> Self {
+    /// The row a reservation inserts on `backend` (the networked columns only where it has
+    /// them: their hashes cost a lookup's worth of work).
+    pub fn from_new(new: &NewUpload<'_>, backend: Backend) -> Self {
         let slot = new.slot;
         let [writer_kind, writer_issuer, created_by, writer_run_id, writer_job_id, writer_address] =
             writer_columns(Some(new.written_by));
@@ -285,7 +287,7 @@ impl UploadRow {
             key: slot.key.as_str().to_owned(),
             key_folded: slot.key.folded(),
             version: slot.version.as_str().to_owned(),
-            slot_hash: slot_hash(slot),
+            slot_hash: networked(backend, || slot_hash(slot)),
             state: UploadState::Open.as_str().to_owned(),
             created_by,
             created_at: new.now,
@@ -301,8 +303,9 @@ impl UploadRow {
 }
 
 impl EntryRow {
-    /// The row a finalize inserts (its id and hits come from the database).
-    pub fn from_new(new: &NewEntry<'_>) -> Self {
+    /// The row a finalize inserts on `backend` (its id and hits come from the database; the
+    /// networked columns are filled only where the backend has them).
+    pub fn from_new(new: &NewEntry<'_>, backend: Backend) -> Self {
         let slot = new.slot;
         let [writer_kind, writer_issuer, writer_subject, writer_run_id, writer_job_id, writer_address] =
             writer_columns(new.written_by);
@@ -312,8 +315,10 @@ impl EntryRow {
             key: new.key.to_owned(),
             key_folded: slot.key.folded(),
             version: slot.version.as_str().to_owned(),
-            bucket: bucket(&slot.repository, &slot.version, &slot.scope),
-            slot_hash: slot_hash(slot),
+            bucket: networked(backend, || {
+                bucket(&slot.repository, &slot.version, &slot.scope)
+            }),
+            slot_hash: networked(backend, || slot_hash(slot)),
             size: new.chunks.iter().map(|c| c.size).sum::<u64>() as i64,
             chunk_count: new.chunks.len() as i64,
             created_at: new.now,
@@ -334,20 +339,31 @@ impl EntryRow {
 
     /// The row of an entry stored in bulk (`SqliteStore::import`): as a finalize with no writer,
     /// family or known ref would store it.
-    pub fn imported(slot: &Slot, chunks: &[Chunk], at: Millis) -> Self {
+    pub fn imported(slot: &Slot, chunks: &[Chunk], at: Millis, backend: Backend) -> Self {
         let scope_class = crate::model::ScopeClass::of(&slot.scope);
-        Self::from_new(&NewEntry {
-            slot,
-            key: slot.key.as_str(),
-            repository_name: "",
-            chunks,
-            written_by: None,
-            digest: &crate::model::entry_digest(chunks).unwrap_or_default(),
-            scope_class,
-            family: "",
-            ref_class: crate::model::RefClass::OtherBranch,
-            now: at,
-        })
+        Self::from_new(
+            &NewEntry {
+                slot,
+                key: slot.key.as_str(),
+                repository_name: "",
+                chunks,
+                written_by: None,
+                digest: &crate::model::entry_digest(chunks).unwrap_or_default(),
+                scope_class,
+                family: "",
+                ref_class: crate::model::RefClass::OtherBranch,
+                now: at,
+            },
+            backend,
+        )
+    }
+}
+
+/// `value()` on a backend whose tables have the networked columns, else nothing.
+fn networked(backend: Backend, value: impl FnOnce() -> Vec<u8>) -> Vec<u8> {
+    match backend {
+        Backend::Sqlite => Vec::new(),
+        Backend::Postgres | Backend::MySql => value(),
     }
 }
 
@@ -416,7 +432,6 @@ impl UploadPartRow {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meta::dialect::Backend;
     use crate::meta::row::Row;
 
     #[test]

@@ -209,7 +209,7 @@ impl SqliteStore {
                      pr_bytes = pr_bytes + excluded.pr_bytes, pr_entries = pr_entries + excluded.pr_entries",
             )?;
             for (slot, chunks, at) in entries {
-                let row = EntryRow::imported(&slot, &chunks, at);
+                let row = EntryRow::imported(&slot, &chunks, at, Backend::Sqlite);
                 let (repository, size) = (row.repository.clone(), row.size);
                 let class = ScopeClass::of(&slot.scope);
                 let id = insert_entry(tx, row)?;
@@ -300,30 +300,68 @@ impl From<rusqlite::Error> for MetaError {
     }
 }
 
-impl SqlRow for Row<'_> {
+/// A result row read by name against its statement's column names, taken once per query:
+/// rusqlite's own lookup asks SQLite for every column's name on every read.
+struct Named<'a, 'r> {
+    row: &'a Row<'r>,
+    names: &'a [String],
+}
+
+impl Named<'_, '_> {
+    fn index(&self, name: &str) -> Result<usize, MetaError> {
+        self.names
+            .iter()
+            .position(|n| n == name)
+            .ok_or_else(|| crate::meta::row::not_selected(name))
+    }
+}
+
+impl SqlRow for Named<'_, '_> {
     fn opt_int(&self, name: &str) -> Result<Option<i64>, MetaError> {
-        Ok(self.get(name)?)
+        Ok(self.row.get(self.index(name)?)?)
     }
 
     fn opt_text(&self, name: &str) -> Result<Option<String>, MetaError> {
-        Ok(self.get(name)?)
+        Ok(self.row.get(self.index(name)?)?)
     }
 
     fn opt_bytes(&self, name: &str) -> Result<Option<Vec<u8>>, MetaError> {
-        Ok(self.get(name)?)
+        Ok(self.row.get(self.index(name)?)?)
     }
+}
+
+/// The column names of the statement `rows` come from.
+fn names_of(rows: &rusqlite::Rows<'_>) -> Vec<String> {
+    rows.as_ref().map_or_else(Vec::new, |stmt| {
+        (0..stmt.column_count())
+            .filter_map(|i| stmt.column_name(i).ok().map(str::to_owned))
+            .collect()
+    })
 }
 
 /// Every row of `rows`, each read by `read`.
 fn rows_of<T>(
     mut rows: rusqlite::Rows<'_>,
-    read: impl Fn(&Row<'_>) -> Result<T, MetaError>,
+    read: impl Fn(&Named<'_, '_>) -> Result<T, MetaError>,
 ) -> Result<Vec<T>, MetaError> {
+    let names = names_of(&rows);
     let mut out = Vec::new();
     while let Some(row) = rows.next()? {
-        out.push(read(row)?);
+        out.push(read(&Named { row, names: &names })?);
     }
     Ok(out)
+}
+
+/// The first row of `rows`, if any, read by `read`.
+fn first_of<T>(
+    mut rows: rusqlite::Rows<'_>,
+    read: impl Fn(&Named<'_, '_>) -> Result<T, MetaError>,
+) -> Result<Option<T>, MetaError> {
+    let names = names_of(&rows);
+    match rows.next()? {
+        Some(row) => read(&Named { row, names: &names }).map(Some),
+        None => Ok(None),
+    }
 }
 
 /// `SELECT` of the [`UPLOAD`] columns, for statements that go on with a condition.
@@ -355,8 +393,8 @@ fn insert_chunks(tx: &Connection, entry: i64, chunks: &[Chunk]) -> Result<(), Me
 
 fn load_upload(conn: &Connection, id: UploadId) -> Result<Option<Upload>, MetaError> {
     let mut stmt = conn.prepare_cached(&format!("{} WHERE id = ?", *UPLOAD_COLS))?;
-    let mut rows = stmt.query([id.get()])?;
-    rows.next()?.map(upload_from_row).transpose()
+    let upload = first_of(stmt.query([id.get()])?, |r| upload_from_row(r));
+    upload
 }
 
 fn load_blocks(conn: &Connection, upload: UploadId) -> Result<UploadBlocks, MetaError> {
@@ -374,17 +412,16 @@ fn load_blocks(conn: &Connection, upload: UploadId) -> Result<UploadBlocks, Meta
     });
     let mut blocks = UploadBlocks::default();
     let mut stmt = conn.prepare_cached(&STAGED)?;
-    let mut rows = stmt.query([upload.get()])?;
-    while let Some(row) = rows.next()? {
+    let staged = rows_of(stmt.query([upload.get()])?, |row| {
         let id = BlockId::from_stored(row.read(staged_blocks::block_id)?);
-        blocks.staged.insert(id, chunk_from_row(row)?);
-    }
+        Ok((id, chunk_from_row(row)?))
+    })?;
+    blocks.staged.extend(staged);
     let mut stmt = conn.prepare_cached(&PARTS)?;
-    let mut rows = stmt.query([upload.get()])?;
-    while let Some(row) = rows.next()? {
+    blocks.parts = rows_of(stmt.query([upload.get()])?, |row| {
         let id = BlockId::from_stored(row.read(upload_parts::block_id)?);
-        blocks.parts.push((id, chunk_from_row(row)?));
-    }
+        Ok((id, chunk_from_row(row)?))
+    })?;
     Ok(blocks)
 }
 
@@ -472,8 +509,9 @@ impl SaveStore for SqliteStore {
                 "{} WHERE repository = ? AND scope = ? AND key_folded = ? AND version = ? AND state = 'open'",
                 *UPLOAD_COLS
             ))?;
-            let mut rows = stmt.query(params![repo, scope, folded, version])?;
-            let open = rows.next()?.map(upload_from_row).transpose()?;
+            let open = first_of(stmt.query(params![repo, scope, folded, version])?, |r| {
+                upload_from_row(r)
+            })?;
             let live: i64 = conn
                 .prepare_cached(
                     "SELECT COUNT(*) AS n FROM uploads WHERE repository = ? AND state = 'open' AND created_at >= ?",
@@ -509,8 +547,8 @@ impl SaveStore for SqliteStore {
         let block = block.clone();
         self.read(move |conn| {
             let mut stmt = conn.prepare_cached(BLOCK_STATE_SQL.on(Backend::Sqlite))?;
-            let mut rows = stmt.query(params![block.as_bytes(), id.get()])?;
-            rows.next()?.map(block_state_from_row).transpose()
+            let rows = stmt.query(params![block.as_bytes(), id.get()])?;
+            first_of(rows, |r| block_state_from_row(r))
         })
         .await
     }
@@ -522,8 +560,8 @@ impl SaveStore for SqliteStore {
                 "{} WHERE repository = ? AND scope = ? AND key_folded = ? AND version = ? AND state = 'open'",
                 *UPLOAD_COLS
             ))?;
-            let mut rows = stmt.query(params![repo, scope, folded, version])?;
-            let open = match rows.next()?.map(upload_from_row).transpose()? {
+            let rows = stmt.query(params![repo, scope, folded, version])?;
+            let open = match first_of(rows, |r| upload_from_row(r))? {
                 Some(upload) => {
                     let blocks = load_blocks(conn, upload.id)?;
                     Some((upload, blocks))
@@ -551,7 +589,7 @@ impl SaveStore for SqliteStore {
         new: NewUpload<'_>,
         replacing: Option<&Upload>,
     ) -> Result<UploadId, MetaError> {
-        let row = UploadRow::from_new(&new);
+        let row = UploadRow::from_new(&new, Backend::Sqlite);
         let now = new.now;
         let replacing = replacing.cloned();
         self.write(move |tx| {
@@ -630,7 +668,7 @@ impl SaveStore for SqliteStore {
     }
 
     async fn finalize(&self, upload: &Upload, entry: NewEntry<'_>) -> Result<EntryId, MetaError> {
-        let row = EntryRow::from_new(&entry);
+        let row = EntryRow::from_new(&entry, Backend::Sqlite);
         let (upload, chunks, now) = (upload.clone(), entry.chunks.to_vec(), entry.now);
         let name = entry.repository_name.to_owned();
         let (pr_bytes, pr_entries) = pr_counts(entry.scope_class, row.size as u64);
@@ -748,8 +786,8 @@ impl RestoreStore for SqliteStore {
                 )
             });
             let mut head = conn.prepare_cached(&HEAD)?;
-            let mut head = head.query([id.get()])?;
-            let Some(entry) = head.next()?.map(entry_from_row).transpose()? else {
+            let head = head.query([id.get()])?;
+            let Some(entry) = first_of(head, |r| entry_from_row(r))? else {
                 return Ok(None);
             };
             let mut stmt = conn.prepare_cached(&CHUNKS)?;
@@ -823,8 +861,8 @@ impl LifecycleStore for SqliteStore {
         let repository = repository.as_str().to_owned();
         self.read(move |conn| {
             let mut stmt = conn.prepare_cached(QUOTA_USAGE.on(Backend::Sqlite))?;
-            let mut rows = stmt.query([repository])?;
-            quota_usage_from_row(rows.next()?)
+            let row = first_of(stmt.query([repository])?, |r| quota_usage_from_row(Some(r)))?;
+            Ok(row.unwrap_or_default())
         })
         .await
     }
@@ -951,17 +989,14 @@ impl LifecycleStore for SqliteStore {
                 }
                 tx.prepare_cached("DELETE FROM entry_chunks WHERE entry_id = ?")?
                     .execute([id.get()])?;
-                let gone = tx
-                    .prepare_cached(
-                        "DELETE FROM entries WHERE id = ?
-                         RETURNING id, repository, size, created_at, last_used_at, family, ref_class, scope_class",
-                    )?
-                    .query_row([id.get()], |r| {
-                        let class = ScopeClass::from_code(r.get(entries::scope_class.name)?);
-                        Ok(use_from_row(r).map(|u| (u, class)))
-                    })
-                    .optional()?
-                    .transpose()?;
+                let mut delete = tx.prepare_cached(
+                    "DELETE FROM entries WHERE id = ?
+                     RETURNING id, repository, size, created_at, last_used_at, family, ref_class, scope_class",
+                )?;
+                let gone = first_of(delete.query([id.get()])?, |r| {
+                    let class = ScopeClass::from_code(r.read(entries::scope_class)?);
+                    Ok((use_from_row(r)?, class))
+                })?;
                 let Some((entry, class)) = gone else { continue };
                 let (pr_bytes, pr_entries) = pr_counts(class, entry.size);
                 tx.prepare_cached(

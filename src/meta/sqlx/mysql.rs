@@ -243,7 +243,7 @@ impl Dialect for MySqlDialect {
         new: NewUpload<'_>,
         replacing: Option<&Upload>,
     ) -> Result<UploadId, MetaError> {
-        let values = UploadRow::from_new(&new).inserted_values(MYSQL);
+        let values = UploadRow::from_new(&new, MYSQL).inserted_values(MYSQL);
         let insert = bind_all(sqlx::query(uploads::TABLE.insert(MYSQL)), values);
         let Some(old) = replacing else {
             let inserted = insert.execute(&self.pool).await.map_err(from_sqlx)?;
@@ -314,7 +314,7 @@ impl Dialect for MySqlDialect {
     }
 
     async fn finalize(&self, upload: &Upload, new: NewEntry<'_>) -> Result<EntryId, MetaError> {
-        let row = EntryRow::from_new(&new);
+        let row = EntryRow::from_new(&new, MYSQL);
         let (repository, size) = (row.repository.clone(), row.size);
         let mut tx = self.begin().await?;
         // The entry first, for its id; if the upload turns out stale, the transaction is

@@ -286,7 +286,7 @@ impl Dialect for PostgresDialect {
     ) -> Result<UploadId, MetaError> {
         static INSERT: Shared =
             Shared::built(|| format!("{} RETURNING id", uploads::TABLE.insert(POSTGRES)));
-        let values = UploadRow::from_new(&new).inserted_values(POSTGRES);
+        let values = UploadRow::from_new(&new, POSTGRES).inserted_values(POSTGRES);
         let insert = bind_all(sqlx::query(INSERT.on(POSTGRES)), values);
         let Some(old) = replacing else {
             let row = insert.fetch_one(&self.pool).await.map_err(from_sqlx)?;
@@ -432,7 +432,7 @@ impl Dialect for PostgresDialect {
                 unnest(chunk, 1, chunks_from, "c"),
             )
         });
-        let row = EntryRow::from_new(&new);
+        let row = EntryRow::from_new(&new, POSTGRES);
         let (pr_bytes, pr_entries) = pr_counts(new.scope_class, row.size as u64);
         // The chunks' entry id comes from the statement (skipped by `bind_columns`).
         let chunks = EntryChunkRow::of_entry(0, new.chunks);
