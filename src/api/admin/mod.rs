@@ -376,16 +376,7 @@ async fn detail(app: &AppState, id: Option<&str>) -> Result<wire::CacheDetail, A
 /// radius of a writer), and the records, most recent first.
 async fn restores(app: &AppState, query: &Query) -> Result<wire::RestoreList, AdminError> {
     let most = crate::cache::admin::MAX_RESTORES;
-    let limit = match query.param("per_page") {
-        None => most,
-        Some(raw) => raw
-            .parse::<usize>()
-            .ok()
-            .filter(|n| (1..=most).contains(n))
-            .ok_or_else(|| {
-                AdminError::bad(format!("per_page must be a number from 1 to {most}"))
-            })?,
-    };
+    let limit = query.count_up_to("per_page", most, most)?;
     let asked = RestoreQuery {
         entries: Vec::new(),
         written_under: query.filter()?,

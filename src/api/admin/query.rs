@@ -248,14 +248,24 @@ impl Query {
 
     /// A page size `name`, 1 to [`MAX_PAGE`].
     pub fn page_size(&self, name: &str, default: usize) -> Result<usize, AdminError> {
+        self.count_up_to(name, default, MAX_PAGE)
+    }
+
+    /// A count from 1 to `most`, `default` when absent.
+    pub fn count_up_to(
+        &self,
+        name: &str,
+        default: usize,
+        most: usize,
+    ) -> Result<usize, AdminError> {
         match self.param(name) {
             None => Ok(default),
             Some(raw) => raw
                 .parse::<usize>()
                 .ok()
-                .filter(|n| (1..=MAX_PAGE).contains(n))
+                .filter(|n| (1..=most).contains(n))
                 .ok_or_else(|| {
-                    AdminError::bad(format!("{name} must be a number from 1 to {MAX_PAGE}"))
+                    AdminError::bad(format!("{name} must be a number from 1 to {most}"))
                 }),
         }
     }
