@@ -168,6 +168,8 @@ table! {
         expired: i64,
         quarantined: i64,
         deleted: i64,
+        refused_writes: i64,
+        refused_reads: i64,
     }
 }
 
@@ -188,6 +190,8 @@ table! {
         expired: i64,
         quarantined: i64,
         deleted: i64,
+        refused_writes: i64,
+        refused_reads: i64,
     }
 }
 

@@ -81,6 +81,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         9,
         include_str!("../migrations/sqlite/0009_deferred_digests.sql"),
     ),
+    (
+        10,
+        include_str!("../migrations/sqlite/0010_policy_refusals.sql"),
+    ),
 ];
 const MAX_READERS: usize = 8;
 
