@@ -233,8 +233,8 @@ impl Cache {
     }
 
     /// Reads the policy file at `path` again and puts it in force; the number of its rules.
-    /// A file that cannot be used leaves the policy in force as it is; the failure is kept
-    /// (see [`Cache::policy_health`]) and counted until a load succeeds.
+    /// A file that cannot be used leaves the policy in force as it is; the failure is counted,
+    /// and kept (see [`Cache::policy_health`]) until a load succeeds.
     pub fn reload_write_policy(
         &self,
         path: &std::path::Path,
@@ -255,20 +255,25 @@ impl Cache {
 
     /// The write policy's health: what is in force, the last attempt to load the file and
     /// whether the file on disk still holds what is in force; `None` without `--policy-file`.
-    /// The file is compared on a blocking thread for at most [`POLICY_FILE_CHECK_DEADLINE`];
-    /// past that, whether it differs is not known.
+    /// The file is compared on a blocking thread for at most [`POLICY_FILE_CHECK_DEADLINE`],
+    /// one comparison at a time; past that, or while another is under way, whether it differs
+    /// is not known.
     pub async fn policy_health(&self) -> Option<policy::Health> {
         let installed = self.write_policy.current()?;
         let last_attempt = self.write_policy.last_attempt().unwrap_or(policy::Attempt {
             at: installed.loaded_at,
             error: None,
         });
-        let cell = self.write_policy.clone();
-        let compared = installed.clone();
-        let check = tokio::task::spawn_blocking(move || cell.compare_file(&compared));
-        let on_disk = match tokio::time::timeout(POLICY_FILE_CHECK_DEADLINE, check).await {
-            Ok(Ok(on_disk)) => on_disk,
-            _ => policy::OnDisk::Unknown,
+        let on_disk = match self.write_policy.start_check() {
+            Some(checking) => {
+                let compared = installed.clone();
+                let check = tokio::task::spawn_blocking(move || checking.compare(&compared));
+                match tokio::time::timeout(POLICY_FILE_CHECK_DEADLINE, check).await {
+                    Ok(Ok(on_disk)) => on_disk,
+                    _ => policy::OnDisk::Unknown,
+                }
+            }
+            None => policy::OnDisk::Unknown,
         };
         Some(policy::Health {
             installed,

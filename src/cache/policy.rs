@@ -32,6 +32,7 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::SystemTime;
 
@@ -506,6 +507,25 @@ pub struct PolicyCell {
     /// The latest comparison of the file on disk with the policy in force, so that a file
     /// touched but not changed is hashed once, not on every `/readyz`.
     compared: Mutex<Option<Compared>>,
+    /// Whether a comparison is under way (see [`PolicyCell::start_check`]).
+    checking: AtomicBool,
+}
+
+/// The one comparison of the policy file under way; the next may start once it is dropped.
+#[derive(Debug)]
+pub struct Checking(Arc<PolicyCell>);
+
+impl Checking {
+    /// See [`PolicyCell::compare_file`].
+    pub fn compare(&self, installed: &Installed) -> OnDisk {
+        self.0.compare_file(installed)
+    }
+}
+
+impl Drop for Checking {
+    fn drop(&mut self) {
+        self.0.checking.store(false, Ordering::Release);
+    }
 }
 
 /// A policy and when it was put in force.
@@ -668,6 +688,15 @@ impl PolicyCell {
     pub fn with<T>(&self, f: impl FnOnce(&Policy) -> T) -> Option<T> {
         let guard = self.in_force.read().unwrap_or_else(|e| e.into_inner());
         guard.as_deref().map(|installed| f(&installed.policy))
+    }
+
+    /// The right to compare the file now, unless a comparison is under way: a file system
+    /// that hangs then holds one blocking thread, not one more per probe.
+    pub fn start_check(self: &Arc<Self>) -> Option<Checking> {
+        self.checking
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|_| Checking(self.clone()))
     }
 
     /// Whether the file the policy in force was read from still holds its bytes: the size and
@@ -1135,6 +1164,14 @@ access = "deny"
         // A policy parsed from text has no file to compare.
         cell.set(policy(&[]), 3_000);
         assert_eq!(cell.compare_file(&cell.current().unwrap()), OnDisk::Unknown);
+
+        // One comparison at a time.
+        let cell = Arc::new(cell);
+        let first = cell.start_check().unwrap();
+        assert!(cell.start_check().is_none());
+        assert_eq!(first.compare(&cell.current().unwrap()), OnDisk::Unknown);
+        drop(first);
+        assert!(cell.start_check().is_some());
     }
 
     #[test]
