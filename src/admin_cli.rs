@@ -369,23 +369,49 @@ pub async fn status(server: &ServerArgs) -> Result<String, CliError> {
     if server.json {
         return Ok(pretty(&status));
     }
-    // A server from before write policies has no `policy` endpoint: the line is left out.
-    let policy = client
-        .call::<wire::Policy>(reqwest::Method::GET, "policy")
-        .await
-        .ok();
+    // The status carries the policy; a server from before that is asked for it, and one from
+    // before write policies has no `policy` endpoint: the lines are left out.
+    let policy = match &status.policy {
+        Some(policy) => Some(policy.clone()),
+        None => client
+            .call::<wire::Policy>(reqwest::Method::GET, "policy")
+            .await
+            .ok(),
+    };
     Ok(status_text(&status, policy.as_ref()))
 }
 
-/// `hoard status`'s line on the write policy in force.
+/// `hoard status`'s lines on the write policy in force: its file and load time, then a
+/// failed last load and a file on disk that differs, if so.
 fn policy_line(policy: &wire::Policy) -> String {
-    match (&policy.source, &policy.loaded_at) {
-        (Some(source), Some(at)) => format!(
-            "policy     {} rules from {source}, loaded {at}\n",
-            policy.rules.len()
-        ),
-        _ => "policy     none (every token may do what it grants)\n".to_owned(),
+    let (Some(source), Some(at)) = (&policy.source, &policy.loaded_at) else {
+        return "policy     none (every token may do what it grants)\n".to_owned();
+    };
+    let mut out = format!(
+        "policy     {} rules from {source}, loaded {at}\n",
+        policy.rules.len()
+    );
+    if let Some(attempt) = policy.last_attempt.as_ref().filter(|a| a.outcome != "ok") {
+        let _ = writeln!(
+            out,
+            "           last load {} at {}: {}; the rules above stay in force",
+            attempt.outcome,
+            attempt.at,
+            attempt.error.as_deref().unwrap_or("no reason given")
+        );
     }
+    if policy.differs_from_file == Some(true) {
+        let since = policy
+            .file_changed_at
+            .as_deref()
+            .map(|at| format!(" (changed {at})"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "           the file on disk differs from the policy in force{since}"
+        );
+    }
+    out
 }
 
 async fn list(client: &Client, json: bool, args: &ListArgs) -> Result<String, CliError> {
@@ -699,6 +725,7 @@ fn families_table(families: &wire::Families, with_repository: bool) -> String {
         "LOOKUPS",
         "HIT RATIO",
         "MISSES",
+        "REFUSED W/R",
         "RESTORED",
         "SAVED",
         "STORED",
@@ -718,6 +745,7 @@ fn families_table(families: &wire::Families, with_repository: bool) -> String {
                 f.counters.lookups.to_string(),
                 percent(f.hit_ratio),
                 f.counters.misses.to_string(),
+                format!("{}/{}", f.counters.refused_writes, f.counters.refused_reads),
                 size(f.counters.bytes_restored),
                 size(f.counters.bytes_saved),
                 size(f.bytes_stored),

@@ -224,13 +224,14 @@ fn log_policy(what: &str, policy: &cache::policy::Policy) {
 
 /// Reads the write policy file again and puts it in force on `cache`; a file that does not
 /// parse leaves the policy in force as it is and says why, in one sentence naming the file.
+/// Either outcome is kept for `hoard status`, `/readyz`, the admin API and the metrics.
 pub fn reload_policy(
     cache: &Cache,
     path: &std::path::Path,
 ) -> Result<(), cache::policy::PolicyError> {
-    let policy = cache::policy::Policy::load(path)?;
-    log_policy("SIGHUP: policy reloaded", &policy);
-    cache.set_write_policy(policy);
+    let rules = cache.reload_write_policy(path)?;
+    let source = path.display().to_string();
+    tracing::info!(policy = %source, rules, "SIGHUP: policy reloaded from {source}: {rules} rules");
     Ok(())
 }
 

@@ -142,6 +142,8 @@ pub struct Metrics {
     stored_entries: Gauge,
     open_uploads: Gauge,
     digests_pending: Gauge,
+    policy_reload_failures: Counter,
+    policy_last_load: Gauge,
     database: Family<OperationLabels, Histogram, fn() -> Histogram>,
     storage: Family<OperationLabels, Histogram, fn() -> Histogram>,
     per_repository: Option<PerRepository>,
@@ -247,6 +249,19 @@ impl Metrics {
             "Entries this process queued for the digest pass and not yet hashed",
             digests_pending.clone(),
         );
+        let policy_reload_failures = Counter::default();
+        registry.register(
+            "policy_reload_failures",
+            "Reloads of the write policy file (SIGHUP) that failed, leaving the policy before in force",
+            policy_reload_failures.clone(),
+        );
+        let policy_last_load = Gauge::default();
+        registry.register_with_unit(
+            "policy_last_load_timestamp",
+            "When the write policy in force was loaded (start-up or reload), in Unix seconds; 0 without --policy-file",
+            Unit::Seconds,
+            policy_last_load.clone(),
+        );
         let database =
             Family::<OperationLabels, Histogram, fn() -> Histogram>::new_with_constructor(
                 latency_buckets,
@@ -279,6 +294,8 @@ impl Metrics {
             stored_entries,
             open_uploads,
             digests_pending,
+            policy_reload_failures,
+            policy_last_load,
             requests,
             durations,
             lookups,
@@ -524,6 +541,16 @@ impl Metrics {
             .set(queued.min(i64::MAX as usize) as i64);
     }
 
+    /// A write policy put in force at `at` (milliseconds since the epoch).
+    pub fn policy_loaded(&self, at: i64) {
+        self.policy_last_load.set(at.div_euclid(1000));
+    }
+
+    /// A reload of the write policy file that failed.
+    pub fn policy_reload_failed(&self) {
+        self.policy_reload_failures.inc();
+    }
+
     /// The text exposition, with the store's totals as read now.
     pub fn render(&self, totals: Option<crate::model::Totals>) -> String {
         if let Some(t) = totals {
@@ -574,6 +601,8 @@ mod tests {
         m.request("/healthz", 503, Duration::from_millis(1));
         m.lookup(LookupOutcome::Miss);
         m.uploaded(10);
+        m.policy_loaded(1_764_619_200_999);
+        m.policy_reload_failed();
         let text = m.render(Some(crate::model::Totals {
             bytes: 42,
             entries: 2,
@@ -588,6 +617,8 @@ mod tests {
             "hoard_stored_bytes 42",
             "hoard_stored_entries 2",
             "hoard_open_uploads 1",
+            "hoard_policy_reload_failures_total 1",
+            "hoard_policy_last_load_timestamp_seconds 1764619200",
         ] {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }

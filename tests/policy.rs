@@ -2,6 +2,12 @@
 //! answer for a write or read the policy refuses, reloads on SIGHUP (a bad file keeps the
 //! policy in force), the admin API's view, and a bad file refusing start-up. The real client's
 //! side is in `e2e_client.rs`.
+//!
+//! The policy's health (issue #42): a failed reload shows in `hoard status`, `/readyz`'s
+//! warnings, both metrics, the admin API and the dashboard's policy page (chromium,
+//! `tests/e2e/policy.mjs`; screenshots in `target/tmp/dashboard/policy-*.png`), and clears
+//! after a good one; a file edited and not reloaded shows as differing; refused writes and
+//! lookups are counted in the statistics by family.
 #![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
 
 mod common;
@@ -166,15 +172,72 @@ impl Server {
     }
 
     async fn admin_policy(&self) -> Value {
+        self.admin("policy").await
+    }
+
+    /// An admin API answer, which must be a 200.
+    async fn admin(&self, path: &str) -> Value {
         let res = self
             .http
-            .get(format!("{}/_hoard/api/v1/policy", self.hoard.base))
+            .get(format!("{}/_hoard/api/v1/{path}", self.hoard.base))
             .bearer_auth(ADMIN)
             .send()
             .await
             .unwrap();
-        assert_eq!(res.status(), 200);
+        assert_eq!(res.status(), 200, "{path}");
         res.json().await.unwrap()
+    }
+
+    /// `/readyz`: its status and body.
+    async fn readyz(&self) -> (u16, Value) {
+        let res = self
+            .http
+            .get(format!("{}/readyz", self.hoard.base))
+            .send()
+            .await
+            .unwrap();
+        (res.status().as_u16(), res.json().await.unwrap())
+    }
+
+    /// The value of the series `name` (no labels) in `/metrics`.
+    async fn metric(&self, name: &str) -> f64 {
+        let text = self
+            .http
+            .get(format!("{}/metrics", self.hoard.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .map(|v| v.trim().parse().unwrap())
+            .unwrap_or_else(|| panic!("{name} is not in /metrics:\n{text}"))
+    }
+
+    /// The dashboard's policy page as chromium sees it (`tests/e2e/policy.mjs`), its
+    /// screenshot kept as `target/tmp/dashboard/<shot>`.
+    async fn dashboard_policy(&self, shot: &str) -> (Value, String) {
+        assert!(
+            Path::new("/usr/bin/chromium").exists(),
+            "Debian's chromium is needed (apt-get install chromium; .ci/run installs it)"
+        );
+        let e2e = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e");
+        assert!(
+            e2e.join("node_modules/playwright-core").exists(),
+            "playwright-core is not installed: run `npm ci --prefix tests/e2e` (scripts/test does)"
+        );
+        let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard");
+        let mut cmd = Command::new("node");
+        cmd.arg(e2e.join("policy.mjs"))
+            .env("HOARD_URL", &self.hoard.base)
+            .env("HOARD_ADMIN_TOKEN", ADMIN)
+            .env("SCREENSHOT_DIR", shots)
+            .env("SCREENSHOT_NAME", shot);
+        tokio::task::spawn_blocking(move || common::node_result(cmd.output().unwrap()))
+            .await
+            .unwrap()
     }
 
     /// What `hoard status` prints for this server.
@@ -245,8 +308,8 @@ async fn refused_writes_and_reads_answer_as_github_does_and_sighup_swaps_the_pol
     assert_eq!(
         policy["rules"],
         json!([
-            { "repository": "octo/app", "scope": MAIN, "access": "read-only", "callers": null },
-            { "repository": "*", "scope": "refs/pull/*", "access": "deny", "callers": null },
+            { "repository": "octo/app", "scope": MAIN, "access": "read-only", "callers": null, "line": 3 },
+            { "repository": "*", "scope": "refs/pull/*", "access": "deny", "callers": null, "line": 8 },
         ])
     );
     assert!(policy["loaded_at"].as_str().unwrap().ends_with('Z'));
@@ -257,6 +320,28 @@ async fn refused_writes_and_reads_answer_as_github_does_and_sighup_swaps_the_pol
             file.display()
         )),
         "{status}"
+    );
+    // The freeze took (issue #42): its load is the last attempt, the file on disk is what is in
+    // force (the same SHA-256), nothing warns, and the metrics say when it was loaded.
+    let loaded_at = policy["loaded_at"].as_str().unwrap().to_owned();
+    assert_eq!(
+        policy["last_attempt"],
+        json!({ "at": loaded_at, "outcome": "ok", "error": null })
+    );
+    assert_eq!(policy["differs_from_file"], false, "{policy}");
+    assert_eq!(policy["file_changed_at"], Value::Null);
+    assert_eq!(policy["digest"], sha256(FREEZE.as_bytes()));
+    assert_eq!(policy["warnings"], json!([]));
+    assert!(
+        !status.contains("last load") && !status.contains("differs"),
+        "{status}"
+    );
+    let (code, ready) = srv.readyz().await;
+    assert_eq!((code, &ready["warnings"]), (200, &json!([])), "{ready}");
+    assert_eq!(srv.metric("hoard_policy_reload_failures_total").await, 0.0);
+    assert_eq!(
+        srv.metric("hoard_policy_last_load_timestamp_seconds").await,
+        unix_seconds(&loaded_at)
     );
 
     // v2: a frozen scope's create and finalize are 200 ok:false with GitHub's prefix (§2.4).
@@ -342,16 +427,264 @@ async fn refused_writes_and_reads_answer_as_github_does_and_sighup_swaps_the_pol
         srv.admin_policy().await["rules"].as_array().unwrap().len(),
         2
     );
+    a_failed_reload_shows_everywhere(&srv, &file, &loaded_at).await;
 
     // Lifting the freeze (a rule that lets main write again, before the freeze) opens saves.
     let lifted = format!(
         "[[rule]]\nrepository = \"1\"\nscope = \"refs/heads/*\"\naccess = \"read-write\"\n{FREEZE}"
     );
-    std::fs::write(&file, lifted).unwrap();
+    std::fs::write(&file, &lifted).unwrap();
     assert!(srv.hangup().await.contains("3 rules"));
+    a_good_reload_clears_it(&srv, &loaded_at).await;
     srv.save(&main, "new", b"after the freeze").await;
     let (status, body) = srv.v1_reserve(&main, "v1-new").await;
     assert_eq!(status, 201, "{body}");
+
+    an_edit_not_reloaded_shows_as_differing(&srv, &file, &lifted).await;
+
+    // Refusals are counted in the statistics by family, beside hits and misses: five writes
+    // (two creates of main, its finalize and v1 reserve, the pull request's create) and two
+    // lookups (v2 and v1, of the token that reads only a denied scope).
+    // Counts are written once a second: poll to a deadline.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let totals = loop {
+        let totals = srv.admin("stats?repository=octo/app&since=24h").await["totals"].clone();
+        if (totals["refused_writes"] == 5 && totals["refused_reads"] == 2)
+            || tokio::time::Instant::now() > deadline
+        {
+            break totals;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        (&totals["refused_writes"], &totals["refused_reads"]),
+        (&json!(5), &json!(2)),
+        "{totals}"
+    );
+    assert_eq!(
+        totals["lookups"],
+        totals["exact_hits"].as_u64().unwrap()
+            + totals["restore_key_hits"].as_u64().unwrap()
+            + totals["misses"].as_u64().unwrap(),
+        "a refused lookup is not a lookup answered: {totals}"
+    );
+    let families = srv
+        .admin("stats/families?repository=octo/app&since=24h")
+        .await;
+    let by_family = |field: &str| -> u64 {
+        families["families"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f[field].as_u64().unwrap())
+            .sum()
+    };
+    assert_eq!(
+        (by_family("refused_writes"), by_family("refused_reads")),
+        (5, 2),
+        "{families}"
+    );
+    let pulls = families["families"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["scope_class"] == "pull_request")
+        .map(|f| {
+            (
+                f["refused_writes"].as_u64().unwrap(),
+                f["refused_reads"].as_u64().unwrap(),
+            )
+        })
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    assert_eq!(
+        pulls,
+        (1, 2),
+        "the pull request's refusals in its class: {families}"
+    );
+}
+
+/// `sha256:<hex>` of `bytes`, as the admin API names the bytes in force.
+fn sha256(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
+}
+
+/// An RFC 3339 time as the whole seconds since 1970 a Prometheus timestamp gauge shows.
+fn unix_seconds(rfc3339: &str) -> f64 {
+    let at = humantime::parse_rfc3339(rfc3339).unwrap();
+    at.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as f64
+}
+
+/// After a reload that failed (rule 2 of `file` spells its access wrong, line 11) while the
+/// freeze loaded at `loaded_at` stays in force: the admin API, `hoard status`, `/readyz`'s
+/// warnings (still ready), both metrics and the dashboard's policy page all say so.
+async fn a_failed_reload_shows_everywhere(srv: &Server, file: &Path, loaded_at: &str) {
+    let at_line = format!("the policy file {}, line 11", file.display());
+    let failed = format!("the policy file {} failed to reload at ", file.display());
+    let policy = srv.admin_policy().await;
+    assert_eq!(policy["loaded_at"], loaded_at, "the freeze stays in force");
+    let attempt = &policy["last_attempt"];
+    assert_eq!(attempt["outcome"], "failed", "{policy}");
+    assert!(
+        attempt["error"].as_str().unwrap().contains(&at_line),
+        "{policy}"
+    );
+    assert_ne!(attempt["at"], loaded_at, "{policy}");
+    assert_eq!(policy["differs_from_file"], true, "{policy}");
+    assert_eq!(
+        policy["digest"],
+        sha256(FREEZE.as_bytes()),
+        "the bytes in force"
+    );
+    let warnings = policy["warnings"].as_array().unwrap();
+    assert_eq!(warnings.len(), 1, "{policy}");
+    let warning = warnings[0].as_str().unwrap();
+    assert!(
+        warning.starts_with(&failed)
+            && warning.contains(&at_line)
+            && warning.ends_with(&format!(
+                "the policy loaded at {}Z stays in force",
+                &loaded_at[..19]
+            )),
+        "{warning}"
+    );
+
+    let status = srv.status_text().await;
+    assert!(
+        status.contains("           last load failed at ") && status.contains(&at_line),
+        "{status}"
+    );
+    assert!(
+        status.contains(&format!("WARNING    {warning}")),
+        "{status}"
+    );
+
+    let (code, ready) = srv.readyz().await;
+    assert_eq!(
+        (code, &ready["status"]),
+        (200, &json!("ready")),
+        "a warning, not a failure: {ready}"
+    );
+    assert_eq!(ready["warnings"], json!([warning]), "{ready}");
+
+    assert_eq!(srv.metric("hoard_policy_reload_failures_total").await, 1.0);
+    assert_eq!(
+        srv.metric("hoard_policy_last_load_timestamp_seconds").await,
+        unix_seconds(loaded_at),
+        "the last good load's time stays"
+    );
+
+    let (page, log) = srv.dashboard_policy("policy-reload-failed.png").await;
+    assert_eq!(
+        (&page["bannerState"], &page["bannerRole"]),
+        (&json!("reload-failed"), &json!("alert")),
+        "{log}"
+    );
+    let banner = page["banner"].as_str().unwrap_or_default();
+    assert!(
+        banner.contains("The last reload of the policy file failed") && banner.contains(&at_line),
+        "{log}"
+    );
+    assert_eq!(
+        page["rules"],
+        json!([
+            ["1", "3", "octo/app", MAIN, "read-only", "every caller"],
+            ["2", "8", "*", "refs/pull/*", "deny", "every caller"],
+        ]),
+        "{log}"
+    );
+    assert_eq!(page["file"], file.to_str().unwrap(), "{log}");
+    assert_eq!(page["outcomeState"], "failed", "{log}");
+    assert!(
+        page["outcome"].as_str().unwrap().contains(&at_line),
+        "{log}"
+    );
+    assert_eq!(page["digest"], sha256(FREEZE.as_bytes()), "{log}");
+}
+
+/// After a good reload that followed a failed one (the freeze loaded at `before`): the failure
+/// is gone from every place, the metrics say when the new policy was loaded, and the failed
+/// reload stays counted.
+async fn a_good_reload_clears_it(srv: &Server, before: &str) {
+    let policy = srv.admin_policy().await;
+    let loaded_at = policy["loaded_at"].as_str().unwrap();
+    assert!(loaded_at >= before, "{policy}");
+    assert_eq!(
+        policy["last_attempt"],
+        json!({ "at": loaded_at, "outcome": "ok", "error": null })
+    );
+    assert_eq!(
+        (&policy["differs_from_file"], &policy["warnings"]),
+        (&json!(false), &json!([])),
+        "{policy}"
+    );
+    let status = srv.status_text().await;
+    assert!(
+        status.contains("policy     3 rules from ")
+            && !status.contains("last load")
+            && !status.contains("WARNING"),
+        "{status}"
+    );
+    let (code, ready) = srv.readyz().await;
+    assert_eq!((code, &ready["warnings"]), (200, &json!([])), "{ready}");
+    assert_eq!(srv.metric("hoard_policy_reload_failures_total").await, 1.0);
+    assert_eq!(
+        srv.metric("hoard_policy_last_load_timestamp_seconds").await,
+        unix_seconds(loaded_at)
+    );
+    let (page, log) = srv.dashboard_policy("policy-in-force.png").await;
+    assert_eq!(
+        (&page["bannerState"], &page["banner"]),
+        (&json!("ok"), &Value::Null),
+        "{log}"
+    );
+    assert_eq!(page["rules"].as_array().unwrap().len(), 3, "{log}");
+    assert_eq!(page["outcomeState"], "ok", "{log}");
+    assert_eq!(page["disk"], "The policy in force", "{log}");
+}
+
+/// `file` edited after the policy in force (`in_force`'s bytes) was loaded, and not reloaded:
+/// `/readyz`, the admin API and `hoard status` say the file differs, and since when; the same
+/// bytes written again (a new time, the same content) do not differ.
+async fn an_edit_not_reloaded_shows_as_differing(srv: &Server, file: &Path, in_force: &str) {
+    std::fs::write(file, format!("{in_force}\n# an edit not reloaded yet\n")).unwrap();
+    let differs = format!(
+        "the policy file {} differs from the policy in force (loaded at ",
+        file.display()
+    );
+    let (code, ready) = srv.readyz().await;
+    assert_eq!((code, &ready["status"]), (200, &json!("ready")), "{ready}");
+    let warnings = ready["warnings"].as_array().unwrap();
+    assert_eq!(warnings.len(), 1, "{ready}");
+    let warning = warnings[0].as_str().unwrap();
+    assert!(
+        warning.starts_with(&differs)
+            && warning.contains("changed on disk at ")
+            && warning.ends_with("not reloaded; send SIGHUP to load it"),
+        "{warning}"
+    );
+    let policy = srv.admin_policy().await;
+    assert_eq!(policy["differs_from_file"], true, "{policy}");
+    assert_eq!(policy["last_attempt"]["outcome"], "ok", "{policy}");
+    let changed = policy["file_changed_at"].as_str().unwrap();
+    assert!(changed >= policy["loaded_at"].as_str().unwrap(), "{policy}");
+    assert_eq!(policy["digest"], sha256(in_force.as_bytes()));
+    let status = srv.status_text().await;
+    assert!(
+        status.contains(&format!(
+            "the file on disk differs from the policy in force (changed {changed})"
+        )),
+        "{status}"
+    );
+
+    std::fs::write(file, in_force).unwrap();
+    let (_, ready) = srv.readyz().await;
+    assert_eq!(
+        ready["warnings"],
+        json!([]),
+        "the same bytes again: {ready}"
+    );
+    assert_eq!(srv.admin_policy().await["differs_from_file"], false);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -426,8 +759,20 @@ async fn without_a_policy_file_the_admin_api_shows_none() {
     let body: Value = res.json().await.unwrap();
     assert_eq!(
         body,
-        json!({ "source": null, "loaded_at": null, "rules": [] })
+        json!({
+            "source": null, "loaded_at": null, "rules": [], "digest": null,
+            "last_attempt": null, "differs_from_file": null, "file_changed_at": null,
+            "warnings": [],
+        })
     );
+    let res = srv
+        .http
+        .get(srv.url("/_hoard/api/v1/status"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.json::<Value>().await.unwrap()["policy"], body);
     let res = srv
         .http
         .post(srv.url("/_hoard/api/v1/policy"))

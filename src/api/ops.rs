@@ -46,10 +46,15 @@ pub(super) async fn healthz() -> Json<serde_json::Value> {
     Json(serde_json::json!({ "status": "ok" }))
 }
 
-/// Ready when the database and storage answer and the server is not shutting down.
+/// Ready when the database and storage answer and the server is not shutting down. Warnings
+/// never make it fail: among them, a write policy file that failed to reload or that differs
+/// from the policy in force.
 pub(super) async fn readyz(State(app): State<AppState>) -> Response {
     let mut warnings = app.config().warnings.clone();
     warnings.extend(app.cache().policy_warnings());
+    if let Some(health) = app.cache().policy_health().await {
+        warnings.extend(health.warnings());
+    }
     // The results service's URL is GitHub's (or the enterprise's) public address, not a secret.
     // Only a ready server says it: `hoard runner` reads it from a 200, and a failing answer
     // stays what it was.

@@ -1,6 +1,7 @@
-//! Statistics by key family: lookups, hits, misses, saves and removals counted per repository ×
-//! family × ref class × hour, folded in memory and written with the restore bookkeeping (once a
-//! second, in key order, see [`super::usage`]), so a lookup does no write.
+//! Statistics by key family: lookups, hits, misses, saves, removals and the writes and lookups
+//! the write policy refused, counted per repository × family × ref class × hour, folded in
+//! memory and written with the restore bookkeeping (once a second, in key order, see
+//! [`super::usage`]), so a lookup does no write.
 //!
 //! Families are capped per repository (`--stats-max-families`): a family the store does not keep
 //! yet is kept while its repository has room, and counted as `other` after, so no client can
@@ -133,6 +134,19 @@ impl FamilyStats {
     ) {
         self.pending()
             .add(repository, family, class, now, &Counters::save(size));
+    }
+
+    /// A write or lookup the write policy refused, counted in `family` (see
+    /// [`Counters::refused_write`], [`Counters::refused_read`]).
+    pub fn refused(
+        &self,
+        repository: &RepoId,
+        family: &str,
+        class: RefClass,
+        now: Millis,
+        counters: &Counters,
+    ) {
+        self.pending().add(repository, family, class, now, counters);
     }
 
     /// Entries removed for `cause`, each counted in its own family and class.

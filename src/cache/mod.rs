@@ -37,7 +37,7 @@ use std::time::Duration;
 use crate::auth::Identity;
 use crate::blob::BlobStore;
 use crate::meta::{MetaError, MetaStore};
-use crate::model::{BlobName, Clock, EntryId, LogSafe, Scope, Slot};
+use crate::model::{BlobName, CacheKey, Clock, Counters, EntryId, LogSafe, RefClass, Scope, Slot};
 
 pub use error::CacheError;
 pub use pacing::{Serving, Traffic};
@@ -47,6 +47,10 @@ use save::LinkedUpload;
 /// How long `/readyz` waits for the metadata database: its answer, with the time to make it,
 /// comes within 3 s.
 pub const DATABASE_READINESS_DEADLINE: Duration = Duration::from_millis(2500);
+
+/// How long `/readyz` and the admin API wait to learn whether the policy file on disk differs
+/// from the policy in force (a stat, and a read of at most 1 MiB when it changed).
+pub const POLICY_FILE_CHECK_DEADLINE: Duration = Duration::from_millis(300);
 
 /// Domain settings.
 #[derive(Debug, Clone)]
@@ -223,7 +227,59 @@ impl Cache {
     /// Puts `policy` in force (at start-up, and on each reload), replacing the one before;
     /// requests decided from now on follow it.
     pub fn set_write_policy(&self, policy: policy::Policy) {
-        self.write_policy.set(policy, self.clock.now());
+        let now = self.clock.now();
+        self.write_policy.set(policy, now);
+        self.metrics.policy_loaded(now);
+    }
+
+    /// Reads the policy file at `path` again and puts it in force; the number of its rules.
+    /// A file that cannot be used leaves the policy in force as it is; the failure is counted,
+    /// and kept (see [`Cache::policy_health`]) until a load succeeds.
+    pub fn reload_write_policy(
+        &self,
+        path: &std::path::Path,
+    ) -> Result<usize, policy::PolicyError> {
+        match policy::Policy::load(path) {
+            Ok(loaded) => {
+                let rules = loaded.rules.len();
+                self.set_write_policy(loaded);
+                Ok(rules)
+            }
+            Err(e) => {
+                self.write_policy.failed(&e, self.clock.now());
+                self.metrics.policy_reload_failed();
+                Err(e)
+            }
+        }
+    }
+
+    /// The write policy's health: what is in force, the last attempt to load the file and
+    /// whether the file on disk still holds what is in force; `None` without `--policy-file`.
+    /// The file is compared on a blocking thread for at most [`POLICY_FILE_CHECK_DEADLINE`],
+    /// one comparison at a time; past that, or while another is under way, whether it differs
+    /// is not known.
+    pub async fn policy_health(&self) -> Option<policy::Health> {
+        let installed = self.write_policy.current()?;
+        let last_attempt = self.write_policy.last_attempt().unwrap_or(policy::Attempt {
+            at: installed.loaded_at,
+            error: None,
+        });
+        let on_disk = match self.write_policy.start_check() {
+            Some(checking) => {
+                let compared = installed.clone();
+                let check = tokio::task::spawn_blocking(move || checking.compare(&compared));
+                match tokio::time::timeout(POLICY_FILE_CHECK_DEADLINE, check).await {
+                    Ok(Ok(on_disk)) => on_disk,
+                    _ => policy::OnDisk::Unknown,
+                }
+            }
+            None => policy::OnDisk::Unknown,
+        };
+        Some(policy::Health {
+            installed,
+            last_attempt,
+            on_disk,
+        })
     }
 
     /// The write policy in force and when it was loaded; `None` without `--policy-file`.
@@ -261,6 +317,61 @@ impl Cache {
             }
             _ => Ok(()),
         }
+    }
+
+    /// [`Cache::check_write_policy`] for a write of `key`: a refusal is counted in the
+    /// statistics, in the family a save of `key` would count in.
+    fn check_write_policy_of(
+        &self,
+        who: &Identity,
+        scope: &Scope,
+        key: &CacheKey,
+    ) -> Result<(), CacheError> {
+        let checked = self.check_write_policy(who, scope);
+        if let Err(CacheError::WriteDeniedByPolicy(_)) = &checked {
+            self.count_refused_write(who, scope, key);
+        }
+        checked
+    }
+
+    /// Counts a write of `key` to `scope` that the write policy refused, in the family a save
+    /// of `key` would count in.
+    fn count_refused_write(&self, who: &Identity, scope: &Scope, key: &CacheKey) {
+        let family = self
+            .stats
+            .family_of_save(&who.repository, key.as_str(), &key.folded());
+        let class = RefClass::of_caller(Some(scope), &who.read_scopes);
+        self.stats.refused(
+            &who.repository,
+            &family,
+            class,
+            self.clock.now(),
+            &Counters::refused_write(),
+        );
+    }
+
+    /// [`Cache::readable_scopes`] for a lookup of `keys` (the primary key first): a lookup the
+    /// write policy refuses is counted in the statistics, in the lookup's family.
+    fn lookup_scopes<'a>(
+        &self,
+        who: &'a Identity,
+        keys: &[CacheKey],
+    ) -> Result<Cow<'a, [Scope]>, CacheError> {
+        let scopes = self.readable_scopes(who);
+        if let (Err(CacheError::ReadDeniedByPolicy(_)), Some(primary)) = (&scopes, keys.first()) {
+            let restore: Vec<String> = keys[1..].iter().map(CacheKey::folded).collect();
+            let folded = primary.folded();
+            let family = crate::model::family::family_folded(primary.as_str(), &folded, &restore);
+            let class = RefClass::of_caller(who.write_scope.as_ref(), &who.read_scopes);
+            self.stats.refused(
+                &who.repository,
+                family,
+                class,
+                self.clock.now(),
+                &Counters::refused_read(),
+            );
+        }
+        scopes
     }
 
     /// The scopes `who` may read, in token order: the token's readable scopes less those the

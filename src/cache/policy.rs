@@ -32,7 +32,9 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::SystemTime;
 
 use serde::Deserialize;
 
@@ -115,6 +117,25 @@ pub struct Policy {
     /// The file the rules were read from.
     pub source: Option<PathBuf>,
     pub rules: Vec<Rule>,
+    /// What the file held when it was read ([`Policy::load`]); `None` for a policy parsed
+    /// from text.
+    pub stamp: Option<FileStamp>,
+}
+
+/// What was read of a policy file: enough to tell later, cheaply, whether the file on disk
+/// still holds the policy in force (size and modification time first, then the bytes' hash).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileStamp {
+    pub len: u64,
+    pub modified: Option<SystemTime>,
+    pub sha256: [u8; 32],
+}
+
+impl FileStamp {
+    /// `sha256:<hex>` of the bytes read.
+    pub fn digest(&self) -> String {
+        format!("sha256:{}", hex::encode(self.sha256))
+    }
 }
 
 /// The rule that decided, and what it decided: the reason a refusal gives.
@@ -169,20 +190,23 @@ pub struct PolicyError(String);
 impl Policy {
     /// Reads and parses the policy file at `path`.
     pub fn load(path: &Path) -> Result<Self, PolicyError> {
-        use std::io::Read;
         let shown = path.display();
-        let file = std::fs::File::open(path)
+        let (bytes, stamp) = read_stamped(path)
             .map_err(|e| PolicyError(format!("cannot read the policy file {shown}: {e}")))?;
-        let mut text = String::new();
-        file.take(MAX_FILE_BYTES + 1)
-            .read_to_string(&mut text)
-            .map_err(|e| PolicyError(format!("cannot read the policy file {shown}: {e}")))?;
-        if text.len() as u64 > MAX_FILE_BYTES {
+        if bytes.len() as u64 > MAX_FILE_BYTES {
             return Err(PolicyError(format!(
                 "the policy file {shown} is larger than {MAX_FILE_BYTES} bytes"
             )));
         }
-        Self::parse(&text, path)
+        let text = String::from_utf8(bytes).map_err(|e| {
+            PolicyError(format!(
+                "cannot read the policy file {shown}: not UTF-8 text (byte {})",
+                e.utf8_error().valid_up_to()
+            ))
+        })?;
+        let mut policy = Self::parse(&text, path)?;
+        policy.stamp = Some(stamp);
+        Ok(policy)
     }
 
     /// Parses a policy file's text; `path` names it in errors and becomes the source.
@@ -250,6 +274,7 @@ impl Policy {
         Ok(Self {
             source: Some(path.to_owned()),
             rules,
+            stamp: None,
         })
     }
 
@@ -455,10 +480,53 @@ fn wildcard<T: Copy + PartialEq>(
     p[pi..].iter().all(|c| *c == any)
 }
 
-/// The policy in force, swapped whole on reload. `None` (no `--policy-file`) costs a request
-/// one uncontended read lock.
+/// Reads at most [`MAX_FILE_BYTES`] + 1 bytes of `path` with its stamp (size and modification
+/// time as opened, SHA-256 of the bytes read).
+fn read_stamped(path: &Path) -> std::io::Result<(Vec<u8>, FileStamp)> {
+    use sha2::Digest;
+    use std::io::Read;
+    let file = std::fs::File::open(path)?;
+    let meta = file.metadata()?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes)?;
+    let stamp = FileStamp {
+        len: meta.len(),
+        modified: meta.modified().ok(),
+        sha256: sha2::Sha256::digest(&bytes).into(),
+    };
+    Ok((bytes, stamp))
+}
+
+/// The policy in force, swapped whole on reload, and how its file's loads went. `None` (no
+/// `--policy-file`) costs a request one uncontended read lock.
 #[derive(Debug, Default)]
-pub struct PolicyCell(RwLock<Option<Arc<Installed>>>);
+pub struct PolicyCell {
+    in_force: RwLock<Option<Arc<Installed>>>,
+    /// The last attempt to load the file (start-up or reload).
+    last_attempt: Mutex<Option<Attempt>>,
+    /// The latest comparison of the file on disk with the policy in force, so that a file
+    /// touched but not changed is hashed once, not on every `/readyz`.
+    compared: Mutex<Option<Compared>>,
+    /// Whether a comparison is under way (see [`PolicyCell::start_check`]).
+    checking: AtomicBool,
+}
+
+/// The one comparison of the policy file under way; the next may start once it is dropped.
+#[derive(Debug)]
+pub struct Checking(Arc<PolicyCell>);
+
+impl Checking {
+    /// See [`PolicyCell::compare_file`].
+    pub fn compare(&self, installed: &Installed) -> OnDisk {
+        self.0.compare_file(installed)
+    }
+}
+
+impl Drop for Checking {
+    fn drop(&mut self) {
+        self.0.checking.store(false, Ordering::Release);
+    }
+}
 
 /// A policy and when it was put in force.
 #[derive(Debug)]
@@ -467,21 +535,211 @@ pub struct Installed {
     pub loaded_at: Millis,
 }
 
+/// One attempt to load the policy file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    pub at: Millis,
+    /// Why it failed: one log-safe sentence of at most [`LogSafe::MAX`] bytes (and a length
+    /// note); `None`: the file was put in force.
+    ///
+    /// [`LogSafe::MAX`]: crate::model::LogSafe::MAX
+    pub error: Option<String>,
+}
+
+/// What the policy file on disk holds, against the policy in force.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OnDisk {
+    /// The bytes in force.
+    Same,
+    /// Other bytes, written at `modified` (when the file system says).
+    Changed { modified: Option<Millis> },
+    /// The file cannot be read now: a reload would fail.
+    Unreadable { error: String },
+    /// Not known: the policy was not read from a file, or the file system did not answer in
+    /// time.
+    Unknown,
+}
+
+/// A comparison made: of the file at this size and time with the bytes of this hash.
+#[derive(Debug, Clone)]
+struct Compared {
+    len: u64,
+    modified: Option<SystemTime>,
+    in_force: [u8; 32],
+    on_disk: OnDisk,
+}
+
+/// The policy's health: what is in force, the last attempt to load the file, and whether the
+/// file on disk still holds what is in force.
+#[derive(Debug, Clone)]
+pub struct Health {
+    pub installed: Arc<Installed>,
+    pub last_attempt: Attempt,
+    pub on_disk: OnDisk,
+}
+
+impl Health {
+    /// Whether the last attempt to load the file failed (the policy before it stays in force).
+    pub fn reload_failed(&self) -> bool {
+        self.last_attempt.error.is_some()
+    }
+
+    /// Whether the file on disk holds other bytes than the policy in force, or cannot be read.
+    pub fn differs_from_file(&self) -> bool {
+        matches!(
+            self.on_disk,
+            OnDisk::Changed { .. } | OnDisk::Unreadable { .. }
+        )
+    }
+
+    /// A sentence for each thing an operator must know: a failed reload (when, why, and what
+    /// stays in force), and a file on disk that is not the policy in force (since when).
+    pub fn warnings(&self) -> Vec<String> {
+        let file = self
+            .installed
+            .policy
+            .source
+            .as_deref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        let file = crate::model::LogSafe(&file);
+        let loaded = rfc3339(self.installed.loaded_at);
+        let mut out = Vec::new();
+        if let Some(error) = &self.last_attempt.error {
+            out.push(format!(
+                "the policy file {file} failed to reload at {}: {error}; the policy loaded at {loaded} stays in force",
+                rfc3339(self.last_attempt.at)
+            ));
+        }
+        match &self.on_disk {
+            OnDisk::Changed { modified } => {
+                // After a failed reload the file differs anyway; say so again only if it was
+                // changed after that attempt.
+                let after_failure = match (self.reload_failed(), modified) {
+                    (false, _) => true,
+                    (true, Some(m)) => *m > self.last_attempt.at,
+                    (true, None) => false,
+                };
+                if after_failure {
+                    let since = modified.map_or_else(|| "an unknown time".to_owned(), rfc3339);
+                    out.push(format!(
+                        "the policy file {file} differs from the policy in force (loaded at {loaded}): changed on disk at {since} and not reloaded; send SIGHUP to load it"
+                    ));
+                }
+            }
+            OnDisk::Unreadable { error } if !self.reload_failed() => out.push(format!(
+                "the policy file {file} differs from the policy in force (loaded at {loaded}): it cannot be read now ({error}), so a reload would fail"
+            )),
+            _ => {}
+        }
+        out
+    }
+}
+
+/// `millis` as RFC 3339 to the second, as warnings show times.
+fn rfc3339(millis: Millis) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(millis.max(0) as u64);
+    humantime::format_rfc3339_seconds(at).to_string()
+}
+
+fn millis_of(t: SystemTime) -> Option<Millis> {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_millis().min(i64::MAX as u128) as Millis)
+}
+
 impl PolicyCell {
+    /// Puts `policy` in force at `loaded_at`: a successful attempt.
     pub fn set(&self, policy: Policy, loaded_at: Millis) {
         let installed = Arc::new(Installed { policy, loaded_at });
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Some(installed);
+        *self.in_force.write().unwrap_or_else(|e| e.into_inner()) = Some(installed);
+        *self.last_attempt.lock().unwrap_or_else(|e| e.into_inner()) = Some(Attempt {
+            at: loaded_at,
+            error: None,
+        });
+    }
+
+    /// Records an attempt at `at` that failed with `error`; the policy in force stays.
+    pub fn failed(&self, error: &PolicyError, at: Millis) {
+        let error = crate::model::LogSafe(&error.0).to_string();
+        *self.last_attempt.lock().unwrap_or_else(|e| e.into_inner()) = Some(Attempt {
+            at,
+            error: Some(error),
+        });
     }
 
     /// The policy in force, if any.
     pub fn current(&self) -> Option<Arc<Installed>> {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.in_force
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The last attempt to load the file, if any.
+    pub fn last_attempt(&self) -> Option<Attempt> {
+        self.last_attempt
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// `f` on the policy in force, under the read lock (no copy); `None` without one.
     pub fn with<T>(&self, f: impl FnOnce(&Policy) -> T) -> Option<T> {
-        let guard = self.0.read().unwrap_or_else(|e| e.into_inner());
+        let guard = self.in_force.read().unwrap_or_else(|e| e.into_inner());
         guard.as_deref().map(|installed| f(&installed.policy))
+    }
+
+    /// The right to compare the file now, unless a comparison is under way: a file system
+    /// that hangs then holds one blocking thread, not one more per probe.
+    pub fn start_check(self: &Arc<Self>) -> Option<Checking> {
+        self.checking
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|_| Checking(self.clone()))
+    }
+
+    /// Whether the file the policy in force was read from still holds its bytes: the size and
+    /// modification time first, the bytes' hash only when those changed (and once per change).
+    /// Blocking file I/O: callers on the runtime run it on a blocking thread.
+    pub fn compare_file(&self, installed: &Installed) -> OnDisk {
+        let (Some(path), Some(stamp)) = (&installed.policy.source, &installed.policy.stamp) else {
+            return OnDisk::Unknown;
+        };
+        let meta = match std::fs::metadata(path) {
+            Ok(meta) => meta,
+            Err(e) => {
+                return OnDisk::Unreadable {
+                    error: crate::model::LogSafe(&e.to_string()).to_string(),
+                }
+            }
+        };
+        let (len, modified) = (meta.len(), meta.modified().ok());
+        if len == stamp.len && modified == stamp.modified {
+            return OnDisk::Same;
+        }
+        let mut compared = self.compared.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = compared.as_ref() {
+            if (c.len, c.modified, c.in_force) == (len, modified, stamp.sha256) {
+                return c.on_disk.clone();
+            }
+        }
+        let on_disk = match read_stamped(path) {
+            Ok((_, now)) if now.sha256 == stamp.sha256 => OnDisk::Same,
+            Ok(_) => OnDisk::Changed {
+                modified: modified.and_then(millis_of),
+            },
+            Err(e) => OnDisk::Unreadable {
+                error: crate::model::LogSafe(&e.to_string()).to_string(),
+            },
+        };
+        *compared = Some(Compared {
+            len,
+            modified,
+            in_force: stamp.sha256,
+            on_disk: on_disk.clone(),
+        });
+        on_disk
     }
 }
 
@@ -684,6 +942,7 @@ access = "deny"
     fn policy(rules: &[(&str, &str, Access, Option<Vec<CallerKind>>)]) -> Policy {
         Policy {
             source: None,
+            stamp: None,
             rules: rules
                 .iter()
                 .map(|(repository, scope, access, callers)| Rule {
@@ -831,6 +1090,157 @@ access = "deny"
             1
         );
         assert!(p.readable(&who, &[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_cell_keeps_the_last_attempt_and_compares_the_file_by_its_bytes() {
+        use sha2::Digest;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("policy.toml");
+        let text = "[[rule]]\nrepository = \"*\"\nscope = \"*\"\naccess = \"deny\"\n";
+        std::fs::write(&path, text).unwrap();
+        let loaded = Policy::load(&path).unwrap();
+        let stamp = loaded.stamp.clone().unwrap();
+        assert_eq!(
+            stamp.digest(),
+            format!("sha256:{}", hex::encode(sha2::Sha256::digest(text)))
+        );
+        assert_eq!(stamp.len, text.len() as u64);
+        let cell = PolicyCell::default();
+        assert_eq!(cell.last_attempt(), None);
+        cell.set(loaded, 1_000);
+        let installed = cell.current().unwrap();
+        assert_eq!(
+            cell.last_attempt(),
+            Some(Attempt {
+                at: 1_000,
+                error: None
+            })
+        );
+        assert_eq!(cell.compare_file(&installed), OnDisk::Same);
+
+        // Edited and not reloaded: other bytes, with the time they were written.
+        std::fs::write(&path, format!("{text}# more\n")).unwrap();
+        let OnDisk::Changed { modified: Some(_) } = cell.compare_file(&installed) else {
+            panic!("an edit differs: {:?}", cell.compare_file(&installed));
+        };
+        // The same bytes at another time do not differ (the hash decides); other bytes of the
+        // same size do, once their time differs from the stamp's.
+        std::fs::write(&path, text).unwrap();
+        let later = std::time::SystemTime::now() + std::time::Duration::from_secs(10);
+        let touch = |at| {
+            std::fs::File::options()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_modified(at)
+                .unwrap()
+        };
+        touch(later);
+        assert_eq!(cell.compare_file(&installed), OnDisk::Same);
+        std::fs::write(&path, text.replace("deny", "DENY")).unwrap();
+        touch(later + std::time::Duration::from_secs(1));
+        assert!(
+            matches!(cell.compare_file(&installed), OnDisk::Changed { .. }),
+            "same size, other bytes"
+        );
+
+        // Gone: a reload would fail.
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(
+            cell.compare_file(&installed),
+            OnDisk::Unreadable { .. }
+        ));
+        // A failed load is kept, log-safe; the policy in force stays.
+        cell.failed(&PolicyError("line 1\nforged=line".into()), 2_000);
+        assert_eq!(cell.current().unwrap().loaded_at, 1_000);
+        assert_eq!(
+            cell.last_attempt(),
+            Some(Attempt {
+                at: 2_000,
+                error: Some("line 1\\nforged=line".into())
+            })
+        );
+        // A policy parsed from text has no file to compare.
+        cell.set(policy(&[]), 3_000);
+        assert_eq!(cell.compare_file(&cell.current().unwrap()), OnDisk::Unknown);
+
+        // One comparison at a time.
+        let cell = Arc::new(cell);
+        let first = cell.start_check().unwrap();
+        assert!(cell.start_check().is_none());
+        assert_eq!(first.compare(&cell.current().unwrap()), OnDisk::Unknown);
+        drop(first);
+        assert!(cell.start_check().is_some());
+    }
+
+    #[test]
+    fn warnings_say_what_failed_or_differs_and_since_when() {
+        const T: Millis = 1_764_619_200_000; // 2025-12-01T20:00:00Z
+        let installed = Arc::new(Installed {
+            policy: Policy {
+                source: Some(PathBuf::from("/etc/hoard/policy.toml")),
+                ..policy(&[])
+            },
+            loaded_at: T,
+        });
+        let health = |error: Option<&str>, on_disk: OnDisk| Health {
+            installed: installed.clone(),
+            last_attempt: Attempt {
+                at: if error.is_some() { T + 60_000 } else { T },
+                error: error.map(str::to_owned),
+            },
+            on_disk,
+        };
+        let failed = "the policy file /etc/hoard/policy.toml failed to reload at 2025-12-01T20:01:00Z: line 4: bad; the policy loaded at 2025-12-01T20:00:00Z stays in force";
+        let differs = |at: &str| {
+            format!("the policy file /etc/hoard/policy.toml differs from the policy in force (loaded at 2025-12-01T20:00:00Z): changed on disk at {at} and not reloaded; send SIGHUP to load it")
+        };
+
+        let ok = health(None, OnDisk::Same);
+        assert!(ok.warnings().is_empty());
+        assert!(!ok.reload_failed() && !ok.differs_from_file());
+        assert!(health(None, OnDisk::Unknown).warnings().is_empty());
+
+        let edited = health(
+            None,
+            OnDisk::Changed {
+                modified: Some(T + 30_000),
+            },
+        );
+        assert_eq!(edited.warnings(), [differs("2025-12-01T20:00:30Z")]);
+        assert!(edited.differs_from_file());
+
+        // The broken file that failed is the one on disk: one warning, the failure.
+        let broken = health(
+            Some("line 4: bad"),
+            OnDisk::Changed {
+                modified: Some(T + 50_000),
+            },
+        );
+        assert_eq!(broken.warnings(), [failed]);
+        assert!(broken.reload_failed() && broken.differs_from_file());
+        // Edited again after the failure: both.
+        let again = health(
+            Some("line 4: bad"),
+            OnDisk::Changed {
+                modified: Some(T + 90_000),
+            },
+        );
+        assert_eq!(
+            again.warnings(),
+            [failed.to_owned(), differs("2025-12-01T20:01:30Z")]
+        );
+        let gone = health(
+            None,
+            OnDisk::Unreadable {
+                error: "No such file or directory (os error 2)".into(),
+            },
+        );
+        assert_eq!(
+            gone.warnings(),
+            ["the policy file /etc/hoard/policy.toml differs from the policy in force (loaded at 2025-12-01T20:00:00Z): it cannot be read now (No such file or directory (os error 2)), so a reload would fail"]
+        );
     }
 
     #[test]

@@ -42,6 +42,10 @@ impl Cache {
             Err(refused @ CacheError::WriteDeniedByPolicy(_)) => {
                 if let Ok(linked) = self.upload(id).await {
                     if writes_to(who, &linked.upload).is_ok() {
+                        // Counted once: the upload ends here, so a later write finds none.
+                        if let Ok(key) = CacheKey::parse(&linked.upload.key) {
+                            self.count_refused_write(who, &linked.upload.scope, &key);
+                        }
                         self.abandon_refused(id).await;
                     }
                 }

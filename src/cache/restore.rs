@@ -77,7 +77,7 @@ impl Cache {
             ))));
         }
         // The token's scopes, less those the write policy denies.
-        let scopes = self.readable_scopes(who)?;
+        let scopes = self.lookup_scopes(who, &lookup.keys)?;
         let folded: Vec<String> = lookup.keys.iter().map(CacheKey::folded).collect();
         let key = recent::RecentLookups::key(&who.repository, &lookup.version, &scopes, &folded);
         let candidates = self

@@ -439,7 +439,7 @@ impl Cache {
         let key = CacheKey::parse(key)?;
         let version = Version::parse(version)?;
         let scope = who.write_scope.clone().ok_or(CacheError::WriteDenied)?;
-        self.check_write_policy(who, &scope)?;
+        self.check_write_policy_of(who, &scope, &key)?;
         Ok(Slot {
             repository: who.repository.clone(),
             scope,

@@ -1232,6 +1232,7 @@ async fn concurrent_saves_leave_the_repository_within_its_quota() {
 fn write_policy(rules: &[(&str, &str, policy::Access)]) -> policy::Policy {
     policy::Policy {
         source: None,
+        stamp: None,
         rules: rules
             .iter()
             .map(|(repository, scope, access)| policy::Rule {

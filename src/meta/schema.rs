@@ -169,6 +169,8 @@ table! {
         expired: i64,
         quarantined: i64,
         deleted: i64,
+        refused_writes: i64,
+        refused_reads: i64,
     }
 }
 
@@ -189,6 +191,8 @@ table! {
         expired: i64,
         quarantined: i64,
         deleted: i64,
+        refused_writes: i64,
+        refused_reads: i64,
     }
 }
 

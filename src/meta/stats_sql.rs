@@ -13,7 +13,7 @@ use crate::model::{
 };
 
 /// The counter columns of `family_stats` and `server_stats`, in [`counter_params`]' order.
-const COUNTER_COLUMNS: [&str; 11] = [
+const COUNTER_COLUMNS: [&str; 13] = [
     f::lookups.name,
     f::exact_hits.name,
     f::restore_key_hits.name,
@@ -25,6 +25,8 @@ const COUNTER_COLUMNS: [&str; 11] = [
     f::expired.name,
     f::quarantined.name,
     f::deleted.name,
+    f::refused_writes.name,
+    f::refused_reads.name,
 ];
 
 /// The statements that add to rows, spelled for one [`Upsert`].
@@ -171,7 +173,7 @@ pub(super) fn server_counts(counts: &[(StatsKey, Counters)]) -> Vec<(RefClass, i
     sums.into_iter().map(|((c, h), n)| (c, h, n)).collect()
 }
 
-fn counter_params(c: &Counters) -> [i64; 11] {
+fn counter_params(c: &Counters) -> [i64; 13] {
     [
         c.lookups,
         c.exact_hits,
@@ -184,6 +186,8 @@ fn counter_params(c: &Counters) -> [i64; 11] {
         c.evictions.expired,
         c.evictions.quarantined,
         c.evictions.deleted,
+        c.refused_writes,
+        c.refused_reads,
     ]
     .map(|n| n.min(i64::MAX as u64) as i64)
 }
@@ -207,6 +211,8 @@ fn counters_from_row(r: &impl SqlRow) -> Result<Counters, MetaError> {
             quarantined: n(f::quarantined)?,
             deleted: n(f::deleted)?,
         },
+        refused_writes: n(f::refused_writes)?,
+        refused_reads: n(f::refused_reads)?,
     })
 }
 

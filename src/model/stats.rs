@@ -122,6 +122,11 @@ pub struct Counters {
     pub saves: u64,
     pub bytes_saved: u64,
     pub evictions: Evictions,
+    /// Writes (reservations and finalizes) the write policy refused.
+    pub refused_writes: u64,
+    /// Lookups the write policy refused: every scope the caller could read was denied. Not
+    /// counted in `lookups`, which are the lookups answered.
+    pub refused_reads: u64,
 }
 
 /// Entries removed, by cause (see [`RemovalCause`]).
@@ -156,6 +161,8 @@ impl Counters {
         self.saves += other.saves;
         self.bytes_saved += other.bytes_saved;
         self.evictions.add(&other.evictions);
+        self.refused_writes += other.refused_writes;
+        self.refused_reads += other.refused_reads;
     }
 
     /// One lookup that ended as `result`, naming an entry of `size` bytes if it hit.
@@ -180,6 +187,22 @@ impl Counters {
         Self {
             saves: 1,
             bytes_saved: size,
+            ..Self::default()
+        }
+    }
+
+    /// One write the write policy refused.
+    pub fn refused_write() -> Self {
+        Self {
+            refused_writes: 1,
+            ..Self::default()
+        }
+    }
+
+    /// One lookup the write policy refused.
+    pub fn refused_read() -> Self {
+        Self {
+            refused_reads: 1,
             ..Self::default()
         }
     }
@@ -352,6 +375,10 @@ mod tests {
         c.add(&Counters::lookup(LookupResult::Miss, 0));
         c.add(&Counters::save(7));
         c.add(&Counters::removal(&RemovalCause::Evicted));
+        c.add(&Counters::refused_write());
+        c.add(&Counters::refused_write());
+        c.add(&Counters::refused_read());
+        assert_eq!((c.refused_writes, c.refused_reads), (2, 1));
         assert_eq!(
             (c.lookups, c.exact_hits, c.restore_key_hits, c.misses),
             (4, 1, 1, 2)

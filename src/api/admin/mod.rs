@@ -223,7 +223,7 @@ async fn route(
     match (method, path) {
         (&Method::GET, "status") => ok(&status(app).await?),
         (&Method::GET, "usage") => ok(&usage(app, &query).await?),
-        (&Method::GET, "policy") => ok(&policy(app)),
+        (&Method::GET, "policy") => ok(&policy(app).await),
         (&Method::GET, "stats") => ok(&stats::series(app, &query).await?),
         (&Method::GET, "stats/families") => ok(&stats::families(app, &query).await?),
         (&Method::GET, "caches") => ok(&list(app, &query).await?),
@@ -265,6 +265,8 @@ async fn status(app: &AppState) -> Result<wire::Status, AdminError> {
     let mut warnings = config.warnings.clone();
     warnings.extend(status.warnings);
     warnings.extend(app.cache().policy_warnings());
+    let policy = policy(app).await;
+    warnings.extend(policy.warnings.iter().cloned());
     Ok(wire::Status {
         version: env!("CARGO_PKG_VERSION").to_owned(),
         started_at: wire::time(started_at),
@@ -283,22 +285,31 @@ async fn status(app: &AppState) -> Result<wire::Status, AdminError> {
         lookups: wire::Lookups::new(hits, misses),
         quarantined: status.quarantined,
         warnings,
+        policy: Some(policy),
     })
 }
 
-/// `GET policy`: the write policy in force.
-fn policy(app: &AppState) -> wire::Policy {
-    let Some(installed) = app.cache().write_policy() else {
+/// `GET policy`: the write policy in force, the last attempt to load its file, and whether
+/// the file on disk still holds it.
+async fn policy(app: &AppState) -> wire::Policy {
+    let Some(health) = app.cache().policy_health().await else {
         return wire::Policy {
             source: None,
             loaded_at: None,
             rules: Vec::new(),
+            digest: None,
+            last_attempt: None,
+            differs_from_file: None,
+            file_changed_at: None,
+            warnings: Vec::new(),
         };
     };
-    let policy = &installed.policy;
+    let policy = &health.installed.policy;
+    let attempt = &health.last_attempt;
+    use crate::cache::policy::OnDisk;
     wire::Policy {
         source: policy.source.as_deref().map(|p| p.display().to_string()),
-        loaded_at: Some(wire::time(installed.loaded_at)),
+        loaded_at: Some(wire::time(health.installed.loaded_at)),
         rules: policy
             .rules
             .iter()
@@ -310,8 +321,29 @@ fn policy(app: &AppState) -> wire::Policy {
                     .callers
                     .as_ref()
                     .map(|kinds| kinds.iter().map(|k| k.as_str().to_owned()).collect()),
+                line: r.line as u64,
             })
             .collect(),
+        digest: policy.stamp.as_ref().map(|s| s.digest()),
+        last_attempt: Some(wire::PolicyAttempt {
+            at: wire::time(attempt.at),
+            outcome: if attempt.error.is_some() {
+                "failed"
+            } else {
+                "ok"
+            }
+            .to_owned(),
+            error: attempt.error.clone(),
+        }),
+        differs_from_file: match health.on_disk {
+            OnDisk::Unknown => None,
+            _ => Some(health.differs_from_file()),
+        },
+        file_changed_at: match health.on_disk {
+            OnDisk::Changed { modified: Some(at) } => Some(wire::time(at)),
+            _ => None,
+        },
+        warnings: health.warnings(),
     }
 }
 

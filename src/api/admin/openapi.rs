@@ -151,6 +151,45 @@ mod tests {
             lookups: Lookups::new(if full { 2 } else { 0 }, if full { 1 } else { 0 }),
             quarantined: 0,
             warnings: if full { vec!["Look.".into()] } else { vec![] },
+            policy: Some(if full { in_force(true) } else { no_policy() }),
+        }
+    }
+
+    /// A policy in force, after a failed reload (`failed`) or not.
+    fn in_force(failed: bool) -> Policy {
+        Policy {
+            source: Some("/etc/hoard/policy.toml".into()),
+            loaded_at: Some(time(1_700_000_000_000)),
+            rules: vec![policy_rule(true), policy_rule(false)],
+            digest: Some(format!("sha256:{}", "cd".repeat(32))),
+            last_attempt: Some(PolicyAttempt {
+                at: time(1_700_000_100_000),
+                outcome: if failed { "failed" } else { "ok" }.into(),
+                error: failed.then(|| {
+                    "the policy file /etc/hoard/policy.toml, line 4: unknown variant `denied`"
+                        .into()
+                }),
+            }),
+            differs_from_file: Some(failed),
+            file_changed_at: failed.then(|| time(1_700_000_090_000)),
+            warnings: if failed {
+                vec!["the policy file /etc/hoard/policy.toml failed to reload".into()]
+            } else {
+                vec![]
+            },
+        }
+    }
+
+    fn no_policy() -> Policy {
+        Policy {
+            source: None,
+            loaded_at: None,
+            rules: vec![],
+            digest: None,
+            last_attempt: None,
+            differs_from_file: None,
+            file_changed_at: None,
+            warnings: vec![],
         }
     }
 
@@ -161,6 +200,7 @@ mod tests {
             scope: "refs/heads/main".into(),
             access: "read-only".into(),
             callers: callers.then(|| vec!["github".into(), "forgejo".into()]),
+            line: 3,
         }
     }
 
@@ -261,16 +301,16 @@ mod tests {
             (
                 "Policy",
                 vec![
-                    sent(Policy {
-                        source: Some("/etc/hoard/policy.toml".into()),
-                        loaded_at: Some(time(1_700_000_000_000)),
-                        rules: vec![policy_rule(true), policy_rule(false)],
-                    }),
-                    sent(Policy {
-                        source: None,
-                        loaded_at: None,
-                        rules: vec![],
-                    }),
+                    sent(in_force(false)),
+                    sent(in_force(true)),
+                    sent(no_policy()),
+                ],
+            ),
+            (
+                "PolicyAttempt",
+                vec![
+                    sent(in_force(false).last_attempt.unwrap()),
+                    sent(in_force(true).last_attempt.unwrap()),
                 ],
             ),
             (
@@ -353,6 +393,8 @@ mod tests {
                 quarantined: 0,
                 deleted: 0,
             },
+            refused_writes: 3,
+            refused_reads: 1,
         }
     }
 

@@ -231,6 +231,10 @@ pub struct Status {
     pub quarantined: u64,
     /// Conditions an operator should act on, each one sentence.
     pub warnings: Vec<String>,
+    /// The write policy in force and its file's health, as `GET policy` answers; always
+    /// sent, `None` only when read from a server from before it was part of the status.
+    #[serde(default)]
+    pub policy: Option<Policy>,
 }
 
 /// The limits the server enforces; `None` (null): no limit (`Status.limits`).
@@ -263,6 +267,33 @@ pub struct Policy {
     /// In the file's order: the first that applies decides, and refusals name it by its
     /// place from 1 ("policy rule 1").
     pub rules: Vec<PolicyRule>,
+    /// `sha256:<hex>` of the file's bytes in force.
+    #[serde(default)]
+    pub digest: Option<String>,
+    /// The last attempt to load the file (start-up or SIGHUP).
+    #[serde(default)]
+    pub last_attempt: Option<PolicyAttempt>,
+    /// Whether the file on disk holds other bytes than the policy in force, or cannot be
+    /// read (a reload would not give what is in force); `None` (null): not known.
+    #[serde(default)]
+    pub differs_from_file: Option<bool>,
+    /// When the file on disk was changed, when it differs and the file system says.
+    #[serde(default)]
+    pub file_changed_at: Option<String>,
+    /// What an operator must know: a failed reload, a file that differs (as `/readyz` says).
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
+
+/// One attempt to load the policy file (`Policy.last_attempt`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyAttempt {
+    /// RFC 3339.
+    pub at: String,
+    /// `ok` (put in force) or `failed` (the policy before stays in force).
+    pub outcome: String,
+    /// Why it failed, one sentence naming the file and line; `None` (null) when it did not.
+    pub error: Option<String>,
 }
 
 /// One rule of the policy (`Policy.rules`).
@@ -276,6 +307,9 @@ pub struct PolicyRule {
     pub access: String,
     /// The caller kinds the rule applies to; `None` (null): every caller.
     pub callers: Option<Vec<String>>,
+    /// The line of the file the rule starts on.
+    #[serde(default)]
+    pub line: u64,
 }
 
 impl From<&ListedEntry> for Cache {
@@ -369,6 +403,12 @@ pub struct StatsCounters {
     pub bytes_saved: u64,
     pub evictions: u64,
     pub evictions_by_cause: EvictionsByCause,
+    /// Writes (reservations and finalizes) the write policy refused.
+    #[serde(default)]
+    pub refused_writes: u64,
+    /// Lookups the write policy refused (not in `lookups`).
+    #[serde(default)]
+    pub refused_reads: u64,
 }
 
 /// Entries removed, by cause (schema `EvictionsByCause`).
@@ -401,6 +441,8 @@ impl From<&crate::model::Counters> for StatsCounters {
                 quarantined: c.evictions.quarantined,
                 deleted: c.evictions.deleted,
             },
+            refused_writes: c.refused_writes,
+            refused_reads: c.refused_reads,
         }
     }
 }

@@ -87,6 +87,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../migrations/sqlite/0010_entry_ids_never_reused.sql"),
     ),
     (11, include_str!("../migrations/sqlite/0011_restores.sql")),
+    (
+        12,
+        include_str!("../migrations/sqlite/0012_policy_refusals.sql"),
+    ),
 ];
 const MAX_READERS: usize = 8;
 

@@ -46,6 +46,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../migrations/mysql/0008_deferred_digests.sql"),
     ),
     (9, include_str!("../migrations/mysql/0009_restores.sql")),
+    (
+        10,
+        include_str!("../migrations/mysql/0010_policy_refusals.sql"),
+    ),
 ];
 const MIGRATION_LOCK: &str = "hoard_migrations";
 /// Rows per multi-row INSERT, well under the 65,535 parameters a statement may have.

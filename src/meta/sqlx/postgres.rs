@@ -57,6 +57,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../migrations/postgres/0008_deferred_digests.sql"),
     ),
     (9, include_str!("../migrations/postgres/0009_restores.sql")),
+    (
+        10,
+        include_str!("../migrations/postgres/0010_policy_refusals.sql"),
+    ),
 ];
 /// Key of the advisory lock that serializes migrations across processes ("hoard" in ASCII).
 const MIGRATION_LOCK: i64 = 0x68_6f61_7264;

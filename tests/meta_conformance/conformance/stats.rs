@@ -39,6 +39,10 @@ fn counts(lookups: u64, misses: u64, saves: u64, evicted: u64) -> Counters {
             evicted,
             ..Evictions::default()
         },
+        // Never zero and unlike the others, so that a column not written, not read or read
+        // as another fails every comparison of whole counters below.
+        refused_writes: 7 * saves + 1,
+        refused_reads: 3 * misses + 2,
     }
 }
 
@@ -193,6 +197,19 @@ async fn counts_add_up_and_answer_by_filter_and_width(store: &dyn MetaStore) {
         per,
         [(main, T0, 3 + 4 + 5 + 3), (main, T0 + HOUR, 2), (pr, T0, 1)],
         "the server's rows sum every repository and family"
+    );
+    let mut recorded = Counters::default();
+    for (_, c) in batch.iter().chain(&batch[..1]) {
+        recorded.add(c);
+    }
+    let mut served = Counters::default();
+    for r in &server {
+        served.add(&r.counters);
+    }
+    assert_eq!(
+        (served.refused_writes, served.refused_reads),
+        (recorded.refused_writes, recorded.refused_reads),
+        "the server's rows count the policy's refusals"
     );
     let prs = store
         .server_stats(

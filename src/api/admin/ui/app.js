@@ -140,6 +140,7 @@ function showSignIn(message) {
   $('overview').hidden = true;
   $('repository').hidden = true;
   $('entries').hidden = true;
+  $('policy').hidden = true;
   clearInsight();
   $('signin').hidden = false;
   setStatus('');
@@ -169,6 +170,7 @@ const REPOSITORY_HASH = '#repository/';
 
 function currentView() {
   if (location.hash === '#entries') return 'entries';
+  if (location.hash === '#policy') return 'policy';
   if (location.hash.startsWith(REPOSITORY_HASH)) return 'repository';
   return 'overview';
 }
@@ -194,6 +196,7 @@ function route() {
   $('overview').hidden = view !== 'overview';
   $('repository').hidden = view !== 'repository';
   $('entries').hidden = view !== 'entries';
+  $('policy').hidden = view !== 'policy';
   document.querySelectorAll('#nav a').forEach((a) => {
     if (a.dataset.view === view) a.setAttribute('aria-current', 'page');
     else a.removeAttribute('aria-current');
@@ -203,6 +206,9 @@ function route() {
     loadOverview().catch(report);
   } else if (view === 'repository') {
     loadRepository(currentRepository());
+  } else if (view === 'policy') {
+    $('insight').hidden = true;
+    loadPolicy().catch(report);
   } else {
     $('insight').hidden = true;
     loadEntries().catch(report);
@@ -444,7 +450,8 @@ function renderInsight(stats, fams, p) {
   const evictions = t.evictions === 1 ? '1 eviction' : `${formatCount(t.evictions)} evictions`;
   $('insight-summary').textContent = `In ${p.words}: ${formatCount(t.lookups)} lookups, `
     + `${formatCount(hits)} hits (${formatRatio(t.lookups ? hits / t.lookups : null)}), `
-    + `${formatCount(t.misses)} misses; ${formatCount(t.saves)} saves (${formatBytes(t.bytes_saved)}); ${evictions}.`;
+    + `${formatCount(t.misses)} misses; ${formatCount(t.saves)} saves (${formatBytes(t.bytes_saved)}); ${evictions}`
+    + `${refusedByPolicy(t)}.`;
   if (insightRepository) {
     const named = fams.families.find((f) => f.repository_name);
     if (named) $('repository-name').textContent = named.repository_name;
@@ -796,6 +803,7 @@ const FAMILY_COLUMNS = [
   { key: 'lookups', label: 'Lookups', value: (f) => f.lookups },
   { key: 'hits', label: 'Hits', value: familyHits },
   { key: 'misses', label: 'Misses', value: (f) => f.misses },
+  { key: 'refused', label: 'Refused', value: (f) => (f.refused_writes || 0) + (f.refused_reads || 0) },
   { key: 'hit_ratio', label: 'Hit ratio', value: (f) => (f.hit_ratio == null ? -1 : f.hit_ratio) },
   { key: 'bytes_stored', label: 'Stored', value: (f) => f.bytes_stored },
   { key: 'entries', label: 'Entries', value: (f) => f.entries },
@@ -893,6 +901,11 @@ function familyRow(f, columns) {
       return td;
     },
     misses: () => cell(formatCount(f.misses), 'num'),
+    refused: () => {
+      const td = cell(formatCount((f.refused_writes || 0) + (f.refused_reads || 0)), 'num');
+      td.title = `Refused by the write policy: ${formatCount(f.refused_writes || 0)} writes, ${formatCount(f.refused_reads || 0)} lookups`;
+      return td;
+    },
     hit_ratio: () => cell(formatRatio(f.hit_ratio), 'num'),
     bytes_stored: () => cell(formatBytes(f.bytes_stored), 'num'),
     entries: () => cell(formatCount(f.entries), 'num'),
@@ -1106,3 +1119,85 @@ $('confirm').addEventListener('close', async () => {
 });
 
 route();
+
+// ---- Write policy ---------------------------------------------------------------------------
+
+// "; 2 writes and 1 lookup refused by the write policy", or nothing when none was.
+function refusedByPolicy(t) {
+  const writes = t.refused_writes || 0;
+  const reads = t.refused_reads || 0;
+  if (!writes && !reads) return '';
+  const plural = (n, one, many) => `${formatCount(n)} ${n === 1 ? one : many}`;
+  return `; ${plural(writes, 'write', 'writes')} and ${plural(reads, 'lookup', 'lookups')} refused by the write policy`;
+}
+
+async function loadPolicy() {
+  renderPolicy(await api('policy'));
+}
+
+// The policy in force, and a banner when its file's last load failed or the file on disk is
+// not what is in force: a freeze that did not take must not look like one that did.
+function renderPolicy(p) {
+  const none = !p.source;
+  $('policy-none').hidden = !none;
+  $('policy-facts').hidden = none;
+  const attempt = p.last_attempt;
+  const failed = Boolean(attempt && attempt.outcome !== 'ok');
+  const differs = p.differs_from_file === true;
+  const banner = $('policy-banner');
+  banner.hidden = !(failed || differs);
+  banner.dataset.state = failed ? 'reload-failed' : (differs ? 'file-differs' : 'ok');
+  $('policy-banner-title').textContent = failed
+    ? 'The last reload of the policy file failed: the rules below are still in force'
+    : 'The policy file on disk is not the policy in force';
+  $('policy-banner-list').replaceChildren(...(p.warnings || []).map((w) => {
+    const li = document.createElement('li');
+    li.textContent = w;
+    return li;
+  }));
+
+  $('policy-file').textContent = p.source || '—';
+  $('policy-loaded').replaceChildren(timeElement(p.loaded_at));
+  const outcome = $('policy-outcome');
+  outcome.dataset.outcome = attempt ? attempt.outcome : '';
+  if (!attempt) {
+    outcome.textContent = '—';
+  } else if (failed) {
+    const why = document.createElement('span');
+    why.className = 'error';
+    why.textContent = `: ${attempt.error || 'no reason given'}`;
+    outcome.replaceChildren('Failed ', timeElement(attempt.at), why);
+  } else {
+    outcome.replaceChildren('Loaded ', timeElement(attempt.at));
+  }
+  const disk = $('policy-disk');
+  if (p.differs_from_file == null) disk.textContent = 'Not known';
+  else if (!differs) disk.textContent = 'The policy in force';
+  else if (p.file_changed_at) disk.replaceChildren('Differs: changed ', timeElement(p.file_changed_at), ', not in force until reloaded (SIGHUP)');
+  else disk.textContent = 'Differs, or cannot be read: a reload would not give the policy in force';
+  $('policy-digest').textContent = p.digest || '—';
+
+  const tbody = $('policy-rules').querySelector('tbody');
+  if (p.rules.length === 0) {
+    const td = cell(none ? 'No policy: every scope is read-write.' : 'The file has no rules: every scope is read-write.', 'muted');
+    td.colSpan = 6;
+    const tr = document.createElement('tr');
+    tr.append(td);
+    tbody.replaceChildren(tr);
+    return;
+  }
+  tbody.replaceChildren(...p.rules.map((r, i) => {
+    const tr = document.createElement('tr');
+    tr.dataset.testid = 'policy-rule';
+    const access = cell(r.access, `access access-${r.access}`);
+    tr.append(
+      cell(String(i + 1), 'num'),
+      cell(r.line ? String(r.line) : '—', 'num'),
+      cell(r.repository, 'mono'),
+      cell(r.scope, 'mono'),
+      access,
+      cell(r.callers ? r.callers.join(', ') : 'every caller'),
+    );
+    return tr;
+  }));
+}
