@@ -150,12 +150,18 @@ async fn large_entries_get_their_digest_after_the_save_and_chunks_stored_before_
         server.until_digested(id).await;
     }
     let data_dir = server.shut_down().await;
-    // The rows as the version before left them: its migrations only, every chunk with its
-    // SHA-256 (written while saving), "sha-only" from before XXH3 and entry digests were
-    // recorded; "early" as a crash before its digest pass leaves it, then damaged.
+    // The rows as the version before left them: its migrations only (what the later ones
+    // made is undone, so that they run again), every chunk with its SHA-256 (written while
+    // saving), "sha-only" from before XXH3 and entry digests were recorded; "early" as a crash
+    // before its digest pass leaves it, then damaged.
     let db = rusqlite::Connection::open(data_dir.path().join("hoard.db")).unwrap();
     db.execute_batch(&format!(
         "DROP INDEX entries_awaiting_digest;
+         DROP TABLE restores;
+         ALTER TABLE family_stats DROP COLUMN refused_writes;
+         ALTER TABLE family_stats DROP COLUMN refused_reads;
+         ALTER TABLE server_stats DROP COLUMN refused_writes;
+         ALTER TABLE server_stats DROP COLUMN refused_reads;
          PRAGMA user_version = 8;
          UPDATE entry_chunks SET xxh3 = NULL WHERE entry_id = {sha_only_id};
          UPDATE entries SET digest = '' WHERE id IN ({sha_only_id}, {early_id});
