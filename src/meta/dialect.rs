@@ -26,8 +26,6 @@ pub enum Upsert {
 }
 
 impl Backend {
-    pub const ALL: [Backend; 3] = [Backend::Sqlite, Backend::Postgres, Backend::MySql];
-
     /// The n-th (1-based) parameter of a statement.
     pub fn placeholder(self, n: usize) -> String {
         match self {
@@ -116,6 +114,8 @@ enum Template {
     Text(&'static str),
     /// Built from the table declarations (select lists), the first time it is needed.
     Built(fn() -> String),
+    /// Built for each backend: what differs is more than the spelling (an upsert's form).
+    PerBackend(fn(Backend) -> String),
 }
 
 impl Shared {
@@ -134,11 +134,20 @@ impl Shared {
         }
     }
 
+    /// A statement whose template `build` makes for each backend.
+    pub const fn per_backend(build: fn(Backend) -> String) -> Self {
+        Self {
+            template: Template::PerBackend(build),
+            spelled: [OnceLock::new(), OnceLock::new(), OnceLock::new()],
+        }
+    }
+
     /// The statement in `backend`'s spelling.
     pub fn on(&'static self, backend: Backend) -> &'static str {
         self.spelled[backend as usize].get_or_init(|| match self.template {
             Template::Text(text) => backend.spell(text),
             Template::Built(build) => backend.spell(&build()),
+            Template::PerBackend(build) => backend.spell(&build(backend)),
         })
     }
 }

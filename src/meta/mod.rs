@@ -177,18 +177,21 @@ pub struct EntryChunk {
 impl EntryChunk {
     /// `chunks` laid end to end, in order: each with the offset at which it starts.
     pub fn place(chunks: &[Chunk]) -> Vec<EntryChunk> {
-        let mut start = 0;
-        chunks
-            .iter()
-            .map(|chunk| {
-                let placed = EntryChunk {
-                    start,
-                    chunk: chunk.clone(),
-                };
-                start += chunk.size;
-                placed
+        Self::starts(chunks)
+            .map(|(start, chunk)| EntryChunk {
+                start,
+                chunk: chunk.clone(),
             })
             .collect()
+    }
+
+    /// [`EntryChunk::place`] without copying the chunks: each with its offset.
+    pub fn starts(chunks: &[Chunk]) -> impl Iterator<Item = (u64, &Chunk)> {
+        chunks.iter().scan(0, |start, chunk| {
+            let at = *start;
+            *start += chunk.size;
+            Some((at, chunk))
+        })
     }
 }
 

@@ -105,9 +105,7 @@ impl Table {
             )
         })
     }
-}
 
-impl Table {
     /// [`Table::insert`] that replaces the row holding the same primary key, which is the
     /// table's first `key_columns` columns.
     pub fn replace(&self, backend: Backend, key_columns: usize) -> &str {

@@ -237,13 +237,16 @@ table! {
 /// The key that tells readers apart: SHA-256 over their six columns, length-prefixed (the
 /// columns themselves are too long together for MySQL's unique indexes).
 pub fn reader_hash(reader: &Provenance) -> Vec<u8> {
-    use sha2::{Digest, Sha256};
-    let mut hasher = Sha256::new();
-    for field in writer_columns(Some(reader)) {
-        hasher.update((field.len() as u64).to_le_bytes());
-        hasher.update(field.as_bytes());
-    }
-    hasher.finalize().to_vec()
+    let r = reader;
+    let fields = [
+        r.kind.as_str(),
+        &r.issuer,
+        &r.subject,
+        &r.run_id,
+        &r.job_id,
+        &r.address,
+    ];
+    super::sql::digest(&fields.map(str::as_bytes))
 }
 
 /// Every declared table.
@@ -385,13 +388,12 @@ fn xxh3_column(chunk: &Chunk) -> Option<i64> {
 impl EntryChunkRow {
     /// The rows of an entry's chunks, laid end to end.
     pub fn of_entry(entry_id: i64, chunks: &[Chunk]) -> Vec<Self> {
-        EntryChunk::place(chunks)
-            .iter()
+        EntryChunk::starts(chunks)
             .enumerate()
-            .map(|(ordinal, EntryChunk { start, chunk })| Self {
+            .map(|(ordinal, (start, chunk))| Self {
                 entry_id,
                 ordinal: ordinal as i64,
-                start: *start as i64,
+                start: start as i64,
                 blob_name: chunk.blob.as_str().to_owned(),
                 size: chunk.size as i64,
                 sha256: sha256_column(chunk),

@@ -2,8 +2,7 @@
 //! bounds of a prefix range, the statements built at run time (lookups, listings), and the
 //! index hashes of the networked stores.
 
-use super::dialect::Shared;
-use super::dialect::{Backend, Upsert};
+use super::dialect::{Shared, Upsert};
 pub(super) use super::row::{Param, SqlRow};
 use super::schema::{entries, entry_chunks, repository_usage, restores, uploads};
 use super::MetaError;
@@ -63,7 +62,7 @@ pub(super) fn prefix_end(prefix: &str) -> String {
 }
 
 /// SHA-256 over length-prefixed fields: equal exactly when every field is equal.
-fn digest(fields: &[&[u8]]) -> Vec<u8> {
+pub(super) fn digest(fields: &[&[u8]]) -> Vec<u8> {
     use sha2::{Digest, Sha256};
     let mut hasher = Sha256::new();
     for field in fields {
@@ -608,32 +607,31 @@ pub(super) fn repository_from_row(r: &impl SqlRow) -> Result<super::RepositoryUs
 /// the entry's columns copied from its row (nothing is recorded for an entry that is gone),
 /// added to the reader's record if it has one. Parameters: the reader's hash and six columns,
 /// first and latest restore, count, then the entry's id.
-pub(super) fn record_restore_sql(backend: Backend) -> &'static str {
-    fn build(backend: Backend) -> String {
-        let from_entry = [
-            (restores::entry_id.name, "e.id"),
-            (restores::repository.name, "e.repository"),
-            (restores::scope.name, "e.scope"),
-            (restores::key.name, "e.key"),
-            (restores::written_at.name, "e.created_at"),
-            (restores::writer_kind.name, "e.writer_kind"),
-            (restores::writer_issuer.name, "e.writer_issuer"),
-            (restores::writer_subject.name, "e.writer_subject"),
-            (restores::writer_run_id.name, "e.writer_run_id"),
-            (restores::writer_job_id.name, "e.writer_job_id"),
-            (restores::writer_address.name, "e.writer_address"),
-        ];
-        let values: Vec<String> = restores::TABLE
-            .inserted(backend)
-            .map(|c| {
-                from_entry
-                    .iter()
-                    .find(|(name, _)| *name == c.name)
-                    .map_or("?".to_owned(), |(_, from)| (*from).to_owned())
-            })
-            .collect();
-        let (greatest, least) = (backend.greatest(), backend.least());
-        let on_existing = match backend.upsert() {
+pub(super) static RECORD_RESTORE: Shared = Shared::per_backend(|backend| {
+    let from_entry = [
+        (restores::entry_id.name, "e.id"),
+        (restores::repository.name, "e.repository"),
+        (restores::scope.name, "e.scope"),
+        (restores::key.name, "e.key"),
+        (restores::written_at.name, "e.created_at"),
+        (restores::writer_kind.name, "e.writer_kind"),
+        (restores::writer_issuer.name, "e.writer_issuer"),
+        (restores::writer_subject.name, "e.writer_subject"),
+        (restores::writer_run_id.name, "e.writer_run_id"),
+        (restores::writer_job_id.name, "e.writer_job_id"),
+        (restores::writer_address.name, "e.writer_address"),
+    ];
+    let values: Vec<String> = restores::TABLE
+        .inserted(backend)
+        .map(|c| {
+            from_entry
+                .iter()
+                .find(|(name, _)| *name == c.name)
+                .map_or("?".to_owned(), |(_, from)| (*from).to_owned())
+        })
+        .collect();
+    let (greatest, least) = (backend.greatest(), backend.least());
+    let on_existing = match backend.upsert() {
             Upsert::OnConflict => format!(
                 "ON CONFLICT (entry_id, reader_hash) DO UPDATE SET count = restores.count + excluded.count,
                      last_at = {greatest}(restores.last_at, excluded.last_at),
@@ -645,21 +643,14 @@ pub(super) fn record_restore_sql(backend: Backend) -> &'static str {
                      first_at = {least}(first_at, VALUES(first_at))"
             ),
         };
-        backend.spell(&format!(
-            "INSERT INTO restores ({}) SELECT {} FROM entries e WHERE e.id = ? {on_existing}",
-            restores::TABLE.inserted_list(backend),
-            values.join(", ")
-        ))
-    }
-    static BUILT: [std::sync::OnceLock<String>; 3] = [
-        std::sync::OnceLock::new(),
-        std::sync::OnceLock::new(),
-        std::sync::OnceLock::new(),
-    ];
-    BUILT[backend as usize].get_or_init(|| build(backend))
-}
+    format!(
+        "INSERT INTO restores ({}) SELECT {} FROM entries e WHERE e.id = ? {on_existing}",
+        restores::TABLE.inserted_list(backend),
+        values.join(", ")
+    )
+});
 
-/// The parameters of [`record_restore_sql`].
+/// The parameters of [`RECORD_RESTORE`].
 pub(super) fn record_restore_params(restore: &super::NewRestore) -> Vec<Param> {
     let mut params = vec![Param::Bytes(super::schema::reader_hash(&restore.reader))];
     params.extend(

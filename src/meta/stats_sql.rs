@@ -2,7 +2,7 @@
 //! to a 64-bit integer), and their rows turned back into counters. Only adding to a row that
 //! exists differs between dialects ([`Upsert`]).
 
-use std::sync::LazyLock;
+use std::sync::OnceLock;
 
 use super::dialect::{Backend, Shared, Upsert};
 use super::schema::family_stats as f;
@@ -43,17 +43,10 @@ pub(super) struct Adding {
     pub keep_family: String,
 }
 
-static SQLITE: LazyLock<Adding> = LazyLock::new(|| Adding::new(Backend::Sqlite));
-static POSTGRES: LazyLock<Adding> = LazyLock::new(|| Adding::new(Backend::Postgres));
-static MYSQL: LazyLock<Adding> = LazyLock::new(|| Adding::new(Backend::MySql));
-
 /// The adding statements of a backend, built and spelled once.
 pub(super) fn adding(backend: Backend) -> &'static Adding {
-    match backend {
-        Backend::Sqlite => &SQLITE,
-        Backend::Postgres => &POSTGRES,
-        Backend::MySql => &MYSQL,
-    }
+    static BUILT: [OnceLock<Adding>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    BUILT[backend as usize].get_or_init(|| Adding::new(backend))
 }
 
 impl Adding {

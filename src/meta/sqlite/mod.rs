@@ -37,10 +37,10 @@ use crate::meta::schema::{
 use crate::meta::sql::{
     block_state_from_row, candidate_from_row, chunk_from_row, columns, count_entries_sql,
     entry_from_row, list_entries_sql, listed_from_row, migrations_after, pr_counts,
-    quota_usage_from_row, record_restore_params, record_restore_sql, repositories_sql,
-    repository_from_row, restore_from_row, restores_sql, upload_from_row, use_from_row, Param,
-    SqlRow, BLOCK_STATE_SQL, CANDIDATE, CHUNK, CLASS_LRU, ENTRY, PRUNE_READERS, PRUNE_RESTORES,
-    QUOTA_USAGE, UPLOAD, USE_COLS,
+    quota_usage_from_row, record_restore_params, repositories_sql, repository_from_row,
+    restore_from_row, restores_sql, upload_from_row, use_from_row, Param, SqlRow, BLOCK_STATE_SQL,
+    CANDIDATE, CHUNK, CLASS_LRU, ENTRY, PRUNE_READERS, PRUNE_RESTORES, QUOTA_USAGE, RECORD_RESTORE,
+    UPLOAD, USE_COLS,
 };
 use crate::meta::{
     AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health,
@@ -304,54 +304,28 @@ impl From<rusqlite::Error> for MetaError {
     }
 }
 
-/// A result row read by name against its statement's column names, taken once per query:
-/// rusqlite's own lookup asks SQLite for every column's name on every read.
-struct Named<'a, 'r> {
-    row: &'a Row<'r>,
-    names: &'a [String],
-}
-
-impl Named<'_, '_> {
-    fn index(&self, name: &str) -> Result<usize, MetaError> {
-        self.names
-            .iter()
-            .position(|n| n == name)
-            .ok_or_else(|| crate::meta::row::not_selected(name))
-    }
-}
-
-impl SqlRow for Named<'_, '_> {
+impl SqlRow for Row<'_> {
     fn opt_int(&self, name: &str) -> Result<Option<i64>, MetaError> {
-        Ok(self.row.get(self.index(name)?)?)
+        Ok(self.get(name)?)
     }
 
     fn opt_text(&self, name: &str) -> Result<Option<String>, MetaError> {
-        Ok(self.row.get(self.index(name)?)?)
+        Ok(self.get(name)?)
     }
 
     fn opt_bytes(&self, name: &str) -> Result<Option<Vec<u8>>, MetaError> {
-        Ok(self.row.get(self.index(name)?)?)
+        Ok(self.get(name)?)
     }
-}
-
-/// The column names of the statement `rows` come from.
-fn names_of(rows: &rusqlite::Rows<'_>) -> Vec<String> {
-    rows.as_ref().map_or_else(Vec::new, |stmt| {
-        (0..stmt.column_count())
-            .filter_map(|i| stmt.column_name(i).ok().map(str::to_owned))
-            .collect()
-    })
 }
 
 /// Every row of `rows`, each read by `read`.
 fn rows_of<T>(
     mut rows: rusqlite::Rows<'_>,
-    read: impl Fn(&Named<'_, '_>) -> Result<T, MetaError>,
+    read: impl Fn(&Row<'_>) -> Result<T, MetaError>,
 ) -> Result<Vec<T>, MetaError> {
-    let names = names_of(&rows);
     let mut out = Vec::new();
     while let Some(row) = rows.next()? {
-        out.push(read(&Named { row, names: &names })?);
+        out.push(read(row)?);
     }
     Ok(out)
 }
@@ -359,18 +333,27 @@ fn rows_of<T>(
 /// The first row of `rows`, if any, read by `read`.
 fn first_of<T>(
     mut rows: rusqlite::Rows<'_>,
-    read: impl Fn(&Named<'_, '_>) -> Result<T, MetaError>,
+    read: impl Fn(&Row<'_>) -> Result<T, MetaError>,
 ) -> Result<Option<T>, MetaError> {
-    let names = names_of(&rows);
-    match rows.next()? {
-        Some(row) => read(&Named { row, names: &names }).map(Some),
-        None => Ok(None),
-    }
+    rows.next()?.map(read).transpose()
 }
 
-/// `SELECT` of the [`UPLOAD`] columns, for statements that go on with a condition.
-static UPLOAD_COLS: LazyLock<String> =
-    LazyLock::new(|| format!("SELECT {} FROM uploads u", columns("u", UPLOAD)));
+/// An upload by id.
+static UPLOAD_BY_ID: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM uploads u WHERE id = ?",
+        columns("u", UPLOAD)
+    )
+});
+
+/// The open upload of a slot (repository, scope, folded key, version).
+static OPEN_UPLOAD_OF_SLOT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM uploads u
+         WHERE repository = ? AND scope = ? AND key_folded = ? AND version = ? AND state = 'open'",
+        columns("u", UPLOAD)
+    )
+});
 
 /// An INSERT of a declared row that returns the new row's id.
 fn returning_id(table: &crate::meta::row::Table) -> String {
@@ -396,7 +379,7 @@ fn insert_chunks(tx: &Connection, entry: i64, chunks: &[Chunk]) -> Result<(), Me
 }
 
 fn load_upload(conn: &Connection, id: UploadId) -> Result<Option<Upload>, MetaError> {
-    let mut stmt = conn.prepare_cached(&format!("{} WHERE id = ?", *UPLOAD_COLS))?;
+    let mut stmt = conn.prepare_cached(&UPLOAD_BY_ID)?;
     let upload = first_of(stmt.query([id.get()])?, |r| upload_from_row(r));
     upload
 }
@@ -509,10 +492,7 @@ impl SaveStore for SqliteStore {
             let entry_exists = conn
                 .prepare_cached("SELECT 1 FROM entries WHERE repository = ? AND version = ? AND scope = ? AND key_folded = ?")?
                 .exists(params![repo, version, scope, folded])?;
-            let mut stmt = conn.prepare_cached(&format!(
-                "{} WHERE repository = ? AND scope = ? AND key_folded = ? AND version = ? AND state = 'open'",
-                *UPLOAD_COLS
-            ))?;
+            let mut stmt = conn.prepare_cached(&OPEN_UPLOAD_OF_SLOT)?;
             let open = first_of(stmt.query(params![repo, scope, folded, version])?, |r| {
                 upload_from_row(r)
             })?;
@@ -560,10 +540,7 @@ impl SaveStore for SqliteStore {
     async fn finalize_state(&self, slot: &Slot) -> Result<FinalizeState, MetaError> {
         let (repo, scope, folded, version) = slot_params(slot);
         self.read_consistent(move |conn| {
-            let mut stmt = conn.prepare_cached(&format!(
-                "{} WHERE repository = ? AND scope = ? AND key_folded = ? AND version = ? AND state = 'open'",
-                *UPLOAD_COLS
-            ))?;
+            let mut stmt = conn.prepare_cached(&OPEN_UPLOAD_OF_SLOT)?;
             let rows = stmt.query(params![repo, scope, folded, version])?;
             let open = match first_of(rows, |r| upload_from_row(r))? {
                 Some(upload) => {
@@ -826,7 +803,7 @@ impl RestoreStore for SqliteStore {
     async fn record_restores(&self, restores: &[NewRestore]) -> Result<(), MetaError> {
         let restores = restores.to_vec();
         self.write(move |tx| {
-            let mut record = tx.prepare_cached(record_restore_sql(Backend::Sqlite))?;
+            let mut record = tx.prepare_cached(RECORD_RESTORE.on(Backend::Sqlite))?;
             for restore in &restores {
                 record.execute(rusqlite::params_from_iter(record_restore_params(restore)))?;
             }

@@ -68,10 +68,10 @@ use super::schema::{entries, entry_chunks, uploads};
 use super::sql::{
     block_state_from_row, bucket, candidate_from_row, candidates_sql, chunk_from_row,
     collect_blocks, columns, count_entries_sql, entry_from_row, list_entries_sql, listed_from_row,
-    names_from_rows, prefix_end, quota_usage_from_row, record_restore_params, record_restore_sql,
-    repositories_sql, repository_from_row, restore_from_row, restores_sql, slot_hash,
-    upload_from_row, upload_with_blocks_sql, use_from_row, Param, SqlRow, BLOCK_STATE_SQL, CHUNK,
-    CLASS_LRU, ENTRY, PRUNE_READERS, PRUNE_RESTORES, QUOTA_USAGE, UPLOAD, USE_COLS,
+    names_from_rows, prefix_end, quota_usage_from_row, record_restore_params, repositories_sql,
+    repository_from_row, restore_from_row, restores_sql, slot_hash, upload_from_row,
+    upload_with_blocks_sql, use_from_row, Param, SqlRow, BLOCK_STATE_SQL, CHUNK, CLASS_LRU, ENTRY,
+    PRUNE_READERS, PRUNE_RESTORES, QUOTA_USAGE, RECORD_RESTORE, UPLOAD, USE_COLS,
 };
 use super::{
     AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health,
@@ -204,18 +204,14 @@ impl<D: Dialect> SqlxStore<D> {
         number_of(&rows)
     }
 
-    /// An upload and its blocks from [`upload_with_blocks_sql`], the upload named by `key` in
-    /// each of the statement's three places.
+    /// An upload and its blocks by a statement of [`upload_with_blocks_sql`], the upload named
+    /// by `key` in each of the statement's three places.
     async fn upload_and_blocks(
         &self,
-        upload_id: &str,
-        which: &str,
+        sql: &'static Shared,
         key: Param,
     ) -> Result<Option<(Upload, UploadBlocks)>, MetaError> {
-        let sql = upload_with_blocks_sql(upload_id, which);
-        let rows = self
-            .built_rows(&sql, vec![key.clone(), key.clone(), key])
-            .await?;
+        let rows = self.rows(sql, vec![key.clone(), key.clone(), key]).await?;
         let Some(first) = rows.first() else {
             return Ok(None);
         };
@@ -312,8 +308,8 @@ impl<D: Dialect> SaveStore for SqlxStore<D> {
         &self,
         id: UploadId,
     ) -> Result<Option<(Upload, UploadBlocks)>, MetaError> {
-        self.upload_and_blocks("?", "u.id = ?", Param::Int(id.get()))
-            .await
+        static BY_ID: Shared = Shared::built(|| upload_with_blocks_sql("?", "u.id = ?"));
+        self.upload_and_blocks(&BY_ID, Param::Int(id.get())).await
     }
 
     async fn block_state(
@@ -331,13 +327,13 @@ impl<D: Dialect> SaveStore for SqlxStore<D> {
 
     async fn finalize_state(&self, slot: &Slot) -> Result<FinalizeState, MetaError> {
         let hash = Param::Bytes(slot_hash(slot));
-        let open = self
-            .upload_and_blocks(
+        static OPEN_OF_SLOT: Shared = Shared::built(|| {
+            upload_with_blocks_sql(
                 "(SELECT id FROM uploads WHERE slot_hash = ? AND state = 'open')",
                 "u.slot_hash = ? AND u.state = 'open'",
-                hash.clone(),
             )
-            .await?;
+        });
+        let open = self.upload_and_blocks(&OPEN_OF_SLOT, hash.clone()).await?;
         if open.is_some() {
             return Ok(FinalizeState {
                 open,
@@ -512,7 +508,7 @@ impl<D: Dialect> RestoreStore for SqlxStore<D> {
     async fn record_restores(&self, restores: &[NewRestore]) -> Result<(), MetaError> {
         let mut steps: Vec<Step> = restores
             .iter()
-            .map(|r| Step::Execute(record_restore_sql(D::BACKEND), record_restore_params(r)))
+            .map(|r| Step::Execute(RECORD_RESTORE.on(D::BACKEND), record_restore_params(r)))
             .collect();
         let mut entries: Vec<EntryId> = restores.iter().map(|r| r.entry).collect();
         entries.sort_unstable();
