@@ -9,13 +9,7 @@
 // entries.png written into SCREENSHOT_DIR.
 import fs from 'node:fs';
 import path from 'node:path';
-import { chromium } from 'playwright-core';
-
-function env(name) {
-  const value = process.env[name];
-  if (!value) throw new Error(`${name} must be set`);
-  return value;
-}
+import { env, openPage } from './browser.mjs';
 
 const base = env('HOARD_URL');
 const token = env('HOARD_ADMIN_TOKEN');
@@ -39,20 +33,10 @@ async function until(what, probe) {
   }
 }
 
-// The machine has no internet: these switches stop chromium from waiting on the network.
-const browser = await chromium.launch({
-  executablePath: '/usr/bin/chromium',
-  headless: true,
-  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-});
+const { browser, page, pageErrors } = await openPage(TIMEOUT);
 try {
-  const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
-  page.setDefaultTimeout(TIMEOUT);
   const urls = [];
   page.on('request', (request) => urls.push(request.url()));
-  const pageErrors = [];
-  page.on('pageerror', (error) => pageErrors.push(error.message));
   const byTestId = (id) => page.getByTestId(id);
   const text = async (id) => (await byTestId(id).textContent()) ?? '';
   // Waits for the entry list the page asks for next, for a click that triggers it.

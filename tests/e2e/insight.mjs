@@ -10,13 +10,7 @@
 // family table's rows, and the absolute paths of insight-overview.png and insight-repository.png.
 import fs from 'node:fs';
 import path from 'node:path';
-import { chromium } from 'playwright-core';
-
-function env(name) {
-  const value = process.env[name];
-  if (!value) throw new Error(`${name} must be set`);
-  return value;
-}
+import { env, openPage } from './browser.mjs';
 
 const base = env('HOARD_URL');
 const token = env('HOARD_ADMIN_TOKEN');
@@ -83,17 +77,8 @@ function readInsight() {
   };
 }
 
-const browser = await chromium.launch({
-  executablePath: '/usr/bin/chromium',
-  headless: true,
-  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-});
+const { browser, page, pageErrors } = await openPage(TIMEOUT);
 try {
-  const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
-  page.setDefaultTimeout(TIMEOUT);
-  const pageErrors = [];
-  page.on('pageerror', (error) => pageErrors.push(error.message));
   const requests = [];
   page.on('request', (request) => requests.push(new URL(request.url())));
   const byTestId = (id) => page.getByTestId(id);

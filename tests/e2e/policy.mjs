@@ -9,13 +9,7 @@
 // The last line is `RESULT <json>` with what was seen and the absolute path of the screenshot.
 import fs from 'node:fs';
 import path from 'node:path';
-import { chromium } from 'playwright-core';
-
-function env(name) {
-  const value = process.env[name];
-  if (!value) throw new Error(`${name} must be set`);
-  return value;
-}
+import { env, openPage } from './browser.mjs';
 
 const base = env('HOARD_URL');
 const token = env('HOARD_ADMIN_TOKEN');
@@ -24,18 +18,8 @@ const shotName = env('SCREENSHOT_NAME');
 fs.mkdirSync(shotDir, { recursive: true });
 const TIMEOUT = 10_000;
 
-// The machine has no internet: these switches stop chromium from waiting on the network.
-const browser = await chromium.launch({
-  executablePath: '/usr/bin/chromium',
-  headless: true,
-  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-});
+const { browser, page, pageErrors } = await openPage(TIMEOUT);
 try {
-  const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
-  page.setDefaultTimeout(TIMEOUT);
-  const pageErrors = [];
-  page.on('pageerror', (error) => pageErrors.push(error.message));
   const byTestId = (id) => page.getByTestId(id);
   const text = async (id) => ((await byTestId(id).textContent()) ?? '').trim();
 
