@@ -387,10 +387,32 @@ store_id! {
 pub type Millis = i64;
 
 pub fn now_millis() -> Millis {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    millis_of(std::time::SystemTime::now()).unwrap_or(0)
+}
+
+/// A system time as [`Millis`]; `None` before 1970.
+pub fn millis_of(t: std::time::SystemTime) -> Option<Millis> {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_millis().min(i64::MAX as u128) as Millis)
+}
+
+/// The last millisecond of year 9999: RFC 3339 has four-digit years, so a later stored time (a
+/// bad clock) is shown as this rather than failing.
+const LAST_RFC3339: Millis = 253_402_300_799_999;
+
+fn system_time(millis: Millis) -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + std::time::Duration::from_millis(millis.clamp(0, LAST_RFC3339) as u64)
+}
+
+/// `millis` as RFC 3339 UTC with milliseconds (`2026-12-03T17:05:41.123Z`), clamped to 1970–9999.
+pub fn rfc3339_millis(millis: Millis) -> String {
+    humantime::format_rfc3339_millis(system_time(millis)).to_string()
+}
+
+/// [`rfc3339_millis`] to the second.
+pub fn rfc3339_seconds(millis: Millis) -> String {
+    humantime::format_rfc3339_seconds(system_time(millis)).to_string()
 }
 
 /// The place one entry may occupy: at most one visible entry and one open upload exist per

@@ -4,8 +4,6 @@
 //! v2: a v1 upload's ranges are chunks, and an entry saved by either protocol restores through
 //! the other. Errors are JSON with a `message`, which the v1 client shows.
 
-use std::time::{Duration, UNIX_EPOCH};
-
 use axum::body::{to_bytes, Body};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
@@ -319,8 +317,7 @@ async fn lookup(
 
 /// Milliseconds since the epoch as the RFC 3339 time GitHub answered.
 fn creation_time(millis: i64) -> String {
-    let at = UNIX_EPOCH + Duration::from_millis(millis.max(0) as u64);
-    humantime::format_rfc3339_millis(at).to_string()
+    crate::model::rfc3339_millis(millis)
 }
 
 /// `GET caches?key=K`: the entries of that exact key, any version, that the caller may read.

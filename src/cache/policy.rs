@@ -39,7 +39,7 @@ use std::time::SystemTime;
 use serde::Deserialize;
 
 use crate::auth::Identity;
-use crate::model::{CallerKind, Millis, Scope};
+use crate::model::{rfc3339_seconds, CallerKind, Millis, Scope};
 
 /// What a rule allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -603,12 +603,12 @@ impl Health {
             .map(|p| p.display().to_string())
             .unwrap_or_default();
         let file = crate::model::LogSafe(&file);
-        let loaded = rfc3339(self.installed.loaded_at);
+        let loaded = rfc3339_seconds(self.installed.loaded_at);
         let mut out = Vec::new();
         if let Some(error) = &self.last_attempt.error {
             out.push(format!(
                 "the policy file {file} failed to reload at {}: {error}; the policy loaded at {loaded} stays in force",
-                rfc3339(self.last_attempt.at)
+                rfc3339_seconds(self.last_attempt.at)
             ));
         }
         match &self.on_disk {
@@ -621,7 +621,7 @@ impl Health {
                     (true, None) => false,
                 };
                 if after_failure {
-                    let since = modified.map_or_else(|| "an unknown time".to_owned(), rfc3339);
+                    let since = modified.map_or_else(|| "an unknown time".to_owned(), rfc3339_seconds);
                     out.push(format!(
                         "the policy file {file} differs from the policy in force (loaded at {loaded}): changed on disk at {since} and not reloaded; send SIGHUP to load it"
                     ));
@@ -634,18 +634,6 @@ impl Health {
         }
         out
     }
-}
-
-/// `millis` as RFC 3339 to the second, as warnings show times.
-fn rfc3339(millis: Millis) -> String {
-    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(millis.max(0) as u64);
-    humantime::format_rfc3339_seconds(at).to_string()
-}
-
-fn millis_of(t: SystemTime) -> Option<Millis> {
-    t.duration_since(std::time::UNIX_EPOCH)
-        .ok()
-        .map(|d| d.as_millis().min(i64::MAX as u128) as Millis)
 }
 
 impl PolicyCell {
@@ -727,7 +715,7 @@ impl PolicyCell {
         let on_disk = match read_stamped(path) {
             Ok((_, now)) if now.sha256 == stamp.sha256 => OnDisk::Same,
             Ok(_) => OnDisk::Changed {
-                modified: modified.and_then(millis_of),
+                modified: modified.and_then(crate::model::millis_of),
             },
             Err(e) => OnDisk::Unreadable {
                 error: crate::model::LogSafe(&e.to_string()).to_string(),

@@ -5,8 +5,6 @@
 //!
 //! Plain strings and numbers only, so that a client needs nothing from the domain to read them.
 
-use std::time::{Duration, UNIX_EPOCH};
-
 use serde::{Deserialize, Serialize};
 
 use crate::model::{ListedEntry, Millis, Provenance, RepositoryUsage};
@@ -514,17 +512,11 @@ pub struct Families {
 
 /// A bucket's start: RFC 3339 to the second.
 pub fn bucket_time(millis: Millis) -> String {
-    const LAST: i64 = 253_402_300_799_999;
-    let at = UNIX_EPOCH + Duration::from_millis(millis.clamp(0, LAST) as u64);
-    humantime::format_rfc3339_seconds(at).to_string()
+    crate::model::rfc3339_seconds(millis)
 }
 
 pub fn time(millis: Millis) -> String {
-    // RFC 3339 has four-digit years: a stored time past 9999 (a bad clock) is shown as the last
-    // instant it can name rather than failing the answer.
-    const LAST: i64 = 253_402_300_799_999;
-    let at = UNIX_EPOCH + Duration::from_millis(millis.clamp(0, LAST) as u64);
-    humantime::format_rfc3339_millis(at).to_string()
+    crate::model::rfc3339_millis(millis)
 }
 
 fn is_zero(n: &u64) -> bool {
