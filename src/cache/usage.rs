@@ -20,7 +20,8 @@ use super::backoff::Backoff;
 use super::family_stats::FamilyStats;
 use crate::auth::Identity;
 use crate::meta::{MetaError, MetaStore, NewRestore, RestoreStore, MAX_READERS_PER_ENTRY};
-use crate::model::{Clock, EntryId, Millis, RepoId};
+use crate::model::{CallerKind, Clock, EntryId, Millis, Provenance, RepoId};
+use std::net::IpAddr;
 
 pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// The longest wait between tries while the database is away: what is kept is written at
@@ -42,26 +43,53 @@ struct Pending {
 }
 
 /// One reader's restores of one entry, not yet written. The caller's texts are copied once,
-/// at its first restore: a lookup by a known reader compares and counts.
+/// at its first restore: a lookup by a known reader compares and counts. The address is kept
+/// as an address (`reader.address` stays empty), so that comparing it formats nothing.
 #[derive(Debug, Clone)]
 struct Reading {
-    reader: crate::model::Provenance,
-    address: Option<std::net::IpAddr>,
+    reader: Provenance,
+    address: Option<IpAddr>,
     count: u64,
     first: Millis,
     last: Millis,
 }
 
 impl Reading {
-    fn is(&self, who: &Identity, address: Option<std::net::IpAddr>) -> bool {
+    /// Whether this is the reader of `kind`, `[run, job, subject, issuer]`, from `address`.
+    fn is(&self, kind: CallerKind, texts: [&str; 4], address: Option<IpAddr>) -> bool {
         let r = &self.reader;
         self.address == address
-            && r.kind == who.kind
-            && r.run_id == who.run_id
-            && r.job_id == who.job_id
-            && r.subject == who.subject
-            && r.issuer == who.issuer
+            && r.kind == kind
+            && [&r.run_id, &r.job_id, &r.subject, &r.issuer] == texts
     }
+
+    /// Adds `count` restores from `first` to `last`.
+    fn add(&mut self, count: u64, first: Millis, last: Millis) {
+        self.count += count;
+        self.first = self.first.min(first);
+        self.last = self.last.max(last);
+    }
+}
+
+/// Adds `new` to an entry's pending readers: to the record of the same reader, else as a new
+/// one, the least recent making room past [`MAX_READERS_PER_ENTRY`] (the entry's hit count
+/// still counts it).
+fn add_reading(readers: &mut Vec<Reading>, new: Reading) {
+    let w = &new.reader;
+    let texts = [w.run_id.as_str(), &w.job_id, &w.subject, &w.issuer];
+    if let Some(known) = readers
+        .iter_mut()
+        .find(|r| r.is(w.kind, texts, new.address))
+    {
+        known.add(new.count, new.first, new.last);
+        return;
+    }
+    if readers.len() >= MAX_READERS_PER_ENTRY {
+        if let Some(oldest) = (0..readers.len()).min_by_key(|&i| readers[i].last) {
+            readers.swap_remove(oldest);
+        }
+    }
+    readers.push(new);
 }
 
 type Batch = (
@@ -76,36 +104,28 @@ impl UsageBuffer {
     }
 
     /// A restore of `entry` by `who` from `address`.
-    pub fn record(
-        &self,
-        entry: EntryId,
-        who: &Identity,
-        address: Option<std::net::IpAddr>,
-        now: Millis,
-    ) {
+    pub fn record(&self, entry: EntryId, who: &Identity, address: Option<IpAddr>, now: Millis) {
         let mut pending = self.pending_batch();
         let slot = pending.hits.entry(entry).or_insert((0, now));
         slot.0 += 1;
         slot.1 = slot.1.max(now);
         let readers = pending.readers.entry(entry).or_default();
-        if let Some(known) = readers.iter_mut().find(|r| r.is(who, address)) {
-            known.count += 1;
-            known.last = known.last.max(now);
-            return;
+        // A known reader is only compared: the caller's texts are copied at its first restore.
+        let texts = [who.run_id.as_str(), &who.job_id, &who.subject, &who.issuer];
+        let known = readers.iter_mut().find(|r| r.is(who.kind, texts, address));
+        match known {
+            Some(known) => known.add(1, now, now),
+            None => add_reading(
+                readers,
+                Reading {
+                    reader: who.provenance(None),
+                    address,
+                    count: 1,
+                    first: now,
+                    last: now,
+                },
+            ),
         }
-        if readers.len() >= MAX_READERS_PER_ENTRY {
-            // The least recent reader makes room; the entry's hit count still counts it.
-            if let Some(oldest) = (0..readers.len()).min_by_key(|&i| readers[i].last) {
-                readers.swap_remove(oldest);
-            }
-        }
-        readers.push(Reading {
-            reader: who.provenance(None),
-            address,
-            count: 1,
-            first: now,
-            last: now,
-        });
     }
 
     /// A lookup of `repository` (called `name` by its caller, or "") that found nothing.
@@ -151,7 +171,7 @@ impl UsageBuffer {
             .flat_map(|(entry, readers)| {
                 readers.into_iter().map(move |r| NewRestore {
                     entry,
-                    reader: crate::model::Provenance {
+                    reader: Provenance {
                         address: r.address.map(|a| a.to_string()).unwrap_or_default(),
                         ..r.reader
                     },
@@ -178,26 +198,17 @@ impl UsageBuffer {
         let mut pending = self.pending_batch();
         for r in restores {
             let address = r.reader.address.parse().ok();
-            let readers = pending.readers.entry(r.entry).or_default();
-            let same = |known: &Reading| {
-                let (a, b) = (&known.reader, &r.reader);
-                known.address == address
-                    && (a.kind, &a.issuer, &a.subject, &a.run_id, &a.job_id)
-                        == (b.kind, &b.issuer, &b.subject, &b.run_id, &b.job_id)
+            let reading = Reading {
+                reader: Provenance {
+                    address: String::new(),
+                    ..r.reader
+                },
+                address,
+                count: r.count,
+                first: r.first_at,
+                last: r.last_at,
             };
-            if let Some(known) = readers.iter_mut().find(|k| same(k)) {
-                known.count += r.count;
-                known.first = known.first.min(r.first_at);
-                known.last = known.last.max(r.last_at);
-            } else if readers.len() < MAX_READERS_PER_ENTRY {
-                readers.push(Reading {
-                    reader: r.reader,
-                    address,
-                    count: r.count,
-                    first: r.first_at,
-                    last: r.last_at,
-                });
-            }
+            add_reading(pending.readers.entry(r.entry).or_default(), reading);
         }
         for (id, n, last) in hits {
             let slot = pending.hits.entry(id).or_insert((0, last));
