@@ -575,7 +575,9 @@ async fn remove_ids(
             total.deleted += entry.deleted;
             total.size_in_bytes += entry.size_in_bytes;
             total.ids.extend(entry.ids);
-            total.restored_by.extend(entry.restored_by);
+            for job in entry.restored_by {
+                add_job(&mut total.restored_by, job);
+            }
             continue;
         }
         let answer: wire::Deleted = client
@@ -592,14 +594,8 @@ async fn remove_ids(
 /// The `ls --long` cells of who wrote `e`: when, kind, subject, run, job, address (`-` where
 /// nothing was recorded).
 fn writer_cells(e: &wire::Cache) -> [String; 6] {
-    let of = |field: fn(&wire::WrittenBy) -> &str| match e
-        .written_by
-        .as_ref()
-        .map(field)
-        .unwrap_or_default()
-    {
-        "" => "-".to_owned(),
-        value => value.to_owned(),
+    let of = |field: fn(&wire::WrittenBy) -> &str| {
+        dash(e.written_by.as_ref().map(field).unwrap_or_default()).to_owned()
     };
     [
         e.created_at.clone(),
@@ -615,11 +611,7 @@ fn writer_cells(e: &wire::Cache) -> [String; 6] {
 fn entry_text(e: &wire::Cache) -> String {
     let mut out = String::new();
     let mut field = |name: &str, value: &str| {
-        let _ = writeln!(
-            out,
-            "{name:<16}{}",
-            if value.is_empty() { "-" } else { value }
-        );
+        let _ = writeln!(out, "{name:<16}{}", dash(value));
     };
     field("id", &e.id.to_string());
     field(
@@ -699,6 +691,25 @@ fn jobs_text(jobs: &[wire::RestoringJob]) -> String {
         ));
     }
     out
+}
+
+/// Adds what `job` restored of one entry to `jobs`: to the same job's line if there is one.
+fn add_job(jobs: &mut Vec<wire::RestoringJob>, job: wire::RestoringJob) {
+    let same = |j: &&mut wire::RestoringJob| {
+        (&j.kind, &j.subject, &j.run_id, &j.job_id)
+            == (&job.kind, &job.subject, &job.run_id, &job.job_id)
+    };
+    match jobs.iter_mut().find(same) {
+        Some(known) => {
+            known.entries += job.entries;
+            known.restores += job.restores;
+            // RFC 3339 times in one format sort as text.
+            if job.last_restored_at > known.last_restored_at {
+                known.last_restored_at = job.last_restored_at;
+            }
+        }
+        None => jobs.push(job),
+    }
 }
 
 /// `text`, or `-` when empty.

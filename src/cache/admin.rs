@@ -189,6 +189,32 @@ impl Cache {
     /// One visible entry, with its repository's name.
     pub async fn listed_entry(&self, id: EntryId) -> Result<Option<ListedEntry>, CacheError> {
         self.write_usage().await?;
+        self.listed_entry_as_written(id).await
+    }
+
+    /// One visible entry and its restore records (see [`Cache::restores`]), after one write of
+    /// the pending bookkeeping.
+    pub async fn entry_with_readers(
+        &self,
+        id: EntryId,
+    ) -> Result<Option<(ListedEntry, Vec<crate::model::RestoreRecord>)>, CacheError> {
+        self.write_usage().await?;
+        let Some(listed) = self.listed_entry_as_written(id).await? else {
+            return Ok(None);
+        };
+        let query = crate::model::RestoreQuery {
+            entries: vec![id],
+            limit: MAX_RESTORES,
+            ..Default::default()
+        };
+        Ok(Some((listed, self.meta.restores(&query).await?)))
+    }
+
+    /// [`Cache::listed_entry`] as the store has it now.
+    async fn listed_entry_as_written(
+        &self,
+        id: EntryId,
+    ) -> Result<Option<ListedEntry>, CacheError> {
         let filter = EntryFilter {
             id: Some(id),
             ..EntryFilter::default()

@@ -20,9 +20,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use super::AppState;
-use crate::cache::admin::{ListQuery, Listing, Purge};
+use crate::cache::admin::{ListQuery, Listing, Purge, MAX_RESTORES};
 use crate::cache::CacheError;
-use crate::model::{EntryId, ListedEntry, RestoreQuery, RestoringJob};
+use crate::model::{EntryId, ListedEntry, RestoreQuery, RestoreRecord, RestoringJob};
 use crate::secret::Secret;
 use query::Query;
 
@@ -154,6 +154,18 @@ fn authorize(app: &AppState, headers: &HeaderMap) -> Result<(), AdminError> {
         ));
     }
     Ok(())
+}
+
+/// The entry `caches/{id}` names, and who restored it.
+async fn entry_with_readers(
+    app: &AppState,
+    id: Option<&str>,
+) -> Result<(ListedEntry, Vec<RestoreRecord>), AdminError> {
+    let id = id_of(id.unwrap_or_default())?;
+    app.cache()
+        .entry_with_readers(id)
+        .await?
+        .ok_or_else(|| AdminError::not_found("no such cache entry"))
 }
 
 /// The entry `caches/{id}` names.
@@ -389,15 +401,7 @@ async fn list(app: &AppState, query: &Query) -> Result<wire::CacheList, AdminErr
 
 /// `GET caches/{id}`: the entry and who received it.
 async fn detail(app: &AppState, id: Option<&str>) -> Result<wire::CacheDetail, AdminError> {
-    let listed = entry(app, id).await?;
-    let records = app
-        .cache()
-        .restores(&RestoreQuery {
-            entries: vec![listed.entry.id],
-            limit: crate::cache::admin::MAX_RESTORES,
-            ..RestoreQuery::default()
-        })
-        .await?;
+    let (listed, records) = entry_with_readers(app, id).await?;
     Ok(wire::CacheDetail {
         cache: wire::Cache::from(&listed),
         restored_by: records.iter().map(wire::Restore::from).collect(),
@@ -407,8 +411,7 @@ async fn detail(app: &AppState, id: Option<&str>) -> Result<wire::CacheDetail, A
 /// `GET restores?…`: which jobs restored the entries written under the filter (the blast
 /// radius of a writer), and the records, most recent first.
 async fn restores(app: &AppState, query: &Query) -> Result<wire::RestoreList, AdminError> {
-    let most = crate::cache::admin::MAX_RESTORES;
-    let limit = query.count_up_to("per_page", most, most)?;
+    let limit = query.count_up_to("per_page", MAX_RESTORES, MAX_RESTORES)?;
     let asked = RestoreQuery {
         entries: Vec::new(),
         written_under: query.filter()?,
@@ -419,17 +422,13 @@ async fn restores(app: &AppState, query: &Query) -> Result<wire::RestoreList, Ad
     let truncated = records.len() > limit;
     records.truncate(limit);
     Ok(wire::RestoreList {
-        jobs: RestoringJob::of(&records)
-            .iter()
-            .map(wire::RestoringJob::from)
-            .collect(),
+        jobs: jobs_of(&records),
         restores: records.iter().map(wire::Restore::from).collect(),
         truncated,
     })
 }
 
-/// The jobs that restored `ids` (the first [`crate::cache::admin::MAX_RESTORES`]), for a dry
-/// run's answer.
+/// The jobs that restored the first [`MAX_RESTORES`] of `ids`, for a dry run's answer.
 async fn restoring_jobs(
     app: &AppState,
     ids: &[EntryId],
@@ -440,15 +439,20 @@ async fn restoring_jobs(
     let records = app
         .cache()
         .restores(&RestoreQuery {
-            entries: ids.iter().copied().take(1000).collect(),
-            limit: crate::cache::admin::MAX_RESTORES,
+            entries: ids.iter().copied().take(MAX_RESTORES).collect(),
+            limit: MAX_RESTORES,
             ..RestoreQuery::default()
         })
         .await?;
-    Ok(RestoringJob::of(&records)
+    Ok(jobs_of(&records))
+}
+
+/// The jobs that made `records`, most recent first.
+fn jobs_of(records: &[RestoreRecord]) -> Vec<wire::RestoringJob> {
+    RestoringJob::of(records)
         .iter()
         .map(wire::RestoringJob::from)
-        .collect())
+        .collect()
 }
 
 /// `DELETE caches/{id}`; with `dry_run=true`, what it would delete.
@@ -458,14 +462,16 @@ async fn delete_one(
     query: &Query,
 ) -> Result<wire::Deleted, AdminError> {
     let dry_run = query.flag("dry_run")?;
-    let listed = entry(app, id).await?;
     if dry_run {
+        let (listed, records) = entry_with_readers(app, id).await?;
         let mut purge = Purge::default();
         purge.add(&listed.entry);
-        let mut answer = deleted(purge, true);
-        answer.restored_by = restoring_jobs(app, &[listed.entry.id]).await?;
-        return Ok(answer);
+        return Ok(wire::Deleted {
+            restored_by: jobs_of(&records),
+            ..deleted(purge, true)
+        });
     }
+    let listed = entry(app, id).await?;
     let purge = app.cache().delete_entries(&[listed], "admin").await?;
     if purge.count == 0 {
         return Err(AdminError::not_found("no such cache entry"));
