@@ -175,6 +175,17 @@ impl Server {
         self.admin("policy").await
     }
 
+    /// `GET policy` once it knows whether the file on disk differs: the server gives a
+    /// comparison a deadline (a slow file system answers "not known", null), and on a busy
+    /// machine a first one may miss it; the next finds the answer kept.
+    async fn admin_policy_compared(&self) -> Value {
+        until("the policy file compared", async || {
+            let policy = self.admin_policy().await;
+            (!policy["differs_from_file"].is_null()).then_some(policy)
+        })
+        .await
+    }
+
     /// An admin API answer, which must be a 200.
     async fn admin(&self, path: &str) -> Value {
         let res = self
@@ -515,13 +526,28 @@ fn unix_seconds(rfc3339: &str) -> f64 {
     at.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as f64
 }
 
+/// `probe`'s answer once it gives one, asking again for up to 10 s; fails naming `what`.
+async fn until<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(found) = probe().await {
+            return found;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// After a reload that failed (rule 2 of `file` spells its access wrong, line 11) while the
 /// freeze loaded at `loaded_at` stays in force: the admin API, `hoard status`, `/readyz`'s
 /// warnings (still ready), both metrics and the dashboard's policy page all say so.
 async fn a_failed_reload_shows_everywhere(srv: &Server, file: &Path, loaded_at: &str) {
     let at_line = format!("the policy file {}, line 11", file.display());
     let failed = format!("the policy file {} failed to reload at ", file.display());
-    let policy = srv.admin_policy().await;
+    let policy = srv.admin_policy_compared().await;
     assert_eq!(policy["loaded_at"], loaded_at, "the freeze stays in force");
     let attempt = &policy["last_attempt"];
     assert_eq!(attempt["outcome"], "failed", "{policy}");
@@ -606,7 +632,7 @@ async fn a_failed_reload_shows_everywhere(srv: &Server, file: &Path, loaded_at: 
 /// is gone from every place, the metrics say when the new policy was loaded, and the failed
 /// reload stays counted.
 async fn a_good_reload_clears_it(srv: &Server, before: &str) {
-    let policy = srv.admin_policy().await;
+    let policy = srv.admin_policy_compared().await;
     let loaded_at = policy["loaded_at"].as_str().unwrap();
     assert!(loaded_at >= before, "{policy}");
     assert_eq!(
@@ -652,7 +678,12 @@ async fn an_edit_not_reloaded_shows_as_differing(srv: &Server, file: &Path, in_f
         "the policy file {} differs from the policy in force (loaded at ",
         file.display()
     );
-    let (code, ready) = srv.readyz().await;
+    // Known once a comparison finished within its deadline (see `admin_policy_compared`).
+    let (code, ready) = until("the edit seen by /readyz", async || {
+        let (code, ready) = srv.readyz().await;
+        (!ready["warnings"].as_array().unwrap().is_empty()).then_some((code, ready))
+    })
+    .await;
     assert_eq!((code, &ready["status"]), (200, &json!("ready")), "{ready}");
     let warnings = ready["warnings"].as_array().unwrap();
     assert_eq!(warnings.len(), 1, "{ready}");
@@ -663,19 +694,18 @@ async fn an_edit_not_reloaded_shows_as_differing(srv: &Server, file: &Path, in_f
             && warning.ends_with("not reloaded; send SIGHUP to load it"),
         "{warning}"
     );
-    let policy = srv.admin_policy().await;
+    let policy = srv.admin_policy_compared().await;
     assert_eq!(policy["differs_from_file"], true, "{policy}");
     assert_eq!(policy["last_attempt"]["outcome"], "ok", "{policy}");
     let changed = policy["file_changed_at"].as_str().unwrap();
     assert!(changed >= policy["loaded_at"].as_str().unwrap(), "{policy}");
     assert_eq!(policy["digest"], sha256(in_force.as_bytes()));
-    let status = srv.status_text().await;
-    assert!(
-        status.contains(&format!(
-            "the file on disk differs from the policy in force (changed {changed})"
-        )),
-        "{status}"
-    );
+    let differs_line =
+        format!("the file on disk differs from the policy in force (changed {changed})");
+    until("the edit seen by hoard status", async || {
+        Some(srv.status_text().await).filter(|status| status.contains(&differs_line))
+    })
+    .await;
 
     std::fs::write(file, in_force).unwrap();
     let (_, ready) = srv.readyz().await;
@@ -684,7 +714,10 @@ async fn an_edit_not_reloaded_shows_as_differing(srv: &Server, file: &Path, in_f
         json!([]),
         "the same bytes again: {ready}"
     );
-    assert_eq!(srv.admin_policy().await["differs_from_file"], false);
+    assert_eq!(
+        srv.admin_policy_compared().await["differs_from_file"],
+        false
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

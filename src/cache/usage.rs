@@ -184,7 +184,8 @@ impl UsageBuffer {
         drop(pending);
         hits.sort_unstable();
         misses.sort_unstable();
-        restores.sort_unstable_by_key(|r| r.entry);
+        // Stable: one entry's readers stay in the order they came.
+        restores.sort_by_key(|r| r.entry);
         (hits, misses, restores)
     }
 
