@@ -40,8 +40,22 @@ pub enum CachesCommand {
         /// The entry's id (as `ls` shows it).
         id: i64,
     },
-    /// Delete entries: by id, or every entry a filter selects.
+    /// Delete or quarantine entries: by id, or every entry a filter selects.
     Rm(Box<RemoveArgs>),
+    /// Save an entry's archive, live or in quarantine, to a file for examination (every chunk
+    /// is checked on the way, as for any download).
+    Download {
+        /// The entry's id (as `ls` shows it).
+        id: i64,
+        /// The file to write.
+        #[arg(long, short = 'o')]
+        output: std::path::PathBuf,
+    },
+    /// Put a quarantined entry back: lookups find it again.
+    Release {
+        /// The entry's id (as `ls --state quarantined` shows it).
+        id: i64,
+    },
     /// Hit ratio, misses and bytes per key family over a period, most misses first, each
     /// with its trend.
     Stats(Box<StatsArgs>),
@@ -111,11 +125,14 @@ pub struct FilterArgs {
     /// it): the same bytes under every key and run that saved them.
     #[arg(long)]
     pub digest: Option<String>,
+    /// Live entries, or those in quarantine (`quarantined`).
+    #[arg(long, value_parser = ["live", "quarantined"])]
+    pub state: Option<String>,
 }
 
 impl FilterArgs {
     /// The set parts, as the admin API names them.
-    fn pairs(&self) -> [(&'static str, &Option<String>); 10] {
+    fn pairs(&self) -> [(&'static str, &Option<String>); 11] {
         [
             ("key", &self.key),
             ("repository", &self.repository),
@@ -127,11 +144,15 @@ impl FilterArgs {
             ("written_after", &self.written_after),
             ("written_before", &self.written_before),
             ("digest", &self.digest),
+            ("state", &self.state),
         ]
     }
 
+    /// Whether a part that selects entries is set (the state alone selects a whole state).
     fn is_set(&self) -> bool {
-        self.pairs().iter().any(|(_, v)| v.is_some())
+        self.pairs()
+            .iter()
+            .any(|(name, v)| *name != "state" && v.is_some())
     }
 }
 
@@ -165,6 +186,11 @@ pub struct RemoveArgs {
     /// Delete nothing: say what would be deleted.
     #[arg(long)]
     pub dry_run: bool,
+    /// Quarantine instead of deleting: the entries leave every lookup at once, and stay with
+    /// their bytes and restore records for `--quarantine-retention`, to download and examine
+    /// (`hoard caches download`) or release (`hoard caches release`).
+    #[arg(long)]
+    pub quarantine: bool,
 }
 
 /// A failure, as the one sentence the user sees.
@@ -261,6 +287,34 @@ impl Client {
     }
 }
 
+impl Client {
+    /// A successful answer to `GET path_and_query`, its body not read yet.
+    async fn get_raw(&self, path_and_query: &str) -> Result<reqwest::Response, CliError> {
+        let url = format!("{}/_hoard/api/v1/{path_and_query}", self.base);
+        let response = self
+            .http
+            .get(&url)
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|e| {
+                CliError(format!(
+                    "cannot reach hoard at {}: {}",
+                    self.base,
+                    root_cause(&e)
+                ))
+            })?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        let status = response.status();
+        let body = response.bytes().await.unwrap_or_default();
+        let message = serde_json::from_slice::<wire::ErrorMessage>(&body)
+            .map_or_else(|_| "no explanation given".to_owned(), |e| e.message);
+        Err(CliError(format!("{} answered {status}: {message}", self.base)))
+    }
+}
+
 /// The innermost error: "Connection refused", not reqwest's wrapping of it.
 fn root_cause(e: &dyn std::error::Error) -> String {
     let mut cause = e;
@@ -308,6 +362,18 @@ pub async fn caches(server: &ServerArgs, command: &CachesCommand) -> Result<Stri
     match command {
         CachesCommand::Ls(args) => list(&client, server.json, args).await,
         CachesCommand::Rm(args) => remove(&client, server.json, args).await,
+        CachesCommand::Download { id, output } => download(&client, *id, output).await,
+        CachesCommand::Release { id } => {
+            let entry: wire::CacheDetail = client
+                .call(reqwest::Method::POST, &format!("caches/{id}/release"))
+                .await?;
+            Ok(if server.json {
+                pretty(&entry)
+            } else {
+                format!("Released entry {id}: lookups find it again.\n")
+                    + &entry_text(&entry.cache)
+            })
+        }
         CachesCommand::Show { id } => {
             let entry: wire::CacheDetail = client
                 .call(reqwest::Method::GET, &format!("caches/{id}"))
@@ -492,7 +558,7 @@ async fn list(client: &Client, json: bool, args: &ListArgs) -> Result<String, Cl
 async fn remove(client: &Client, json: bool, args: &RemoveArgs) -> Result<String, CliError> {
     let has_filter = args.filter.is_set();
     let answer = match (args.ids.is_empty(), has_filter || args.all) {
-        (false, false) => remove_ids(client, &args.ids, args.dry_run).await?,
+        (false, false) => remove_ids(client, &args.ids, args.dry_run, args.quarantine).await?,
         (true, true) => {
             let mut query = filter_query(&args.filter);
             if args.all && !has_filter {
@@ -500,6 +566,9 @@ async fn remove(client: &Client, json: bool, args: &RemoveArgs) -> Result<String
             }
             if args.dry_run {
                 query.append_pair("dry_run", "true");
+            }
+            if args.quarantine {
+                query.append_pair("quarantine", "true");
             }
             client
                 .call(reqwest::Method::DELETE, &format!("caches?{}", query.finish()))
@@ -533,18 +602,53 @@ async fn remove(client: &Client, json: bool, args: &RemoveArgs) -> Result<String
         1 => " and 1 open upload".to_owned(),
         n => format!(" and {n} open uploads"),
     };
+    let (would, did) = match args.quarantine {
+        true => ("would quarantine", "Quarantined"),
+        false => ("would delete", "Deleted"),
+    };
     Ok(if answer.dry_run {
         format!(
-            "Dry run: would delete {count} {noun} ({}){ids}{uploads}. Nothing was deleted.\n{}",
+            "Dry run: {would} {count} {noun} ({}){ids}{uploads}. Nothing was changed.\n{}",
             size(answer.size_in_bytes),
             jobs_text(&answer.restored_by)
         )
     } else {
         format!(
-            "Deleted {count} {noun} ({}){ids}{uploads}.\n",
+            "{did} {count} {noun} ({}){ids}{uploads}.\n",
             size(answer.size_in_bytes)
         )
     })
+}
+
+/// `caches download`: the archive of entry `id` into `output`, with its SHA-256 to compare
+/// with the entry's digest (a one-chunk entry's digest is the SHA-256 of its bytes).
+async fn download(client: &Client, id: i64, output: &std::path::Path) -> Result<String, CliError> {
+    use sha2::Digest as _;
+    use tokio::io::AsyncWriteExt as _;
+    let mut response = client.get_raw(&format!("caches/{id}/content")).await?;
+    let failed = |e: std::io::Error| CliError(format!("writing {}: {e}", output.display()));
+    let mut file = tokio::fs::File::create(output).await.map_err(failed)?;
+    let (mut hasher, mut written) = (sha2::Sha256::new(), 0u64);
+    loop {
+        let chunk = response.chunk().await.map_err(|e| {
+            CliError(format!(
+                "the download of entry {id} broke off after {written} bytes: {} (a damaged chunk ends it; see the server's log)",
+                root_cause(&e)
+            ))
+        })?;
+        let Some(chunk) = chunk else { break };
+        hasher.update(&chunk);
+        file.write_all(&chunk).await.map_err(failed)?;
+        written += chunk.len() as u64;
+    }
+    file.flush().await.map_err(failed)?;
+    file.sync_all().await.map_err(failed)?;
+    Ok(format!(
+        "Wrote entry {id} to {} ({}, {written} bytes), sha256:{}\n",
+        output.display(),
+        size(written),
+        hex::encode(hasher.finalize())
+    ))
 }
 
 /// Deletes the entries `ids` one by one (or, on a dry run, looks each up).
@@ -552,9 +656,12 @@ async fn remove_ids(
     client: &Client,
     ids: &[i64],
     dry_run: bool,
+    quarantine: bool,
 ) -> Result<wire::Deleted, CliError> {
+    let mode = if quarantine { "&quarantine=true" } else { "" };
     let mut total = wire::Deleted {
         deleted: 0,
+        quarantine,
         dry_run,
         size_in_bytes: 0,
         ids: Vec::new(),
@@ -568,7 +675,7 @@ async fn remove_ids(
             let entry: wire::Deleted = client
                 .call(
                     reqwest::Method::DELETE,
-                    &format!("caches/{id}?dry_run=true"),
+                    &format!("caches/{id}?dry_run=true{mode}"),
                 )
                 .await
                 .map_err(failed)?;
@@ -581,7 +688,10 @@ async fn remove_ids(
             continue;
         }
         let answer: wire::Deleted = client
-            .call(reqwest::Method::DELETE, &format!("caches/{id}"))
+            .call(
+                reqwest::Method::DELETE,
+                &format!("caches/{id}?dry_run=false{mode}"),
+            )
             .await
             .map_err(failed)?;
         total.deleted += answer.deleted;
@@ -627,6 +737,15 @@ fn entry_text(e: &wire::Cache) -> String {
         &format!("{} ({} bytes)", size(e.size_in_bytes), e.size_in_bytes),
     );
     field("digest", e.digest.as_deref().unwrap_or_default());
+    field("state", &e.state);
+    if let Some(at) = &e.quarantined_at {
+        field("  since", at);
+        field("  reason", e.quarantine_reason.as_deref().unwrap_or_default());
+        field(
+            "  deleted at",
+            e.quarantine_expires_at.as_deref().unwrap_or_default(),
+        );
+    }
     field("created", &e.created_at);
     field("last used", &e.last_accessed_at);
     field("hits", &e.hits.to_string());

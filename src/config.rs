@@ -257,6 +257,12 @@ pub struct ServeArgs {
     #[arg(long, env = "HOARD_RESTORE_RECORDS_RETENTION", default_value = "90d", value_parser = humantime::parse_duration)]
     pub restore_records_retention: Duration,
 
+    /// How long a quarantined entry (out of every lookup, kept with its bytes for examination:
+    /// `hoard caches rm --quarantine`, or damage found by an integrity check) is kept before it
+    /// is deleted.
+    #[arg(long, env = "HOARD_QUARANTINE_RETENTION", default_value = "30d", value_parser = humantime::parse_duration)]
+    pub quarantine_retention: Duration,
+
     /// The most key families whose statistics are kept per repository; later families count as
     /// `other`, so that no client can grow the statistics without bound.
     #[arg(long, env = "HOARD_STATS_MAX_FAMILIES", default_value_t = 100)]
@@ -659,6 +665,7 @@ impl ServeArgs {
             gc_interval: self.gc_interval,
             stats_retention: self.stats_retention,
             restore_records_retention: self.restore_records_retention,
+            quarantine_retention: self.quarantine_retention,
         })
     }
 

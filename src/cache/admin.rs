@@ -42,6 +42,17 @@ pub const MAX_PURGE_IDS: usize = 10_000;
 /// Restore records one answer holds at most.
 pub const MAX_RESTORES: usize = 1000;
 
+/// What an operator's removal does with the live entries it selects. Entries already in
+/// quarantine can only be deleted: that ends their quarantine early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposal {
+    /// Out of every lookup, and their bytes go after the deletion grace.
+    Delete,
+    /// Out of every lookup at once, as a deletion; their rows, bytes and restore records are
+    /// kept for `--quarantine-retention`, for examination, or until released.
+    Quarantine,
+}
+
 /// What a deletion removed (or, on a dry run, would remove).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Purge {
@@ -118,8 +129,10 @@ fn describe(filter: &EntryFilter) -> String {
         written_after,
         written_before,
         digest,
+        quarantined,
     } = filter;
-    let parts: [(&str, Option<String>); 12] = [
+    let parts: [(&str, Option<String>); 13] = [
+        ("state", quarantined.then(|| "quarantined".to_owned())),
         ("repository", repository.clone()),
         ("repository_id", repository_id.clone()),
         ("scope", scope.as_ref().map(|s| s.as_str().to_owned())),
@@ -215,18 +228,63 @@ impl Cache {
         &self,
         id: EntryId,
     ) -> Result<Option<ListedEntry>, CacheError> {
-        let filter = EntryFilter {
-            id: Some(id),
-            ..EntryFilter::default()
+        // Live, or else in quarantine (an id is never in both).
+        for quarantined in [false, true] {
+            let filter = EntryFilter {
+                id: Some(id),
+                quarantined,
+                ..EntryFilter::default()
+            };
+            let page = EntryPage {
+                filter: &filter,
+                order: EntryOrder::Created,
+                descending: false,
+                after: None,
+                limit: 1,
+            };
+            if let Some(found) = self.meta.list_entries(&page).await?.into_iter().next() {
+                return Ok(Some(found));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The entry `id`, live or in quarantine, opened for reading: what an operator downloads
+    /// to examine it. [`CacheError::EntryNotFound`] if it is neither.
+    pub async fn archive(&self, id: EntryId) -> Result<super::OpenEntry, CacheError> {
+        let found = match self.meta.entry(id).await? {
+            Some(live) => Some(live),
+            None => self.meta.quarantined_entry(id).await?,
         };
-        let page = EntryPage {
-            filter: &filter,
-            order: EntryOrder::Created,
-            descending: false,
-            after: None,
-            limit: 1,
+        let (entry, chunks) = found.ok_or(CacheError::EntryNotFound)?;
+        Ok(super::OpenEntry { entry, chunks })
+    }
+
+    /// How long an entry stays in quarantine (`--quarantine-retention`).
+    pub fn quarantine_retention(&self) -> std::time::Duration {
+        self.policy.lifecycle.quarantine_retention
+    }
+
+    /// Puts a quarantined entry back: lookups find it again, with its id, bytes and records.
+    /// [`CacheError::EntryNotFound`] if it is not in quarantine, [`CacheError::SlotTaken`] if a
+    /// live entry holds its key and version now.
+    pub async fn release(&self, id: EntryId, by: &str) -> Result<(), CacheError> {
+        let released = match self.meta.release_quarantined(id).await {
+            Err(MetaError::Conflict) => return Err(CacheError::SlotTaken),
+            other => other?,
         };
-        Ok(self.meta.list_entries(&page).await?.into_iter().next())
+        let entry = released.ok_or(CacheError::EntryNotFound)?;
+        // A lookup answered from memory may have missed it while it was away.
+        self.lookups.invalidate();
+        tracing::info!(
+            target: "hoard::audit",
+            action = "release",
+            by = %LogSafe(by),
+            id = id.get(),
+            repository = %LogSafe(entry.repository.as_str()),
+            size = entry.size,
+        );
+        Ok(())
     }
 
     /// Restore records, most recent first: of the entries `query` names, or of every entry
@@ -264,27 +322,47 @@ impl Cache {
         }
     }
 
-    /// Deletes entries for an operator (`by`, for the audit log): the next lookup misses, and
-    /// their chunks go after the deletion grace, so downloads under way finish. Returns the
-    /// entries that were deleted here (not already gone), in the order given.
+    /// Deletes or quarantines entries for an operator (`by`, for the audit log): the next
+    /// lookup misses; deleted entries' chunks go after the deletion grace, so downloads under
+    /// way finish. Entries in quarantine are deleted whatever `disposal` says. Returns the
+    /// entries removed here (not already gone, nor already in quarantine), in the order given.
     pub async fn delete_entries(
         &self,
         entries: &[ListedEntry],
         by: &str,
+        disposal: Disposal,
     ) -> Result<Purge, CacheError> {
-        let ids: Vec<EntryId> = entries.iter().map(|l| l.entry.id).collect();
-        let removed: std::collections::HashSet<EntryId> = self
-            .remove(&ids, RemovalCause::Deleted)
+        let (kept, live): (Vec<&ListedEntry>, Vec<&ListedEntry>) =
+            entries.iter().partition(|l| l.quarantine.is_some());
+        let ids = |listed: &[&ListedEntry]| listed.iter().map(|l| l.entry.id).collect::<Vec<_>>();
+        let cause = match disposal {
+            Disposal::Delete => RemovalCause::Deleted,
+            Disposal::Quarantine => RemovalCause::Quarantined(format!("quarantined by {by}")),
+        };
+        let mut removed: std::collections::HashSet<EntryId> = self
+            .remove(&ids(&live), cause)
             .await?
             .iter()
             .map(|gone| gone.id)
             .collect();
+        if disposal == Disposal::Delete && !kept.is_empty() {
+            let delete_at = self
+                .clock
+                .now()
+                .saturating_add(super::lifecycle::millis(self.policy.lifecycle.deletion_grace));
+            removed.extend(self.meta.drop_quarantined(&ids(&kept), delete_at).await?);
+        }
         let mut purge = Purge::default();
         for listed in entries.iter().filter(|l| removed.contains(&l.entry.id)) {
             let e = &listed.entry;
+            let action = match (disposal, listed.quarantine.is_some()) {
+                (_, true) => "end_quarantine",
+                (Disposal::Delete, false) => "delete",
+                (Disposal::Quarantine, false) => "quarantine",
+            };
             tracing::info!(
                 target: "hoard::audit",
-                action = "delete",
+                action,
                 by = %LogSafe(by),
                 id = e.id.get(),
                 repository = %LogSafe(e.repository.as_str()),
@@ -308,7 +386,13 @@ impl Cache {
         filter: &EntryFilter,
         by: &str,
         dry_run: bool,
+        disposal: Disposal,
     ) -> Result<Purge, CacheError> {
+        if filter.quarantined && disposal == Disposal::Quarantine {
+            return Err(CacheError::WrongState(
+                "these entries are in quarantine already",
+            ));
+        }
         let mut purge = Purge::default();
         let mut after = None;
         loop {
@@ -327,12 +411,15 @@ impl Cache {
             if dry_run {
                 batch.iter().for_each(|l| purge.add(&l.entry));
             } else {
-                purge.extend(self.delete_entries(&batch, by).await?);
+                purge.extend(self.delete_entries(&batch, by, disposal).await?);
             }
         }
         // The writer's uploads still open go too: what it staged must not become an entry
-        // after the purge.
-        let open = self.open_uploads_matching(filter).await?;
+        // after the purge (or the quarantine).
+        let open = match filter.quarantined {
+            true => Vec::new(),
+            false => self.open_uploads_matching(filter).await?,
+        };
         purge.uploads = open.len() as u64;
         if !dry_run {
             for id in open {
@@ -341,7 +428,11 @@ impl Cache {
         }
         tracing::info!(
             target: "hoard::audit",
-            action = if dry_run { "purge_dry_run" } else { "purge" },
+            action = match (dry_run, disposal) {
+                (true, _) => "purge_dry_run",
+                (false, Disposal::Delete) => "purge",
+                (false, Disposal::Quarantine) => "purge_to_quarantine",
+            },
             by = %LogSafe(by),
             filter = %LogSafe(&describe(filter)),
             count = purge.count,

@@ -41,6 +41,12 @@ pub enum CacheError {
     BadRanges(upload::RangeProblem),
     #[error("no such entry")]
     EntryNotFound,
+    /// A quarantined entry cannot be released: a live entry holds its key and version now.
+    #[error("a live entry holds this entry's key and version now; delete it first to release this one")]
+    SlotTaken,
+    /// The operation is for quarantined entries only, or for live ones only.
+    #[error("{0}")]
+    WrongState(&'static str),
     /// An operator named a repository (id or owner/name) the store has never seen.
     #[error("no repository {0:?} is known to this server")]
     UnknownRepository(String),

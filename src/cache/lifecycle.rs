@@ -67,6 +67,9 @@ pub struct Limits {
     /// How long a restore record is kept after its latest restore (who received which entry:
     /// the incident playbook's "which jobs restored it").
     pub restore_records_retention: Duration,
+    /// How long a quarantined entry is kept (out of every lookup, for examination) before it
+    /// goes for good.
+    pub quarantine_retention: Duration,
 }
 
 impl Default for Limits {
@@ -83,6 +86,7 @@ impl Default for Limits {
             gc_interval: Duration::from_secs(600),
             stats_retention: Duration::from_secs(30 * 86_400),
             restore_records_retention: Duration::from_secs(90 * 86_400),
+            quarantine_retention: Duration::from_secs(30 * 86_400),
         }
     }
 }
@@ -306,7 +310,7 @@ impl Drop for EvictionTurn<'_> {
     }
 }
 
-fn millis(d: Duration) -> Millis {
+pub(super) fn millis(d: Duration) -> Millis {
     d.as_millis().min(i64::MAX as u128) as Millis
 }
 
@@ -704,11 +708,33 @@ impl Cache {
         if !dry_run {
             self.fold_stats().await?;
             self.prune_restore_records().await?;
+            self.end_quarantines().await?;
         }
         Ok(PassReport {
             pruned_uploads: pruned,
             ..tally.report
         })
+    }
+
+    /// Deletes the quarantined entries kept longer than `--quarantine-retention`: their rows
+    /// go, and their chunks after the deletion grace.
+    pub async fn end_quarantines(&self) -> Result<(), CacheError> {
+        let now = self.clock.now();
+        let before = now.saturating_sub(millis(self.policy.lifecycle.quarantine_retention));
+        let delete_at = now.saturating_add(millis(self.policy.lifecycle.deletion_grace));
+        loop {
+            let due = self.meta.quarantined_before(before, BATCH).await?;
+            if due.is_empty() {
+                return Ok(());
+            }
+            let ended = self.meta.drop_quarantined(&due, delete_at).await?;
+            for id in &ended {
+                tracing::info!(target: "hoard::lifecycle", entry = id.get(), "quarantine over: entry deleted");
+            }
+            if ended.is_empty() {
+                return Ok(());
+            }
+        }
     }
 
     /// Forgets restore records whose latest restore is older than

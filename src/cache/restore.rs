@@ -27,7 +27,7 @@ pub struct Hit {
 #[derive(Debug, Clone)]
 pub struct OpenEntry {
     pub entry: Entry,
-    chunks: Vec<EntryChunk>,
+    pub(super) chunks: Vec<EntryChunk>,
 }
 
 impl OpenEntry {

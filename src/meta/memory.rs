@@ -19,7 +19,7 @@ use super::{NewRestore, RestoreQuery};
 use crate::model::RestoreRecord;
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, Provenance, QuotaUsage,
-    RemovalCause, RepoId, Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId, UploadState,
+    Quarantine, RemovalCause, RepoId, Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId, UploadState,
     Version,
 };
 use crate::model::{Bucket, Counters, RefClass, StatsFilter, StatsKey, StatsRow, StoredFamily};
@@ -34,8 +34,8 @@ struct State {
     entries: BTreeMap<EntryId, StoredEntry>,
     /// Chunks to delete: name → (size, when).
     doomed: BTreeMap<BlobName, (u64, Millis)>,
-    /// Quarantined entries and why.
-    quarantined: Vec<(Entry, String)>,
+    /// Entries in quarantine, with why and since when.
+    quarantined: BTreeMap<EntryId, (StoredEntry, Quarantine)>,
     /// Every repository seen by a finalize or a miss: its name, hits and misses.
     repositories: HashMap<RepoId, Seen>,
     /// Statistics rows by (repository, family, class, bucket, start), and the server's by
@@ -158,6 +158,18 @@ impl State {
     }
 
     /// Whether `filter` selects `e`, as the SQL stores decide it.
+    /// The live entries, or those in quarantine if `filter` asks for them.
+    fn in_state<'s>(
+        &'s self,
+        filter: &EntryFilter,
+    ) -> Box<dyn Iterator<Item = (&'s StoredEntry, Option<&'s Quarantine>)> + 's> {
+        if filter.quarantined {
+            Box::new(self.quarantined.values().map(|(e, why)| (e, Some(why))))
+        } else {
+            Box::new(self.entries.values().map(|e| (e, None)))
+        }
+    }
+
     fn selects(&self, filter: &EntryFilter, e: &StoredEntry) -> bool {
         let entry = &e.entry();
         filter
@@ -656,17 +668,89 @@ impl LifecycleStore for MemoryStore {
             let Some(gone) = state.entries.remove(id) else {
                 continue;
             };
+            removed.push(gone.usage());
+            if let RemovalCause::Quarantined(reason) = removal.cause {
+                let why = Quarantine {
+                    reason: reason.clone(),
+                    at: removal.now,
+                };
+                state.quarantined.insert(*id, (gone, why));
+                continue;
+            }
             for chunk in &gone.chunks {
                 state
                     .doomed
                     .insert(chunk.blob.clone(), (chunk.size, removal.delete_at));
             }
-            if let RemovalCause::Quarantined(reason) = removal.cause {
-                state.quarantined.push((gone.entry(), reason.clone()));
-            }
-            removed.push(gone.usage());
         }
         Ok(removed)
+    }
+
+    async fn release_quarantined(&self, id: EntryId) -> Result<Option<EntryUse>, MetaError> {
+        let mut state = self.state();
+        let Some((kept, _)) = state.quarantined.get(&id) else {
+            return Ok(None);
+        };
+        let r = &kept.row;
+        let taken = state.entries.values().any(|e| {
+            (&e.row.repository, &e.row.scope, &e.row.key_folded, &e.row.version)
+                == (&r.repository, &r.scope, &r.key_folded, &r.version)
+        });
+        if taken {
+            return Err(MetaError::Conflict);
+        }
+        let (kept, _) = state.quarantined.remove(&id).expect("found above");
+        let usage = kept.usage();
+        state.entries.insert(id, kept);
+        Ok(Some(usage))
+    }
+
+    async fn drop_quarantined(
+        &self,
+        ids: &[EntryId],
+        delete_at: Millis,
+    ) -> Result<Vec<EntryId>, MetaError> {
+        let mut state = self.state();
+        let mut dropped = Vec::new();
+        for id in ids {
+            let Some((gone, _)) = state.quarantined.remove(id) else {
+                continue;
+            };
+            for chunk in &gone.chunks {
+                state
+                    .doomed
+                    .insert(chunk.blob.clone(), (chunk.size, delete_at));
+            }
+            dropped.push(*id);
+        }
+        Ok(dropped)
+    }
+
+    async fn quarantined_before(
+        &self,
+        before: Millis,
+        limit: usize,
+    ) -> Result<Vec<EntryId>, MetaError> {
+        let state = self.state();
+        let mut due: Vec<(Millis, EntryId)> = state
+            .quarantined
+            .iter()
+            .filter(|(_, (_, why))| why.at < before)
+            .map(|(id, (_, why))| (why.at, *id))
+            .collect();
+        due.sort();
+        Ok(due.into_iter().take(limit).map(|(_, id)| id).collect())
+    }
+
+    async fn quarantined_entry(
+        &self,
+        id: EntryId,
+    ) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
+        let state = self.state();
+        Ok(state
+            .quarantined
+            .get(&id)
+            .map(|(e, _)| (e.entry(), EntryChunk::place(&e.chunks))))
     }
 
     async fn due_deletions(&self, now: Millis, limit: usize) -> Result<Vec<BlobName>, MetaError> {
@@ -692,6 +776,9 @@ impl LifecycleStore for MemoryStore {
         let state = self.state();
         let mut all: std::collections::HashSet<&BlobName> = state.doomed.keys().collect();
         for e in state.entries.values() {
+            all.extend(e.chunks.iter().map(|c| &c.blob));
+        }
+        for (e, _) in state.quarantined.values() {
             all.extend(e.chunks.iter().map(|c| &c.blob));
         }
         for u in state.uploads.values() {
@@ -803,28 +890,28 @@ impl AdminStore for MemoryStore {
     async fn list_entries(&self, page: &EntryPage<'_>) -> Result<Vec<ListedEntry>, MetaError> {
         let state = self.state();
         let sort_key = |e: &Entry| (page.order.value_of(e), e.id);
-        let mut found: Vec<&StoredEntry> = state
-            .entries
-            .values()
-            .filter(|e| state.selects(page.filter, e))
-            .filter(|e| match page.after {
+        let mut found: Vec<(&StoredEntry, Option<&Quarantine>)> = state
+            .in_state(page.filter)
+            .filter(|(e, _)| state.selects(page.filter, e))
+            .filter(|(e, _)| match page.after {
                 None => true,
                 Some(after) if page.descending => sort_key(&e.entry()) < after,
                 Some(after) => sort_key(&e.entry()) > after,
             })
             .collect();
-        found.sort_by_key(|e| sort_key(&e.entry()));
+        found.sort_by_key(|(e, _)| sort_key(&e.entry()));
         if page.descending {
             found.reverse();
         }
         Ok(found
             .into_iter()
             .take(page.limit)
-            .map(|e| ListedEntry {
+            .map(|(e, why)| ListedEntry {
                 entry: e.entry(),
                 repository_name: state.name_of(&e.entry().repository),
                 written_by: e.written_by(),
                 digest: e.row.digest.clone(),
+                quarantine: why.cloned(),
             })
             .collect())
     }
@@ -832,9 +919,8 @@ impl AdminStore for MemoryStore {
     async fn count_entries(&self, filter: &EntryFilter) -> Result<u64, MetaError> {
         let state = self.state();
         Ok(state
-            .entries
-            .values()
-            .filter(|e| state.selects(filter, e))
+            .in_state(filter)
+            .filter(|(e, _)| state.selects(filter, e))
             .count() as u64)
     }
 

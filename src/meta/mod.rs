@@ -23,6 +23,7 @@
 #[macro_use]
 mod timed;
 mod dialect;
+mod quarantine;
 mod row;
 mod schema;
 #[cfg(any(test, feature = "test-util"))]
@@ -339,9 +340,25 @@ store_trait! {
             -> Result<Vec<EntryUse>, MetaError>;
 
         /// Removes the entries that still exist among `ids`, and schedules their chunks for
-        /// deletion at `removal.delete_at`. A quarantine is also recorded. Returns the entries
-        /// removed, so that two processes removing the same entry count it once.
+        /// deletion at `removal.delete_at`; or, for a quarantine, keeps them with their chunks
+        /// in quarantine (with the reason and `removal.now`), out of every lookup. Returns the
+        /// entries removed, so that two processes removing the same entry count it once.
         async fn remove_entries(&self, ids: &[EntryId], removal: Removal<'_>) -> Result<Vec<EntryUse>, MetaError>;
+
+        /// Puts a quarantined entry back among the entries, with its id, chunks and counts.
+        /// `None` if it is not in quarantine; [`MetaError::Conflict`] if a live entry holds its
+        /// slot (repository, scope, key and version).
+        async fn release_quarantined(&self, id: EntryId) -> Result<Option<EntryUse>, MetaError>;
+
+        /// Ends the quarantine of those of `ids` in quarantine: their rows go and their chunks
+        /// are scheduled for deletion at `delete_at`. Returns the ids that were in quarantine.
+        async fn drop_quarantined(&self, ids: &[EntryId], delete_at: Millis) -> Result<Vec<EntryId>, MetaError>;
+
+        /// Up to `limit` quarantined entries put there before `before`, oldest first.
+        async fn quarantined_before(&self, before: Millis, limit: usize) -> Result<Vec<EntryId>, MetaError>;
+
+        /// A quarantined entry and its chunks in order.
+        async fn quarantined_entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError>;
 
         /// Up to `limit` chunks whose scheduled deletion is due at `now`.
         async fn due_deletions(&self, now: Millis, limit: usize) -> Result<Vec<BlobName>, MetaError>;

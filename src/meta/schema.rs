@@ -100,6 +100,52 @@ table! {
 }
 
 table! {
+    /// An entry in quarantine: out of every lookup, kept with its chunks and bytes for
+    /// examination until the retention ends or it is released. The columns of [`EntryRow`],
+    /// copied as they were, and why and when.
+    QuarantinedEntryRow in quarantined_entries {
+        id: i64,
+        repository: String,
+        scope: String,
+        key: String,
+        key_folded: String,
+        version: String,
+        bucket: Vec<u8> = networked,
+        slot_hash: Vec<u8> = networked,
+        size: i64,
+        chunk_count: i64,
+        created_at: i64,
+        last_used_at: i64,
+        hits: i64,
+        writer_kind: String,
+        writer_issuer: String,
+        writer_subject: String,
+        writer_run_id: String,
+        writer_job_id: String,
+        writer_address: String,
+        digest: String,
+        scope_class: i64,
+        family: String,
+        ref_class: i64,
+        quarantine_reason: String,
+        quarantined_at: i64,
+    }
+}
+
+table! {
+    /// A chunk of a quarantined entry: the columns of [`EntryChunkRow`].
+    QuarantinedChunkRow in quarantined_chunks {
+        entry_id: i64,
+        ordinal: i64,
+        start: i64,
+        blob_name: String,
+        size: i64,
+        sha256: Vec<u8>,
+        xxh3: Option<i64>,
+    }
+}
+
+table! {
     /// A chunk of an entry, with its byte offset in the entry.
     EntryChunkRow in entry_chunks {
         entry_id: i64,
@@ -136,7 +182,8 @@ table! {
 }
 
 table! {
-    /// An entry removed because a check found it damaged.
+    /// An entry removed because a check found it damaged, by servers before quarantine kept
+    /// entries ([`QuarantinedEntryRow`]): a record, no longer written.
     QuarantineRow in quarantine {
         id: i64 = database,
         entry_id: i64,
@@ -251,7 +298,7 @@ pub fn reader_hash(reader: &Provenance) -> Vec<u8> {
 
 /// Every declared table.
 #[cfg_attr(not(any(test, feature = "test-util")), allow(dead_code))]
-pub static TABLES: [&Table; 12] = [
+pub static TABLES: [&Table; 14] = [
     &uploads::TABLE,
     &staged_blocks::TABLE,
     &upload_parts::TABLE,
@@ -264,6 +311,8 @@ pub static TABLES: [&Table; 12] = [
     &server_stats::TABLE,
     &stats_families::TABLE,
     &restores::TABLE,
+    &quarantined_entries::TABLE,
+    &quarantined_chunks::TABLE,
 ];
 
 /// A writer's six columns (kind, issuer, subject, run, job, address), empty when unknown.

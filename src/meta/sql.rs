@@ -4,7 +4,7 @@
 
 use super::dialect::{Shared, Upsert};
 pub(super) use super::row::{Param, SqlRow};
-use super::schema::{entries, entry_chunks, repository_usage, restores, uploads};
+use super::schema::{entries, entry_chunks, quarantined_entries, repository_usage, restores, uploads};
 use super::MetaError;
 use crate::model::{
     BlobName, BlockId, CallerKind, Chunk, Entry, EntryId, EntryUse, Provenance, RepoId, Scope,
@@ -217,11 +217,16 @@ const UPLOAD_WRITER: [&str; 6] = [
 
 /// The select list of every listing statement, as [`listed_from_row`] reads it; `u` is the
 /// entry's repository's `repository_usage` row.
-fn listed_columns() -> String {
+fn listed_columns(quarantined: bool) -> String {
     format!(
-        "{}, COALESCE(u.name, '') AS repository_name, {}, e.digest",
+        "{}, COALESCE(u.name, '') AS repository_name, {}, e.digest{}",
         columns("e", ENTRY),
-        columns("e", &ENTRY_WRITER)
+        columns("e", &ENTRY_WRITER),
+        if quarantined {
+            ", e.quarantine_reason, e.quarantined_at"
+        } else {
+            ", '' AS quarantine_reason, -1 AS quarantined_at"
+        }
     )
 }
 
@@ -231,8 +236,13 @@ fn filtered(
     params: &mut Vec<Param>,
     placeholder: &dyn Fn(usize) -> String,
 ) -> String {
-    let mut sql = String::from(
-        " FROM entries e LEFT JOIN repository_usage u ON u.repository = e.repository WHERE 1 = 1",
+    let table = if filter.quarantined {
+        "quarantined_entries"
+    } else {
+        "entries"
+    };
+    let mut sql = format!(
+        " FROM {table} e LEFT JOIN repository_usage u ON u.repository = e.repository WHERE 1 = 1",
     );
     let p = |value: Param, params: &mut Vec<Param>| {
         params.push(value);
@@ -304,7 +314,7 @@ pub(super) fn list_entries_sql(
     placeholder: impl Fn(usize) -> String,
 ) -> (String, Vec<Param>) {
     let mut params = Vec::new();
-    let mut sql = format!("SELECT {}", listed_columns());
+    let mut sql = format!("SELECT {}", listed_columns(page.filter.quarantined));
     sql.push_str(&filtered(page.filter, &mut params, &placeholder));
     let column = match page.order {
         super::EntryOrder::LastUsed => "e.last_used_at",
@@ -585,6 +595,14 @@ pub(super) fn listed_from_row(r: &impl SqlRow) -> Result<super::ListedEntry, Met
         repository_name: r.text("repository_name")?,
         written_by: entry_writer(r)?,
         digest: r.read(entries::digest)?,
+        // Live entries select a time of -1.
+        quarantine: match r.int(quarantined_entries::quarantined_at.name)? {
+            at if at < 0 => None,
+            at => Some(crate::model::Quarantine {
+                reason: r.read(quarantined_entries::quarantine_reason)?,
+                at,
+            }),
+        },
     })
 }
 

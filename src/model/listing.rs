@@ -31,6 +31,8 @@ pub struct EntryFilter {
     /// Exactly this archive digest (`sha256:…` or `sha256-chunks:…`, see
     /// [`crate::model::entry_digest`]): the same bytes saved under any key, by any run.
     pub digest: Option<String>,
+    /// Entries in quarantine instead of live ones (`state=quarantined`).
+    pub quarantined: bool,
 }
 
 impl EntryFilter {
@@ -93,6 +95,15 @@ pub struct ListedEntry {
     pub written_by: Option<Provenance>,
     /// See [`super::entry_digest`]; empty for entries saved before hoard recorded it.
     pub digest: String,
+    /// Set while the entry is in quarantine.
+    pub quarantine: Option<Quarantine>,
+}
+
+/// Why and since when an entry is in quarantine: out of every lookup, kept for examination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quarantine {
+    pub reason: String,
+    pub at: Millis,
 }
 
 /// What one repository holds and how its lookups went.

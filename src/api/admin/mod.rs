@@ -20,9 +20,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use super::AppState;
-use crate::cache::admin::{ListQuery, Listing, Purge, MAX_RESTORES};
+use crate::cache::admin::{Disposal, ListQuery, Listing, Purge, MAX_RESTORES};
 use crate::cache::CacheError;
-use crate::model::{EntryId, ListedEntry, RestoreQuery, RestoreRecord, RestoringJob};
+use crate::model::{EntryFilter, EntryId, ListedEntry, RestoreQuery, RestoreRecord, RestoringJob};
 use crate::secret::Secret;
 use query::Query;
 
@@ -76,7 +76,10 @@ impl From<CacheError> for AdminError {
         match e {
             CacheError::Invalid(invalid) => return Self::bad(invalid.0),
             CacheError::UnknownRepository(_) => return Self::not_found(e.to_string()),
-            CacheError::AmbiguousRepository(_) => return Self(StatusCode::CONFLICT, e.to_string()),
+            CacheError::AmbiguousRepository(_) | CacheError::SlotTaken | CacheError::WrongState(_) => {
+                return Self(StatusCode::CONFLICT, e.to_string())
+            }
+            CacheError::EntryNotFound => return Self::not_found(e.to_string()),
             _ => {}
         }
         if e.is_transient() {
@@ -219,19 +222,43 @@ async fn route(
     let query = Query::of(uri);
     let path = rest.trim_end_matches('/');
     let one = path.strip_prefix("caches/");
+    // `caches/{id}/content` and `caches/{id}/release`.
+    let (one, action) = match one.and_then(|rest| rest.split_once('/')) {
+        Some((id, action)) => (Some(id), Some(action)),
+        None => (one, None),
+    };
     // Every endpoint names the parameters it reads; anything else is refused before it acts.
     use query::{DELETION, FAMILIES, FILTER, PAGE, PERIOD, RESTORES, SERIES, USAGE};
     let allowed: &[&[&str]] = match (method, path) {
+        _ if action.is_some() => &[],
         (&Method::GET, "usage") => &[USAGE],
         (&Method::GET, "stats") => &[PERIOD, SERIES],
         (&Method::GET, "stats/families") => &[PERIOD, FAMILIES],
         (&Method::GET, "caches") => &[FILTER, PAGE],
         (&Method::GET, "restores") => &[RESTORES],
         (&Method::DELETE, "caches") => &[FILTER, DELETION],
-        (&Method::DELETE, _) if one.is_some() => &[&["dry_run"]],
+        (&Method::DELETE, _) if one.is_some() => &[&["dry_run", "quarantine"]],
         _ => &[],
     };
     query.only(allowed)?;
+    match (method, action) {
+        (&Method::GET, Some("content")) => return content(app, one).await,
+        (&Method::POST, Some("release")) => return ok(&release(app, one).await?),
+        (_, Some("content" | "release")) => {
+            return Err(AdminError(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!("{method} is not allowed here"),
+            ))
+        }
+        (_, Some(_)) => {
+            return Err(AdminError::not_found(format!(
+                "no such admin API endpoint: {}{}",
+                API,
+                rest.chars().take(100).collect::<String>()
+            )))
+        }
+        (_, None) => {}
+    }
     match (method, path) {
         (&Method::GET, "status") => ok(&status(app).await?),
         (&Method::GET, "usage") => ok(&usage(app, &query).await?),
@@ -394,7 +421,10 @@ async fn list(app: &AppState, query: &Query) -> Result<wire::CacheList, AdminErr
     } = app.cache().list_entries(&asked).await?;
     Ok(wire::CacheList {
         total_count: total,
-        actions_caches: entries.iter().map(wire::Cache::from).collect(),
+        actions_caches: entries
+            .iter()
+            .map(|e| wire::Cache::of(e, quarantine_retention(app)))
+            .collect(),
         next_cursor: next.map(|n| query::cursor(order, descending, n)),
     })
 }
@@ -403,7 +433,7 @@ async fn list(app: &AppState, query: &Query) -> Result<wire::CacheList, AdminErr
 async fn detail(app: &AppState, id: Option<&str>) -> Result<wire::CacheDetail, AdminError> {
     let (listed, records) = entry_with_readers(app, id).await?;
     Ok(wire::CacheDetail {
-        cache: wire::Cache::from(&listed),
+        cache: wire::Cache::of(&listed, quarantine_retention(app)),
         restored_by: records.iter().map(wire::Restore::from).collect(),
     })
 }
@@ -462,26 +492,79 @@ async fn delete_one(
     query: &Query,
 ) -> Result<wire::Deleted, AdminError> {
     let dry_run = query.flag("dry_run")?;
+    let disposal = disposal(query)?;
     if dry_run {
         let (listed, records) = entry_with_readers(app, id).await?;
+        refuse_quarantine_twice(&listed, disposal)?;
         let mut purge = Purge::default();
         purge.add(&listed.entry);
         return Ok(wire::Deleted {
             restored_by: jobs_of(&records),
-            ..deleted(purge, true)
+            ..deleted(purge, true, disposal)
         });
     }
     let listed = entry(app, id).await?;
-    let purge = app.cache().delete_entries(&[listed], "admin").await?;
+    refuse_quarantine_twice(&listed, disposal)?;
+    let purge = app
+        .cache()
+        .delete_entries(&[listed], "admin", disposal)
+        .await?;
     if purge.count == 0 {
         return Err(AdminError::not_found("no such cache entry"));
     }
-    Ok(deleted(purge, false))
+    Ok(deleted(purge, false, disposal))
 }
 
-fn deleted(purge: Purge, dry_run: bool) -> wire::Deleted {
+fn quarantine_retention(app: &AppState) -> std::time::Duration {
+    app.cache().quarantine_retention()
+}
+
+/// `quarantine=true`: keep what goes, in quarantine.
+fn disposal(query: &Query) -> Result<Disposal, AdminError> {
+    Ok(match query.flag("quarantine")? {
+        true => Disposal::Quarantine,
+        false => Disposal::Delete,
+    })
+}
+
+fn refuse_quarantine_twice(listed: &ListedEntry, disposal: Disposal) -> Result<(), AdminError> {
+    if listed.quarantine.is_some() && disposal == Disposal::Quarantine {
+        return Err(CacheError::WrongState("the entry is in quarantine already").into());
+    }
+    Ok(())
+}
+
+/// `GET caches/{id}/content`: the entry's archive, live or in quarantine, checked chunk by
+/// chunk as every download is, for an operator to examine.
+async fn content(app: &AppState, id: Option<&str>) -> AdminResult {
+    let id = id_of(id.unwrap_or_default())?;
+    let open = app.cache().archive(id).await?;
+    let size = open.entry.size;
+    let body = app.cache().read(&open, 0, size).await?;
+    let mut response = Response::new(axum::body::Body::from_stream(body));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+    if let Ok(name) = HeaderValue::from_str(&format!("attachment; filename=\"cache-{}.tzst\"", id.get())) {
+        headers.insert(header::CONTENT_DISPOSITION, name);
+    }
+    Ok(no_store(response))
+}
+
+/// `POST caches/{id}/release`: a quarantined entry back among the entries.
+async fn release(app: &AppState, id: Option<&str>) -> Result<wire::CacheDetail, AdminError> {
+    let entry = id_of(id.unwrap_or_default())?;
+    app.cache().release(entry, "admin").await?;
+    detail(app, id).await
+}
+
+fn deleted(purge: Purge, dry_run: bool, disposal: Disposal) -> wire::Deleted {
     wire::Deleted {
         deleted: purge.count,
+        quarantine: disposal == Disposal::Quarantine,
         dry_run,
         size_in_bytes: purge.bytes,
         ids_truncated: purge.count > purge.ids.len() as u64,
@@ -497,7 +580,12 @@ fn deleted(purge: Purge, dry_run: bool) -> wire::Deleted {
 async fn delete_matching(app: &AppState, query: &Query) -> Result<wire::Deleted, AdminError> {
     let mut filter = query.filter()?;
     let dry_run = query.flag("dry_run")?;
-    if filter.is_everything() && query.param("all") != Some("true") {
+    let everything = EntryFilter {
+        quarantined: false,
+        ..filter.clone()
+    }
+    .is_everything();
+    if everything && query.param("all") != Some("true") {
         return Err(AdminError::bad(
             "name what to delete with key, repository, ref, version, run_id, subject, kind, written_after or written_before (or all=true to delete every entry)",
         ));
@@ -509,9 +597,10 @@ async fn delete_matching(app: &AppState, query: &Query) -> Result<wire::Deleted,
         let one = app.cache().one_repository(&wanted).await?;
         filter.repository_id = Some(one.map_or(wanted, |r| r.repository.as_str().to_owned()));
     }
+    let disposal = disposal(query)?;
     let purge = app
         .cache()
-        .delete_matching(&filter, "admin", dry_run)
+        .delete_matching(&filter, "admin", dry_run, disposal)
         .await?;
     let jobs = match dry_run {
         true => restoring_jobs(app, &purge.ids).await?,
@@ -519,7 +608,7 @@ async fn delete_matching(app: &AppState, query: &Query) -> Result<wire::Deleted,
     };
     Ok(wire::Deleted {
         restored_by: jobs,
-        ..deleted(purge, dry_run)
+        ..deleted(purge, dry_run, disposal)
     })
 }
 

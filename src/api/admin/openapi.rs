@@ -53,6 +53,21 @@ mod tests {
                 address: "192.0.2.7".into(),
             }),
             digest: Some(format!("sha256:{}", "ab".repeat(32))),
+            state: "live".into(),
+            quarantined_at: None,
+            quarantine_reason: None,
+            quarantine_expires_at: None,
+        }
+    }
+
+    /// An entry in quarantine.
+    fn quarantined_cache() -> Cache {
+        Cache {
+            state: "quarantined".into(),
+            quarantined_at: Some(time(1_700_000_200_000)),
+            quarantine_reason: Some("quarantined by admin".into()),
+            quarantine_expires_at: Some(time(1_702_592_200_000)),
+            ..cache()
         }
     }
 
@@ -214,7 +229,7 @@ mod tests {
                     message: "no such cache entry".into(),
                 })],
             ),
-            ("Cache", vec![sent(cache()), sent(unrecorded_cache())]),
+            ("Cache", vec![sent(cache()), sent(unrecorded_cache()), sent(quarantined_cache())]),
             ("WrittenBy", vec![sent(cache().written_by.unwrap())]),
             (
                 "CacheDetail",
@@ -266,6 +281,7 @@ mod tests {
                 vec![
                     sent(Deleted {
                         deleted: 2,
+                        quarantine: true,
                         dry_run: true,
                         size_in_bytes: 2048,
                         ids: vec![7, 9],
@@ -275,6 +291,7 @@ mod tests {
                     }),
                     sent(Deleted {
                         deleted: 0,
+                        quarantine: false,
                         dry_run: false,
                         size_in_bytes: 0,
                         ids: vec![],

@@ -23,6 +23,7 @@ pub const FILTER: &[&str] = &[
     "written_after",
     "written_before",
     "digest",
+    "state",
 ];
 /// `GET restores`: the parts of the entry filter a restore record keeps, and the answer's size.
 pub const RESTORES: &[&str] = &[
@@ -39,7 +40,7 @@ pub const RESTORES: &[&str] = &[
 /// A listing's order and page.
 pub const PAGE: &[&str] = &["sort", "direction", "cursor", "per_page"];
 /// A deletion's: see what would go, or select everything.
-pub const DELETION: &[&str] = &["dry_run", "all"];
+pub const DELETION: &[&str] = &["dry_run", "all", "quarantine"];
 /// `GET usage`.
 pub const USAGE: &[&str] = &["limit", "repository"];
 /// The period of `GET stats` and `GET stats/families`.
@@ -155,6 +156,16 @@ impl Query {
             written_after,
             written_before,
             digest: self.digest()?,
+            quarantined: match self.param("state") {
+                None | Some("live") => false,
+                Some("quarantined") => true,
+                Some(other) => {
+                    return Err(AdminError::bad(format!(
+                        "state must be live or quarantined, not {:?}",
+                        crate::model::LogSafe(other).to_string()
+                    )))
+                }
+            },
         })
     }
 

@@ -37,6 +37,34 @@ pub struct Cache {
     /// `sha256:<hex>` of the entry's bytes (one chunk), or `sha256-chunks:<hex>` of its chunks'
     /// SHA-256s in order; `None` (null) for entries saved before hoard recorded it.
     pub digest: Option<String>,
+    /// `live`, or `quarantined`: out of every lookup, kept for examination.
+    #[serde(default = "live")]
+    pub state: String,
+    /// When it was put in quarantine (RFC 3339); only while it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantined_at: Option<String>,
+    /// Why: `quarantined by admin`, or the damage an integrity check found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantine_reason: Option<String>,
+    /// When its quarantine ends and it is deleted (`--quarantine-retention` after it began).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantine_expires_at: Option<String>,
+}
+
+fn live() -> String {
+    "live".to_owned()
+}
+
+impl Cache {
+    /// `listed` as the API shows it, its quarantine ending `retention` after it began.
+    pub fn of(listed: &ListedEntry, retention: std::time::Duration) -> Self {
+        let mut cache = Self::from(listed);
+        if let Some(q) = &listed.quarantine {
+            let ends = q.at.saturating_add(retention.as_millis().min(i64::MAX as u128) as i64);
+            cache.quarantine_expires_at = Some(time(ends));
+        }
+        cache
+    }
 }
 
 /// Who wrote an entry (schema `WrittenBy`): recorded when the upload was reserved. Empty
@@ -154,6 +182,10 @@ pub struct Deleted {
     /// Nothing was deleted: the answer says what would have been.
     #[serde(default)]
     pub dry_run: bool,
+    /// The entries went to quarantine (`quarantine=true`) rather than being deleted; left out
+    /// when not.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub quarantine: bool,
     /// Their bytes.
     #[serde(default)]
     pub size_in_bytes: u64,
@@ -326,6 +358,14 @@ impl From<&ListedEntry> for Cache {
             hits: e.hits,
             written_by: listed.written_by.as_ref().map(WrittenBy::from),
             digest: (!listed.digest.is_empty()).then(|| listed.digest.clone()),
+            state: match listed.quarantine {
+                Some(_) => "quarantined",
+                None => "live",
+            }
+            .to_owned(),
+            quarantined_at: listed.quarantine.as_ref().map(|q| time(q.at)),
+            quarantine_reason: listed.quarantine.as_ref().map(|q| q.reason.clone()),
+            quarantine_expires_at: None,
         }
     }
 }

@@ -30,6 +30,7 @@ mod stats;
 mod wal;
 
 use crate::meta::dialect::Backend;
+use crate::meta::quarantine;
 use crate::meta::row::Row as _;
 use crate::meta::schema::{
     entries, entry_chunks, pending_deletions, staged_blocks, upload_parts, uploads, EntryChunkRow,
@@ -91,6 +92,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (
         12,
         include_str!("../migrations/sqlite/0012_policy_refusals.sql"),
+    ),
+    (
+        13,
+        include_str!("../migrations/sqlite/0013_quarantine.sql"),
     ),
 ];
 const MAX_READERS: usize = 8;
@@ -1087,17 +1092,17 @@ impl LifecycleStore for SqliteStore {
             for id in ids {
                 // Chunks first, while the entry's rows still name them; an entry already gone
                 // has none, and its DELETE returns nothing.
-                tx.prepare_cached(
-                    "INSERT OR REPLACE INTO pending_deletions (blob_name, size, delete_at)
-                     SELECT blob_name, size, ? FROM entry_chunks WHERE entry_id = ?",
-                )?
-                .execute(params![delete_at, id.get()])?;
                 if let RemovalCause::Quarantined(reason) = &cause {
+                    tx.prepare_cached(quarantine::KEEP_ENTRY.on(Backend::Sqlite))?
+                        .execute(params![reason, now, id.get()])?;
+                    tx.prepare_cached(quarantine::KEEP_CHUNKS.on(Backend::Sqlite))?
+                        .execute([id.get()])?;
+                } else {
                     tx.prepare_cached(
-                        "INSERT INTO quarantine (entry_id, repository, scope, key, version, size, reason, quarantined_at)
-                         SELECT id, repository, scope, key, version, size, ?, ? FROM entries WHERE id = ?",
+                        "INSERT OR REPLACE INTO pending_deletions (blob_name, size, delete_at)
+                         SELECT blob_name, size, ? FROM entry_chunks WHERE entry_id = ?",
                     )?
-                    .execute(params![reason, now, id.get()])?;
+                    .execute(params![delete_at, id.get()])?;
                 }
                 tx.prepare_cached("DELETE FROM entry_chunks WHERE entry_id = ?")?
                     .execute([id.get()])?;
@@ -1120,6 +1125,92 @@ impl LifecycleStore for SqliteStore {
                 removed.push(entry);
             }
             Ok(removed)
+        })
+        .await
+    }
+
+    async fn release_quarantined(&self, id: EntryId) -> Result<Option<EntryUse>, MetaError> {
+        self.write(move |tx| {
+            let id = id.get();
+            let released = tx
+                .prepare_cached(quarantine::RELEASE_ENTRY.on(Backend::Sqlite))?
+                .execute([id])?;
+            if released == 0 {
+                return Ok(None);
+            }
+            tx.prepare_cached(quarantine::RELEASE_CHUNKS.on(Backend::Sqlite))?
+                .execute([id])?;
+            tx.prepare_cached(quarantine::RELEASE_USAGE.on(Backend::Sqlite))?
+                .execute([id, id, id, id])?;
+            tx.prepare_cached(quarantine::FORGET_CHUNKS.on(Backend::Sqlite))?
+                .execute([id])?;
+            tx.prepare_cached(quarantine::FORGET_ENTRY.on(Backend::Sqlite))?
+                .execute([id])?;
+            let released = tx
+                .prepare_cached(&format!("{} WHERE id = ?", *USE_COLS))?
+                .query_row([id], |r| Ok(use_from_row(r)))??;
+            Ok(Some(released))
+        })
+        .await
+    }
+
+    async fn drop_quarantined(
+        &self,
+        ids: &[EntryId],
+        delete_at: Millis,
+    ) -> Result<Vec<EntryId>, MetaError> {
+        let ids = ids.to_vec();
+        self.write(move |tx| {
+            let mut dropped = Vec::new();
+            for id in ids {
+                tx.prepare_cached(quarantine::DROP_CHUNKS.on(Backend::Sqlite))?
+                    .execute(params![delete_at, id.get()])?;
+                tx.prepare_cached(quarantine::FORGET_CHUNKS.on(Backend::Sqlite))?
+                    .execute([id.get()])?;
+                let forgotten = tx
+                    .prepare_cached(quarantine::FORGET_ENTRY.on(Backend::Sqlite))?
+                    .execute([id.get()])?;
+                if forgotten > 0 {
+                    dropped.push(id);
+                }
+            }
+            Ok(dropped)
+        })
+        .await
+    }
+
+    async fn quarantined_before(
+        &self,
+        before: Millis,
+        limit: usize,
+    ) -> Result<Vec<EntryId>, MetaError> {
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached(quarantine::QUARANTINED_BEFORE.on(Backend::Sqlite))?;
+            let ids = rows_of(stmt.query(params![before, limit as i64])?, |r| {
+                Ok(EntryId::new(r.read(entries::id)?))
+            });
+            ids
+        })
+        .await
+    }
+
+    async fn quarantined_entry(
+        &self,
+        id: EntryId,
+    ) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
+        self.read_consistent(move |conn| {
+            let mut head = conn.prepare_cached(quarantine::ENTRY.on(Backend::Sqlite))?;
+            let Some(entry) = first_of(head.query([id.get()])?, |r| entry_from_row(r))? else {
+                return Ok(None);
+            };
+            let mut stmt = conn.prepare_cached(quarantine::CHUNKS.on(Backend::Sqlite))?;
+            let chunks = rows_of(stmt.query([id.get()])?, |row| {
+                Ok(EntryChunk {
+                    start: row.count(entry_chunks::start.name)?,
+                    chunk: chunk_from_row(row)?,
+                })
+            })?;
+            Ok(Some((entry, chunks)))
         })
         .await
     }
@@ -1155,6 +1246,7 @@ impl LifecycleStore for SqliteStore {
         self.read_consistent(move |conn| {
             let mut stmt = conn.prepare_cached(
                 "SELECT EXISTS (SELECT 1 FROM entry_chunks WHERE blob_name = ?1)
+                     OR EXISTS (SELECT 1 FROM quarantined_chunks WHERE blob_name = ?1)
                      OR EXISTS (SELECT 1 FROM staged_blocks WHERE blob_name = ?1)
                      OR EXISTS (SELECT 1 FROM upload_parts WHERE blob_name = ?1)
                      OR EXISTS (SELECT 1 FROM pending_deletions WHERE blob_name = ?1) AS referenced",

@@ -63,6 +63,7 @@ mod stats;
 use async_trait::async_trait;
 
 use super::dialect::{shared, Backend, Shared};
+use super::quarantine;
 use super::row::Renamed;
 use super::schema::{entries, entry_chunks, uploads};
 use super::sql::{
@@ -623,6 +624,97 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
         self.db.remove_entries(ids, removal).await
     }
 
+    async fn release_quarantined(&self, id: EntryId) -> Result<Option<EntryUse>, MetaError> {
+        let id = Param::Int(id.get());
+        let on = |sql: &'static Shared| sql.on(D::BACKEND);
+        let done = self
+            .db
+            .in_transaction(vec![
+                Step::Execute(on(&quarantine::RELEASE_ENTRY), vec![id.clone()]),
+                Step::Execute(on(&quarantine::RELEASE_CHUNKS), vec![id.clone()]),
+                Step::Execute(on(&quarantine::RELEASE_USAGE), vec![id.clone(); 4]),
+                Step::Execute(on(&quarantine::FORGET_CHUNKS), vec![id.clone()]),
+                Step::Execute(on(&quarantine::FORGET_ENTRY), vec![id.clone()]),
+                Step::Fetch(on(&RELEASED), vec![id]),
+            ])
+            .await?;
+        static RELEASED: Shared = Shared::built(|| format!("{} WHERE id = ?", *USE_COLS));
+        match (done.first(), done.last()) {
+            (Some(Done::Changed(1..)), Some(Done::Rows(rows))) => {
+                rows.first().map(use_from_row).transpose()
+            }
+            _ => Ok(None),
+        }
+    }
+
+    async fn drop_quarantined(
+        &self,
+        ids: &[EntryId],
+        delete_at: Millis,
+    ) -> Result<Vec<EntryId>, MetaError> {
+        let on = |sql: &'static Shared| sql.on(D::BACKEND);
+        let steps = ids.iter().flat_map(|id| {
+            let id = Param::Int(id.get());
+            [
+                Step::Execute(on(&quarantine::DROP_CHUNKS), vec![Param::Int(delete_at), id.clone()]),
+                Step::Execute(on(&quarantine::FORGET_CHUNKS), vec![id.clone()]),
+                Step::Execute(on(&quarantine::FORGET_ENTRY), vec![id]),
+            ]
+        });
+        let done = self.db.in_transaction(steps.collect()).await?;
+        // Every third step tells whether its entry was in quarantine.
+        Ok(ids
+            .iter()
+            .zip(done.chunks(3))
+            .filter(|(_, steps)| matches!(steps.last(), Some(Done::Changed(1..))))
+            .map(|(id, _)| *id)
+            .collect())
+    }
+
+    async fn quarantined_before(
+        &self,
+        before: Millis,
+        limit: usize,
+    ) -> Result<Vec<EntryId>, MetaError> {
+        let params = vec![Param::Int(before), Param::Int(limit as i64)];
+        let rows = self.rows(&quarantine::QUARANTINED_BEFORE, params).await?;
+        rows.iter()
+            .map(|r| Ok(EntryId::new(r.read(entries::id)?)))
+            .collect()
+    }
+
+    async fn quarantined_entry(
+        &self,
+        id: EntryId,
+    ) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
+        let id = Param::Int(id.get());
+        let on = |sql: &'static Shared| sql.on(D::BACKEND);
+        // One transaction: an entry released or dropped meanwhile is seen whole or not at all.
+        let done = self
+            .db
+            .in_transaction(vec![
+                Step::Fetch(on(&quarantine::ENTRY), vec![id.clone()]),
+                Step::Fetch(on(&quarantine::CHUNKS), vec![id]),
+            ])
+            .await?;
+        let [Done::Rows(head), Done::Rows(chunks)] = &done[..] else {
+            return Err(MetaError::Internal("a fetch answered no rows".into()));
+        };
+        let Some(head) = head.first() else {
+            return Ok(None);
+        };
+        let chunks = chunks
+            .iter()
+            .map(|row| {
+                Ok(EntryChunk {
+                    start: row.count(entry_chunks::start.name)?,
+                    chunk: chunk_from_row(row)?,
+                })
+            })
+            .collect::<Result<_, MetaError>>()?;
+        Ok(Some((entry_from_row(head)?, chunks)))
+    }
+
     async fn due_deletions(&self, now: Millis, limit: usize) -> Result<Vec<BlobName>, MetaError> {
         let rows = self
             .rows(
@@ -641,6 +733,7 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
     async fn referenced(&self, names: &[BlobName]) -> Result<Vec<BlobName>, MetaError> {
         let tables = [
             "entry_chunks",
+            "quarantined_chunks",
             "staged_blocks",
             "upload_parts",
             "pending_deletions",

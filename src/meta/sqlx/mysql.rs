@@ -15,6 +15,7 @@ use sqlx::{AssertSqlSafe, Executor, MySql, Row, Transaction};
 
 use super::{bind_all, from_sqlx, pool_options, Connections, Dialect, Done, Step};
 use crate::meta::dialect::Backend;
+use crate::meta::quarantine;
 use crate::meta::row::{Row as _, Table};
 use crate::meta::schema::{
     entries, entry_chunks, staged_blocks, upload_parts, uploads, EntryChunkRow, EntryRow,
@@ -49,6 +50,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (
         10,
         include_str!("../migrations/mysql/0010_policy_refusals.sql"),
+    ),
+    (
+        11,
+        include_str!("../migrations/mysql/0011_quarantine.sql"),
     ),
 ];
 const MIGRATION_LOCK: &str = "hoard_migrations";
@@ -435,23 +440,26 @@ impl Dialect for MySqlDialect {
             .map(|r| r.read(entries::scope_class).map(ScopeClass::from_code))
             .collect::<Result<_, _>>()?;
         for (entry, class) in removed.iter().zip(classes) {
-            sqlx::query(
-                "INSERT INTO pending_deletions (blob_name, size, delete_at)
-                 SELECT blob_name, size, ? FROM entry_chunks WHERE entry_id = ?
-                 ON DUPLICATE KEY UPDATE delete_at = VALUES(delete_at)",
-            )
-            .bind(removal.delete_at)
-            .bind(entry.id.get())
-            .execute(&mut *tx)
-            .await
-            .map_err(from_sqlx)?;
             if let RemovalCause::Quarantined(reason) = removal.cause {
+                sqlx::query(AssertSqlSafe(quarantine::KEEP_ENTRY.on(Backend::MySql)))
+                    .bind(reason.as_str())
+                    .bind(removal.now)
+                    .bind(entry.id.get())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(from_sqlx)?;
+                sqlx::query(AssertSqlSafe(quarantine::KEEP_CHUNKS.on(Backend::MySql)))
+                    .bind(entry.id.get())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(from_sqlx)?;
+            } else {
                 sqlx::query(
-                    "INSERT INTO quarantine (entry_id, repository, scope, `key`, version, size, reason, quarantined_at)
-                     SELECT id, repository, scope, `key`, version, size, ?, ? FROM entries WHERE id = ?",
+                    "INSERT INTO pending_deletions (blob_name, size, delete_at)
+                     SELECT blob_name, size, ? FROM entry_chunks WHERE entry_id = ?
+                     ON DUPLICATE KEY UPDATE delete_at = VALUES(delete_at)",
                 )
-                .bind(reason.as_str())
-                .bind(removal.now)
+                .bind(removal.delete_at)
                 .bind(entry.id.get())
                 .execute(&mut *tx)
                 .await

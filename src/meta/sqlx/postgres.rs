@@ -8,6 +8,7 @@
 //! under an advisory lock, so processes starting together apply each one once.
 
 use std::str::FromStr;
+use std::sync::LazyLock;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgRow};
@@ -60,6 +61,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (
         10,
         include_str!("../migrations/postgres/0010_policy_refusals.sql"),
+    ),
+    (
+        11,
+        include_str!("../migrations/postgres/0011_quarantine.sql"),
     ),
 ];
 /// Key of the advisory lock that serializes migrations across processes ("hoard" in ASCII).
@@ -515,31 +520,47 @@ impl Dialect for PostgresDialect {
             RemovalCause::Quarantined(reason) => Some(reason.as_str()),
             _ => None,
         };
-        // One statement: every part sees the entries before the delete, and an entry another
-        // process removed first is simply not returned (its row is gone once the lock frees).
-        let rows = sqlx::query(
-            "WITH gone AS (
-                 DELETE FROM entries WHERE id = ANY($1)
-                 RETURNING id, repository, scope, key, version, size, created_at, last_used_at, scope_class,
-                           family, ref_class),
-             pending AS (
-                 INSERT INTO pending_deletions (blob_name, size, delete_at)
-                 SELECT c.blob_name, c.size, $2 FROM entry_chunks c JOIN gone ON c.entry_id = gone.id
-                 ON CONFLICT (blob_name) DO UPDATE SET delete_at = EXCLUDED.delete_at),
-             quarantined AS (
-                 INSERT INTO quarantine (entry_id, repository, scope, key, version, size, reason, quarantined_at)
-                 SELECT id, repository, scope, key, version, size, $3, $4 FROM gone WHERE $3::text IS NOT NULL),
-             usage AS (
-                 UPDATE repository_usage u SET bytes = u.bytes - g.bytes, entries = u.entries - g.n,
-                     pr_bytes = u.pr_bytes - g.pr_bytes, pr_entries = u.pr_entries - g.pr_n
-                 FROM (SELECT repository, SUM(size)::bigint AS bytes, COUNT(*) AS n,
-                              SUM(CASE WHEN scope_class = 1 THEN size ELSE 0 END)::bigint AS pr_bytes,
-                              COUNT(*) FILTER (WHERE scope_class = 1) AS pr_n
-                       FROM gone GROUP BY repository) g
-                 WHERE u.repository = g.repository)
-             SELECT id, repository, size, created_at, last_used_at, family, ref_class FROM gone ORDER BY id",
-        )
-        .bind(ids)
+        // One statement: every part sees the entries before the delete (the chunks too, which
+        // the delete cascades to), and an entry another process removed first is simply not
+        // returned (its row is gone once the lock frees). A quarantine keeps the rows instead
+        // of scheduling the chunks for deletion.
+        static REMOVE: LazyLock<String> = LazyLock::new(|| {
+            let entry = quarantine_columns(&entries::TABLE);
+            let chunk = quarantine_columns(&entry_chunks::TABLE);
+            let chunk_of_c = entry_chunks::TABLE
+                .columns
+                .iter()
+                .map(|c| format!("c.{}", c.name))
+                .collect::<Vec<_>>()
+                .join(", ");
+            format!(
+                "WITH gone AS (
+                     DELETE FROM entries WHERE id = ANY($1) RETURNING {entry}),
+                 pending AS (
+                     INSERT INTO pending_deletions (blob_name, size, delete_at)
+                     SELECT c.blob_name, c.size, $2 FROM entry_chunks c JOIN gone ON c.entry_id = gone.id
+                     WHERE $3::text IS NULL
+                     ON CONFLICT (blob_name) DO UPDATE SET delete_at = EXCLUDED.delete_at),
+                 kept AS (
+                     INSERT INTO quarantined_entries ({entry}, quarantine_reason, quarantined_at)
+                     SELECT {entry}, $3, $4 FROM gone WHERE $3::text IS NOT NULL),
+                 kept_chunks AS (
+                     INSERT INTO quarantined_chunks ({chunk})
+                     SELECT {chunk_of_c} FROM entry_chunks c JOIN gone ON c.entry_id = gone.id
+                     WHERE $3::text IS NOT NULL),
+                 usage AS (
+                     UPDATE repository_usage u SET bytes = u.bytes - g.bytes, entries = u.entries - g.n,
+                         pr_bytes = u.pr_bytes - g.pr_bytes, pr_entries = u.pr_entries - g.pr_n
+                     FROM (SELECT repository, SUM(size)::bigint AS bytes, COUNT(*) AS n,
+                                  SUM(CASE WHEN scope_class = 1 THEN size ELSE 0 END)::bigint AS pr_bytes,
+                                  COUNT(*) FILTER (WHERE scope_class = 1) AS pr_n
+                           FROM gone GROUP BY repository) g
+                     WHERE u.repository = g.repository)
+                 SELECT id, repository, size, created_at, last_used_at, family, ref_class FROM gone ORDER BY id"
+            )
+        });
+        let rows = sqlx::query(AssertSqlSafe(REMOVE.as_str()))
+            .bind(ids)
         .bind(removal.delete_at)
         .bind(reason)
         .bind(removal.now)
@@ -548,4 +569,15 @@ impl Dialect for PostgresDialect {
         .map_err(from_sqlx)?;
         rows.iter().map(use_from_row).collect()
     }
+}
+
+/// The columns of `table` that PostgreSQL has, as quarantine copies them.
+fn quarantine_columns(table: &Table) -> String {
+    table
+        .columns
+        .iter()
+        .filter(|c| c.exists_on(Backend::Postgres))
+        .map(|c| c.name)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
