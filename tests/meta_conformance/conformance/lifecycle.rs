@@ -80,7 +80,7 @@ async fn removed_chunks_wait_for_their_deletion_time(store: &dyn MetaStore) {
     let (_, chunks) = store.entry(id).await.unwrap().unwrap();
     let names: Vec<BlobName> = chunks.iter().map(|c| c.chunk.blob.clone()).collect();
     let pending_before = store.pending_deletions().await.unwrap();
-    let cause = RemovalCause::Quarantined("a flipped byte".into());
+    let cause = RemovalCause::Deleted;
     store
         .remove_entries(&[id], removal(&cause, 7_000_000))
         .await

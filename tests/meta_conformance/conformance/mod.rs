@@ -6,6 +6,7 @@
 mod admin;
 mod lifecycle;
 mod provenance;
+mod quarantine;
 mod restore;
 mod save;
 mod stats;
@@ -38,6 +39,7 @@ pub async fn run_all(store: Arc<dyn MetaStore>) {
     lifecycle::run(store.clone()).await;
     admin::run(store.as_ref()).await;
     provenance::run(store.as_ref()).await;
+    quarantine::run(store.as_ref()).await;
     stats::run(store.as_ref()).await;
     store.checkpoint().await.unwrap();
 }

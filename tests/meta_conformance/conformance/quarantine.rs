@@ -1,0 +1,224 @@
+//! Quarantine: an entry out of every lookup, kept whole (row, writer, chunks) until it is
+//! released or its quarantine ends.
+
+use super::*;
+
+pub async fn run(store: &dyn MetaStore) {
+    a_quarantined_entry_leaves_lookups_and_keeps_everything(store).await;
+    a_release_puts_the_entry_back_unless_its_slot_is_taken(store).await;
+    the_end_of_a_quarantine_schedules_its_chunks(store).await;
+}
+
+fn quarantine(reason: &str) -> RemovalCause {
+    RemovalCause::Quarantined(reason.into())
+}
+
+fn at(cause: &RemovalCause, now: i64) -> Removal<'_> {
+    Removal {
+        cause,
+        now,
+        delete_at: now + 1000,
+    }
+}
+
+/// The entries of `repo` listed live, or in quarantine.
+async fn listed(
+    store: &dyn MetaStore,
+    repo: &str,
+    quarantined: bool,
+) -> Vec<hoard::model::ListedEntry> {
+    let filter = EntryFilter {
+        repository: Some(repo.into()),
+        quarantined,
+        ..EntryFilter::default()
+    };
+    let page = EntryPage {
+        filter: &filter,
+        order: EntryOrder::Created,
+        descending: false,
+        after: None,
+        limit: 100,
+    };
+    let found = store.list_entries(&page).await.unwrap();
+    assert_eq!(
+        store.count_entries(&filter).await.unwrap(),
+        found.len() as u64,
+        "the count agrees with the listing (quarantined: {quarantined})"
+    );
+    found
+}
+
+async fn a_quarantined_entry_leaves_lookups_and_keeps_everything(store: &dyn MetaStore) {
+    let repo = "q-keep";
+    let id = save(store, &slot(repo, "poisoned"), &[10, 20], 1).await;
+    let clean = save(store, &slot(repo, "clean"), &[5], 2).await;
+    let (entry, chunks) = store.entry(id).await.unwrap().unwrap();
+    let names: Vec<BlobName> = chunks.iter().map(|c| c.chunk.blob.clone()).collect();
+    let usage = store.repository_usage(&RepoId::new(repo)).await.unwrap();
+    let pending = store.pending_deletions().await.unwrap();
+    let cause = quarantine("quarantined by admin");
+    let removed = store.remove_entries(&[id], at(&cause, 50)).await.unwrap();
+    assert_eq!(removed.len(), 1, "a quarantine removes the entry once");
+
+    assert!(store.entry(id).await.unwrap().is_none(), "out of lookups");
+    assert_eq!(
+        lookup(store, repo, &["poisoned"]).await,
+        [],
+        "no lookup finds it"
+    );
+    assert_eq!(
+        store.repository_usage(&RepoId::new(repo)).await.unwrap().bytes,
+        usage.bytes - 30,
+        "its bytes leave the repository's usage, as a deletion's do"
+    );
+    assert_eq!(
+        store.pending_deletions().await.unwrap(),
+        pending,
+        "its chunks are not scheduled for deletion"
+    );
+    assert_eq!(
+        store.referenced(&names).await.unwrap().len(),
+        2,
+        "its chunks stay referenced (no orphan collection)"
+    );
+    let (kept, kept_chunks) = store.quarantined_entry(id).await.unwrap().unwrap();
+    assert_eq!(kept, entry, "the entry is kept as it was");
+    let parts = |chunks: &[hoard::meta::EntryChunk]| {
+        chunks
+            .iter()
+            .map(|c| (c.start, c.chunk.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(parts(&kept_chunks), parts(&chunks), "with its chunks in order");
+
+    let live: Vec<EntryId> = listed(store, repo, false)
+        .await
+        .iter()
+        .map(|l| l.entry.id)
+        .collect();
+    assert_eq!(live, [clean], "the live listing leaves it out");
+    let quarantined = listed(store, repo, true).await;
+    assert_eq!(quarantined.len(), 1, "the quarantined listing has it");
+    let q = &quarantined[0];
+    assert_eq!(q.entry, entry);
+    assert_eq!(
+        q.written_by.as_ref().map(|w| w.subject.as_str()),
+        Some("conformance"),
+        "with its writer"
+    );
+    let why = q.quarantine.as_ref().expect("marked as quarantined");
+    assert_eq!(
+        (why.reason.as_str(), why.at),
+        ("quarantined by admin", 50),
+        "with why and when"
+    );
+    assert!(
+        listed(store, repo, false)
+            .await
+            .iter()
+            .all(|l| l.quarantine.is_none()),
+        "live entries are not marked"
+    );
+    let again = store.remove_entries(&[id], at(&cause, 60)).await.unwrap();
+    assert!(again.is_empty(), "a quarantined entry is not removed twice");
+}
+
+async fn a_release_puts_the_entry_back_unless_its_slot_is_taken(store: &dyn MetaStore) {
+    let repo = "q-release";
+    let s = slot(repo, "k");
+    let id = save(store, &s, &[7], 1).await;
+    let before = store.repository_usage(&RepoId::new(repo)).await.unwrap();
+    let cause = quarantine("a flipped byte");
+    store.remove_entries(&[id], at(&cause, 10)).await.unwrap();
+
+    // The slot is free at once: a new save takes it, and the release must wait.
+    let newer = save(store, &s, &[3], 20).await;
+    assert_ne!(newer, id, "the new entry has its own id");
+    match store.release_quarantined(id).await {
+        Err(MetaError::Conflict) => {}
+        other => panic!("a release into a taken slot conflicts, not {other:?}"),
+    }
+    assert!(
+        store.quarantined_entry(id).await.unwrap().is_some(),
+        "a refused release leaves the entry in quarantine"
+    );
+    let deleted = RemovalCause::Deleted;
+    store.remove_entries(&[newer], at(&deleted, 30)).await.unwrap();
+
+    let released = store.release_quarantined(id).await.unwrap();
+    assert_eq!(released.map(|e| e.id), Some(id), "released with its id");
+    assert_eq!(
+        lookup(store, repo, &["k"]).await,
+        [("k".to_owned(), id)],
+        "lookups find it again"
+    );
+    assert!(store.quarantined_entry(id).await.unwrap().is_none());
+    assert!(listed(store, repo, true).await.is_empty());
+    let (_, chunks) = store.entry(id).await.unwrap().unwrap();
+    assert_eq!(chunks.len(), 1, "with its chunks");
+    let after = store.repository_usage(&RepoId::new(repo)).await.unwrap();
+    assert_eq!(after, before, "and counted in its repository again");
+    assert_eq!(
+        store.release_quarantined(id).await.unwrap(),
+        None,
+        "a live entry is not released"
+    );
+    assert_eq!(
+        store
+            .release_quarantined(EntryId::new(i64::MAX))
+            .await
+            .unwrap(),
+        None,
+        "nor an unknown one"
+    );
+}
+
+async fn the_end_of_a_quarantine_schedules_its_chunks(store: &dyn MetaStore) {
+    let repo = "q-end";
+    let old = save(store, &slot(repo, "old"), &[4, 6], 1).await;
+    let young = save(store, &slot(repo, "young"), &[8], 2).await;
+    let (_, chunks) = store.entry(old).await.unwrap().unwrap();
+    let names: Vec<BlobName> = chunks.iter().map(|c| c.chunk.blob.clone()).collect();
+    let cause = quarantine("quarantined by admin");
+    store.remove_entries(&[old], at(&cause, 100)).await.unwrap();
+    store.remove_entries(&[young], at(&cause, 200)).await.unwrap();
+
+    let due = store.quarantined_before(150, 10).await.unwrap();
+    assert!(due.contains(&old) && !due.contains(&young), "{due:?}");
+    let pending = store.pending_deletions().await.unwrap();
+    let dropped = store.drop_quarantined(&[old], 5_000).await.unwrap();
+    assert_eq!(dropped, [old], "the quarantine of the old entry ends");
+    assert!(store.quarantined_entry(old).await.unwrap().is_none());
+    assert_eq!(
+        store.pending_deletions().await.unwrap(),
+        pending + 10,
+        "its chunks are scheduled for deletion"
+    );
+    let scheduled = store.due_deletions(5_000, 100_000).await.unwrap();
+    assert!(names.iter().all(|n| scheduled.contains(n)), "at the time given");
+    assert!(
+        store
+            .drop_quarantined(&[old], 5_000)
+            .await
+            .unwrap()
+            .is_empty(),
+        "once"
+    );
+    assert!(
+        store
+            .drop_quarantined(&[EntryId::new(i64::MAX)], 5_000)
+            .await
+            .unwrap()
+            .is_empty(),
+        "an entry not in quarantine is left alone"
+    );
+    assert_eq!(
+        listed(store, repo, true)
+            .await
+            .iter()
+            .map(|l| l.entry.id)
+            .collect::<Vec<_>>(),
+        [young]
+    );
+    store.deletions_done(&names).await.unwrap();
+}
