@@ -51,6 +51,10 @@ pub enum CachesCommand {
         #[arg(long, short = 'o')]
         output: std::path::PathBuf,
     },
+    /// Which jobs restored the entries a writer filter selects (the blast radius of a writer,
+    /// such as `--run-id` of a compromised run), from the restore records: kept through a
+    /// purge or a quarantine of the entries.
+    Restorers(Box<FilterArgs>),
     /// Put a quarantined entry back: lookups find it again.
     Release {
         /// The entry's id (as `ls --state quarantined` shows it).
@@ -311,7 +315,10 @@ impl Client {
         let body = response.bytes().await.unwrap_or_default();
         let message = serde_json::from_slice::<wire::ErrorMessage>(&body)
             .map_or_else(|_| "no explanation given".to_owned(), |e| e.message);
-        Err(CliError(format!("{} answered {status}: {message}", self.base)))
+        Err(CliError(format!(
+            "{} answered {status}: {message}",
+            self.base
+        )))
     }
 }
 
@@ -363,6 +370,7 @@ pub async fn caches(server: &ServerArgs, command: &CachesCommand) -> Result<Stri
         CachesCommand::Ls(args) => list(&client, server.json, args).await,
         CachesCommand::Rm(args) => remove(&client, server.json, args).await,
         CachesCommand::Download { id, output } => download(&client, *id, output).await,
+        CachesCommand::Restorers(filter) => restorers(&client, server.json, filter).await,
         CachesCommand::Release { id } => {
             let entry: wire::CacheDetail = client
                 .call(reqwest::Method::POST, &format!("caches/{id}/release"))
@@ -370,8 +378,7 @@ pub async fn caches(server: &ServerArgs, command: &CachesCommand) -> Result<Stri
             Ok(if server.json {
                 pretty(&entry)
             } else {
-                format!("Released entry {id}: lookups find it again.\n")
-                    + &entry_text(&entry.cache)
+                format!("Released entry {id}: lookups find it again.\n") + &entry_text(&entry.cache)
             })
         }
         CachesCommand::Show { id } => {
@@ -620,6 +627,42 @@ async fn remove(client: &Client, json: bool, args: &RemoveArgs) -> Result<String
     })
 }
 
+/// `caches restorers`: the jobs that restored what the filter's writers wrote.
+async fn restorers(client: &Client, json: bool, filter: &FilterArgs) -> Result<String, CliError> {
+    // A restore record keeps its entry's writer, repository, ref and time, not the rest.
+    let unkept = [
+        ("--key", &filter.key),
+        ("--version", &filter.version),
+        ("--digest", &filter.digest),
+        ("--state", &filter.state),
+    ];
+    if let Some((flag, _)) = unkept.iter().find(|(_, v)| v.is_some()) {
+        return Err(CliError(format!(
+            "{flag} is not kept with a restore record: select the writer with --run-id, --subject, --kind, --repository, --ref, --written-after or --written-before"
+        )));
+    }
+    if !filter.is_set() {
+        return Err(CliError(
+            "name the writer: --run-id, --subject, --kind, --repository, --ref, --written-after or --written-before".into(),
+        ));
+    }
+    let query = filter_query(filter).finish();
+    let answer: wire::RestoreList = client
+        .call(reqwest::Method::GET, &format!("restores?{query}"))
+        .await?;
+    if json {
+        return Ok(pretty(&answer));
+    }
+    let mut out = match answer.jobs.is_empty() {
+        true => "No job restored an entry these writers wrote.\n".to_owned(),
+        false => jobs_text(&answer.jobs),
+    };
+    if answer.truncated {
+        out.push_str("(the most recent restores only: narrow the filter for the rest)\n");
+    }
+    Ok(out)
+}
+
 /// `caches download`: the archive of entry `id` into `output`, with its SHA-256 to compare
 /// with the entry's digest (a one-chunk entry's digest is the SHA-256 of its bytes).
 async fn download(client: &Client, id: i64, output: &std::path::Path) -> Result<String, CliError> {
@@ -740,7 +783,10 @@ fn entry_text(e: &wire::Cache) -> String {
     field("state", &e.state);
     if let Some(at) = &e.quarantined_at {
         field("  since", at);
-        field("  reason", e.quarantine_reason.as_deref().unwrap_or_default());
+        field(
+            "  reason",
+            e.quarantine_reason.as_deref().unwrap_or_default(),
+        );
         field(
             "  deleted at",
             e.quarantine_expires_at.as_deref().unwrap_or_default(),

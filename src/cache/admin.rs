@@ -346,10 +346,9 @@ impl Cache {
             .map(|gone| gone.id)
             .collect();
         if disposal == Disposal::Delete && !kept.is_empty() {
-            let delete_at = self
-                .clock
-                .now()
-                .saturating_add(super::lifecycle::millis(self.policy.lifecycle.deletion_grace));
+            let delete_at = self.clock.now().saturating_add(super::lifecycle::millis(
+                self.policy.lifecycle.deletion_grace,
+            ));
             removed.extend(self.meta.drop_quarantined(&ids(&kept), delete_at).await?);
         }
         let mut purge = Purge::default();

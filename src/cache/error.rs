@@ -42,7 +42,9 @@ pub enum CacheError {
     #[error("no such entry")]
     EntryNotFound,
     /// A quarantined entry cannot be released: a live entry holds its key and version now.
-    #[error("a live entry holds this entry's key and version now; delete it first to release this one")]
+    #[error(
+        "a live entry holds this entry's key and version now; delete it first to release this one"
+    )]
     SlotTaken,
     /// The operation is for quarantined entries only, or for live ones only.
     #[error("{0}")]

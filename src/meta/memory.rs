@@ -18,9 +18,9 @@ use super::{
 use super::{NewRestore, RestoreQuery};
 use crate::model::RestoreRecord;
 use crate::model::{
-    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, Provenance, QuotaUsage,
-    Quarantine, RemovalCause, RepoId, Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId, UploadState,
-    Version,
+    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, Provenance, Quarantine,
+    QuotaUsage, RemovalCause, RepoId, Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId,
+    UploadState, Version,
 };
 use crate::model::{Bucket, Counters, RefClass, StatsFilter, StatsKey, StatsRow, StoredFamily};
 
@@ -693,8 +693,12 @@ impl LifecycleStore for MemoryStore {
         };
         let r = &kept.row;
         let taken = state.entries.values().any(|e| {
-            (&e.row.repository, &e.row.scope, &e.row.key_folded, &e.row.version)
-                == (&r.repository, &r.scope, &r.key_folded, &r.version)
+            (
+                &e.row.repository,
+                &e.row.scope,
+                &e.row.key_folded,
+                &e.row.version,
+            ) == (&r.repository, &r.scope, &r.key_folded, &r.version)
         });
         if taken {
             return Err(MetaError::Conflict);

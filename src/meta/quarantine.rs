@@ -49,7 +49,9 @@ pub(super) static KEEP_CHUNKS: Shared = Shared::per_backend(|backend| {
 /// slot meanwhile makes this fail as a conflict.
 pub(super) static RELEASE_ENTRY: Shared = Shared::per_backend(|backend| {
     let columns = entry_columns(backend);
-    format!("INSERT INTO entries ({columns}) SELECT {columns} FROM quarantined_entries WHERE id = ?")
+    format!(
+        "INSERT INTO entries ({columns}) SELECT {columns} FROM quarantined_entries WHERE id = ?"
+    )
 });
 
 /// Puts the chunks of quarantined entry `?` back.
@@ -87,7 +89,8 @@ pub(super) static FORGET_CHUNKS: Shared =
     Shared::new("DELETE FROM quarantined_chunks WHERE entry_id = ?");
 
 /// Forgets quarantined entry `?`; one row changed if it was in quarantine.
-pub(super) static FORGET_ENTRY: Shared = Shared::new("DELETE FROM quarantined_entries WHERE id = ?");
+pub(super) static FORGET_ENTRY: Shared =
+    Shared::new("DELETE FROM quarantined_entries WHERE id = ?");
 
 /// Up to `?2` quarantined entries put there before `?1`, oldest first.
 pub(super) static QUARANTINED_BEFORE: Shared = Shared::new(

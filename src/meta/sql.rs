@@ -4,7 +4,9 @@
 
 use super::dialect::{Shared, Upsert};
 pub(super) use super::row::{Param, SqlRow};
-use super::schema::{entries, entry_chunks, quarantined_entries, repository_usage, restores, uploads};
+use super::schema::{
+    entries, entry_chunks, quarantined_entries, repository_usage, restores, uploads,
+};
 use super::MetaError;
 use crate::model::{
     BlobName, BlockId, CallerKind, Chunk, Entry, EntryId, EntryUse, Provenance, RepoId, Scope,

@@ -76,9 +76,9 @@ impl From<CacheError> for AdminError {
         match e {
             CacheError::Invalid(invalid) => return Self::bad(invalid.0),
             CacheError::UnknownRepository(_) => return Self::not_found(e.to_string()),
-            CacheError::AmbiguousRepository(_) | CacheError::SlotTaken | CacheError::WrongState(_) => {
-                return Self(StatusCode::CONFLICT, e.to_string())
-            }
+            CacheError::AmbiguousRepository(_)
+            | CacheError::SlotTaken
+            | CacheError::WrongState(_) => return Self(StatusCode::CONFLICT, e.to_string()),
             CacheError::EntryNotFound => return Self::not_found(e.to_string()),
             _ => {}
         }
@@ -548,7 +548,9 @@ async fn content(app: &AppState, id: Option<&str>) -> AdminResult {
         HeaderValue::from_static("application/octet-stream"),
     );
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
-    if let Ok(name) = HeaderValue::from_str(&format!("attachment; filename=\"cache-{}.tzst\"", id.get())) {
+    if let Ok(name) =
+        HeaderValue::from_str(&format!("attachment; filename=\"cache-{}.tzst\"", id.get()))
+    {
         headers.insert(header::CONTENT_DISPOSITION, name);
     }
     Ok(no_store(response))

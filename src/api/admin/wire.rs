@@ -60,7 +60,8 @@ impl Cache {
     pub fn of(listed: &ListedEntry, retention: std::time::Duration) -> Self {
         let mut cache = Self::from(listed);
         if let Some(q) = &listed.quarantine {
-            let ends = q.at.saturating_add(retention.as_millis().min(i64::MAX as u128) as i64);
+            let ends =
+                q.at.saturating_add(retention.as_millis().min(i64::MAX as u128) as i64);
             cache.quarantine_expires_at = Some(time(ends));
         }
         cache

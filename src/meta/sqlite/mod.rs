@@ -93,10 +93,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         12,
         include_str!("../migrations/sqlite/0012_policy_refusals.sql"),
     ),
-    (
-        13,
-        include_str!("../migrations/sqlite/0013_quarantine.sql"),
-    ),
+    (13, include_str!("../migrations/sqlite/0013_quarantine.sql")),
 ];
 const MAX_READERS: usize = 8;
 
@@ -1185,7 +1182,8 @@ impl LifecycleStore for SqliteStore {
         limit: usize,
     ) -> Result<Vec<EntryId>, MetaError> {
         self.read(move |conn| {
-            let mut stmt = conn.prepare_cached(quarantine::QUARANTINED_BEFORE.on(Backend::Sqlite))?;
+            let mut stmt =
+                conn.prepare_cached(quarantine::QUARANTINED_BEFORE.on(Backend::Sqlite))?;
             let ids = rows_of(stmt.query(params![before, limit as i64])?, |r| {
                 Ok(EntryId::new(r.read(entries::id)?))
             });

@@ -656,7 +656,10 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
         let steps = ids.iter().flat_map(|id| {
             let id = Param::Int(id.get());
             [
-                Step::Execute(on(&quarantine::DROP_CHUNKS), vec![Param::Int(delete_at), id.clone()]),
+                Step::Execute(
+                    on(&quarantine::DROP_CHUNKS),
+                    vec![Param::Int(delete_at), id.clone()],
+                ),
                 Step::Execute(on(&quarantine::FORGET_CHUNKS), vec![id.clone()]),
                 Step::Execute(on(&quarantine::FORGET_ENTRY), vec![id]),
             ]

@@ -561,12 +561,12 @@ impl Dialect for PostgresDialect {
         });
         let rows = sqlx::query(AssertSqlSafe(REMOVE.as_str()))
             .bind(ids)
-        .bind(removal.delete_at)
-        .bind(reason)
-        .bind(removal.now)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(from_sqlx)?;
+            .bind(removal.delete_at)
+            .bind(reason)
+            .bind(removal.now)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(from_sqlx)?;
         rows.iter().map(use_from_row).collect()
     }
 }

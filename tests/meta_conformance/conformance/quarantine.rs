@@ -67,7 +67,11 @@ async fn a_quarantined_entry_leaves_lookups_and_keeps_everything(store: &dyn Met
         "no lookup finds it"
     );
     assert_eq!(
-        store.repository_usage(&RepoId::new(repo)).await.unwrap().bytes,
+        store
+            .repository_usage(&RepoId::new(repo))
+            .await
+            .unwrap()
+            .bytes,
         usage.bytes - 30,
         "its bytes leave the repository's usage, as a deletion's do"
     );
@@ -89,7 +93,11 @@ async fn a_quarantined_entry_leaves_lookups_and_keeps_everything(store: &dyn Met
             .map(|c| (c.start, c.chunk.clone()))
             .collect::<Vec<_>>()
     };
-    assert_eq!(parts(&kept_chunks), parts(&chunks), "with its chunks in order");
+    assert_eq!(
+        parts(&kept_chunks),
+        parts(&chunks),
+        "with its chunks in order"
+    );
 
     let live: Vec<EntryId> = listed(store, repo, false)
         .await
@@ -143,7 +151,10 @@ async fn a_release_puts_the_entry_back_unless_its_slot_is_taken(store: &dyn Meta
         "a refused release leaves the entry in quarantine"
     );
     let deleted = RemovalCause::Deleted;
-    store.remove_entries(&[newer], at(&deleted, 30)).await.unwrap();
+    store
+        .remove_entries(&[newer], at(&deleted, 30))
+        .await
+        .unwrap();
 
     let released = store.release_quarantined(id).await.unwrap();
     assert_eq!(released.map(|e| e.id), Some(id), "released with its id");
@@ -181,7 +192,10 @@ async fn the_end_of_a_quarantine_schedules_its_chunks(store: &dyn MetaStore) {
     let names: Vec<BlobName> = chunks.iter().map(|c| c.chunk.blob.clone()).collect();
     let cause = quarantine("quarantined by admin");
     store.remove_entries(&[old], at(&cause, 100)).await.unwrap();
-    store.remove_entries(&[young], at(&cause, 200)).await.unwrap();
+    store
+        .remove_entries(&[young], at(&cause, 200))
+        .await
+        .unwrap();
 
     let due = store.quarantined_before(150, 10).await.unwrap();
     assert!(due.contains(&old) && !due.contains(&young), "{due:?}");
@@ -195,7 +209,10 @@ async fn the_end_of_a_quarantine_schedules_its_chunks(store: &dyn MetaStore) {
         "its chunks are scheduled for deletion"
     );
     let scheduled = store.due_deletions(5_000, 100_000).await.unwrap();
-    assert!(names.iter().all(|n| scheduled.contains(n)), "at the time given");
+    assert!(
+        names.iter().all(|n| scheduled.contains(n)),
+        "at the time given"
+    );
     assert!(
         store
             .drop_quarantined(&[old], 5_000)

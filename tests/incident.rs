@@ -1,0 +1,338 @@
+//! The first hour of a cache-poisoning incident, as an operator works it with the CLI, with the
+//! real `@actions/cache` 6.3.0 client as the jobs, on SQLite, PostgreSQL and MariaDB: a run
+//! writes two poisoned entries into the default branch's scope and a release job restores them;
+//! the blast radius names exactly that job; quarantine hides them from the client while keeping
+//! them to download (byte-identical to what was saved) and to release; ids never come back.
+//!
+//! Needs `npm ci --prefix tests/e2e` first (scripts/test does it), plus tar and zstd.
+#![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use common::databases::{Backend, Server};
+use common::process::Hoard;
+use common::{claims, random_bytes, sign_hs256, MAIN};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+const ADMIN: &str = "admin-token-for-the-incident-drill-0123";
+const REPOSITORY: &str = "4242";
+
+/// The token of a job: run `run`, job `job`, its subject as GitHub sets it for `git_ref`.
+fn job_token(git_ref: &str, run: &str, job: &str) -> String {
+    let mut c = claims(REPOSITORY, &[(MAIN, 3)]);
+    c["repository"] = json!("octo/app");
+    c["sub"] = json!(format!("repo:octo/app:ref:{git_ref}"));
+    c["scp"] = json!(format!("Actions.Results:{run}:{job}"));
+    sign_hs256(&c)
+}
+
+/// One job's workspace, with the real client.
+struct Job {
+    dir: tempfile::TempDir,
+    token: String,
+}
+
+impl Job {
+    fn new(token: String) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("runner-temp")).unwrap();
+        Self { dir, token }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// Writes `len` bytes seeded by `seed` at `rel`; returns their SHA-256.
+    fn write(&self, rel: &str, len: usize, seed: u64) -> String {
+        let path = self.path(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let bytes = random_bytes(len, seed);
+        std::fs::write(&path, &bytes).unwrap();
+        hex::encode(Sha256::digest(&bytes))
+    }
+
+    fn client(&self, server: &str, args: &[&str]) -> (Value, String) {
+        let e2e = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e");
+        assert!(
+            e2e.join("node_modules/@actions/cache").exists(),
+            "the real client is not installed: run `npm ci --prefix tests/e2e` (scripts/test does)"
+        );
+        let out = Command::new("node")
+            .arg(e2e.join("client.mjs"))
+            .args(args)
+            .current_dir(self.dir.path())
+            .env("ACTIONS_RUNTIME_TOKEN", &self.token)
+            .env("RUNNER_TEMP", self.path("runner-temp"))
+            .env("GITHUB_WORKSPACE", self.dir.path())
+            .env("ACTIONS_RESULTS_URL", format!("{server}/"))
+            .env("ACTIONS_CACHE_SERVICE_V2", "true")
+            .env_remove("GITHUB_SERVER_URL")
+            .env_remove("ACTIONS_CACHE_URL")
+            .env_remove("ACTIONS_CACHE_MODE")
+            .env_remove("HOARD_E2E_CLIENT")
+            .output()
+            .expect("run node");
+        common::node_result(out)
+    }
+
+    /// Saves `paths` under `key`; returns the entry id.
+    fn save(&self, server: &str, key: &str, paths: &[&str]) -> i64 {
+        let args: Vec<&str> = ["save", key].iter().chain(paths).copied().collect();
+        let (result, out) = self.client(server, &args);
+        let id = result.as_i64().unwrap_or(-1);
+        assert!(id > 0, "save of {key} failed:\n{out}");
+        id
+    }
+
+    /// Restores `key` into `paths`: whether it hit.
+    fn restore(&self, server: &str, key: &str, paths: &[&str]) -> bool {
+        let args: Vec<&str> = ["restore", key].iter().chain(paths).copied().collect();
+        let (result, out) = self.client(server, &args);
+        match result {
+            Value::String(hit) => {
+                assert_eq!(hit, key, "{out}");
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// `hoard caches ARGS… --json` against `server`, as the operator runs it; its JSON answer.
+fn cli(server: &str, args: &[&str]) -> Value {
+    serde_json::from_str(&cli_text(server, &[args, &["--json"]].concat())).unwrap()
+}
+
+/// `hoard caches ARGS…`: what it prints.
+fn cli_text(server: &str, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_hoard"))
+        .arg("caches")
+        .args(args)
+        .args(["--server", server])
+        .env("HOARD_ADMIN_TOKEN", ADMIN)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "hoard caches {args:?} failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+fn ids(listing: &Value) -> Vec<i64> {
+    let mut ids: Vec<i64> = listing["actions_caches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_i64().unwrap())
+        .collect();
+    ids.sort();
+    ids
+}
+
+fn sha256_file(path: &Path) -> String {
+    hex::encode(Sha256::digest(std::fs::read(path).unwrap()))
+}
+
+/// The digest the server records for an entry, once its digest pass has read it.
+fn recorded_digest(server: &str, id: i64) -> String {
+    for _ in 0..200 {
+        let entry = cli(server, &["show", &id.to_string()]);
+        if let Some(digest) = entry["digest"].as_str() {
+            return digest.to_owned();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("entry {id} has no digest after 10 s");
+}
+
+fn drill_with(server: Option<Server>) {
+    let Some(backend) = Backend::create(server) else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let secret = common::secret_file(data.path());
+    let mut args = vec![
+        "--token-hs256-secret-file",
+        secret.to_str().unwrap(),
+        "--admin-token",
+        ADMIN,
+    ];
+    args.extend(backend.args());
+    let hoard = Hoard::start_with_env(data.path(), &args, backend.env());
+    let srv = hoard.base.as_str();
+
+    // A push run saves clean dependencies; run 66 (a compromised workflow on the default
+    // branch) writes two poisoned entries; the release job of run 70 restores all three, and
+    // a test job of run 71 only the clean one.
+    let push = Job::new(job_token(MAIN, "61", "build"));
+    push.write("deps/lib.bin", 4096, 1);
+    let clean = push.save(srv, "deps-Linux-1", &["deps"]);
+    let poisoner = Job::new(job_token(MAIN, "66", "lint"));
+    let tool_sha = poisoner.write("tools/bin/tool", 300_000, 66);
+    let build_sha = poisoner.write("build/out.o", 2048, 67);
+    let poisoned_tools = poisoner.save(srv, "tools-Linux-1", &["tools"]);
+    let poisoned_build = poisoner.save(srv, "build-Linux-1", &["build"]);
+    let release = Job::new(job_token("refs/tags/v1.0.0", "70", "publish"));
+    for (key, path) in [
+        ("deps-Linux-1", "deps"),
+        ("tools-Linux-1", "tools"),
+        ("build-Linux-1", "build"),
+    ] {
+        assert!(
+            release.restore(srv, key, &[path]),
+            "the release restores {key}"
+        );
+    }
+    assert_eq!(sha256_file(&release.path("tools/bin/tool")), tool_sha);
+    let tests = Job::new(job_token(MAIN, "71", "test"));
+    assert!(tests.restore(srv, "deps-Linux-1", &["deps"]));
+
+    // Which jobs restored what run 66 wrote: exactly the release job.
+    let radius = cli(srv, &["restorers", "--run-id", "66"]);
+    let jobs: Vec<(&str, &str, u64)> = radius["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| {
+            (
+                j["run_id"].as_str().unwrap(),
+                j["job_id"].as_str().unwrap(),
+                j["entries"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(jobs, [("70", "publish", 2)], "{radius}");
+    let text = cli_text(srv, &["restorers", "--run-id", "66"]);
+    assert!(text.contains("publish"), "{text}");
+
+    // The dry run names what would go and who restored it; nothing changes.
+    let dry = cli(srv, &["rm", "--run-id", "66", "--quarantine", "--dry-run"]);
+    assert_eq!(dry["deleted"], 2, "{dry}");
+    assert_eq!(dry["restored_by"][0]["run_id"], "70", "{dry}");
+    assert!(release.restore(srv, "tools-Linux-1", &["tools"]));
+    let radius = cli(srv, &["restorers", "--run-id", "66"]);
+    assert_eq!(
+        radius["jobs"][0]["restores"], 3,
+        "every restore is recorded: {radius}"
+    );
+
+    // Quarantine: out of every lookup at once, kept for examination.
+    let quarantined = cli(srv, &["rm", "--run-id", "66", "--quarantine"]);
+    assert_eq!(quarantined["quarantine"], true, "{quarantined}");
+    let mut gone = quarantined["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_i64().unwrap())
+        .collect::<Vec<_>>();
+    gone.sort();
+    assert_eq!(gone, [poisoned_tools, poisoned_build]);
+    let next_run = Job::new(job_token(MAIN, "72", "build"));
+    assert!(
+        !next_run.restore(srv, "tools-Linux-1", &["tools"]),
+        "the client misses a quarantined entry"
+    );
+    assert!(!next_run.restore(srv, "build-Linux-1", &["build"]));
+    assert!(
+        next_run.restore(srv, "deps-Linux-1", &["deps"]),
+        "the clean entry stays"
+    );
+    let live = cli(srv, &["ls", "--repository", "octo/app"]);
+    assert_eq!(ids(&live), [clean], "{live}");
+    let kept = cli(srv, &["ls", "--state", "quarantined"]);
+    assert_eq!(ids(&kept), [poisoned_tools, poisoned_build], "{kept}");
+    let shown = cli(srv, &["show", &poisoned_tools.to_string()]);
+    assert_eq!(shown["state"], "quarantined", "{shown}");
+    assert_eq!(shown["written_by"]["run_id"], "66");
+    assert_eq!(
+        shown["restored_by"][0]["reader"]["run_id"], "70",
+        "its restore records are kept: {shown}"
+    );
+    let after = cli(srv, &["restorers", "--run-id", "66"]);
+    assert_eq!(
+        after["jobs"], radius["jobs"],
+        "records outlive the quarantine"
+    );
+
+    // Examine: the archive downloads byte for byte as saved (its SHA-256 is the digest the
+    // server recorded at save time), and holds the poisoned files.
+    let archive = data.path().join("examined.tzst");
+    let said = cli_text(
+        srv,
+        &[
+            "download",
+            &poisoned_tools.to_string(),
+            "-o",
+            archive.to_str().unwrap(),
+        ],
+    );
+    let digest = recorded_digest(srv, poisoned_tools);
+    assert_eq!(
+        format!("sha256:{}", sha256_file(&archive)),
+        digest,
+        "the download is the archive that was saved"
+    );
+    assert!(said.contains(&digest), "{said}");
+    let unpacked = data.path().join("unpacked");
+    std::fs::create_dir(&unpacked).unwrap();
+    let tar = Command::new("tar")
+        .args(["--zstd", "-xf"])
+        .arg(&archive)
+        .arg("-C")
+        .arg(&unpacked)
+        .output()
+        .unwrap();
+    assert!(tar.status.success(), "{tar:?}");
+    let tool = common::files_under(&unpacked)
+        .into_iter()
+        .find(|p| p.ends_with("tools/bin/tool"))
+        .expect("the archive holds the tool");
+    assert_eq!(sha256_file(&tool), tool_sha);
+    // The same bytes, found by their digest.
+    let same = cli(srv, &["ls", "--state", "quarantined", "--digest", &digest]);
+    assert_eq!(ids(&same), [poisoned_tools], "{same}");
+
+    // A false alarm for one of them: released, the client finds it again, bytes intact.
+    let released = cli(srv, &["release", &poisoned_build.to_string()]);
+    assert_eq!(released["state"], "live", "{released}");
+    let again = Job::new(job_token(MAIN, "73", "build"));
+    assert!(again.restore(srv, "build-Linux-1", &["build"]));
+    assert_eq!(sha256_file(&again.path("build/out.o")), build_sha);
+
+    // The other is deleted for good; its id never comes back, nor any other.
+    let deleted = cli(srv, &["rm", &poisoned_tools.to_string()]);
+    assert_eq!(deleted["deleted"], 1, "{deleted}");
+    assert!(ids(&cli(srv, &["ls", "--state", "quarantined"])).is_empty());
+    let fresh = Job::new(job_token(MAIN, "74", "build"));
+    fresh.write("tools/bin/tool", 1000, 74);
+    let rebuilt = fresh.save(srv, "tools-Linux-1", &["tools"]);
+    let before = [clean, poisoned_tools, poisoned_build];
+    assert!(
+        before.iter().all(|id| rebuilt > *id),
+        "{rebuilt} is a new id, past {before:?}"
+    );
+}
+
+#[test]
+fn an_incident_is_worked_on_sqlite() {
+    drill_with(None);
+}
+
+#[test]
+fn an_incident_is_worked_on_postgres() {
+    drill_with(Some(Server::Postgres));
+}
+
+#[test]
+fn an_incident_is_worked_on_mariadb() {
+    drill_with(Some(Server::MySql));
+}
