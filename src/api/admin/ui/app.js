@@ -273,6 +273,14 @@ function renderStatus(s) {
   ].filter(Boolean).join('; ');
 
   $('entries-value').textContent = formatCount(s.usage.entries);
+  // Quarantined entries are out of lookups but kept: one click to them.
+  const quarantined = document.createElement('a');
+  quarantined.href = entriesHref({ filter: {}, state: 'quarantined' });
+  quarantined.dataset.testid = 'quarantined-link';
+  quarantined.textContent = s.quarantined > 0
+    ? `${formatCount(s.quarantined)} quarantined since start: see them`
+    : 'See quarantined entries';
+  $('entries-detail').replaceChildren(quarantined);
   $('uploads-value').textContent = formatCount(s.usage.open_uploads);
 
   const { hits, misses, hit_ratio: ratio } = s.lookups;
