@@ -4,9 +4,13 @@
 //! then the real client misses it. An hour later on the server's clock the client hits exactly,
 //! hits by a restore key and misses in two repositories, and chromium (`tests/e2e/insight.mjs`)
 //! reads the insight charts of the overview and of a repository page: their points and labels
-//! are what that sequence makes and their numbers are the stats API's. Screenshots are kept in
-//! `target/tmp/dashboard/` (overview.png, entries.png, insight-overview.png,
-//! insight-repository.png).
+//! are what that sequence makes and their numbers are the stats API's. Then an incident: a
+//! poisoned run's entries, restored by a release job, are worked in chromium
+//! (`tests/e2e/console.mjs`) from a link to the run's entries: a dry run that names the release
+//! job, the entries' restore records, the blast radius, a deletion through a selection, and (once
+//! the server quarantines, see [`REQUIRE_QUARANTINE`]) quarantine, download, release and deletion
+//! for good. Screenshots are kept in `target/tmp/dashboard/` (overview.png, entries.png,
+//! insight-overview.png, insight-repository.png, console-*.png).
 #![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
 
 mod common;
@@ -54,10 +58,10 @@ fn client(server: &str, token: &str, dir: &Path, args: &[&str]) -> std::process:
         .output()
         .unwrap()
 }
-/// One server and one sequence for both pages: the entry browser's deletion is the eviction the
-/// insight charts show.
+/// One server and one sequence for every page: the entry browser's deletion is the eviction the
+/// insight charts show, and the incident comes after what the charts count.
 #[tokio::test(flavor = "multi_thread")]
-async fn an_operator_deletes_an_entry_and_reads_the_insight_charts_in_the_dashboard() {
+async fn an_operator_deletes_an_entry_reads_the_insight_charts_and_works_an_incident() {
     assert!(
         Path::new("/usr/bin/chromium").exists(),
         "Debian's chromium is needed (apt-get install chromium; .ci/run installs it)"
@@ -69,6 +73,7 @@ async fn an_operator_deletes_an_entry_and_reads_the_insight_charts_in_the_dashbo
     // The next hour on the server's clock: what follows falls in a bucket of its own.
     clock.advance(Duration::from_secs(3600));
     reads_the_insight_charts(&srv, first_hour).await;
+    works_an_incident(&srv).await;
     srv.stop().await;
 }
 
@@ -631,6 +636,395 @@ async fn reads_the_insight_charts(srv: &TestServer, first_hour: i64) {
     ] {
         assert!(queries.contains(q), "{q} in {queries}");
     }
+    for shot in seen["screenshots"].as_array().unwrap() {
+        let path = Path::new(shot.as_str().unwrap());
+        assert!(
+            std::fs::metadata(path).unwrap().len() > 10_000,
+            "{}",
+            path.display()
+        );
+        eprintln!("screenshot: {}", path.display());
+    }
+}
+
+/// Whether the quarantine steps of [`works_an_incident`] must run. The server side of quarantine
+/// (`DELETE caches…&quarantine=true`, `GET caches?state=quarantined`, `GET caches/{id}/content`,
+/// `POST caches/{id}/release`) is being built beside the dashboard's; until it lands, those steps
+/// are skipped (and the skip logged) when `GET caches?state=quarantined` answers 400. Once it has
+/// landed this is `true`, and a server without it fails the test.
+const REQUIRE_QUARANTINE: bool = false;
+
+const INCIDENT: &str = "octo/incident";
+const INCIDENT_ID: &str = "4545";
+const POISON_RUN: &str = "run-poison";
+const RELEASE_RUN: &str = "run-release";
+const RELEASE_SUBJECT: &str = "repo:octo/incident:ref:refs/tags/v1";
+/// A key is the client's text: the dashboard must show it, never run it.
+const POISON_C: &str = "incident-poison-c<b id=\"xss\">";
+
+/// A job's runtime token in octo/incident: its subject, `Actions.Results:<run>:<job>`, grants.
+fn job_token(subject: &str, run: &str, job: &str, grants: &[(&str, u8)]) -> String {
+    let mut c = claims(INCIDENT_ID, grants);
+    c["repository"] = json!(INCIDENT);
+    c["sub"] = json!(subject);
+    c["scp"] = json!(format!("Actions.Runner:1:2 Actions.Results:{run}:{job}"));
+    c["exp"] = json!(unix_now() + 6 * 3600);
+    sign_hs256(&c)
+}
+
+/// The status and answer of an admin API GET.
+async fn admin_try(srv: &TestServer, path: &str) -> (u16, Value) {
+    let res = srv
+        .http
+        .get(srv.url(&format!("/_hoard/api/v1/{path}")))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    (status, res.json().await.unwrap_or(Value::Null))
+}
+
+fn ids_of(list: &Value) -> Vec<i64> {
+    list["actions_caches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_i64().unwrap())
+        .collect()
+}
+
+fn ids(v: &Value) -> Vec<i64> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list: {v}"))
+        .iter()
+        .map(|id| id.as_i64().unwrap())
+        .collect()
+}
+
+/// A pull request's workflow that writes to the default branch (`pull_request_target`) saves
+/// three entries; a clean run saves one; the release job restores one of the poisoned and the
+/// clean one. The operator then works the incident in the dashboard.
+async fn works_an_incident(srv: &TestServer) {
+    let poisoner = job_token(
+        "repo:octo/incident:pull_request",
+        POISON_RUN,
+        "build",
+        &[(MAIN, 3)],
+    );
+    let clean = job_token(
+        "repo:octo/incident:ref:refs/heads/main",
+        "run-clean",
+        "build",
+        &[(MAIN, 3)],
+    );
+    let release = job_token(
+        RELEASE_SUBJECT,
+        RELEASE_RUN,
+        "publish",
+        &[("refs/tags/v1", 3), (MAIN, 1)],
+    );
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("incident");
+    std::fs::create_dir_all(dir.join("dist")).unwrap();
+    let mut poisoned = Vec::new();
+    for (token, key) in [
+        (&poisoner, "incident-poison-a"),
+        (&poisoner, "incident-poison-b"),
+        (&poisoner, POISON_C),
+        (&clean, "incident-clean"),
+    ] {
+        std::fs::write(dir.join("dist/out.js"), format!("// {key}\n").repeat(200)).unwrap();
+        let (id, log) = run_client(srv, token, &dir, &["save", key, "dist"]).await;
+        assert!(id.as_i64().unwrap_or(0) > 0, "{key}: {log}");
+        poisoned.push(id.as_i64().unwrap());
+    }
+    let clean_id = poisoned.pop().unwrap();
+    for key in ["incident-poison-a", "incident-clean"] {
+        let (hit, log) = run_client(srv, &release, &dir, &["restore", key, "dist"]).await;
+        assert_eq!(hit, json!(key), "{log}");
+    }
+    // Restores are written by the once-a-second bookkeeping: ask until they are.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let radius = loop {
+        let radius = admin_get(srv, &format!("restores?run_id={POISON_RUN}")).await;
+        if radius["jobs"].as_array().is_some_and(|j| !j.is_empty()) {
+            break radius;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the release job's restore was never recorded: {radius}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let listed = admin_get(
+        srv,
+        &format!("caches?run_id={POISON_RUN}&sort=created_at&direction=asc"),
+    )
+    .await;
+    assert_eq!(ids_of(&listed), poisoned, "{listed}");
+    let poison_bytes: u64 = listed["actions_caches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["size_in_bytes"].as_u64().unwrap())
+        .sum();
+    let (a, b, c) = (poisoned[0], poisoned[1], poisoned[2]);
+    let digest_a = listed["actions_caches"][0]["digest"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let (status, answer) = admin_try(srv, "caches?state=quarantined").await;
+    let quarantine = match status {
+        200 => true,
+        400 if !REQUIRE_QUARANTINE => {
+            eprintln!(
+                "SKIPPED the dashboard's quarantine steps: this server does not quarantine yet \
+                 (GET caches?state=quarantined answers 400: {answer}); set REQUIRE_QUARANTINE"
+            );
+            false
+        }
+        _ => panic!("GET caches?state=quarantined: {status} {answer}"),
+    };
+
+    let (seen, log) = {
+        let (base, shots) = (srv.base.clone(), shots_dir());
+        let poison_ids = json!(poisoned).to_string();
+        tokio::task::spawn_blocking(move || {
+            node_result(
+                Command::new("node")
+                    .arg(e2e_dir().join("console.mjs"))
+                    .env("HOARD_URL", &base)
+                    .env("HOARD_ADMIN_TOKEN", ADMIN)
+                    .env("POISON_RUN", POISON_RUN)
+                    .env("POISON_IDS", poison_ids)
+                    .env("DELETE_ID", b.to_string())
+                    .env("RELEASE_ID", a.to_string())
+                    .env("QUARANTINE", if quarantine { "1" } else { "0" })
+                    .env("SCREENSHOT_DIR", &shots)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .output()
+                    .unwrap(),
+            )
+        })
+        .await
+        .unwrap()
+    };
+
+    // A link lists exactly the run's entries, in the order it names, and a reload keeps them.
+    for view in [&seen["linked"], &seen["reloaded"]] {
+        assert_eq!(ids(&view["ids"]), poisoned, "{log}");
+        assert_eq!(view["total"], "3 entries", "{log}");
+        let url = view["url"].as_str().unwrap();
+        assert!(
+            url.ends_with(&format!(
+                "/_hoard/#entries?run_id={POISON_RUN}&sort=created_at&direction=asc"
+            )),
+            "{url}"
+        );
+    }
+    assert_eq!(
+        seen["keys"],
+        json!(["incident-poison-a", "incident-poison-b", POISON_C]),
+        "{log}"
+    );
+    assert_eq!(seen["markupRendered"], false, "{log}");
+    let misspelt = &seen["misspelt"];
+    assert_eq!(misspelt["rows"], 0, "{misspelt}");
+    assert!(
+        misspelt["error"].as_str().unwrap().contains("runid"),
+        "{misspelt}"
+    );
+    assert_eq!(ids(&seen["alias"]["ids"]), poisoned, "#/caches?…: {log}");
+    assert_eq!(
+        seen["form"],
+        json!({"run": POISON_RUN, "sort": "created_at", "direction": "asc", "state": "live"}),
+        "{log}"
+    );
+
+    // The dry run of the whole filter: its count, bytes and the release job, before acting.
+    let dry = &seen["filterDryRun"];
+    assert!(
+        dry["question"].as_str().unwrap().contains(POISON_RUN),
+        "{dry}"
+    );
+    assert_eq!(
+        (dry["count"].as_u64(), dry["bytes"].as_u64()),
+        (Some(3), Some(poison_bytes)),
+        "{dry}"
+    );
+    assert_eq!(dry["countText"], "3 entries", "{dry}");
+    assert!(dry["sizeText"].as_str().unwrap().ends_with('B'), "{dry}");
+    let jobs = dry["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 1, "only the release job restored them: {dry}");
+    assert_eq!(
+        (&jobs[0]["run"], &jobs[0]["job"]),
+        (&json!(RELEASE_RUN), &json!("publish")),
+        "{dry}"
+    );
+    assert_eq!(
+        jobs[0]["cells"],
+        json!([
+            "hs256",
+            RELEASE_SUBJECT,
+            RELEASE_RUN,
+            "publish",
+            "1",
+            "1",
+            jobs[0]["cells"][6]
+        ]),
+        "{dry}"
+    );
+    assert_eq!(dry["quarantineShown"], true, "{dry}");
+    assert_eq!(
+        ids(&seen["afterCancel"]),
+        poisoned,
+        "cancel removes nothing"
+    );
+
+    // The restored entry's details: who wrote it, and who restored it.
+    let restored = &seen["restored"];
+    assert_eq!(restored["facts"]["run"], POISON_RUN, "{restored}");
+    assert_eq!(
+        restored["facts"]["repository-id"], INCIDENT_ID,
+        "{restored}"
+    );
+    assert_eq!(restored["facts"]["digest"], json!(digest_a), "{restored}");
+    let records = restored["records"].as_array().unwrap();
+    assert_eq!(records.len(), 1, "{restored}");
+    assert_eq!(
+        (&records[0]["run"], &records[0]["job"]),
+        (&json!(RELEASE_RUN), &json!("publish")),
+        "{restored}"
+    );
+    let cells = &records[0]["cells"];
+    assert_eq!(
+        (&cells[0], &cells[1], &cells[4], &cells[5]),
+        (
+            &json!("hs256"),
+            &json!(RELEASE_SUBJECT),
+            &json!("127.0.0.1"),
+            &json!("1")
+        ),
+        "{restored}"
+    );
+
+    // The blast radius: the API's jobs, complete.
+    let blast = &seen["blastRadius"];
+    assert_eq!(blast["truncated"], "false", "{blast}");
+    assert_eq!(blast["truncatedShown"], false, "{blast}");
+    assert!(
+        blast["scope"].as_str().unwrap().contains(POISON_RUN),
+        "{blast}"
+    );
+    let shown: Vec<(&str, &str)> = blast["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| (j["run"].as_str().unwrap(), j["job"].as_str().unwrap()))
+        .collect();
+    let api_jobs: Vec<(&str, &str)> = radius["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| (j["run_id"].as_str().unwrap(), j["job_id"].as_str().unwrap()))
+        .collect();
+    assert_eq!(shown, api_jobs, "{blast}");
+    assert_eq!(shown, [(RELEASE_RUN, "publish")], "{blast}");
+    assert_eq!(
+        blast["records"].as_u64(),
+        Some(radius["restores"].as_array().unwrap().len() as u64)
+    );
+
+    // One entry deleted through a selection: its own dry run, then gone from the page and the API.
+    assert_eq!(seen["selectedCount"], "1 selected", "{log}");
+    let one = &seen["selectionDryRun"];
+    assert_eq!(
+        (one["count"].as_u64(), &one["countText"]),
+        (Some(1), &json!("1 entry")),
+        "{one}"
+    );
+    assert_eq!(one["jobs"], json!([]), "nobody restored it: {one}");
+    assert!(
+        seen["deletedStatus"]
+            .as_str()
+            .unwrap()
+            .starts_with("Deleted 1 entry ("),
+        "{log}"
+    );
+    assert_eq!(ids(&seen["afterDelete"]["ids"]), [a, c], "{log}");
+    assert_eq!(seen["afterDelete"]["total"], "2 entries", "{log}");
+    let (status, gone) = admin_try(srv, &format!("caches/{b}")).await;
+    assert_eq!(status, 404, "{gone}");
+
+    if quarantine {
+        let q = &seen["quarantined"];
+        assert_eq!(q["dryRun"]["count"], 2, "{q}");
+        assert!(
+            q["quarantineStatus"]
+                .as_str()
+                .unwrap()
+                .starts_with("Quarantined 2 entries"),
+            "{q}"
+        );
+        assert_eq!(q["liveAfter"]["ids"], json!([]), "{q}");
+        assert_eq!(q["liveAfter"]["total"], "0 entries", "{q}");
+        assert_eq!(ids(&q["listed"]["ids"]), [a, c], "{q}");
+        assert_eq!(q["listed"]["total"], "2 quarantined entries", "{q}");
+        assert!(
+            q["listed"]["url"]
+                .as_str()
+                .unwrap()
+                .contains("state=quarantined"),
+            "{q}"
+        );
+        let facts = &q["facts"]["facts"];
+        assert_eq!(facts["state"], "quarantined", "{q}");
+        for field in ["quarantined-at", "quarantine-reason", "quarantine-expires"] {
+            let value = facts[field].as_str().unwrap_or("—");
+            assert!(!value.is_empty() && value != "—", "{field}: {q}");
+        }
+        assert_eq!(
+            q["facts"]["records"].as_array().map(Vec::len),
+            Some(1),
+            "the restore records stay with a quarantined entry: {q}"
+        );
+        assert_eq!(q["downloaded"]["sha256"], json!(digest_a), "{q}");
+        assert!(
+            q["releaseQuestion"]
+                .as_str()
+                .unwrap()
+                .contains("incident-poison-a"),
+            "{q}"
+        );
+        assert!(
+            q["releaseStatus"].as_str().unwrap().starts_with("Released"),
+            "{q}"
+        );
+        assert_eq!(ids(&q["afterRelease"]["ids"]), [c], "{q}");
+        assert_eq!(q["forGood"]["deleteLabel"], "Delete for good", "{q}");
+        assert_eq!(q["forGood"]["quarantineShown"], false, "{q}");
+        assert!(
+            q["forGoodStatus"]
+                .as_str()
+                .unwrap()
+                .starts_with("Deleted 1 entry"),
+            "{q}"
+        );
+        assert_eq!(q["afterForGood"]["ids"], json!([]), "{q}");
+        assert_eq!(ids(&q["liveAgain"]["ids"]), [a], "{q}");
+        // What the API says after it: a is live again, c is gone for good.
+        let live = admin_get(srv, &format!("caches?run_id={POISON_RUN}")).await;
+        assert_eq!(ids_of(&live), [a], "{live}");
+        let (status, gone) = admin_try(srv, &format!("caches/{c}")).await;
+        assert_eq!(status, 404, "{gone}");
+    }
+
+    // The clean run's entry was never touched.
+    let (status, kept) = admin_try(srv, &format!("caches/{clean_id}")).await;
+    assert_eq!(status, 200, "{kept}");
     for shot in seen["screenshots"].as_array().unwrap() {
         let path = Path::new(shot.as_str().unwrap());
         assert!(

@@ -100,7 +100,8 @@ class ApiError extends Error {
 }
 
 // Every call carries the token in a header (never the URL); a 401 anywhere means sign in again.
-async function api(path, options = {}) {
+// The answer as it came, for what is not JSON (an entry's archive).
+async function authorized(path, options = {}, accept = 'application/json') {
   const token = sessionStorage.getItem(TOKEN_KEY);
   if (!token) {
     showSignIn('');
@@ -109,16 +110,33 @@ async function api(path, options = {}) {
   const res = await fetch(API + path, {
     ...options,
     cache: 'no-store',
-    headers: { Authorization: `Bearer ${token}`, Accept: 'application/json' },
+    headers: { Authorization: `Bearer ${token}`, Accept: accept },
   });
   if (res.status === 401) {
     showSignIn(REFUSED);
     throw new SignedOut();
   }
+  return res;
+}
+
+// A JSON call: the parsed answer, or an ApiError with the server's sentence.
+async function api(path, options = {}) {
+  const res = await authorized(path, options);
   const body = await res.json().catch(() => null);
   if (!res.ok) throw new ApiError(res.status, (body && body.message) || `HTTP ${res.status}`);
   return body;
 }
+
+// An answer this page cannot read is an error to show, not a reason to break the page.
+function expect(ok, what) {
+  if (!ok) throw new Error(`the server's answer to ${what} is not what this dashboard reads (is the server another version?)`);
+}
+
+const isObject = (v) => typeof v === 'object' && v !== null && !Array.isArray(v);
+const isEntry = (e) => isObject(e) && Number.isSafeInteger(e.id) && typeof e.key === 'string';
+const isDeleted = (d) => isObject(d) && Number.isSafeInteger(d.deleted);
+// Text of a field that may be missing.
+const str = (v) => (v == null ? '' : String(v));
 
 // Show a failed call in the status line; a sign-out already said what happened.
 function report(err) {
@@ -167,9 +185,12 @@ $('signout').addEventListener('click', () => {
 // ---- Navigation -----------------------------------------------------------------------------
 
 const REPOSITORY_HASH = '#repository/';
+// The entries page, with what it shows in a query string: `#entries?run_id=123&state=quarantined`
+// (see entriesView). `#/caches?…`, after the API's name, opens it too.
+const ENTRIES_HASH = /^#\/?(?:entries|caches)(?:\?(.*))?$/;
 
 function currentView() {
-  if (location.hash === '#entries') return 'entries';
+  if (ENTRIES_HASH.test(location.hash)) return 'entries';
   if (location.hash === '#policy') return 'policy';
   if (location.hash.startsWith(REPOSITORY_HASH)) return 'repository';
   return 'overview';
@@ -252,6 +273,14 @@ function renderStatus(s) {
   ].filter(Boolean).join('; ');
 
   $('entries-value').textContent = formatCount(s.usage.entries);
+  // Quarantined entries are out of lookups but kept: one click to them.
+  const quarantined = document.createElement('a');
+  quarantined.href = entriesHref({ filter: {}, state: 'quarantined' });
+  quarantined.dataset.testid = 'quarantined-link';
+  quarantined.textContent = s.quarantined > 0
+    ? `${formatCount(s.quarantined)} quarantined since start: see them`
+    : 'See quarantined entries';
+  $('entries-detail').replaceChildren(quarantined);
   $('uploads-value').textContent = formatCount(s.usage.open_uploads);
 
   const { hits, misses, hit_ratio: ratio } = s.lookups;
@@ -315,12 +344,7 @@ function renderUsage(usage, limits) {
 }
 
 function showRepository(name) {
-  const form = $('search');
-  form.reset();
-  $('search-repository').value = name;
-  query = readSearch();
-  cursor = null;
-  location.hash = '#entries';
+  location.hash = entriesHref({ filter: { repository: name } });
 }
 
 // ---- Repository page ------------------------------------------------------------------------
@@ -953,89 +977,401 @@ function sparkline(trend) {
 
 // ---- Entries --------------------------------------------------------------------------------
 
-// The search in force (what was submitted, not what is being typed) and the page shown.
-let query = null;
-let cursor = null;
+// The entry filter, as the API names it (GET caches, DELETE caches).
+const FILTERS = ['key', 'ref', 'repository', 'version', 'run_id', 'subject', 'kind', 'written_after',
+  'written_before', 'digest'];
+// The part of it a restore record keeps (GET restores): who wrote the entries, where and when.
+const RESTORE_FILTERS = ['repository', 'ref', 'run_id', 'subject', 'kind', 'written_after', 'written_before'];
+const FILTER_LABELS = {
+  key: 'key prefix', ref: 'ref', repository: 'repository', version: 'version', run_id: 'run',
+  subject: 'subject', kind: 'writer kind', written_after: 'written from', written_before: 'written before',
+  digest: 'digest',
+};
+const STATES = ['live', 'quarantined'];
+const LISTING_DEFAULTS = { state: 'live', sort: 'last_accessed_at', direction: 'desc' };
+const ENTRY_COLUMNS = 10;
+
 let loadSeq = 0; // only the newest response is drawn when searches overlap
+let shown = null; // { view, entries } of the page drawn
+const selected = new Map(); // id → entry, of the page drawn
+
+// What the address says the entries page shows: the filter, the state (live or quarantined),
+// the sort and the page (a cursor), and any parameter it does not know.
+function entriesView() {
+  const match = ENTRIES_HASH.exec(location.hash);
+  const view = { filter: {}, ...LISTING_DEFAULTS, cursor: null, unknown: [] };
+  for (const [name, raw] of new URLSearchParams((match && match[1]) || '')) {
+    const value = raw.trim();
+    if (!value) continue;
+    if (FILTERS.includes(name)) view.filter[name] = value;
+    else if (name === 'scope') view.filter.ref = value;
+    else if (name in LISTING_DEFAULTS) view[name] = value;
+    else if (name === 'cursor') view.cursor = value;
+    else view.unknown.push(name);
+  }
+  return view;
+}
+
+// The address of a view of the entries page; what is the default is left out.
+function entriesHref(view) {
+  const params = new URLSearchParams();
+  for (const name of FILTERS) if (view.filter && view.filter[name]) params.set(name, view.filter[name]);
+  for (const [name, dflt] of Object.entries(LISTING_DEFAULTS)) {
+    if (view[name] && view[name] !== dflt) params.set(name, view[name]);
+  }
+  if (view.cursor) params.set('cursor', view.cursor);
+  const query = params.toString();
+  return query ? `#entries?${query}` : '#entries';
+}
+
+// Shows `view`: a new address (so Back returns to the one before), or the same one loaded again.
+function showEntries(view) {
+  const href = entriesHref(view);
+  if (location.hash === href) loadEntries().catch(report);
+  else location.hash = href;
+}
+
+// The filter's parameters for the API: `names` of it, in the order FILTERS lists them.
+function filterParams(filter, names = FILTERS) {
+  const params = new URLSearchParams();
+  for (const name of names) if (filter[name]) params.set(name, filter[name]);
+  return params;
+}
+
+// "run = 123, writer kind = github", for sentences about a filter.
+function describeFilter(filter, names = FILTERS) {
+  return names.filter((n) => filter[n]).map((n) => `${FILTER_LABELS[n]} = ${filter[n]}`).join(', ');
+}
 
 function readSearch() {
-  const q = {};
-  for (const name of ['key', 'ref', 'repository', 'run_id', 'sort', 'direction']) {
-    const value = $('search').elements[name].value.trim();
-    if (value) q[name] = value;
+  const form = $('search').elements;
+  const view = { filter: {}, cursor: null };
+  for (const name of FILTERS) {
+    const value = form[name].value.trim();
+    if (value) view.filter[name] = value;
   }
-  return q;
+  for (const name of Object.keys(LISTING_DEFAULTS)) view[name] = form[name].value;
+  return view;
+}
+
+// The form shows the view in force, also when it came from a link.
+function fillSearch(view) {
+  const form = $('search').elements;
+  for (const name of FILTERS) form[name].value = view.filter[name] || '';
+  for (const name of Object.keys(LISTING_DEFAULTS)) {
+    const select = form[name];
+    select.value = view[name];
+    if (select.value !== view[name]) select.value = LISTING_DEFAULTS[name];
+  }
 }
 
 async function loadEntries() {
-  if (!query) query = readSearch();
-  const params = new URLSearchParams({ ...query, per_page: String(PER_PAGE) });
-  if (cursor) params.set('cursor', cursor);
+  const view = entriesView();
+  fillSearch(view);
+  showState(view.state);
+  clearSelection();
+  // What is drawn, once it is: the address of the view (for whoever waits on it, such as a test).
+  delete $('entries').dataset.showing;
+  if ($('radius').dataset.for !== JSON.stringify(view.filter)) closeRadius();
   const seq = ++loadSeq;
-  const page = await api(`caches?${params}`);
-  if (seq !== loadSeq) return;
-  // A refresh after deleting the last entry of a later page: go back to the first page.
-  if (page.actions_caches.length === 0 && cursor) {
-    cursor = null;
-    return loadEntries();
+  try {
+    if (view.unknown.length) {
+      throw new Error(`the address names what is no filter: ${view.unknown.join(', ')} (filters: ${FILTERS.join(', ')}, state, sort, direction)`);
+    }
+    if (!STATES.includes(view.state)) throw new Error(`state must be live or quarantined, not ${view.state}`);
+    const params = filterParams(view.filter);
+    params.set('sort', view.sort);
+    params.set('direction', view.direction);
+    params.set('per_page', String(PER_PAGE));
+    // Live is the API's default: a server without quarantine answers the usual listing.
+    if (view.state !== 'live') params.set('state', view.state);
+    if (view.cursor) params.set('cursor', view.cursor);
+    const page = await api(`caches?${params}`);
+    if (seq !== loadSeq) return;
+    expect(isObject(page) && Array.isArray(page.actions_caches) && page.actions_caches.every(isEntry), 'a listing of entries');
+    // A later page that has emptied (its entries deleted): go back to the first page.
+    if (page.actions_caches.length === 0 && view.cursor) {
+      history.replaceState(null, '', entriesHref({ ...view, cursor: null }));
+      return loadEntries();
+    }
+    renderEntries(page, view);
+  } catch (err) {
+    // Whatever was listed before must not stay up as if it were this filter's answer.
+    if (seq === loadSeq && !(err instanceof SignedOut)) failedEntries(err);
+    throw err;
   }
-  renderEntries(page);
 }
 
-function renderEntries(page) {
-  const total = page.total_count;
-  $('entries-total').textContent = `${formatCount(total)} ${total === 1 ? 'entry' : 'entries'}`;
+function failedEntries(err) {
+  shown = null;
+  $('entries-total').textContent = '';
+  const td = cell(`The entries could not be listed: ${err.message}`, 'error');
+  td.colSpan = ENTRY_COLUMNS;
+  td.dataset.testid = 'entries-error';
+  const tr = document.createElement('tr');
+  tr.append(td);
+  $('entries-table').querySelector('tbody').replaceChildren(tr);
+  $('next-page').hidden = true;
+  $('first-page').hidden = true;
+}
+
+// What differs between live and quarantined entries: the time shown and what can be done.
+function showState(state) {
+  const quarantined = state === 'quarantined';
+  $('entries-time-column').textContent = quarantined ? 'Quarantined' : 'Last used';
+  $('review-selection').textContent = quarantined ? 'Delete selected for good…' : 'Delete or quarantine selected…';
+  // A quarantined entry goes by itself (its id): the API takes no filter for them.
+  $('review-filter').hidden = quarantined;
+  $('entries').dataset.state = state;
+}
+
+function renderEntries(page, view) {
+  const entries = page.actions_caches;
+  shown = { view, entries };
+  const total = Number(page.total_count) || 0;
+  const noun = total === 1 ? 'entry' : 'entries';
+  $('entries-total').textContent = view.state === 'quarantined'
+    ? `${formatCount(total)} quarantined ${noun}`
+    : `${formatCount(total)} ${noun}`;
+  $('review-filter').textContent = `Delete or quarantine all ${formatCount(total)} matching…`;
   const tbody = $('entries-table').querySelector('tbody');
-  if (page.actions_caches.length === 0) {
-    const td = cell('No cache entries match.', 'muted');
-    td.colSpan = 9;
+  if (entries.length === 0) {
+    const td = cell(view.state === 'quarantined' ? 'No quarantined entry matches.' : 'No cache entries match.', 'muted');
+    td.colSpan = ENTRY_COLUMNS;
     const tr = document.createElement('tr');
     tr.append(td);
     tbody.replaceChildren(tr);
   } else {
-    tbody.replaceChildren(...page.actions_caches.flatMap((e) => {
+    tbody.replaceChildren(...entries.flatMap((e) => {
       const details = detailsRow(e);
-      return [entryRow(e, details), details];
+      return [entryRow(e, details, view.state), details];
     }));
   }
   const next = $('next-page');
   next.hidden = page.next_cursor == null;
-  next.dataset.cursor = page.next_cursor || '';
-  $('first-page').hidden = cursor == null;
+  next.dataset.cursor = str(page.next_cursor);
+  $('first-page').hidden = view.cursor == null;
+  updateSelection();
+  $('entries').dataset.showing = entriesHref(view);
 }
 
-// Who wrote the entry and its digest, in a row under it that its key's button opens.
+// ---- Entry details --------------------------------------------------------------------------
+
+// A link to the entries of one filter value: the run that wrote an entry, its digest, …
+function filterLink(name, value, title) {
+  const a = document.createElement('a');
+  a.href = entriesHref({ filter: { [name]: value } });
+  a.textContent = value;
+  a.title = title;
+  return a;
+}
+
+// Who wrote the entry, its digest and, if quarantined, why: in a row under it that its key's
+// button opens, which then also loads who restored it.
 function detailsRow(e) {
   const tr = document.createElement('tr');
   tr.className = 'details';
   tr.dataset.testid = 'entry-details';
   tr.dataset.id = String(e.id);
   tr.hidden = true;
-  const list = document.createElement('dl');
-  const w = e.written_by;
-  const fields = w
-    ? [['Written by', w.kind], ['Issuer', w.issuer], ['Subject', w.subject], ['Run', w.run_id],
-      ['Job', w.job_id], ['Address', w.address]]
-    : [['Written by', 'not recorded (saved before hoard kept writers)']];
-  fields.push(['Written at', e.created_at], ['Digest', e.digest || '']);
-  for (const [name, value] of fields) {
-    const dt = document.createElement('dt');
-    dt.textContent = name;
-    const dd = document.createElement('dd');
-    dd.textContent = value || '—';
-    dd.dataset.testid = `detail-${name.toLowerCase().replace(/ /g, '-')}`;
-    list.append(dt, dd);
-  }
-  const td = cell(list);
-  td.colSpan = 9;
+  const facts = document.createElement('dl');
+  fillFacts(facts, e);
+  const actions = document.createElement('div');
+  actions.className = 'detail-actions';
+  const restores = document.createElement('div');
+  restores.className = 'restores';
+  restores.dataset.testid = 'restore-section';
+  const td = cell(facts);
+  td.append(actions, restores);
+  td.colSpan = ENTRY_COLUMNS;
   tr.append(td);
+  tr.parts = { facts, actions, restores };
   return tr;
 }
 
-function entryRow(e, details) {
+function fillFacts(list, e) {
+  const w = isObject(e.written_by) ? e.written_by : null;
+  const fields = [['Key', e.key], ['Repository id', e.repository_id], ['Version', e.version]];
+  if (w) {
+    fields.push(
+      ['Written by', w.kind],
+      ['Issuer', w.issuer],
+      ['Subject', w.subject, w.subject && filterLink('subject', w.subject, 'Every entry this subject wrote')],
+      ['Run', w.run_id, w.run_id && filterLink('run_id', w.run_id, 'Every entry this run wrote')],
+      ['Job', w.job_id],
+      ['Address', w.address],
+    );
+  } else {
+    fields.push(['Written by', 'not recorded (saved before hoard kept writers)']);
+  }
+  fields.push(['Written at', e.created_at],
+    ['Digest', e.digest, e.digest && filterLink('digest', e.digest, 'Every entry of these bytes, under any key')]);
+  if (e.state === 'quarantined') {
+    fields.push(['State', 'quarantined'], ['Quarantined at', e.quarantined_at],
+      ['Quarantine reason', e.quarantine_reason], ['Quarantine expires', e.quarantine_expires_at]);
+  }
+  list.replaceChildren(...fields.flatMap(([name, value, link]) => {
+    const dt = document.createElement('dt');
+    dt.textContent = name;
+    const dd = document.createElement('dd');
+    if (link) dd.append(link);
+    else dd.textContent = str(value) || '—';
+    dd.dataset.testid = `detail-${name.toLowerCase().replace(/ /g, '-')}`;
+    return [dt, dd];
+  }));
+}
+
+// `GET caches/{id}`: the entry as it is now, and who restored it.
+async function openDetails(e, tr) {
+  const { facts, actions, restores } = tr.parts;
+  restores.setAttribute('aria-busy', 'true');
+  restores.replaceChildren(paragraph('Loading who restored it…', 'muted'));
+  let d;
+  try {
+    d = await api(`caches/${encodeURIComponent(e.id)}`);
+    expect(isEntry(d) && Array.isArray(d.restored_by) && d.restored_by.every(isObject), 'an entry');
+  } catch (err) {
+    if (err instanceof SignedOut) return;
+    const gone = err instanceof ApiError && err.status === 404;
+    const p = paragraph(gone ? 'This entry is gone: deleted, evicted or expired since it was listed.'
+      : `Who restored it could not be loaded: ${err.message}`, 'error');
+    p.dataset.testid = 'detail-error';
+    restores.replaceChildren(p);
+    actions.replaceChildren();
+    return;
+  } finally {
+    restores.removeAttribute('aria-busy');
+  }
+  fillFacts(facts, d);
+  actions.replaceChildren(...entryActions(d));
+  restores.replaceChildren(...restoreRecords(d));
+}
+
+function paragraph(text, className) {
+  const p = document.createElement('p');
+  p.textContent = text;
+  if (className) p.className = className;
+  return p;
+}
+
+function button(label, testid, className, onClick) {
+  const b = document.createElement('button');
+  b.type = 'button';
+  b.className = className;
+  b.textContent = label;
+  b.dataset.testid = testid;
+  b.addEventListener('click', () => onClick(b));
+  return b;
+}
+
+// Download its archive (for any entry) and release it (a quarantined one).
+function entryActions(e) {
+  const items = [button('Download archive', 'download-button', 'secondary small', (b) => downloadArchive(e, b))];
+  if (e.state === 'quarantined') {
+    items.push(button('Release…', 'release-button', 'secondary small', () => reviewRelease(e)));
+  }
+  return items;
+}
+
+// Who restored the entry: its most recent readers, one row each.
+function restoreRecords(e) {
+  const title = document.createElement('h3');
+  title.textContent = 'Restored by';
+  const records = e.restored_by;
+  if (records.length === 0) {
+    const none = paragraph('No restore of this entry is recorded.', 'muted');
+    none.dataset.testid = 'restore-records-none';
+    return [title, none];
+  }
+  const table = document.createElement('table');
+  table.className = 'records-table';
+  table.dataset.testid = 'restore-records';
+  const caption = document.createElement('caption');
+  caption.className = 'muted';
+  caption.textContent = `${records.length === 1 ? 'Its one reader' : `Its ${records.length} most recent readers, most recent first`}; `
+    + `it was restored ${plural(Number(e.hits) || 0, 'time', 'times')} in all.`;
+  const head = document.createElement('tr');
+  for (const [label, cls] of [['Kind'], ['Subject'], ['Run'], ['Job'], ['Address'], ['Restores', 'num'],
+    ['First'], ['Last']]) {
+    const th = document.createElement('th');
+    th.scope = 'col';
+    th.textContent = label;
+    if (cls) th.className = cls;
+    head.append(th);
+  }
+  const thead = document.createElement('thead');
+  thead.append(head);
+  const tbody = document.createElement('tbody');
+  tbody.append(...records.map((r) => {
+    const reader = isObject(r.reader) ? r.reader : {};
+    const tr = document.createElement('tr');
+    tr.dataset.testid = 'restore-record';
+    tr.dataset.run = str(reader.run_id);
+    tr.dataset.job = str(reader.job_id);
+    tr.append(
+      cell(str(reader.kind) || '—'),
+      cell(str(reader.subject) || '—', 'mono-wrap'),
+      cell(reader.run_id ? filterLink('run_id', str(reader.run_id), 'Every entry this run wrote') : '—'),
+      cell(str(reader.job_id) || '—'),
+      cell(str(reader.address) || '—', 'mono'),
+      cell(formatCount(r.count), 'num'),
+      cell(timeElement(r.first_restored_at)),
+      cell(timeElement(r.last_restored_at)),
+    );
+    return tr;
+  }));
+  table.append(caption, thead, tbody);
+  return [title, table];
+}
+
+// The archive comes with the bearer token, so through fetch, as a Blob handed to the browser
+// under a name of our own (with the extension its first bytes say: zstd or gzip tar).
+async function downloadArchive(e, b) {
+  b.disabled = true;
+  setStatus(`Downloading the archive of ${e.key}…`);
+  try {
+    const res = await authorized(`caches/${encodeURIComponent(e.id)}/content`, {}, 'application/octet-stream');
+    if (!res.ok) {
+      const body = await res.json().catch(() => null);
+      throw new ApiError(res.status, (body && body.message) || `HTTP ${res.status}`);
+    }
+    const blob = await res.blob();
+    const magic = new Uint8Array(await blob.slice(0, 4).arrayBuffer());
+    const ext = magic[0] === 0x28 && magic[1] === 0xb5 && magic[2] === 0x2f && magic[3] === 0xfd ? '.tzst'
+      : magic[0] === 0x1f && magic[1] === 0x8b ? '.tgz' : '.bin';
+    const name = `hoard-entry-${Number(e.id)}${ext}`;
+    const url = URL.createObjectURL(blob);
+    const a = document.createElement('a');
+    a.href = url;
+    a.download = name;
+    a.hidden = true;
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 60_000);
+    setStatus(`Downloaded the archive of ${e.key} (${formatBytes(blob.size)}) as ${name}.`);
+  } catch (err) {
+    report(err);
+  } finally {
+    b.disabled = false;
+  }
+}
+
+function entryRow(e, details, state) {
   const tr = document.createElement('tr');
   tr.dataset.testid = 'entry-row';
   tr.dataset.id = String(e.id);
+  tr.dataset.state = str(e.state) || state;
+
+  const check = document.createElement('input');
+  check.type = 'checkbox';
+  check.dataset.testid = 'select-entry';
+  check.setAttribute('aria-label', `Select ${e.key}`);
+  check.addEventListener('change', () => {
+    if (check.checked) selected.set(e.id, e);
+    else selected.delete(e.id);
+    updateSelection();
+  });
 
   const key = document.createElement('button');
   key.type = 'button';
@@ -1046,11 +1382,13 @@ function entryRow(e, details) {
   key.addEventListener('click', () => {
     details.hidden = !details.hidden;
     key.setAttribute('aria-expanded', String(!details.hidden));
+    if (!details.hidden) openDetails(e, details);
   });
 
   const version = document.createElement('span');
-  version.textContent = e.version.length > 10 ? `${e.version.slice(0, 8)}…` : e.version;
-  version.title = e.version;
+  const v = str(e.version);
+  version.textContent = v.length > 10 ? `${v.slice(0, 8)}…` : v;
+  version.title = v;
 
   const del = document.createElement('button');
   del.type = 'button';
@@ -1058,65 +1396,426 @@ function entryRow(e, details) {
   del.textContent = 'Delete';
   del.dataset.testid = 'delete-button';
   del.setAttribute('aria-label', `Delete ${e.key}`);
-  del.addEventListener('click', () => confirmDelete(e));
+  del.addEventListener('click', () => review({ kind: 'entry', entries: [e], state }));
 
+  const when = state === 'quarantined' ? e.quarantined_at : e.last_accessed_at;
   tr.append(
+    cell(check, 'select'),
     cell(key, 'key'),
-    cell(e.repository || `id ${e.repository_id}`),
-    cell(e.ref, 'ref'),
+    cell(str(e.repository) || `id ${str(e.repository_id)}`),
+    cell(str(e.ref), 'ref'),
     cell(version, 'mono'),
     cell(formatBytes(e.size_in_bytes), 'num'),
     cell(timeElement(e.created_at)),
-    cell(timeElement(e.last_accessed_at)),
+    cell(timeElement(when)),
     cell(formatCount(e.hits), 'num'),
     cell(del),
   );
   return tr;
 }
 
+// ---- Selection ------------------------------------------------------------------------------
+
+function clearSelection() {
+  selected.clear();
+  updateSelection();
+}
+
+function updateSelection() {
+  const rows = shown ? shown.entries.length : 0;
+  const n = selected.size;
+  $('selected-count').textContent = `${formatCount(n)} selected`;
+  $('review-selection').disabled = n === 0;
+  const all = $('select-all');
+  all.checked = rows > 0 && n === rows;
+  all.indeterminate = n > 0 && n < rows;
+  all.disabled = rows === 0;
+}
+
+$('select-all').addEventListener('change', () => {
+  const on = $('select-all').checked;
+  selected.clear();
+  if (on && shown) for (const e of shown.entries) selected.set(e.id, e);
+  document.querySelectorAll('#entries-table [data-testid="select-entry"]').forEach((box) => { box.checked = on; });
+  updateSelection();
+});
+
 $('search').addEventListener('submit', (event) => {
   event.preventDefault();
-  query = readSearch();
-  cursor = null;
   setStatus('');
-  loadEntries().catch(report);
+  showEntries(readSearch());
+});
+
+// Live or quarantined: a switch, taken at once.
+$('search-state').addEventListener('change', () => showEntries(readSearch()));
+
+$('search-clear').addEventListener('click', () => {
+  showEntries({ filter: {}, state: entriesView().state });
 });
 
 $('next-page').addEventListener('click', () => {
-  cursor = $('next-page').dataset.cursor || null;
-  loadEntries().then(() => $('entries-title').scrollIntoView()).catch(report);
+  const cursor = $('next-page').dataset.cursor || null;
+  if (!cursor) return;
+  showEntries({ ...entriesView(), cursor });
+  $('entries-title').scrollIntoView();
 });
 
-$('first-page').addEventListener('click', () => {
-  cursor = null;
-  loadEntries().catch(report);
+$('first-page').addEventListener('click', () => showEntries({ ...entriesView(), cursor: null }));
+
+$('review-selection').addEventListener('click', () => {
+  if (!shown || selected.size === 0) return;
+  review({ kind: 'selection', entries: [...selected.values()], state: shown.view.state });
 });
 
-// ---- Delete ---------------------------------------------------------------------------------
+$('review-filter').addEventListener('click', () => {
+  const view = entriesView();
+  if (Object.keys(view.filter).length === 0) {
+    setStatus('Set a filter first (a run, a subject, a key prefix, …): the dashboard does not delete every entry at once.', true);
+    return;
+  }
+  review({ kind: 'filter', filter: view.filter, state: view.state });
+});
 
-let pendingDelete = null;
+$('blast-radius-button').addEventListener('click', () => loadRadius().catch(radiusFailed));
+$('radius-close').addEventListener('click', closeRadius);
 
-function confirmDelete(entry) {
-  pendingDelete = entry;
-  $('confirm-text').textContent = `Delete cache entry ${entry.key}?`;
-  $('confirm').returnValue = '';
-  $('confirm').showModal();
+// ---- Blast radius ---------------------------------------------------------------------------
+
+let radiusSeq = 0;
+
+function closeRadius() {
+  radiusSeq++;
+  const radius = $('radius');
+  radius.hidden = true;
+  delete radius.dataset.for;
+  delete radius.dataset.truncated;
+}
+
+// `GET restores` for the writer part of the filter: which jobs restored what it wrote.
+async function loadRadius() {
+  const view = entriesView();
+  const seq = ++radiusSeq;
+  const radius = $('radius');
+  radius.hidden = false;
+  radius.dataset.for = JSON.stringify(view.filter);
+  delete radius.dataset.truncated;
+  radius.setAttribute('aria-busy', 'true');
+  const writers = describeFilter(view.filter, RESTORE_FILTERS);
+  const ignored = FILTERS.filter((n) => view.filter[n] && !RESTORE_FILTERS.includes(n)).map((n) => FILTER_LABELS[n]);
+  $('radius-scope').textContent = (writers
+    ? `The jobs that restored entries written under ${writers}`
+    : 'The jobs that restored any entry (no writer filter is set)')
+    + (ignored.length ? `. A restore record does not keep the ${ignored.join(', ')}: this covers every entry of the rest of the filter.` : '.');
+  $('radius-truncated').hidden = true;
+  $('radius-jobs').querySelector('tbody').replaceChildren();
+  $('radius-records').querySelector('tbody').replaceChildren();
+  try {
+    const answer = await api(`restores?${filterParams(view.filter, RESTORE_FILTERS)}`);
+    if (seq !== radiusSeq) return;
+    expect(isObject(answer) && Array.isArray(answer.jobs) && answer.jobs.every(isObject)
+      && Array.isArray(answer.restores) && answer.restores.every(isObject), 'who restored these');
+    renderRadius(answer);
+  } finally {
+    if (seq === radiusSeq) radius.removeAttribute('aria-busy');
+  }
+}
+
+function radiusFailed(err) {
+  if (err instanceof SignedOut) return;
+  const td = cell(`Who restored these could not be asked: ${err.message}`, 'error');
+  td.colSpan = 7;
+  const tr = document.createElement('tr');
+  tr.append(td);
+  $('radius-jobs').querySelector('tbody').replaceChildren(tr);
+  report(err);
+}
+
+function renderRadius(answer) {
+  const radius = $('radius');
+  const truncated = answer.truncated === true;
+  radius.dataset.truncated = String(truncated);
+  const note = $('radius-truncated');
+  note.hidden = !truncated;
+  note.textContent = truncated
+    ? `More restores matched than one answer holds: these are the ${formatCount(answer.restores.length)} most recent records, and jobs may be missing. Narrow the filter (a run, a time window) to see the rest.`
+    : '';
+  $('radius-jobs').querySelector('tbody').replaceChildren(...(answer.jobs.length ? answer.jobs.map(jobRow)
+    : [emptyRow('No restore is recorded of entries written under this filter.', 7)]));
+  $('radius-records').querySelector('tbody').replaceChildren(...answer.restores.map((r) => {
+    const reader = isObject(r.reader) ? r.reader : {};
+    const writer = isObject(r.written_by) ? r.written_by : {};
+    const tr = document.createElement('tr');
+    tr.dataset.testid = 'radius-record';
+    tr.append(
+      cell(str(r.entry_id), 'num'),
+      cell(str(r.key), 'key'),
+      cell(str(writer.run_id) || '—'),
+      cell(`${str(reader.kind)} ${str(reader.subject)}`.trim() || '—', 'mono-wrap'),
+      cell(`${str(reader.run_id) || '—'} / ${str(reader.job_id) || '—'}`),
+      cell(str(reader.address) || '—', 'mono'),
+      cell(formatCount(r.count), 'num'),
+      cell(timeElement(r.last_restored_at)),
+    );
+    return tr;
+  }));
+}
+
+// A restoring job (GET restores' jobs, a dry run's restored_by), in the same columns.
+function jobRow(j, { links = true, testid = 'radius-job' } = {}) {
+  const tr = document.createElement('tr');
+  tr.dataset.testid = testid;
+  tr.dataset.run = str(j.run_id);
+  tr.dataset.job = str(j.job_id);
+  const run = links && j.run_id ? filterLink('run_id', str(j.run_id), 'Every entry this run wrote') : (str(j.run_id) || '—');
+  tr.append(
+    cell(str(j.kind) || '—'),
+    cell(str(j.subject) || '—', 'mono-wrap'),
+    cell(run),
+    cell(str(j.job_id) || '—'),
+    cell(formatCount(j.entries), 'num'),
+    cell(formatCount(j.restores), 'num'),
+    cell(timeElement(j.last_restored_at)),
+  );
+  return tr;
+}
+
+function emptyRow(text, columns) {
+  const td = cell(text, 'muted');
+  td.colSpan = columns;
+  const tr = document.createElement('tr');
+  tr.append(td);
+  return tr;
+}
+
+// ---- Delete, quarantine, release ------------------------------------------------------------
+
+// What the dialog is about: one entry, the selected ones, or every entry of a filter; and, once
+// the dry run has answered, what it said.
+let pending = null;
+let reviewSeq = 0;
+
+const plural = (n, one, many) => `${formatCount(n)} ${n === 1 ? one : many}`;
+
+function question(target) {
+  const forGood = target.state === 'quarantined';
+  if (target.kind === 'entry') {
+    return forGood ? `Delete quarantined entry ${target.entries[0].key} for good?`
+      : `Delete or quarantine cache entry ${target.entries[0].key}?`;
+  }
+  if (target.kind === 'selection') {
+    const n = plural(target.entries.length, 'selected entry', 'selected entries');
+    return forGood ? `Delete the ${n} for good?` : `Delete or quarantine the ${n}?`;
+  }
+  return `Delete or quarantine every entry with ${describeFilter(target.filter)}?`;
+}
+
+// Opens the dialog and asks the server what would go (a dry run) before anything can be done.
+async function review(target) {
+  const dialog = $('confirm');
+  if (dialog.open) return;
+  pending = { ...target, dry: null };
+  const forGood = target.state === 'quarantined';
+  $('confirm-text').textContent = question(target);
+  const summary = $('review-summary');
+  summary.textContent = 'Asking the server what this would remove (a dry run)…';
+  delete summary.dataset.count;
+  delete summary.dataset.bytes;
+  $('review-error').textContent = '';
+  $('review-note').textContent = '';
+  $('review-restored').hidden = true;
+  $('review-jobs').querySelector('tbody').replaceChildren();
+  const del = $('confirm-delete');
+  const quarantine = $('confirm-quarantine');
+  del.textContent = forGood ? 'Delete for good' : 'Delete';
+  del.hidden = false;
+  quarantine.hidden = forGood;
+  $('confirm-release').hidden = true;
+  del.disabled = true;
+  quarantine.disabled = true;
+  dialog.returnValue = '';
+  dialog.showModal();
+  const seq = ++reviewSeq;
+  try {
+    const dry = await dryRun(target);
+    if (seq !== reviewSeq) return;
+    pending.dry = dry;
+    renderReview(dry, target);
+    del.disabled = dry.deleted === 0;
+    quarantine.disabled = dry.deleted === 0;
+  } catch (err) {
+    if (seq !== reviewSeq || err instanceof SignedOut) return;
+    summary.textContent = '';
+    $('review-error').textContent = `The dry run failed, so nothing can be done from here: ${err.message}`;
+  }
+}
+
+// `DELETE …&dry_run=true`: for a filter one call; for entries one call each, added up (a job
+// that restored several of them counts them all).
+async function dryRun(target) {
+  if (target.kind === 'filter') {
+    const params = filterParams(target.filter);
+    params.set('dry_run', 'true');
+    const dry = await api(`caches?${params}`, { method: 'DELETE' });
+    expect(isDeleted(dry), 'a dry run');
+    return dry;
+  }
+  const total = { deleted: 0, size_in_bytes: 0, ids: [], restored_by: [], gone: 0 };
+  const jobs = new Map();
+  for (const e of target.entries) {
+    let dry;
+    try {
+      dry = await api(`caches/${encodeURIComponent(e.id)}?dry_run=true`, { method: 'DELETE' });
+    } catch (err) {
+      if (err instanceof ApiError && err.status === 404) {
+        total.gone++;
+        continue;
+      }
+      throw err;
+    }
+    expect(isDeleted(dry), 'a dry run');
+    total.deleted += dry.deleted;
+    total.size_in_bytes += Number(dry.size_in_bytes) || 0;
+    if (Array.isArray(dry.ids)) total.ids.push(...dry.ids);
+    for (const j of Array.isArray(dry.restored_by) ? dry.restored_by.filter(isObject) : []) {
+      const id = JSON.stringify([j.kind, j.subject, j.run_id, j.job_id]);
+      const seen = jobs.get(id);
+      if (!seen) {
+        jobs.set(id, { ...j, entries: Number(j.entries) || 0, restores: Number(j.restores) || 0 });
+      } else {
+        seen.entries += Number(j.entries) || 0;
+        seen.restores += Number(j.restores) || 0;
+        if (str(j.last_restored_at) > str(seen.last_restored_at)) seen.last_restored_at = j.last_restored_at;
+      }
+    }
+  }
+  total.restored_by = [...jobs.values()].sort((a, b) => str(b.last_restored_at).localeCompare(str(a.last_restored_at)));
+  return total;
+}
+
+function renderReview(dry, target) {
+  const summary = $('review-summary');
+  summary.dataset.count = String(dry.deleted);
+  summary.dataset.bytes = String(Number(dry.size_in_bytes) || 0);
+  const count = document.createElement('strong');
+  count.dataset.testid = 'review-count';
+  count.textContent = plural(dry.deleted, 'entry', 'entries');
+  const size = document.createElement('strong');
+  size.dataset.testid = 'review-size';
+  size.textContent = formatBytes(Number(dry.size_in_bytes) || 0);
+  if (dry.deleted === 0) summary.replaceChildren('Nothing matches any more: there is nothing to remove.');
+  else summary.replaceChildren('This would remove ', count, ' (', size, ').');
+
+  const jobs = Array.isArray(dry.restored_by) ? dry.restored_by.filter(isObject) : [];
+  $('review-restored').hidden = jobs.length === 0;
+  $('review-jobs').querySelector('tbody').replaceChildren(...jobs.map((j) => jobRow(j, { links: false, testid: 'review-job' })));
+  const notes = [];
+  if (dry.deleted > 0 && jobs.length === 0) notes.push('No job is recorded as having restored them.');
+  if (dry.deleted > 1000 && target.kind === 'filter') notes.push('The jobs named are those that restored the first 1,000 of them.');
+  if (dry.gone) notes.push(`${plural(dry.gone, 'of them is', 'of them are')} already gone.`);
+  if (dry.uploads_aborted) notes.push(`It also ends ${plural(dry.uploads_aborted, 'upload', 'uploads')} of the filter still open, so their writer cannot finalize them.`);
+  if (target.state === 'quarantined') notes.push('Deleting a quarantined entry removes it and its archive for good.');
+  else notes.push('Quarantine takes them out of lookups but keeps them, to download or release; Delete removes them.');
+  $('review-note').textContent = notes.join(' ');
+}
+
+// A quarantined entry back into lookups, after a confirmation.
+function reviewRelease(e) {
+  const dialog = $('confirm');
+  if (dialog.open) return;
+  pending = { kind: 'release', entries: [e], state: 'quarantined', dry: null };
+  reviewSeq++;
+  $('confirm-text').textContent = `Release ${e.key}? Lookups will find it again.`;
+  const summary = $('review-summary');
+  summary.textContent = e.quarantine_reason ? `It was quarantined: ${e.quarantine_reason}` : '';
+  delete summary.dataset.count;
+  delete summary.dataset.bytes;
+  $('review-error').textContent = '';
+  $('review-restored').hidden = true;
+  $('review-note').textContent = 'Release only what you have checked: every job that looks its key up may restore it.';
+  $('confirm-delete').hidden = true;
+  $('confirm-quarantine').hidden = true;
+  const release = $('confirm-release');
+  release.hidden = false;
+  release.disabled = false;
+  dialog.returnValue = '';
+  dialog.showModal();
 }
 
 // The dialog's form has method="dialog": its buttons close it with their value (Escape gives '').
 $('confirm').addEventListener('close', async () => {
-  const entry = pendingDelete;
-  pendingDelete = null;
-  if (!entry || $('confirm').returnValue !== 'delete') return;
+  const target = pending;
+  pending = null;
+  reviewSeq++;
+  const choice = $('confirm').returnValue;
+  if (!target) return;
   try {
-    await api(`caches/${encodeURIComponent(entry.id)}`, { method: 'DELETE' });
-    setStatus(`Deleted ${entry.key}.`);
+    if (choice === 'release' && target.kind === 'release') await release(target.entries[0]);
+    else if ((choice === 'delete' || choice === 'quarantine') && target.dry) await act(target, choice === 'quarantine');
+    else return;
   } catch (err) {
-    if (err instanceof ApiError && err.status === 404) setStatus(`${entry.key} was already gone.`);
-    else return report(err);
+    report(err);
   }
   await loadEntries().catch(report);
 });
+
+async function act(target, quarantine) {
+  const verb = quarantine ? 'Quarantined' : 'Deleted';
+  if (target.kind === 'filter') {
+    const params = filterParams(target.filter);
+    if (quarantine) params.set('quarantine', 'true');
+    const done = await api(`caches?${params}`, { method: 'DELETE' });
+    expect(isDeleted(done), 'a deletion');
+    if (quarantine && done.quarantine !== true) {
+      throw new Error('the server deleted instead of quarantining (it does not know quarantine=true?)');
+    }
+    const differs = done.deleted !== target.dry.deleted
+      ? ` The dry run counted ${formatCount(target.dry.deleted)}: entries were written or removed in between.` : '';
+    setStatus(`${verb} ${plural(done.deleted, 'entry', 'entries')} (${formatBytes(done.size_in_bytes)}).${differs}`);
+    return;
+  }
+  let count = 0;
+  let bytes = 0;
+  let gone = 0;
+  const failed = [];
+  for (const e of target.entries) {
+    try {
+      const done = await api(`caches/${encodeURIComponent(e.id)}${quarantine ? '?quarantine=true' : ''}`, { method: 'DELETE' });
+      expect(isDeleted(done), 'a deletion');
+      if (quarantine && done.quarantine !== true) {
+        throw new Error('the server deleted instead of quarantining (it does not know quarantine=true?)');
+      }
+      count += done.deleted;
+      bytes += Number(done.size_in_bytes) || 0;
+    } catch (err) {
+      if (err instanceof SignedOut) throw err;
+      if (err instanceof ApiError && err.status === 404) gone++;
+      else failed.push(`${e.key}: ${err.message}`);
+    }
+  }
+  if (target.kind === 'entry') {
+    const key = target.entries[0].key;
+    if (failed.length) throw new Error(failed[0]);
+    setStatus(gone ? `${key} was already gone.` : `${verb} ${key}.`);
+    return;
+  }
+  const parts = [`${verb} ${plural(count, 'entry', 'entries')} (${formatBytes(bytes)})`];
+  if (gone) parts.push(`${plural(gone, 'was', 'were')} already gone`);
+  if (failed.length) parts.push(`${plural(failed.length, 'failed', 'failed')}: ${failed.join('; ')}`);
+  setStatus(`${parts.join('; ')}.`, failed.length > 0);
+}
+
+async function release(e) {
+  try {
+    await api(`caches/${encodeURIComponent(e.id)}/release`, { method: 'POST' });
+    setStatus(`Released ${e.key}: lookups find it again.`);
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 409) {
+      setStatus(`${e.key} was not released: ${err.message}`, true);
+      return;
+    }
+    throw err;
+  }
+}
 
 route();
 
