@@ -7,9 +7,8 @@
 //! are what that sequence makes and their numbers are the stats API's. Then an incident: a
 //! poisoned run's entries, restored by a release job, are worked in chromium
 //! (`tests/e2e/console.mjs`) from a link to the run's entries: a dry run that names the release
-//! job, the entries' restore records, the blast radius, a deletion through a selection, and (once
-//! the server quarantines, see [`REQUIRE_QUARANTINE`]) quarantine, download, release and deletion
-//! for good. Screenshots are kept in `target/tmp/dashboard/` (overview.png, entries.png,
+//! job, the entries' restore records, the blast radius, a deletion through a selection, then
+//! quarantine, download, release and deletion for good. Screenshots are kept in `target/tmp/dashboard/` (overview.png, entries.png,
 //! insight-overview.png, insight-repository.png, console-*.png).
 #![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
 
@@ -647,13 +646,6 @@ async fn reads_the_insight_charts(srv: &TestServer, first_hour: i64) {
     }
 }
 
-/// Whether the quarantine steps of [`works_an_incident`] must run. The server side of quarantine
-/// (`DELETE caches…&quarantine=true`, `GET caches?state=quarantined`, `GET caches/{id}/content`,
-/// `POST caches/{id}/release`) is being built beside the dashboard's; until it lands, those steps
-/// are skipped (and the skip logged) when `GET caches?state=quarantined` answers 400. Once it has
-/// landed this is `true`, and a server without it fails the test.
-const REQUIRE_QUARANTINE: bool = false;
-
 const INCIDENT: &str = "octo/incident";
 const INCIDENT_ID: &str = "4545";
 const POISON_RUN: &str = "run-poison";
@@ -776,17 +768,7 @@ async fn works_an_incident(srv: &TestServer) {
         .to_owned();
 
     let (status, answer) = admin_try(srv, "caches?state=quarantined").await;
-    let quarantine = match status {
-        200 => true,
-        400 if !REQUIRE_QUARANTINE => {
-            eprintln!(
-                "SKIPPED the dashboard's quarantine steps: this server does not quarantine yet \
-                 (GET caches?state=quarantined answers 400: {answer}); set REQUIRE_QUARANTINE"
-            );
-            false
-        }
-        _ => panic!("GET caches?state=quarantined: {status} {answer}"),
-    };
+    assert_eq!(status, 200, "GET caches?state=quarantined: {answer}");
 
     let (seen, log) = {
         let (base, shots) = (srv.base.clone(), shots_dir());
@@ -801,7 +783,7 @@ async fn works_an_incident(srv: &TestServer) {
                     .env("POISON_IDS", poison_ids)
                     .env("DELETE_ID", b.to_string())
                     .env("RELEASE_ID", a.to_string())
-                    .env("QUARANTINE", if quarantine { "1" } else { "0" })
+                    .env("QUARANTINE", "1")
                     .env("SCREENSHOT_DIR", &shots)
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped())
@@ -959,68 +941,66 @@ async fn works_an_incident(srv: &TestServer) {
     let (status, gone) = admin_try(srv, &format!("caches/{b}")).await;
     assert_eq!(status, 404, "{gone}");
 
-    if quarantine {
-        let q = &seen["quarantined"];
-        assert_eq!(q["dryRun"]["count"], 2, "{q}");
-        assert!(
-            q["quarantineStatus"]
-                .as_str()
-                .unwrap()
-                .starts_with("Quarantined 2 entries"),
-            "{q}"
-        );
-        assert_eq!(q["liveAfter"]["ids"], json!([]), "{q}");
-        assert_eq!(q["liveAfter"]["total"], "0 entries", "{q}");
-        assert_eq!(ids(&q["listed"]["ids"]), [a, c], "{q}");
-        assert_eq!(q["listed"]["total"], "2 quarantined entries", "{q}");
-        assert!(
-            q["listed"]["url"]
-                .as_str()
-                .unwrap()
-                .contains("state=quarantined"),
-            "{q}"
-        );
-        let facts = &q["facts"]["facts"];
-        assert_eq!(facts["state"], "quarantined", "{q}");
-        for field in ["quarantined-at", "quarantine-reason", "quarantine-expires"] {
-            let value = facts[field].as_str().unwrap_or("—");
-            assert!(!value.is_empty() && value != "—", "{field}: {q}");
-        }
-        assert_eq!(
-            q["facts"]["records"].as_array().map(Vec::len),
-            Some(1),
-            "the restore records stay with a quarantined entry: {q}"
-        );
-        assert_eq!(q["downloaded"]["sha256"], json!(digest_a), "{q}");
-        assert!(
-            q["releaseQuestion"]
-                .as_str()
-                .unwrap()
-                .contains("incident-poison-a"),
-            "{q}"
-        );
-        assert!(
-            q["releaseStatus"].as_str().unwrap().starts_with("Released"),
-            "{q}"
-        );
-        assert_eq!(ids(&q["afterRelease"]["ids"]), [c], "{q}");
-        assert_eq!(q["forGood"]["deleteLabel"], "Delete for good", "{q}");
-        assert_eq!(q["forGood"]["quarantineShown"], false, "{q}");
-        assert!(
-            q["forGoodStatus"]
-                .as_str()
-                .unwrap()
-                .starts_with("Deleted 1 entry"),
-            "{q}"
-        );
-        assert_eq!(q["afterForGood"]["ids"], json!([]), "{q}");
-        assert_eq!(ids(&q["liveAgain"]["ids"]), [a], "{q}");
-        // What the API says after it: a is live again, c is gone for good.
-        let live = admin_get(srv, &format!("caches?run_id={POISON_RUN}")).await;
-        assert_eq!(ids_of(&live), [a], "{live}");
-        let (status, gone) = admin_try(srv, &format!("caches/{c}")).await;
-        assert_eq!(status, 404, "{gone}");
+    let q = &seen["quarantined"];
+    assert_eq!(q["dryRun"]["count"], 2, "{q}");
+    assert!(
+        q["quarantineStatus"]
+            .as_str()
+            .unwrap()
+            .starts_with("Quarantined 2 entries"),
+        "{q}"
+    );
+    assert_eq!(q["liveAfter"]["ids"], json!([]), "{q}");
+    assert_eq!(q["liveAfter"]["total"], "0 entries", "{q}");
+    assert_eq!(ids(&q["listed"]["ids"]), [a, c], "{q}");
+    assert_eq!(q["listed"]["total"], "2 quarantined entries", "{q}");
+    assert!(
+        q["listed"]["url"]
+            .as_str()
+            .unwrap()
+            .contains("state=quarantined"),
+        "{q}"
+    );
+    let facts = &q["facts"]["facts"];
+    assert_eq!(facts["state"], "quarantined", "{q}");
+    for field in ["quarantined-at", "quarantine-reason", "quarantine-expires"] {
+        let value = facts[field].as_str().unwrap_or("—");
+        assert!(!value.is_empty() && value != "—", "{field}: {q}");
     }
+    assert_eq!(
+        q["facts"]["records"].as_array().map(Vec::len),
+        Some(1),
+        "the restore records stay with a quarantined entry: {q}"
+    );
+    assert_eq!(q["downloaded"]["sha256"], json!(digest_a), "{q}");
+    assert!(
+        q["releaseQuestion"]
+            .as_str()
+            .unwrap()
+            .contains("incident-poison-a"),
+        "{q}"
+    );
+    assert!(
+        q["releaseStatus"].as_str().unwrap().starts_with("Released"),
+        "{q}"
+    );
+    assert_eq!(ids(&q["afterRelease"]["ids"]), [c], "{q}");
+    assert_eq!(q["forGood"]["deleteLabel"], "Delete for good", "{q}");
+    assert_eq!(q["forGood"]["quarantineShown"], false, "{q}");
+    assert!(
+        q["forGoodStatus"]
+            .as_str()
+            .unwrap()
+            .starts_with("Deleted 1 entry"),
+        "{q}"
+    );
+    assert_eq!(q["afterForGood"]["ids"], json!([]), "{q}");
+    assert_eq!(ids(&q["liveAgain"]["ids"]), [a], "{q}");
+    // What the API says after it: a is live again, c is gone for good.
+    let live = admin_get(srv, &format!("caches?run_id={POISON_RUN}")).await;
+    assert_eq!(ids_of(&live), [a], "{live}");
+    let (status, gone) = admin_try(srv, &format!("caches/{c}")).await;
+    assert_eq!(status, 404, "{gone}");
 
     // The clean run's entry was never touched.
     let (status, kept) = admin_try(srv, &format!("caches/{clean_id}")).await;
