@@ -1150,6 +1150,109 @@ async fn a_flipped_byte_fails_the_download_and_quarantines_the_entry() {
     assert_eq!(w.restore(&me, "k").await.unwrap(), data);
 }
 
+/// The entry `id` as an operator lists it, live or in quarantine.
+async fn listed(w: &World, id: EntryId) -> crate::model::ListedEntry {
+    w.cache.listed_entry(id).await.unwrap().expect("listed")
+}
+
+#[tokio::test]
+async fn a_quarantined_entry_misses_downloads_whole_is_released_and_ends_with_its_retention() {
+    let w = world_limited(lifecycle::Limits {
+        quarantine_retention: 30 * DAY,
+        ..limits()
+    });
+    let me = who("1");
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i % 249) as u8).collect();
+    let kept = w.save(&me, "poisoned", &data).await;
+    let ended = w.save(&me, "other", b"other bytes").await;
+    let chunk = w.blobs_of(kept).await.remove(0);
+    let both = [listed(&w, kept).await, listed(&w, ended).await];
+    let purge = w
+        .cache
+        .delete_entries(&both, "test", admin::Disposal::Quarantine)
+        .await
+        .unwrap();
+    assert_eq!(purge.count, 2);
+    assert_eq!(
+        w.restore(&me, "poisoned").await,
+        None,
+        "out of lookups at once"
+    );
+    let why = listed(&w, kept).await.quarantine.expect("in quarantine");
+    assert_eq!(why.reason, "quarantined by test");
+    let again = w
+        .cache
+        .delete_entries(
+            &[listed(&w, kept).await],
+            "test",
+            admin::Disposal::Quarantine,
+        )
+        .await
+        .unwrap();
+    assert_eq!(again.count, 0, "an entry is quarantined once");
+
+    // Its archive downloads whole, checked, as saved.
+    let open = w.cache.archive(kept).await.unwrap();
+    let body: Vec<Bytes> = w
+        .cache
+        .read(&open, 0, open.entry.size)
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(body.concat(), data);
+
+    // Released: lookups find it again, bytes intact; its chunk was never scheduled.
+    w.cache.release(kept, "test").await.unwrap();
+    assert_eq!(w.restore(&me, "poisoned").await.unwrap(), data);
+    assert!(matches!(
+        w.cache.release(kept, "test").await,
+        Err(CacheError::EntryNotFound)
+    ));
+    w.pass(false).await;
+    assert!(w.chunk_path(&chunk).exists());
+
+    // The other one's quarantine ends with its retention, then its chunk goes after the grace.
+    let other_chunk = {
+        let (_, chunks) = w.meta.quarantined_entry(ended).await.unwrap().unwrap();
+        chunks[0].chunk.blob.clone()
+    };
+    w.clock.advance(30 * DAY - Duration::from_secs(1));
+    w.pass(false).await;
+    assert!(
+        w.cache.listed_entry(ended).await.unwrap().is_some(),
+        "kept until its time"
+    );
+    w.clock.advance(Duration::from_secs(2));
+    w.pass(false).await;
+    assert!(
+        w.cache.listed_entry(ended).await.unwrap().is_none(),
+        "gone at its time"
+    );
+    assert!(w.chunk_path(&other_chunk).exists(), "readers get the grace");
+    w.clock.advance(GRACE + Duration::from_secs(1));
+    w.pass(false).await;
+    assert!(!w.chunk_path(&other_chunk).exists());
+}
+
+#[tokio::test]
+async fn a_damaged_entry_is_kept_in_quarantine_with_the_damage_as_its_reason() {
+    let w = world_limited(limits());
+    let me = who("1");
+    let entry = w.save(&me, "k", b"bytes to damage").await;
+    w.flip_byte(entry, 0).await;
+    w.cache.verify_all(|_| {}).await.unwrap();
+    assert_eq!(w.restore(&me, "k").await, None);
+    let why = listed(&w, entry).await.quarantine.expect("in quarantine");
+    assert!(
+        why.reason.contains("does not match its recorded checksum"),
+        "{}",
+        why.reason
+    );
+    assert!(w.meta.quarantined_entry(entry).await.unwrap().is_some());
+}
+
 #[tokio::test]
 async fn a_missing_chunk_is_a_miss_never_a_short_hit() {
     let w = world_limited(limits());
