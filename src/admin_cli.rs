@@ -256,6 +256,23 @@ impl Client {
         method: reqwest::Method,
         path_and_query: &str,
     ) -> Result<T, CliError> {
+        let response = self.send(method, path_and_query).await?;
+        let status = response.status();
+        let body = response.bytes().await.unwrap_or_default();
+        serde_json::from_slice(&body).map_err(|_| {
+            CliError(format!(
+                "{} answered {status} but not with the admin API's JSON: is it a hoard server?",
+                self.base
+            ))
+        })
+    }
+
+    /// A successful answer of the admin API, its body not read yet (an archive is streamed).
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path_and_query: &str,
+    ) -> Result<reqwest::Response, CliError> {
         let url = format!("{}/_hoard/api/v1/{path_and_query}", self.base);
         let response = self
             .http
@@ -271,15 +288,10 @@ impl Client {
                 ))
             })?;
         let status = response.status();
-        let body = response.bytes().await.unwrap_or_default();
         if status.is_success() {
-            return serde_json::from_slice(&body).map_err(|_| {
-                CliError(format!(
-                    "{} answered {status} but not with the admin API's JSON: is it a hoard server?",
-                    self.base
-                ))
-            });
+            return Ok(response);
         }
+        let body = response.bytes().await.unwrap_or_default();
         let error = serde_json::from_slice::<wire::ErrorMessage>(&body).ok();
         let message = error
             .as_ref()
@@ -288,37 +300,6 @@ impl Client {
             401 => format!("{} refused the admin token ({message})", self.base),
             _ => format!("{} answered {status}: {message}", self.base),
         }))
-    }
-}
-
-impl Client {
-    /// A successful answer to `GET path_and_query`, its body not read yet.
-    async fn get_raw(&self, path_and_query: &str) -> Result<reqwest::Response, CliError> {
-        let url = format!("{}/_hoard/api/v1/{path_and_query}", self.base);
-        let response = self
-            .http
-            .get(&url)
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .map_err(|e| {
-                CliError(format!(
-                    "cannot reach hoard at {}: {}",
-                    self.base,
-                    root_cause(&e)
-                ))
-            })?;
-        if response.status().is_success() {
-            return Ok(response);
-        }
-        let status = response.status();
-        let body = response.bytes().await.unwrap_or_default();
-        let message = serde_json::from_slice::<wire::ErrorMessage>(&body)
-            .map_or_else(|_| "no explanation given".to_owned(), |e| e.message);
-        Err(CliError(format!(
-            "{} answered {status}: {message}",
-            self.base
-        )))
     }
 }
 
@@ -609,13 +590,13 @@ async fn remove(client: &Client, json: bool, args: &RemoveArgs) -> Result<String
         1 => " and 1 open upload".to_owned(),
         n => format!(" and {n} open uploads"),
     };
-    let (would, did) = match args.quarantine {
-        true => ("would quarantine", "Quarantined"),
-        false => ("would delete", "Deleted"),
+    let (would, did, nothing) = match args.quarantine {
+        true => ("would quarantine", "Quarantined", "changed"),
+        false => ("would delete", "Deleted", "deleted"),
     };
     Ok(if answer.dry_run {
         format!(
-            "Dry run: {would} {count} {noun} ({}){ids}{uploads}. Nothing was changed.\n{}",
+            "Dry run: {would} {count} {noun} ({}){ids}{uploads}. Nothing was {nothing}.\n{}",
             size(answer.size_in_bytes),
             jobs_text(&answer.restored_by)
         )
@@ -668,18 +649,27 @@ async fn restorers(client: &Client, json: bool, filter: &FilterArgs) -> Result<S
 async fn download(client: &Client, id: i64, output: &std::path::Path) -> Result<String, CliError> {
     use sha2::Digest as _;
     use tokio::io::AsyncWriteExt as _;
-    let mut response = client.get_raw(&format!("caches/{id}/content")).await?;
+    let mut response = client
+        .send(reqwest::Method::GET, &format!("caches/{id}/content"))
+        .await?;
     let failed = |e: std::io::Error| CliError(format!("writing {}: {e}", output.display()));
     let mut file = tokio::fs::File::create(output).await.map_err(failed)?;
     let (mut hasher, mut written) = (sha2::Sha256::new(), 0u64);
     loop {
-        let chunk = response.chunk().await.map_err(|e| {
-            CliError(format!(
-                "the download of entry {id} broke off after {written} bytes: {} (a damaged chunk ends it; see the server's log)",
-                root_cause(&e)
-            ))
-        })?;
-        let Some(chunk) = chunk else { break };
+        let chunk = match response.chunk().await {
+            Ok(Some(chunk)) => chunk,
+            Ok(None) => break,
+            Err(e) => {
+                // Half an archive is not one: nothing is left to be mistaken for it.
+                drop(file);
+                let _ = tokio::fs::remove_file(output).await;
+                return Err(CliError(format!(
+                    "the download of entry {id} broke off after {written} bytes, and {} was removed: {} (a damaged chunk ends it; see the server's log)",
+                    output.display(),
+                    root_cause(&e)
+                )));
+            }
+        };
         hasher.update(&chunk);
         file.write_all(&chunk).await.map_err(failed)?;
         written += chunk.len() as u64;

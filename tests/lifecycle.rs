@@ -158,6 +158,8 @@ async fn large_entries_get_their_digest_after_the_save_and_chunks_stored_before_
     db.execute_batch(&format!(
         "DROP INDEX entries_awaiting_digest;
          DROP TABLE restores;
+         DROP TABLE quarantined_entries;
+         DROP TABLE quarantined_chunks;
          ALTER TABLE family_stats DROP COLUMN refused_writes;
          ALTER TABLE family_stats DROP COLUMN refused_reads;
          ALTER TABLE server_stats DROP COLUMN refused_writes;

@@ -56,7 +56,7 @@ impl Column {
     }
 
     /// Whether an INSERT on `backend` names this column.
-    fn inserted_on(&self, backend: Backend) -> bool {
+    pub fn inserted_on(&self, backend: Backend) -> bool {
         self.source != Source::Database && self.exists_on(backend)
     }
 }
@@ -153,16 +153,9 @@ pub trait Row: Sized {
     /// Every column's value, in declaration order.
     fn into_values(self) -> Vec<Param>;
 
-    /// The values an INSERT on `backend` binds ([`Table::insert`]), in its order.
-    fn inserted_values(self, backend: Backend) -> Vec<Param> {
-        Self::table()
-            .columns
-            .iter()
-            .zip(self.into_values())
-            .filter(|(column, _)| column.inserted_on(backend))
-            .map(|(_, value)| value)
-            .collect()
-    }
+    /// The values an INSERT on `backend` binds ([`Table::insert`]), in its order: those of
+    /// [`Row::into_values`] whose columns the INSERT names.
+    fn inserted_values(self, backend: Backend) -> Vec<Param>;
 
     /// The value of the column `name`, if the row has one.
     fn value(&self, name: &str) -> Option<Param>;
@@ -384,6 +377,18 @@ macro_rules! table {
 
             fn into_values(self) -> Vec<$crate::meta::row::Param> {
                 vec![$( $crate::meta::row::Value::into_param(self.$col), )*]
+            }
+
+            // One vector, filled in place: this runs for every row a save writes.
+            fn inserted_values(self, backend: $crate::meta::dialect::Backend) -> Vec<$crate::meta::row::Param> {
+                let mut columns = $table::TABLE.columns.iter();
+                let mut values = Vec::with_capacity($table::TABLE.columns.len());
+                $(
+                    if columns.next().is_some_and(|c| c.inserted_on(backend)) {
+                        values.push($crate::meta::row::Value::into_param(self.$col));
+                    }
+                )*
+                values
             }
 
             fn value(&self, name: &str) -> Option<$crate::meta::row::Param> {

@@ -487,7 +487,7 @@ impl UploadPartRow {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meta::row::Row;
+    use crate::meta::row::{Param, Row};
 
     #[test]
     fn an_insert_names_the_written_columns_of_its_backend_in_declaration_order() {
@@ -503,6 +503,25 @@ mod tests {
         assert_eq!(values.len(), mysql.matches('?').count());
         let values = EntryRow::default().inserted_values(Backend::Sqlite);
         assert_eq!(values.len(), sqlite.matches('?').count());
+        // In the INSERT's order: every value of the row whose column it names.
+        let row = EntryRow {
+            id: 3,
+            key: "k".into(),
+            size: 7,
+            bucket: vec![1],
+            digest: "d".into(),
+            ..Default::default()
+        };
+        for backend in [Backend::Sqlite, Backend::Postgres, Backend::MySql] {
+            let named: Vec<Param> = entries::TABLE
+                .columns
+                .iter()
+                .zip(row.clone().into_values())
+                .filter(|(column, _)| column.inserted_on(backend))
+                .map(|(_, value)| value)
+                .collect();
+            assert_eq!(row.clone().inserted_values(backend), named, "{backend:?}");
+        }
     }
 
     #[test]
