@@ -520,12 +520,17 @@ async fn list(client: &Client, json: bool, args: &ListArgs) -> Result<String, Cl
                 ago(&e.last_accessed_at, now),
                 e.hits.to_string(),
             ];
+            if let Some(at) = &e.quarantined_at {
+                row.push(ago(at, now));
+                row.push(e.quarantine_reason.clone().unwrap_or_default());
+            }
             if args.long {
                 row.extend(writer_cells(e));
             }
             row
         })
         .collect();
+    let quarantined = entries.iter().any(|e| e.quarantined_at.is_some());
     let mut header = vec![
         "ID",
         "REPOSITORY",
@@ -535,6 +540,9 @@ async fn list(client: &Client, json: bool, args: &ListArgs) -> Result<String, Cl
         "LAST USED",
         "HITS",
     ];
+    if quarantined {
+        header.extend(["QUARANTINED", "REASON"]);
+    }
     if args.long {
         header.extend(["WRITTEN", "KIND", "SUBJECT", "RUN", "JOB", "ADDRESS"]);
     }

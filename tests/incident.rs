@@ -250,6 +250,11 @@ fn drill_with(server: Option<Server>) {
     assert_eq!(ids(&live), [clean], "{live}");
     let kept = cli(srv, &["ls", "--state", "quarantined"]);
     assert_eq!(ids(&kept), [poisoned_tools, poisoned_build], "{kept}");
+    let table = cli_text(srv, &["ls", "--state", "quarantined"]);
+    assert!(
+        table.contains("QUARANTINED") && table.contains("quarantined by admin"),
+        "{table}"
+    );
     let shown = cli(srv, &["show", &poisoned_tools.to_string()]);
     assert_eq!(shown["state"], "quarantined", "{shown}");
     assert_eq!(shown["written_by"]["run_id"], "66");
