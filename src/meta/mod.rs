@@ -23,6 +23,7 @@
 #[macro_use]
 mod timed;
 mod dialect;
+mod hashes;
 mod quarantine;
 mod row;
 mod schema;

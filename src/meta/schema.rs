@@ -8,8 +8,8 @@
 //! it, in the `from` functions below), and the record in `model` that shows it.
 
 use super::dialect::Backend;
+use super::hashes::{bucket, slot_hash};
 use super::row::{table, Table};
-use super::sql::{bucket, slot_hash};
 use super::{EntryChunk, NewEntry, NewUpload};
 use crate::model::{BlockId, Chunk, Millis, Provenance, Slot, UploadState};
 
@@ -293,7 +293,7 @@ pub fn reader_hash(reader: &Provenance) -> Vec<u8> {
         &r.job_id,
         &r.address,
     ];
-    super::sql::digest(&fields.map(str::as_bytes))
+    super::hashes::digest(&fields.map(str::as_bytes))
 }
 
 /// Every declared table.

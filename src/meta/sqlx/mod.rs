@@ -7,7 +7,7 @@
 //! integer, as [`Shared`] statements spelled once per dialect ([`crate::meta::dialect`]); rows
 //! are written from the declared rows of [`crate::meta::schema`]. Strings compare byte-wise in both
 //! (PostgreSQL `COLLATE "C"`, MySQL binary columns), and the index keys of slots and lookups are
-//! fixed-size hashes ([`sql::bucket`], [`sql::slot_hash`]), so both answer exactly as SQLite does.
+//! fixed-size hashes ([`hashes::bucket`](super::hashes::bucket), [`hashes::slot_hash`](super::hashes::slot_hash)), so both answer exactly as SQLite does.
 
 /// [`Connections`] for a dialect with a sqlx `pool` whose rows are `$row`: the same code for
 /// both drivers, whose types differ.
@@ -63,16 +63,17 @@ mod stats;
 use async_trait::async_trait;
 
 use super::dialect::{shared, Backend, Shared};
+use super::hashes::{bucket, slot_hash};
 use super::quarantine;
 use super::row::Renamed;
 use super::schema::{entries, entry_chunks, uploads};
 use super::sql::{
-    block_state_from_row, bucket, candidate_from_row, candidates_sql, chunk_from_row,
-    collect_blocks, columns, count_entries_sql, entry_from_row, list_entries_sql, listed_from_row,
-    names_from_rows, prefix_end, quota_usage_from_row, record_restore_params, repositories_sql,
-    repository_from_row, restore_from_row, restores_sql, slot_hash, upload_from_row,
-    upload_with_blocks_sql, use_from_row, Param, SqlRow, BLOCK_STATE_SQL, CHUNK, CLASS_LRU, ENTRY,
-    PRUNE_READERS, PRUNE_RESTORES, QUOTA_USAGE, RECORD_RESTORE, UPLOAD, USE_COLS,
+    block_state_from_row, candidate_from_row, candidates_sql, chunk_from_row, collect_blocks,
+    columns, count_entries_sql, entry_from_row, list_entries_sql, listed_from_row, names_from_rows,
+    prefix_end, quota_usage_from_row, record_restore_params, repositories_sql, repository_from_row,
+    restore_from_row, restores_sql, upload_from_row, upload_with_blocks_sql, use_from_row, Param,
+    SqlRow, BLOCK_STATE_SQL, CHUNK, CLASS_LRU, ENTRY, PRUNE_READERS, PRUNE_RESTORES, QUOTA_USAGE,
+    RECORD_RESTORE, UPLOAD, USE_COLS,
 };
 use super::{
     AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health,

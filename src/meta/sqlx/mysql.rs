@@ -1,7 +1,7 @@
 //! MySQL 8 and MariaDB 10.11+. The traps of the dialect and how they are met: default collations fold case and accents and
 //! ignore trailing spaces, so every compared string is VARBINARY or BLOB (byte-wise, as on
 //! SQLite); index entries may not exceed 3072 bytes, so slots and lookup ranges are indexed
-//! through fixed-size hashes (`sql::bucket`, `sql::slot_hash`); there are no partial unique
+//! through fixed-size hashes (`hashes::bucket`, `hashes::slot_hash`); there are no partial unique
 //! indexes, so "one open upload per slot" is a unique index on a generated column that is NULL
 //! unless the upload is open; `KEY` is reserved; there is no `RETURNING`. Sessions run at READ
 //! COMMITTED, and changes to an upload first bump its revision where it still has the loaded one
