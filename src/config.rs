@@ -91,6 +91,11 @@ pub struct ServeArgs {
     #[arg(long, env = "HOARD_SYNC_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
     pub sync_interval: Duration,
 
+    /// Memory that uploads and downloads on local disk may hold at once for their blocks, in
+    /// bytes or with a unit (at least 2MiB). Past it, transfers move in smaller blocks, then wait.
+    #[arg(long, env = "HOARD_TRANSFER_MEMORY", default_value = "32MiB", value_parser = parse_size)]
+    pub transfer_memory: u64,
+
     /// On SIGTERM or SIGINT, how long in-flight requests may take to finish.
     #[arg(long, env = "HOARD_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
@@ -342,6 +347,8 @@ pub struct Config {
     pub download_url_ttl: Duration,
     pub reservation_ttl: Duration,
     pub sync_interval: Duration,
+    /// What blocks of transfers on local disk may hold at once (`--transfer-memory`).
+    pub transfer_memory: u64,
     pub shutdown_timeout: Duration,
     pub lookup_cache_ttl: Duration,
     pub tokens: crate::auth::TokenSettings,
@@ -538,6 +545,11 @@ impl ServeArgs {
             .map(crate::cache::policy::Policy::load)
             .transpose()
             .map_err(|e| ConfigError(format!("--policy-file (HOARD_POLICY_FILE): {e}.")))?;
+        if self.transfer_memory < crate::blob::transfer_memory::MIN_BUDGET {
+            return Err(ConfigError(
+                "--transfer-memory (HOARD_TRANSFER_MEMORY) must be at least 2MiB: one block being read and one being sent.".into(),
+            ));
+        }
         if self.metrics_repositories > 10_000 {
             return Err(ConfigError(
                 "--metrics-repositories (HOARD_METRICS_REPOSITORIES) must be at most 10000: each is a series in every scrape.".into(),
@@ -593,6 +605,7 @@ impl ServeArgs {
             download_url_ttl: self.download_url_ttl,
             reservation_ttl: self.reservation_ttl,
             sync_interval: self.sync_interval,
+            transfer_memory: self.transfer_memory,
             shutdown_timeout: self.shutdown_timeout,
             lookup_cache_ttl: self.lookup_cache_ttl,
             clock: Arc::new(SystemClock),

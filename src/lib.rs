@@ -80,7 +80,9 @@ pub async fn open_cache(config: &Config) -> Result<Cache, ServeError> {
             source,
         })?;
     let blobs: Arc<dyn blob::BlobStore> = match &config.storage {
-        config::Storage::Dir(dir) => Arc::new(FsStore::open(dir)?),
+        config::Storage::Dir(dir) => {
+            Arc::new(FsStore::open(dir)?.with_transfer_memory(config.transfer_memory))
+        }
         config::Storage::Object(url) => Arc::new(blob::ObjectStorage::open(url).await?),
     };
     // Every database and storage operation is timed for /metrics.

@@ -65,6 +65,85 @@ async fn misses_eventually(server: &TestServer, key: &str) -> bool {
     misses(server, key).await
 }
 
+/// Downloads `key`, whose chunk is damaged: the answer promises `len` bytes, and the body ends
+/// with an error before the last of them (a failed download, never a complete-looking one).
+async fn fails_before_its_last_byte(server: &TestServer, key: &str, len: usize) {
+    use futures_util::StreamExt;
+    let (_, body) = server.lookup(&main_token(), key, &[], VERSION).await;
+    assert_eq!(body["ok"], true, "{body}");
+    let res = server
+        .http
+        .get(body["signed_download_url"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200, "the damage is found while streaming");
+    assert_eq!(res.content_length(), Some(len as u64));
+    let mut body = res.bytes_stream();
+    let mut received = 0;
+    let mut failed = false;
+    while let Some(frame) = body.next().await {
+        match frame {
+            Ok(frame) => received += frame.len(),
+            Err(_) => {
+                failed = true;
+                break;
+            }
+        }
+    }
+    assert!(failed, "the download fails, after {received} bytes");
+    assert!(
+        received < len,
+        "{received} of {len} bytes reached the client before the failure"
+    );
+}
+
+/// On object storage too: an object damaged in the store fails its download before its last
+/// byte (the store is S3 on moto; its chunk is rewritten with one byte flipped).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flipped_byte_in_object_storage_fails_the_download_before_its_last_byte() {
+    let s3 = common::emulators::s3();
+    let bucket = s3.bucket();
+    for (key, value) in s3.env() {
+        std::env::set_var(key, value);
+    }
+    let url = format!("s3://{bucket}/flip");
+    let server = TestServer::start_with(&["--storage-url", &url]).await;
+    let data = random_bytes(3 * MIB + 29, 21);
+    server.save(&main_token(), "flipped", VERSION, &data).await;
+    let store = object_store::aws::AmazonS3Builder::from_env()
+        .with_url(format!("s3://{bucket}"))
+        .build()
+        .unwrap();
+    let listed: Vec<object_store::ObjectMeta> = futures_util::TryStreamExt::try_collect(
+        object_store::ObjectStore::list(&store, Some(&"flip/chunks".into())),
+    )
+    .await
+    .unwrap();
+    let chunk = listed
+        .iter()
+        .find(|o| o.size as usize == data.len())
+        .expect("the chunk is in the bucket");
+    let mut bytes = object_store::ObjectStore::get(&store, &chunk.location)
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap()
+        .to_vec();
+    assert!(bytes == data, "stored as sent");
+    let last = bytes.len() - 10;
+    bytes[last] ^= 0x01;
+    object_store::ObjectStore::put(&store, &chunk.location, bytes.into())
+        .await
+        .unwrap();
+    fails_before_its_last_byte(&server, "flipped", data.len()).await;
+    assert!(
+        misses_eventually(&server, "flipped").await,
+        "quarantined: the next lookup misses"
+    );
+}
+
 #[tokio::test]
 async fn a_flipped_byte_fails_the_download_quarantines_the_entry_and_verify_reports_it() {
     let server = TestServer::start().await;
@@ -73,24 +152,11 @@ async fn a_flipped_byte_fails_the_download_quarantines_the_entry_and_verify_repo
     let flipped = server.save(&token, "flipped", VERSION, &data).await;
     let intact = random_bytes(1000, 2);
     server.save(&token, "intact", VERSION, &intact).await;
-    // Damaged after the digest pass read it (before, the pass quarantines it: a test below).
+    // Damaged after the digest pass read it (before, the pass quarantines it: a test below),
+    // in its last block.
     server.until_digested(flipped).await;
-    flip_byte(&chunk_of_size(&server, data.len()), 2 * MIB);
-
-    let (_, body) = server.lookup(&token, "flipped", &[], VERSION).await;
-    let res = server
-        .http
-        .get(body["signed_download_url"].as_str().unwrap())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 200, "the damage is found while streaming");
-    let downloaded = res.bytes().await;
-    assert!(
-        downloaded.is_err(),
-        "the client sees a failed download, never {} complete-looking bytes",
-        data.len()
-    );
+    flip_byte(&chunk_of_size(&server, data.len()), data.len() - 10);
+    fails_before_its_last_byte(&server, "flipped", data.len()).await;
     // The quarantine lands right after the failed stream.
     assert!(
         misses_eventually(&server, "flipped").await,

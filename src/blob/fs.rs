@@ -17,12 +17,11 @@
 //! [`BlobStore::lost_since`] says so: the domain then forgets the entries finalized after it.
 //!
 //! File I/O runs in blocking tasks of one block each, one in flight per transfer while the next
-//! block crosses the network: disk and network overlap, memory stays bounded whatever the chunk
-//! size, and no thread is held while a slow client sends or reads. Each blocking task costs a
-//! thread wake-up and a switch both ways, which on a virtual machine cost as much as copying
-//! tens of KiB: the first [`WIDE_TRANSFERS`] large puts, and as many large reads, at a time
-//! move [`WIDE_BLOCK`] per task instead of [`IO_BLOCK`], so that the memory they hold stays
-//! bounded too.
+//! block crosses the network: disk and network overlap, and no thread is held while a slow
+//! client sends or reads. Each blocking task costs a thread wake-up and a switch both ways, which
+//! on a virtual machine cost as much as copying tens of KiB, so blocks are wide (1 MiB) while
+//! the [transfer memory](super::transfer_memory) budget has room, and narrow (256 KiB) when it is
+//! short: memory stays bounded by that budget whatever the number and size of transfers.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, IoSlice, Read, Seek, SeekFrom, Write};
@@ -33,26 +32,17 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::transfer_memory::{Reservation, TransferMemory, WIDE_BLOCK};
 use super::{BlobError, BlobStore, ByteStream, Capacity, Digests, Listed, NameStream};
 use crate::model::{now_millis, BlobName, Chunk, Millis};
 
 const LAYOUT_VERSION: &str = "1";
-/// Size of each disk read when streaming a chunk out, and of each batch of frames written, for
-/// a transfer without a wide permit.
-const IO_BLOCK: usize = 256 << 10;
-/// What a transfer holding a wide permit writes or reads per blocking task. Measured on 2 cores
-/// (8 uploads of 128 MiB at once): a fifth less CPU per GiB than batches of [`IO_BLOCK`], as
-/// little as the disk floor's 4 MiB batches.
-const WIDE_BLOCK: usize = 1 << 20;
-/// Large puts, and large reads, moving [`WIDE_BLOCK`] at a time at once (each kind); the others
-/// use [`IO_BLOCK`]. Each holds up to two blocks (one on the disk's side, one on the network's):
-/// 16 MiB of each kind in all at most.
-const WIDE_TRANSFERS: usize = 8;
-/// Chunks up to this size are received whole and written, or read, in one blocking call:
-/// one thread hop instead of a pipeline.
+/// Chunks up to this size are received whole and written in one blocking call (when the budget
+/// has room): one thread hop instead of a pipeline.
 const SMALL: u64 = 1 << 20;
+/// `--transfer-memory`'s default.
+pub const DEFAULT_TRANSFER_MEMORY: u64 = 32 << 20;
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 const UNKNOWN_BOOT: &str = "unknown";
 
@@ -66,9 +56,8 @@ pub struct FsStore {
     _staging_lock: Arc<File>,
     /// Set by every put, cleared by a sync.
     unsynced: Arc<AtomicBool>,
-    /// Permits to write, and to read, [`WIDE_BLOCK`] at a time.
-    wide_writers: Arc<Semaphore>,
-    wide_readers: Arc<Semaphore>,
+    /// What blocks being read and frames waiting to be written may hold at once.
+    memory: Arc<TransferMemory>,
     lost_since: Option<Millis>,
 }
 
@@ -196,10 +185,15 @@ impl FsStore {
             tmp,
             _staging_lock: Arc::new(staging_lock),
             unsynced: Arc::new(AtomicBool::new(lost_since.is_some())),
-            wide_writers: Arc::new(Semaphore::new(WIDE_TRANSFERS)),
-            wide_readers: Arc::new(Semaphore::new(WIDE_TRANSFERS)),
+            memory: TransferMemory::new(DEFAULT_TRANSFER_MEMORY),
             lost_since,
         })
+    }
+
+    /// The same store with a transfer memory budget of `bytes` (`--transfer-memory`).
+    pub fn with_transfer_memory(mut self, bytes: u64) -> Self {
+        self.memory = TransferMemory::new(bytes);
+        self
     }
 
     fn path_of(&self, name: &BlobName) -> PathBuf {
@@ -240,6 +234,38 @@ impl Disk {
             Self::Idle(sink) => Ok(sink),
             Self::Busy(task) => Ok(Some(task.await.map_err(io::Error::other)??)),
         }
+    }
+}
+
+/// Received frames waiting to be written, and their share of the transfer memory budget.
+#[derive(Default)]
+struct Batch {
+    frames: Vec<Bytes>,
+    len: usize,
+    reserved: Option<Reservation>,
+}
+
+impl Batch {
+    fn push(&mut self, frame: Bytes, reservation: Reservation) {
+        self.len += frame.len();
+        self.frames.push(frame);
+        match self.reserved.as_mut() {
+            Some(reserved) => reserved.merge(reservation),
+            None => self.reserved = Some(reservation),
+        }
+    }
+
+    /// Hands the frames to a blocking write once the one in flight has finished (its share of
+    /// the budget is given back when it is written), leaving this batch empty.
+    async fn write(&mut self, disk: Disk, staging: &Path) -> io::Result<Disk> {
+        let sink = disk.ready().await?;
+        let (batch, path) = (std::mem::take(self), staging.to_owned());
+        Ok(Disk::Busy(tokio::task::spawn_blocking(move || {
+            let written = write_batch(sink, &path, &batch.frames);
+            // The whole batch, its reservation too, is let go only once written.
+            drop(batch);
+            written
+        })))
     }
 }
 
@@ -334,9 +360,8 @@ impl BlobStore for FsStore {
             },
             published: false,
         };
-        // Held until the put returns; a small chunk is written in one batch.
-        let block = (!small).then(|| Block::for_large_transfer(&self.wide_writers));
-        let flush_at = block.as_ref().map_or(usize::MAX, |b| b.size);
+        // A small chunk is written in one batch, unless the budget runs short first.
+        let flush_at = if small { usize::MAX } else { WIDE_BLOCK };
         let mut disk = Disk::Idle(None);
         if !small {
             let path = staging.path.clone();
@@ -348,8 +373,7 @@ impl BlobStore for FsStore {
             disk = Disk::Idle(Some(sink));
         }
         let mut received: u64 = 0;
-        let mut batch: Vec<Bytes> = Vec::new();
-        let mut batch_len = 0usize;
+        let mut batch = Batch::default();
         while let Some(frame) = body.next().await {
             let bytes = frame.map_err(BlobError::Body)?;
             received += bytes.len() as u64;
@@ -359,15 +383,20 @@ impl BlobStore for FsStore {
                     actual: received,
                 });
             }
-            batch_len += bytes.len();
-            batch.push(bytes);
-            if batch_len >= flush_at {
-                let sink = disk.ready().await.map_err(fail())?;
-                let (frames, path) = (std::mem::take(&mut batch), staging.path.clone());
-                batch_len = 0;
-                disk = Disk::Busy(tokio::task::spawn_blocking(move || {
-                    write_batch(sink, &path, &frames)
-                }));
+            let reservation = match self.memory.try_reserve(bytes.len()) {
+                Some(reservation) => reservation,
+                None => {
+                    // No room: what this put holds is written first, so that it never waits
+                    // for the budget holding a share that only its own progress gives back.
+                    if !batch.frames.is_empty() {
+                        disk = batch.write(disk, &staging.path).await.map_err(fail())?;
+                    }
+                    self.memory.reserve(bytes.len()).await
+                }
+            };
+            batch.push(bytes, reservation);
+            if batch.len >= flush_at {
+                disk = batch.write(disk, &staging.path).await.map_err(fail())?;
             }
         }
         if let Some(declared) = declared_len.filter(|d| *d != received) {
@@ -381,7 +410,8 @@ impl BlobStore for FsStore {
         let path = staging.path.clone();
         let (sha256, xxh3) =
             tokio::task::spawn_blocking(move || -> io::Result<(Option<[u8; 32]>, u64)> {
-                let (file, digests) = write_batch(sink, &path, &batch)?;
+                let (file, digests) = write_batch(sink, &path, &batch.frames)?;
+                drop(batch);
                 drop(file);
                 if !small {
                     publish(&path, &final_path)?;
@@ -401,18 +431,19 @@ impl BlobStore for FsStore {
     }
 
     async fn get(&self, name: &BlobName, offset: u64, len: u64) -> Result<ByteStream, BlobError> {
-        // A small read is one block; a large one goes block by block, each read by a blocking
-        // task started while the previous block is sent: no thread waits on a slow reader. The
-        // stream holds the `Block` (and its wide permit, if any) until it ends or is dropped.
-        let block = (len > SMALL).then(|| Block::for_large_transfer(&self.wide_readers));
-        let step = block.as_ref().map_or(len, |b| b.size as u64);
+        // Block by block, each read by a blocking task: no thread waits on a slow reader. The
+        // next block is read while the previous one is sent when the budget has room at once;
+        // otherwise the stream waits for room only once it has handed over every block it read,
+        // so that it never waits holding a share that only its own progress gives back.
+        let memory = self.memory.clone();
+        let (buf, reservation) = memory.read_buffer(len).await;
         // The first block is read before returning, so a missing chunk is an error here.
         let path = self.path_of(name);
-        let first =
-            tokio::task::spawn_blocking(move || -> io::Result<(File, io::Result<Bytes>)> {
+        let (file, first) =
+            tokio::task::spawn_blocking(move || -> io::Result<(File, io::Result<Vec<u8>>)> {
                 let mut file = File::open(&path)?;
                 file.seek(SeekFrom::Start(offset))?;
-                Ok(read_block(file, step))
+                Ok(read_block(file, buf, len))
             })
             .await
             .map_err(|e| io_err(format!("chunk {name}"))(io::Error::other(e)))?
@@ -421,32 +452,49 @@ impl BlobStore for FsStore {
                 _ => io_err(format!("chunk {name}"))(e),
             })?;
 
-        type Read = tokio::task::JoinHandle<(File, io::Result<Bytes>)>;
+        type Read = tokio::task::JoinHandle<(File, io::Result<Vec<u8>>)>;
         enum Next {
-            Ready((File, io::Result<Bytes>)),
-            Reading(Read),
+            Ready(File, io::Result<Vec<u8>>, Reservation),
+            Reading(Read, Reservation),
+            /// Not started: the budget had no room.
+            Waiting(File),
         }
-        let state = (Some(Next::Ready(first)), len, block);
+        let spawn_read = |file: File, buf: Vec<u8>, left: u64| -> Read {
+            tokio::task::spawn_blocking(move || read_block(file, buf, left))
+        };
+        let state = (Some(Next::Ready(file, first, reservation)), len);
         Ok(Box::pin(futures_util::stream::unfold(
             state,
-            move |(next, left, block)| async move {
-                let (file, read) = match next? {
-                    Next::Ready(done) => done,
-                    Next::Reading(task) => match task.await {
-                        Ok(done) => done,
-                        Err(e) => return Some((Err(io::Error::other(e)), (None, 0, None))),
-                    },
-                };
-                let bytes = match read {
-                    Ok(bytes) => bytes,
-                    Err(e) => return Some((Err(e), (None, 0, None))),
-                };
-                let left = left - bytes.len() as u64;
-                let next = (left > 0).then(|| {
-                    let want = left.min(step);
-                    Next::Reading(tokio::task::spawn_blocking(move || read_block(file, want)))
-                });
-                Some((Ok(bytes), (next, left, block)))
+            move |(next, left)| {
+                let memory = memory.clone();
+                async move {
+                    let (file, read, reservation) = match next? {
+                        Next::Ready(file, read, reservation) => (file, read, reservation),
+                        Next::Reading(task, reservation) => match task.await {
+                            Ok((file, read)) => (file, read, reservation),
+                            Err(e) => return Some((Err(io::Error::other(e)), (None, 0))),
+                        },
+                        Next::Waiting(file) => {
+                            let (buf, reservation) = memory.read_buffer(left).await;
+                            match spawn_read(file, buf, left).await {
+                                Ok((file, read)) => (file, read, reservation),
+                                Err(e) => return Some((Err(io::Error::other(e)), (None, 0))),
+                            }
+                        }
+                    };
+                    let bytes = match read {
+                        Ok(buf) => memory.filled(buf, reservation),
+                        Err(e) => return Some((Err(e), (None, 0))),
+                    };
+                    let left = left - bytes.len() as u64;
+                    let next = (left > 0).then(|| match memory.try_read_buffer(left) {
+                        Some((buf, reservation)) => {
+                            Next::Reading(spawn_read(file, buf, left), reservation)
+                        }
+                        None => Next::Waiting(file),
+                    });
+                    Some((Ok(bytes), (next, left)))
+                }
             },
         )))
     }
@@ -565,31 +613,17 @@ impl BlobStore for FsStore {
     }
 }
 
-/// What a large transfer moves per blocking task: [`WIDE_BLOCK`] while it holds one of the
-/// wide permits (taken if one is free, given back when this is dropped), else [`IO_BLOCK`].
-struct Block {
-    size: usize,
-    _wide: Option<OwnedSemaphorePermit>,
-}
-
-impl Block {
-    fn for_large_transfer(wide_permits: &Arc<Semaphore>) -> Self {
-        let wide = wide_permits.clone().try_acquire_owned().ok();
-        let size = if wide.is_some() { WIDE_BLOCK } else { IO_BLOCK };
-        Self { size, _wide: wide }
-    }
-}
-
-/// Reads exactly `want` bytes at the file's position (a shorter chunk is an error).
-fn read_block(file: File, want: u64) -> (File, io::Result<Bytes>) {
+/// Reads the next block at the file's position into `buf` (empty, with the block's capacity):
+/// as much of the `left` bytes as fits. A chunk shorter than `left` is an error.
+fn read_block(file: File, mut buf: Vec<u8>, left: u64) -> (File, io::Result<Vec<u8>>) {
+    let want = left.min(buf.capacity() as u64);
     // read_to_end fills spare capacity without zeroing it first.
-    let mut buf = Vec::with_capacity(want as usize);
     let mut limited = file.take(want);
     let result = match limited.read_to_end(&mut buf) {
-        Ok(n) if n as u64 == want => Ok(Bytes::from(buf)),
+        Ok(n) if n as u64 == want => Ok(buf),
         Ok(n) => Err(io::Error::new(
             io::ErrorKind::UnexpectedEof,
-            format!("chunk ended {} bytes early", want - n as u64),
+            format!("chunk ended {} bytes early", left - n as u64),
         )),
         Err(e) => Err(e),
     };
@@ -612,79 +646,113 @@ mod tests {
         assert_eq!(FsStore::open(dir.path()).unwrap().lost_since(), None);
     }
 
-    /// More large puts, then reads, at once than there are wide permits: every chunk is stored
-    /// and read back whole, with or without a permit, and every permit is given back.
-    #[tokio::test]
-    async fn large_transfers_beyond_the_wide_permits_keep_their_bytes_and_give_the_permits_back() {
+    /// A frame that counts itself among the live ones until the store drops it.
+    struct Counted {
+        frame: Vec<u8>,
+        live: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl AsRef<[u8]> for Counted {
+        fn as_ref(&self) -> &[u8] {
+            &self.frame
+        }
+    }
+
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.live.fetch_sub(self.frame.len(), Ordering::Relaxed);
+        }
+    }
+
+    /// Many more large puts, then reads, at once than the transfer memory budget has room for:
+    /// the bytes they hold never exceed it (the frames received, counted as the test hands them
+    /// over, and the blocks read, as the budget counts them), and every chunk keeps its bytes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn many_large_transfers_at_once_hold_no_more_than_the_memory_budget() {
         use futures_util::TryStreamExt;
+        use std::sync::atomic::AtomicUsize;
+        const BUDGET: u64 = 4 << 20;
+        const FRAME: usize = 64 << 10;
         let dir = tempfile::tempdir().unwrap();
-        let store = FsStore::open(dir.path()).unwrap();
-        let puts = WIDE_TRANSFERS + 4;
-        let (started, mut all_started) = tokio::sync::mpsc::unbounded_channel::<()>();
-        let go = Arc::new(tokio::sync::Notify::new());
-        let data: Vec<Vec<u8>> = (0..puts)
-            .map(|i| (0..3 * WIDE_BLOCK + i).map(|b| (b * 7 + i) as u8).collect())
+        let store = FsStore::open(dir.path())
+            .unwrap()
+            .with_transfer_memory(BUDGET);
+        let transfers = 24;
+        let data: Vec<Vec<u8>> = (0..transfers)
+            .map(|i| {
+                (0..3 * WIDE_BLOCK + 1000 * i)
+                    .map(|b| (b * 7 + i) as u8)
+                    .collect()
+            })
             .collect();
-        // Each body sends its first frame, then waits until every put has begun.
+        let (live, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let body = |bytes: &Vec<u8>| -> ByteStream {
-            let frames: Vec<Bytes> = bytes.chunks(64 << 10).map(Bytes::copy_from_slice).collect();
-            let (started, go) = (started.clone(), go.clone());
-            Box::pin(
-                futures_util::stream::iter(frames)
-                    .enumerate()
-                    .then(move |(n, frame)| {
-                        let (started, go) = (started.clone(), go.clone());
-                        async move {
-                            if n == 1 {
-                                let go = go.notified();
-                                let _ = started.send(());
-                                go.await;
-                            }
-                            Ok::<_, io::Error>(frame)
-                        }
-                    }),
-            )
+            let (live, peak) = (live.clone(), peak.clone());
+            let frames: Vec<Vec<u8>> = bytes.chunks(FRAME).map(<[u8]>::to_vec).collect();
+            Box::pin(futures_util::stream::iter(frames).then(move |frame| {
+                let (live, peak) = (live.clone(), peak.clone());
+                async move {
+                    // Every put gets its next frame only after the others had their turn.
+                    tokio::task::yield_now().await;
+                    let now = live.fetch_add(frame.len(), Ordering::Relaxed) + frame.len();
+                    peak.fetch_max(now, Ordering::Relaxed);
+                    Ok::<_, io::Error>(Bytes::from_owner(Counted { frame, live }))
+                }
+            }))
         };
-        let names: Vec<BlobName> = (0..puts).map(|_| BlobName::random()).collect();
+        let names: Vec<BlobName> = (0..transfers).map(|_| BlobName::random()).collect();
         let stored = futures_util::future::join_all(
             names
                 .iter()
                 .zip(&data)
                 .map(|(name, bytes)| store.put(name, body(bytes), Some(bytes.len() as u64))),
+        )
+        .await;
+        // A put holds at most the one frame it is waiting to reserve outside the budget.
+        let bound = BUDGET as usize + transfers * FRAME;
+        let frames_peak = peak.load(Ordering::Relaxed);
+        assert!(
+            frames_peak <= bound,
+            "puts held {frames_peak} bytes of frames at once, more than {bound} (reserved at most {})",
+            store.memory.peak()
         );
-        let release = async {
-            for _ in 0..puts {
-                all_started.recv().await.unwrap();
-            }
-            assert_eq!(
-                store.wide_writers.available_permits(),
-                0,
-                "the first puts hold every wide permit"
-            );
-            go.notify_waiters();
-        };
-        let (stored, ()) = tokio::join!(stored, release);
-        let mut streams = Vec::new();
-        for ((chunk, name), bytes) in stored.into_iter().zip(&names).zip(&data) {
-            let chunk = chunk.unwrap();
-            assert_eq!(chunk.size, bytes.len() as u64);
+        assert!(
+            frames_peak > 2 * WIDE_BLOCK,
+            "the puts ran at once ({frames_peak} bytes held at most)"
+        );
+        assert_eq!(live.load(Ordering::Relaxed), 0, "every frame was let go");
+        for (chunk, bytes) in stored.iter().zip(&data) {
+            let chunk = chunk.as_ref().unwrap();
             assert_eq!(chunk.xxh3, Some(crate::blob::digests::xxh3_64(bytes)));
-            streams.push(store.get(name, 0, chunk.size).await.unwrap());
         }
-        assert_eq!(store.wide_writers.available_permits(), WIDE_TRANSFERS);
-        assert_eq!(
-            store.wide_readers.available_permits(),
-            0,
-            "the first reads hold every wide permit"
+
+        // Every read at once, each taking its next block only after the others had their turn.
+        let reads = names.iter().zip(&data).map(|(name, bytes)| {
+            let store = &store;
+            async move {
+                let mut stream = store.get(name, 0, bytes.len() as u64).await.unwrap();
+                let mut read = Vec::new();
+                while let Some(block) = stream.try_next().await.unwrap() {
+                    read.extend_from_slice(&block);
+                    tokio::task::yield_now().await;
+                }
+                read == *bytes
+            }
+        });
+        let intact = futures_util::future::join_all(reads).await;
+        assert!(intact.iter().all(|ok| *ok), "a chunk read back differs");
+        let memory = &store.memory;
+        assert!(
+            memory.peak() <= memory.budget(),
+            "{} bytes held at once, budget {}",
+            memory.peak(),
+            memory.budget()
         );
-        for ((stream, name), bytes) in streams.into_iter().zip(&names).zip(&data) {
-            let read: Vec<Bytes> = stream.try_collect().await.unwrap();
-            assert!(
-                read.concat() == *bytes,
-                "chunk {name} read back differs from its body"
-            );
-        }
-        assert_eq!(store.wide_readers.available_permits(), WIDE_TRANSFERS);
+        assert!(
+            memory.held() <= memory.budget() / 4,
+            "once done, only the kept buffers are held: {}",
+            memory.held()
+        );
     }
 
     #[tokio::test]

@@ -18,6 +18,7 @@ mod digests;
 mod fs;
 mod object;
 mod timed;
+pub mod transfer_memory;
 
 use std::io;
 use std::pin::Pin;
@@ -33,6 +34,7 @@ use digests::Digests;
 pub use fs::FsStore;
 pub use object::{ObjectStorage, ObjectStorageUrl};
 pub use timed::Timed;
+pub use transfer_memory::TransferMemory;
 
 /// Defined in `model` (the shared vocabulary); re-exported for the stores' own users.
 pub use crate::model::ByteStream;

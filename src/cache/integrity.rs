@@ -7,10 +7,10 @@
 //! checksum. Chunks recorded before XXH3 was check the SHA-256; `hoard verify` checks the
 //! SHA-256 where it is known, else the XXH3 (a chunk the digest pass has not hashed yet).
 //!
-//! The last frame of each chunk is held back until the hash is checked, so a reader of a
-//! damaged chunk never receives all of its bytes: the stream ends with an error instead, and
+//! The frame that completes a chunk is passed on only once the hash is checked, so a reader of
+//! a damaged chunk never receives all of its bytes: the stream ends with an error instead, and
 //! the HTTP response is cut short of its `Content-Length` (a failed download, never a
-//! complete-looking wrong one). Memory: one frame per chunk in flight.
+//! complete-looking wrong one). Nothing else is held back: a block is sent as soon as it is read.
 //!
 //! A range that covers only part of a chunk cannot be checked against the whole chunk's hash
 //! and is served unchecked; `hoard verify` checks every chunk whole.
@@ -103,8 +103,6 @@ impl WholeChunk {
 struct Checking {
     body: ByteStream,
     check: Option<WholeChunk>,
-    /// The latest frame, sent once the next one arrives or the hash is checked.
-    held: Option<Bytes>,
     expected: Chunk,
     on_damage: Option<OnDamage>,
     done: bool,
@@ -118,14 +116,28 @@ impl Checking {
         }
         std::io::Error::new(std::io::ErrorKind::InvalidData, how)
     }
+
+    /// Checks the bytes seen so far against the record, once they are all of them.
+    fn check(&mut self) -> Result<(), std::io::Error> {
+        match self
+            .check
+            .take()
+            .and_then(|check| check.damage(&self.expected))
+        {
+            Some(how) => Err(self.damaged(how)),
+            None => Ok(()),
+        }
+    }
 }
 
-/// `body`, the whole of `chunk`, checked against the chunk's recorded length and hash.
+/// `body`, the whole of `chunk`, checked against the chunk's recorded length and hash. Frames
+/// pass on as they come, but the one that brings the recorded length is passed on only once the
+/// hash matches: a damaged chunk's stream ends with an error before its last byte, and nothing
+/// is held back in the meantime.
 pub fn verified(body: ByteStream, chunk: &Chunk, check: Check, on_damage: OnDamage) -> ByteStream {
     let state = Checking {
         body,
         check: Some(WholeChunk::new(chunk, check)),
-        held: None,
         expected: chunk.clone(),
         on_damage: Some(on_damage),
         done: false,
@@ -134,33 +146,41 @@ pub fn verified(body: ByteStream, chunk: &Chunk, check: Check, on_damage: OnDama
         if s.done {
             return None;
         }
-        loop {
-            match s.body.next().await {
-                Some(Ok(frame)) => {
-                    if let Some(check) = s.check.as_mut() {
-                        check.update(&frame);
+        match s.body.next().await {
+            Some(Ok(frame)) => {
+                let Some(check) = s.check.as_mut() else {
+                    if frame.is_empty() {
+                        return Some((Ok(frame), s));
                     }
-                    if let Some(previous) = s.held.replace(frame) {
-                        return Some((Ok(previous), s));
-                    }
-                }
-                Some(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                    let how = format!("chunk {} is shorter than recorded: {e}", s.expected.blob);
+                    // More than the recorded length: the check already passed on the frame
+                    // that completed it.
+                    let how = format!("chunk {} is longer than recorded", s.expected.blob);
                     let error = s.damaged(how);
                     return Some((Err(error), s));
-                }
-                Some(Err(e)) => {
-                    s.done = true;
-                    return Some((Err(e), s));
-                }
-                None => {
-                    let damage = s.check.take().and_then(|check| check.damage(&s.expected));
-                    if let Some(how) = damage {
-                        let error = s.damaged(how);
+                };
+                check.update(&frame);
+                if check.seen >= s.expected.size {
+                    if let Err(error) = s.check() {
                         return Some((Err(error), s));
                     }
-                    s.done = true;
-                    return s.held.take().map(|last| (Ok(last), s));
+                }
+                Some((Ok(frame), s))
+            }
+            Some(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                let how = format!("chunk {} is shorter than recorded: {e}", s.expected.blob);
+                let error = s.damaged(how);
+                Some((Err(error), s))
+            }
+            Some(Err(e)) => {
+                s.done = true;
+                Some((Err(e), s))
+            }
+            None => {
+                s.done = true;
+                // Shorter than recorded (or empty, as recorded): checked now.
+                match s.check() {
+                    Err(error) => Some((Err(error), s)),
+                    Ok(()) => None,
                 }
             }
         }
