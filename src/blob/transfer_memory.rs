@@ -13,7 +13,9 @@
 //! for a narrow one (256 KiB), so that many transfers share the budget in smaller steps rather
 //! than queue. A transfer never waits for the budget while it holds a part of it that only its
 //! own progress would give back (see the put and get of [`super::fs`]), so the budget cannot
-//! deadlock; a client that stops reading or sending holds its blocks until its idle timeout.
+//! deadlock. A client that stops reading holds the blocks it was sent last for as long as its
+//! connection lasts; so that a few of them cannot stall everyone, a transfer that has waited
+//! [`OVERDRAFT_AFTER`] for room takes its block outside the budget (counted as an overdraft).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,6 +27,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 const UNIT: usize = 4 << 10;
 /// The least budget accepted: one wide block being read and one being sent.
 pub const MIN_BUDGET: u64 = 2 << 20;
+/// How long a transfer waits for room in the budget before it takes a block outside it: the
+/// budget bounds what a busy server holds, and a few clients that stop reading (each holds
+/// what it was sent last) cannot stall the others for longer than this.
+pub const OVERDRAFT_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
 /// What a block read or a batch written moves at most, when the budget has room.
 pub const WIDE_BLOCK: usize = 1 << 20;
 /// What it moves when the budget has no room for a wide one.
@@ -41,8 +47,10 @@ pub struct Reservation {
 impl Reservation {
     /// Adds `other` to this one.
     pub fn merge(&mut self, mut other: Reservation) {
-        if let (Some(mine), Some(theirs)) = (self.permit.as_mut(), other.permit.take()) {
-            mine.merge(theirs);
+        match (self.permit.as_mut(), other.permit.take()) {
+            (Some(mine), Some(theirs)) => mine.merge(theirs),
+            (None, Some(theirs)) => self.permit = Some(theirs),
+            _ => {}
         }
         self.bytes += std::mem::take(&mut other.bytes);
     }
@@ -60,11 +68,13 @@ impl Drop for Reservation {
 struct Counters {
     held: AtomicUsize,
     peak: AtomicUsize,
+    overdrafts: std::sync::atomic::AtomicU64,
 }
 
 /// The budget, and the read buffers kept for reuse (each with its share of the budget).
 pub struct TransferMemory {
     budget: usize,
+    overdraft_after: std::time::Duration,
     permits: Arc<Semaphore>,
     kept: Mutex<Vec<(Vec<u8>, Reservation)>>,
     counters: Arc<Counters>,
@@ -86,10 +96,16 @@ fn units(bytes: usize) -> u32 {
 impl TransferMemory {
     /// A budget of `bytes` (at least [`MIN_BUDGET`]).
     pub fn new(bytes: u64) -> Arc<Self> {
+        Self::overdrawn_after(bytes, OVERDRAFT_AFTER)
+    }
+
+    /// A budget of `bytes` whose transfers wait `wait` for room before an overdraft.
+    pub fn overdrawn_after(bytes: u64, wait: std::time::Duration) -> Arc<Self> {
         let budget = usize::try_from(bytes.max(MIN_BUDGET)).unwrap_or(usize::MAX);
         let budget = (budget / UNIT).min(u32::MAX as usize) * UNIT;
         Arc::new(Self {
             budget,
+            overdraft_after: wait,
             permits: Arc::new(Semaphore::new(budget / UNIT)),
             kept: Mutex::new(Vec::new()),
             counters: Arc::default(),
@@ -98,7 +114,9 @@ impl TransferMemory {
 
     /// The kept buffers. Nothing panics while holding them, so a poisoned lock is still sound.
     fn kept(&self) -> std::sync::MutexGuard<'_, Vec<(Vec<u8>, Reservation)>> {
-        self.kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.kept
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The budget in bytes.
@@ -138,19 +156,38 @@ impl TransferMemory {
         }
     }
 
-    /// `bytes` of the budget (at most the whole budget), waiting until they are free.
+    /// `bytes` of the budget (at most the whole budget), waiting until they are free, or for
+    /// [`OVERDRAFT_AFTER`] (by default) at most: then they are granted outside the budget (and counted
+    /// apart), so that clients that stop reading cannot stall every other transfer.
     pub async fn reserve(&self, bytes: usize) -> Reservation {
         let bytes = bytes.min(self.budget);
         if let Some(reservation) = self.try_reserve(bytes) {
             return reservation;
         }
-        let permit = self
-            .permits
-            .clone()
-            .acquire_many_owned(units(bytes))
-            .await
-            .expect("the budget's semaphore is never closed");
-        self.granted(permit, bytes)
+        let acquire = self.permits.clone().acquire_many_owned(units(bytes));
+        match tokio::time::timeout(self.overdraft_after, acquire).await {
+            Ok(permit) => self.granted(
+                permit.expect("the budget's semaphore is never closed"),
+                bytes,
+            ),
+            Err(_) => {
+                self.counters.overdrafts.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(
+                    bytes,
+                    "transfer memory budget full: a block granted outside it"
+                );
+                Reservation {
+                    permit: None,
+                    bytes: 0,
+                    counters: self.counters.clone(),
+                }
+            }
+        }
+    }
+
+    /// Blocks granted outside the budget since the start (see [`Self::reserve`]).
+    pub fn overdrafts(&self) -> u64 {
+        self.counters.overdrafts.load(Ordering::Relaxed)
     }
 
     /// A buffer of `capacity` bytes and its share of the budget: a kept one if there is one of
@@ -228,5 +265,57 @@ impl Drop for KeptOnDrop {
         if let Some((buf, reservation)) = self.buf.take() {
             self.memory.keep(buf, reservation);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_full_budget_makes_transfers_wait_then_overdraw_rather_than_stall() {
+        let memory = TransferMemory::overdrawn_after(MIN_BUDGET, Duration::from_millis(50));
+        let all = memory.try_reserve(MIN_BUDGET as usize).unwrap();
+        assert!(memory.try_reserve(UNIT).is_none(), "the budget is full");
+
+        // Room that comes back in time is granted inside the budget.
+        let waiting = memory.reserve(UNIT);
+        let (reservation, ()) = tokio::join!(waiting, async { drop(all) });
+        assert_eq!((memory.held(), memory.overdrafts()), (UNIT, 0));
+
+        // Room that does not come back: granted outside, and counted apart.
+        let rest = memory.try_reserve(MIN_BUDGET as usize - UNIT).unwrap();
+        let overdrawn = memory.reserve(NARROW_BLOCK).await;
+        assert_eq!(memory.overdrafts(), 1);
+        assert_eq!(
+            memory.held(),
+            MIN_BUDGET as usize,
+            "an overdraft is not held"
+        );
+        assert_eq!(memory.peak(), MIN_BUDGET as usize);
+        drop((reservation, rest, overdrawn));
+        assert_eq!(memory.held(), 0);
+    }
+
+    #[tokio::test]
+    async fn read_buffers_are_kept_within_the_budget_and_reused() {
+        let memory = TransferMemory::new(8 << 20);
+        let (buf, reservation) = memory.read_buffer(10 << 20).await;
+        assert_eq!(buf.capacity(), WIDE_BLOCK);
+        let pointer = buf.as_ptr();
+        let bytes = memory.filled(buf, reservation);
+        drop(bytes);
+        assert_eq!(
+            memory.held(),
+            WIDE_BLOCK,
+            "kept with its share of the budget"
+        );
+        let (again, _reservation) = memory.read_buffer(10 << 20).await;
+        assert_eq!(again.as_ptr(), pointer, "the kept buffer is reused");
+        // A reservation that needs the kept buffers' room gets it.
+        drop((again, _reservation));
+        let whole = memory.try_reserve(8 << 20);
+        assert!(whole.is_some(), "kept buffers give their room back");
     }
 }

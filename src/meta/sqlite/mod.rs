@@ -167,8 +167,9 @@ impl SqliteStore {
             }
             let mut conn = Connection::open(&writer_path)?;
             configure(&conn)?;
-            conn.pragma_update(None, "journal_mode", "WAL")?;
+            // Before the switch to WAL, which a new database then makes with fewer fsyncs.
             conn.pragma_update(None, "synchronous", "NORMAL")?;
+            conn.pragma_update(None, "journal_mode", "WAL")?;
             // Commits never fsync (NORMAL in WAL mode); checkpoints do, so they run only from
             // `checkpoint`, right after the blob store's syncfs, instead of in the middle of a
             // request where ext4 would make them wait for every dirty chunk.
@@ -178,9 +179,14 @@ impl SqliteStore {
             // pages per change, freed at its release), not in a temporary file written page by
             // page.
             conn.pragma_update(None, "temp_store", "MEMORY")?;
+            let created: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
             migrate(&mut conn)?;
-            // A log left large by a crash or a long reader is emptied now, not carried on.
-            checkpoint_now(&conn, Duration::from_secs(1))?;
+            // A log left large by a crash or a long reader is emptied now, not carried on. A
+            // database created just now has only its tables in the log: the first sync
+            // checkpoints them, and start-up saves the fsyncs.
+            if created != 0 {
+                checkpoint_now(&conn, Duration::from_secs(1))?;
+            }
             Ok(conn)
         })
         .await
