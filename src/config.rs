@@ -93,7 +93,7 @@ pub struct ServeArgs {
 
     /// Memory that uploads and downloads on local disk may hold at once for their blocks, in
     /// bytes or with a unit (at least 2MiB). Past it, transfers move in smaller blocks, then wait.
-    #[arg(long, env = "HOARD_TRANSFER_MEMORY", default_value = "32MiB", value_parser = parse_size)]
+    #[arg(long, env = "HOARD_TRANSFER_MEMORY", default_value = "16MiB", value_parser = parse_size)]
     pub transfer_memory: u64,
 
     /// On SIGTERM or SIGINT, how long in-flight requests may take to finish.

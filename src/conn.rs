@@ -252,7 +252,7 @@ impl tower::Service<Request<Incoming>> for Tracked {
 /// The request log, under the target `hoard::request`: a line per request at debug level,
 /// server errors always. Written here rather than by a tracing middleware, whose span and
 /// body wrapper cost every request even with its lines off (1,100 instructions a lookup more
-/// than this, docs/benchmarks.md). Routes are templates, never the URI: links carry signatures.
+/// than this, docs/benchmarks-history.md). Routes are templates, never the URI: links carry signatures.
 fn log_response(method: &Method, route: &'static str, status: StatusCode, elapsed: Duration) {
     let latency_ms = elapsed.as_secs_f64() * 1e3;
     if status.is_server_error() {

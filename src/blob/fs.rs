@@ -42,7 +42,7 @@ const LAYOUT_VERSION: &str = "1";
 /// has room): one thread hop instead of a pipeline.
 const SMALL: u64 = 1 << 20;
 /// `--transfer-memory`'s default.
-pub const DEFAULT_TRANSFER_MEMORY: u64 = 32 << 20;
+pub const DEFAULT_TRANSFER_MEMORY: u64 = 16 << 20;
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 const UNKNOWN_BOOT: &str = "unknown";
 

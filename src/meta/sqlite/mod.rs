@@ -5,8 +5,8 @@
 //! behind an async mutex: writers queue in-process instead of meeting `SQLITE_BUSY`, and never
 //! block readers (WAL). Reads use pooled read-only connections. Statements run in place on the
 //! calling task's thread: commits do not fsync (see `checkpoint`), so a statement takes tens of
-//! microseconds, less than the two thread switches of a hop to another thread (docs/benchmarks.md
-//! has the measurements). Statements are prepared once per connection (`prepare_cached`).
+//! microseconds, less than the two thread switches of a hop to another thread
+//! (docs/benchmarks-history.md has the measurements). Statements are prepared once per connection (`prepare_cached`).
 //!
 //! A change to an upload first claims it (`claim`): it bumps the revision where the upload is
 //! still open at the one the domain loaded, and otherwise refuses the whole change as stale.
