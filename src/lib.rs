@@ -113,8 +113,8 @@ pub async fn open_cache(config: &Config) -> Result<Cache, ServeError> {
 
 /// Opens storage and metadata (running migrations) and builds the handlers' state, so that bad
 /// settings fail before the port is bound.
-/// The most an HTTP/1 connection buffers of a request body at once (see `serve`).
-const READ_BUFFER: usize = 64 << 10;
+/// The most an HTTP/1 connection buffers of a request at once (see `serve`).
+const READ_BUFFER: usize = 256 << 10;
 
 pub async fn build_state(
     config: &Config,
@@ -315,9 +315,9 @@ pub async fn serve(
         .timer(TokioTimer::new())
         .header_read_timeout(config.limits.header_timeout)
         // Each connection reads into buffers of at most this size (hyper's default grows to
-        // about 400 KiB): an upload's frames stay under the allocator's mmap threshold and are
-        // counted in the transfer memory budget while they wait, and 64 jobs uploading at once
-        // no longer leave tens of MiB of large blocks behind in the allocator.
+        // about 400 KiB): 64 jobs uploading at once leave less behind in the allocator, and an
+        // upload's frames are counted in the transfer memory budget while they wait. It bounds
+        // a request's headers too, so it leaves room for tokens far larger than real ones.
         .max_buf_size(READ_BUFFER)
         .keep_alive(true);
     builder.http2().timer(TokioTimer::new());

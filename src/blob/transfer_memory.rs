@@ -157,8 +157,8 @@ impl TransferMemory {
     }
 
     /// `bytes` of the budget (at most the whole budget), waiting until they are free, or for
-    /// [`OVERDRAFT_AFTER`] (by default) at most: then they are granted outside the budget (and counted
-    /// apart), so that clients that stop reading cannot stall every other transfer.
+    /// [`OVERDRAFT_AFTER`] (by default) at most: then they are granted outside the budget (and
+    /// counted apart), so that clients that stop reading cannot stall every other transfer.
     pub async fn reserve(&self, bytes: usize) -> Reservation {
         let bytes = bytes.min(self.budget);
         if let Some(reservation) = self.try_reserve(bytes) {

@@ -6,7 +6,8 @@
 //! block readers (WAL). Reads use pooled read-only connections. Statements run in place on the
 //! calling task's thread: commits do not fsync (see `checkpoint`), so a statement takes tens of
 //! microseconds, less than the two thread switches of a hop to another thread
-//! (docs/benchmarks-history.md has the measurements). Statements are prepared once per connection (`prepare_cached`).
+//! (docs/benchmarks-history.md has the measurements). Statements are prepared once per
+//! connection (`prepare_cached`).
 //!
 //! A change to an upload first claims it (`claim`): it bumps the revision where the upload is
 //! still open at the one the domain loaded, and otherwise refuses the whole change as stale.
