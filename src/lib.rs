@@ -111,11 +111,11 @@ pub async fn open_cache(config: &Config) -> Result<Cache, ServeError> {
     .with_metrics(metrics))
 }
 
-/// Opens storage and metadata (running migrations) and builds the handlers' state, so that bad
-/// settings fail before the port is bound.
 /// The most an HTTP/1 connection buffers of a request at once (see `serve`).
 const READ_BUFFER: usize = 256 << 10;
 
+/// Opens storage and metadata (running migrations) and builds the handlers' state, so that bad
+/// settings fail before the port is bound.
 pub async fn build_state(
     config: &Config,
     shutdown: CancellationToken,

@@ -473,19 +473,17 @@ impl BlobStore for FsStore {
             move |(next, left)| {
                 let memory = memory.clone();
                 async move {
-                    let (file, read, reservation) = match next? {
-                        Next::Ready(file, read, reservation) => (file, read, reservation),
-                        Next::Reading(task, reservation) => match task.await {
-                            Ok((file, read)) => (file, read, reservation),
-                            Err(e) => return Some((Err(io::Error::other(e)), (None, 0))),
-                        },
+                    let (done, reservation) = match next? {
+                        Next::Ready(file, read, reservation) => (Ok((file, read)), reservation),
+                        Next::Reading(task, reservation) => (task.await, reservation),
                         Next::Waiting(file) => {
                             let (buf, reservation) = memory.read_buffer(left).await;
-                            match spawn_read(file, buf, left).await {
-                                Ok((file, read)) => (file, read, reservation),
-                                Err(e) => return Some((Err(io::Error::other(e)), (None, 0))),
-                            }
+                            (spawn_read(file, buf, left).await, reservation)
                         }
+                    };
+                    let (file, read) = match done {
+                        Ok(done) => done,
+                        Err(e) => return Some((Err(io::Error::other(e)), (None, 0))),
                     };
                     let bytes = match read {
                         Ok(buf) => memory.filled(buf, reservation),

@@ -38,7 +38,7 @@ pub const NARROW_BLOCK: usize = 256 << 10;
 
 /// A share of the budget, given back when dropped.
 pub struct Reservation {
-    /// `None` only once merged into another.
+    /// `None` for an overdraft, and once merged into another.
     permit: Option<OwnedSemaphorePermit>,
     bytes: usize,
     counters: Arc<Counters>,

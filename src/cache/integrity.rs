@@ -3,8 +3,8 @@
 //!
 //! Downloads check the chunk's XXH3-64, a non-cryptographic checksum about ten times cheaper
 //! than SHA-256: checking SHA-256 on every download halved download throughput on a 2-core
-//! machine (docs/benchmarks-history.md), and damage on disk is not an adversary that could forge a
-//! checksum. Chunks recorded before XXH3 was check the SHA-256; `hoard verify` checks the
+//! machine (docs/benchmarks-history.md), and damage on disk is not an adversary that could
+//! forge a checksum. Chunks recorded before XXH3 was check the SHA-256; `hoard verify` checks the
 //! SHA-256 where it is known, else the XXH3 (a chunk the digest pass has not hashed yet).
 //!
 //! The frame that completes a chunk is passed on only once the hash is checked, so a reader of
