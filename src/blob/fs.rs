@@ -24,16 +24,16 @@
 //! short: memory stays bounded by that budget whatever the number and size of transfers.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, IoSlice, Read, Seek, SeekFrom, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use futures_util::StreamExt;
 
-use super::transfer_memory::{Reservation, TransferMemory, WIDE_BLOCK};
+use super::transfer_memory::{Reservation, TransferMemory};
 use super::{BlobError, BlobStore, ByteStream, Capacity, Digests, Listed, NameStream};
 use crate::model::{now_millis, BlobName, Chunk, Millis};
 
@@ -56,7 +56,7 @@ pub struct FsStore {
     _staging_lock: Arc<File>,
     /// Set by every put, cleared by a sync.
     unsynced: Arc<AtomicBool>,
-    /// What blocks being read and frames waiting to be written may hold at once.
+    /// What blocks being read and received bytes waiting to be written may hold at once.
     memory: Arc<TransferMemory>,
     lost_since: Option<Millis>,
 }
@@ -242,33 +242,42 @@ impl Disk {
     }
 }
 
-/// Received frames waiting to be written, and their share of the transfer memory budget.
-#[derive(Default)]
-struct Batch {
-    frames: Vec<Bytes>,
-    len: usize,
-    reserved: Option<Reservation>,
+/// Received bytes waiting to be written: a block of the transfer memory budget, and its share.
+///
+/// Frames are copied into it and let go at once, rather than kept until written: a frame is a
+/// view into the connection's read buffer, and one kept alive makes hyper allocate a new buffer
+/// for its next read. Copied, each connection reads into the same buffer for its whole life and
+/// every byte an upload holds is counted by the budget.
+struct Block {
+    buf: Vec<u8>,
+    reservation: Reservation,
 }
 
-impl Batch {
-    fn push(&mut self, frame: Bytes, reservation: Reservation) {
-        self.len += frame.len();
-        self.frames.push(frame);
-        match self.reserved.as_mut() {
-            Some(reserved) => reserved.merge(reservation),
-            None => self.reserved = Some(reservation),
-        }
+impl Block {
+    fn is_full(&self) -> bool {
+        self.buf.len() == self.buf.capacity()
     }
 
-    /// Hands the frames to a blocking write once the one in flight has finished (its share of
-    /// the budget is given back when it is written), leaving this batch empty.
-    async fn write(&mut self, disk: Disk, staging: &Path) -> io::Result<Disk> {
+    /// Copies as much of `frame` as there is room for, and advances it past what was copied.
+    fn fill(&mut self, frame: &mut Bytes) {
+        let n = frame.len().min(self.buf.capacity() - self.buf.len());
+        self.buf.extend_from_slice(&frame[..n]);
+        frame.advance(n);
+    }
+
+    /// Hands the block to a blocking write once the one in flight has finished; its buffer and
+    /// share of the budget are given back once written.
+    async fn write(
+        self,
+        memory: &Arc<TransferMemory>,
+        disk: Disk,
+        staging: &Path,
+    ) -> io::Result<Disk> {
         let sink = disk.ready().await?;
-        let (batch, path) = (std::mem::take(self), staging.to_owned());
+        let (memory, path) = (memory.clone(), staging.to_owned());
         Ok(Disk::Busy(tokio::task::spawn_blocking(move || {
-            let written = write_batch(sink, &path, &batch.frames);
-            // The whole batch, its reservation too, is let go only once written.
-            drop(batch);
+            let written = write_block(sink, &path, &self.buf);
+            memory.keep(self.buf, self.reservation);
             written
         })))
     }
@@ -298,33 +307,15 @@ fn in_its_directory<T>(path: &Path, op: impl Fn() -> io::Result<T>) -> io::Resul
 }
 
 /// One blocking step of a put: opens the staging file if that has not happened yet (a small
-/// chunk's, hashed with both digests), then hashes and writes a batch of frames.
-fn write_batch(sink: Option<Sink>, staging: &Path, frames: &[Bytes]) -> io::Result<Sink> {
+/// chunk's, hashed with both digests), then hashes and writes a block.
+fn write_block(sink: Option<Sink>, staging: &Path, block: &[u8]) -> io::Result<Sink> {
     let (mut file, mut digests) = match sink {
         Some(sink) => sink,
         None => create_staging(staging, Digests::with_sha256())?,
     };
-    for frame in frames {
-        digests.update(frame);
-    }
-    write_all_vectored(&mut file, frames)?;
+    digests.update(block);
+    file.write_all(block)?;
     Ok((file, digests))
-}
-
-/// Writes every byte of `bufs` with as few system calls as the kernel allows.
-fn write_all_vectored(out: &mut File, bufs: &[Bytes]) -> io::Result<()> {
-    let mut slices: Vec<IoSlice<'_>> = bufs.iter().map(|b| IoSlice::new(b)).collect();
-    let mut slices = &mut slices[..];
-    IoSlice::advance_slices(&mut slices, 0);
-    while !slices.is_empty() {
-        match out.write_vectored(slices) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut slices, n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 /// Moves a fully written staging file into place.
@@ -365,8 +356,6 @@ impl BlobStore for FsStore {
             },
             published: false,
         };
-        // A small chunk is written in one batch, unless the budget runs short first.
-        let flush_at = if small { usize::MAX } else { WIDE_BLOCK };
         let mut disk = Disk::Idle(None);
         if !small {
             let path = staging.path.clone();
@@ -377,31 +366,42 @@ impl BlobStore for FsStore {
                     .map_err(fail())?;
             disk = Disk::Idle(Some(sink));
         }
+        // A small chunk fits one block and is written once whole, unless the budget runs short.
         let mut received: u64 = 0;
-        let mut batch = Batch::default();
+        let mut block: Option<Block> = None;
         while let Some(frame) = body.next().await {
-            let bytes = frame.map_err(BlobError::Body)?;
-            received += bytes.len() as u64;
+            let mut frame = frame.map_err(BlobError::Body)?;
+            received += frame.len() as u64;
             if let Some(declared) = declared_len.filter(|d| received > *d) {
                 return Err(BlobError::LengthMismatch {
                     declared,
                     actual: received,
                 });
             }
-            let reservation = match self.memory.try_reserve(bytes.len()) {
-                Some(reservation) => reservation,
-                None => {
-                    // No room: what this put holds is written first, so that it never waits
-                    // for the budget holding a share that only its own progress gives back.
-                    if !batch.frames.is_empty() {
-                        disk = batch.write(disk, &staging.path).await.map_err(fail())?;
+            while !frame.is_empty() {
+                let mut filling = match block.take() {
+                    Some(filling) => filling,
+                    None => {
+                        let left =
+                            declared_len.map_or(u64::MAX, |d| d - (received - frame.len() as u64));
+                        let (buf, reservation) = match self.memory.try_block(left) {
+                            Some(found) => found,
+                            // Nothing held but the write in flight, which ends on its own.
+                            None => self.memory.block(left).await,
+                        };
+                        Block { buf, reservation }
                     }
-                    self.memory.reserve(bytes.len()).await
+                };
+                filling.fill(&mut frame);
+                let more_to_come = declared_len.is_none_or(|d| received < d) || !frame.is_empty();
+                if filling.is_full() && more_to_come {
+                    disk = filling
+                        .write(&self.memory, disk, &staging.path)
+                        .await
+                        .map_err(fail())?;
+                } else {
+                    block = Some(filling);
                 }
-            };
-            batch.push(bytes, reservation);
-            if batch.len >= flush_at {
-                disk = batch.write(disk, &staging.path).await.map_err(fail())?;
             }
         }
         if let Some(declared) = declared_len.filter(|d| *d != received) {
@@ -413,10 +413,17 @@ impl BlobStore for FsStore {
         // The last step writes what is left and publishes.
         let sink = disk.ready().await.map_err(fail())?;
         let path = staging.path.clone();
+        let memory = self.memory.clone();
         let (sha256, xxh3) =
             tokio::task::spawn_blocking(move || -> io::Result<(Option<[u8; 32]>, u64)> {
-                let (file, digests) = write_batch(sink, &path, &batch.frames)?;
-                drop(batch);
+                let (file, digests) = match block {
+                    Some(Block { buf, reservation }) => {
+                        let written = write_block(sink, &path, &buf);
+                        memory.keep(buf, reservation);
+                        written?
+                    }
+                    None => write_block(sink, &path, &[])?,
+                };
                 drop(file);
                 if !small {
                     publish(&path, &final_path)?;
@@ -441,7 +448,7 @@ impl BlobStore for FsStore {
         // otherwise the stream waits for room only once it has handed over every block it read,
         // so that it never waits holding a share that only its own progress gives back.
         let memory = self.memory.clone();
-        let (buf, reservation) = memory.read_buffer(len).await;
+        let (buf, reservation) = memory.block(len).await;
         // The first block is read before returning, so a missing chunk is an error here.
         let path = self.path_of(name);
         let (file, first) =
@@ -477,7 +484,7 @@ impl BlobStore for FsStore {
                         Next::Ready(file, read, reservation) => (Ok((file, read)), reservation),
                         Next::Reading(task, reservation) => (task.await, reservation),
                         Next::Waiting(file) => {
-                            let (buf, reservation) = memory.read_buffer(left).await;
+                            let (buf, reservation) = memory.block(left).await;
                             (spawn_read(file, buf, left).await, reservation)
                         }
                     };
@@ -490,7 +497,7 @@ impl BlobStore for FsStore {
                         Err(e) => return Some((Err(e), (None, 0))),
                     };
                     let left = left - bytes.len() as u64;
-                    let next = (left > 0).then(|| match memory.try_read_buffer(left) {
+                    let next = (left > 0).then(|| match memory.try_block(left) {
                         Some((buf, reservation)) => {
                             Next::Reading(spawn_read(file, buf, left), reservation)
                         }
@@ -636,6 +643,7 @@ fn read_block(file: File, mut buf: Vec<u8>, left: u64) -> (File, io::Result<Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::blob::transfer_memory::WIDE_BLOCK;
 
     #[tokio::test]
     async fn a_sync_records_the_boot_so_a_restart_without_reboot_loses_nothing() {
@@ -668,8 +676,9 @@ mod tests {
     }
 
     /// Many more large puts, then reads, at once than the transfer memory budget has room for:
-    /// the bytes they hold never exceed it (the frames received, counted as the test hands them
-    /// over, and the blocks read, as the budget counts them), and every chunk keeps its bytes.
+    /// the bytes they hold never exceed it (the blocks received frames are copied into and the
+    /// blocks read, as the budget counts them), no put keeps a frame once copied (counted as
+    /// the test hands them over), and every chunk keeps its bytes.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn many_large_transfers_at_once_hold_no_more_than_the_memory_budget() {
         use futures_util::TryStreamExt;
@@ -711,19 +720,21 @@ mod tests {
                 .map(|(name, bytes)| store.put(name, body(bytes), Some(bytes.len() as u64))),
         )
         .await;
-        // A put holds at most the one frame it is waiting to reserve outside the budget.
-        let bound = BUDGET as usize + transfers * FRAME;
+        // A put holds at most the one frame it is copying (or waiting for a block to copy into).
+        let bound = transfers * FRAME;
         let frames_peak = peak.load(Ordering::Relaxed);
         assert!(
             frames_peak <= bound,
-            "puts held {frames_peak} bytes of frames at once, more than {bound} (reserved at most {})",
-            store.memory.peak()
-        );
-        assert!(
-            frames_peak > 2 * WIDE_BLOCK,
-            "the puts ran at once ({frames_peak} bytes held at most)"
+            "puts held {frames_peak} bytes of frames at once, more than {bound}"
         );
         assert_eq!(live.load(Ordering::Relaxed), 0, "every frame was let go");
+        let memory = &store.memory;
+        assert!(
+            memory.peak() > 2 * WIDE_BLOCK && memory.peak() <= memory.budget(),
+            "the puts ran at once within the budget: {} bytes held at most, budget {}",
+            memory.peak(),
+            memory.budget()
+        );
         for (chunk, bytes) in stored.iter().zip(&data) {
             let chunk = chunk.as_ref().unwrap();
             assert_eq!(chunk.xxh3, Some(crate::blob::digests::xxh3_64(bytes)));
@@ -744,7 +755,6 @@ mod tests {
         });
         let intact = futures_util::future::join_all(reads).await;
         assert!(intact.iter().all(|ok| *ok), "a chunk read back differs");
-        let memory = &store.memory;
         assert_eq!(memory.overdrafts(), 0);
         assert!(
             memory.peak() <= memory.budget(),

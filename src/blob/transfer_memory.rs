@@ -203,10 +203,11 @@ impl TransferMemory {
         Some((Vec::with_capacity(capacity), reservation))
     }
 
-    /// A buffer for the next block of a read of which `left` bytes remain, if the budget has
-    /// room now: wide if it has room for one, else narrow. Buffers of exactly these two sizes
-    /// are kept for reuse; a chunk's last, shorter block still reads into a whole one.
-    pub fn try_read_buffer(&self, left: u64) -> Option<(Vec<u8>, Reservation)> {
+    /// A buffer for the next block of a transfer (a read, or received bytes to be written) of
+    /// which `left` bytes remain, if the budget has room now: wide if it has room for one, else
+    /// narrow. Buffers of exactly these two sizes are kept for reuse; a chunk's last, shorter
+    /// block still goes into a whole one.
+    pub fn try_block(&self, left: u64) -> Option<(Vec<u8>, Reservation)> {
         if left > NARROW_BLOCK as u64 {
             if let Some(found) = self.try_buffer(WIDE_BLOCK) {
                 return Some(found);
@@ -215,9 +216,9 @@ impl TransferMemory {
         self.try_buffer(NARROW_BLOCK)
     }
 
-    /// As [`Self::try_read_buffer`], waiting for a narrow one when the budget has no room.
-    pub async fn read_buffer(&self, left: u64) -> (Vec<u8>, Reservation) {
-        if let Some(found) = self.try_read_buffer(left) {
+    /// As [`Self::try_block`], waiting for a narrow one when the budget has no room.
+    pub async fn block(&self, left: u64) -> (Vec<u8>, Reservation) {
+        if let Some(found) = self.try_block(left) {
             return found;
         }
         let reservation = self.reserve(NARROW_BLOCK).await;
@@ -233,9 +234,9 @@ impl TransferMemory {
         })
     }
 
-    /// Keeps `buf` for the next read, while the kept buffers are at most a quarter of the
+    /// Keeps `buf` for the next block, while the kept buffers are at most a quarter of the
     /// budget; frees it otherwise.
-    fn keep(&self, mut buf: Vec<u8>, reservation: Reservation) {
+    pub fn keep(&self, mut buf: Vec<u8>, reservation: Reservation) {
         if buf.capacity() != WIDE_BLOCK && buf.capacity() != NARROW_BLOCK {
             return;
         }
@@ -301,7 +302,7 @@ mod tests {
     #[tokio::test]
     async fn read_buffers_are_kept_within_the_budget_and_reused() {
         let memory = TransferMemory::new(8 << 20);
-        let (buf, reservation) = memory.read_buffer(10 << 20).await;
+        let (buf, reservation) = memory.block(10 << 20).await;
         assert_eq!(buf.capacity(), WIDE_BLOCK);
         let pointer = buf.as_ptr();
         let bytes = memory.filled(buf, reservation);
@@ -311,7 +312,7 @@ mod tests {
             WIDE_BLOCK,
             "kept with its share of the budget"
         );
-        let (again, _reservation) = memory.read_buffer(10 << 20).await;
+        let (again, _reservation) = memory.block(10 << 20).await;
         assert_eq!(again.as_ptr(), pointer, "the kept buffer is reused");
         // A reservation that needs the kept buffers' room gets it.
         drop((again, _reservation));
