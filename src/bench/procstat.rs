@@ -1,5 +1,5 @@
 //! Server footprint from /proc: resident memory of a whole process tree (sampled every 10 ms
-//! for the peak) and CPU time. Linux only.
+//! for the peak), all of it and its anonymous part, and CPU time. Linux only.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -60,10 +60,30 @@ pub fn process_tree(root: u32) -> Vec<u32> {
     tree
 }
 
-/// Resident memory of one process in bytes.
-pub fn rss_bytes(pid: u32) -> Option<u64> {
+/// Resident memory in bytes: all of it (`VmRSS`), and its anonymous part (`RssAnon`: heap and
+/// stacks, without the mapped binary or files), which the published method compares.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Resident {
+    pub rss: u64,
+    pub anon: u64,
+}
+
+impl Resident {
+    fn max(self, other: Self) -> Self {
+        Self {
+            rss: self.rss.max(other.rss),
+            anon: self.anon.max(other.anon),
+        }
+    }
+}
+
+/// Resident memory of one process.
+pub fn resident(pid: u32) -> Option<Resident> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    kib_field(&status, "VmRSS:")
+    Some(Resident {
+        rss: kib_field(&status, "VmRSS:")?,
+        anon: kib_field(&status, "RssAnon:")?,
+    })
 }
 
 /// The value of a `Name:   1234 kB` line of a `/proc` file, in bytes.
@@ -79,8 +99,14 @@ fn kib_field(text: &str, name: &str) -> Option<u64> {
     Some(kib * 1024)
 }
 
-pub fn tree_rss_bytes(tree: &[u32]) -> u64 {
-    tree.iter().filter_map(|p| rss_bytes(*p)).sum()
+/// Resident memory of a process tree, summed over its members.
+pub fn tree_resident(tree: &[u32]) -> Resident {
+    tree.iter()
+        .filter_map(|p| resident(*p))
+        .fold(Resident::default(), |sum, r| Resident {
+            rss: sum.rss + r.rss,
+            anon: sum.anon + r.anon,
+        })
 }
 
 /// CPU seconds used by the tree: its live members plus the reaped children of the root.
@@ -113,16 +139,17 @@ pub fn self_cpu_seconds() -> f64 {
     (field(11) + field(12)) / clock_ticks()
 }
 
-/// Samples the resident memory of several process trees every 10 ms and keeps each peak.
+/// Samples the resident memory of several process trees every 10 ms and keeps each peak (of all
+/// resident memory and of the anonymous part, each at its own moment).
 pub struct PeakSampler {
-    peaks: Arc<Mutex<HashMap<u32, u64>>>,
+    peaks: Arc<Mutex<HashMap<u32, Resident>>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl PeakSampler {
     pub fn start(roots: Vec<u32>) -> Self {
-        let peaks = Arc::new(Mutex::new(HashMap::new()));
+        let peaks = Arc::new(Mutex::new(HashMap::<u32, Resident>::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (peaks, stop) = (peaks.clone(), stop.clone());
@@ -135,10 +162,10 @@ impl PeakSampler {
                     }
                     n = n.wrapping_add(1);
                     for (root, tree) in &trees {
-                        let rss = tree_rss_bytes(tree);
+                        let now = tree_resident(tree);
                         let mut peaks = peaks.lock().unwrap_or_else(|p| p.into_inner());
-                        let peak = peaks.entry(*root).or_insert(0);
-                        *peak = (*peak).max(rss);
+                        let peak = peaks.entry(*root).or_default();
+                        *peak = peak.max(now);
                     }
                     std::thread::sleep(SAMPLE_EVERY);
                 }
@@ -151,8 +178,8 @@ impl PeakSampler {
         }
     }
 
-    /// Stops sampling and returns the peak resident bytes of each root's tree.
-    pub fn finish(mut self) -> HashMap<u32, u64> {
+    /// Stops sampling and returns the peak resident memory of each root's tree.
+    pub fn finish(mut self) -> HashMap<u32, Resident> {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -170,13 +197,15 @@ mod tests {
     fn this_process_is_measured() {
         let me = std::process::id();
         assert!(process_tree(me).contains(&me));
-        assert!(rss_bytes(me).unwrap() > 1024 * 1024);
+        let mine = resident(me).unwrap();
+        assert!(mine.rss > 1024 * 1024);
+        assert!(mine.anon > 0 && mine.anon < mine.rss, "{mine:?}");
         let burn: u64 = (0..20_000_000u64).fold(0, |a, b| a.wrapping_add(b * b));
         assert!(burn > 0);
         assert!(self_cpu_seconds() > 0.0);
         let sampler = PeakSampler::start(vec![me]);
         std::thread::sleep(Duration::from_millis(30));
         let peaks = sampler.finish();
-        assert!(peaks[&me] > 0);
+        assert!(peaks[&me].anon > 0 && peaks[&me].rss >= peaks[&me].anon);
     }
 }
