@@ -80,7 +80,7 @@ impl Connections {
         let acceptor = self.tls.as_ref().map(|tls| tls.acceptor());
         self.tasks.spawn(async move {
             match acceptor {
-                None => run(ReadsInSteps(stream), peer, builder, app, idle, stop).await,
+                None => run(stream, peer, builder, app, idle, stop).await,
                 Some(acceptor) => {
                     let stream = match tokio::time::timeout(idle, acceptor.accept(stream)).await {
                         Ok(Ok(stream)) => stream,
@@ -101,68 +101,6 @@ impl Connections {
     pub async fn drain(self, grace: Duration) -> bool {
         self.tasks.close();
         tokio::time::timeout(grace, self.tasks.wait()).await.is_ok()
-    }
-}
-
-/// The most a plain connection reads at once.
-///
-/// hyper's read buffer grows to twice the largest read it has seen (up to `max_buf_size`, which
-/// also bounds a request's headers and so stays large): reads of this size keep every
-/// connection's buffer at 64 KiB. Larger buffers, freed as connections come and go, are what
-/// glibc's per-thread arenas held on to when 64 jobs uploaded at once (the fleet's peak memory
-/// went from about 45 to 70 MiB); the extra system calls cost an upload a few percent of its CPU.
-const READ_STEP: usize = 32 << 10;
-
-/// A plain TCP connection read at most [`READ_STEP`] bytes at a time.
-struct ReadsInSteps(TcpStream);
-
-impl AsyncRead for ReadsInSteps {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        use bytes::BufMut;
-        if buf.remaining() == 0 {
-            return Poll::Ready(Ok(()));
-        }
-        loop {
-            std::task::ready!(self.0.poll_read_ready(cx))?;
-            match self.0.try_read_buf(&mut (&mut *buf).limit(READ_STEP)) {
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                read => return Poll::Ready(read.map(|_| ())),
-            }
-        }
-    }
-}
-
-impl AsyncWrite for ReadsInSteps {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.0.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
     }
 }
 

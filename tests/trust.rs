@@ -505,15 +505,18 @@ fn hoard_trusting_the_test_issuer() -> (Issuer, Hoard, tempfile::TempDir) {
 }
 
 /// What a client puts in a token reaches the log only bounded: a refusal's reason (here, an
-/// untrusted issuer of 100,000 characters, read before any signature is checked) and the audit
-/// line of a reservation (a token subject of 50,000 characters) stay short lines.
+/// untrusted issuer of 30,000 characters, read before any signature is checked) and the audit
+/// line of a reservation (a token subject of 30,000 characters) stay short lines. A token past
+/// the limit on a request's headers (64 KiB) is refused before it is read at all.
 #[test]
 fn refusals_and_audit_lines_log_bounded_text() {
     let (issuer, hoard, _data) = hoard_trusting_the_test_issuer();
     let mut untrusted = issuer.claims("1", &[(MAIN, 3)]);
-    untrusted["iss"] = json!(format!("https://evil.example/{}", "x".repeat(100_000)));
+    untrusted["iss"] = json!(format!("https://evil.example/{}", "x".repeat(30_000)));
+    let mut oversized = untrusted.clone();
+    oversized["iss"] = json!(format!("https://evil.example/{}", "x".repeat(100_000)));
     let mut long_subject = claims("1", &[(MAIN, 3)]);
-    long_subject["sub"] = json!("s".repeat(50_000));
+    long_subject["sub"] = json!("s".repeat(30_000));
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let http = reqwest::Client::new();
@@ -529,6 +532,16 @@ fn refusals_and_audit_lines_log_bounded_text() {
             (status, body["code"].as_str()),
             (401, Some("unauthenticated"))
         );
+        let status = http
+            .post(format!("{}{SERVICE}GetCacheEntryDownloadURL", hoard.base))
+            .bearer_auth(issuer.rs256(&oversized))
+            .header("content-type", "application/json")
+            .body(json!({ "key": "k", "version": VERSION }).to_string())
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status, 431, "headers past the limit are refused unread");
         let (status, body) = twirp_at(
             &http,
             &hoard.base,
