@@ -104,9 +104,7 @@ async fn fails_before_its_last_byte(server: &TestServer, key: &str, len: usize) 
 async fn a_flipped_byte_in_object_storage_fails_the_download_before_its_last_byte() {
     let s3 = common::emulators::s3();
     let bucket = s3.bucket();
-    for (key, value) in s3.env() {
-        std::env::set_var(key, value);
-    }
+    common::emulators::set_env(&s3.env());
     let url = format!("s3://{bucket}/flip");
     let server = TestServer::start_with(&["--storage-url", &url]).await;
     let data = random_bytes(3 * MIB + 29, 21);

@@ -11,15 +11,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::emulators;
+use common::emulators::set_env;
 use common::process::Hoard;
 use hoard::blob::{BlobStore, ObjectStorage, ObjectStorageUrl};
 use hoard::model::BlobName;
-
-fn set_env(env: &[(String, String)]) {
-    for (key, value) in env {
-        std::env::set_var(key, value);
-    }
-}
 
 async fn open(url: &str) -> ObjectStorage {
     let url = ObjectStorageUrl::parse(url).unwrap().unwrap();

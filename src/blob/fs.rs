@@ -30,10 +30,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use bytes::{Buf, Bytes};
 use futures_util::StreamExt;
 
-use super::transfer_memory::{Reservation, TransferMemory};
+use super::transfer_memory::{Block, TransferMemory};
 use super::{BlobError, BlobStore, ByteStream, Capacity, Digests, Listed, NameStream};
 use crate::model::{now_millis, BlobName, Chunk, Millis};
 
@@ -84,11 +83,16 @@ fn read_record(path: &Path) -> Option<(String, Millis)> {
     Some((boot.to_owned(), millis.parse().ok()?))
 }
 
+/// The durability record's line for this boot.
+fn record_line(synced_through: Millis) -> String {
+    format!("{} {synced_through}\n", boot_id())
+}
+
 /// Replaces the durability record, durably.
 fn write_record(root: &Path, synced_through: Millis) -> io::Result<()> {
     let staging = root.join("synced.tmp");
     let mut file = File::create(&staging)?;
-    writeln!(file, "{} {synced_through}", boot_id())?;
+    file.write_all(record_line(synced_through).as_bytes())?;
     file.sync_all()?;
     fs::rename(&staging, root.join("synced"))?;
     File::open(root)?.sync_all()
@@ -178,7 +182,7 @@ impl FsStore {
                     rustix::fs::syncfs(&dir).map_err(|e| io_err("sync")(e.into()))?;
                     write_record(root, started)
                 } else {
-                    fs::write(&record, format!("{} {started}\n", boot_id()))
+                    fs::write(&record, record_line(started))
                 };
                 written.map_err(io_err(record.display().to_string()))?;
                 None
@@ -242,45 +246,19 @@ impl Disk {
     }
 }
 
-/// Received bytes waiting to be written: a block of the transfer memory budget, and its share.
-///
-/// Frames are copied into it and let go at once, rather than kept until written: a frame is a
-/// view into the connection's read buffer, and one kept alive makes hyper allocate a new buffer
-/// for its next read. Copied, each connection reads into the same buffer for its whole life and
-/// every byte an upload holds is counted by the budget.
-struct Block {
-    buf: Vec<u8>,
-    reservation: Reservation,
-}
-
-impl Block {
-    fn is_full(&self) -> bool {
-        self.buf.len() == self.buf.capacity()
-    }
-
-    /// Copies as much of `frame` as there is room for, and advances it past what was copied.
-    fn fill(&mut self, frame: &mut Bytes) {
-        let n = frame.len().min(self.buf.capacity() - self.buf.len());
-        self.buf.extend_from_slice(&frame[..n]);
-        frame.advance(n);
-    }
-
-    /// Hands the block to a blocking write once the one in flight has finished; its buffer and
-    /// share of the budget are given back once written.
-    async fn write(
-        self,
-        memory: &Arc<TransferMemory>,
-        disk: Disk,
-        staging: &Path,
-    ) -> io::Result<Disk> {
-        let sink = disk.ready().await?;
-        let (memory, path) = (memory.clone(), staging.to_owned());
-        Ok(Disk::Busy(tokio::task::spawn_blocking(move || {
-            let written = write_block(sink, &path, &self.buf);
-            memory.keep(self.buf, self.reservation);
-            written
-        })))
-    }
+/// Hands `block` (received bytes) to a blocking write once the one in flight has finished; the
+/// block goes back to the budget once written.
+async fn write_later(
+    block: Block,
+    memory: &Arc<TransferMemory>,
+    disk: Disk,
+    staging: &Path,
+) -> io::Result<Disk> {
+    let sink = disk.ready().await?;
+    let (memory, path) = (memory.clone(), staging.to_owned());
+    Ok(Disk::Busy(tokio::task::spawn_blocking(move || {
+        write_block(sink, &path, block, &memory)
+    })))
 }
 
 /// Creates the file a put writes: a staging file, or a small chunk's own (whose shard directory
@@ -307,14 +285,29 @@ fn in_its_directory<T>(path: &Path, op: impl Fn() -> io::Result<T>) -> io::Resul
 }
 
 /// One blocking step of a put: opens the staging file if that has not happened yet (a small
-/// chunk's, hashed with both digests), then hashes and writes a block.
-fn write_block(sink: Option<Sink>, staging: &Path, block: &[u8]) -> io::Result<Sink> {
+/// chunk's, hashed with both digests), then hashes and writes a block of received bytes (if
+/// any), which goes back to the budget.
+///
+/// Frames are copied into blocks as they arrive and let go at once, rather than kept until
+/// written: a frame is a view into the connection's read buffer, and one kept alive makes hyper
+/// allocate a new buffer for its next read. Copied, each connection reads into the same buffer
+/// for its whole life, and every byte an upload holds is counted by the budget.
+fn write_block(
+    sink: Option<Sink>,
+    staging: &Path,
+    block: impl Into<Option<Block>>,
+    memory: &TransferMemory,
+) -> io::Result<Sink> {
     let (mut file, mut digests) = match sink {
         Some(sink) => sink,
         None => create_staging(staging, Digests::with_sha256())?,
     };
-    digests.update(block);
-    file.write_all(block)?;
+    if let Some(block) = block.into() {
+        digests.update(block.bytes());
+        let written = file.write_all(block.bytes());
+        memory.keep(block);
+        written?;
+    }
     Ok((file, digests))
 }
 
@@ -381,22 +374,18 @@ impl BlobStore for FsStore {
             while !frame.is_empty() {
                 let mut filling = match block.take() {
                     Some(filling) => filling,
+                    // Waits, if it must, holding nothing but the write in flight, which ends on
+                    // its own.
                     None => {
                         let left =
                             declared_len.map_or(u64::MAX, |d| d - (received - frame.len() as u64));
-                        let (buf, reservation) = match self.memory.try_block(left) {
-                            Some(found) => found,
-                            // Nothing held but the write in flight, which ends on its own.
-                            None => self.memory.block(left).await,
-                        };
-                        Block { buf, reservation }
+                        self.memory.block(left).await
                     }
                 };
                 filling.fill(&mut frame);
                 let more_to_come = declared_len.is_none_or(|d| received < d) || !frame.is_empty();
                 if filling.is_full() && more_to_come {
-                    disk = filling
-                        .write(&self.memory, disk, &staging.path)
+                    disk = write_later(filling, &self.memory, disk, &staging.path)
                         .await
                         .map_err(fail())?;
                 } else {
@@ -416,14 +405,7 @@ impl BlobStore for FsStore {
         let memory = self.memory.clone();
         let (sha256, xxh3) =
             tokio::task::spawn_blocking(move || -> io::Result<(Option<[u8; 32]>, u64)> {
-                let (file, digests) = match block {
-                    Some(Block { buf, reservation }) => {
-                        let written = write_block(sink, &path, &buf);
-                        memory.keep(buf, reservation);
-                        written?
-                    }
-                    None => write_block(sink, &path, &[])?,
-                };
+                let (file, digests) = write_block(sink, &path, block, &memory)?;
                 drop(file);
                 if !small {
                     publish(&path, &final_path)?;
@@ -448,14 +430,14 @@ impl BlobStore for FsStore {
         // otherwise the stream waits for room only once it has handed over every block it read,
         // so that it never waits holding a share that only its own progress gives back.
         let memory = self.memory.clone();
-        let (buf, reservation) = memory.block(len).await;
+        let block = memory.block(len).await;
         // The first block is read before returning, so a missing chunk is an error here.
         let path = self.path_of(name);
-        let (file, first) =
-            tokio::task::spawn_blocking(move || -> io::Result<(File, io::Result<Vec<u8>>)> {
+        let first =
+            tokio::task::spawn_blocking(move || -> io::Result<(File, io::Result<Block>)> {
                 let mut file = File::open(&path)?;
                 file.seek(SeekFrom::Start(offset))?;
-                Ok(read_block(file, buf, len))
+                Ok(read_block(file, block, len))
             })
             .await
             .map_err(|e| io_err(format!("chunk {name}"))(io::Error::other(e)))?
@@ -464,28 +446,27 @@ impl BlobStore for FsStore {
                 _ => io_err(format!("chunk {name}"))(e),
             })?;
 
-        type Read = tokio::task::JoinHandle<(File, io::Result<Vec<u8>>)>;
+        type Read = tokio::task::JoinHandle<(File, io::Result<Block>)>;
         enum Next {
-            Ready(File, io::Result<Vec<u8>>, Reservation),
-            Reading(Read, Reservation),
+            Ready((File, io::Result<Block>)),
+            Reading(Read),
             /// Not started: the budget had no room.
             Waiting(File),
         }
-        let spawn_read = |file: File, buf: Vec<u8>, left: u64| -> Read {
-            tokio::task::spawn_blocking(move || read_block(file, buf, left))
+        let spawn_read = |file: File, block: Block, left: u64| -> Read {
+            tokio::task::spawn_blocking(move || read_block(file, block, left))
         };
-        let state = (Some(Next::Ready(file, first, reservation)), len);
+        let state = (Some(Next::Ready(first)), len);
         Ok(Box::pin(futures_util::stream::unfold(
             state,
             move |(next, left)| {
                 let memory = memory.clone();
                 async move {
-                    let (done, reservation) = match next? {
-                        Next::Ready(file, read, reservation) => (Ok((file, read)), reservation),
-                        Next::Reading(task, reservation) => (task.await, reservation),
+                    let done = match next? {
+                        Next::Ready(done) => Ok(done),
+                        Next::Reading(task) => task.await,
                         Next::Waiting(file) => {
-                            let (buf, reservation) = memory.block(left).await;
-                            (spawn_read(file, buf, left).await, reservation)
+                            spawn_read(file, memory.block(left).await, left).await
                         }
                     };
                     let (file, read) = match done {
@@ -493,14 +474,12 @@ impl BlobStore for FsStore {
                         Err(e) => return Some((Err(io::Error::other(e)), (None, 0))),
                     };
                     let bytes = match read {
-                        Ok(buf) => memory.filled(buf, reservation),
+                        Ok(block) => memory.filled(block),
                         Err(e) => return Some((Err(e), (None, 0))),
                     };
                     let left = left - bytes.len() as u64;
                     let next = (left > 0).then(|| match memory.try_block(left) {
-                        Some((buf, reservation)) => {
-                            Next::Reading(spawn_read(file, buf, left), reservation)
-                        }
+                        Some(block) => Next::Reading(spawn_read(file, block, left)),
                         None => Next::Waiting(file),
                     });
                     Some((Ok(bytes), (next, left)))
@@ -623,14 +602,13 @@ impl BlobStore for FsStore {
     }
 }
 
-/// Reads the next block at the file's position into `buf` (empty, with the block's capacity):
-/// as much of the `left` bytes as fits. A chunk shorter than `left` is an error.
-fn read_block(file: File, mut buf: Vec<u8>, left: u64) -> (File, io::Result<Vec<u8>>) {
-    let want = left.min(buf.capacity() as u64);
-    // read_to_end fills spare capacity without zeroing it first.
+/// Reads the next block at the file's position into `block` (an empty one): as much of the
+/// `left` bytes as fits. A chunk shorter than `left` is an error.
+fn read_block(file: File, mut block: Block, left: u64) -> (File, io::Result<Block>) {
+    let want = left.min(block.capacity() as u64);
     let mut limited = file.take(want);
-    let result = match limited.read_to_end(&mut buf) {
-        Ok(n) if n as u64 == want => Ok(buf),
+    let result = match block.read_to_end(&mut limited) {
+        Ok(n) if n as u64 == want => Ok(block),
         Ok(n) => Err(io::Error::new(
             io::ErrorKind::UnexpectedEof,
             format!("chunk ended {} bytes early", left - n as u64),
@@ -644,6 +622,7 @@ fn read_block(file: File, mut buf: Vec<u8>, left: u64) -> (File, io::Result<Vec<
 mod tests {
     use super::*;
     use crate::blob::transfer_memory::WIDE_BLOCK;
+    use bytes::Bytes;
 
     #[tokio::test]
     async fn a_sync_records_the_boot_so_a_restart_without_reboot_loses_nothing() {

@@ -1,10 +1,10 @@
 //! The memory that large transfers on local disk hold at once: one budget in bytes for every
-//! block being read and every batch of received frames waiting to be written, whatever the
+//! block being read and every block of received bytes waiting to be written, whatever the
 //! number of transfers (`--transfer-memory`).
 //!
 //! A count of blocks per transfer bounded nothing once 64 jobs ran at once, and the allocator
-//! kept what those blocks had used: the budget bounds the bytes, and a read block's buffer is
-//! kept for the next read instead of going back to the allocator (a fresh megabyte costs 256
+//! kept what those blocks had used: the budget bounds the bytes, and a block's buffer is kept
+//! for the next block instead of going back to the allocator (a fresh megabyte costs 256
 //! page faults, and glibc's per-thread arenas kept freed blocks as resident memory). Kept buffers
 //! stay inside the budget: they hold their share of it, and give it back when a transfer needs
 //! it and none is free.
@@ -20,7 +20,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The budget's unit: sizes are rounded up to whole pages.
@@ -37,28 +37,53 @@ pub const WIDE_BLOCK: usize = 1 << 20;
 pub const NARROW_BLOCK: usize = 256 << 10;
 
 /// A share of the budget, given back when dropped.
-pub struct Reservation {
-    /// `None` for an overdraft, and once merged into another.
-    permit: Option<OwnedSemaphorePermit>,
+struct Reservation {
+    /// `None` for an overdraft. Held only to be given back on drop.
+    _permit: Option<OwnedSemaphorePermit>,
     bytes: usize,
     counters: Arc<Counters>,
-}
-
-impl Reservation {
-    /// Adds `other` to this one.
-    pub fn merge(&mut self, mut other: Reservation) {
-        match (self.permit.as_mut(), other.permit.take()) {
-            (Some(mine), Some(theirs)) => mine.merge(theirs),
-            (None, Some(theirs)) => self.permit = Some(theirs),
-            _ => {}
-        }
-        self.bytes += std::mem::take(&mut other.bytes);
-    }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
         self.counters.held.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+/// A buffer of the budget, with its share of it: given back when dropped, or kept for the next
+/// block by [`TransferMemory::keep`].
+pub struct Block {
+    buf: Vec<u8>,
+    /// Held only to be given back with the block.
+    _reservation: Reservation,
+}
+
+impl Block {
+    /// The bytes in it.
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// How many bytes it holds at most.
+    pub fn capacity(&self) -> usize {
+        self.buf.capacity()
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.buf.len() == self.buf.capacity()
+    }
+
+    /// Copies as much of `frame` as there is room for, and advances it past what was copied.
+    pub fn fill(&mut self, frame: &mut Bytes) {
+        let n = frame.len().min(self.buf.capacity() - self.buf.len());
+        self.buf.extend_from_slice(&frame[..n]);
+        frame.advance(n);
+    }
+
+    /// Appends all that `reader` gives (which must give no more than there is room for), without
+    /// zeroing the room first.
+    pub fn read_to_end(&mut self, reader: &mut impl std::io::Read) -> std::io::Result<usize> {
+        reader.read_to_end(&mut self.buf)
     }
 }
 
@@ -71,12 +96,12 @@ struct Counters {
     overdrafts: std::sync::atomic::AtomicU64,
 }
 
-/// The budget, and the read buffers kept for reuse (each with its share of the budget).
+/// The budget, and the blocks kept for reuse (each with its share of the budget).
 pub struct TransferMemory {
     budget: usize,
     overdraft_after: std::time::Duration,
     permits: Arc<Semaphore>,
-    kept: Mutex<Vec<(Vec<u8>, Reservation)>>,
+    kept: Mutex<Vec<Block>>,
     counters: Arc<Counters>,
 }
 
@@ -113,7 +138,7 @@ impl TransferMemory {
     }
 
     /// The kept buffers. Nothing panics while holding them, so a poisoned lock is still sound.
-    fn kept(&self) -> std::sync::MutexGuard<'_, Vec<(Vec<u8>, Reservation)>> {
+    fn kept(&self) -> std::sync::MutexGuard<'_, Vec<Block>> {
         self.kept
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -138,14 +163,14 @@ impl TransferMemory {
         let held = self.counters.held.fetch_add(bytes, Ordering::Relaxed) + bytes;
         self.counters.peak.fetch_max(held, Ordering::Relaxed);
         Reservation {
-            permit: Some(permit),
+            _permit: Some(permit),
             bytes,
             counters: self.counters.clone(),
         }
     }
 
     /// `bytes` of the budget if they are free now, giving back kept buffers to make room.
-    pub fn try_reserve(&self, bytes: usize) -> Option<Reservation> {
+    fn try_reserve(&self, bytes: usize) -> Option<Reservation> {
         let bytes = bytes.min(self.budget);
         loop {
             if let Ok(permit) = self.permits.clone().try_acquire_many_owned(units(bytes)) {
@@ -159,7 +184,7 @@ impl TransferMemory {
     /// `bytes` of the budget (at most the whole budget), waiting until they are free, or for
     /// [`OVERDRAFT_AFTER`] (by default) at most: then they are granted outside the budget (and
     /// counted apart), so that clients that stop reading cannot stall every other transfer.
-    pub async fn reserve(&self, bytes: usize) -> Reservation {
+    async fn reserve(&self, bytes: usize) -> Reservation {
         let bytes = bytes.min(self.budget);
         if let Some(reservation) = self.try_reserve(bytes) {
             return reservation;
@@ -177,7 +202,7 @@ impl TransferMemory {
                     "transfer memory budget full: a block granted outside it"
                 );
                 Reservation {
-                    permit: None,
+                    _permit: None,
                     bytes: 0,
                     counters: self.counters.clone(),
                 }
@@ -192,22 +217,25 @@ impl TransferMemory {
 
     /// A buffer of `capacity` bytes and its share of the budget: a kept one if there is one of
     /// that size, else a new one; `None` when the budget has no room now.
-    fn try_buffer(&self, capacity: usize) -> Option<(Vec<u8>, Reservation)> {
+    fn try_buffer(&self, capacity: usize) -> Option<Block> {
         {
             let mut kept = self.kept();
-            if let Some(at) = kept.iter().rposition(|(b, _)| b.capacity() == capacity) {
+            if let Some(at) = kept.iter().rposition(|b| b.capacity() == capacity) {
                 return Some(kept.swap_remove(at));
             }
         }
         let reservation = self.try_reserve(capacity)?;
-        Some((Vec::with_capacity(capacity), reservation))
+        Some(Block {
+            buf: Vec::with_capacity(capacity),
+            _reservation: reservation,
+        })
     }
 
     /// A buffer for the next block of a transfer (a read, or received bytes to be written) of
     /// which `left` bytes remain, if the budget has room now: wide if it has room for one, else
     /// narrow. Buffers of exactly these two sizes are kept for reuse; a chunk's last, shorter
     /// block still goes into a whole one.
-    pub fn try_block(&self, left: u64) -> Option<(Vec<u8>, Reservation)> {
+    pub fn try_block(&self, left: u64) -> Option<Block> {
         if left > NARROW_BLOCK as u64 {
             if let Some(found) = self.try_buffer(WIDE_BLOCK) {
                 return Some(found);
@@ -217,54 +245,56 @@ impl TransferMemory {
     }
 
     /// As [`Self::try_block`], waiting for a narrow one when the budget has no room.
-    pub async fn block(&self, left: u64) -> (Vec<u8>, Reservation) {
+    pub async fn block(&self, left: u64) -> Block {
         if let Some(found) = self.try_block(left) {
             return found;
         }
-        let reservation = self.reserve(NARROW_BLOCK).await;
-        (Vec::with_capacity(NARROW_BLOCK), reservation)
+        Block {
+            buf: Vec::with_capacity(NARROW_BLOCK),
+            _reservation: self.reserve(NARROW_BLOCK).await,
+        }
     }
 
-    /// `buf`, filled, as [`Bytes`] that hand the buffer back to be kept once the last of them is
+    /// `block`, filled, as [`Bytes`] that hand it back to be kept once the last of them is
     /// dropped.
-    pub fn filled(self: &Arc<Self>, buf: Vec<u8>, reservation: Reservation) -> Bytes {
+    pub fn filled(self: &Arc<Self>, block: Block) -> Bytes {
         Bytes::from_owner(KeptOnDrop {
-            buf: Some((buf, reservation)),
+            block: Some(block),
             memory: self.clone(),
         })
     }
 
-    /// Keeps `buf` for the next block, while the kept buffers are at most a quarter of the
+    /// Keeps `block` for the next one, while the kept blocks are at most a quarter of the
     /// budget; frees it otherwise.
-    pub fn keep(&self, mut buf: Vec<u8>, reservation: Reservation) {
-        if buf.capacity() != WIDE_BLOCK && buf.capacity() != NARROW_BLOCK {
+    pub fn keep(&self, mut block: Block) {
+        if block.capacity() != WIDE_BLOCK && block.capacity() != NARROW_BLOCK {
             return;
         }
-        buf.clear();
+        block.buf.clear();
         let mut kept = self.kept();
-        let kept_bytes: usize = kept.iter().map(|(b, _)| b.capacity()).sum();
-        if kept_bytes + buf.capacity() <= self.budget / 4 {
-            kept.push((buf, reservation));
+        let kept_bytes: usize = kept.iter().map(Block::capacity).sum();
+        if kept_bytes + block.capacity() <= self.budget / 4 {
+            kept.push(block);
         }
     }
 }
 
-/// The owner behind a filled read buffer's [`Bytes`].
+/// The owner behind a filled block's [`Bytes`].
 struct KeptOnDrop {
-    buf: Option<(Vec<u8>, Reservation)>,
+    block: Option<Block>,
     memory: Arc<TransferMemory>,
 }
 
 impl AsRef<[u8]> for KeptOnDrop {
     fn as_ref(&self) -> &[u8] {
-        self.buf.as_ref().map_or(&[], |(b, _)| b.as_slice())
+        self.block.as_ref().map_or(&[], Block::bytes)
     }
 }
 
 impl Drop for KeptOnDrop {
     fn drop(&mut self) {
-        if let Some((buf, reservation)) = self.buf.take() {
-            self.memory.keep(buf, reservation);
+        if let Some(block) = self.block.take() {
+            self.memory.keep(block);
         }
     }
 }
@@ -302,20 +332,20 @@ mod tests {
     #[tokio::test]
     async fn read_buffers_are_kept_within_the_budget_and_reused() {
         let memory = TransferMemory::new(8 << 20);
-        let (buf, reservation) = memory.block(10 << 20).await;
-        assert_eq!(buf.capacity(), WIDE_BLOCK);
-        let pointer = buf.as_ptr();
-        let bytes = memory.filled(buf, reservation);
+        let block = memory.block(10 << 20).await;
+        assert_eq!(block.capacity(), WIDE_BLOCK);
+        let pointer = block.bytes().as_ptr();
+        let bytes = memory.filled(block);
         drop(bytes);
         assert_eq!(
             memory.held(),
             WIDE_BLOCK,
             "kept with its share of the budget"
         );
-        let (again, _reservation) = memory.block(10 << 20).await;
-        assert_eq!(again.as_ptr(), pointer, "the kept buffer is reused");
+        let again = memory.block(10 << 20).await;
+        assert_eq!(again.bytes().as_ptr(), pointer, "the kept buffer is reused");
         // A reservation that needs the kept buffers' room gets it.
-        drop((again, _reservation));
+        drop(again);
         let whole = memory.try_reserve(8 << 20);
         assert!(whole.is_some(), "kept buffers give their room back");
     }

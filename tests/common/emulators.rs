@@ -60,6 +60,13 @@ pub struct GcsServer {
     s3: Option<&'static S3Server>,
 }
 
+/// Sets `env` (an emulator's `env()`) in this process, for the servers a test starts in it.
+pub fn set_env(env: &[(String, String)]) {
+    for (key, value) in env {
+        std::env::set_var(key, value);
+    }
+}
+
 /// The S3 server: `HOARD_TEST_S3_ENDPOINT`, or moto started for this process.
 pub fn s3() -> &'static S3Server {
     static SERVER: OnceLock<S3Server> = OnceLock::new();

@@ -180,12 +180,12 @@ impl SqliteStore {
             // pages per change, freed at its release), not in a temporary file written page by
             // page.
             conn.pragma_update(None, "temp_store", "MEMORY")?;
-            let created: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+            let version_found: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
             migrate(&mut conn)?;
             // A log left large by a crash or a long reader is emptied now, not carried on. A
-            // database created just now has only its tables in the log: the first sync
-            // checkpoints them, and start-up saves the fsyncs.
-            if created != 0 {
+            // database created just now (no schema version yet) has only its tables in the
+            // log: the first sync checkpoints them, and start-up saves the fsyncs.
+            if version_found != 0 {
                 checkpoint_now(&conn, Duration::from_secs(1))?;
             }
             Ok(conn)
