@@ -333,7 +333,7 @@ impl BlobStore for FsStore {
         // chunk before its metadata exists, which is recorded only after this put returns; if the
         // process dies during the write, the file is an unreferenced young chunk, which garbage
         // collection removes after the deletion grace. A large one is staged under `tmp/` and
-        // written batch by batch by blocking tasks, one in flight while the next batch crosses
+        // written block by block by blocking tasks, one in flight while the next block crosses
         // the network: no thread ever waits on a slow client. Its file is created up front, so
         // that no task can create it after an early return.
         //
