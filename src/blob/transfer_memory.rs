@@ -249,9 +249,11 @@ impl TransferMemory {
         if let Some(found) = self.try_block(left) {
             return found;
         }
+        // Reserved first: a transfer waiting for room must not hold the buffer meanwhile.
+        let reservation = self.reserve(NARROW_BLOCK).await;
         Block {
             buf: Vec::with_capacity(NARROW_BLOCK),
-            _reservation: self.reserve(NARROW_BLOCK).await,
+            _reservation: reservation,
         }
     }
 
