@@ -1,5 +1,6 @@
 //! The digest pass: records the SHA-256 of the chunks the local disk store wrote without one
-//! (those of more than 1 MiB: hashing them inside the request was a third of an upload's CPU),
+//! (those of more than 64 KiB: hashing them inside the request was a third of an upload's CPU,
+//! and a tenth of a 256 KiB save's),
 //! then their entry's digest (see [`crate::model::entry_digest`]).
 //!
 //! It reads each such chunk back whole, usually from the page cache since it runs right after

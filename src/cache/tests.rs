@@ -1502,7 +1502,7 @@ async fn a_put_block_costs_the_same_at_ten_thousand_staged_blocks_as_at_ten() {
     );
 }
 
-/// A payload of more than the 1 MiB the disk store hashes with SHA-256 while writing.
+/// A payload of more than the 64 KiB the disk store hashes with SHA-256 while writing.
 fn large_payload() -> Vec<u8> {
     (0..(3u32 << 19))
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)

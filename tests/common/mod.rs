@@ -343,7 +343,7 @@ impl TestServer {
     }
 
     /// The digest of entry `id` once recorded, read from the SQLite database: an entry whose
-    /// chunks are larger than 1 MiB gets it from the digest pass, after its save.
+    /// chunks are larger than 64 KiB gets it from the digest pass, after its save.
     pub async fn until_digested(&self, id: i64) -> String {
         let db = self.data.path().join("hoard.db");
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
