@@ -1,7 +1,8 @@
 //! Runtime-token verification (PROTOCOL.md §8): RS256 and ES256 against the issuer's JWKS
 //! (OIDC discovery, or a key file for air-gapped sites), HS256 with a shared secret for forges,
 //! `exp`/`nbf` with a small leeway. Verified tokens are remembered until they expire, keyed by
-//! a hash of the token, so a job's repeated calls cost one hash lookup (DESIGN.md §6).
+//! a hash of the token, so a job's repeated calls cost one hash lookup (DESIGN.md §6); under
+//! `--insecure-skip-token-validation` a token's claims are read once and remembered the same way.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -79,7 +80,7 @@ impl IssuerKeys {
     }
 }
 
-/// A verified token's identity and its `exp`, by the SHA-256 of the token.
+/// A verified (or, unchecked, read) token's identity and its `exp`, by the SHA-256 of the token.
 type Remembered = (Arc<Identity>, u64);
 
 /// Turns bearer tokens into identities.
@@ -212,15 +213,19 @@ impl Verifier {
             .or_else(|| header.strip_prefix("bearer "))
             .ok_or(TokenError::Missing)?
             .trim();
-        if self.settings.insecure_skip_validation {
-            return super::token::identity_from_unverified_jwt(token).map(Arc::new);
-        }
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let now = self.now();
         if let Some(identity) = self.remembered(&digest, now) {
             return Ok(identity);
         }
-        let (identity, exp) = self.verify(token).await?;
+        let (identity, exp) = if self.settings.insecure_skip_validation {
+            // Unchecked, the identity is the token's alone and never expires: read once, as a
+            // verified one is (an unsigned token's header fails to parse at a cost).
+            let identity = super::token::identity_from_unverified_jwt(token)?;
+            (identity, u64::MAX)
+        } else {
+            self.verify(token).await?
+        };
         let identity = Arc::new(identity);
         self.remember(digest, identity.clone(), exp, now);
         Ok(identity)
@@ -534,6 +539,40 @@ mod tests {
         assert!(keys.fresh(100_000 + interval - 1));
         assert!(!keys.fresh(100_000 + interval));
         assert!(!keys.fresh(99_999), "the clock went back: refetch");
+    }
+
+    #[tokio::test]
+    async fn an_unchecked_token_is_read_once_and_each_token_keeps_its_own_identity() {
+        let v = Verifier::new(TokenSettings {
+            issuers: Vec::new(),
+            jwks: None,
+            hs256_secret: None,
+            leeway: Duration::from_secs(60),
+            insecure_skip_validation: true,
+        });
+        let unsigned = |repository_id: u64| {
+            let part = |json: serde_json::Value| URL_SAFE_NO_PAD.encode(json.to_string());
+            format!(
+                "Bearer {}.{}.x",
+                part(serde_json::json!({"alg": "none"})),
+                part(serde_json::json!({"repository_id": repository_id, "ac": "[]"}))
+            )
+        };
+        let (one, two) = (unsigned(1), unsigned(2));
+        let first = v.identify(Some(&one)).await.unwrap();
+        let again = v.identify(Some(&one)).await.unwrap();
+        assert!(Arc::ptr_eq(&first, &again), "read once, then remembered");
+        let other = v.identify(Some(&two)).await.unwrap();
+        assert_eq!(
+            (first.repository.as_str(), other.repository.as_str()),
+            ("1", "2")
+        );
+        for _ in 0..2 {
+            assert!(matches!(
+                v.identify(Some("Bearer not.a-token")).await,
+                Err(TokenError::Malformed)
+            ));
+        }
     }
 
     #[tokio::test]
