@@ -44,6 +44,12 @@ const SMALL: u64 = 1 << 20;
 /// the rest of their request. A larger one's is left to the digest pass, off the request's path:
 /// a 256 KiB save spent 9% of its server CPU on it, which a save's answer does not need.
 const SHA256_WHILE_WRITING: u64 = 64 << 10;
+/// A small chunk reaches the page cache this many bytes per `write` call. The file system may
+/// give a write a page-cache folio as large as the write, and on the machine measured, copying a
+/// 256 KiB chunk into the page cache cost more in one write than in eight of 32 KiB: a small
+/// save+restore's server CPU went down 8% (docs/benchmarks-history.md). Large chunks, whose
+/// uploads showed no such difference, are written a block per call.
+const SMALL_WRITE_PIECE: usize = 32 << 10;
 /// `--transfer-memory`'s default.
 pub const DEFAULT_TRANSFER_MEMORY: u64 = 16 << 20;
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
@@ -250,6 +256,15 @@ impl Disk {
     }
 }
 
+/// How a put's blocks are written.
+#[derive(Debug, Clone, Copy)]
+struct Writing {
+    /// Whether to compute the SHA-256 too (see [`SHA256_WHILE_WRITING`]).
+    sha256: bool,
+    /// The most bytes one `write` call hands the file system (see [`SMALL_WRITE_PIECE`]).
+    piece: usize,
+}
+
 /// Hands `block` (received bytes) to a blocking write once the one in flight has finished; the
 /// block goes back to the budget once written.
 async fn write_later(
@@ -257,12 +272,12 @@ async fn write_later(
     memory: &Arc<TransferMemory>,
     disk: Disk,
     staging: &Path,
-    sha256: bool,
+    writing: Writing,
 ) -> io::Result<Disk> {
     let sink = disk.ready().await?;
     let (memory, path) = (memory.clone(), staging.to_owned());
     Ok(Disk::Busy(tokio::task::spawn_blocking(move || {
-        write_block(sink, &path, sha256, block, &memory)
+        write_block(sink, &path, writing, block, &memory)
     })))
 }
 
@@ -289,9 +304,9 @@ fn in_its_directory<T>(path: &Path, op: impl Fn() -> io::Result<T>) -> io::Resul
     }
 }
 
-/// One blocking step of a put: opens the staging file if that has not happened yet (a small
-/// chunk's, hashed with SHA-256 too if `sha256`), then hashes and writes a block of received
-/// bytes (if any), which goes back to the budget.
+/// One blocking step of a put: opens the staging file if that has not happened yet (hashed with
+/// SHA-256 too if `writing` says so), then hashes and writes a block of received bytes (if any),
+/// `writing.piece` bytes per call, and the block goes back to the budget.
 ///
 /// Frames are copied into blocks as they arrive and let go at once, rather than kept until
 /// written: a frame is a view into the connection's read buffer, and one kept alive makes hyper
@@ -300,18 +315,21 @@ fn in_its_directory<T>(path: &Path, op: impl Fn() -> io::Result<T>) -> io::Resul
 fn write_block(
     sink: Option<Sink>,
     staging: &Path,
-    sha256: bool,
+    writing: Writing,
     block: impl Into<Option<Block>>,
     memory: &TransferMemory,
 ) -> io::Result<Sink> {
     let (mut file, mut digests) = match sink {
         Some(sink) => sink,
-        None if sha256 => create_staging(staging, Digests::with_sha256())?,
+        None if writing.sha256 => create_staging(staging, Digests::with_sha256())?,
         None => create_staging(staging, Digests::xxh3_only())?,
     };
     if let Some(block) = block.into() {
         digests.update(block.bytes());
-        let written = file.write_all(block.bytes());
+        let written = block
+            .bytes()
+            .chunks(writing.piece)
+            .try_for_each(|piece| file.write_all(piece));
         memory.keep(block);
         written?;
     }
@@ -348,7 +366,10 @@ impl BlobStore for FsStore {
         // one's (a third of the CPU an upload costs) is left to the digest pass, which reads
         // the chunk back from the page cache in the idle scheduling class (`cache::digest_pass`).
         let small = declared_len.is_some_and(|d| d <= SMALL);
-        let sha256_now = declared_len.is_some_and(|d| d <= SHA256_WHILE_WRITING);
+        let writing = Writing {
+            sha256: declared_len.is_some_and(|d| d <= SHA256_WHILE_WRITING),
+            piece: if small { SMALL_WRITE_PIECE } else { usize::MAX },
+        };
         let mut staging = Staging {
             path: if small {
                 final_path.clone()
@@ -393,7 +414,7 @@ impl BlobStore for FsStore {
                 filling.fill(&mut frame);
                 let more_to_come = declared_len.is_none_or(|d| received < d) || !frame.is_empty();
                 if filling.is_full() && more_to_come {
-                    disk = write_later(filling, &self.memory, disk, &staging.path, sha256_now)
+                    disk = write_later(filling, &self.memory, disk, &staging.path, writing)
                         .await
                         .map_err(fail())?;
                 } else {
@@ -413,7 +434,7 @@ impl BlobStore for FsStore {
         let memory = self.memory.clone();
         let (sha256, xxh3) =
             tokio::task::spawn_blocking(move || -> io::Result<(Option<[u8; 32]>, u64)> {
-                let (file, digests) = write_block(sink, &path, sha256_now, block, &memory)?;
+                let (file, digests) = write_block(sink, &path, writing, block, &memory)?;
                 drop(file);
                 if !small {
                     publish(&path, &final_path)?;
