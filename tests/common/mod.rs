@@ -16,6 +16,7 @@ pub mod clients;
 pub mod databases;
 pub mod emulators;
 pub mod issuer;
+pub mod power_disk;
 pub mod process;
 pub mod results;
 
