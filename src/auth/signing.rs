@@ -88,6 +88,15 @@ impl std::fmt::Debug for UrlSigner {
     }
 }
 
+/// Fsyncs the directory that holds `path`, so that a name just linked there survives a crash.
+fn sync_directory_of(path: &Path) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    fs::File::open(dir)?.sync_all()
+}
+
 impl UrlSigner {
     pub fn new(key: Secret) -> Self {
         Self {
@@ -136,6 +145,9 @@ impl UrlSigner {
         });
         let linked = written.and_then(|()| fs::hard_link(&staging, path));
         let _ = fs::remove_file(&staging);
+        // The link made durable too: a machine crash must not take the key back once links
+        // signed with it have been handed out.
+        let linked = linked.and_then(|()| sync_directory_of(path));
         match linked {
             Ok(()) => Ok(Self::new(Secret::new(key))),
             // Another process made it first: use theirs.

@@ -147,10 +147,16 @@ pub trait BlobStore: Send + Sync + std::fmt::Debug + 'static {
     /// is wrong.
     async fn ping(&self) -> Result<(), BlobError>;
 
-    /// Makes every put completed so far durable against a machine crash. Skipped when nothing
-    /// was put since the last call, unless `force` (which also records that everything up to
-    /// now is durable); a no-op for stores whose puts are durable on return.
+    /// Makes every put completed so far durable against a machine crash, and records so. Skipped
+    /// when nothing was put or committed ([`BlobStore::note_committed`]) since the last call,
+    /// unless `force`; a no-op for stores whose puts are durable on return.
     async fn sync(&self, force: bool) -> Result<(), BlobError>;
+
+    /// Says that metadata naming chunks put so far (an entry) was just committed: the next
+    /// [`BlobStore::sync`] records an instant after it even if no chunk was put since, so that
+    /// [`BlobStore::lost_since`] after a later crash does not take that entry for one that may
+    /// have lost bytes. A no-op for stores whose puts are durable on return.
+    fn note_committed(&self);
 
     /// Set when the machine crashed since the last run: puts completed after this instant may
     /// be gone or incomplete.

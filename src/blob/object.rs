@@ -813,6 +813,9 @@ impl BlobStore for ObjectStorage {
         Ok(())
     }
 
+    /// A put is durable once the store has answered it.
+    fn note_committed(&self) {}
+
     fn lost_since(&self) -> Option<Millis> {
         None
     }

@@ -67,6 +67,10 @@ impl BlobStore for Timed {
         self.time("sync", self.inner.sync(force)).await
     }
 
+    fn note_committed(&self) {
+        self.inner.note_committed();
+    }
+
     fn lost_since(&self) -> Option<Millis> {
         self.inner.lost_since()
     }

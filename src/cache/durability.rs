@@ -28,13 +28,14 @@ pub async fn recover(
             entries,
             "the machine restarted since the last sync to disk: forgot the entries finalized after it, and aborted open uploads"
         );
+        // The forgetting reaches the disk before any chunk file goes: a crash in between then
+        // forgets the same entries again, and never finds an entry whose chunks were deleted.
+        meta.checkpoint().await?;
         for name in garbage {
             let _ = blobs.delete(&name).await;
         }
-        // Makes the forgetting durable and records this boot, so a later restart does not
-        // forget anything again.
+        // Records this boot, so a later restart does not forget anything again.
         blobs.sync(true).await?;
-        meta.checkpoint().await?;
     }
     Ok(())
 }

@@ -388,6 +388,8 @@ impl Cache {
                     other => other?,
                 };
                 forget.disarm();
+                // The next flush's record must cover this entry, even if no chunk comes after it.
+                self.blobs.note_committed();
                 self.stats
                     .saved(&slot.repository, &family, ref_class, size, now);
                 // `size` is what was stored: the decision checked it.

@@ -1660,6 +1660,9 @@ impl BlobStore for NotLocal {
     async fn sync(&self, force: bool) -> Result<(), crate::blob::BlobError> {
         self.0.sync(force).await
     }
+    fn note_committed(&self) {
+        self.0.note_committed();
+    }
     fn lost_since(&self) -> Option<crate::model::Millis> {
         self.0.lost_since()
     }
