@@ -57,8 +57,8 @@ use fuser::{
     Request, WriteFlags,
 };
 
-/// The simulated disk's size: 512 MiB, of which only the written blocks take memory.
-pub const DISK_SIZE: u64 = 512 * 1024 * 1024;
+/// The simulated disk's size: 1 GiB, of which only the written blocks take memory.
+pub const DISK_SIZE: u64 = 1024 * 1024 * 1024;
 
 /// The unit the disk keeps its contents in.
 const BLOCK: usize = 4096;
@@ -151,6 +151,7 @@ impl PowerDisk {
                 fuse_dir.display()
             )
         })?;
+        share(&tools.mount, &fuse_dir)?;
         let image = fuse_dir.join(IMAGE_NAME);
         // From here on, Drop cleans up whatever a failed step leaves.
         let this = PowerDisk {
@@ -318,7 +319,7 @@ impl PowerDisk {
         )
         .map_err(|e| format!("could not mount ext4 from the disk: {e}"))?;
         attached.mounted = true;
-        Ok(())
+        share(&self.tools.mount, &self.mount_dir)
     }
 
     fn unmount(&self, attached: &mut Attached) -> Result<(), String> {
@@ -807,6 +808,15 @@ fn run(tool: &Path, args: &[&str]) -> Result<String, String> {
             format!("\n{}", stdout.trim())
         }
     ))
+}
+
+/// Makes the mount at `dir` shared, so that a mount namespace made with slave propagation (as
+/// a test makes one to give a process a boot id of its own) sees it unmounted when this process
+/// unmounts it, instead of keeping a copy that holds the disk busy.
+fn share(mount: &Path, dir: &Path) -> Result<(), String> {
+    run(mount, &["--make-shared", path_str(dir)?])
+        .map(drop)
+        .map_err(|e| format!("could not make {} a shared mount: {e}", dir.display()))
 }
 
 fn path_str(path: &Path) -> Result<&str, String> {

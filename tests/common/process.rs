@@ -39,13 +39,25 @@ impl Hoard {
 
     /// Like [`Hoard::start_with`], with `env` set for the server (object storage settings).
     pub fn start_with_env(data: &Path, extra: &[&str], env: &[(String, String)]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hoard"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_hoard"));
+        command.envs(env.iter().map(|(k, v)| (k, v)));
+        Self::start_command(command, data, extra)
+    }
+
+    /// `hoard serve` on `data` with `extra`, run by `command`: the binary itself, or a program
+    /// that ends by executing the arguments it is given after its own (the process started is
+    /// the one killed).
+    pub fn start_command(mut command: Command, data: &Path, extra: &[&str]) -> Self {
+        let is_hoard = command.get_program() == env!("CARGO_BIN_EXE_hoard");
+        if !is_hoard {
+            command.arg(env!("CARGO_BIN_EXE_hoard"));
+        }
+        let mut child = command
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data)
             .args(extra)
             // As in the in-process harness: the machine's free space is not the test's.
             .env("HOARD_MIN_FREE_SPACE", "0")
-            .envs(env.iter().map(|(k, v)| (k, v)))
             // Request lines (debug level) too: tests count uploads by them.
             .env("RUST_LOG", "info,hoard::request=debug")
             .stdout(Stdio::null())
