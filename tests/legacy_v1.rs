@@ -292,6 +292,82 @@ async fn uploads_and_entries_belong_to_their_caller() {
         .starts_with("cache read denied:"));
 }
 
+/// GitHub's `cache-mode` (`write`, `read`, `write-only`, `none`), enforced by its cache service
+/// through the token's permission bits (Read 1, Write 2): hoard gives each mode GitHub's answers,
+/// over v2 and v1, whatever the client does with `ACTIONS_CACHE_MODE` (older clients, sccache
+/// and BuildKit ignore it). The messages are the ones `@actions/cache` recognises by prefix: a
+/// refused save is a warning and the job goes on, a refused restore is a miss.
+#[tokio::test]
+async fn each_cache_mode_gets_githubs_answers_over_v2_and_v1() {
+    const WRITE_DENIED: &str = "cache write denied: token has no writable scopes";
+    const READ_DENIED: &str = "cache read denied: token has no readable scopes";
+    let srv = TestServer::start().await;
+    let writer = main_token();
+    srv.save(&writer, "seed", VERSION, b"saved by a write token")
+        .await;
+    // (mode, the token's `ac` grants, can read, can write)
+    let modes: [(&str, &[(&str, u8)], bool, bool); 5] = [
+        ("write", &[(MAIN, 3)], true, true),
+        ("read", &[(MAIN, 1)], true, false),
+        ("write-only", &[(MAIN, 2)], false, true),
+        ("none", &[], false, false),
+        ("none (a scope without bits)", &[(MAIN, 0)], false, false),
+    ];
+    for (i, (mode, grants, reads, writes)) in modes.into_iter().enumerate() {
+        let t = token("1", grants);
+        let v1 = V1::new(&srv, "", Auth::Bearer(t.clone()));
+
+        // Restores, v2 then v1.
+        let (status, body) = srv.lookup(&t, "seed", &[], VERSION).await;
+        if reads {
+            assert_eq!((status, &body["ok"]), (200, &json!(true)), "{mode}: {body}");
+        } else {
+            assert_eq!(status, 403, "{mode}: {body}");
+            assert_eq!(body["code"], "permission_denied", "{mode}");
+            assert_eq!(body["msg"], READ_DENIED, "{mode}");
+        }
+        let (status, body) = v1.lookup("seed").await;
+        if reads {
+            assert_eq!(status, 200, "{mode}: {body}");
+        } else {
+            assert_eq!((status, &body["message"]), (403, &json!(READ_DENIED)), "{mode}");
+        }
+
+        // Saves, v2 then v1.
+        let (key_v2, key_v1) = (format!("mode-{i}-v2"), format!("mode-{i}-v1"));
+        let (status, body) = srv
+            .twirp(
+                "CreateCacheEntry",
+                &t,
+                json!({ "key": key_v2, "version": VERSION }),
+            )
+            .await;
+        assert_eq!(status, 200, "{mode}: {body}");
+        if writes {
+            assert_eq!(body["ok"], true, "{mode}: {body}");
+            let url = body["signed_upload_url"].as_str().unwrap();
+            assert_eq!(srv.put_blob(url, b"v2".to_vec()).await.status(), 201);
+            let (status, body) = srv.finalize(&t, &key_v2, VERSION, 2).await;
+            assert_eq!((status, &body["ok"]), (200, &json!(true)), "{mode}: {body}");
+        } else {
+            assert_eq!(body["ok"], false, "{mode}: {body}");
+            assert_eq!(body["message"], WRITE_DENIED, "{mode}");
+        }
+        if writes {
+            v1.save(&key_v1, b"v1", 1024).await;
+        } else {
+            let (status, body) = v1.reserve(&key_v1, None).await;
+            assert_eq!((status, &body["message"]), (403, &json!(WRITE_DENIED)), "{mode}");
+        }
+        // What a mode saved is really there (a write token restores it); what it was refused
+        // is not.
+        let saved_v2 = srv.restore(&writer, &key_v2, VERSION).await;
+        assert_eq!(saved_v2.is_some(), writes, "{mode}");
+        let owner = V1::new(&srv, "", Auth::Bearer(writer.clone()));
+        assert_eq!(owner.restore(&key_v1).await.is_some(), writes, "{mode}");
+    }
+}
+
 #[tokio::test]
 async fn bad_requests_get_json_messages() {
     let srv = TestServer::start_with(&["--max-entry-size", "1MiB"]).await;
