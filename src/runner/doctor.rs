@@ -82,7 +82,7 @@ pub async fn run(dir: &Path) -> Report {
     }
     let require = env_file::require_option(&preload_path.to_string_lossy()).unwrap_or_default();
     match env_file::last_value(&env, NODE_OPTIONS) {
-        Some(v) if v.contains(&require) => {
+        Some(v) if env_file::loads(v, &require) => {
             findings.push(Finding::ok(format!(".env: NODE_OPTIONS={v}")));
             // The block copies the NODE_OPTIONS before it: an edit above it since is hidden.
             let before = env_file::undo(&env).unwrap_or_default();

@@ -59,51 +59,148 @@ pub fn require_option(path: &str) -> Option<String> {
     })
 }
 
+/// `NODE_OPTIONS` split into arguments as Node splits it: at spaces outside double quotes, a
+/// backslash inside quotes escaping the next character.
+fn node_args(options: &str) -> Vec<String> {
+    let mut args: Vec<String> = Vec::new();
+    let mut quoted = false;
+    let mut new_arg = true;
+    let mut chars = options.chars();
+    while let Some(mut c) = chars.next() {
+        if c == '\\' && quoted {
+            match chars.next() {
+                Some(next) => c = next,
+                None => break,
+            }
+        } else if c == ' ' && !quoted {
+            new_arg = true;
+            continue;
+        } else if c == '"' {
+            quoted = !quoted;
+            continue;
+        }
+        match args.last_mut() {
+            Some(last) if !new_arg => last.push(c),
+            _ => args.push(c.to_string()),
+        }
+        new_arg = false;
+    }
+    args
+}
+
+/// The files `NODE_OPTIONS` loads with `--require PATH`, `--require=PATH` or `-r PATH`.
+fn required(options: &str) -> Vec<String> {
+    let args = node_args(options);
+    let mut out = Vec::new();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        if arg == "--require" || arg == "-r" {
+            out.extend(it.next().cloned());
+        } else if let Some(path) = arg.strip_prefix("--require=") {
+            out.push(path.to_owned());
+        }
+    }
+    out
+}
+
+/// Whether the `NODE_OPTIONS` value `options` already loads what `require` (as
+/// [`require_option`] makes it) loads: whole options compared, so `--require /p.cjs.old` is
+/// not `--require /p.cjs`.
+pub fn loads(options: &str, require: &str) -> bool {
+    let wanted = required(require);
+    let have = required(options);
+    !wanted.is_empty() && wanted.iter().all(|w| have.contains(w))
+}
+
 /// The `NODE_OPTIONS` value that keeps `existing` and adds `require` (once).
 pub fn merge_node_options(existing: &str, require: &str) -> String {
-    let trimmed = existing.trim();
-    if trimmed.is_empty() {
+    if existing.trim().is_empty() {
         require.to_owned()
-    } else if existing.contains(require) {
+    } else if loads(existing, require) {
         existing.to_owned()
     } else {
         format!("{existing} {require}")
     }
 }
 
-/// The value of the last `KEY=` line of `text`: the one the runner ends up with.
-pub fn last_value<'a>(text: &'a str, key: &str) -> Option<&'a str> {
-    text.lines()
-        .filter_map(|line| line.trim_end_matches('\r').split_once('='))
-        .filter(|(k, _)| *k == key)
-        .map(|(_, v)| v)
-        .next_back()
+/// One line of `.env` as the runner splits it.
+struct Line<'a> {
+    /// Byte offset of the line in the text.
+    start: usize,
+    /// The line without its ending.
+    body: &'a str,
+    /// `"\r\n"`, `"\n"`, `"\r"`, or `""` for a last line without one.
+    ending: &'a str,
 }
 
-/// Where hoard's block is: the byte range to remove (with the newline added before it, if any).
+/// The lines of `text` as the runner reads them (.NET's `File.ReadAllLines`): split at CRLF, LF
+/// or a lone CR. A UTF-8 BOM stays in the first line's body: see [`without_bom`].
+fn lines(text: &str) -> impl Iterator<Item = Line<'_>> {
+    let bytes = text.as_bytes();
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        if start >= bytes.len() {
+            return None;
+        }
+        let from = start;
+        let (end, len) = match bytes[from..]
+            .iter()
+            .position(|b| matches!(b, b'\n' | b'\r'))
+        {
+            None => (bytes.len(), 0),
+            Some(i) if bytes[from + i] == b'\r' && bytes.get(from + i + 1) == Some(&b'\n') => {
+                (from + i, 2)
+            }
+            Some(i) => (from + i, 1),
+        };
+        start = end + len;
+        Some(Line {
+            start: from,
+            body: &text[from..end],
+            ending: &text[end..end + len],
+        })
+    })
+}
+
+/// `text` without a leading UTF-8 BOM, which the runner's reader drops.
+fn without_bom(text: &str) -> &str {
+    text.strip_prefix('\u{feff}').unwrap_or(text)
+}
+
+/// The value of the last `KEY=` line of `text`: the one the runner ends up with.
+pub fn last_value<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    lines(without_bom(text))
+        .filter_map(|line| line.body.split_once('='))
+        .filter(|(k, _)| *k == key)
+        .map(|(_, v)| v)
+        .last()
+}
+
+/// Where hoard's block is: the byte range to remove (with the line ending added before it, if
+/// any).
 fn block_range(text: &str) -> Result<Option<std::ops::Range<usize>>, EnvError> {
     let mut found = None;
-    let mut offset = 0;
     let mut start: Option<usize> = None;
-    for line in text.split_inclusive('\n') {
-        let bare = line.trim_end_matches(['\n', '\r']);
+    let mut previous_ending = "";
+    for line in lines(text) {
+        let bare = line.body;
         if start.is_none() && bare.starts_with(BEGIN) {
             if found.is_some() {
                 return Err(EnvError::Twice);
             }
-            // The newline setup added before the block belongs to the block.
-            let begin = if bare.starts_with(BEGIN_NO_NEWLINE) && offset > 0 {
-                offset - 1
+            // The line ending setup added before the block belongs to the block.
+            let begin = if bare.starts_with(BEGIN_NO_NEWLINE) {
+                line.start - previous_ending.len()
             } else {
-                offset
+                line.start
             };
             start = Some(begin);
         } else if bare == END {
             if let Some(begin) = start.take() {
-                found = Some(begin..offset + line.len());
+                found = Some(begin..line.start + bare.len() + line.ending.len());
             }
         }
-        offset += line.len();
+        previous_ending = line.ending;
     }
     if start.is_some() {
         return Err(EnvError::Unterminated);
@@ -119,9 +216,8 @@ pub fn has_block(text: &str) -> bool {
 /// The lines of hoard's block (without its two comment lines), for `runner doctor`.
 pub fn block_lines(text: &str) -> Vec<&str> {
     match block_range(text) {
-        Ok(Some(range)) => text[range]
-            .lines()
-            .map(|l| l.trim_end_matches('\r'))
+        Ok(Some(range)) => lines(&text[range])
+            .map(|l| l.body)
             .filter(|l| !l.is_empty() && !l.starts_with('#'))
             .collect(),
         _ => Vec::new(),
@@ -144,9 +240,14 @@ pub fn undo(text: &str) -> Result<String, EnvError> {
 /// `text` with hoard's block for `change` (replacing a block already there).
 pub fn setup(text: &str, change: &EnvChange) -> Result<String, EnvError> {
     let clean = undo(text)?;
-    let newline = if clean.contains("\r\n") { "\r\n" } else { "\n" };
+    // The file's own line ending: that of its last line that has one.
+    let newline = lines(&clean)
+        .map(|l| l.ending)
+        .filter(|e| !e.is_empty())
+        .last()
+        .unwrap_or("\n");
     let mut out = clean.clone();
-    let begin = if clean.is_empty() || clean.ends_with('\n') {
+    let begin = if clean.is_empty() || clean.ends_with(['\n', '\r']) {
         BEGIN
     } else {
         out.push_str(newline);
@@ -180,17 +281,31 @@ pub fn setup(text: &str, change: &EnvChange) -> Result<String, EnvError> {
 /// A line-by-line account of what `setup` changes, for its report and `--dry-run`.
 pub fn describe(before: &str, after: &str) -> String {
     let mut out = String::new();
-    let old: Vec<&str> = before.lines().collect();
-    let new: Vec<&str> = after.lines().collect();
+    let old: Vec<&str> = lines(before).map(|l| l.body).collect();
+    let new: Vec<&str> = lines(after).map(|l| l.body).collect();
     // The block is appended (or replaced) at the end of the common start.
     let common = old.iter().zip(&new).take_while(|(a, b)| a == b).count();
     for l in &old[common..] {
-        let _ = writeln!(out, "  - {l}");
+        let _ = writeln!(out, "  - {}", printable(l));
     }
     for l in &new[common..] {
-        let _ = writeln!(out, "  + {l}");
+        let _ = writeln!(out, "  + {}", printable(l));
     }
     out
+}
+
+/// `line` with control characters (a terminal's escape sequences) written as `\u{…}`: `.env` is
+/// the runner's user's file, and the report goes to the operator's terminal.
+fn printable(line: &str) -> String {
+    line.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -321,6 +436,110 @@ mod tests {
         assert_eq!(undo(&cut), Err(EnvError::Unterminated));
         let twice = format!("{after}{after}");
         assert_eq!(undo(&twice), Err(EnvError::Twice));
+    }
+
+    /// What the runner reads from `text`: .NET's `File.ReadAllLines` (a UTF-8 BOM dropped, lines
+    /// split at CRLF, LF or a lone CR), then `KEY=VALUE` at the first `=`, a later line winning.
+    fn as_the_runner_reads(text: &str) -> Vec<(String, String)> {
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+        let mut env: Vec<(String, String)> = Vec::new();
+        for line in text.replace("\r\n", "\n").replace('\r', "\n").split('\n') {
+            if let Some((k, v)) = line.split_once('=').filter(|(k, _)| !k.is_empty()) {
+                env.retain(|(old, _)| old != k);
+                env.push((k.to_owned(), v.to_owned()));
+            }
+        }
+        env
+    }
+
+    #[test]
+    fn every_line_form_is_given_back_exactly_and_read_as_the_runner_reads_it() {
+        for before in [
+            "A=b\r\nC=d",         // CRLF, no final newline
+            "A=b\r\nC=d\r",       // CRLF, a final lone CR
+            "A=b\rC=d\r",         // CR only
+            "A=b\rC=d",           // CR only, no final newline
+            "\u{feff}A=b\nC=d\n", // UTF-8 BOM
+            "\u{feff}",           // a BOM alone
+            "\u{feff}A=b",        // BOM, no final newline
+            "A=b\n\rC=d\r\n",     // mixed
+        ] {
+            let after = setup(before, &change()).unwrap();
+            assert_eq!(undo(&after).unwrap(), before, "{before:?} -> {after:?}");
+            assert_eq!(setup(&after, &change()).unwrap(), after, "{before:?}");
+            // Undo, then setup again: no byte gained or lost.
+            let again = setup(&undo(&after).unwrap(), &change()).unwrap();
+            assert_eq!(again, after, "{before:?}");
+            let env = as_the_runner_reads(&after);
+            let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+            let a = before.contains("A=b").then_some("b");
+            assert_eq!(get("A"), a, "{after:?}");
+            assert_eq!(
+                get(NODE_OPTIONS),
+                Some("--require /r/.hoard/preload.cjs"),
+                "{after:?}"
+            );
+            assert_eq!(get(HOOK), Some("/r/.hoard/job-started.sh"), "{after:?}");
+            // No value gained a stray CR.
+            assert!(env.iter().all(|(_, v)| !v.contains('\r')), "{env:?}");
+            // No line of the block can be mistaken for one of the file's.
+            assert!(has_block(&after), "{after:?}");
+        }
+    }
+
+    #[test]
+    fn node_options_behind_a_bom_or_cr_only_endings_is_seen_and_kept() {
+        for before in [
+            "\u{feff}NODE_OPTIONS=--max-old-space-size=4096\n",
+            "A=b\rNODE_OPTIONS=--max-old-space-size=4096\r",
+            "A=b\rNODE_OPTIONS=--max-old-space-size=4096",
+            "A=b\r\nNODE_OPTIONS=--max-old-space-size=4096",
+        ] {
+            let after = setup(before, &change()).unwrap();
+            let env = as_the_runner_reads(&after);
+            let node = env.iter().find(|(n, _)| n == NODE_OPTIONS).unwrap();
+            assert_eq!(
+                node.1, "--max-old-space-size=4096 --require /r/.hoard/preload.cjs",
+                "{before:?}"
+            );
+            assert_eq!(
+                last_value(&after, NODE_OPTIONS),
+                Some(node.1.as_str()),
+                "{before:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn node_options_are_matched_as_whole_options() {
+        let r = "--require /r/.hoard/preload.cjs";
+        for other in [
+            "--require /r/.hoard/preload.cjs.old",
+            "--require /r/.hoard/preload.cjs-x --x",
+            "--require=/r/.hoard/preload.cjs.old",
+            "--x=--require /r/.hoard/preload.cjs",
+            "--title=\"--require /r/.hoard/preload.cjs\"",
+        ] {
+            assert_eq!(
+                merge_node_options(other, r),
+                format!("{other} {r}"),
+                "{other}"
+            );
+            assert!(!loads(other, r), "{other}");
+        }
+        for same in [
+            "--require /r/.hoard/preload.cjs",
+            "--x --require /r/.hoard/preload.cjs --y",
+            "--require=/r/.hoard/preload.cjs",
+            "-r /r/.hoard/preload.cjs",
+            "--require  \"/r/.hoard/preload.cjs\"",
+        ] {
+            assert_eq!(merge_node_options(same, r), same, "{same}");
+            assert!(loads(same, r), "{same}");
+        }
+        let quoted = "--require \"/a b/.hoard/preload.cjs\"";
+        assert!(loads("--x --require \"/a b/.hoard/preload.cjs\"", quoted));
+        assert!(!loads("--require /a b/.hoard/preload.cjs", quoted));
     }
 
     #[test]
