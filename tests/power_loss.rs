@@ -80,9 +80,13 @@ enum Cut {
     AfterWriteBack,
     /// A random cut, then another one while hoard starts and recovers from it.
     DuringRecovery,
+    /// Saves, then hoard killed (a crash of the process: the page cache keeps what it wrote)
+    /// and started again on the same boot, then three intervals with nothing going on, then the
+    /// cut: the new process must flush what the old one left before it records anything.
+    ProcessCrashThenIdle,
 }
 
-const ALL: [Cut; 9] = [
+const ALL: [Cut; 10] = [
     Cut::NewStore,
     Cut::NewStoreAfterJournalCommit,
     Cut::AtRandom,
@@ -92,6 +96,7 @@ const ALL: [Cut; 9] = [
     Cut::FinalizedAfterTheFlush,
     Cut::AfterWriteBack,
     Cut::DuringRecovery,
+    Cut::ProcessCrashThenIdle,
 ];
 
 /// The cycles of a run, in order, repeated until [`CUTS`] cuts.
@@ -112,7 +117,7 @@ const PLAN: [Cut; 18] = [
     Cut::NewStore,
     Cut::AtRandom,
     Cut::DuringRecovery,
-    Cut::WhileIdle,
+    Cut::ProcessCrashThenIdle,
     Cut::AtNextFlush,
     Cut::AtRandom,
 ];
@@ -250,13 +255,23 @@ impl Rig {
     /// hoard on the store in use, as after a boot with a boot id of its own.
     fn start(&mut self) -> Hoard {
         self.boots += 1;
-        let boot_file = self.outside.join(format!("boot-{}", self.boots));
         let boot_id = format!(
             "{:08x}-0000-4000-8000-{:012x}",
             self.boots,
             rand::random::<u64>() >> 16
         );
-        std::fs::write(&boot_file, format!("{boot_id}\n")).unwrap();
+        std::fs::write(self.boot_file(), format!("{boot_id}\n")).unwrap();
+        self.start_on_this_boot()
+    }
+
+    /// The file that holds the boot id of the boot in progress.
+    fn boot_file(&self) -> PathBuf {
+        self.outside.join(format!("boot-{}", self.boots))
+    }
+
+    /// hoard on the store in use, on the boot in progress (after a crash of its process).
+    fn start_on_this_boot(&mut self) -> Hoard {
+        let boot_file = self.boot_file();
         let mut command = Command::new("unshare");
         // Slave: the disk's unmount at a reboot reaches this namespace's copy of it (the disk's
         // mounts are shared), and the bind mount below stays in here.
@@ -292,7 +307,7 @@ impl Rig {
         if self.stores == 0 || matches!(cut, Cut::NewStore | Cut::NewStoreAfterJournalCommit) {
             self.new_store();
         }
-        let hoard = self.start();
+        let mut hoard = self.start();
         let base = hoard.base.clone();
         let before = self.saved.len();
         let cut_at = match cut {
@@ -344,6 +359,18 @@ impl Rig {
                 tokio::time::sleep(2 * SYNC_INTERVAL).await;
                 saver.finalize(&key, len).await.unwrap();
                 work.record(key, len, seed);
+                tokio::time::sleep(3 * SYNC_INTERVAL).await;
+                self.cut_now(&work).await
+            }
+            Cut::ProcessCrashThenIdle => {
+                let work = self.clients(&base, CLIENTS);
+                tokio::time::sleep(Duration::from_millis(rng.random_range(500..2000))).await;
+                work.stop().await;
+                // Killed, then started on the same boot: it must not take the chunks its
+                // predecessor left in the page cache for flushed. Every save was acknowledged
+                // more than three intervals before the cut, so all of them must survive.
+                hoard.kill_in_place();
+                hoard = self.start_on_this_boot();
                 tokio::time::sleep(3 * SYNC_INTERVAL).await;
                 self.cut_now(&work).await
             }

@@ -92,7 +92,7 @@ fn boot_id() -> String {
 /// What the durability record must cover: counted by puts and commits as they happen, read by
 /// each sync. A put or commit that lands while a sync runs is seen by the next one, never lost
 /// between the two.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Pending {
     /// Puts completed since the store opened; a put counts itself once its bytes are written.
     puts_done: AtomicU64,
@@ -102,7 +102,23 @@ struct Pending {
     synced: Mutex<Synced>,
 }
 
-#[derive(Debug, Default)]
+impl Default for Pending {
+    fn default() -> Self {
+        Self {
+            puts_done: AtomicU64::new(0),
+            last_commit: AtomicI64::new(0),
+            // Nothing is known to be on disk yet: a process that ran on this store before (and
+            // crashed) may have left chunks in the page cache, so the first sync flushes
+            // whatever this process puts.
+            synced: Mutex::new(Synced {
+                puts: u64::MAX,
+                recorded: 0,
+            }),
+        }
+    }
+}
+
+#[derive(Debug)]
 struct Synced {
     /// `puts_done` as read before the last `syncfs`: those puts are on disk.
     puts: u64,

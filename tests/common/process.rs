@@ -120,6 +120,12 @@ impl Hoard {
         self.child.wait().unwrap()
     }
 
+    /// Kills the process (SIGKILL) and waits for it, keeping the handle (its log stays).
+    pub fn kill_in_place(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     pub fn kill_9(mut self) -> PathBuf {
         self.child.kill().unwrap(); // SIGKILL
         self.child.wait().unwrap();
