@@ -305,8 +305,9 @@ async fn each_cache_mode_gets_githubs_answers_over_v2_and_v1() {
     let writer = main_token();
     srv.save(&writer, "seed", VERSION, b"saved by a write token")
         .await;
-    // (mode, the token's `ac` grants, can read, can write)
-    let modes: [(&str, &[(&str, u8)], bool, bool); 5] = [
+    /// A mode, the token's `ac` grants, whether it can read, whether it can write.
+    type Mode<'a> = (&'a str, &'a [(&'a str, u8)], bool, bool);
+    let modes: [Mode; 5] = [
         ("write", &[(MAIN, 3)], true, true),
         ("read", &[(MAIN, 1)], true, false),
         ("write-only", &[(MAIN, 2)], false, true),
@@ -330,7 +331,11 @@ async fn each_cache_mode_gets_githubs_answers_over_v2_and_v1() {
         if reads {
             assert_eq!(status, 200, "{mode}: {body}");
         } else {
-            assert_eq!((status, &body["message"]), (403, &json!(READ_DENIED)), "{mode}");
+            assert_eq!(
+                (status, &body["message"]),
+                (403, &json!(READ_DENIED)),
+                "{mode}"
+            );
         }
 
         // Saves, v2 then v1.
@@ -357,7 +362,11 @@ async fn each_cache_mode_gets_githubs_answers_over_v2_and_v1() {
             v1.save(&key_v1, b"v1", 1024).await;
         } else {
             let (status, body) = v1.reserve(&key_v1, None).await;
-            assert_eq!((status, &body["message"]), (403, &json!(WRITE_DENIED)), "{mode}");
+            assert_eq!(
+                (status, &body["message"]),
+                (403, &json!(WRITE_DENIED)),
+                "{mode}"
+            );
         }
         // What a mode saved is really there (a write token restores it); what it was refused
         // is not.

@@ -463,8 +463,9 @@ impl Rig {
                     kept.push(save);
                 }
                 Ok(None) => {
+                    let must_survive = deadline.is_some_and(|d| save.acked < d);
                     assert!(
-                        !deadline.is_some_and(|d| save.acked < d),
+                        !must_survive,
                         "{} was acknowledged {age:?} before the cut and is lost",
                         save.key,
                     );
