@@ -825,3 +825,177 @@ async fn arc_output_is_yaml_whose_env_names_what_it_mounts() {
     assert!(!mounted("/home/runner/.hoard/nothing.js"));
     let _ = Yaml::Null;
 }
+
+// Set-up run as root (sudo) in a runner directory its user controls: a job runs as that user and
+// may plant links there between two set-ups (issue 57).
+
+/// The user that "owns" the fixture runner directory: anyone but root.
+const RUNNER_UID: u32 = 65534;
+/// Yet another user.
+const STRANGER_UID: u32 = 65533;
+
+fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+fn chown_tree(path: &Path, uid: u32) {
+    std::os::unix::fs::lchown(path, Some(uid), Some(uid)).unwrap();
+    if std::fs::symlink_metadata(path).unwrap().is_dir() {
+        for entry in std::fs::read_dir(path).unwrap() {
+            chown_tree(&entry.unwrap().path(), uid);
+        }
+    }
+}
+
+/// Every path under `dir` (itself included): its content or link target, mode and owner.
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, (String, u32, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = BTreeMap::new();
+    let mut todo = vec![dir.to_owned()];
+    while let Some(path) = todo.pop() {
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        let content = if meta.file_type().is_symlink() {
+            std::fs::read_link(&path)
+                .unwrap()
+                .into_os_string()
+                .into_encoded_bytes()
+        } else if meta.is_dir() {
+            for entry in std::fs::read_dir(&path).unwrap() {
+                todo.push(entry.unwrap().path());
+            }
+            Vec::new()
+        } else {
+            std::fs::read(&path).unwrap()
+        };
+        let content = String::from_utf8_lossy(&content).into_owned();
+        out.insert(path, (content, meta.mode(), meta.uid()));
+    }
+    out
+}
+
+const PLANTED_BLOCK: &str = "PATH=/usr/bin\n# >>> hoard runner setup: planted\nNODE_OPTIONS=--require /x.cjs\n# <<< hoard runner setup\n";
+
+/// What a job aims at: files and a directory outside the runner directory, root's.
+fn outside() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::write(root.join("victim"), "precious\n").unwrap();
+    std::fs::set_permissions(root.join("victim"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::write(root.join("environment"), PLANTED_BLOCK).unwrap();
+    std::fs::create_dir(root.join("etc.d")).unwrap();
+    std::fs::write(root.join("etc.d/keep.conf"), "x\n").unwrap();
+    std::fs::write(root.join("etc.d/preload.cjs"), "// not hoard's\n").unwrap();
+    std::fs::write(root.join("etc.d/job-started.sh"), "# not hoard's\n").unwrap();
+    dir
+}
+
+async fn undo_cmd(dir: &Path) -> Output {
+    hoard(&["runner", "undo", "--runner-dir", dir.to_str().unwrap()]).await
+}
+
+#[tokio::test]
+async fn setup_and_undo_as_root_never_write_through_a_link_a_job_planted() {
+    if !is_root() {
+        println!("skipped: this test needs root (it runs hoard runner setup as sudo does, in a directory another user owns)");
+        return;
+    }
+    use std::os::unix::fs::{symlink, MetadataExt};
+    let upstream = Results::start().await;
+    let srv = forwarding_hoard(&upstream.base).await;
+    let world = outside();
+    let target = |name: &str| world.path().join(name);
+
+    // Temporary names in .hoard, and the final names themselves, pointing outside.
+    let runner = fixture("LANG=C.UTF-8\n");
+    let hoard_dir = runner.path().join(".hoard");
+    std::fs::create_dir(&hoard_dir).unwrap();
+    for name in ["preload.tmp", "job-started.tmp", "preload.cjs"] {
+        symlink(target("victim"), hoard_dir.join(name)).unwrap();
+    }
+    chown_tree(runner.path(), RUNNER_UID);
+    let before = snapshot(world.path());
+    let out = setup(runner.path(), &srv.base, &["--allow-loopback"]).await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert_eq!(snapshot(world.path()), before, "{stdout}");
+    for name in ["preload.cjs", "job-started.sh"] {
+        let meta = std::fs::symlink_metadata(hoard_dir.join(name)).unwrap();
+        assert!(meta.is_file(), "{name} is a regular file");
+    }
+    assert!(std::fs::read_to_string(hoard_dir.join("preload.cjs"))
+        .unwrap()
+        .contains("hoard runner preload"));
+    let env = std::fs::symlink_metadata(runner.path().join(".env")).unwrap();
+    assert_eq!(env.uid(), RUNNER_UID, ".env keeps its owner");
+    assert_eq!(env.mode() & 0o777, 0o644, ".env keeps its mode");
+    assert!(dotenv(runner.path())["NODE_OPTIONS"].contains("preload.cjs"));
+    let out = undo_cmd(runner.path()).await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    assert_eq!(snapshot(world.path()), before);
+    assert_eq!(
+        std::fs::read_to_string(runner.path().join(".env")).unwrap(),
+        "LANG=C.UTF-8\n"
+    );
+
+    // .env a link to a file outside: refused, by setup and by undo, saying why.
+    let runner = fixture("");
+    std::fs::remove_file(runner.path().join(".env")).unwrap();
+    symlink(target("environment"), runner.path().join(".env")).unwrap();
+    chown_tree(runner.path(), RUNNER_UID);
+    for out in [
+        setup(runner.path(), &srv.base, &["--allow-loopback"]).await,
+        undo_cmd(runner.path()).await,
+    ] {
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+        assert!(
+            stderr.contains(".env") && stderr.contains("symbolic link"),
+            "{stderr}"
+        );
+        assert_eq!(snapshot(world.path()), before, "{stdout}{stderr}");
+    }
+
+    // .hoard a link to a directory outside: refused, by setup and by undo.
+    let runner = fixture("LANG=C.UTF-8\n");
+    symlink(target("etc.d"), runner.path().join(".hoard")).unwrap();
+    chown_tree(runner.path(), RUNNER_UID);
+    for out in [
+        setup(runner.path(), &srv.base, &["--allow-loopback"]).await,
+        undo_cmd(runner.path()).await,
+    ] {
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+        assert!(
+            stderr.contains(".hoard") && stderr.contains("symbolic link"),
+            "{stderr}"
+        );
+        assert_eq!(snapshot(world.path()), before, "{stdout}{stderr}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(runner.path().join(".env")).unwrap(),
+        "LANG=C.UTF-8\n"
+    );
+
+    // A .env or .hoard owned by a user who is neither root nor the runner directory's owner.
+    for planted in [".env", ".hoard"] {
+        let runner = fixture(PLANTED_BLOCK);
+        std::fs::create_dir(runner.path().join(".hoard")).unwrap();
+        chown_tree(runner.path(), RUNNER_UID);
+        chown_tree(&runner.path().join(planted), STRANGER_UID);
+        let inside = snapshot(runner.path());
+        for out in [
+            setup(runner.path(), &srv.base, &["--allow-loopback"]).await,
+            undo_cmd(runner.path()).await,
+        ] {
+            let (stdout, stderr) = text(&out);
+            assert_eq!(out.status.code(), Some(1), "{planted}: {stdout}{stderr}");
+            assert!(
+                stderr.contains(planted)
+                    && stderr.contains(&format!("owned by uid {STRANGER_UID}")),
+                "{stderr}"
+            );
+            assert_eq!(snapshot(runner.path()), inside, "{planted}");
+        }
+    }
+}

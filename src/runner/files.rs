@@ -3,8 +3,6 @@
 //! stamped with hoard's version, so `runner doctor` can tell a file this version wrote from an
 //! older or edited one.
 
-use std::path::Path;
-
 pub const PRELOAD_NAME: &str = "preload.cjs";
 pub const HOOK_NAME: &str = "job-started.sh";
 
@@ -31,23 +29,6 @@ pub fn hook() -> String {
 /// Both files, by name.
 pub fn all() -> [(&'static str, String); 2] {
     [(PRELOAD_NAME, preload()), (HOOK_NAME, hook())]
-}
-
-/// Writes `text` to `path` unless it already holds it; whether it changed anything. The hook is
-/// made executable (the runner runs it with bash, but an operator may run it by hand).
-pub fn write_if_changed(path: &Path, text: &str) -> std::io::Result<bool> {
-    if std::fs::read(path).ok().as_deref() == Some(text.as_bytes()) {
-        return Ok(false);
-    }
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text)?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
-    }
-    std::fs::rename(&tmp, path)?;
-    Ok(true)
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@
 
 pub mod arc;
 pub mod checks;
+pub mod dir_fs;
 pub mod doctor;
 pub mod env_file;
 pub mod files;
@@ -228,29 +229,31 @@ pub async fn setup(args: &SetupArgs) -> Result<String, Refusal> {
         cache_url: Some(cache.to_string()),
     };
     let env_path = runner.env_file();
-    let before = match std::fs::read_to_string(&env_path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => return refuse(format!("cannot read {}: {e}", env_path.display())),
-    };
+    // As root in a directory the runner's user controls: nothing is followed (dir_fs).
+    let fs = dir_fs::RunnerFs::open(&runner.root).map_err(Refusal)?;
+    let existing = fs.read_env().map_err(Refusal)?;
+    let before = existing
+        .as_ref()
+        .map(|e| e.text.clone())
+        .unwrap_or_default();
     let after = env_file::setup(&before, &change)
         .map_err(|e| Refusal(format!("{}: {e}", env_path.display())))?;
 
     let verb = if args.dry_run { "would write" } else { "wrote" };
     let mut changed = false;
-    if !args.dry_run {
-        std::fs::create_dir_all(&hoard_dir)
-            .map_err(|e| Refusal(format!("cannot create {}: {e}", hoard_dir.display())))?;
-    }
+    let hoard = fs.hoard_dir(!args.dry_run).map_err(Refusal)?;
     for (name, text) in files::all() {
-        let path = hoard_dir.join(name);
-        let same = std::fs::read(&path).ok().as_deref() == Some(text.as_bytes());
-        if same {
+        let path = fs.hoard_path(name);
+        let now = hoard
+            .as_ref()
+            .and_then(|dir| dir_fs::read_regular(dir, name));
+        if now.as_deref() == Some(text.as_bytes()) {
             continue;
         }
         changed = true;
-        if !args.dry_run {
-            files::write_if_changed(&path, &text)
+        if let (false, Some(dir)) = (args.dry_run, &hoard) {
+            // Executable: the runner runs the hook with bash, but an operator may run it by hand.
+            dir_fs::write_new(dir, name, text.as_bytes(), 0o755, None)
                 .map_err(|e| Refusal(format!("cannot write {}: {e}", path.display())))?;
         }
         let _ = writeln!(report, "{verb} {}", path.display());
@@ -258,8 +261,7 @@ pub async fn setup(args: &SetupArgs) -> Result<String, Refusal> {
     if after != before {
         changed = true;
         if !args.dry_run {
-            std::fs::write(&env_path, &after)
-                .map_err(|e| Refusal(format!("cannot write {}: {e}", env_path.display())))?;
+            fs.write_env(&after, existing.as_ref()).map_err(Refusal)?;
         }
         let _ = writeln!(
             report,
@@ -309,35 +311,36 @@ pub fn undo(args: &DirArgs) -> Result<String, Refusal> {
     let runner = checks::runner_dir(&args.runner_dir).map_err(Refusal)?;
     let env_path = runner.env_file();
     let mut report = String::new();
-    match std::fs::read_to_string(&env_path) {
-        Ok(before) => {
-            let after = env_file::undo(&before)
-                .map_err(|e| Refusal(format!("{}: {e}", env_path.display())))?;
-            if after != before {
-                std::fs::write(&env_path, &after)
-                    .map_err(|e| Refusal(format!("cannot write {}: {e}", env_path.display())))?;
-                let _ = writeln!(
-                    report,
-                    "changed {}:\n{}",
-                    env_path.display(),
-                    env_file::describe(&before, &after)
-                );
+    // Both checked before anything changes; nothing is followed (dir_fs).
+    let fs = dir_fs::RunnerFs::open(&runner.root).map_err(Refusal)?;
+    let existing = fs.read_env().map_err(Refusal)?;
+    let hoard = fs.hoard_dir(false).map_err(Refusal)?;
+    if let Some(existing) = &existing {
+        let before = &existing.text;
+        let after =
+            env_file::undo(before).map_err(|e| Refusal(format!("{}: {e}", env_path.display())))?;
+        if after != *before {
+            fs.write_env(&after, Some(existing)).map_err(Refusal)?;
+            let _ = writeln!(
+                report,
+                "changed {}:\n{}",
+                env_path.display(),
+                env_file::describe(before, &after)
+            );
+        }
+    }
+    if let Some(dir) = &hoard {
+        for (name, _) in files::all() {
+            let path = fs.hoard_path(name);
+            if dir_fs::remove(dir, name)
+                .map_err(|e| Refusal(format!("cannot remove {}: {e}", path.display())))?
+            {
+                let _ = writeln!(report, "removed {}", path.display());
             }
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return refuse(format!("cannot read {}: {e}", env_path.display())),
+        // Only if empty: anything else in it is not hoard's.
+        fs.remove_hoard_dir_if_empty();
     }
-    let hoard_dir = runner.hoard_dir();
-    for (name, _) in files::all() {
-        let path = hoard_dir.join(name);
-        if path.exists() {
-            std::fs::remove_file(&path)
-                .map_err(|e| Refusal(format!("cannot remove {}: {e}", path.display())))?;
-            let _ = writeln!(report, "removed {}", path.display());
-        }
-    }
-    // Only if empty: anything else in it is not hoard's.
-    let _ = std::fs::remove_dir(&hoard_dir);
     if report.is_empty() {
         let _ = writeln!(report, "nothing to undo in {}", runner.root.display());
     } else {
