@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::api::admin::wire;
+use crate::model::TermSafe;
 
 /// Where the server is and how to sign in to it.
 #[derive(Debug, Clone, clap::Args)]
@@ -293,9 +294,12 @@ impl Client {
         }
         let body = response.bytes().await.unwrap_or_default();
         let error = serde_json::from_slice::<wire::ErrorMessage>(&body).ok();
-        let message = error
-            .as_ref()
-            .map_or("no explanation given", |e| e.message.as_str());
+        // The server's words may quote what a client chose.
+        let message = TermSafe(
+            error
+                .as_ref()
+                .map_or("no explanation given", |e| e.message.as_str()),
+        );
         Err(CliError(match status.as_u16() {
             401 => format!("{} refused the admin token ({message})", self.base),
             _ => format!("{} answered {status}: {message}", self.base),
@@ -442,8 +446,9 @@ fn policy_line(policy: &wire::Policy) -> String {
         return "policy     none (every token may do what it grants)\n".to_owned();
     };
     let mut out = format!(
-        "policy     {} rules from {source}, loaded {at}\n",
-        policy.rules.len()
+        "policy     {} rules from {}, loaded {at}\n",
+        policy.rules.len(),
+        TermSafe(source)
     );
     if let Some(attempt) = policy.last_attempt.as_ref().filter(|a| a.outcome != "ok") {
         let _ = writeln!(
@@ -451,7 +456,7 @@ fn policy_line(policy: &wire::Policy) -> String {
             "           last load {} at {}: {}; the rules above stay in force",
             attempt.outcome,
             attempt.at,
-            attempt.error.as_deref().unwrap_or("no reason given")
+            TermSafe(attempt.error.as_deref().unwrap_or("no reason given"))
         );
     }
     if policy.differs_from_file == Some(true) {
@@ -639,17 +644,28 @@ async fn restorers(client: &Client, json: bool, filter: &FilterArgs) -> Result<S
     let answer: wire::RestoreList = client
         .call(reqwest::Method::GET, &format!("restores?{query}"))
         .await?;
-    if json {
-        return Ok(pretty(&answer));
-    }
+    Ok(if json {
+        pretty(&answer)
+    } else {
+        restorers_text(&answer)
+    })
+}
+
+/// `caches restorers`' lines: the jobs, then a note when the server gave only the most recent
+/// of the records that matched (its answer's `truncated`).
+fn restorers_text(answer: &wire::RestoreList) -> String {
     let mut out = match answer.jobs.is_empty() {
         true => "No job restored an entry these writers wrote.\n".to_owned(),
         false => jobs_text(&answer.jobs),
     };
     if answer.truncated {
-        out.push_str("(the most recent restores only: narrow the filter for the rest)\n");
+        let _ = writeln!(
+            out,
+            "Note: more restores matched than the server returns; these jobs are from the {} most recent. Narrow the filter (--run-id, --ref, --written-after, --written-before) for the rest.",
+            answer.restores.len()
+        );
     }
-    Ok(out)
+    out
 }
 
 /// `caches download`: the archive of entry `id` into `output`, with its SHA-256 to compare
@@ -762,7 +778,7 @@ fn writer_cells(e: &wire::Cache) -> [String; 6] {
 fn entry_text(e: &wire::Cache) -> String {
     let mut out = String::new();
     let mut field = |name: &str, value: &str| {
-        let _ = writeln!(out, "{name:<16}{}", dash(value));
+        let _ = writeln!(out, "{name:<16}{}", TermSafe(dash(value)));
     };
     field("id", &e.id.to_string());
     field(
@@ -820,11 +836,11 @@ fn restored_text(restores: &[wire::Restore]) -> String {
         let w = &r.reader;
         out.push_str(&format!(
             "  {} run {} job {} ({}) from {}: {} time{}, last {}\n",
-            w.kind,
-            dash(&w.run_id),
-            dash(&w.job_id),
-            dash(&w.subject),
-            dash(&w.address),
+            TermSafe(&w.kind),
+            TermSafe(dash(&w.run_id)),
+            TermSafe(dash(&w.job_id)),
+            TermSafe(dash(&w.subject)),
+            TermSafe(dash(&w.address)),
             r.count,
             if r.count == 1 { "" } else { "s" },
             r.last_restored_at
@@ -842,10 +858,10 @@ fn jobs_text(jobs: &[wire::RestoringJob]) -> String {
     for j in jobs {
         out.push_str(&format!(
             "  {} run {} job {} ({}): {} {}, {} restore{}, last {}\n",
-            j.kind,
-            dash(&j.run_id),
-            dash(&j.job_id),
-            dash(&j.subject),
+            TermSafe(&j.kind),
+            TermSafe(dash(&j.run_id)),
+            TermSafe(dash(&j.job_id)),
+            TermSafe(dash(&j.subject)),
             j.entries,
             if j.entries == 1 { "entry" } else { "entries" },
             j.restores,
@@ -1052,7 +1068,7 @@ fn status_text(status: &wire::Status, policy: Option<&wire::Policy>) -> String {
         out.push_str("warnings   none\n");
     }
     for w in &status.warnings {
-        let _ = writeln!(out, "WARNING    {w}");
+        let _ = writeln!(out, "WARNING    {}", TermSafe(w));
     }
     out
 }
@@ -1117,8 +1133,14 @@ fn ago(at: &str, now: SystemTime) -> String {
 }
 
 /// Columns padded to their widest cell; numbers-looking last columns stay left-aligned too,
-/// so that the table reads the same in any terminal.
+/// so that the table reads the same in any terminal. Every cell is shown terminal-safe
+/// ([`TermSafe`]): most hold text a client chose (keys, refs, repository names, subjects).
 fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| row.iter().map(|c| TermSafe(c).to_string()).collect())
+        .collect();
+    let rows = rows.as_slice();
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -1193,5 +1215,60 @@ mod tests {
             ],
         );
         assert_eq!(t, "ID   KEY\n1    a\n100  bcd\n");
+    }
+
+    #[test]
+    fn restorers_say_when_the_server_gave_only_the_most_recent_records() {
+        let job = wire::RestoringJob {
+            kind: "github".into(),
+            subject: "repo:octo/app:ref:refs/heads/main".into(),
+            run_id: "7".into(),
+            job_id: "build".into(),
+            entries: 1,
+            restores: 1000,
+            last_restored_at: "2025-12-01T20:00:00Z".into(),
+        };
+        let restore = wire::Restore {
+            entry_id: 1,
+            repository_id: "1".into(),
+            git_ref: "refs/heads/main".into(),
+            key: "k".into(),
+            written_by: None,
+            written_at: "2025-12-01T19:00:00Z".into(),
+            reader: wire::WrittenBy {
+                kind: "github".into(),
+                issuer: String::new(),
+                subject: String::new(),
+                run_id: "7".into(),
+                job_id: "build".into(),
+                address: String::new(),
+            },
+            first_restored_at: "2025-12-01T19:00:00Z".into(),
+            last_restored_at: "2025-12-01T20:00:00Z".into(),
+            count: 1,
+        };
+        let mut answer = wire::RestoreList {
+            jobs: vec![job],
+            restores: vec![restore; 1000],
+            truncated: true,
+        };
+        let text = restorers_text(&answer);
+        assert!(
+            text.ends_with("Note: more restores matched than the server returns; these jobs are from the 1000 most recent. Narrow the filter (--run-id, --ref, --written-after, --written-before) for the rest.\n"),
+            "{text}"
+        );
+        answer.truncated = false;
+        let whole = restorers_text(&answer);
+        assert!(!whole.contains("Note"), "{whole}");
+        assert!(
+            whole.starts_with("Restored by:\n  github run 7 job build"),
+            "{whole}"
+        );
+    }
+
+    #[test]
+    fn tables_and_show_escape_what_clients_chose() {
+        let t = table(&["KEY"], &[vec!["a\n\u{1b}[31m\u{202e}\u{2028}b".into()]]);
+        assert_eq!(t, "KEY\na\\n\\u{1b}[31m\\u{202e}\\u{2028}b\n");
     }
 }

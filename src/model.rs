@@ -289,25 +289,42 @@ impl fmt::Display for LogSafe<'_> {
         while !text.is_char_boundary(end) {
             end -= 1;
         }
-        let shown = &text[..end];
-        if shown.chars().any(needs_escape) {
-            for c in shown.chars() {
-                match c {
-                    '\n' => f.write_str("\\n")?,
-                    '\r' => f.write_str("\\r")?,
-                    '\t' => f.write_str("\\t")?,
-                    c if needs_escape(c) => write!(f, "\\u{{{:x}}}", u32::from(c))?,
-                    c => fmt::Write::write_char(f, c)?,
-                }
-            }
-        } else {
-            f.write_str(shown)?;
-        }
+        write_escaped(f, &text[..end])?;
         if end < text.len() {
             write!(f, "… ({} bytes)", text.len())?;
         }
         Ok(())
     }
+}
+
+/// Text a client chose, shown whole on an operator's terminal (the CLI's tables and
+/// listings): escaped as [`LogSafe`] escapes it, but never shortened, since the operator may
+/// need all of a key or a subject to act on it. JSON output does not need it: JSON escapes.
+#[derive(Debug, Clone, Copy)]
+pub struct TermSafe<'a>(pub &'a str);
+
+impl fmt::Display for TermSafe<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_escaped(f, self.0)
+    }
+}
+
+/// `text` with every character [`needs_escape`] names written as an escape (`\n`, `\r`,
+/// `\t`, else `\u{…}`), the rest as it is.
+fn write_escaped(f: &mut fmt::Formatter<'_>, text: &str) -> fmt::Result {
+    if !text.chars().any(needs_escape) {
+        return f.write_str(text);
+    }
+    for c in text.chars() {
+        match c {
+            '\n' => f.write_str("\\n")?,
+            '\r' => f.write_str("\\r")?,
+            '\t' => f.write_str("\\t")?,
+            c if needs_escape(c) => write!(f, "\\u{{{:x}}}", u32::from(c))?,
+            c => fmt::Write::write_char(f, c)?,
+        }
+    }
+    Ok(())
 }
 
 /// Control characters, the Unicode line and paragraph separators some viewers break lines at,

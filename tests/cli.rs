@@ -442,3 +442,127 @@ async fn stats_prints_families_with_hit_ratio_misses_bytes_and_trend() {
     assert!(err.contains("scope_class must be one of"), "{err}");
     srv.stop().await;
 }
+
+/// Characters that must never reach the operator's terminal raw: a control sequence, a line
+/// break, a bidi override and a line separator.
+fn assert_terminal_safe(out: &str, what: &str) {
+    for c in out.chars() {
+        let bad = (c.is_control() && c != '\n')
+            || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        assert!(!bad, "{what} prints {c:?} raw:\n{out}");
+    }
+}
+
+/// Client-supplied text (the repository claim, the `ac` scope, the subject, the key) is shown
+/// escaped by every table and listing, as the audit log shows it; `--json` keeps it exact.
+#[tokio::test(flavor = "multi_thread")]
+async fn client_text_reaches_the_terminal_escaped_and_json_keeps_it_exact() {
+    let srv = TestServer::start_with(&["--admin-token", ADMIN]).await;
+    let base = srv.base.clone();
+    let repository = "octo/evil\n\u{1b}[31mred\u{202e}\u{2028}x";
+    let scope = "refs/heads/m\u{1b}[31m\u{202e}\u{2028}\nain";
+    let subject = "repo:octo/evil\n\u{1b}[2J\u{202e}\u{2066}\u{2028}";
+    let key = "deps-\u{202e}\u{2028}-x";
+    let mut c = claims("79", &[(scope, 3)]);
+    c["repository"] = json!(repository);
+    c["sub"] = json!(subject);
+    c["scp"] = json!("Actions.Results:5001:job-5001");
+    let t = sign_hs256(&c);
+    let id = srv.save(&t, key, VERSION, b"hostile text").await;
+    assert_eq!(
+        srv.restore(&t, key, VERSION).await.unwrap(),
+        b"hostile text"
+    );
+
+    // The server keeps the subject as its verifier stored it (which replaces some characters
+    // itself): what the terminal shows is that text, escaped.
+    let listed = json_out(&hoard(&base, Some(ADMIN), &["caches", "ls", "--json"]).await);
+    let stored = listed["actions_caches"][0]["written_by"]["subject"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        stored.contains('\u{202e}') && stored.contains('\u{2028}'),
+        "{stored:?}"
+    );
+    let subject_shown = escaped(&stored);
+
+    let long = stdout(&hoard(&base, Some(ADMIN), &["caches", "ls", "--long"]).await);
+    assert_terminal_safe(&long, "ls --long");
+    assert_eq!(long.lines().count(), 3, "header, one row, total:\n{long}");
+    for shown in [
+        "octo/evil\\n\\u{1b}[31mred\\u{202e}\\u{2028}x",
+        "refs/heads/m\\u{1b}[31m\\u{202e}\\u{2028}\\nain",
+        "deps-\\u{202e}\\u{2028}-x",
+        &subject_shown,
+    ] {
+        assert!(long.contains(shown), "{shown} in:\n{long}");
+    }
+
+    let shown = stdout(&hoard(&base, Some(ADMIN), &["caches", "show", &id.to_string()]).await);
+    assert_terminal_safe(&shown, "show");
+    for line in [
+        "repository      octo/evil\\n\\u{1b}[31mred\\u{202e}\\u{2028}x\n",
+        "ref             refs/heads/m\\u{1b}[31m\\u{202e}\\u{2028}\\nain\n",
+        "key             deps-\\u{202e}\\u{2028}-x\n",
+        &format!("  subject       {subject_shown}\n"),
+    ] {
+        assert!(shown.contains(line), "{line:?} in:\n{shown}");
+    }
+    assert!(
+        shown.contains(&format!("({subject_shown})")),
+        "the restorer's subject too:\n{shown}"
+    );
+
+    let usage = stdout(&hoard(&base, Some(ADMIN), &["caches", "usage"]).await);
+    assert_terminal_safe(&usage, "usage");
+    assert!(
+        usage.contains("octo/evil\\n\\u{1b}[31mred\\u{202e}\\u{2028}x"),
+        "{usage}"
+    );
+
+    let restorers = stdout(
+        &hoard(
+            &base,
+            Some(ADMIN),
+            &["caches", "restorers", "--run-id", "5001"],
+        )
+        .await,
+    );
+    assert_terminal_safe(&restorers, "restorers");
+    assert!(restorers.contains(&subject_shown), "{restorers}");
+    let dry = stdout(
+        &hoard(
+            &base,
+            Some(ADMIN),
+            &["caches", "rm", "--run-id", "5001", "--dry-run"],
+        )
+        .await,
+    );
+    assert_terminal_safe(&dry, "rm --dry-run");
+
+    // JSON escapes it itself: the exact text, as stored.
+    let entry = &listed["actions_caches"][0];
+    assert_eq!(entry["repository"], repository);
+    assert_eq!(entry["ref"], scope);
+    assert_eq!(entry["key"], key);
+    assert!(subject.starts_with("repo:octo/evil"));
+}
+
+/// `text` as the CLI must show it: line breaks and tabs as `\n`, `\r`, `\t`, every other
+/// control character, bidi control and line or paragraph separator as `\u{…}`.
+fn escaped(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '\n' => "\\n".to_owned(),
+            '\r' => "\\r".to_owned(),
+            '\t' => "\\t".to_owned(),
+            c if c.is_control()
+                || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') =>
+            {
+                format!("\\u{{{:x}}}", u32::from(c))
+            }
+            c => c.to_string(),
+        })
+        .collect()
+}
