@@ -240,6 +240,29 @@ impl Job {
         serde_json::from_str(stdout.trim()).unwrap()
     }
 
+    /// The variables `names` as a JavaScript action of this job sees them (the step's variables
+    /// plus `extra`): `null` for one that is not set.
+    async fn action_sees(&self, extra: &[(&str, &str)], names: &[&str]) -> Value {
+        let mut cmd = self.base_command(&self.runner.join("externals/node20/bin/node"));
+        cmd.args([
+            "-e",
+            "const o = {}; for (const n of process.argv.slice(1)) o[n] = process.env[n] ?? null; console.log(JSON.stringify(o))",
+        ])
+        .args(names)
+        .envs(self.step_env.iter().map(|(k, v)| (k, v)))
+        .envs(extra.iter().copied());
+        let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+            .await
+            .unwrap();
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{stdout}{stderr}");
+        serde_json::from_str(stdout.trim()).unwrap()
+    }
+
+    fn marker(&self) -> Option<String> {
+        std::fs::read_to_string(self.temp.path().join(".hoard-fallback")).ok()
+    }
+
     fn write(&self, rel: &str, data: &[u8]) {
         let path = self.workspace.path().join(rel);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -997,5 +1020,298 @@ async fn setup_and_undo_as_root_never_write_through_a_link_a_job_planted() {
             );
             assert_eq!(snapshot(runner.path()), inside, "{planted}");
         }
+    }
+}
+
+#[tokio::test]
+async fn a_url_with_a_credential_is_refused_and_the_secret_never_shown() {
+    let runner = fixture("LANG=C.UTF-8\n");
+    let dir = runner.path().to_str().unwrap();
+    let secret = "s3cr3t-pw";
+    for args in [
+        vec!["--url", "http://user:s3cr3t-pw@cache.internal:3000/"],
+        vec!["--url", "http://s3cr3t-pw@cache.internal:3000/"],
+        vec![
+            "--url",
+            "http://cache.internal:3000/",
+            "--cache-url",
+            "http://user:s3cr3t-pw@cache.internal:3000/v1/",
+        ],
+    ] {
+        for arc in [false, true] {
+            let mut all = vec!["runner", "setup", "--runner-dir", dir, "--dry-run"];
+            all.extend(&args);
+            if arc {
+                all.push("--arc");
+            }
+            let out = hoard(&all).await;
+            let (stdout, stderr) = text(&out);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {stdout}{stderr}");
+            assert!(
+                !stdout.contains(secret) && !stderr.contains(secret),
+                "{stdout}{stderr}"
+            );
+            assert!(
+                stderr.contains("credential") && stderr.contains("ACTIONS_RUNTIME_TOKEN"),
+                "says how a job authenticates instead: {stderr}"
+            );
+        }
+    }
+    assert_eq!(
+        std::fs::read_to_string(runner.path().join(".env")).unwrap(),
+        "LANG=C.UTF-8\n"
+    );
+}
+
+/// A stand-in for hoard whose `/readyz` answers `status` with `body`, to every request.
+async fn readyz_answering(
+    status: &'static str,
+    body: String,
+) -> (String, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = conn.read(&mut buf).await;
+                let answer = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    (base, task)
+}
+
+/// Replaces the value of `key` in the runner's `.env` (every line of it).
+fn set_env_line(runner: &Path, key: &str, value: &str) {
+    let path = runner.join(".env");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let out: String = text
+        .lines()
+        .map(|l| match l.split_once('=') {
+            Some((k, _)) if k == key => format!("{key}={value}\n"),
+            _ => format!("{l}\n"),
+        })
+        .collect();
+    std::fs::write(&path, out).unwrap();
+}
+
+#[tokio::test]
+async fn the_hook_checks_the_cache_url_too_and_falls_back_for_v1_alone() {
+    let upstream = Results::start().await;
+    let srv = forwarding_hoard(&upstream.base).await;
+    let hoard_url = format!("{}/", srv.base);
+    let github = "http://127.0.0.1:9";
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}/", l.local_addr().unwrap())
+    };
+    for (cache_url, why) in [
+        (closed.as_str(), "a --cache-url on a host that is down"),
+        ("http//not a url", "a malformed HOARD_CACHE_URL"),
+        ("ftp://cache.internal/", "not http"),
+    ] {
+        let runner = fixture("");
+        let out = setup(runner.path(), &srv.base, &["--allow-loopback"]).await;
+        assert!(out.status.success(), "{:?}", text(&out));
+        set_env_line(runner.path(), "HOARD_CACHE_URL", cache_url);
+        let job = Job::new(runner.path(), github);
+        let (code, said) = job.hook().await;
+        assert_eq!(code, 0, "{why}: {said}");
+        let warnings: Vec<&str> = said
+            .lines()
+            .filter(|l| l.starts_with("::warning::"))
+            .collect();
+        assert_eq!(warnings.len(), 1, "{why}: {said}");
+        assert!(warnings[0].contains("v1"), "{why}: {said}");
+        assert_eq!(job.marker().as_deref(), Some("cache\n"), "{why}: {said}");
+        // v2 and artifacts still go to hoard; v1 clients keep GitHub's URL for this job.
+        let seen = job
+            .action_sees(&[], &["ACTIONS_RESULTS_URL", "ACTIONS_CACHE_URL"])
+            .await;
+        assert_eq!(
+            seen,
+            serde_json::json!({ "ACTIONS_RESULTS_URL": hoard_url, "ACTIONS_CACHE_URL": format!("{github}/v1-cache-id/") }),
+            "{why}"
+        );
+    }
+    // Both down: everything stays with GitHub.
+    let runner = fixture("");
+    let out = setup(runner.path(), &srv.base, &["--allow-loopback"]).await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    set_env_line(runner.path(), "HOARD_CACHE_URL", &closed);
+    set_env_line(runner.path(), "HOARD_RESULTS_URL", &closed);
+    let job = Job::new(runner.path(), github);
+    let (_, said) = job.hook().await;
+    assert_eq!(job.marker().as_deref(), Some("all\n"), "{said}");
+}
+
+#[tokio::test]
+async fn text_from_readyz_cannot_become_a_workflow_command() {
+    let upstream = Results::start().await;
+    let srv = forwarding_hoard(&upstream.base).await;
+    let body = serde_json::json!({
+        "status": "starting\n::error::injected\r\n::add-mask::x",
+        "error": "100% down\n::set-output name=a::b\u{2028}::error::two",
+    })
+    .to_string();
+    let (fake, task) = readyz_answering("503 Service Unavailable", body).await;
+    let runner = fixture("");
+    let out = setup(runner.path(), &srv.base, &["--allow-loopback"]).await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    set_env_line(runner.path(), "HOARD_RESULTS_URL", &fake);
+    set_env_line(runner.path(), "HOARD_CACHE_URL", &fake);
+    let job = Job::new(runner.path(), "http://127.0.0.1:9");
+    let (code, said) = job.hook().await;
+    assert_eq!(code, 0, "{said}");
+    let lines: Vec<&str> = said
+        .split(['\n', '\r', '\u{2028}'])
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert!(!lines.is_empty(), "{said:?}");
+    for line in &lines {
+        assert!(line.starts_with("::warning::"), "{said:?}");
+    }
+    assert!(
+        said.contains("%0A::error::injected"),
+        "escaped, and still said: {said:?}"
+    );
+    assert!(said.contains("100%25 down"), "{said:?}");
+    assert_eq!(job.marker().as_deref(), Some("all\n"));
+    task.abort();
+}
+
+#[tokio::test]
+async fn the_ecosystems_custom_url_variables_agree_with_hoard() {
+    let upstream = Results::start().await;
+    let srv = forwarding_hoard(&upstream.base).await;
+    let hoard_url = format!("{}/", srv.base);
+    let github = "http://127.0.0.1:9";
+    let runner = fixture("");
+    let out = setup(runner.path(), &srv.base, &["--allow-loopback"]).await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    let env = dotenv(runner.path());
+    assert_eq!(env["CUSTOM_ACTIONS_RESULTS_URL"], hoard_url);
+    assert_eq!(env["CUSTOM_ACTIONS_CACHE_URL"], hoard_url);
+    let names = [
+        "CUSTOM_ACTIONS_RESULTS_URL",
+        "CUSTOM_ACTIONS_CACHE_URL",
+        "HOARD_ORIGINAL_CUSTOM_ACTIONS_RESULTS_URL",
+    ];
+
+    // hoard ready: an action sees hoard's URL there, even one the workflow set to another.
+    let job = Job::new(runner.path(), github);
+    let (_, said) = job.hook().await;
+    assert!(!said.contains("::warning::"), "{said}");
+    assert_eq!(
+        job.action_sees(
+            &[("CUSTOM_ACTIONS_RESULTS_URL", "http://elsewhere/")],
+            &names
+        )
+        .await,
+        serde_json::json!({
+            "CUSTOM_ACTIONS_RESULTS_URL": hoard_url,
+            "CUSTOM_ACTIONS_CACHE_URL": hoard_url,
+            "HOARD_ORIGINAL_CUSTOM_ACTIONS_RESULTS_URL": "http://elsewhere/",
+        })
+    );
+
+    // hoard down: they follow the job to GitHub, as ACTIONS_RESULTS_URL does.
+    std::fs::write(job.temp.path().join(".hoard-fallback"), "all\n").unwrap();
+    assert_eq!(
+        job.action_sees(
+            &[],
+            &[
+                "CUSTOM_ACTIONS_RESULTS_URL",
+                "CUSTOM_ACTIONS_CACHE_URL",
+                "ACTIONS_RESULTS_URL"
+            ]
+        )
+        .await,
+        serde_json::json!({
+            "CUSTOM_ACTIONS_RESULTS_URL": format!("{github}/"),
+            "CUSTOM_ACTIONS_CACHE_URL": format!("{github}/v1-cache-id/"),
+            "ACTIONS_RESULTS_URL": format!("{github}/"),
+        })
+    );
+    // No forwarding: results with GitHub, v1 with hoard.
+    std::fs::write(job.temp.path().join(".hoard-fallback"), "results\n").unwrap();
+    assert_eq!(
+        job.action_sees(
+            &[],
+            &["CUSTOM_ACTIONS_RESULTS_URL", "CUSTOM_ACTIONS_CACHE_URL"]
+        )
+        .await,
+        serde_json::json!({
+            "CUSTOM_ACTIONS_RESULTS_URL": format!("{github}/"),
+            "CUSTOM_ACTIONS_CACHE_URL": hoard_url,
+        })
+    );
+    // The ARC output sets them too.
+    let out = setup(runner.path(), &srv.base, &["--allow-loopback", "--arc"]).await;
+    let (stdout, _) = text(&out);
+    for name in ["CUSTOM_ACTIONS_RESULTS_URL", "CUSTOM_ACTIONS_CACHE_URL"] {
+        assert!(
+            stdout.contains(&format!(
+                "- name: {name}\n            value: \"{hoard_url}\""
+            )),
+            "{stdout}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn actions_cache_mode_passes_through_the_preload_and_the_hook_untouched() {
+    let upstream = Results::start().await;
+    let srv = forwarding_hoard(&upstream.base).await;
+    let hooks = tempfile::tempdir().unwrap();
+    let seen = hooks.path().join("seen");
+    let theirs = hooks.path().join("start.sh");
+    std::fs::write(
+        &theirs,
+        format!(
+            "printf '%s|%s' \"${{ACTIONS_CACHE_MODE-unset}}\" \"$ACTIONS_CACHE_MODE\" > {}\n",
+            seen.display()
+        ),
+    )
+    .unwrap();
+    let runner = fixture(&format!(
+        "ACTIONS_RUNNER_HOOK_JOB_STARTED={}\n",
+        theirs.display()
+    ));
+    let out = setup(runner.path(), &srv.base, &["--allow-loopback"]).await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    for mode in ["read", "write", "write-only", "none", " Write-Only \t"] {
+        for fallback in [None, Some("all\n"), Some("results\n"), Some("cache\n")] {
+            let mut job = Job::new(runner.path(), "http://127.0.0.1:9");
+            job.step_env
+                .push(("ACTIONS_CACHE_MODE".into(), mode.into()));
+            if let Some(marker) = fallback {
+                std::fs::write(job.temp.path().join(".hoard-fallback"), marker).unwrap();
+            }
+            let seen_by_action = job.action_sees(&[], &["ACTIONS_CACHE_MODE"]).await;
+            assert_eq!(seen_by_action["ACTIONS_CACHE_MODE"], mode, "{fallback:?}");
+        }
+        // The hook (and the hook it chains to) get the job's value as it was.
+        let mut job = Job::new(runner.path(), "http://127.0.0.1:9");
+        job.step_env
+            .push(("ACTIONS_CACHE_MODE".into(), mode.into()));
+        let mut cmd = job.base_command(Path::new("bash"));
+        let hook = dotenv(runner.path())["ACTIONS_RUNNER_HOOK_JOB_STARTED"].clone();
+        cmd.args(["-e", &hook]).env("ACTIONS_CACHE_MODE", mode);
+        let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+            .await
+            .unwrap();
+        assert!(out.status.success(), "{:?}", text(&out));
+        assert_eq!(
+            std::fs::read_to_string(&seen).unwrap(),
+            format!("{mode}|{mode}")
+        );
     }
 }

@@ -6,7 +6,9 @@
 
 use std::fmt::Write as _;
 
-use super::env_file::{CACHE_URL, HOOK, NODE_OPTIONS, RESULTS_URL};
+use super::env_file::{
+    CACHE_URL, CUSTOM_CACHE_URL, CUSTOM_RESULTS_URL, HOOK, NODE_OPTIONS, RESULTS_URL,
+};
 use super::files;
 
 /// The ConfigMap's and the volume's name.
@@ -64,6 +66,12 @@ pub fn render(results_url: Option<&str>, cache_url: Option<&str>) -> String {
     }
     if let Some(url) = cache_url {
         env.push((CACHE_URL, url.to_owned()));
+    }
+    if let Some(url) = results_url {
+        env.push((CUSTOM_RESULTS_URL, url.to_owned()));
+    }
+    if let Some(url) = cache_url {
+        env.push((CUSTOM_CACHE_URL, url.to_owned()));
     }
     env.push((
         NODE_OPTIONS,

@@ -24,6 +24,11 @@ pub const HOOK: &str = "ACTIONS_RUNNER_HOOK_JOB_STARTED";
 pub const CHAINED_HOOK: &str = "HOARD_CHAINED_JOB_STARTED_HOOK";
 pub const RESULTS_URL: &str = "HOARD_RESULTS_URL";
 pub const CACHE_URL: &str = "HOARD_CACHE_URL";
+/// The names some actions (cirruslabs/cache, cache-nix-action) and forked runners read before
+/// `ACTIONS_RESULTS_URL` / `ACTIONS_CACHE_URL`: set to hoard's URLs too, so they agree with hoard
+/// (the preload makes them follow the job to GitHub when hoard is down).
+pub const CUSTOM_RESULTS_URL: &str = "CUSTOM_ACTIONS_RESULTS_URL";
+pub const CUSTOM_CACHE_URL: &str = "CUSTOM_ACTIONS_CACHE_URL";
 
 /// What `setup` puts in `.env`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -263,6 +268,12 @@ pub fn setup(text: &str, change: &EnvChange) -> Result<String, EnvError> {
     }
     if let Some(url) = &change.cache_url {
         line(format!("{CACHE_URL}={url}"));
+    }
+    if let Some(url) = &change.results_url {
+        line(format!("{CUSTOM_RESULTS_URL}={url}"));
+    }
+    if let Some(url) = &change.cache_url {
+        line(format!("{CUSTOM_CACHE_URL}={url}"));
     }
     let node_options = merge_node_options(
         last_value(&clean, NODE_OPTIONS).unwrap_or(""),

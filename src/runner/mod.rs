@@ -83,6 +83,15 @@ fn refuse<T>(msg: impl Into<String>) -> Result<T, Refusal> {
 fn client_url(flag: &str, raw: &str, root_only: bool) -> Result<Url, Refusal> {
     let mut url =
         Url::parse(raw).map_err(|e| Refusal(format!("{flag} {raw:?} is not a URL ({e})")))?;
+    if !url.username().is_empty() || url.password().is_some() {
+        // Said without the URL: the secret stays out of the output.
+        let _ = url.set_username("");
+        let _ = url.set_password(None);
+        return refuse(format!(
+            "{flag} carries a credential (user name or password) in its URL ({} with it removed). It would be written to .env, which every job can read, and shown in job logs; and hoard needs none there: each job's cache calls carry that job's own ACTIONS_RUNTIME_TOKEN, which hoard checks. Pass the URL without the credential; if a proxy in front of hoard asks for one, let it admit the runners by network instead (docs/runners.md, Reverse proxy and TLS)",
+            url
+        ));
+    }
     if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
         return refuse(format!("{flag} {raw} must be an http:// or https:// URL"));
     }
@@ -374,5 +383,10 @@ mod tests {
         );
         assert!(client_url("--url", "ftp://cache.internal/", true).is_err());
         assert!(client_url("--url", "cache.internal:3000", true).is_err());
+        for raw in ["http://u:pw@cache.internal/", "http://pw@cache.internal/"] {
+            let why = client_url("--url", raw, true).unwrap_err().0;
+            assert!(!why.contains("pw"), "{why}");
+            assert!(why.contains("http://cache.internal/"), "{why}");
+        }
     }
 }
