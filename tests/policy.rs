@@ -942,3 +942,70 @@ async fn a_refused_finalize_ends_the_upload_for_good() {
     let (_, hit) = srv.lookup(&main, "staged").await;
     assert_eq!(hit["ok"], true, "{hit}");
 }
+
+/// A reload that leaves no rules where there were some lifts every freeze and denial at once:
+/// `/readyz`, `hoard status`, the admin API and the log say so, for an empty file and for one
+/// of comments only, until a policy with rules is loaded again. A file without rules at
+/// start-up is today's behaviour and stays quiet.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_that_lifts_every_rule_warns_until_rules_come_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.toml");
+    std::fs::write(&file, "# no rules yet\n").unwrap();
+    let srv = Server::start(&file);
+    let (code, ready) = srv.readyz().await;
+    assert_eq!((code, &ready["warnings"]), (200, &json!([])), "{ready}");
+
+    std::fs::write(&file, FREEZE).unwrap();
+    assert!(srv.hangup().await.contains("2 rules"));
+    // A token of octo/app ties the freeze's name to its id (else /readyz says it does not).
+    assert_eq!(srv.lookup(&app_token(&[(MAIN, 3)]), "none").await.0, 200);
+    let (_, ready) = srv.readyz().await;
+    assert_eq!(ready["warnings"], json!([]), "{ready}");
+
+    let lifted = format!(
+        "the policy file {} has no rules since its reload at ",
+        file.display()
+    );
+    for (i, empty) in ["", "# the incident is over\n\n   # nothing frozen\n"]
+        .into_iter()
+        .enumerate()
+    {
+        std::fs::write(&file, empty).unwrap();
+        assert!(srv.hangup().await.contains("0 rules"));
+        let warned = srv.log_lines("are lifted");
+        assert_eq!(warned.len(), i + 1, "one log line per lift: {warned:?}");
+        assert!(
+            warned[i].contains("WARN") && warned[i].contains(&lifted),
+            "{}",
+            warned[i]
+        );
+        let (code, ready) = srv.readyz().await;
+        assert_eq!(code, 200, "a warning never fails readiness: {ready}");
+        let warnings = ready["warnings"].as_array().unwrap();
+        assert_eq!(warnings.len(), 1, "{ready}");
+        let warning = warnings[0].as_str().unwrap();
+        assert!(
+            warning.starts_with(&lifted)
+                && warning.contains(
+                    ": the 2 rules in force before are lifted, so no scope is read-only or denied"
+                ),
+            "{warning}"
+        );
+        let status = srv.status_text().await;
+        assert!(
+            status.contains(&format!("WARNING    {lifted}"))
+                && status.contains("policy     0 rules from "),
+            "{status}"
+        );
+        let policy = srv.admin_policy().await;
+        assert_eq!(policy["warnings"], json!([warning]), "{policy}");
+
+        // Rules back: the warning goes.
+        std::fs::write(&file, FREEZE).unwrap();
+        assert!(srv.hangup().await.contains("2 rules"));
+        let (_, ready) = srv.readyz().await;
+        assert_eq!(ready["warnings"], json!([]), "{ready}");
+        assert!(!srv.status_text().await.contains("WARNING"));
+    }
+}

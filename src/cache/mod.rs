@@ -228,7 +228,14 @@ impl Cache {
     /// requests decided from now on follow it.
     pub fn set_write_policy(&self, policy: policy::Policy) {
         let now = self.clock.now();
-        self.write_policy.set(policy, now);
+        let file = policy
+            .source
+            .as_deref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        if let Some(lifted) = self.write_policy.set(policy, now) {
+            tracing::warn!(policy = %LogSafe(&file), rules_lifted = lifted.rules, "{}", lifted.warning(&LogSafe(&file).to_string()));
+        }
         self.metrics.policy_loaded(now);
     }
 
@@ -279,6 +286,7 @@ impl Cache {
             installed,
             last_attempt,
             on_disk,
+            lifted: self.write_policy.lifted(),
         })
     }
 

@@ -509,6 +509,33 @@ pub struct PolicyCell {
     compared: Mutex<Option<Compared>>,
     /// Whether a comparison is under way (see [`PolicyCell::start_check`]).
     checking: AtomicBool,
+    /// The reload that put a policy without rules in force where the one before had some, while
+    /// that policy without rules stays in force.
+    lifted: Mutex<Option<Lifted>>,
+}
+
+/// A reload that lifted every rule at once: a policy without rules (an empty file, or one of
+/// comments only) put in force where the one before had rules. Accepted, since a file without
+/// rules is a valid policy (and today's behaviour at start-up), but never silently: a freeze
+/// emptied by mistake would otherwise lift without a word.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lifted {
+    /// When the policy without rules was put in force.
+    pub at: Millis,
+    /// How many rules the policy before it had.
+    pub rules: usize,
+}
+
+impl Lifted {
+    /// The warning `/readyz`, `hoard status`, the admin API and the log give, `file` being
+    /// the policy file (log-safe).
+    pub fn warning(&self, file: &str) -> String {
+        format!(
+            "the policy file {file} has no rules since its reload at {}: the {} rules in force before are lifted, so no scope is read-only or denied; restore the rules and send SIGHUP if that was not meant",
+            rfc3339_seconds(self.at),
+            self.rules
+        )
+    }
 }
 
 /// The one comparison of the policy file under way; the next may start once it is dropped.
@@ -576,6 +603,8 @@ pub struct Health {
     pub installed: Arc<Installed>,
     pub last_attempt: Attempt,
     pub on_disk: OnDisk,
+    /// The reload that lifted every rule, while the policy without rules it loaded is in force.
+    pub lifted: Option<Lifted>,
 }
 
 impl Health {
@@ -592,8 +621,9 @@ impl Health {
         )
     }
 
-    /// A sentence for each thing an operator must know: a failed reload (when, why, and what
-    /// stays in force), and a file on disk that is not the policy in force (since when).
+    /// A sentence for each thing an operator must know: a reload that lifted every rule, a
+    /// failed reload (when, why, and what stays in force), and a file on disk that is not the
+    /// policy in force (since when).
     pub fn warnings(&self) -> Vec<String> {
         let file = self
             .installed
@@ -605,6 +635,9 @@ impl Health {
         let file = crate::model::LogSafe(&file);
         let loaded = rfc3339_seconds(self.installed.loaded_at);
         let mut out = Vec::new();
+        if let Some(lifted) = &self.lifted {
+            out.push(lifted.warning(&file.to_string()));
+        }
         if let Some(error) = &self.last_attempt.error {
             out.push(format!(
                 "the policy file {file} failed to reload at {}: {error}; the policy loaded at {loaded} stays in force",
@@ -637,14 +670,44 @@ impl Health {
 }
 
 impl PolicyCell {
-    /// Puts `policy` in force at `loaded_at`: a successful attempt.
-    pub fn set(&self, policy: Policy, loaded_at: Millis) {
+    /// Puts `policy` in force at `loaded_at`: a successful attempt. Returns the lift when
+    /// `policy` has no rules and the policy it replaces had some (see [`Lifted`]); a policy
+    /// without rules replacing another without rules keeps the lift before it, if any, and a
+    /// policy with rules ends it.
+    pub fn set(&self, policy: Policy, loaded_at: Millis) -> Option<Lifted> {
+        let empty = policy.rules.is_empty();
         let installed = Arc::new(Installed { policy, loaded_at });
-        *self.in_force.write().unwrap_or_else(|e| e.into_inner()) = Some(installed);
+        // Held across the swap: the policy in force and its lift change together.
+        let mut kept = self.lifted.lock().unwrap_or_else(|e| e.into_inner());
+        let before = self
+            .in_force
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(installed);
+        let rules_before = before.map_or(0, |b| b.policy.rules.len());
+        let lifted = (empty && rules_before > 0).then_some(Lifted {
+            at: loaded_at,
+            rules: rules_before,
+        });
+        if !empty {
+            *kept = None;
+        } else if lifted.is_some() {
+            kept.clone_from(&lifted);
+        }
+        drop(kept);
         *self.last_attempt.lock().unwrap_or_else(|e| e.into_inner()) = Some(Attempt {
             at: loaded_at,
             error: None,
         });
+        lifted
+    }
+
+    /// The reload that lifted every rule, while the policy without rules it loaded is in force.
+    pub fn lifted(&self) -> Option<Lifted> {
+        self.lifted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Records an attempt at `at` that failed with `error`; the policy in force stays.
@@ -1179,6 +1242,7 @@ access = "deny"
                 error: error.map(str::to_owned),
             },
             on_disk,
+            lifted: None,
         };
         let failed = "the policy file /etc/hoard/policy.toml failed to reload at 2025-12-01T20:01:00Z: line 4: bad; the policy loaded at 2025-12-01T20:00:00Z stays in force";
         let differs = |at: &str| {
@@ -1241,5 +1305,38 @@ access = "deny"
         cell.set(Policy::default(), 8);
         let now = cell.current().unwrap();
         assert_eq!((now.policy.rules.len(), now.loaded_at), (0, 8));
+    }
+
+    #[test]
+    fn a_policy_without_rules_after_one_with_rules_is_a_lift_kept_until_rules_return() {
+        const T: Millis = 1_764_619_200_000; // 2025-12-01T20:00:00Z
+        let cell = PolicyCell::default();
+        let two = || {
+            policy(&[
+                ("octo/app", "refs/heads/main", Access::ReadOnly, None),
+                ("*", "refs/pull/*", Access::Deny, None),
+            ])
+        };
+        // At start-up a file without rules is no lift: nothing was in force.
+        assert_eq!(cell.set(Policy::default(), T), None);
+        assert_eq!(cell.set(two(), T + 1), None);
+        let lifted = Lifted {
+            at: T + 2,
+            rules: 2,
+        };
+        assert_eq!(cell.set(Policy::default(), T + 2), Some(lifted.clone()));
+        assert_eq!(cell.lifted(), Some(lifted.clone()));
+        // Reloaded again without rules: no new lift, the one before stays.
+        assert_eq!(cell.set(Policy::default(), T + 3), None);
+        assert_eq!(cell.lifted(), Some(lifted.clone()));
+        assert_eq!(
+            lifted.warning("/etc/hoard/policy.toml"),
+            "the policy file /etc/hoard/policy.toml has no rules since its reload at 2025-12-01T20:00:00Z: the 2 rules in force before are lifted, so no scope is read-only or denied; restore the rules and send SIGHUP if that was not meant"
+        );
+        // A failed reload changes nothing; rules back end it.
+        cell.failed(&PolicyError("bad".into()), T + 4);
+        assert_eq!(cell.lifted(), Some(lifted));
+        assert_eq!(cell.set(two(), T + 5), None);
+        assert_eq!(cell.lifted(), None);
     }
 }
