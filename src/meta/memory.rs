@@ -2,7 +2,7 @@
 //! contract as the SQL stores (the conformance suite checks it), in one mutex-guarded state, so
 //! every method is trivially atomic.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound;
 use std::sync::Mutex;
 
@@ -610,6 +610,52 @@ impl LifecycleStore for MemoryStore {
         let mut state = self.state();
         let count = state.restores.len();
         state.restores.retain(|(_, r)| r.last_at >= before);
+        Ok((count - state.restores.len()) as u64)
+    }
+
+    async fn repositories_over_restores(&self, keep: u64) -> Result<Vec<RepoId>, MetaError> {
+        let mut held: BTreeMap<&RepoId, u64> = BTreeMap::new();
+        let state = self.state();
+        for (_, r) in &state.restores {
+            *held.entry(&r.repository).or_default() += 1;
+        }
+        Ok(held
+            .into_iter()
+            .filter(|(_, n)| *n > keep)
+            .map(|(repository, _)| repository.clone())
+            .collect())
+    }
+
+    async fn drop_oldest_restores(
+        &self,
+        repository: Option<&RepoId>,
+        keep: u64,
+        limit: usize,
+    ) -> Result<u64, MetaError> {
+        let mut state = self.state();
+        let mut newest_first: Vec<(Millis, i64)> = state
+            .restores
+            .iter()
+            .filter(|(_, r)| repository.is_none_or(|repo| &r.repository == repo))
+            .map(|(id, r)| (r.last_at, *id))
+            .collect();
+        newest_first.sort_unstable_by(|a, b| b.cmp(a));
+        let dropped: HashSet<i64> = newest_first
+            .iter()
+            .skip(usize::try_from(keep).unwrap_or(usize::MAX))
+            .take(limit)
+            .map(|(_, id)| *id)
+            .collect();
+        state.restores.retain(|(id, _)| !dropped.contains(id));
+        Ok(dropped.len() as u64)
+    }
+
+    async fn forget_restores(&self, entries: &[EntryId]) -> Result<u64, MetaError> {
+        let mut state = self.state();
+        let count = state.restores.len();
+        state
+            .restores
+            .retain(|(_, r)| !entries.contains(&r.entry_id));
         Ok((count - state.restores.len()) as u64)
     }
 

@@ -325,6 +325,18 @@ store_trait! {
         /// Forgets restore records whose latest restore is before `before`; how many.
         async fn prune_restores(&self, before: Millis) -> Result<u64, MetaError>;
 
+        /// The repositories holding more than `keep` restore records.
+        async fn repositories_over_restores(&self, keep: u64) -> Result<Vec<RepoId>, MetaError>;
+
+        /// Forgets up to `limit` restore records of `repository` (or of all) past its `keep`
+        /// most recent (by latest restore, then id: the oldest go first); how many.
+        async fn drop_oldest_restores(&self, repository: Option<&RepoId>, keep: u64, limit: usize)
+            -> Result<u64, MetaError>;
+
+        /// Forgets every restore record of `entries`, whether or not the entries still exist;
+        /// how many.
+        async fn forget_restores(&self, entries: &[EntryId]) -> Result<u64, MetaError>;
+
         /// Up to `limit` entries, least recently used first (then oldest id), of one repository
         /// or of all.
         async fn least_recently_used(&self, repository: Option<&RepoId>, limit: usize)

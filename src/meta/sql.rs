@@ -669,6 +669,35 @@ pub(super) static PRUNE_READERS: Shared = Shared::built(|| {
 /// Forgets records whose latest restore is before the parameter.
 pub(super) static PRUNE_RESTORES: Shared = Shared::new("DELETE FROM restores WHERE last_at < ?");
 
+/// The repositories holding more restore records than the parameter.
+pub(super) static RESTORE_HEAVY_REPOSITORIES: Shared =
+    Shared::new("SELECT repository FROM restores GROUP BY repository HAVING COUNT(*) > ?");
+
+/// Forgets a repository's oldest restore records (by latest restore, then id), by index
+/// `restores_by_repository`. Parameters: the repository, twice; how many at most; how many of
+/// the most recent to keep. The derived table lets MySQL delete from the table it reads.
+pub(super) static DROP_OLDEST_RESTORES_OF: Shared = Shared::new(
+    "DELETE FROM restores WHERE repository = ? AND id IN (
+         SELECT id FROM (SELECT id FROM restores WHERE repository = ?
+                         ORDER BY last_at DESC, id DESC LIMIT ? OFFSET ?) AS dropped)",
+);
+
+/// The same over every repository, by index `restores_by_last`. Parameters: how many at most;
+/// how many of the most recent to keep.
+pub(super) static DROP_OLDEST_RESTORES: Shared = Shared::new(
+    "DELETE FROM restores WHERE id IN (
+         SELECT id FROM (SELECT id FROM restores
+                         ORDER BY last_at DESC, id DESC LIMIT ? OFFSET ?) AS dropped)",
+);
+
+/// Forgets the restore records of `count` entries: the statement, with `?` parameters.
+pub(super) fn forget_restores_sql(count: usize) -> String {
+    format!(
+        "DELETE FROM restores WHERE entry_id IN ({})",
+        vec!["?"; count].join(", ")
+    )
+}
+
 /// The statement of [`super::AdminStore::restores`] and its parameters, with `placeholder`
 /// spelling the n-th.
 pub(super) fn restores_sql(

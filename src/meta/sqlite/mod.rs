@@ -45,6 +45,9 @@ use crate::meta::sql::{
     CANDIDATE, CHUNK, CLASS_LRU, ENTRY, PRUNE_READERS, PRUNE_RESTORES, QUOTA_USAGE, RECORD_RESTORE,
     UPLOAD, USE_COLS,
 };
+use crate::meta::sql::{
+    forget_restores_sql, DROP_OLDEST_RESTORES, DROP_OLDEST_RESTORES_OF, RESTORE_HEAVY_REPOSITORIES,
+};
 use crate::meta::{
     AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health,
     LifecycleStore, ListedEntry, MetaError, NewEntry, NewRestore, NewUpload, Removal,
@@ -95,8 +98,14 @@ const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../migrations/sqlite/0012_policy_refusals.sql"),
     ),
     (13, include_str!("../migrations/sqlite/0013_quarantine.sql")),
+    (
+        14,
+        include_str!("../migrations/sqlite/0014_restores_by_repository.sql"),
+    ),
 ];
 const MAX_READERS: usize = 8;
+/// Entry ids per statement that forgets restore records, under SQLite's parameter limit.
+const FORGET_BATCH: usize = 500;
 
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
@@ -1004,6 +1013,56 @@ impl LifecycleStore for SqliteStore {
                 .prepare_cached(PRUNE_RESTORES.on(Backend::Sqlite))?
                 .execute([before])?;
             Ok(pruned as u64)
+        })
+        .await
+    }
+
+    async fn repositories_over_restores(&self, keep: u64) -> Result<Vec<RepoId>, MetaError> {
+        let keep = keep.min(i64::MAX as u64) as i64;
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached(RESTORE_HEAVY_REPOSITORIES.on(Backend::Sqlite))?;
+            let mut rows = stmt.query([keep])?;
+            let mut over = Vec::new();
+            while let Some(row) = rows.next()? {
+                over.push(RepoId::new(row.text("repository")?));
+            }
+            Ok(over)
+        })
+        .await
+    }
+
+    async fn drop_oldest_restores(
+        &self,
+        repository: Option<&RepoId>,
+        keep: u64,
+        limit: usize,
+    ) -> Result<u64, MetaError> {
+        let repository = repository.map(|r| r.as_str().to_owned());
+        let (keep, limit) = (keep.min(i64::MAX as u64) as i64, limit as i64);
+        self.write(move |tx| {
+            let dropped = match repository {
+                Some(repository) => tx
+                    .prepare_cached(DROP_OLDEST_RESTORES_OF.on(Backend::Sqlite))?
+                    .execute(params![repository, repository, limit, keep])?,
+                None => tx
+                    .prepare_cached(DROP_OLDEST_RESTORES.on(Backend::Sqlite))?
+                    .execute(params![limit, keep])?,
+            };
+            Ok(dropped as u64)
+        })
+        .await
+    }
+
+    async fn forget_restores(&self, entries: &[EntryId]) -> Result<u64, MetaError> {
+        let ids: Vec<i64> = entries.iter().map(|id| id.get()).collect();
+        self.write(move |tx| {
+            let mut forgotten = 0;
+            for batch in ids.chunks(FORGET_BATCH) {
+                forgotten += tx
+                    .prepare_cached(&forget_restores_sql(batch.len()))?
+                    .execute(rusqlite::params_from_iter(batch))?;
+            }
+            Ok(forgotten as u64)
         })
         .await
     }

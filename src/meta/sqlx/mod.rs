@@ -75,6 +75,9 @@ use super::sql::{
     SqlRow, BLOCK_STATE_SQL, CHUNK, CLASS_LRU, ENTRY, PRUNE_READERS, PRUNE_RESTORES, QUOTA_USAGE,
     RECORD_RESTORE, UPLOAD, USE_COLS,
 };
+use super::sql::{
+    forget_restores_sql, DROP_OLDEST_RESTORES, DROP_OLDEST_RESTORES_OF, RESTORE_HEAVY_REPOSITORIES,
+};
 use super::{
     AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health,
     LifecycleStore, ListedEntry, MetaError, NewEntry, NewRestore, NewUpload, PoolSettings, Removal,
@@ -93,6 +96,8 @@ pub type MySqlStore = SqlxStore<mysql::MySqlDialect>;
 /// Names per statement where a list of them is bound (`IN (…)`), well under the 65,535
 /// parameters either database takes.
 const NAMES_PER_STATEMENT: usize = 1000;
+/// Entry ids per statement that forgets restore records.
+const FORGET_BATCH: usize = 500;
 
 /// A store on a networked database: the shared statements over a dialect.
 #[derive(Debug, Clone)]
@@ -544,6 +549,54 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
         self.db
             .execute(PRUNE_RESTORES.on(D::BACKEND), vec![Param::Int(before)])
             .await
+    }
+
+    async fn repositories_over_restores(&self, keep: u64) -> Result<Vec<RepoId>, MetaError> {
+        let keep = Param::Int(keep.min(i64::MAX as u64) as i64);
+        let rows = self.rows(&RESTORE_HEAVY_REPOSITORIES, vec![keep]).await?;
+        rows.iter()
+            .map(|r| Ok(RepoId::new(r.text("repository")?)))
+            .collect()
+    }
+
+    async fn drop_oldest_restores(
+        &self,
+        repository: Option<&RepoId>,
+        keep: u64,
+        limit: usize,
+    ) -> Result<u64, MetaError> {
+        let (keep, limit) = (
+            Param::Int(keep.min(i64::MAX as u64) as i64),
+            Param::Int(limit as i64),
+        );
+        match repository {
+            Some(repository) => {
+                let params = vec![
+                    text(repository.as_str()),
+                    text(repository.as_str()),
+                    limit,
+                    keep,
+                ];
+                self.db
+                    .execute(DROP_OLDEST_RESTORES_OF.on(D::BACKEND), params)
+                    .await
+            }
+            None => {
+                self.db
+                    .execute(DROP_OLDEST_RESTORES.on(D::BACKEND), vec![limit, keep])
+                    .await
+            }
+        }
+    }
+
+    async fn forget_restores(&self, entries: &[EntryId]) -> Result<u64, MetaError> {
+        let mut forgotten = 0;
+        for batch in entries.chunks(FORGET_BATCH) {
+            let sql = D::BACKEND.spell(&forget_restores_sql(batch.len()));
+            let ids = batch.iter().map(|id| Param::Int(id.get())).collect();
+            forgotten += self.db.execute(&sql, ids).await?;
+        }
+        Ok(forgotten)
     }
 
     async fn pending_deletions(&self) -> Result<u64, MetaError> {

@@ -52,6 +52,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../migrations/mysql/0010_policy_refusals.sql"),
     ),
     (11, include_str!("../migrations/mysql/0011_quarantine.sql")),
+    (
+        12,
+        include_str!("../migrations/mysql/0012_restores_by_repository.sql"),
+    ),
 ];
 const MIGRATION_LOCK: &str = "hoard_migrations";
 /// Rows per multi-row INSERT, well under the 65,535 parameters a statement may have.

@@ -66,6 +66,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         11,
         include_str!("../migrations/postgres/0011_quarantine.sql"),
     ),
+    (
+        12,
+        include_str!("../migrations/postgres/0012_restores_by_repository.sql"),
+    ),
 ];
 /// Key of the advisory lock that serializes migrations across processes ("hoard" in ASCII).
 const MIGRATION_LOCK: i64 = 0x68_6f61_7264;

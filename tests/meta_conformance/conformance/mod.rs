@@ -13,7 +13,7 @@ mod stats;
 
 pub use std::sync::Arc;
 
-pub use hoard::meta::{MetaError, MetaStore, NewEntry, NewUpload, Removal};
+pub use hoard::meta::{LifecycleStore, MetaError, MetaStore, NewEntry, NewUpload, Removal};
 pub use hoard::model::{
     BlobName, BlockId, CacheKey, CallerKind, Chunk, EntryFilter, EntryId, EntryOrder, EntryPage,
     Provenance, QuotaUsage, RemovalCause, RepoId, RepositoryUsage, Scope, ScopeClass, Slot, Upload,

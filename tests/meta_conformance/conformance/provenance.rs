@@ -11,6 +11,9 @@ pub async fn run(store: &dyn MetaStore) {
     an_entry_keeps_its_most_recent_readers(store).await;
     an_entry_without_a_record_has_none(store).await;
     an_entry_awaiting_its_digest_gets_it_once(store).await;
+    restore_records_are_forgotten_with_their_entries_on_request(store).await;
+    // Last: a bound over all repositories drops the other checks' records.
+    restore_records_are_bounded_oldest_first(store).await;
 }
 
 /// Reserves as `by`, commits one chunk of `size` and finalizes with `digest` at `now`.
@@ -463,4 +466,138 @@ async fn an_entry_keeps_its_most_recent_readers(store: &dyn MetaStore) {
         kept.iter().all(|r| r.reader.run_id != "run-0"),
         "the oldest readers are dropped"
     );
+}
+
+/// The (entry, reader run) of `entries`' records, most recent first.
+async fn records_of(store: &dyn MetaStore, entries: &[EntryId]) -> Vec<(EntryId, String)> {
+    store
+        .restores(&restores_of(entries.to_vec()))
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.entry_id, r.reader.run_id.clone()))
+        .collect()
+}
+
+async fn restore_records_are_forgotten_with_their_entries_on_request(store: &dyn MetaStore) {
+    let repo = "prov-forget";
+    let purged = save_by(store, &slot(repo, "purged"), None, "", 1).await;
+    let gone = save_by(store, &slot(repo, "gone"), None, "", 2).await;
+    let kept = save_by(store, &slot(repo, "kept"), None, "", 3).await;
+    let batch: Vec<_> = [purged, gone, kept]
+        .iter()
+        .flat_map(|entry| {
+            (0..3).map(move |i| restore(*entry, &reader(&format!("f-{i}"), "j"), 10 + i))
+        })
+        .collect();
+    store.record_restores(&batch).await.unwrap();
+    // A removed entry's records are still its own to forget.
+    let deleted = RemovalCause::Deleted;
+    let removal = Removal {
+        cause: &deleted,
+        now: 20,
+        delete_at: 30,
+    };
+    store.remove_entries(&[gone], removal).await.unwrap();
+
+    assert_eq!(
+        store.forget_restores(&[purged, gone]).await.unwrap(),
+        6,
+        "every record of the entries named, live or gone, and how many"
+    );
+    assert!(records_of(store, &[purged, gone]).await.is_empty());
+    assert_eq!(
+        records_of(store, &[kept]).await.len(),
+        3,
+        "another entry's records stay"
+    );
+    assert_eq!(store.forget_restores(&[purged]).await.unwrap(), 0);
+    assert_eq!(store.forget_restores(&[]).await.unwrap(), 0);
+}
+
+async fn restore_records_are_bounded_oldest_first(store: &dyn MetaStore) {
+    // Later than every other check's records, so that the bound over all keeps these.
+    const T: i64 = 1 << 40;
+    let (busy, quiet) = (
+        RepoId::new("prov-bound-busy"),
+        RepoId::new("prov-bound-quiet"),
+    );
+    let a = save_by(store, &slot(busy.as_str(), "a"), None, "", T).await;
+    let b = save_by(store, &slot(busy.as_str(), "b"), None, "", T).await;
+    let q = save_by(store, &slot(quiet.as_str(), "q"), None, "", T).await;
+    // busy: six records, b-0 and a-1 restored at the same time (the older id goes first).
+    store
+        .record_restores(&[
+            restore(a, &reader("a-0", "j"), T + 1),
+            restore(a, &reader("a-1", "j"), T + 3),
+            restore(b, &reader("b-0", "j"), T + 3),
+            restore(a, &reader("a-2", "j"), T + 5),
+            restore(b, &reader("b-1", "j"), T + 6),
+            restore(b, &reader("b-2", "j"), T + 8),
+        ])
+        .await
+        .unwrap();
+    store
+        .record_restores(&[
+            restore(q, &reader("q-0", "j"), T + 2),
+            restore(q, &reader("q-1", "j"), T + 7),
+        ])
+        .await
+        .unwrap();
+    // Restored again: its latest restore is what ages it.
+    store
+        .record_restores(&[restore(a, &reader("a-0", "j"), T + 9)])
+        .await
+        .unwrap();
+
+    let over = store.repositories_over_restores(3).await.unwrap();
+    assert!(over.contains(&busy), "six records: over 3");
+    assert!(!over.contains(&quiet), "two records: not over 3");
+    assert!(store
+        .repositories_over_restores(6)
+        .await
+        .unwrap()
+        .iter()
+        .all(|r| r != &busy));
+
+    let runs = |records: Vec<(EntryId, String)>| -> Vec<String> {
+        records.into_iter().map(|(_, run)| run).collect()
+    };
+    // Four of busy's six, one at a time: the oldest first, the older id first on a tie.
+    assert_eq!(
+        store.drop_oldest_restores(Some(&busy), 4, 1).await.unwrap(),
+        1,
+        "at most `limit` at a time"
+    );
+    assert_eq!(
+        store
+            .drop_oldest_restores(Some(&busy), 4, 10)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store
+            .drop_oldest_restores(Some(&busy), 4, 10)
+            .await
+            .unwrap(),
+        0,
+        "nothing past the bound"
+    );
+    assert_eq!(
+        runs(records_of(store, &[a, b]).await),
+        ["a-0", "b-2", "b-1", "a-2"],
+        "a-1 and b-0 last restored at T+3: a-1 (the older record) went first, then b-0"
+    );
+    assert_eq!(
+        runs(records_of(store, &[q]).await),
+        ["q-1", "q-0"],
+        "another repository's records stay"
+    );
+
+    // Over all repositories: the three most recent of every record stay.
+    assert!(store.drop_oldest_restores(None, 3, 1000).await.unwrap() >= 3);
+    assert_eq!(runs(records_of(store, &[a, b]).await), ["a-0", "b-2"]);
+    assert_eq!(runs(records_of(store, &[q]).await), ["q-1"]);
+    assert!(store.repositories_over_restores(1).await.unwrap() == [busy.clone()]);
 }
