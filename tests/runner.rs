@@ -920,7 +920,7 @@ async fn undo_cmd(dir: &Path) -> Output {
 #[tokio::test]
 async fn setup_and_undo_as_root_never_write_through_a_link_a_job_planted() {
     if !is_root() {
-        println!("skipped: this test needs root (it runs hoard runner setup as sudo does, in a directory another user owns)");
+        eprintln!("skipped: this test needs root (it runs hoard runner setup as sudo does, in a directory another user owns)");
         return;
     }
     use std::os::unix::fs::{symlink, MetadataExt};

@@ -144,9 +144,12 @@ impl RunnerFs {
         std::fs::File::from(fd)
             .read_to_string(&mut text)
             .map_err(|e| format!("cannot read {}: {e}", self.shown(ENV)))?;
+        // `mode_t` is u16 on macOS.
+        #[allow(clippy::useless_conversion)]
+        let mode = u32::from(st.st_mode) & 0o7777;
         Ok(Some(Existing {
             text,
-            mode: u32::from(Mode::from_raw_mode(st.st_mode).bits()) & 0o7777,
+            mode,
             uid: st.st_uid,
             gid: st.st_gid,
         }))
