@@ -8,8 +8,8 @@
 //! GitHub for a job when hoard is not ready; then it adds one block to `.env` ([`env_file`]) that
 //! loads both. `undo` removes the block (the file is then byte-identical to before) and the
 //! files. [`checks`] holds what both trust only after checking; [`dir_fs`] is how both touch the
-//! runner directory (often as root) without following a link a job planted; [`arc`] prints the same for
-//! actions-runner-controller; [`doctor`] checks a set-up runner.
+//! runner directory (often as root) without following a link a job planted; [`arc`] prints the
+//! same for actions-runner-controller; [`doctor`] checks a set-up runner.
 
 pub mod arc;
 pub mod checks;
