@@ -262,6 +262,21 @@ pub struct ServeArgs {
     #[arg(long, env = "HOARD_RESTORE_RECORDS_RETENTION", default_value = "90d", value_parser = humantime::parse_duration)]
     pub restore_records_retention: Duration,
 
+    /// The most restore records one repository keeps (about 1 KB each with their indexes); the
+    /// oldest by latest restore go first, at each maintenance pass. 0: no bound.
+    #[arg(
+        long,
+        env = "HOARD_MAX_RESTORE_RECORDS_PER_REPOSITORY",
+        default_value_t = 50_000
+    )]
+    pub max_restore_records_per_repository: u64,
+
+    /// The most restore records kept in all (about 1 KB each with their indexes: the default
+    /// is some 200 MB); the oldest by latest restore go first, at each maintenance pass.
+    /// 0: no bound.
+    #[arg(long, env = "HOARD_MAX_RESTORE_RECORDS", default_value_t = 200_000)]
+    pub max_restore_records: u64,
+
     /// How long a quarantined entry (out of every lookup, kept with its bytes for examination:
     /// `hoard caches rm --quarantine`, or damage found by an integrity check) is kept before it
     /// is deleted.
@@ -678,6 +693,9 @@ impl ServeArgs {
             gc_interval: self.gc_interval,
             stats_retention: self.stats_retention,
             restore_records_retention: self.restore_records_retention,
+            max_restore_records_per_repository: (self.max_restore_records_per_repository > 0)
+                .then_some(self.max_restore_records_per_repository),
+            max_restore_records: (self.max_restore_records > 0).then_some(self.max_restore_records),
             quarantine_retention: self.quarantine_retention,
         })
     }

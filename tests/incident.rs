@@ -341,3 +341,242 @@ fn an_incident_is_worked_on_postgres() {
 fn an_incident_is_worked_on_mariadb() {
     drill_with(Some(Server::MySql));
 }
+
+// Restore records: complete answers, bounded, reclaimed with their entries on request. These
+// run the server in process on SQLite, on a manual clock, and read through the admin API.
+
+const VERSION: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+/// The token of job `job` of run `run` in `repository`, reading and writing the default branch.
+fn reader_token(repository: &str, run: &str, job: &str) -> String {
+    let mut c = claims(repository, &[(MAIN, 3)]);
+    c["scp"] = json!(format!("Actions.Results:{run}:{job}"));
+    sign_hs256(&c)
+}
+
+async fn admin(srv: &common::TestServer, method: reqwest::Method, path: &str) -> (u16, Value) {
+    let res = srv
+        .http
+        .request(method, srv.url(&format!("/_hoard/api/v1/{path}")))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    common::json_of(res).await
+}
+
+async fn restores_of(srv: &common::TestServer, query: &str) -> Value {
+    let (status, body) = admin(srv, reqwest::Method::GET, &format!("restores?{query}")).await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// Saves `key` in `repository` as a job of run `run`, and has `readers` other jobs of the run
+/// restore it, one clock tick apart; returns the entry id.
+async fn saved_and_restored(
+    srv: &common::TestServer,
+    clock: &hoard::model::ManualClock,
+    repository: &str,
+    key: &str,
+    run: &str,
+    readers: usize,
+) -> i64 {
+    let writer = reader_token(repository, run, "save");
+    let id = srv.save(&writer, key, VERSION, key.as_bytes()).await;
+    for job in 0..readers {
+        clock.advance(std::time::Duration::from_millis(1));
+        let token = reader_token(repository, run, &format!("job-{job}"));
+        let (status, body) = srv.lookup(&token, key, &[], VERSION).await;
+        assert_eq!((status, &body["ok"]), (200, &json!(true)), "{body}");
+    }
+    id
+}
+
+#[tokio::test]
+async fn a_restores_answer_is_truncated_exactly_when_records_are_left_out() {
+    let clock = common::manual_clock();
+    let srv = common::TestServer::start_with_clock(&["--admin-token", ADMIN], clock.clone()).await;
+    // 20 entries, each restored by 50 jobs (the most readers an entry keeps): 1,000 records.
+    for i in 0..20 {
+        saved_and_restored(&srv, &clock, REPOSITORY, &format!("k-{i}"), "9", 50).await;
+    }
+    let all = restores_of(&srv, "repository=4242").await;
+    assert_eq!(all["restores"].as_array().unwrap().len(), 1000);
+    assert_eq!(all["truncated"], false, "exactly 1,000: all of them");
+    let page = restores_of(&srv, "repository=4242&per_page=999").await;
+    assert_eq!(page["restores"].as_array().unwrap().len(), 999);
+    assert_eq!(page["truncated"], true, "one left out of 999");
+
+    // One record more: the answer holds 1,000, the most recent first, and says so.
+    saved_and_restored(&srv, &clock, REPOSITORY, "k-last", "9", 1).await;
+    let all = restores_of(&srv, "repository=4242").await;
+    let records = all["restores"].as_array().unwrap();
+    assert_eq!(records.len(), 1000);
+    assert_eq!(records[0]["key"], "k-last", "the most recent first");
+    assert_eq!(all["truncated"], true, "1,001 records: one left out");
+    srv.stop().await;
+}
+
+/// `hoard gc` with `args` on the server's data directory: one maintenance pass.
+fn gc(srv: &common::TestServer, args: &[&str]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_hoard"))
+        .arg("gc")
+        .args(args)
+        .arg("--data-dir")
+        .arg(srv.data.path())
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "hoard gc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The reader jobs of `repository`'s restore records, most recent first.
+async fn reader_jobs(srv: &common::TestServer, repository: &str) -> Vec<String> {
+    restores_of(srv, &format!("repository={repository}")).await["restores"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            format!(
+                "{}/{}",
+                r["key"].as_str().unwrap(),
+                r["reader"]["job_id"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn restore_records_are_bounded_per_repository_and_in_all_oldest_first() {
+    let clock = common::manual_clock();
+    let srv = common::TestServer::start_with_clock(&["--admin-token", ADMIN], clock.clone()).await;
+    // A quiet repository restored first; then a busy one, two entries by four jobs each.
+    saved_and_restored(&srv, &clock, "5151", "quiet", "1", 3).await;
+    saved_and_restored(&srv, &clock, REPOSITORY, "busy-a", "2", 4).await;
+    saved_and_restored(&srv, &clock, REPOSITORY, "busy-b", "2", 4).await;
+    assert_eq!(reader_jobs(&srv, REPOSITORY).await.len(), 8, "written");
+
+    // Within both bounds: nothing goes.
+    gc(
+        &srv,
+        &[
+            "--max-restore-records-per-repository",
+            "8",
+            "--max-restore-records",
+            "11",
+        ],
+    );
+    assert_eq!(reader_jobs(&srv, REPOSITORY).await.len(), 8);
+    assert_eq!(reader_jobs(&srv, "5151").await.len(), 3);
+
+    // Five per repository, seven in all: the busy repository loses its three oldest; then the
+    // quiet one its oldest, the oldest record left.
+    gc(
+        &srv,
+        &[
+            "--max-restore-records-per-repository",
+            "5",
+            "--max-restore-records",
+            "7",
+        ],
+    );
+    assert_eq!(
+        reader_jobs(&srv, REPOSITORY).await,
+        [
+            "busy-b/job-3",
+            "busy-b/job-2",
+            "busy-b/job-1",
+            "busy-b/job-0",
+            "busy-a/job-3"
+        ]
+    );
+    assert_eq!(
+        reader_jobs(&srv, "5151").await,
+        ["quiet/job-2", "quiet/job-1"]
+    );
+
+    // 0 is no bound.
+    gc(
+        &srv,
+        &[
+            "--max-restore-records-per-repository",
+            "0",
+            "--max-restore-records",
+            "0",
+        ],
+    );
+    assert_eq!(reader_jobs(&srv, REPOSITORY).await.len(), 5);
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn a_purge_reclaims_restore_records_only_when_asked() {
+    use reqwest::Method;
+    let clock = common::manual_clock();
+    let srv = common::TestServer::start_with_clock(&["--admin-token", ADMIN], clock.clone()).await;
+    saved_and_restored(&srv, &clock, REPOSITORY, "poisoned-1", "66", 3).await;
+    saved_and_restored(&srv, &clock, REPOSITORY, "poisoned-2", "66", 2).await;
+    let kept = saved_and_restored(&srv, &clock, REPOSITORY, "clean", "61", 2).await;
+    let alone = saved_and_restored(&srv, &clock, REPOSITORY, "alone", "70", 2).await;
+    let written_by = |run: &str| format!("run_id={run}");
+
+    // Refused together with a quarantine, which keeps records for examination.
+    let (status, body) = admin(
+        &srv,
+        Method::DELETE,
+        &format!("caches?{}&quarantine=true&restores=true", written_by("66")),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    // A dry run deletes nothing, records included.
+    let (status, body) = admin(
+        &srv,
+        Method::DELETE,
+        &format!("caches?{}&dry_run=true&restores=true", written_by("66")),
+    )
+    .await;
+    assert_eq!((status, &body["deleted"]), (200, &json!(2)), "{body}");
+    assert!(body.get("restore_records_deleted").is_none(), "{body}");
+    let radius = restores_of(&srv, &written_by("66")).await;
+    assert_eq!(radius["restores"].as_array().unwrap().len(), 5);
+
+    // The purge of run 66's entries with their records: five records go, run 61's stay.
+    let (status, body) = admin(
+        &srv,
+        Method::DELETE,
+        &format!("caches?{}&restores=true", written_by("66")),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["deleted"], 2, "{body}");
+    assert_eq!(body["restore_records_deleted"], 5, "{body}");
+    let radius = restores_of(&srv, &written_by("66")).await;
+    assert_eq!(radius["restores"], json!([]), "{radius}");
+    assert_eq!(radius["jobs"], json!([]), "{radius}");
+    let other = restores_of(&srv, &written_by("61")).await;
+    assert_eq!(other["restores"].as_array().unwrap().len(), 2);
+
+    // Without it, a purge keeps them (who restored what outlives the entry).
+    let (status, body) = admin(&srv, Method::DELETE, &format!("caches/{kept}")).await;
+    assert_eq!((status, &body["deleted"]), (200, &json!(1)), "{body}");
+    assert!(body.get("restore_records_deleted").is_none(), "{body}");
+    let other = restores_of(&srv, &written_by("61")).await;
+    assert_eq!(other["restores"].as_array().unwrap().len(), 2);
+
+    // One entry by id, with its records.
+    let (status, body) = admin(
+        &srv,
+        Method::DELETE,
+        &format!("caches/{alone}?restores=true"),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["restore_records_deleted"], 2, "{body}");
+    let gone = restores_of(&srv, &written_by("70")).await;
+    assert_eq!(gone["restores"], json!([]), "{gone}");
+    srv.stop().await;
+}

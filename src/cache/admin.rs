@@ -48,6 +48,9 @@ pub const MAX_RESTORES: usize = 1000;
 pub enum Disposal {
     /// Out of every lookup, and their bytes go after the deletion grace.
     Delete,
+    /// As [`Disposal::Delete`], and their restore records go at once: the operator reclaims
+    /// them with the entries, and gives up knowing who restored them.
+    DeleteWithRestoreRecords,
     /// Out of every lookup at once, as a deletion; their rows, bytes and restore records are
     /// kept for `--quarantine-retention`, for examination, or until released.
     Quarantine,
@@ -63,6 +66,17 @@ pub struct Purge {
     pub ids: Vec<EntryId>,
     /// Open uploads the filter selects, ended with the entries (on a dry run, to be ended).
     pub uploads: u64,
+    /// Restore records of the entries forgotten with them
+    /// ([`Disposal::DeleteWithRestoreRecords`]; none on a dry run).
+    pub restore_records: u64,
+}
+
+/// Restore records, most recent first, and whether more matched than they are.
+#[derive(Debug, Clone, Default)]
+pub struct Restores {
+    pub records: Vec<crate::model::RestoreRecord>,
+    /// Records were left out: more matched than the query's limit.
+    pub truncated: bool,
 }
 
 impl Purge {
@@ -77,6 +91,7 @@ impl Purge {
     fn extend(&mut self, other: Purge) {
         self.count += other.count;
         self.bytes += other.bytes;
+        self.restore_records += other.restore_records;
         let room = MAX_PURGE_IDS.saturating_sub(self.ids.len());
         self.ids.extend(other.ids.into_iter().take(room));
     }
@@ -289,17 +304,23 @@ impl Cache {
 
     /// Restore records, most recent first: of the entries `query` names, or of every entry
     /// written under its filter (the blast radius of a writer), whether or not the entries
-    /// still exist; at most [`MAX_RESTORES`]. The restores not yet written are written first.
+    /// still exist; at most `query.limit`, itself at most [`MAX_RESTORES`], and whether more
+    /// matched. The restores not yet written are written first.
     pub async fn restores(
         &self,
         query: &crate::model::RestoreQuery,
-    ) -> Result<Vec<crate::model::RestoreRecord>, CacheError> {
+    ) -> Result<Restores, CacheError> {
         self.write_usage().await?;
+        let limit = query.limit.clamp(1, MAX_RESTORES);
+        // One more than answered tells whether the answer is whole.
         let query = crate::model::RestoreQuery {
-            limit: query.limit.clamp(1, MAX_RESTORES),
+            limit: limit + 1,
             ..query.clone()
         };
-        Ok(self.meta.restores(&query).await?)
+        let mut records = self.meta.restores(&query).await?;
+        let truncated = records.len() > limit;
+        records.truncate(limit);
+        Ok(Restores { records, truncated })
     }
 
     /// Writes the restores and misses not yet written (see [`super::usage`]), so that what an
@@ -336,7 +357,7 @@ impl Cache {
             entries.iter().partition(|l| l.quarantine.is_some());
         let ids = |listed: &[&ListedEntry]| listed.iter().map(|l| l.entry.id).collect::<Vec<_>>();
         let cause = match disposal {
-            Disposal::Delete => RemovalCause::Deleted,
+            Disposal::Delete | Disposal::DeleteWithRestoreRecords => RemovalCause::Deleted,
             Disposal::Quarantine => RemovalCause::Quarantined(format!("quarantined by {by}")),
         };
         let mut removed: std::collections::HashSet<EntryId> = self
@@ -345,18 +366,22 @@ impl Cache {
             .iter()
             .map(|gone| gone.id)
             .collect();
-        if disposal == Disposal::Delete && !kept.is_empty() {
+        if disposal != Disposal::Quarantine && !kept.is_empty() {
             let delete_at = self.clock.now().saturating_add(super::lifecycle::millis(
                 self.policy.lifecycle.deletion_grace,
             ));
             removed.extend(self.meta.drop_quarantined(&ids(&kept), delete_at).await?);
         }
         let mut purge = Purge::default();
+        if disposal == Disposal::DeleteWithRestoreRecords {
+            let gone: Vec<EntryId> = removed.iter().copied().collect();
+            purge.restore_records = self.meta.forget_restores(&gone).await?;
+        }
         for listed in entries.iter().filter(|l| removed.contains(&l.entry.id)) {
             let e = &listed.entry;
             let action = match (disposal, listed.quarantine.is_some()) {
                 (_, true) => "end_quarantine",
-                (Disposal::Delete, false) => "delete",
+                (Disposal::Delete | Disposal::DeleteWithRestoreRecords, false) => "delete",
                 (Disposal::Quarantine, false) => "quarantine",
             };
             tracing::info!(
@@ -371,6 +396,7 @@ impl Cache {
                 version = %LogSafe(e.version.as_str()),
                 size = e.size,
                 run_id = %listed.written_by.as_ref().map_or("", |p| p.run_id.as_str()),
+                restore_records_deleted = disposal == Disposal::DeleteWithRestoreRecords,
             );
             purge.add(e);
         }
@@ -429,7 +455,7 @@ impl Cache {
             target: "hoard::audit",
             action = match (dry_run, disposal) {
                 (true, _) => "purge_dry_run",
-                (false, Disposal::Delete) => "purge",
+                (false, Disposal::Delete | Disposal::DeleteWithRestoreRecords) => "purge",
                 (false, Disposal::Quarantine) => "purge_to_quarantine",
             },
             by = %LogSafe(by),
@@ -437,6 +463,7 @@ impl Cache {
             count = purge.count,
             size = purge.bytes,
             uploads = purge.uploads,
+            restore_records = purge.restore_records,
         );
         Ok(purge)
     }

@@ -41,6 +41,9 @@ const BATCH: usize = 500;
 /// evicting one or two entries, and loading 500 rows for that costs more than the eviction.
 const FIRST_CANDIDATES: usize = 8;
 
+/// Restore records dropped per statement when a bound is over.
+const BATCH_RESTORES: usize = 5000;
+
 /// The operator's lifecycle settings.
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -67,6 +70,10 @@ pub struct Limits {
     /// How long a restore record is kept after its latest restore (who received which entry:
     /// the incident playbook's "which jobs restored it").
     pub restore_records_retention: Duration,
+    /// The most restore records one repository keeps, and all repositories together (`None`:
+    /// no bound); the oldest (by latest restore) go first, at each maintenance pass.
+    pub max_restore_records_per_repository: Option<u64>,
+    pub max_restore_records: Option<u64>,
     /// How long a quarantined entry is kept (out of every lookup, for examination) before it
     /// goes for good.
     pub quarantine_retention: Duration,
@@ -86,6 +93,8 @@ impl Default for Limits {
             gc_interval: Duration::from_secs(600),
             stats_retention: Duration::from_secs(30 * 86_400),
             restore_records_retention: Duration::from_secs(90 * 86_400),
+            max_restore_records_per_repository: None,
+            max_restore_records: None,
             quarantine_retention: Duration::from_secs(30 * 86_400),
         }
     }
@@ -738,15 +747,50 @@ impl Cache {
     }
 
     /// Forgets restore records whose latest restore is older than
-    /// `--restore-records-retention`.
+    /// `--restore-records-retention`, then the oldest past `--max-restore-records-per-repository`
+    /// in each repository and past `--max-restore-records` in all. Restores never wait for
+    /// this: it runs here, in rounds of [`BATCH_RESTORES`] records, not where they are written.
     pub async fn prune_restore_records(&self) -> Result<(), CacheError> {
-        let retention = millis(self.policy.lifecycle.restore_records_retention);
+        let limits = &self.policy.lifecycle;
+        let retention = millis(limits.restore_records_retention);
         let before = self.clock.now().saturating_sub(retention);
         let pruned = self.meta.prune_restores(before).await?;
         if pruned > 0 {
             tracing::info!(target: "hoard::lifecycle", pruned, "restore records past their retention forgotten");
         }
+        if let Some(keep) = limits.max_restore_records_per_repository {
+            for repository in self.meta.repositories_over_restores(keep).await? {
+                let dropped = self.drop_oldest_restores(Some(&repository), keep).await?;
+                tracing::info!(target: "hoard::lifecycle", repository = %LogSafe(repository.as_str()), dropped, "oldest restore records of a repository over --max-restore-records-per-repository forgotten");
+            }
+        }
+        if let Some(keep) = limits.max_restore_records {
+            let dropped = self.drop_oldest_restores(None, keep).await?;
+            if dropped > 0 {
+                tracing::info!(target: "hoard::lifecycle", dropped, "oldest restore records over --max-restore-records forgotten");
+            }
+        }
         Ok(())
+    }
+
+    /// Drops the restore records of `repository` (or of all) past the `keep` most recent, in
+    /// rounds, so that no one statement holds the database for long.
+    async fn drop_oldest_restores(
+        &self,
+        repository: Option<&RepoId>,
+        keep: u64,
+    ) -> Result<u64, CacheError> {
+        let mut dropped = 0;
+        loop {
+            let round = self
+                .meta
+                .drop_oldest_restores(repository, keep, BATCH_RESTORES)
+                .await?;
+            dropped += round;
+            if round < BATCH_RESTORES as u64 {
+                return Ok(dropped);
+            }
+        }
     }
 
     /// Folds hourly statistics older than `--stats-retention` into days, drops days older than

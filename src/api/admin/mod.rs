@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use super::AppState;
-use crate::cache::admin::{Disposal, ListQuery, Listing, Purge, MAX_RESTORES};
+use crate::cache::admin::{Disposal, ListQuery, Listing, Purge, Restores, MAX_RESTORES};
 use crate::cache::CacheError;
 use crate::model::{EntryFilter, EntryId, ListedEntry, RestoreQuery, RestoreRecord, RestoringJob};
 use crate::secret::Secret;
@@ -80,6 +80,10 @@ impl From<CacheError> for AdminError {
             | CacheError::SlotTaken
             | CacheError::WrongState(_) => return Self(StatusCode::CONFLICT, e.to_string()),
             CacheError::EntryNotFound => return Self::not_found(e.to_string()),
+            // The operator's download of a damaged entry: say how (issue #57).
+            CacheError::Damaged(_) => {
+                return Self(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+            }
             _ => {}
         }
         if e.is_transient() {
@@ -237,7 +241,7 @@ async fn route(
         (&Method::GET, "caches") => &[FILTER, PAGE],
         (&Method::GET, "restores") => &[RESTORES],
         (&Method::DELETE, "caches") => &[FILTER, DELETION],
-        (&Method::DELETE, _) if one.is_some() => &[&["dry_run", "quarantine"]],
+        (&Method::DELETE, _) if one.is_some() => &[&["dry_run", "quarantine", "restores"]],
         _ => &[],
     };
     query.only(allowed)?;
@@ -445,12 +449,9 @@ async fn restores(app: &AppState, query: &Query) -> Result<wire::RestoreList, Ad
     let asked = RestoreQuery {
         entries: Vec::new(),
         written_under: query.filter()?,
-        // One more than asked tells whether the answer is whole.
-        limit: limit + 1,
+        limit,
     };
-    let mut records = app.cache().restores(&asked).await?;
-    let truncated = records.len() > limit;
-    records.truncate(limit);
+    let Restores { records, truncated } = app.cache().restores(&asked).await?;
     Ok(wire::RestoreList {
         jobs: jobs_of(&records),
         restores: records.iter().map(wire::Restore::from).collect(),
@@ -473,7 +474,8 @@ async fn restoring_jobs(
             limit: MAX_RESTORES,
             ..RestoreQuery::default()
         })
-        .await?;
+        .await?
+        .records;
     Ok(jobs_of(&records))
 }
 
@@ -490,7 +492,7 @@ async fn delete_one(
     app: &AppState,
     id: Option<&str>,
     query: &Query,
-) -> Result<wire::Deleted, AdminError> {
+) -> Result<wire::Deletion, AdminError> {
     let dry_run = query.flag("dry_run")?;
     let disposal = disposal(query)?;
     if dry_run {
@@ -498,10 +500,7 @@ async fn delete_one(
         refuse_quarantine_twice(&listed, disposal)?;
         let mut purge = Purge::default();
         purge.add(&listed.entry);
-        return Ok(wire::Deleted {
-            restored_by: jobs_of(&records),
-            ..deleted(purge, true, disposal)
-        });
+        return Ok(deleted(purge, true, disposal, jobs_of(&records)));
     }
     let listed = entry(app, id).await?;
     refuse_quarantine_twice(&listed, disposal)?;
@@ -512,18 +511,25 @@ async fn delete_one(
     if purge.count == 0 {
         return Err(AdminError::not_found("no such cache entry"));
     }
-    Ok(deleted(purge, false, disposal))
+    Ok(deleted(purge, false, disposal, Vec::new()))
 }
 
 fn quarantine_retention(app: &AppState) -> std::time::Duration {
     app.cache().quarantine_retention()
 }
 
-/// `quarantine=true`: keep what goes, in quarantine.
+/// `quarantine=true`: keep what goes, in quarantine; `restores=true`: delete the entries'
+/// restore records with them.
 fn disposal(query: &Query) -> Result<Disposal, AdminError> {
-    Ok(match query.flag("quarantine")? {
-        true => Disposal::Quarantine,
-        false => Disposal::Delete,
+    Ok(match (query.flag("quarantine")?, query.flag("restores")?) {
+        (true, true) => {
+            return Err(AdminError::bad(
+                "quarantine=true keeps the entries' restore records for examination; restores=true deletes them: ask for one",
+            ))
+        }
+        (true, false) => Disposal::Quarantine,
+        (false, true) => Disposal::DeleteWithRestoreRecords,
+        (false, false) => Disposal::Delete,
     })
 }
 
@@ -563,23 +569,32 @@ async fn release(app: &AppState, id: Option<&str>) -> Result<wire::CacheDetail, 
     detail(app, id).await
 }
 
-fn deleted(purge: Purge, dry_run: bool, disposal: Disposal) -> wire::Deleted {
-    wire::Deleted {
-        deleted: purge.count,
-        quarantine: disposal == Disposal::Quarantine,
-        dry_run,
-        size_in_bytes: purge.bytes,
-        ids_truncated: purge.count > purge.ids.len() as u64,
-        ids: purge.ids.iter().map(|id| id.get()).collect(),
-        uploads_aborted: purge.uploads,
-        restored_by: Vec::new(),
+fn deleted(
+    purge: Purge,
+    dry_run: bool,
+    disposal: Disposal,
+    restored_by: Vec<wire::RestoringJob>,
+) -> wire::Deletion {
+    wire::Deletion {
+        deleted: wire::Deleted {
+            deleted: purge.count,
+            quarantine: disposal == Disposal::Quarantine,
+            dry_run,
+            size_in_bytes: purge.bytes,
+            ids_truncated: purge.count > purge.ids.len() as u64,
+            ids: purge.ids.iter().map(|id| id.get()).collect(),
+            uploads_aborted: purge.uploads,
+            restored_by,
+        },
+        restore_records_deleted: (disposal == Disposal::DeleteWithRestoreRecords && !dry_run)
+            .then_some(purge.restore_records),
     }
 }
 
 /// `DELETE caches?…`: every entry the filter selects (see [`Query::filter`]); with
 /// `dry_run=true`, nothing, answering what would go. A filter is required: deleting everything
 /// takes `all=true`, so a forgotten parameter cannot.
-async fn delete_matching(app: &AppState, query: &Query) -> Result<wire::Deleted, AdminError> {
+async fn delete_matching(app: &AppState, query: &Query) -> Result<wire::Deletion, AdminError> {
     let mut filter = query.filter()?;
     let dry_run = query.flag("dry_run")?;
     let everything = EntryFilter {
@@ -608,10 +623,7 @@ async fn delete_matching(app: &AppState, query: &Query) -> Result<wire::Deleted,
         true => restoring_jobs(app, &purge.ids).await?,
         false => Vec::new(),
     };
-    Ok(wire::Deleted {
-        restored_by: jobs,
-        ..deleted(purge, dry_run, disposal)
-    })
+    Ok(deleted(purge, dry_run, disposal, jobs))
 }
 
 /// What the metadata and the entry bytes are kept in, for `status`.

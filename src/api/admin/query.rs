@@ -40,7 +40,7 @@ pub const RESTORES: &[&str] = &[
 /// A listing's order and page.
 pub const PAGE: &[&str] = &["sort", "direction", "cursor", "per_page"];
 /// A deletion's: see what would go, or select everything.
-pub const DELETION: &[&str] = &["dry_run", "all", "quarantine"];
+pub const DELETION: &[&str] = &["dry_run", "all", "quarantine", "restores"];
 /// `GET usage`.
 pub const USAGE: &[&str] = &["limit", "repository"];
 /// The period of `GET stats` and `GET stats/families`.

@@ -206,6 +206,16 @@ pub struct Deleted {
     pub restored_by: Vec<RestoringJob>,
 }
 
+/// A deletion's answer: [`Deleted`], and with `restores=true` how many restore records went
+/// with the entries (left out otherwise, and on a dry run).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Deletion {
+    #[serde(flatten)]
+    pub deleted: Deleted,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_records_deleted: Option<u64>,
+}
+
 /// What one repository holds and how its lookups went (schema `Repository`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Repository {
