@@ -673,6 +673,9 @@ fn restorers_text(answer: &wire::RestoreList) -> String {
 async fn download(client: &Client, id: i64, output: &std::path::Path) -> Result<String, CliError> {
     use sha2::Digest as _;
     use tokio::io::AsyncWriteExt as _;
+    // Whether it is in quarantine already: a quarantine that lands after a broken download is
+    // the damage the download found.
+    let quarantined_before = quarantine_of(client, id).await.map(|(at, _)| at);
     let mut response = client
         .send(reqwest::Method::GET, &format!("caches/{id}/content"))
         .await?;
@@ -687,11 +690,19 @@ async fn download(client: &Client, id: i64, output: &std::path::Path) -> Result<
                 // Half an archive is not one: nothing is left to be mistaken for it.
                 drop(file);
                 let _ = tokio::fs::remove_file(output).await;
-                return Err(CliError(format!(
-                    "the download of entry {id} broke off after {written} bytes, and {} was removed: {} (a damaged chunk ends it; see the server's log)",
-                    output.display(),
-                    root_cause(&e)
-                )));
+                let removed = output.display();
+                return Err(CliError(
+                    match damage_found(client, id, quarantined_before).await {
+                        Some(how) => format!(
+                            "entry {id} is damaged: {}; hoard has quarantined it. The download broke off after {written} bytes, and {removed} was removed",
+                            TermSafe(&how)
+                        ),
+                        None => format!(
+                            "the download of entry {id} broke off after {written} bytes, and {removed} was removed: {} (a damaged chunk ends it; see the server's log)",
+                            root_cause(&e)
+                        ),
+                    },
+                ));
             }
         };
         hasher.update(&chunk);
@@ -706,6 +717,32 @@ async fn download(client: &Client, id: i64, output: &std::path::Path) -> Result<
         size(written),
         hex::encode(hasher.finalize())
     ))
+}
+
+/// When entry `id` was quarantined and why; `None` if it is not in quarantine, or cannot be
+/// asked about.
+async fn quarantine_of(client: &Client, id: i64) -> Option<(String, String)> {
+    let entry: wire::CacheDetail = client
+        .call(reqwest::Method::GET, &format!("caches/{id}"))
+        .await
+        .ok()?;
+    let at = entry.cache.quarantined_at?;
+    Some((at, entry.cache.quarantine_reason.unwrap_or_default()))
+}
+
+/// How entry `id` is damaged, once the server has quarantined it for the damage a broken
+/// download found (the quarantine lands just after the stream ends); `None` if no new
+/// quarantine comes within a few seconds (the break was something else, such as the network).
+async fn damage_found(client: &Client, id: i64, before: Option<String>) -> Option<String> {
+    for _ in 0..50 {
+        match quarantine_of(client, id).await {
+            Some((at, reason)) if Some(&at) != before.as_ref() => return Some(reason),
+            // In quarantine since before the download: not news about this break.
+            Some(_) => return None,
+            None => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    None
 }
 
 /// Deletes the entries `ids` one by one (or, on a dry run, looks each up).

@@ -183,6 +183,98 @@ async fn a_flipped_byte_fails_the_download_quarantines_the_entry_and_verify_repo
     assert!(out.contains("0 damaged"), "{out}");
 }
 
+const ADMIN: &str = "lifecycle-admin-token-0123456789abcdef";
+
+/// `hoard caches download ID -o OUT` against `server`: exit code, standard output and error.
+async fn cli_download(server: &TestServer, id: i64, out: &Path) -> (i32, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hoard"));
+    cmd.args(["caches", "download", &id.to_string(), "-o"])
+        .arg(out)
+        .env("HOARD_SERVER", &server.base)
+        .env("HOARD_ADMIN_TOKEN", ADMIN)
+        .env_remove("HOARD_ADMIN_TOKEN_FILE")
+        .env("RUST_LOG", "off");
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A one-chunk entry whose damage is found before the answer's headers go (its chunk is read
+/// and checked whole first) answers a proper error: over the signed link (v2 and v1 alike) an
+/// Azure error, 500 `BlobDamaged` (a status `@actions/cache` reports as a failed download
+/// without retrying it, where a 4xx body would be saved as the archive), and to
+/// `hoard caches download` a sentence naming the damage, never "cannot reach hoard".
+#[tokio::test(flavor = "multi_thread")]
+async fn a_damaged_one_chunk_entry_answers_an_error_that_names_the_damage() {
+    let server = TestServer::start_with(&["--admin-token", ADMIN]).await;
+    let token = main_token();
+    let data = random_bytes(4099, 31);
+    let id = server.save(&token, "small", VERSION, &data).await;
+    server.until_digested(id).await;
+    let (_, hit) = server.lookup(&token, "small", &[], VERSION).await;
+    assert_eq!(hit["ok"], true, "{hit}");
+    flip_byte(&chunk_of_size(&server, data.len()), 100);
+
+    let res = server
+        .http
+        .get(hit["signed_download_url"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 500, "an answer, not a cut connection");
+    assert_eq!(res.headers()["x-ms-error-code"], "BlobDamaged");
+    assert_eq!(res.headers()["content-type"], "application/xml");
+    let body = res.text().await.unwrap();
+    assert!(
+        body.starts_with("<?xml")
+            && body.contains("<Code>BlobDamaged</Code>")
+            && body.contains("damaged"),
+        "{body}"
+    );
+    assert!(!body.contains("chunk"), "no internals: {body}");
+    assert!(misses_eventually(&server, "small").await, "quarantined");
+
+    // The operator's download of it (in quarantine now, read and checked as ever).
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("small.tzst");
+    let (code, stdout, stderr) = cli_download(&server, id, &out).await;
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(!stderr.contains("cannot reach"), "{stderr}");
+    assert!(
+        stderr.contains("500")
+            && stderr.contains("damaged")
+            && stderr.contains("does not match its recorded checksum"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        !out.exists(),
+        "nothing is left to be mistaken for the archive"
+    );
+
+    // Found mid-stream (a large chunk, damaged at its end): the CLI names the damage too.
+    let large = random_bytes(3 * MIB + 41, 32);
+    let id = server.save(&token, "large", VERSION, &large).await;
+    server.until_digested(id).await;
+    flip_byte(&chunk_of_size(&server, large.len()), large.len() - 10);
+    let out = dir.path().join("large.tzst");
+    let (code, stdout, stderr) = cli_download(&server, id, &out).await;
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(!stderr.contains("cannot reach"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("entry {id} is damaged"))
+            && stderr.contains("does not match its recorded checksum")
+            && stderr.contains("quarantined"),
+        "{stderr}"
+    );
+    assert!(!out.exists(), "the partial file is removed");
+}
+
 fn sha256_hex(data: &[u8]) -> String {
     hex::encode(<sha2::Sha256 as sha2::Digest>::digest(data))
 }

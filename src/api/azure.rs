@@ -105,6 +105,17 @@ impl From<CacheError> for AzureError {
                 "IncompleteBody",
                 "The request body ended early or failed.",
             ),
+            // Damage found before the headers went (PROTOCOL.md §4.2): a 5xx, since
+            // `@actions/cache`'s plain GET saves any answer below 500 as the archive (tar
+            // then fails on the XML); 500, since it is the 5xx that fits and the one it does
+            // not retry (502/503/504 it retries, to meet the quarantine's 404). The restore
+            // fails with a warning naming the status; the job goes on. The Azure SDKs retry a
+            // 500 and then meet the quarantine. How it was damaged is in the log, not here.
+            CacheError::Damaged(_) => Self::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "BlobDamaged",
+                "The blob's stored bytes are damaged: they do not match the checksum recorded when they were written. The entry is quarantined; save it again.",
+            ),
             // Not retried by the Azure SDK: the upload was abandoned and its chunks freed.
             CacheError::StorageFull => Self::new(
                 StatusCode::INSUFFICIENT_STORAGE,

@@ -41,6 +41,10 @@ pub enum CacheError {
     BadRanges(upload::RangeProblem),
     #[error("no such entry")]
     EntryNotFound,
+    /// The entry's stored bytes do not match what was recorded when they were written (found
+    /// before an answer's headers went); the entry is quarantined. Says how, naming the chunk.
+    #[error("the entry is damaged: {0}; it is quarantined")]
+    Damaged(String),
     /// A quarantined entry cannot be released: a live entry holds its key and version now.
     #[error(
         "a live entry holds this entry's key and version now; delete it first to release this one"

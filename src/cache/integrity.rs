@@ -26,6 +26,18 @@ use crate::model::{Chunk, EntryId};
 /// Called once when a chunk turns out damaged, with a sentence saying how.
 pub type OnDamage = Box<dyn FnOnce(String) + Send>;
 
+/// The error a checked stream ends with when its chunk is damaged (inside an
+/// [`std::io::Error`] of kind `InvalidData`): how, in one sentence. Told apart from the store's
+/// own failures by [`damage_in`].
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Damage(pub String);
+
+/// How the chunk was damaged, if `e` is the error a checked stream ends with for damage.
+pub fn damage_in(e: &std::io::Error) -> Option<&str> {
+    e.get_ref()?.downcast_ref::<Damage>().map(|d| d.0.as_str())
+}
+
 /// How a chunk is checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Check {
@@ -114,7 +126,7 @@ impl Checking {
         if let Some(report) = self.on_damage.take() {
             report(how.clone());
         }
-        std::io::Error::new(std::io::ErrorKind::InvalidData, how)
+        std::io::Error::new(std::io::ErrorKind::InvalidData, Damage(how))
     }
 
     /// Checks the bytes seen so far against the record, once they are all of them.
@@ -347,12 +359,19 @@ mod tests {
                 Ok(frame) => received += frame.len(),
                 Err(e) => {
                     assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+                    let how = damage_in(&e).expect("told apart from a store's failure");
+                    assert!(
+                        how.contains("does not match its recorded checksum"),
+                        "{how}"
+                    );
+                    assert_eq!(e.to_string(), how);
                     failed = true;
                 }
             }
         }
         assert!(failed, "the reader sees an error");
         assert!(received < data.len(), "the reader never gets every byte");
+        assert_eq!(damage_in(&std::io::Error::other("store failed")), None);
         assert_eq!(
             reports.lock().unwrap().len(),
             1,

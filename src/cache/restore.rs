@@ -13,6 +13,13 @@ use crate::model::{
     ByteStream, CacheKey, Entry, EntryId, Lookup, LookupResult, Millis, RefClass, Slot,
 };
 
+/// The largest first chunk a download reads and checks whole before it is answered (see
+/// [`Cache::read`]): small entries, most often one chunk, then fail with a status when damaged
+/// rather than with a cut connection. It costs the time to read it, well within the 5 s a
+/// client waits for its first byte (PROTOCOL.md §4.2), and no more memory than the store's
+/// own reads of a block hold.
+pub const CHECKED_BEFORE_ANSWER: u64 = 1 << 20;
+
 /// A restore hit.
 #[derive(Debug, Clone)]
 pub struct Hit {
@@ -215,7 +222,10 @@ impl Cache {
 
     /// Streams bytes `[start, start + len)` of an entry, chunk after chunk, each chunk read
     /// whole checked against its hash (see [`integrity`]). The first chunk is opened before
-    /// this returns, later ones as the stream reaches them. A damaged or missing chunk
+    /// this returns, later ones as the stream reaches them; a first chunk read whole of at most
+    /// [`CHECKED_BEFORE_ANSWER`] bytes is read and checked before this returns, so that its
+    /// damage is [`CacheError::Damaged`] (and its store's failure [`CacheError::Storage`]),
+    /// which the caller answers with a status. Past that, a damaged or missing chunk
     /// quarantines the entry and ends the stream with an error; so does a store that fails
     /// mid-stream. Either way one line is logged with the entry and the cause: the answer's
     /// headers are gone by then, and the client sees only a body cut short.
@@ -234,7 +244,33 @@ impl Cache {
         let Some(first) = parts.next() else {
             return Ok(Box::pin(futures_util::stream::empty()));
         };
-        let head = self.open_chunk(entry, first).await?;
+        let (first_blob, checked_before_answer) = (
+            first.0.blob.clone(),
+            first.1 == 0 && first.2 == first.0.size && first.2 <= CHECKED_BEFORE_ANSWER,
+        );
+        let mut head = self.open_chunk(entry, first).await?;
+        if checked_before_answer {
+            // Read and checked whole before the caller answers: damage found here is an error
+            // with a status, not a body cut short.
+            let mut frames = Vec::new();
+            while let Some(frame) = head.next().await {
+                match frame {
+                    Ok(frame) => frames.push(Ok(frame)),
+                    Err(e) => {
+                        tracing::warn!(entry = entry.get(), error = %e, "a download failed before its headers were sent");
+                        return Err(match integrity::damage_in(&e) {
+                            Some(how) => CacheError::Damaged(how.to_owned()),
+                            None => BlobError::Io {
+                                what: format!("chunk {first_blob}"),
+                                source: e,
+                            }
+                            .into(),
+                        });
+                    }
+                }
+            }
+            head = Box::pin(futures_util::stream::iter(frames));
+        }
         let counted = self.metrics.clone();
         let cache = self.clone();
         let tail = futures_util::stream::iter(parts)
