@@ -360,3 +360,63 @@ async fn the_write_ahead_log_stays_bounded_even_under_a_long_reader() {
         wal_size(&reopened)
     );
 }
+
+/// The maintenance pass's statements over the restore records (the bounds, the retention, a
+/// purge's reclaiming) go by an index and sort nothing: the table holds up to
+/// `--max-restore-records` rows, and more between two passes.
+#[tokio::test]
+async fn restore_records_are_trimmed_and_forgotten_by_index() {
+    use crate::meta::sql::{
+        forget_restores_sql, DROP_OLDEST_RESTORES, DROP_OLDEST_RESTORES_OF, PRUNE_RESTORES,
+        RESTORE_HEAVY_REPOSITORIES,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hoard.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    store
+        .write(|tx| {
+            let mut insert = tx.prepare(
+                "INSERT INTO restores (entry_id, repository, scope, key, written_at, writer_kind,
+                     writer_issuer, writer_subject, writer_run_id, writer_job_id, writer_address,
+                     reader_hash, reader_kind, reader_issuer, reader_subject, reader_run_id,
+                     reader_job_id, reader_address, first_at, last_at, count)
+                 VALUES (?, ?, 's', 'k', 0, '', '', '', '', '', '', ?, '', '', '', '', '', '', ?, ?, 1)",
+            )?;
+            for i in 0..20_000i64 {
+                let hash = i.to_le_bytes().to_vec();
+                insert.execute(params![i / 50, format!("repo-{}", i % 100), hash, i, i])?;
+            }
+            Ok(())
+        })
+        .await
+        .unwrap();
+    let reader = Connection::open(&path).unwrap();
+    reader.execute_batch("ANALYZE").unwrap();
+    let statements = [
+        RESTORE_HEAVY_REPOSITORIES.on(Backend::Sqlite).to_owned(),
+        DROP_OLDEST_RESTORES_OF.on(Backend::Sqlite).to_owned(),
+        DROP_OLDEST_RESTORES.on(Backend::Sqlite).to_owned(),
+        PRUNE_RESTORES.on(Backend::Sqlite).to_owned(),
+        forget_restores_sql(3),
+    ];
+    for sql in statements {
+        let mut plan = reader
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .unwrap();
+        let unbound = vec![rusqlite::types::Null; plan.parameter_count()];
+        let lines: Vec<String> = plan
+            .query_map(rusqlite::params_from_iter(unbound), |r| {
+                r.get::<_, String>(3)
+            })
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        for line in &lines {
+            let unindexed = line.starts_with("SCAN restores") && !line.contains("INDEX");
+            assert!(
+                !unindexed && !line.contains("TEMP B-TREE"),
+                "{sql}\nplan: {lines:?}"
+            );
+        }
+    }
+}
