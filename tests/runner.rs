@@ -773,6 +773,46 @@ async fn doctor_passes_a_set_up_runner_and_names_what_breaks() {
     );
 }
 
+/// `sudo hoard runner doctor` runs the runner's `bin/Runner.Listener` to read its version: a
+/// program the runner's user (and so any job) can replace. As root it runs as that user.
+#[tokio::test]
+async fn doctor_as_root_runs_the_runners_program_as_the_runners_user() {
+    if !is_root() {
+        eprintln!("skipped: this test needs root (it runs hoard runner doctor as sudo does)");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let runner = fixture("LANG=C.UTF-8\n");
+    // Where the program says who it ran as: a directory anyone may write to.
+    let witness = outside();
+    std::fs::set_permissions(witness.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let said = witness.path().join("uid");
+    write_script(
+        &runner.path().join("bin/Runner.Listener"),
+        &format!(
+            "#!/bin/sh\nid -u > {}\nid -G >> {}\necho {VERSION}\n",
+            said.display(),
+            said.display()
+        ),
+    );
+    chown_tree(runner.path(), RUNNER_UID);
+    let out = doctor(runner.path().to_str().unwrap()).await;
+    let (stdout, stderr) = text(&out);
+    assert!(
+        stdout.contains(&format!("runner version {VERSION}")),
+        "{stdout}{stderr}"
+    );
+    let ran_as = std::fs::read_to_string(&said).unwrap();
+    let mut lines = ran_as.lines();
+    assert_eq!(
+        lines.next(),
+        Some(RUNNER_UID.to_string().as_str()),
+        "{ran_as}"
+    );
+    let groups: Vec<&str> = lines.next().unwrap_or("").split_whitespace().collect();
+    assert!(!groups.contains(&"0"), "no root group: {ran_as}");
+}
+
 async fn doctor(dir: &str) -> Output {
     hoard(&["runner", "doctor", "--runner-dir", dir]).await
 }

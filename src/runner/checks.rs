@@ -151,13 +151,36 @@ impl RunnerDir {
     }
 
     /// The runner's version, as `bin/Runner.Listener --version` prints it.
+    ///
+    /// As root (`sudo hoard runner doctor`), the program, which the runner's user can replace, runs
+    /// as the owner of the runner directory, never as root: through `setpriv` with that user's
+    /// ids and no supplementary groups. Without `setpriv` it is not run at all.
     pub fn version(&self) -> Result<String, String> {
-        let out = std::process::Command::new(self.root.join("bin/Runner.Listener"))
+        let listener = self.root.join("bin/Runner.Listener");
+        let mut command = match self.unprivileged_owner()? {
+            None => std::process::Command::new(&listener),
+            Some((uid, gid)) => {
+                let mut command = std::process::Command::new("setpriv");
+                command
+                    .args(["--reuid", &uid.to_string(), "--regid", &gid.to_string()])
+                    .args(["--clear-groups", "--"])
+                    .arg(&listener);
+                command
+            }
+        };
+        let out = command
             .arg("--version")
             .current_dir(&self.root)
             .stdin(std::process::Stdio::null())
             .output()
-            .map_err(|e| format!("cannot run bin/Runner.Listener --version: {e}"))?;
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound if command.get_program() == "setpriv" => {
+                    "not run: as root, hoard runs bin/Runner.Listener as the runner directory's \
+                     owner with setpriv (util-linux), which is not installed"
+                        .to_owned()
+                }
+                _ => format!("cannot run bin/Runner.Listener --version: {e}"),
+            })?;
         let text = String::from_utf8_lossy(&out.stdout);
         let version = text.trim();
         if !out.status.success() || parse_version(version).is_none() {
@@ -167,6 +190,29 @@ impl RunnerDir {
             ));
         }
         Ok(version.to_owned())
+    }
+
+    /// Whom to run the runner's own programs as, when hoard runs as root: the first owner
+    /// other than root of the runner directory, its `bin/` and `bin/Runner.Listener` (uid, gid),
+    /// any of whom could have put their code there. `None` when hoard is not root, or when root
+    /// owns all three.
+    fn unprivileged_owner(&self) -> Result<Option<(u32, u32)>, String> {
+        use std::os::unix::fs::MetadataExt;
+        if !rustix::process::geteuid().is_root() {
+            return Ok(None);
+        }
+        for path in [
+            self.root.clone(),
+            self.root.join("bin"),
+            self.root.join("bin/Runner.Listener"),
+        ] {
+            let meta = std::fs::symlink_metadata(&path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            if meta.uid() != 0 {
+                return Ok(Some((meta.uid(), meta.gid())));
+            }
+        }
+        Ok(None)
     }
 }
 
