@@ -196,6 +196,10 @@ pub struct RemoveArgs {
     /// (`hoard caches download`) or release (`hoard caches release`).
     #[arg(long)]
     pub quarantine: bool,
+    /// Delete the entries' restore records too (who restored them), which are otherwise kept
+    /// for their retention after the entries go. Not with `--quarantine`.
+    #[arg(long, conflicts_with = "quarantine")]
+    pub with_restore_records: bool,
 }
 
 /// A failure, as the one sentence the user sees.
@@ -559,7 +563,7 @@ async fn list(client: &Client, json: bool, args: &ListArgs) -> Result<String, Cl
 async fn remove(client: &Client, json: bool, args: &RemoveArgs) -> Result<String, CliError> {
     let has_filter = args.filter.is_set();
     let answer = match (args.ids.is_empty(), has_filter || args.all) {
-        (false, false) => remove_ids(client, &args.ids, args.dry_run, args.quarantine).await?,
+        (false, false) => remove_ids(client, &args.ids, args).await?,
         (true, true) => {
             let mut query = filter_query(&args.filter);
             if args.all && !has_filter {
@@ -570,6 +574,9 @@ async fn remove(client: &Client, json: bool, args: &RemoveArgs) -> Result<String
             }
             if args.quarantine {
                 query.append_pair("quarantine", "true");
+            }
+            if args.with_restore_records {
+                query.append_pair("restores", "true");
             }
             client
                 .call(reqwest::Method::DELETE, &format!("caches?{}", query.finish()))
@@ -585,6 +592,12 @@ async fn remove(client: &Client, json: bool, args: &RemoveArgs) -> Result<String
     if json {
         return Ok(pretty(&answer));
     }
+    let records = match answer.restore_records_deleted {
+        None => String::new(),
+        Some(1) => ", with 1 restore record".to_owned(),
+        Some(n) => format!(", with {n} restore records"),
+    };
+    let answer = answer.deleted;
     let count = answer.deleted;
     let noun = if count == 1 { "entry" } else { "entries" };
     let ids = answer
@@ -615,7 +628,7 @@ async fn remove(client: &Client, json: bool, args: &RemoveArgs) -> Result<String
         )
     } else {
         format!(
-            "{did} {count} {noun} ({}){ids}{uploads}.\n",
+            "{did} {count} {noun} ({}){ids}{uploads}{records}.\n",
             size(answer.size_in_bytes)
         )
     })
@@ -749,10 +762,15 @@ async fn damage_found(client: &Client, id: i64, before: Option<String>) -> Optio
 async fn remove_ids(
     client: &Client,
     ids: &[i64],
-    dry_run: bool,
-    quarantine: bool,
-) -> Result<wire::Deleted, CliError> {
-    let mode = if quarantine { "&quarantine=true" } else { "" };
+    args: &RemoveArgs,
+) -> Result<wire::Deletion, CliError> {
+    let (dry_run, quarantine) = (args.dry_run, args.quarantine);
+    let mode = match (quarantine, args.with_restore_records) {
+        (true, _) => "&quarantine=true",
+        (false, true) => "&restores=true",
+        (false, false) => "",
+    };
+    let mut records = args.with_restore_records.then_some(0);
     let mut total = wire::Deleted {
         deleted: 0,
         quarantine,
@@ -781,18 +799,28 @@ async fn remove_ids(
             }
             continue;
         }
-        let answer: wire::Deleted = client
+        let wire::Deletion {
+            deleted: answer,
+            restore_records_deleted,
+        } = client
             .call(
                 reqwest::Method::DELETE,
                 &format!("caches/{id}?dry_run=false{mode}"),
             )
             .await
             .map_err(failed)?;
+        if let (Some(sum), Some(n)) = (records.as_mut(), restore_records_deleted) {
+            *sum += n;
+        }
         total.deleted += answer.deleted;
         total.size_in_bytes += answer.size_in_bytes;
         total.ids.extend(answer.ids);
     }
-    Ok(total)
+    Ok(wire::Deletion {
+        deleted: total,
+        // As the server answers: none on a dry run.
+        restore_records_deleted: records.filter(|_| !dry_run),
+    })
 }
 
 /// The `ls --long` cells of who wrote `e`: when, kind, subject, run, job, address (`-` where

@@ -513,7 +513,8 @@ async fn restore_records_are_bounded_per_repository_and_in_all_oldest_first() {
     srv.stop().await;
 }
 
-#[tokio::test]
+// Multi-threaded: the CLI's process is waited for on one thread while the server answers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_purge_reclaims_restore_records_only_when_asked() {
     use reqwest::Method;
     let clock = common::manual_clock();
@@ -522,6 +523,8 @@ async fn a_purge_reclaims_restore_records_only_when_asked() {
     saved_and_restored(&srv, &clock, REPOSITORY, "poisoned-2", "66", 2).await;
     let kept = saved_and_restored(&srv, &clock, REPOSITORY, "clean", "61", 2).await;
     let alone = saved_and_restored(&srv, &clock, REPOSITORY, "alone", "70", 2).await;
+    let by_cli = saved_and_restored(&srv, &clock, REPOSITORY, "by-cli", "71", 2).await;
+    saved_and_restored(&srv, &clock, REPOSITORY, "by-cli-filter", "72", 3).await;
     let written_by = |run: &str| format!("run_id={run}");
 
     // Refused together with a quarantine, which keeps records for examination.
@@ -577,6 +580,22 @@ async fn a_purge_reclaims_restore_records_only_when_asked() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["restore_records_deleted"], 2, "{body}");
     let gone = restores_of(&srv, &written_by("70")).await;
+    assert_eq!(gone["restores"], json!([]), "{gone}");
+
+    // The operator's way: `hoard caches rm --with-restore-records`, by id and by filter.
+    let said = cli_text(
+        &srv.base,
+        &["rm", &by_cli.to_string(), "--with-restore-records"],
+    );
+    assert!(said.contains("with 2 restore records"), "{said}");
+    let gone = restores_of(&srv, &written_by("71")).await;
+    assert_eq!(gone["restores"], json!([]), "{gone}");
+    let answer = cli(
+        &srv.base,
+        &["rm", "--run-id", "72", "--with-restore-records"],
+    );
+    assert_eq!(answer["restore_records_deleted"], 3, "{answer}");
+    let gone = restores_of(&srv, &written_by("72")).await;
     assert_eq!(gone["restores"], json!([]), "{gone}");
     srv.stop().await;
 }
