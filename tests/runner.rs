@@ -1006,35 +1006,24 @@ async fn setup_and_undo_as_root_never_write_through_a_link_a_job_planted() {
     std::fs::remove_file(runner.path().join(".env")).unwrap();
     symlink(target("environment"), runner.path().join(".env")).unwrap();
     chown_tree(runner.path(), RUNNER_UID);
-    for out in [
-        setup(runner.path(), &srv.base, &["--allow-loopback"]).await,
-        undo_cmd(runner.path()).await,
-    ] {
-        let (stdout, stderr) = text(&out);
-        assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
-        assert!(
-            stderr.contains(".env") && stderr.contains("symbolic link"),
-            "{stderr}"
-        );
-        assert_eq!(snapshot(world.path()), before, "{stdout}{stderr}");
-    }
+    both_refuse(runner.path(), &srv.base, &[".env", "symbolic link"], || {
+        assert_eq!(snapshot(world.path()), before);
+    })
+    .await;
 
     // .hoard a link to a directory outside: refused, by setup and by undo.
     let runner = fixture("LANG=C.UTF-8\n");
     symlink(target("etc.d"), runner.path().join(".hoard")).unwrap();
     chown_tree(runner.path(), RUNNER_UID);
-    for out in [
-        setup(runner.path(), &srv.base, &["--allow-loopback"]).await,
-        undo_cmd(runner.path()).await,
-    ] {
-        let (stdout, stderr) = text(&out);
-        assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
-        assert!(
-            stderr.contains(".hoard") && stderr.contains("symbolic link"),
-            "{stderr}"
-        );
-        assert_eq!(snapshot(world.path()), before, "{stdout}{stderr}");
-    }
+    both_refuse(
+        runner.path(),
+        &srv.base,
+        &[".hoard", "symbolic link"],
+        || {
+            assert_eq!(snapshot(world.path()), before);
+        },
+    )
+    .await;
     assert_eq!(
         std::fs::read_to_string(runner.path().join(".env")).unwrap(),
         "LANG=C.UTF-8\n"
@@ -1047,19 +1036,28 @@ async fn setup_and_undo_as_root_never_write_through_a_link_a_job_planted() {
         chown_tree(runner.path(), RUNNER_UID);
         chown_tree(&runner.path().join(planted), STRANGER_UID);
         let inside = snapshot(runner.path());
-        for out in [
-            setup(runner.path(), &srv.base, &["--allow-loopback"]).await,
-            undo_cmd(runner.path()).await,
-        ] {
-            let (stdout, stderr) = text(&out);
-            assert_eq!(out.status.code(), Some(1), "{planted}: {stdout}{stderr}");
-            assert!(
-                stderr.contains(planted)
-                    && stderr.contains(&format!("owned by uid {STRANGER_UID}")),
-                "{stderr}"
-            );
+        let owner = format!("owned by uid {STRANGER_UID}");
+        both_refuse(runner.path(), &srv.base, &[planted, &owner], || {
             assert_eq!(snapshot(runner.path()), inside, "{planted}");
-        }
+        })
+        .await;
+    }
+}
+
+/// Setup and then undo on `runner` both fail with a message holding every one of `says`, and
+/// `unchanged` holds after each.
+async fn both_refuse(runner: &Path, base: &str, says: &[&str], unchanged: impl Fn()) {
+    for out in [
+        setup(runner, base, &["--allow-loopback"]).await,
+        undo_cmd(runner).await,
+    ] {
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{says:?}: {stdout}{stderr}");
+        assert!(
+            says.iter().all(|s| stderr.contains(s)),
+            "{says:?}: {stderr}"
+        );
+        unchanged();
     }
 }
 
