@@ -690,13 +690,8 @@ pub(super) static DROP_OLDEST_RESTORES: Shared = Shared::new(
                          ORDER BY last_at DESC, id DESC LIMIT ? OFFSET ?) AS dropped)",
 );
 
-/// Forgets the restore records of `count` entries: the statement, with `?` parameters.
-pub(super) fn forget_restores_sql(count: usize) -> String {
-    format!(
-        "DELETE FROM restores WHERE entry_id IN ({})",
-        vec!["?"; count].join(", ")
-    )
-}
+/// Forgets the restore records of one entry (by index `restores_by_entry`).
+pub(super) static FORGET_RESTORES: Shared = Shared::new("DELETE FROM restores WHERE entry_id = ?");
 
 /// The statement of [`super::AdminStore::restores`] and its parameters, with `placeholder`
 /// spelling the n-th.

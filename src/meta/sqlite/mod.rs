@@ -46,7 +46,7 @@ use crate::meta::sql::{
     UPLOAD, USE_COLS,
 };
 use crate::meta::sql::{
-    forget_restores_sql, DROP_OLDEST_RESTORES, DROP_OLDEST_RESTORES_OF, RESTORE_HEAVY_REPOSITORIES,
+    DROP_OLDEST_RESTORES, DROP_OLDEST_RESTORES_OF, FORGET_RESTORES, RESTORE_HEAVY_REPOSITORIES,
 };
 use crate::meta::{
     AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health,
@@ -104,8 +104,6 @@ const MIGRATIONS: &[(i64, &str)] = &[
     ),
 ];
 const MAX_READERS: usize = 8;
-/// Entry ids per statement that forgets restore records, under SQLite's parameter limit.
-const FORGET_BATCH: usize = 500;
 
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
@@ -1054,13 +1052,12 @@ impl LifecycleStore for SqliteStore {
     }
 
     async fn forget_restores(&self, entries: &[EntryId]) -> Result<u64, MetaError> {
-        let ids: Vec<i64> = entries.iter().map(|id| id.get()).collect();
+        let ids = entries.to_vec();
         self.write(move |tx| {
+            let mut forget = tx.prepare_cached(FORGET_RESTORES.on(Backend::Sqlite))?;
             let mut forgotten = 0;
-            for batch in ids.chunks(FORGET_BATCH) {
-                forgotten += tx
-                    .prepare_cached(&forget_restores_sql(batch.len()))?
-                    .execute(rusqlite::params_from_iter(batch))?;
+            for id in ids {
+                forgotten += forget.execute([id.get()])?;
             }
             Ok(forgotten as u64)
         })

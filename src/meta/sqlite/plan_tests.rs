@@ -367,7 +367,7 @@ async fn the_write_ahead_log_stays_bounded_even_under_a_long_reader() {
 #[tokio::test]
 async fn restore_records_are_trimmed_and_forgotten_by_index() {
     use crate::meta::sql::{
-        forget_restores_sql, DROP_OLDEST_RESTORES, DROP_OLDEST_RESTORES_OF, PRUNE_RESTORES,
+        DROP_OLDEST_RESTORES, DROP_OLDEST_RESTORES_OF, FORGET_RESTORES, PRUNE_RESTORES,
         RESTORE_HEAVY_REPOSITORIES,
     };
     let dir = tempfile::tempdir().unwrap();
@@ -397,7 +397,7 @@ async fn restore_records_are_trimmed_and_forgotten_by_index() {
         DROP_OLDEST_RESTORES_OF.on(Backend::Sqlite).to_owned(),
         DROP_OLDEST_RESTORES.on(Backend::Sqlite).to_owned(),
         PRUNE_RESTORES.on(Backend::Sqlite).to_owned(),
-        forget_restores_sql(3),
+        FORGET_RESTORES.on(Backend::Sqlite).to_owned(),
     ];
     for sql in statements {
         let mut plan = reader

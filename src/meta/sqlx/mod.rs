@@ -76,7 +76,7 @@ use super::sql::{
     RECORD_RESTORE, UPLOAD, USE_COLS,
 };
 use super::sql::{
-    forget_restores_sql, DROP_OLDEST_RESTORES, DROP_OLDEST_RESTORES_OF, RESTORE_HEAVY_REPOSITORIES,
+    DROP_OLDEST_RESTORES, DROP_OLDEST_RESTORES_OF, FORGET_RESTORES, RESTORE_HEAVY_REPOSITORIES,
 };
 use super::{
     AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health,
@@ -96,8 +96,6 @@ pub type MySqlStore = SqlxStore<mysql::MySqlDialect>;
 /// Names per statement where a list of them is bound (`IN (…)`), well under the 65,535
 /// parameters either database takes.
 const NAMES_PER_STATEMENT: usize = 1000;
-/// Entry ids per statement that forgets restore records.
-const FORGET_BATCH: usize = 500;
 
 /// A store on a networked database: the shared statements over a dialect.
 #[derive(Debug, Clone)]
@@ -590,13 +588,19 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
     }
 
     async fn forget_restores(&self, entries: &[EntryId]) -> Result<u64, MetaError> {
-        let mut forgotten = 0;
-        for batch in entries.chunks(FORGET_BATCH) {
-            let sql = D::BACKEND.spell(&forget_restores_sql(batch.len()));
-            let ids = batch.iter().map(|id| Param::Int(id.get())).collect();
-            forgotten += self.db.execute(&sql, ids).await?;
-        }
-        Ok(forgotten)
+        // One statement per entry in one transaction, as `drop_quarantined` does.
+        let steps = entries
+            .iter()
+            .map(|id| Step::Execute(FORGET_RESTORES.on(D::BACKEND), vec![Param::Int(id.get())]))
+            .collect();
+        let done = self.db.in_transaction(steps).await?;
+        Ok(done
+            .iter()
+            .map(|d| match d {
+                Done::Changed(n) => *n,
+                Done::Rows(_) => 0,
+            })
+            .sum())
     }
 
     async fn pending_deletions(&self) -> Result<u64, MetaError> {
