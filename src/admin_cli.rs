@@ -597,7 +597,6 @@ async fn remove(client: &Client, json: bool, args: &RemoveArgs) -> Result<String
         Some(1) => ", with 1 restore record".to_owned(),
         Some(n) => format!(", with {n} restore records"),
     };
-    let answer = answer.deleted;
     let count = answer.deleted;
     let noun = if count == 1 { "entry" } else { "entries" };
     let ids = answer
@@ -758,69 +757,53 @@ async fn damage_found(client: &Client, id: i64, before: Option<String>) -> Optio
     None
 }
 
-/// Deletes the entries `ids` one by one (or, on a dry run, looks each up).
+/// Deletes the entries `ids` one by one (or, on a dry run, asks what each would delete), and
+/// adds up the answers.
 async fn remove_ids(
     client: &Client,
     ids: &[i64],
     args: &RemoveArgs,
-) -> Result<wire::Deletion, CliError> {
-    let (dry_run, quarantine) = (args.dry_run, args.quarantine);
-    let mode = match (quarantine, args.with_restore_records) {
+) -> Result<wire::Deleted, CliError> {
+    let dry_run = args.dry_run;
+    let mode = match (args.quarantine, args.with_restore_records) {
         (true, _) => "&quarantine=true",
         (false, true) => "&restores=true",
         (false, false) => "",
     };
-    let mut records = args.with_restore_records.then_some(0);
     let mut total = wire::Deleted {
         deleted: 0,
-        quarantine,
+        quarantine: args.quarantine,
         dry_run,
         size_in_bytes: 0,
         ids: Vec::new(),
         ids_truncated: false,
         uploads_aborted: 0,
         restored_by: Vec::new(),
+        // As the server answers: none on a dry run.
+        restore_records_deleted: (args.with_restore_records && !dry_run).then_some(0),
     };
     for id in ids {
-        let failed = |e: CliError| CliError(format!("entry {id}: {e}"));
-        if dry_run {
-            let entry: wire::Deleted = client
-                .call(
-                    reqwest::Method::DELETE,
-                    &format!("caches/{id}?dry_run=true{mode}"),
-                )
-                .await
-                .map_err(failed)?;
-            total.deleted += entry.deleted;
-            total.size_in_bytes += entry.size_in_bytes;
-            total.ids.extend(entry.ids);
-            for job in entry.restored_by {
-                add_job(&mut total.restored_by, job);
-            }
-            continue;
-        }
-        let wire::Deletion {
-            deleted: answer,
-            restore_records_deleted,
-        } = client
+        let answer: wire::Deleted = client
             .call(
                 reqwest::Method::DELETE,
-                &format!("caches/{id}?dry_run=false{mode}"),
+                &format!("caches/{id}?dry_run={dry_run}{mode}"),
             )
             .await
-            .map_err(failed)?;
-        if let (Some(sum), Some(n)) = (records.as_mut(), restore_records_deleted) {
-            *sum += n;
-        }
+            .map_err(|e| CliError(format!("entry {id}: {e}")))?;
         total.deleted += answer.deleted;
         total.size_in_bytes += answer.size_in_bytes;
         total.ids.extend(answer.ids);
+        for job in answer.restored_by {
+            add_job(&mut total.restored_by, job);
+        }
+        if let (Some(sum), Some(n)) = (
+            total.restore_records_deleted.as_mut(),
+            answer.restore_records_deleted,
+        ) {
+            *sum += n;
+        }
     }
-    Ok(wire::Deletion {
-        deleted: total,
-        // As the server answers: none on a dry run.
-        restore_records_deleted: records.filter(|_| !dry_run),
-    })
+    Ok(total)
 }
 
 /// The `ls --long` cells of who wrote `e`: when, kind, subject, run, job, address (`-` where

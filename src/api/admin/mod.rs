@@ -492,7 +492,7 @@ async fn delete_one(
     app: &AppState,
     id: Option<&str>,
     query: &Query,
-) -> Result<wire::Deletion, AdminError> {
+) -> Result<wire::Deleted, AdminError> {
     let dry_run = query.flag("dry_run")?;
     let disposal = disposal(query)?;
     if dry_run {
@@ -574,18 +574,16 @@ fn deleted(
     dry_run: bool,
     disposal: Disposal,
     restored_by: Vec<wire::RestoringJob>,
-) -> wire::Deletion {
-    wire::Deletion {
-        deleted: wire::Deleted {
-            deleted: purge.count,
-            quarantine: disposal == Disposal::Quarantine,
-            dry_run,
-            size_in_bytes: purge.bytes,
-            ids_truncated: purge.count > purge.ids.len() as u64,
-            ids: purge.ids.iter().map(|id| id.get()).collect(),
-            uploads_aborted: purge.uploads,
-            restored_by,
-        },
+) -> wire::Deleted {
+    wire::Deleted {
+        deleted: purge.count,
+        quarantine: disposal == Disposal::Quarantine,
+        dry_run,
+        size_in_bytes: purge.bytes,
+        ids_truncated: purge.count > purge.ids.len() as u64,
+        ids: purge.ids.iter().map(|id| id.get()).collect(),
+        uploads_aborted: purge.uploads,
+        restored_by,
         restore_records_deleted: (disposal == Disposal::DeleteWithRestoreRecords && !dry_run)
             .then_some(purge.restore_records),
     }
@@ -594,7 +592,7 @@ fn deleted(
 /// `DELETE caches?…`: every entry the filter selects (see [`Query::filter`]); with
 /// `dry_run=true`, nothing, answering what would go. A filter is required: deleting everything
 /// takes `all=true`, so a forgotten parameter cannot.
-async fn delete_matching(app: &AppState, query: &Query) -> Result<wire::Deletion, AdminError> {
+async fn delete_matching(app: &AppState, query: &Query) -> Result<wire::Deleted, AdminError> {
     let mut filter = query.filter()?;
     let dry_run = query.flag("dry_run")?;
     let everything = EntryFilter {

@@ -204,14 +204,8 @@ pub struct Deleted {
     /// left out when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub restored_by: Vec<RestoringJob>,
-}
-
-/// A deletion's answer: [`Deleted`], and with `restores=true` how many restore records went
-/// with the entries (left out otherwise, and on a dry run).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Deletion {
-    #[serde(flatten)]
-    pub deleted: Deleted,
+    /// With `restores=true`, how many restore records went with the entries; left out
+    /// otherwise, and on a dry run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_records_deleted: Option<u64>,
 }
