@@ -390,12 +390,13 @@ impl Rig {
             // flushes) when the power goes again, a few disk writes into it.
             let writes = rng.random_range(1..60);
             self.disk.cut_after_writes(writes);
-            // The dead disk answers every write, so hoard goes on starting.
+            // The dead disk answers every write, so hoard goes on starting. A recovery that
+            // made fewer writes than drawn is cut as it finishes (the start waits for it).
             let second = self.start();
-            assert!(
-                self.disk.wait_until_cut(Duration::from_secs(20)),
-                "hoard's recovery made fewer than {writes} disk writes"
-            );
+            if !self.disk.wait_until_cut(Duration::from_secs(1)) {
+                eprintln!("recovery made fewer than {writes} disk writes: cut as it ended");
+                self.disk.cut_now();
+            }
             drop(second.kill_9());
             self.reboot();
         }
