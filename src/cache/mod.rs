@@ -228,13 +228,11 @@ impl Cache {
     /// requests decided from now on follow it.
     pub fn set_write_policy(&self, policy: policy::Policy) {
         let now = self.clock.now();
-        let file = policy
-            .source
-            .as_deref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_default();
+        let file = policy.source.clone();
         if let Some(lifted) = self.write_policy.set(policy, now) {
-            tracing::warn!(policy = %LogSafe(&file), rules_lifted = lifted.rules, "{}", lifted.warning(&LogSafe(&file).to_string()));
+            let file = file.map(|p| p.display().to_string()).unwrap_or_default();
+            let file = LogSafe(&file).to_string();
+            tracing::warn!(policy = %file, rules_lifted = lifted.rules, "{}", lifted.warning(&file));
         }
         self.metrics.policy_loaded(now);
     }
