@@ -244,10 +244,8 @@ impl Cache {
         let Some(first) = parts.next() else {
             return Ok(Box::pin(futures_util::stream::empty()));
         };
-        let (first_blob, checked_before_answer) = (
-            first.0.blob.clone(),
-            first.1 == 0 && first.2 == first.0.size && first.2 <= CHECKED_BEFORE_ANSWER,
-        );
+        let checked_before_answer =
+            first.1 == 0 && first.2 == first.0.size && first.2 <= CHECKED_BEFORE_ANSWER;
         let mut head = self.open_chunk(entry, first).await?;
         if checked_before_answer {
             // Read and checked whole before the caller answers: damage found here is an error
@@ -261,7 +259,7 @@ impl Cache {
                         return Err(match integrity::damage_in(&e) {
                             Some(how) => CacheError::Damaged(how.to_owned()),
                             None => BlobError::Io {
-                                what: format!("chunk {first_blob}"),
+                                what: format!("the first chunk of entry {}", entry.get()),
                                 source: e,
                             }
                             .into(),
