@@ -331,7 +331,7 @@ impl Pending {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meta::MemoryStore;
+    use crate::meta::SqliteStore;
     use crate::model::StatsFilter;
 
     const HOUR: Millis = 3_600_000;
@@ -342,7 +342,7 @@ mod tests {
         (keys, folded)
     }
 
-    async fn stored(meta: &MemoryStore) -> Vec<(String, Counters)> {
+    async fn stored(meta: &SqliteStore) -> Vec<(String, Counters)> {
         let filter = StatsFilter {
             since: 0,
             until: Millis::MAX,
@@ -397,7 +397,10 @@ mod tests {
 
     #[tokio::test]
     async fn counts_fold_per_family_class_and_hour_and_are_written_once() {
-        let meta = MemoryStore::default();
+        let dir = tempfile::tempdir().unwrap();
+        let meta = SqliteStore::open(&dir.path().join("hoard.db"))
+            .await
+            .unwrap();
         let stats = FamilyStats::new(10);
         let repo = RepoId::new("1");
         let (k, f) = keys(&["deps-0123456789abcdef"]);
@@ -449,7 +452,10 @@ mod tests {
 
     #[tokio::test]
     async fn families_past_the_cap_count_as_other() {
-        let meta = MemoryStore::default();
+        let dir = tempfile::tempdir().unwrap();
+        let meta = SqliteStore::open(&dir.path().join("hoard.db"))
+            .await
+            .unwrap();
         let stats = FamilyStats::new(3);
         let repo = RepoId::new("1");
         for i in 0..50 {

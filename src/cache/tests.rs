@@ -1,4 +1,4 @@
-//! The domain's rules over the in-memory metadata fake and a real local-disk chunk store, with
+//! The domain's rules over a real SQLite database and a real local-disk chunk store, with
 //! a clock the tests move: reservations, takeover, caps, staging, block lists, finalize.
 
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use futures_util::{StreamExt, TryStreamExt};
 use super::*;
 use crate::auth::LinkTarget;
 use crate::blob::FsStore;
-use crate::meta::{EntryChunk, LifecycleStore, MemoryStore, RestoreStore, SaveStore};
+use crate::meta::{EntryChunk, LifecycleStore, RestoreStore, SaveStore, SqliteStore};
 use crate::model::{BlockId, BlockRef, ByteStream, Lookup, UploadId};
 use crate::model::{BlockSource, Chunk, ManualClock, RepoId, Scope};
 
@@ -19,38 +19,47 @@ const TTL: Duration = Duration::from_secs(24 * 3600);
 
 struct World {
     cache: Cache,
-    meta: Arc<MemoryStore>,
+    meta: Arc<SqliteStore>,
     blobs: Arc<FsStore>,
     clock: Arc<ManualClock>,
     _dir: tempfile::TempDir,
 }
 
-fn world_with(max_open_uploads: u32, max_entry_size: u64) -> World {
+async fn world_with(max_open_uploads: u32, max_entry_size: u64) -> World {
     build_world(
         max_open_uploads,
         max_entry_size,
         lifecycle::Limits::default(),
     )
+    .await
 }
 
 /// A world with lifecycle limits, its clock at the real time (chunk files carry real times).
-fn world_limited(limits: lifecycle::Limits) -> World {
-    build_world(1000, 1 << 30, limits)
+async fn world_limited(limits: lifecycle::Limits) -> World {
+    build_world(1000, 1 << 30, limits).await
 }
 
-fn build_world(max_open_uploads: u32, max_entry_size: u64, limits: lifecycle::Limits) -> World {
-    build_world_over(max_open_uploads, max_entry_size, limits, |blobs| blobs)
+async fn build_world(
+    max_open_uploads: u32,
+    max_entry_size: u64,
+    limits: lifecycle::Limits,
+) -> World {
+    build_world_over(max_open_uploads, max_entry_size, limits, |blobs| blobs).await
 }
 
 /// A world whose cache sees the disk store through `store` (the test itself keeps the files).
-fn build_world_over(
+async fn build_world_over(
     max_open_uploads: u32,
     max_entry_size: u64,
     limits: lifecycle::Limits,
     store: impl FnOnce(Arc<FsStore>) -> Arc<dyn BlobStore>,
 ) -> World {
     let dir = tempfile::tempdir().unwrap();
-    let meta = Arc::new(MemoryStore::new());
+    let meta = Arc::new(
+        SqliteStore::open(&dir.path().join("hoard.db"))
+            .await
+            .unwrap(),
+    );
     let blobs = Arc::new(FsStore::open(dir.path()).unwrap());
     let clock = Arc::new(ManualClock::starting_at(crate::model::now_millis()));
     let cache = Cache::new(
@@ -76,8 +85,8 @@ fn build_world_over(
     }
 }
 
-fn world() -> World {
-    world_with(1000, 1 << 30)
+async fn world() -> World {
+    world_with(1000, 1 << 30).await
 }
 
 fn who(repo: &str) -> Identity {
@@ -180,7 +189,7 @@ impl World {
 
 #[tokio::test]
 async fn a_saved_entry_restores_and_a_second_save_conflicts() {
-    let w = world();
+    let w = world().await;
     let me = who("1");
     w.save(&me, "Deps-1", b"hello").await;
     assert_eq!(
@@ -205,7 +214,7 @@ async fn a_saved_entry_restores_and_a_second_save_conflicts() {
 /// nothing is stored through it.
 #[tokio::test]
 async fn a_link_opens_only_the_row_it_was_signed_for() {
-    let w = world();
+    let w = world().await;
     let me = who("1");
     let link = w
         .cache
@@ -245,7 +254,7 @@ async fn a_link_opens_only_the_row_it_was_signed_for() {
 
 #[tokio::test]
 async fn a_live_reservation_blocks_the_key_until_it_is_abandoned() {
-    let w = world();
+    let w = world().await;
     let me = who("1");
     let first = w
         .cache
@@ -300,7 +309,7 @@ async fn a_live_reservation_blocks_the_key_until_it_is_abandoned() {
 
 #[tokio::test]
 async fn a_repository_may_hold_only_so_many_live_reservations() {
-    let w = world_with(2, 1 << 20);
+    let w = world_with(2, 1 << 20).await;
     let me = who("1");
     w.cache
         .reserve(&me, Some([192, 0, 2, 1].into()), "a", "v")
@@ -331,7 +340,7 @@ async fn a_repository_may_hold_only_so_many_live_reservations() {
 
 #[tokio::test]
 async fn a_retried_block_replaces_the_earlier_copy_and_frees_it() {
-    let w = world();
+    let w = world().await;
     let me = who("1");
     let link = w
         .cache
@@ -372,7 +381,7 @@ async fn a_retried_block_replaces_the_earlier_copy_and_frees_it() {
 
 #[tokio::test]
 async fn concurrent_blocks_of_one_upload_are_all_recorded() {
-    let w = world();
+    let w = world().await;
     let me = who("1");
     let link = w
         .cache
@@ -408,7 +417,7 @@ async fn concurrent_blocks_of_one_upload_are_all_recorded() {
 
 #[tokio::test]
 async fn staged_blocks_may_not_outgrow_an_entry() {
-    let w = world_with(10, 10);
+    let w = world_with(10, 10).await;
     let me = who("1");
     let link = w
         .cache
@@ -434,7 +443,7 @@ async fn staged_blocks_may_not_outgrow_an_entry() {
 
 #[tokio::test]
 async fn an_unknown_block_in_the_list_is_refused_and_changes_nothing() {
-    let w = world();
+    let w = world().await;
     let me = who("1");
     let link = w
         .cache
@@ -458,7 +467,7 @@ async fn an_unknown_block_in_the_list_is_refused_and_changes_nothing() {
 
 #[tokio::test]
 async fn finalize_checks_the_size_and_a_mismatch_frees_the_key() {
-    let w = world();
+    let w = world().await;
     let me = who("1");
     let link = w
         .cache
@@ -506,7 +515,7 @@ async fn finalize_checks_the_size_and_a_mismatch_frees_the_key() {
 
 #[tokio::test]
 async fn a_retried_finalize_returns_the_same_entry() {
-    let w = world();
+    let w = world().await;
     let me = who("1");
     let entry = w.save(&me, "k", b"abc").await;
     assert_eq!(w.cache.finalize(&me, "k", "v", 3).await.unwrap(), entry);
@@ -516,7 +525,7 @@ async fn a_retried_finalize_returns_the_same_entry() {
 
 #[tokio::test]
 async fn put_blob_replaces_staged_blocks_and_frees_them() {
-    let w = world();
+    let w = world().await;
     let me = who("1");
     let link = w
         .cache
@@ -548,7 +557,7 @@ async fn put_blob_replaces_staged_blocks_and_frees_them() {
 
 #[tokio::test]
 async fn restores_are_recorded_with_the_clock_time() {
-    let w = world();
+    let w = world().await;
     let me = who("1");
     let entry = w.save(&me, "k", b"abc").await;
     w.clock.advance(Duration::from_secs(60));
@@ -562,7 +571,7 @@ async fn restores_are_recorded_with_the_clock_time() {
 
 #[tokio::test]
 async fn writes_need_a_writable_scope() {
-    let w = world();
+    let w = world().await;
     let mut reader = who("1");
     reader.write_scope = None;
     assert!(matches!(
@@ -616,7 +625,7 @@ fn empty_chunks_are_skipped() {
 
 #[tokio::test]
 async fn lookups_are_exact_within_a_process_and_bounded_by_the_ttl_across_processes() {
-    let w = world();
+    let w = world().await;
     let me = who("1");
     // A second process on the same metadata and chunks, with the same clock.
     let other = Cache::new(
@@ -733,7 +742,8 @@ async fn pull_requests_and_tags_keep_within_their_share_and_never_evict_a_branch
         repo_quota: Some(100),
         pr_scope_share: crate::model::Share::parse("50%").unwrap(),
         ..limits()
-    });
+    })
+    .await;
     let main = who("1");
     let pr = who_in("1", "refs/pull/1/merge");
     let tag = who_in("1", "refs/tags/v1");
@@ -812,7 +822,8 @@ async fn a_burst_of_branch_and_pull_request_saves_never_evicts_a_branch_for_the_
         repo_quota: Some(1000),
         pr_scope_share: crate::model::Share::parse("50%").unwrap(),
         ..limits()
-    });
+    })
+    .await;
     let (main, pr) = (who("1"), who_in("1", "refs/pull/1/merge"));
     w.save(&main, "m1", &[1; 40]).await;
     w.clock.advance(Duration::from_secs(1));
@@ -854,7 +865,8 @@ async fn the_whole_quota_as_share_is_plain_lru_over_the_repository() {
         repo_quota: Some(100),
         pr_scope_share: crate::model::Share::WHOLE,
         ..limits()
-    });
+    })
+    .await;
     let (main, pr) = (who("1"), who_in("1", "refs/pull/1/merge"));
     w.save(&main, "m1", &[1; 40]).await;
     w.clock.advance(Duration::from_secs(1));
@@ -875,7 +887,8 @@ async fn a_repository_over_its_quota_loses_its_least_recently_used_entries() {
     let w = world_limited(lifecycle::Limits {
         repo_quota: Some(25),
         ..limits()
-    });
+    })
+    .await;
     let (me, other) = (who("1"), who("2"));
     let a = w.save(&me, "a", &[1; 10]).await;
     w.clock.advance(Duration::from_secs(1));
@@ -934,7 +947,8 @@ async fn an_entry_larger_than_the_quota_is_kept_until_the_next_save() {
     let w = world_limited(lifecycle::Limits {
         repo_quota: Some(5),
         ..limits()
-    });
+    })
+    .await;
     let me = who("1");
     w.save(&me, "big", &[1; 10]).await;
     assert!(
@@ -952,7 +966,8 @@ async fn the_global_limit_evicts_across_repositories() {
     let w = world_limited(lifecycle::Limits {
         max_storage: Some(25),
         ..limits()
-    });
+    })
+    .await;
     w.save(&who("1"), "a", &[1; 10]).await;
     w.clock.advance(Duration::from_secs(1));
     w.save(&who("2"), "b", &[2; 10]).await;
@@ -975,7 +990,8 @@ async fn when_nothing_can_be_evicted_a_reservation_is_refused() {
     let w = world_limited(lifecycle::Limits {
         min_free_space: Some(lifecycle::FreeSpace::Percent(99.999)),
         ..limits()
-    });
+    })
+    .await;
     let err = w
         .cache
         .reserve(&who("1"), Some([192, 0, 2, 1].into()), "a", "v")
@@ -985,7 +1001,8 @@ async fn when_nothing_can_be_evicted_a_reservation_is_refused() {
     let w = world_limited(lifecycle::Limits {
         min_free_space: Some(lifecycle::FreeSpace::Bytes(1)),
         ..limits()
-    });
+    })
+    .await;
     w.cache
         .reserve(&who("1"), Some([192, 0, 2, 1].into()), "a", "v")
         .await
@@ -998,7 +1015,8 @@ async fn unused_entries_expire_and_old_ones_too_with_a_maximum_age() {
         unused_ttl: Some(7 * DAY),
         max_age: Some(10 * DAY),
         ..limits()
-    });
+    })
+    .await;
     let me = who("1");
     w.save(&me, "used", b"u").await;
     w.save(&me, "unused", b"n").await;
@@ -1021,7 +1039,7 @@ async fn unused_entries_expire_and_old_ones_too_with_a_maximum_age() {
 
 #[tokio::test]
 async fn abandoned_uploads_are_swept_and_their_bytes_deleted() {
-    let w = world_limited(limits());
+    let w = world_limited(limits()).await;
     let me = who("1");
     let link = w
         .cache
@@ -1062,7 +1080,7 @@ async fn abandoned_uploads_are_swept_and_their_bytes_deleted() {
 
 #[tokio::test]
 async fn orphaned_chunks_are_collected_after_the_grace_period() {
-    let w = world_limited(limits());
+    let w = world_limited(limits()).await;
     let me = who("1");
     let kept = w.save(&me, "k", b"kept").await;
     let kept_blob = w.blobs_of(kept).await.remove(0);
@@ -1093,7 +1111,8 @@ async fn a_download_in_flight_survives_the_eviction_of_its_entry() {
     let w = world_limited(lifecycle::Limits {
         repo_quota: Some(4 << 20),
         ..limits()
-    });
+    })
+    .await;
     let me = who("1");
     let blocks: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i; 1 << 20]).collect();
     let first = w.save_blocks(&me, "first", &blocks).await;
@@ -1130,7 +1149,7 @@ async fn until_quarantined(w: &World, entry: EntryId) {
 
 #[tokio::test]
 async fn a_flipped_byte_fails_the_download_and_quarantines_the_entry() {
-    let w = world_limited(limits());
+    let w = world_limited(limits()).await;
     let me = who("1");
     let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
     let entry = w.save(&me, "k", &data).await;
@@ -1166,7 +1185,8 @@ async fn a_quarantined_entry_misses_downloads_whole_is_released_and_ends_with_it
     let w = world_limited(lifecycle::Limits {
         quarantine_retention: 30 * DAY,
         ..limits()
-    });
+    })
+    .await;
     let me = who("1");
     let data: Vec<u8> = (0..200_000u32).map(|i| (i % 249) as u8).collect();
     let kept = w.save(&me, "poisoned", &data).await;
@@ -1244,7 +1264,7 @@ async fn a_quarantined_entry_misses_downloads_whole_is_released_and_ends_with_it
 
 #[tokio::test]
 async fn a_damaged_entry_is_kept_in_quarantine_with_the_damage_as_its_reason() {
-    let w = world_limited(limits());
+    let w = world_limited(limits()).await;
     let me = who("1");
     let entry = w.save(&me, "k", b"bytes to damage").await;
     w.flip_byte(entry, 0).await;
@@ -1261,7 +1281,7 @@ async fn a_damaged_entry_is_kept_in_quarantine_with_the_damage_as_its_reason() {
 
 #[tokio::test]
 async fn a_missing_chunk_is_a_miss_never_a_short_hit() {
-    let w = world_limited(limits());
+    let w = world_limited(limits()).await;
     let me = who("1");
     let blocks: Vec<Vec<u8>> = (0..2u8).map(|i| vec![i; 1000]).collect();
     let entry = w.save_blocks(&me, "k", &blocks).await;
@@ -1287,7 +1307,7 @@ async fn a_missing_chunk_is_a_miss_never_a_short_hit() {
 
 #[tokio::test]
 async fn verify_finds_and_quarantines_every_damaged_entry() {
-    let w = world_limited(limits());
+    let w = world_limited(limits()).await;
     let me = who("1");
     let good = w.save(&me, "good", b"intact bytes").await;
     let bad = w.save(&me, "bad", b"to be damaged").await;
@@ -1313,10 +1333,13 @@ async fn verify_finds_and_quarantines_every_damaged_entry() {
 
 #[tokio::test]
 async fn concurrent_saves_leave_the_repository_within_its_quota() {
-    let w = Arc::new(world_limited(lifecycle::Limits {
-        repo_quota: Some(30),
-        ..limits()
-    }));
+    let w = Arc::new(
+        world_limited(lifecycle::Limits {
+            repo_quota: Some(30),
+            ..limits()
+        })
+        .await,
+    );
     let mut saves = Vec::new();
     for i in 0..16u8 {
         let w = w.clone();
@@ -1357,7 +1380,7 @@ fn write_policy(rules: &[(&str, &str, policy::Access)]) -> policy::Policy {
 
 #[tokio::test]
 async fn a_frozen_scope_refuses_writes_and_still_serves_reads() {
-    let w = world();
+    let w = world().await;
     let me = who("1");
     w.save(&me, "k", b"abc").await;
     w.cache
@@ -1388,7 +1411,7 @@ async fn a_frozen_scope_refuses_writes_and_still_serves_reads() {
 
 #[tokio::test]
 async fn a_denied_scope_is_invisible_and_all_denied_is_read_denied() {
-    let w = world();
+    let w = world().await;
     let me = who("1");
     w.save(&me, "k", b"main").await;
     let mut pull = who("1");
@@ -1525,7 +1548,7 @@ fn sha256_of(data: &[u8]) -> [u8; 32] {
 
 #[tokio::test]
 async fn a_large_entry_gets_its_sha256_and_digest_from_the_digest_pass() {
-    let w = world();
+    let w = world().await;
     let me = who("1");
     let small = w.save(&me, "small", b"hashed while written").await;
     let data = large_payload();
@@ -1579,7 +1602,7 @@ async fn a_large_entry_gets_its_sha256_and_digest_from_the_digest_pass() {
 
 #[tokio::test]
 async fn a_block_entry_is_known_by_its_chunks_digests_once_each_is_hashed() {
-    let w = world();
+    let w = world().await;
     let me = who("1");
     let blocks = vec![large_payload(), vec![5u8; 1000]];
     let entry = w.save_blocks(&me, "blocks", &blocks).await;
@@ -1599,7 +1622,7 @@ async fn a_block_entry_is_known_by_its_chunks_digests_once_each_is_hashed() {
 
 #[tokio::test]
 async fn a_chunk_damaged_before_its_digest_pass_is_quarantined_never_digested() {
-    let w = world_limited(limits());
+    let w = world_limited(limits()).await;
     let me = who("1");
     let data = large_payload();
     let entry = w.save(&me, "k", &data).await;
@@ -1686,7 +1709,7 @@ impl BlobStore for NotLocal {
 
 #[tokio::test]
 async fn the_digest_pass_reads_a_store_without_local_files_through_the_store() {
-    let w = build_world_over(1000, 1 << 30, limits(), |blobs| Arc::new(NotLocal(blobs)));
+    let w = build_world_over(1000, 1 << 30, limits(), |blobs| Arc::new(NotLocal(blobs))).await;
     let me = who("1");
     let data = large_payload();
     let entry = w.save(&me, "k", &data).await;
@@ -1717,7 +1740,7 @@ async fn the_digest_pass_reads_a_store_without_local_files_through_the_store() {
 #[tokio::test]
 async fn a_chunk_file_longer_than_recorded_is_digested_as_a_download_reads_it() {
     // A download reads the recorded length only; the pass reads no more of the file either.
-    let w = world();
+    let w = world().await;
     let me = who("1");
     let data = large_payload();
     let entry = w.save(&me, "k", &data).await;
@@ -1735,7 +1758,7 @@ async fn a_chunk_file_longer_than_recorded_is_digested_as_a_download_reads_it() 
 
 #[tokio::test]
 async fn verify_finds_a_flipped_byte_in_a_chunk_the_digest_pass_has_not_hashed() {
-    let w = world_limited(limits());
+    let w = world_limited(limits()).await;
     let me = who("1");
     let data = large_payload();
     let entry = w.save(&me, "k", &data).await;
@@ -1770,14 +1793,14 @@ async fn the_digest_queue_walks_at_start_and_after_an_overflow() {
     assert!(matches!(queue.next(), digest_pass::Next::Wait));
 }
 
-async fn has_sha256(meta: &MemoryStore, id: EntryId) -> bool {
+async fn has_sha256(meta: &SqliteStore, id: EntryId) -> bool {
     let (_, chunks) = meta.entry(id).await.unwrap().unwrap();
     chunks.iter().all(|c| c.chunk.sha256.is_some())
 }
 
 /// Polls (for up to 20 s, a busy machine's worst) until `id` has its SHA-256, marking a request
 /// before each look when `traffic` is given.
-async fn until_sha256(meta: &MemoryStore, id: EntryId, traffic: Option<&pacing::Traffic>) -> bool {
+async fn until_sha256(meta: &SqliteStore, id: EntryId, traffic: Option<&pacing::Traffic>) -> bool {
     for _ in 0..2000 {
         if let Some(traffic) = traffic {
             traffic.request_ended();
@@ -1792,7 +1815,7 @@ async fn until_sha256(meta: &MemoryStore, id: EntryId, traffic: Option<&pacing::
 
 #[tokio::test]
 async fn the_digest_pass_waits_for_a_quiet_moment_or_until_an_entry_has_waited_its_longest() {
-    let mut w = world();
+    let mut w = world().await;
     let clock = Arc::new(ManualClock::starting_at(0));
     let traffic = Arc::new(pacing::Traffic::new(clock.clone()));
     w.cache.digests = Arc::new(digest_pass::DigestQueue::with_traffic(traffic.clone()));
@@ -1843,7 +1866,7 @@ async fn the_digest_pass_waits_for_a_quiet_moment_or_until_an_entry_has_waited_i
 
 #[tokio::test]
 async fn the_hashing_thread_waits_before_each_block_while_a_request_is_in_flight() {
-    let w = world();
+    let w = world().await;
     let me = who("1");
     let data = large_payload();
     let entry = w.save(&me, "large", &data).await;

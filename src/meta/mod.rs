@@ -34,14 +34,9 @@ mod sqlite;
 mod sqlx;
 mod stats_sql;
 
-#[cfg(any(test, feature = "test-util"))]
-pub mod memory;
-
 use async_trait::async_trait;
 
 pub use self::sqlx::{MySqlStore, PostgresStore};
-#[cfg(any(test, feature = "test-util"))]
-pub use memory::MemoryStore;
 #[cfg(any(test, feature = "test-util"))]
 pub use schema_check::schema_disagreements;
 /// SQLite's virtual-machine steps for some work on this thread (tests of how work grows).

@@ -106,7 +106,7 @@ impl Provenance {
         clean[..end].to_owned()
     }
 
-    /// An anonymous record with no detail: what tests and the fake start from.
+    /// An anonymous record with no detail: what tests start from.
     pub fn anonymous() -> Self {
         Self {
             kind: CallerKind::Anonymous,

@@ -1,5 +1,5 @@
-//! The metadata store contract (`conformance/`, a part per store trait) on every backend: the in-memory
-//! fake, SQLite, PostgreSQL and MySQL/MariaDB. Migrations are idempotent: opening a store twice
+//! The metadata store contract (`conformance/`, a part per store trait) on every backend: SQLite,
+//! PostgreSQL and MySQL/MariaDB. Migrations are idempotent: opening a store twice
 //! on one database keeps its data.
 #![allow(clippy::unwrap_used)]
 
@@ -10,13 +10,8 @@ mod conformance;
 use std::sync::Arc;
 
 use common::databases::{Server, TestDatabase};
-use hoard::meta::{self, DatabaseUrl, MemoryStore, MetaStore};
+use hoard::meta::{self, DatabaseUrl, MetaStore};
 use hoard::model::EntryId;
-
-#[tokio::test]
-async fn the_in_memory_fake_conforms() {
-    conformance::run_all(Arc::new(MemoryStore::new())).await;
-}
 
 /// Runs the suite on a fresh store, then opens the same database again (migrations run a
 /// second time) and checks that what was stored is still there.
@@ -255,8 +250,7 @@ async fn the_widest_lookup_is_answered(store: Arc<dyn MetaStore>) {
 }
 
 #[tokio::test]
-async fn the_widest_lookup_is_answered_by_the_in_memory_fake_and_sqlite() {
-    the_widest_lookup_is_answered(Arc::new(MemoryStore::new())).await;
+async fn the_widest_lookup_is_answered_by_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     let url = DatabaseUrl::Sqlite(dir.path().join("hoard.db"));
     the_widest_lookup_is_answered(meta::open(&url, 4).await.unwrap()).await;

@@ -1,5 +1,5 @@
 //! The metadata store contract as executable checks, one part per store trait, run against
-//! every implementation (the in-memory fake, SQLite, PostgreSQL, MySQL/MariaDB): each backend's
+//! every implementation (SQLite, PostgreSQL, MySQL/MariaDB): each backend's
 //! test opens a fresh store and calls [`run_all`]. A check panics with a sentence naming the
 //! broken promise. Each check uses its own repository, so the parts share one store.
 
