@@ -163,29 +163,33 @@ fn record_line(synced_through: Millis) -> String {
     format!("{} {synced_through}\n", boot_id())
 }
 
-/// Replaces `root/name` with `contents`, durably and whole: written in this process's own
-/// `staging` directory, fsynced, renamed over the old one, and the directory fsynced. A crash at
-/// any point leaves the old file or the new one, never an empty or partial one; and another
-/// process replacing the same file (`hoard gc` beside the server) never writes into this one's
-/// staging file, as it would under a shared temporary name.
-fn replace_durably(root: &Path, staging: &Path, name: &str, contents: &str) -> io::Result<()> {
-    let staging = staging.join(name);
+/// Replaces `root/name` with `contents`, durably and whole: written under a temporary name,
+/// fsynced, renamed over the old one, and the directory fsynced. A crash at any point leaves the
+/// old file or the new one, never an empty or partial one.
+fn replace_durably(root: &Path, name: &str, contents: &str) -> io::Result<()> {
+    use rustix::fs::{flock, FlockOperation};
+    // Processes sharing the store (`hoard gc` beside the server) take turns, or one could
+    // rename the temporary file just after the other truncated it. The lock goes with the
+    // directory's handle, also when a process dies holding it.
+    let dir = File::open(root)?;
+    flock(&dir, FlockOperation::LockExclusive)?;
+    let staging = root.join(format!("{name}.tmp"));
     let mut file = File::create(&staging)?;
     file.write_all(contents.as_bytes())?;
     file.sync_all()?;
     fs::rename(&staging, root.join(name))?;
-    File::open(root)?.sync_all()
+    dir.sync_all()
 }
 
 /// Replaces the durability record, durably.
-fn write_record(root: &Path, staging: &Path, synced_through: Millis) -> io::Result<()> {
-    replace_durably(root, staging, "synced", &record_line(synced_through))
+fn write_record(root: &Path, synced_through: Millis) -> io::Result<()> {
+    replace_durably(root, "synced", &record_line(synced_through))
 }
 
 /// Checks the layout version, writing it if the store is new. Whether the store existed before:
 /// an empty `VERSION` is a new store's first write that a machine crash cut short, so the store
 /// existed (and may hold chunks that were never flushed).
-fn check_layout(root: &Path, staging: &Path) -> Result<bool, BlobError> {
+fn check_layout(root: &Path) -> Result<bool, BlobError> {
     let version_file = root.join("VERSION");
     let fail = io_err(version_file.display().to_string());
     let existed = match fs::read_to_string(&version_file) {
@@ -200,7 +204,7 @@ fn check_layout(root: &Path, staging: &Path) -> Result<bool, BlobError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => false,
         Err(e) => return Err(fail(e)),
     };
-    replace_durably(root, staging, "VERSION", &format!("{LAYOUT_VERSION}\n")).map_err(fail)?;
+    replace_durably(root, "VERSION", &format!("{LAYOUT_VERSION}\n")).map_err(fail)?;
     Ok(existed)
 }
 
@@ -253,11 +257,11 @@ impl FsStore {
         for dir in [root, &chunks, &tmp] {
             fs::create_dir_all(dir).map_err(io_err(dir.display().to_string()))?;
         }
+        // A store with chunks but no `VERSION` had its first writes cut short by a crash too.
+        let existed = check_layout(root)? || has_chunks(&chunks);
         sweep_staging(&tmp).map_err(io_err(tmp.display().to_string()))?;
         let (tmp, staging_lock) =
             own_staging_dir(&tmp).map_err(io_err(tmp.display().to_string()))?;
-        // A store with chunks but no `VERSION` had its first writes cut short by a crash too.
-        let existed = check_layout(root, &tmp)? || has_chunks(&chunks);
         let record = root.join("synced");
         let lost_since = match read_record(&record) {
             // Same boot: the page cache survived whatever stopped the last run, nothing is lost.
@@ -266,8 +270,7 @@ impl FsStore {
             // A new store: its record is on disk before its first chunk, so from here on a
             // machine crash always finds one.
             Record::Missing if !existed => {
-                write_record(root, &tmp, now_millis())
-                    .map_err(io_err(record.display().to_string()))?;
+                write_record(root, now_millis()).map_err(io_err(record.display().to_string()))?;
                 None
             }
             // A store whose record a crash left empty or torn, or never wrote: nothing in it is
@@ -694,7 +697,7 @@ impl BlobStore for FsStore {
     }
 
     async fn sync(&self, force: bool) -> Result<(), BlobError> {
-        let (root, staging) = (self.root.clone(), self.tmp.clone());
+        let root = self.root.clone();
         let pending = self.pending.clone();
         tokio::task::spawn_blocking(move || -> io::Result<()> {
             let mut synced = pending.synced.lock().unwrap_or_else(|e| e.into_inner());
@@ -714,7 +717,7 @@ impl BlobStore for FsStore {
             if flush {
                 rustix::fs::syncfs(&File::open(&root)?)?;
             }
-            write_record(&root, &staging, through)?;
+            write_record(&root, through)?;
             *synced = Synced {
                 puts: if flush { puts } else { synced.puts },
                 recorded: through,
@@ -954,9 +957,9 @@ mod tests {
         );
     }
 
-    /// CI caught `hoard gc` and the server rewriting the record at once through one shared
-    /// temporary name: one renamed the file the other had just truncated, the record read as
-    /// torn, and the next start forgot every entry.
+    /// CI caught `hoard gc` and the server rewriting the record at once, through one temporary
+    /// name: one renamed the file the other had just truncated, the record read as torn, and
+    /// the next start forgot every entry.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_processes_rewriting_the_record_never_leave_it_torn() {
         let dir = tempfile::tempdir().unwrap();

@@ -326,7 +326,21 @@ impl PowerDisk {
         if !attached.mounted {
             return Ok(());
         }
-        run(&self.tools.umount, &[path_str(&self.mount_dir)?]).map_err(|e| {
+        // A file descriptor can outlive its closing for an instant in a child another test
+        // thread is starting (between its fork and its exec): a busy mount is tried again for a
+        // while before it counts as used.
+        let mount_dir = path_str(&self.mount_dir)?;
+        let mut tries = 0;
+        let unmounted = loop {
+            match run(&self.tools.umount, &[mount_dir]) {
+                Err(_) if tries < 50 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                done => break done,
+            }
+        };
+        unmounted.map_err(|e| {
             format!(
                 "could not unmount {}: a process still uses it (kill every process that uses \
                  the file system first, as the power cut would have): {e}",
