@@ -19,8 +19,8 @@ pub use listing::{
 pub use provenance::{entry_digest, CallerKind, Provenance, RestoreRecord, RestoringJob};
 pub use scope_class::{QuotaUsage, ScopeClass, Share};
 pub use stats::{
-    Bucket, Counters, Evictions, LookupResult, RefClass, StatsFilter, StatsKey, StatsRow,
-    StoredFamily,
+    Bucket, Counters, Evictions, LookupResult, RefClass, StatsFilter, StatsKey, StatsQuery,
+    StatsRow, StatsRows, StoredFamily,
 };
 
 use std::fmt;

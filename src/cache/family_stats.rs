@@ -332,7 +332,7 @@ impl Pending {
 mod tests {
     use super::*;
     use crate::meta::SqliteStore;
-    use crate::model::StatsFilter;
+    use crate::model::{StatsFilter, StatsQuery, StatsRows};
 
     const HOUR: Millis = 3_600_000;
 
@@ -348,7 +348,13 @@ mod tests {
             until: Millis::MAX,
             ..StatsFilter::default()
         };
-        let rows = meta.family_stats(&filter, Bucket::Day).await.unwrap();
+        let rows = meta
+            .stats(&StatsQuery {
+                filter: &filter,
+                rows: StatsRows::Families(Bucket::Day),
+            })
+            .await
+            .unwrap();
         rows.into_iter().map(|r| (r.family, r.counters)).collect()
     }
 
@@ -432,7 +438,13 @@ mod tests {
             until: Millis::MAX,
             ..StatsFilter::default()
         };
-        let rows = meta.family_stats(&filter, Bucket::Hour).await.unwrap();
+        let rows = meta
+            .stats(&StatsQuery {
+                filter: &filter,
+                rows: StatsRows::Families(Bucket::Hour),
+            })
+            .await
+            .unwrap();
         let per_hour: Vec<(Millis, u64, u64, u64)> = rows
             .iter()
             .map(|r| {

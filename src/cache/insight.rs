@@ -5,7 +5,9 @@ use std::collections::HashMap;
 
 use super::{Cache, CacheError};
 use crate::model::stats::OTHER_FAMILY;
-use crate::model::{Bucket, Counters, InvalidInput, Millis, RefClass, RepoId, StatsFilter};
+use crate::model::{
+    Bucket, Counters, InvalidInput, Millis, RefClass, RepoId, StatsFilter, StatsQuery, StatsRows,
+};
 
 /// Most points a series may have.
 pub const MAX_POINTS: usize = 10_000;
@@ -143,10 +145,12 @@ impl Cache {
             until: period.until,
         };
         let rows = if filter.repository.is_none() && filter.family.is_none() {
-            self.meta.server_stats(&filter, period.bucket).await?
+            StatsRows::Server(period.bucket)
         } else {
-            self.meta.family_stats(&filter, period.bucket).await?
+            StatsRows::Families(period.bucket)
         };
+        let filter = &filter;
+        let rows = self.meta.stats(&StatsQuery { filter, rows }).await?;
         let width = period.bucket.millis();
         let mut points: Vec<(Millis, Counters)> =
             starts.iter().map(|s| (*s, Counters::default())).collect();
@@ -200,7 +204,11 @@ impl Cache {
         // Totals, bytes and entries per line: one row per line, never per bucket.
         type Key = (RepoId, String, RefClass);
         let mut lines = HashMap::<Key, (Counters, u64, u64)>::new();
-        for row in self.meta.family_totals(&filter).await? {
+        let totals = StatsQuery {
+            filter: &filter,
+            rows: StatsRows::FamilyTotals,
+        };
+        for row in self.meta.stats(&totals).await? {
             lines
                 .entry((row.repository, row.family, row.class))
                 .or_default()
@@ -239,7 +247,11 @@ impl Cache {
         let place: HashMap<&Key, usize> = kept.iter().enumerate().map(|(i, k)| (k, i)).collect();
         let width = period.bucket.millis();
         let mut trends = vec![vec![Counters::default(); starts.len()]; kept.len()];
-        for row in self.meta.line_stats(&filter, period.bucket, &kept).await? {
+        let trends_of_kept = StatsQuery {
+            filter: &filter,
+            rows: StatsRows::Lines(period.bucket, &kept),
+        };
+        for row in self.meta.stats(&trends_of_kept).await? {
             let key = (row.repository, row.family, row.class);
             if let (Some(line), Some(i)) = (place.get(&key), slot(&starts, width, row.start)) {
                 trends[*line][i].add(&row.counters);

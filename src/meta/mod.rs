@@ -52,7 +52,7 @@ use crate::model::{
     RefClass, RemovalCause, RepoId, Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId,
     Version,
 };
-use crate::model::{Bucket, Counters, StatsFilter, StatsKey, StatsRow, StoredFamily};
+use crate::model::{Counters, StatsKey, StatsQuery, StatsRow, StoredFamily};
 use crate::model::{EntryFilter, EntryOrder, EntryPage, ListedEntry, RepositoryUsage, Totals};
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -448,22 +448,8 @@ store_trait! {
         /// server's rows of their class and hour. All or nothing.
         async fn record_stats(&self, counts: &[(StatsKey, Counters)]) -> Result<(), MetaError>;
 
-        /// The family rows `filter` selects, summed per repository, family, class and `width`
-        /// bucket (a day row stays one row when hours are asked for).
-        async fn family_stats(&self, filter: &StatsFilter, width: Bucket) -> Result<Vec<StatsRow>, MetaError>;
-
-        /// One row per repository, family and class `filter` selects, summed over its whole
-        /// period (`start`: the earliest row's): what a family table ranks, before any trend.
-        async fn family_totals(&self, filter: &StatsFilter) -> Result<Vec<StatsRow>, MetaError>;
-
-        /// [`StatsStore::family_stats`] of only `lines` (repository, family, class): the trends
-        /// of the lines a family table kept. None for no lines.
-        async fn line_stats(&self, filter: &StatsFilter, width: Bucket, lines: &[(RepoId, String, RefClass)])
-            -> Result<Vec<StatsRow>, MetaError>;
-
-        /// The server's rows (`repository` and `family` empty) `filter.class` and its times
-        /// select, summed per class and `width` bucket.
-        async fn server_stats(&self, filter: &StatsFilter, width: Bucket) -> Result<Vec<StatsRow>, MetaError>;
+        /// The rows `query.filter` selects, summed as `query.rows` says.
+        async fn stats(&self, query: &StatsQuery<'_>) -> Result<Vec<StatsRow>, MetaError>;
 
         /// Bytes and entries stored now per repository (or only `repository`), family and class;
         /// entries whose family is not kept count as [`crate::model::stats::OTHER_FAMILY`].

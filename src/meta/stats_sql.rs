@@ -9,7 +9,8 @@ use super::schema::family_stats as f;
 use super::sql::{Param, SqlRow};
 use super::MetaError;
 use crate::model::{
-    Bucket, Counters, Evictions, RefClass, RepoId, StatsFilter, StatsKey, StatsRow, StoredFamily,
+    Bucket, Counters, Evictions, RefClass, RepoId, StatsFilter, StatsKey, StatsQuery, StatsRow,
+    StatsRows, StoredFamily,
 };
 
 /// The counter columns of `family_stats` and `server_stats`, in [`counter_params`]' order.
@@ -240,22 +241,53 @@ fn conditions(filter: &StatsFilter, params: &mut Vec<Param>, with_families: bool
     sql
 }
 
-/// The statement of `family_stats` and its parameters; rows: repository, family, class, start,
-/// counters.
-pub(super) fn family_stats_sql(filter: &StatsFilter, width: Bucket) -> (String, Vec<Param>) {
-    family_rows_sql(filter, width, None)
+/// What the rows of a [`stats_sql`] statement hold: buckets of this width, and whether they are
+/// the server's (no repository or family).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RowShape {
+    bucket: Bucket,
+    server: bool,
 }
 
-/// [`family_stats_sql`] of only `lines` (repository, family, class).
-pub(super) fn line_stats_sql(
-    filter: &StatsFilter,
-    width: Bucket,
-    lines: &[(RepoId, String, RefClass)],
-) -> (String, Vec<Param>) {
-    family_rows_sql(filter, width, Some(lines))
+/// The statement of `stats`, its parameters, and what [`stats_row`] reads from its rows.
+pub(super) fn stats_sql(query: &StatsQuery<'_>) -> (String, Vec<Param>, RowShape) {
+    let (bucket, server) = match query.rows {
+        StatsRows::Families(width) | StatsRows::Lines(width, _) => (width, false),
+        StatsRows::FamilyTotals => (Bucket::Day, false),
+        StatsRows::Server(width) => (width, true),
+    };
+    let (sql, params) = stats_statement(query);
+    (sql, params, RowShape { bucket, server })
 }
 
-/// Family rows summed per `width` bucket, of every line or only of `lines`.
+fn stats_statement(query: &StatsQuery<'_>) -> (String, Vec<Param>) {
+    let filter = query.filter;
+    match query.rows {
+        StatsRows::Families(width) => family_rows_sql(filter, width, None),
+        StatsRows::Lines(width, lines) => family_rows_sql(filter, width, Some(lines)),
+        StatsRows::FamilyTotals => {
+            let mut params = Vec::new();
+            let sql = format!(
+                "SELECT repository, family, ref_class, MIN(start_at) AS start_at, {} FROM family_stats{} GROUP BY 1, 2, 3",
+                summed(),
+                conditions(filter, &mut params, true)
+            );
+            (sql, params)
+        }
+        StatsRows::Server(width) => {
+            let mut params = vec![Param::Int(width.millis())];
+            let sql = format!(
+                "SELECT ref_class, start_at - (start_at % ?) AS start_at, {} FROM server_stats{} GROUP BY 1, 2 ORDER BY 2",
+                summed(),
+                conditions(filter, &mut params, false)
+            );
+            (sql, params)
+        }
+    }
+}
+
+/// Family rows summed per `width` bucket, of every line or only of `lines`; rows: repository,
+/// family, class, start, counters.
 fn family_rows_sql(
     filter: &StatsFilter,
     width: Bucket,
@@ -290,45 +322,19 @@ fn lines_condition(lines: &[(RepoId, String, RefClass)], params: &mut Vec<Param>
     )
 }
 
-/// The statement of `family_totals`; rows as [`family_stats_sql`]'s, one per line.
-pub(super) fn family_totals_sql(filter: &StatsFilter) -> (String, Vec<Param>) {
-    let mut params = Vec::new();
-    let sql = format!(
-        "SELECT repository, family, ref_class, MIN(start_at) AS start_at, {} FROM family_stats{} GROUP BY 1, 2, 3",
-        summed(),
-        conditions(filter, &mut params, true)
-    );
-    (sql, params)
-}
-
-/// The statement of `server_stats` and its parameters; rows: class, start, counters.
-pub(super) fn server_stats_sql(filter: &StatsFilter, width: Bucket) -> (String, Vec<Param>) {
-    let mut params = vec![Param::Int(width.millis())];
-    let sql = format!(
-        "SELECT ref_class, start_at - (start_at % ?) AS start_at, {} FROM server_stats{} GROUP BY 1, 2 ORDER BY 2",
-        summed(),
-        conditions(filter, &mut params, false)
-    );
-    (sql, params)
-}
-
-pub(super) fn family_row(r: &impl SqlRow, width: Bucket) -> Result<StatsRow, MetaError> {
+/// A row of a [`stats_sql`] statement.
+pub(super) fn stats_row(r: &impl SqlRow, shape: RowShape) -> Result<StatsRow, MetaError> {
+    let RowShape { bucket, server } = shape;
+    let (repository, family) = if server {
+        (RepoId::new(""), String::new())
+    } else {
+        (RepoId::new(r.read(f::repository)?), r.read(f::family)?)
+    };
     Ok(StatsRow {
-        repository: RepoId::new(r.read(f::repository)?),
-        family: r.read(f::family)?,
+        repository,
+        family,
         class: RefClass::from_code(r.read(f::ref_class)?),
-        bucket: width,
-        start: r.read(f::start_at)?,
-        counters: counters_from_row(r)?,
-    })
-}
-
-pub(super) fn server_row(r: &impl SqlRow, width: Bucket) -> Result<StatsRow, MetaError> {
-    Ok(StatsRow {
-        repository: RepoId::new(""),
-        family: String::new(),
-        class: RefClass::from_code(r.read(f::ref_class)?),
-        bucket: width,
+        bucket,
         start: r.read(f::start_at)?,
         counters: counters_from_row(r)?,
     })

@@ -316,6 +316,30 @@ pub struct StatsFilter {
     pub until: Millis,
 }
 
+/// A question about the statistics: the rows `filter` selects, summed as `rows` says.
+#[derive(Debug, Clone, Copy)]
+pub struct StatsQuery<'a> {
+    pub filter: &'a StatsFilter,
+    pub rows: StatsRows<'a>,
+}
+
+/// How a [`StatsQuery`] sums the rows it selects.
+#[derive(Debug, Clone, Copy)]
+pub enum StatsRows<'a> {
+    /// Family rows summed per repository, family, class and bucket of this width (a day row
+    /// stays one row when hours are asked for).
+    Families(Bucket),
+    /// [`StatsRows::Families`] of only these lines (repository, family, class): the trends of
+    /// the lines a family table kept. None for no lines.
+    Lines(Bucket, &'a [(RepoId, String, RefClass)]),
+    /// One row per repository, family and class, summed over its whole period (`start`: the
+    /// earliest row's): what a family table ranks, before any trend.
+    FamilyTotals,
+    /// The server's rows (`repository` and `family` empty), summed per class and bucket of
+    /// this width; `filter.class` and the times apply.
+    Server(Bucket),
+}
+
 /// What one family of one repository holds now, per class of the refs its entries were saved
 /// from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,38 +8,17 @@ use super::{rows_of, SqliteStore};
 use crate::meta::dialect::Backend;
 use crate::meta::sql::{Param, SqlRow as _};
 use crate::meta::stats_sql::{
-    adding, family_params, family_row, family_stats_sql, family_totals_sql, kept_families_sql,
-    line_stats_sql, server_counts, server_params, server_row, server_stats_sql,
+    adding, family_params, kept_families_sql, server_counts, server_params, stats_row, stats_sql,
     stored_by_family_sql, stored_row, COUNT_FAMILIES, DROP_FOLDED, DROP_OLD, FORGET_FAMILIES,
 };
 use crate::meta::{MetaError, StatsStore};
-use crate::model::{
-    Bucket, Counters, Millis, RefClass, RepoId, StatsFilter, StatsKey, StatsRow, StoredFamily,
-};
+use crate::model::{Counters, Millis, RepoId, StatsKey, StatsQuery, StatsRow, StoredFamily};
 
 const SQLITE: Backend = Backend::Sqlite;
 
 /// A statement built at run time, in SQLite's spelling.
 fn spell(template: &str) -> String {
     SQLITE.spell(template)
-}
-
-impl SqliteStore {
-    /// Runs a shared statement whose rows are family rows (repository, family, class, start,
-    /// counters) of `width` buckets.
-    async fn family_rows(
-        &self,
-        (sql, params): (String, Vec<Param>),
-        width: Bucket,
-    ) -> Result<Vec<StatsRow>, MetaError> {
-        let sql = spell(&sql);
-        self.read(move |conn| {
-            let mut stmt = conn.prepare(&sql)?;
-            let rows = stmt.query(params_from_iter(params))?;
-            rows_of(rows, |r| family_row(r, width))
-        })
-        .await
-    }
 }
 
 #[async_trait]
@@ -111,41 +90,13 @@ impl StatsStore for SqliteStore {
         .await
     }
 
-    async fn family_stats(
-        &self,
-        filter: &StatsFilter,
-        width: Bucket,
-    ) -> Result<Vec<StatsRow>, MetaError> {
-        self.family_rows(family_stats_sql(filter, width), width)
-            .await
-    }
-
-    async fn family_totals(&self, filter: &StatsFilter) -> Result<Vec<StatsRow>, MetaError> {
-        self.family_rows(family_totals_sql(filter), Bucket::Day)
-            .await
-    }
-
-    async fn line_stats(
-        &self,
-        filter: &StatsFilter,
-        width: Bucket,
-        lines: &[(RepoId, String, RefClass)],
-    ) -> Result<Vec<StatsRow>, MetaError> {
-        self.family_rows(line_stats_sql(filter, width, lines), width)
-            .await
-    }
-
-    async fn server_stats(
-        &self,
-        filter: &StatsFilter,
-        width: Bucket,
-    ) -> Result<Vec<StatsRow>, MetaError> {
-        let (sql, params) = server_stats_sql(filter, width);
+    async fn stats(&self, query: &StatsQuery<'_>) -> Result<Vec<StatsRow>, MetaError> {
+        let (sql, params, shape) = stats_sql(query);
         let sql = spell(&sql);
         self.read(move |conn| {
             let mut stmt = conn.prepare(&sql)?;
             let rows = stmt.query(params_from_iter(params))?;
-            rows_of(rows, |r| server_row(r, width))
+            rows_of(rows, |r| stats_row(r, shape))
         })
         .await
     }

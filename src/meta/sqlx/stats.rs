@@ -6,31 +6,15 @@ use async_trait::async_trait;
 use super::{text, Dialect, SqlxStore, Step};
 use crate::meta::sql::Param;
 use crate::meta::stats_sql::{
-    adding, family_params, family_row, family_stats_sql, family_totals_sql, kept_families_sql,
-    line_stats_sql, server_counts, server_params, server_row, server_stats_sql,
+    adding, family_params, kept_families_sql, server_counts, server_params, stats_row, stats_sql,
     stored_by_family_sql, stored_row, COUNT_FAMILIES, DROP_FOLDED, DROP_OLD, FORGET_FAMILIES,
 };
 use crate::meta::{MetaError, StatsStore};
-use crate::model::{
-    Bucket, Counters, Millis, RefClass, RepoId, StatsFilter, StatsKey, StatsRow, StoredFamily,
-};
+use crate::model::{Counters, Millis, RepoId, StatsKey, StatsQuery, StatsRow, StoredFamily};
 
 use super::super::sql::SqlRow;
 use super::Done;
 use crate::meta::schema::stats_families;
-
-impl<D: Dialect> SqlxStore<D> {
-    /// Runs a shared statement whose rows are family rows (repository, family, class, start,
-    /// counters) of `width` buckets.
-    async fn family_rows(
-        &self,
-        (sql, params): (String, Vec<Param>),
-        width: Bucket,
-    ) -> Result<Vec<StatsRow>, MetaError> {
-        let rows = self.built_rows(&sql, params).await?;
-        rows.iter().map(|r| family_row(r, width)).collect()
-    }
-}
 
 #[async_trait]
 impl<D: Dialect> StatsStore for SqlxStore<D> {
@@ -92,38 +76,10 @@ impl<D: Dialect> StatsStore for SqlxStore<D> {
         self.db.in_transaction(steps).await.map(drop)
     }
 
-    async fn family_stats(
-        &self,
-        filter: &StatsFilter,
-        width: Bucket,
-    ) -> Result<Vec<StatsRow>, MetaError> {
-        self.family_rows(family_stats_sql(filter, width), width)
-            .await
-    }
-
-    async fn family_totals(&self, filter: &StatsFilter) -> Result<Vec<StatsRow>, MetaError> {
-        self.family_rows(family_totals_sql(filter), Bucket::Day)
-            .await
-    }
-
-    async fn line_stats(
-        &self,
-        filter: &StatsFilter,
-        width: Bucket,
-        lines: &[(RepoId, String, RefClass)],
-    ) -> Result<Vec<StatsRow>, MetaError> {
-        self.family_rows(line_stats_sql(filter, width, lines), width)
-            .await
-    }
-
-    async fn server_stats(
-        &self,
-        filter: &StatsFilter,
-        width: Bucket,
-    ) -> Result<Vec<StatsRow>, MetaError> {
-        let (sql, params) = server_stats_sql(filter, width);
+    async fn stats(&self, query: &StatsQuery<'_>) -> Result<Vec<StatsRow>, MetaError> {
+        let (sql, params, shape) = stats_sql(query);
         let rows = self.built_rows(&sql, params).await?;
-        rows.iter().map(|r| server_row(r, width)).collect()
+        rows.iter().map(|r| stats_row(r, shape)).collect()
     }
 
     async fn stored_by_family(

@@ -4,6 +4,7 @@
 
 use super::*;
 use hoard::model::{Bucket, Counters, Evictions, RefClass, StatsFilter, StatsKey, StatsRow};
+use hoard::model::{StatsQuery, StatsRows};
 
 const HOUR: i64 = 3_600_000;
 const DAY: i64 = 24 * HOUR;
@@ -15,6 +16,11 @@ pub async fn run(store: &dyn MetaStore) {
     families_are_kept_as_told(store).await;
     entries_keep_family_and_class(store).await;
     hours_fold_into_days_and_old_days_go(store).await;
+}
+
+/// `store.stats` of `filter`, summed as `rows` says.
+async fn stats(store: &dyn MetaStore, filter: &StatsFilter, rows: StatsRows<'_>) -> Vec<StatsRow> {
+    store.stats(&StatsQuery { filter, rows }).await.unwrap()
 }
 
 fn key(repo: &str, family: &str, class: RefClass, hour: i64) -> StatsKey {
@@ -91,7 +97,7 @@ async fn counts_add_up_and_answer_by_filter_and_width(store: &dyn MetaStore) {
         repository: Some(RepoId::new("stats-a")),
         ..all_time()
     };
-    let hourly = store.family_stats(&a, Bucket::Hour).await.unwrap();
+    let hourly = stats(store, &a, StatsRows::Families(Bucket::Hour)).await;
     assert_eq!(
         summary(&hourly),
         [
@@ -112,17 +118,16 @@ async fn counts_add_up_and_answer_by_filter_and_width(store: &dyn MetaStore) {
         twice
     });
 
-    let daily = store
-        .family_stats(
-            &StatsFilter {
-                family: Some("npm-".into()),
-                class: Some(main),
-                ..a.clone()
-            },
-            Bucket::Day,
-        )
-        .await
-        .unwrap();
+    let daily = stats(
+        store,
+        &StatsFilter {
+            family: Some("npm-".into()),
+            class: Some(main),
+            ..a.clone()
+        },
+        StatsRows::Families(Bucket::Day),
+    )
+    .await;
     assert_eq!(
         summary(&daily),
         [(
@@ -138,7 +143,7 @@ async fn counts_add_up_and_answer_by_filter_and_width(store: &dyn MetaStore) {
     );
 
     // Totals: one row per line over the whole period, what a family table ranks.
-    let totals = store.family_totals(&a).await.unwrap();
+    let totals = stats(store, &a, StatsRows::FamilyTotals).await;
     assert_eq!(
         summary(&totals),
         [
@@ -153,10 +158,7 @@ async fn counts_add_up_and_answer_by_filter_and_width(store: &dyn MetaStore) {
         (RepoId::new("stats-a"), "npm-".to_owned(), main),
         (RepoId::new("stats-b"), "npm-".to_owned(), main),
     ];
-    let lines = store
-        .line_stats(&all_time(), Bucket::Hour, &chosen)
-        .await
-        .unwrap();
+    let lines = stats(store, &all_time(), StatsRows::Lines(Bucket::Hour, &chosen)).await;
     assert_eq!(
         summary(&lines),
         [
@@ -166,27 +168,25 @@ async fn counts_add_up_and_answer_by_filter_and_width(store: &dyn MetaStore) {
         ],
         "line stats are the family rows of the chosen lines and no other"
     );
-    assert!(store
-        .line_stats(&all_time(), Bucket::Hour, &[])
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(
+        stats(store, &all_time(), StatsRows::Lines(Bucket::Hour, &[]))
+            .await
+            .is_empty()
+    );
 
     let later = StatsFilter {
         since: T0 + HOUR,
         ..a.clone()
     };
     assert_eq!(
-        store
-            .family_stats(&later, Bucket::Hour)
+        stats(store, &later, StatsRows::Families(Bucket::Hour))
             .await
-            .unwrap()
             .len(),
         1,
         "since is inclusive, by the rows' start"
     );
 
-    let server = store.server_stats(&all_time(), Bucket::Hour).await.unwrap();
+    let server = stats(store, &all_time(), StatsRows::Server(Bucket::Hour)).await;
     let per: Vec<(RefClass, i64, u64)> = server
         .iter()
         .map(|r| (r.class, r.start, r.counters.lookups))
@@ -211,16 +211,15 @@ async fn counts_add_up_and_answer_by_filter_and_width(store: &dyn MetaStore) {
         (recorded.refused_writes, recorded.refused_reads),
         "the server's rows count the policy's refusals"
     );
-    let prs = store
-        .server_stats(
-            &StatsFilter {
-                class: Some(pr),
-                ..all_time()
-            },
-            Bucket::Day,
-        )
-        .await
-        .unwrap();
+    let prs = stats(
+        store,
+        &StatsFilter {
+            class: Some(pr),
+            ..all_time()
+        },
+        StatsRows::Server(Bucket::Day),
+    )
+    .await;
     assert_eq!(prs.len(), 1);
     assert_eq!(prs[0].counters.lookups, 1);
 }
@@ -382,7 +381,7 @@ async fn save_in_family(
 }
 
 async fn hours_fold_into_days_and_old_days_go(store: &dyn MetaStore) {
-    let before = store.family_stats(&all_time(), Bucket::Day).await.unwrap();
+    let before = stats(store, &all_time(), StatsRows::Families(Bucket::Day)).await;
     let total = |rows: &[StatsRow]| {
         let mut sum = Counters::default();
         for r in rows {
@@ -390,7 +389,7 @@ async fn hours_fold_into_days_and_old_days_go(store: &dyn MetaStore) {
         }
         sum
     };
-    let server_before = total(&store.server_stats(&all_time(), Bucket::Day).await.unwrap());
+    let server_before = total(&stats(store, &all_time(), StatsRows::Server(Bucket::Day)).await);
     // Fold every hour before the day after T0's.
     let day_after = T0 - T0 % DAY + DAY;
     let (folded, dropped) = store
@@ -399,7 +398,7 @@ async fn hours_fold_into_days_and_old_days_go(store: &dyn MetaStore) {
         .unwrap();
     assert!(folded >= 5, "the hour rows were folded ({folded})");
     assert_eq!(dropped, 0);
-    let after = store.family_stats(&all_time(), Bucket::Day).await.unwrap();
+    let after = stats(store, &all_time(), StatsRows::Families(Bucket::Day)).await;
     assert_eq!(
         summary(&after),
         summary(&before),
@@ -407,11 +406,11 @@ async fn hours_fold_into_days_and_old_days_go(store: &dyn MetaStore) {
     );
     assert_eq!(total(&after), total(&before));
     assert_eq!(
-        total(&store.server_stats(&all_time(), Bucket::Day).await.unwrap()),
+        total(&stats(store, &all_time(), StatsRows::Server(Bucket::Day)).await),
         server_before,
         "the server's rows fold too"
     );
-    let hourly = store.family_stats(&all_time(), Bucket::Hour).await.unwrap();
+    let hourly = stats(store, &all_time(), StatsRows::Families(Bucket::Hour)).await;
     assert!(
         hourly.iter().all(|r| r.start % DAY == 0),
         "only day rows are left for those hours"
@@ -422,7 +421,7 @@ async fn hours_fold_into_days_and_old_days_go(store: &dyn MetaStore) {
         .await
         .unwrap();
     assert_eq!(
-        summary(&store.family_stats(&all_time(), Bucket::Day).await.unwrap()),
+        summary(&stats(store, &all_time(), StatsRows::Families(Bucket::Day)).await),
         summary(&before)
     );
 
@@ -432,10 +431,8 @@ async fn hours_fold_into_days_and_old_days_go(store: &dyn MetaStore) {
         .await
         .unwrap();
     assert!(dropped >= 4, "the day rows were dropped ({dropped})");
-    assert!(store
-        .family_stats(&all_time(), Bucket::Day)
+    assert!(stats(store, &all_time(), StatsRows::Families(Bucket::Day))
         .await
-        .unwrap()
         .is_empty());
     let (kept, _) = store
         .kept_families(&RepoId::new("stats-kept"), &["a-".into()])
