@@ -296,6 +296,18 @@ pub fn reader_hash(reader: &Provenance) -> Vec<u8> {
     super::hashes::digest(&fields.map(str::as_bytes))
 }
 
+/// Columns one database has for its own use, which it fills and no row reads or writes: the
+/// schema check accepts them there, and only there.
+#[cfg_attr(not(any(test, feature = "test-util")), allow(dead_code))]
+pub static DATABASE_OWN: [(Backend, &str, &str); 2] = [
+    // A surrogate key for tools that need one (logical replication); the block list is
+    // replaced whole, so (upload_id, ordinal) cannot be unique.
+    (Backend::Postgres, "upload_parts", "id"),
+    // The slot hash while the upload is open: a unique index on it stands in for the partial
+    // unique index MySQL does not have.
+    (Backend::MySql, "uploads", "open_slot"),
+];
+
 /// Every declared table.
 #[cfg_attr(not(any(test, feature = "test-util")), allow(dead_code))]
 pub static TABLES: [&Table; 14] = [

@@ -1,10 +1,11 @@
-//! Whether a migrated database has the tables `schema.rs` declares: every declared column with
-//! its kind and nullability, and no other column that an INSERT of a declared row would leave
-//! without a value. For the conformance tests (`tests/meta_conformance`), on every backend.
+//! Whether a migrated database has the tables `schema.rs` declares, both ways: every declared
+//! column with its kind and nullability, and no column or table that no declaration names (a
+//! column left behind by a migration is read by no row and written by no INSERT). For the
+//! conformance tests (`tests/meta_conformance`), on every backend.
 
 use super::dialect::Backend;
 use super::row::Kind;
-use super::schema::TABLES;
+use super::schema::{DATABASE_OWN, TABLES};
 use super::{DatabaseUrl, MetaError};
 
 /// A column as the database's catalog describes it.
@@ -97,29 +98,51 @@ pub async fn schema_disagreements(url: &DatabaseUrl) -> Result<Vec<String>, Meta
             let declared = table
                 .columns
                 .iter()
-                .any(|c| c.name == f.name && c.exists_on(backend));
-            if !declared && !f.filled && !f.nullable {
+                .any(|c| c.name == f.name && c.exists_on(backend))
+                || DATABASE_OWN.contains(&(backend, table.name, f.name.as_str()));
+            if !declared {
+                let trap = if f.filled || f.nullable {
+                    ""
+                } else {
+                    ", and NOT NULL without a default: every INSERT fails"
+                };
                 wrong.push(format!(
-                    "{}.{} is NOT NULL without a default and not declared",
+                    "{}.{} is in the database but no row declares it{trap}",
                     table.name, f.name
                 ));
             }
         }
     }
+    let mut undeclared: Vec<&str> = found
+        .iter()
+        .map(|f| f.table.as_str())
+        .filter(|t| *t != BOOKKEEPING && TABLES.iter().all(|d| d.name != *t))
+        .collect();
+    undeclared.dedup();
+    for table in undeclared {
+        wrong.push(format!("table {table} is in the database but not declared"));
+    }
     Ok(wrong)
 }
 
+/// The table where PostgreSQL and MySQL keep the schema's version (SQLite: `user_version`).
+const BOOKKEEPING: &str = "hoard_schema";
+
 fn sqlite_columns(path: &std::path::Path) -> Result<Vec<Found>, MetaError> {
     let conn = rusqlite::Connection::open(path)?;
+    let tables: Vec<String> = conn
+        .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")?
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
     let mut found = Vec::new();
-    for table in TABLES {
-        let mut stmt = conn.prepare(&format!("PRAGMA table_info({})", table.name))?;
+    for table in tables {
+        let mut stmt = conn.prepare(&format!("PRAGMA table_info(\"{table}\")"))?;
         let mut rows = stmt.query([])?;
         while let Some(row) = rows.next()? {
             let default: Option<String> = row.get("dflt_value")?;
             let primary_key: i64 = row.get("pk")?;
             found.push(Found {
-                table: table.name.to_owned(),
+                table: table.clone(),
                 name: row.get("name")?,
                 kind: row.get::<_, String>("type")?.to_ascii_lowercase(),
                 nullable: row.get::<_, i64>("notnull")? == 0,
@@ -139,7 +162,8 @@ async fn postgres_columns(url: &str) -> Result<Vec<Found>, MetaError> {
         "SELECT table_name::text AS table_name, column_name::text AS column_name,
                 data_type::text AS data_type, is_nullable = 'YES' AS nullable,
                 (column_default IS NOT NULL OR is_identity = 'YES' OR is_generated = 'ALWAYS') AS filled
-         FROM information_schema.columns WHERE table_schema = current_schema()",
+         FROM information_schema.columns WHERE table_schema = current_schema()
+         ORDER BY table_name, ordinal_position",
     )
     .fetch_all(&mut conn)
     .await
@@ -170,7 +194,8 @@ async fn mysql_columns(url: &str) -> Result<Vec<Found>, MetaError> {
                 CAST(is_nullable = 'YES' AS SIGNED) AS nullable,
                 CAST(column_default IS NOT NULL OR extra LIKE '%auto_increment%'
                      OR extra LIKE '%GENERATED%' AS SIGNED) AS filled
-         FROM information_schema.columns WHERE table_schema = DATABASE()",
+         FROM information_schema.columns WHERE table_schema = DATABASE()
+         ORDER BY table_name, ordinal_position",
     )
     .fetch_all(&mut conn)
     .await
