@@ -1,9 +1,14 @@
-//! Imports point one way (issue 22): a module may use the modules below it in [`LAYERS`], never
-//! one above, so that the vocabulary at the bottom can change without the layers above it
-//! pulling each other along. `api` is narrower still: it turns HTTP into domain calls and may use
-//! only [`API_MAY_USE`], never the stores (`meta`, `blob`) the domain hides.
+//! Imports point one way (issue 22). Between crates Cargo enforces it, and the manifests are
+//! checked here: the server (`hoard-server`) depends on the vocabulary (`hoard-model`) and never
+//! on the command-line clients (`hoard-cli`) or the benchmark (`hoard-bench`); the vocabulary and
+//! the clients depend on no other crate of hoard but `hoard-model`.
 //!
-//! The check reads the source text of `src/**/*.rs`: every `crate::X` path (in `use` lines,
+//! Inside the server, a module may use the modules below it in [`LAYERS`], never one above, so
+//! that the vocabulary at the bottom can change without the layers above it pulling each other
+//! along. `api` is narrower still: it turns HTTP into domain calls and may use only
+//! [`API_MAY_USE`], never the stores (`meta`, `blob`) the domain hides.
+//!
+//! The check reads the source text of `crates/hoard-server/src/**/*.rs`: every `crate::X` path (in `use` lines,
 //! `use crate::{a, b::c}` groups over several lines, and paths written inline) names module `X`.
 //! `super::` and `self::` stay inside a module and are free. Comments and string literals are
 //! not read. A path to an item of the crate root (`crate::open_cache`) names `lib`.
@@ -22,32 +27,14 @@ const LAYERS: &[&[&str]] = &[
     &["cache"],
     &["config"],
     &["api"],
-    &[
-        "lib",
-        "main",
-        "bench",
-        "doctor",
-        "admin_cli",
-        "tls",
-        "conn",
-        "runner",
-        "health",
-    ],
+    &["lib", "tls", "conn"],
 ];
 
 /// What `api` may use besides itself.
 const API_MAY_USE: &[&str] = &["cache", "auth", "model", "config", "metrics", "secret"];
 
-/// Imports within one layer that are allowed, as (from, to). The commands at the top may run
-/// the crate root's wiring (`crate::open_cache`), a connection may be a TLS one, and `runner
-/// doctor` reports in `hoard doctor`'s findings.
-const SAME_LAYER: &[(&str, &str)] = &[
-    ("bench", "lib"),
-    ("doctor", "lib"),
-    ("admin_cli", "lib"),
-    ("conn", "tls"),
-    ("runner", "doctor"),
-];
+/// Imports within one layer that are allowed, as (from, to): a connection may be a TLS one.
+const SAME_LAYER: &[(&str, &str)] = &[("conn", "tls")];
 
 /// A module using one it may not.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -301,22 +288,7 @@ fn crate_paths(text: &str) -> Vec<(usize, String)> {
 /// Modules the crate root declares that [`LAYERS`] must place: a module declared in
 /// `src/lib.rs` but missing here makes [`every_module_of_the_crate_has_a_layer`] fail.
 const ROOT_MODULES: &[&str] = &[
-    "admin_cli",
-    "api",
-    "auth",
-    "bench",
-    "blob",
-    "cache",
-    "config",
-    "conn",
-    "doctor",
-    "health",
-    "meta",
-    "metrics",
-    "model",
-    "runner",
-    "secret",
-    "tls",
+    "api", "auth", "blob", "cache", "config", "conn", "meta", "metrics", "model", "secret", "tls",
 ];
 
 /// The violations in one file of `src/`, given its path and text.
@@ -349,12 +321,14 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// The server crate's directory.
+fn server() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/hoard-server")
+}
+
 fn source_files() -> Vec<PathBuf> {
     let mut files = Vec::new();
-    rust_files(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
-        &mut files,
-    );
+    rust_files(&server().join("src"), &mut files);
     files.sort();
     assert!(files.len() > 20, "found the sources: {files:?}");
     files
@@ -380,8 +354,7 @@ fn every_import_points_down() {
 
 #[test]
 fn every_module_of_the_crate_has_a_layer() {
-    let lib =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs")).unwrap();
+    let lib = std::fs::read_to_string(server().join("src/lib.rs")).unwrap();
     let declared: Vec<String> = code_only(&lib)
         .lines()
         .filter_map(|l| {
@@ -397,7 +370,7 @@ fn every_module_of_the_crate_has_a_layer() {
     for module in &declared {
         assert!(
             layer_of(module).is_some() && ROOT_MODULES.contains(&module.as_str()),
-            "src/lib.rs declares `mod {module}`: place it in LAYERS and ROOT_MODULES"
+            "the server's lib.rs declares `mod {module}`: place it in LAYERS and ROOT_MODULES"
         );
     }
 }
@@ -462,7 +435,8 @@ fn api_may_not_reach_the_stores_even_though_they_are_lower() {
 #[test]
 fn one_layer_may_not_import_itself_unless_listed() {
     assert_eq!(check("src/auth/verify.rs", "use crate::meta::X;").len(), 1);
-    assert!(check("src/doctor/mod.rs", "use crate::open_cache;").is_empty());
+    assert!(check("src/conn.rs", "use crate::tls::Reloadable;").is_empty());
+    assert_eq!(check("src/tls.rs", "use crate::conn::App;").len(), 1);
     assert_eq!(check("src/tls.rs", "use crate::bench::Y;").len(), 1);
 }
 
@@ -496,4 +470,53 @@ fn files_belong_to_their_top_level_module() {
         Some("meta")
     );
     assert_eq!(module_of("src/model.rs").as_deref(), Some("model"));
+}
+
+// Between crates.
+
+/// The crates of hoard (`hoard-…`) the manifest at `dir` depends on, in any of its dependency
+/// tables (normal, dev and build).
+fn hoard_dependencies(dir: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+    let manifest: toml::Table = toml::from_str(&text).unwrap();
+    let mut found: Vec<String> = ["dependencies", "dev-dependencies", "build-dependencies"]
+        .iter()
+        .filter_map(|table| manifest.get(*table).and_then(toml::Value::as_table))
+        .flat_map(|deps| deps.keys().cloned())
+        .filter(|name| name.starts_with("hoard"))
+        .collect();
+    found.sort();
+    found.dedup();
+    found
+}
+
+#[test]
+fn the_server_depends_on_neither_the_clients_nor_the_benchmark() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates");
+    // The vocabulary depends on nothing of hoard: the server's dependencies on hoard are then
+    // all of its transitive ones.
+    assert_eq!(hoard_dependencies(&crates.join("hoard-model")), [""; 0]);
+    assert_eq!(hoard_dependencies(&server()), ["hoard-model"]);
+    // The clients share only the vocabulary with the server.
+    assert_eq!(
+        hoard_dependencies(&crates.join("hoard-cli")),
+        ["hoard-model"]
+    );
+    // The benchmark drives and preloads a server, and is the only crate beside the binary
+    // that may.
+    assert_eq!(
+        hoard_dependencies(&crates.join("hoard-bench")),
+        ["hoard-model", "hoard-server"]
+    );
+}
+
+#[test]
+fn the_manifest_check_sees_a_dependency() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("Cargo.toml"),
+        "[package]\nname = \"x\"\n[dependencies]\nhoard-cli.workspace = true\nserde = \"1\"\n[dev-dependencies]\nhoard-bench = { path = \"../b\" }\n",
+    )
+    .unwrap();
+    assert_eq!(hoard_dependencies(dir.path()), ["hoard-bench", "hoard-cli"]);
 }

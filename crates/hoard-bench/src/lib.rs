@@ -163,15 +163,15 @@ fn database_sizes(db: &std::path::Path) -> (u64, u64) {
 /// Stores `n` entries of one 64 KiB chunk each across 1,000 repositories, straight into the
 /// SQLite database at `db` (10,000 per transaction).
 async fn preload(db: &std::path::Path, n: u64) -> Result<Preloaded, BenchFailure> {
-    use crate::meta::Health as _;
-    use crate::model::{BlobName, CacheKey, Chunk, RepoId, Scope, Slot, Version};
+    use hoard_server::meta::Health as _;
+    use hoard_model::{BlobName, CacheKey, Chunk, RepoId, Scope, Slot, Version};
     let started = Instant::now();
-    let fail = |e: crate::meta::MetaError| usage(format!("--preload: {e}"));
-    let store = crate::meta::SqliteStore::open(db).await.map_err(fail)?;
+    let fail = |e: hoard_server::meta::MetaError| usage(format!("--preload: {e}"));
+    let store = hoard_server::meta::SqliteStore::open(db).await.map_err(fail)?;
     let version = Version::parse("preload").map_err(|e| usage(e.to_string()))?;
     let mut next = 0u64;
     while next < n {
-        let batch: Vec<(Slot, Vec<Chunk>, crate::model::Millis)> = (next..n.min(next + 10_000))
+        let batch: Vec<(Slot, Vec<Chunk>, hoard_model::Millis)> = (next..n.min(next + 10_000))
             .map(|i| {
                 let key = CacheKey::parse(&format!("preload-{i}")).expect("a valid key");
                 let slot = Slot {
@@ -187,7 +187,7 @@ async fn preload(db: &std::path::Path, n: u64) -> Result<Preloaded, BenchFailure
                     sha256: Some([0xab; 32]),
                     xxh3: Some(i),
                 };
-                (slot, vec![chunk], crate::model::now_millis())
+                (slot, vec![chunk], hoard_model::now_millis())
             })
             .collect();
         next += batch.len() as u64;
@@ -387,7 +387,7 @@ async fn prepare_targets(args: &BenchArgs) -> Result<Vec<Target>, BenchFailure> 
         };
         let port = free_port()?;
         // Tokens are verified as in production: HS256 with a secret only this run knows.
-        let secret = crate::model::BlobName::random().as_str().repeat(2);
+        let secret = hoard_model::BlobName::random().as_str().repeat(2);
         let secret_file = dir.path().join("bench-token-secret");
         std::fs::write(&secret_file, &secret).map_err(|e| usage(e.to_string()))?;
         let mut cmd = Command::new(&exe);
@@ -529,7 +529,7 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
         }
     }
     let data = Payloads::generate(&plan, PAYLOAD_SEED);
-    let run_id = crate::model::BlobName::random().as_str()[..8].to_owned();
+    let run_id = hoard_model::BlobName::random().as_str()[..8].to_owned();
     let fleet = has(Phase::Fleet).then(|| {
         fleet::Fleet::new(
             fleet::FleetPlan::new(args.fleet_jobs, args.fleet_rounds, &plan, args.scale),

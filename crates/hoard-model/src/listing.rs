@@ -29,7 +29,7 @@ pub struct EntryFilter {
     /// Written before this time.
     pub written_before: Option<Millis>,
     /// Exactly this archive digest (`sha256:…` or `sha256-chunks:…`, see
-    /// [`crate::model::entry_digest`]): the same bytes saved under any key, by any run.
+    /// [`crate::entry_digest`]): the same bytes saved under any key, by any run.
     pub digest: Option<String>,
     /// Entries in quarantine instead of live ones (`state=quarantined`).
     pub quarantined: bool,
@@ -42,7 +42,7 @@ impl EntryFilter {
     }
 }
 
-/// Which restore records to answer ([`crate::model::RestoreRecord`]), most recent first.
+/// Which restore records to answer ([`crate::RestoreRecord`]), most recent first.
 #[derive(Debug, Clone, Default)]
 pub struct RestoreQuery {
     /// These entries' records; when empty, those `written_under` selects.

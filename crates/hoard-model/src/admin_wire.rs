@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{ListedEntry, Millis, Provenance, RepositoryUsage};
+use crate::{ListedEntry, Millis, Provenance, RepositoryUsage};
 
 /// Every error: `{"message": …}` (schema `Error`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -134,8 +134,8 @@ pub struct RestoreList {
     pub truncated: bool,
 }
 
-impl From<&crate::model::RestoreRecord> for Restore {
-    fn from(r: &crate::model::RestoreRecord) -> Self {
+impl From<&crate::RestoreRecord> for Restore {
+    fn from(r: &crate::RestoreRecord) -> Self {
         Self {
             entry_id: r.entry_id.get(),
             repository_id: r.repository.as_str().to_owned(),
@@ -151,8 +151,8 @@ impl From<&crate::model::RestoreRecord> for Restore {
     }
 }
 
-impl From<&crate::model::RestoringJob> for RestoringJob {
-    fn from(j: &crate::model::RestoringJob) -> Self {
+impl From<&crate::RestoringJob> for RestoringJob {
+    fn from(j: &crate::RestoringJob) -> Self {
         Self {
             kind: j.kind.as_str().to_owned(),
             subject: j.subject.clone(),
@@ -406,8 +406,8 @@ impl From<&RepositoryUsage> for Repository {
     }
 }
 
-impl From<crate::model::Totals> for Totals {
-    fn from(t: crate::model::Totals) -> Self {
+impl From<crate::Totals> for Totals {
+    fn from(t: crate::Totals) -> Self {
         Self {
             size_in_bytes: t.bytes,
             entries: t.entries,
@@ -467,8 +467,8 @@ pub struct EvictionsByCause {
     pub deleted: u64,
 }
 
-impl From<&crate::model::Counters> for StatsCounters {
-    fn from(c: &crate::model::Counters) -> Self {
+impl From<&crate::Counters> for StatsCounters {
+    fn from(c: &crate::Counters) -> Self {
         Self {
             lookups: c.lookups,
             exact_hits: c.exact_hits,
@@ -557,11 +557,11 @@ pub struct Families {
 
 /// A bucket's start: RFC 3339 to the second.
 pub fn bucket_time(millis: Millis) -> String {
-    crate::model::rfc3339_seconds(millis)
+    crate::rfc3339_seconds(millis)
 }
 
 pub fn time(millis: Millis) -> String {
-    crate::model::rfc3339_millis(millis)
+    crate::rfc3339_millis(millis)
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -11,25 +11,8 @@ use crate::model::{
 
 /// Most points a series may have.
 pub const MAX_POINTS: usize = 10_000;
-/// Most rows a family table may have.
-pub const MAX_FAMILY_ROWS: usize = 1000;
-/// Most trend points one family table holds (rows asked for × buckets of the period): what
-/// bounds the work and memory of an answer, whatever the clients made the store hold. The
-/// dashboard (1,000 rows over 30 days) and `hoard caches stats` stay under it.
-pub const MAX_TREND_POINTS: usize = 100_000;
-
-/// Periods up to this long get an hourly trend in a family table unless a bucket is asked
-/// for; longer ones a daily one.
-const HOURLY_TREND_UP_TO: Millis = 48 * 3_600_000;
-
-/// The bucket of a family table's trend over a period of `length`, unless one is asked for.
-pub fn trend_bucket(length: Millis) -> Bucket {
-    if length <= HOURLY_TREND_UP_TO {
-        Bucket::Hour
-    } else {
-        Bucket::Day
-    }
-}
+// The bounds of a family table, which `hoard caches stats` keeps to as well.
+pub use crate::model::stats::{trend_bucket, MAX_FAMILY_ROWS, MAX_TREND_POINTS};
 
 /// Which statistics, over which period.
 #[derive(Debug, Clone)]

@@ -112,7 +112,7 @@ impl Client {
         block: usize,
         in_flight: usize,
     ) -> Result<()> {
-        let prefix = crate::model::random_uuid();
+        let prefix = hoard_model::random_uuid();
         let count = data.len().div_ceil(block.max(1)).max(1);
         let ids: Vec<String> = (0..count)
             .map(|i| STANDARD.encode(format!("{prefix}{i:012}")))

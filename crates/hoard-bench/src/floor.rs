@@ -279,7 +279,7 @@ async fn upload(state: &State, id: u64, req: Request<Incoming>) -> Response<Body
                 Ok(b) => b.to_bytes(),
                 Err(_) => return full(StatusCode::BAD_REQUEST, "text/plain", "body"),
             };
-            let Ok(list) = crate::api::blocklist::parse(&xml) else {
+            let Ok(list) = hoard_server::api::blocklist::parse(&xml) else {
                 return full(StatusCode::BAD_REQUEST, "text/plain", "block list");
             };
             let mut uploads = state.uploads.lock().unwrap_or_else(|p| p.into_inner());

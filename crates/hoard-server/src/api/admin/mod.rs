@@ -10,7 +10,7 @@ mod dashboard;
 mod openapi;
 mod query;
 mod stats;
-pub mod wire;
+pub use hoard_model::admin_wire as wire;
 
 use std::time::UNIX_EPOCH;
 

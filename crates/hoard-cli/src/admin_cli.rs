@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::api::admin::wire;
-use crate::model::TermSafe;
+use hoard_model::admin_wire as wire;
+use hoard_model::TermSafe;
 
 /// Where the server is and how to sign in to it.
 #[derive(Debug, Clone, clap::Args)]
@@ -324,7 +324,7 @@ fn root_cause(e: &dyn std::error::Error) -> String {
 /// rows × buckets of the period stay within the server's ceiling of trend points (the server
 /// picks hours up to 48 h, days beyond).
 fn families_within_ceiling(args: &StatsArgs) -> usize {
-    use crate::cache::insight::{trend_bucket, MAX_FAMILY_ROWS, MAX_TREND_POINTS};
+    use hoard_model::stats::{trend_bucket, MAX_FAMILY_ROWS, MAX_TREND_POINTS};
     let length = humantime::parse_duration(&args.since).ok().or_else(|| {
         let at = humantime::parse_rfc3339_weak(&args.since).ok()?;
         std::time::SystemTime::now().duration_since(at).ok()
@@ -1232,7 +1232,7 @@ mod tests {
         // 366 days: 100,000 / 366 = 273 families.
         assert_eq!(families_within_ceiling(&args("365d", 1000)), 273);
         let ten_thousand_hours = families_within_ceiling(&args("10000h", 1000));
-        assert!(ten_thousand_hours * 418 <= crate::cache::insight::MAX_TREND_POINTS);
+        assert!(ten_thousand_hours * 418 <= hoard_model::stats::MAX_TREND_POINTS);
     }
 
     #[test]

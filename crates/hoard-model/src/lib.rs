@@ -11,6 +11,7 @@ pub mod provenance;
 pub mod scope_class;
 pub mod stats;
 pub mod units;
+pub mod admin_wire;
 
 pub use listing::{
     EntryFilter, EntryOrder, EntryPage, ListedEntry, Quarantine, RepositoryUsage, RestoreQuery,
