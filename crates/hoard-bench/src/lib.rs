@@ -163,11 +163,13 @@ fn database_sizes(db: &std::path::Path) -> (u64, u64) {
 /// Stores `n` entries of one 64 KiB chunk each across 1,000 repositories, straight into the
 /// SQLite database at `db` (10,000 per transaction).
 async fn preload(db: &std::path::Path, n: u64) -> Result<Preloaded, BenchFailure> {
-    use hoard_server::meta::Health as _;
     use hoard_model::{BlobName, CacheKey, Chunk, RepoId, Scope, Slot, Version};
+    use hoard_server::meta::Health as _;
     let started = Instant::now();
     let fail = |e: hoard_server::meta::MetaError| usage(format!("--preload: {e}"));
-    let store = hoard_server::meta::SqliteStore::open(db).await.map_err(fail)?;
+    let store = hoard_server::meta::SqliteStore::open(db)
+        .await
+        .map_err(fail)?;
     let version = Version::parse("preload").map_err(|e| usage(e.to_string()))?;
     let mut next = 0u64;
     while next < n {

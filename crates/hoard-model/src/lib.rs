@@ -5,13 +5,13 @@
 //! Every value that crosses the HTTP boundary is parsed into one of these before the domain sees
 //! it, so the rules (PROTOCOL.md §2.5, §9 "Key constraints") live in one place.
 
+pub mod admin_wire;
 pub mod family;
 pub mod listing;
 pub mod provenance;
 pub mod scope_class;
 pub mod stats;
 pub mod units;
-pub mod admin_wire;
 
 pub use listing::{
     EntryFilter, EntryOrder, EntryPage, ListedEntry, Quarantine, RepositoryUsage, RestoreQuery,
