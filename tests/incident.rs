@@ -328,16 +328,28 @@ fn drill_with(server: Option<Server>) {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "full-tests"),
+    ignore = "full tier (scripts/test): needs the real @actions/cache client (and PostgreSQL, MariaDB)"
+)]
 fn an_incident_is_worked_on_sqlite() {
     drill_with(None);
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "full-tests"),
+    ignore = "full tier (scripts/test): needs the real @actions/cache client (and PostgreSQL, MariaDB)"
+)]
 fn an_incident_is_worked_on_postgres() {
     drill_with(Some(Server::Postgres));
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "full-tests"),
+    ignore = "full tier (scripts/test): needs the real @actions/cache client (and PostgreSQL, MariaDB)"
+)]
 fn an_incident_is_worked_on_mariadb() {
     drill_with(Some(Server::MySql));
 }
@@ -393,6 +405,10 @@ async fn saved_and_restored(
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "full-tests"),
+    ignore = "full tier (scripts/test): needs the real @actions/cache client (and PostgreSQL, MariaDB)"
+)]
 async fn a_restores_answer_is_truncated_exactly_when_records_are_left_out() {
     let clock = common::manual_clock();
     let srv = common::TestServer::start_with_clock(&["--admin-token", ADMIN], clock.clone()).await;
@@ -453,6 +469,10 @@ async fn reader_jobs(srv: &common::TestServer, repository: &str) -> Vec<String> 
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "full-tests"),
+    ignore = "full tier (scripts/test): needs the real @actions/cache client (and PostgreSQL, MariaDB)"
+)]
 async fn restore_records_are_bounded_per_repository_and_in_all_oldest_first() {
     let clock = common::manual_clock();
     let srv = common::TestServer::start_with_clock(&["--admin-token", ADMIN], clock.clone()).await;
@@ -517,6 +537,10 @@ async fn restore_records_are_bounded_per_repository_and_in_all_oldest_first() {
 
 // Multi-threaded: the CLI's process is waited for on one thread while the server answers it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "full-tests"),
+    ignore = "full tier (scripts/test): needs the real @actions/cache client (and PostgreSQL, MariaDB)"
+)]
 async fn a_purge_reclaims_restore_records_only_when_asked() {
     use reqwest::Method;
     let clock = common::manual_clock();

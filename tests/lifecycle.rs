@@ -104,6 +104,10 @@ async fn fails_before_its_last_byte(server: &TestServer, key: &str, len: usize) 
 /// On object storage too: an object damaged in the store fails its download before its last
 /// byte (the store is S3 on moto; its chunk is rewritten with one byte flipped).
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(feature = "full-tests"),
+    ignore = "full tier (scripts/test): needs the S3 emulator"
+)]
 async fn a_flipped_byte_in_object_storage_fails_the_download_before_its_last_byte() {
     let s3 = common::emulators::s3();
     let bucket = s3.bucket();

@@ -289,6 +289,10 @@ impl Server {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(feature = "full-tests"),
+    ignore = "full tier (scripts/test): needs the real client and chromium"
+)]
 async fn refused_writes_and_reads_answer_as_github_does_and_sighup_swaps_the_policy() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("policy.toml");

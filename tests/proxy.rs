@@ -237,6 +237,10 @@ fn artifact(hoard: &Hoard, token: &str, workspace: &Path, args: &[&str]) -> (Val
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(feature = "full-tests"),
+    ignore = "full tier (scripts/test): needs the real @actions/artifact client"
+)]
 async fn the_real_artifact_client_reaches_the_upstream_through_hoard() {
     let upstream = Upstream::start().await;
     let (_data, hoard) = hoard_forwarding_to(&format!("{}/", upstream.base));

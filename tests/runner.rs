@@ -281,6 +281,10 @@ impl Job {
 /// The slow case, with one hoard: the real clients through the preload, then the fallback
 /// with hoard stopped.
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(feature = "full-tests"),
+    ignore = "full tier (scripts/test): needs the real @actions/cache and @actions/artifact clients"
+)]
 async fn real_clients_use_hoard_through_the_preload_and_github_when_hoard_is_down() {
     let github = Results::start().await;
     let upstream = Results::start().await;

@@ -106,6 +106,10 @@ fn the_flags_as_parsed_print_no_secret() {
 /// serves saves, restores, admin calls with the right and a wrong token, readiness and metrics,
 /// and its whole log shows none of the secrets.
 #[test]
+#[cfg_attr(
+    not(feature = "full-tests"),
+    ignore = "full tier (scripts/test): needs PostgreSQL"
+)]
 fn no_secret_reaches_the_log_of_a_running_server() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let Some(db) = rt.block_on(TestDatabase::create(Server::Postgres)) else {

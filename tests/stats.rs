@@ -382,11 +382,19 @@ async fn known_sequence_gives_exact_counts(database: Option<&str>) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(feature = "full-tests"),
+    ignore = "full tier (scripts/test): needs the real @actions/cache client (and PostgreSQL, MariaDB)"
+)]
 async fn a_known_sequence_counts_exactly_on_sqlite() {
     known_sequence_gives_exact_counts(None).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(feature = "full-tests"),
+    ignore = "full tier (scripts/test): needs the real @actions/cache client (and PostgreSQL, MariaDB)"
+)]
 async fn a_known_sequence_counts_exactly_on_postgres() {
     let Some(db) = TestDatabase::create(Server::Postgres).await else {
         return;
@@ -395,6 +403,10 @@ async fn a_known_sequence_counts_exactly_on_postgres() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(feature = "full-tests"),
+    ignore = "full tier (scripts/test): needs the real @actions/cache client (and PostgreSQL, MariaDB)"
+)]
 async fn a_known_sequence_counts_exactly_on_mariadb() {
     let Some(db) = TestDatabase::create(Server::MySql).await else {
         return;

@@ -123,6 +123,10 @@ fn real_client(base: &str, ca: &Path, workspace: &Path, args: &[&str]) -> (Value
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(feature = "full-tests"),
+    ignore = "full tier (scripts/test): needs the real @actions/cache client"
+)]
 async fn the_real_client_saves_and_restores_over_https_and_certificates_rotate_on_sighup() {
     let dir = tempfile::tempdir().unwrap();
     let (one, two) = (make_pki(dir.path(), "one"), make_pki(dir.path(), "two"));

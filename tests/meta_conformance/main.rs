@@ -122,6 +122,10 @@ async fn sqlite_conforms() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "full-tests"),
+    ignore = "full tier (scripts/test): needs PostgreSQL or MariaDB"
+)]
 async fn postgres_conforms() {
     let Some(db) = TestDatabase::create(Server::Postgres).await else {
         return;
@@ -130,6 +134,10 @@ async fn postgres_conforms() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "full-tests"),
+    ignore = "full tier (scripts/test): needs PostgreSQL or MariaDB"
+)]
 async fn mysql_conforms() {
     let Some(db) = TestDatabase::create(Server::MySql).await else {
         return;
@@ -156,11 +164,19 @@ async fn concurrent_starts_migrate_once(server: Server) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "full-tests"),
+    ignore = "full tier (scripts/test): needs PostgreSQL or MariaDB"
+)]
 async fn postgres_migrations_are_safe_to_start_concurrently() {
     concurrent_starts_migrate_once(Server::Postgres).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "full-tests"),
+    ignore = "full tier (scripts/test): needs PostgreSQL or MariaDB"
+)]
 async fn mysql_migrations_are_safe_to_start_concurrently() {
     concurrent_starts_migrate_once(Server::MySql).await;
 }
@@ -269,6 +285,10 @@ async fn the_widest_lookup_is_answered_by_sqlite() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "full-tests"),
+    ignore = "full tier (scripts/test): needs PostgreSQL or MariaDB"
+)]
 async fn the_widest_lookup_is_answered_by_postgres() {
     let Some(db) = TestDatabase::create(Server::Postgres).await else {
         return;
@@ -278,6 +298,10 @@ async fn the_widest_lookup_is_answered_by_postgres() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "full-tests"),
+    ignore = "full tier (scripts/test): needs PostgreSQL or MariaDB"
+)]
 async fn the_widest_lookup_is_answered_by_mysql() {
     let Some(db) = TestDatabase::create(Server::MySql).await else {
         return;
