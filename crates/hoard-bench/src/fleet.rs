@@ -23,6 +23,7 @@ use futures_util::StreamExt;
 use rand::{Rng, SeedableRng};
 
 use super::client::{BenchError, Client, Result};
+pub use super::scenarios::FleetResult;
 use super::scenarios::{Payloads, Plan, VERSION};
 use super::stats::percentile;
 
@@ -416,25 +417,6 @@ async fn job(client: &Client, fleet: &Fleet, data: &Payloads, job: &Job) -> JobR
     }
     out.seconds = started.elapsed().as_secs_f64();
     out
-}
-
-/// One round of the fleet phase against one target.
-#[derive(Debug, Clone, Default)]
-pub struct FleetResult {
-    pub mib_s: f64,
-    pub jobs_s: f64,
-    pub job_p50_s: f64,
-    pub job_p99_s: f64,
-    pub lookups_s: f64,
-    pub errors: usize,
-    /// Shares of the restores seen (percent): exact, restore key, miss.
-    pub exact_pct: f64,
-    pub restore_key_pct: f64,
-    pub miss_pct: f64,
-    pub up: u64,
-    pub down: u64,
-    /// The first few errors, for the report's notes.
-    pub first_errors: Vec<String>,
 }
 
 /// Runs `jobs` with `fleet.plan.jobs` at once; `done` is called as each job ends.

@@ -141,7 +141,7 @@ pub struct RoundResult {
     /// Bytes uploaded and downloaded this round, untimed set-up included (for CPU per GiB).
     pub moved_bytes: u64,
     /// The fleet phase's figures, when it ran.
-    pub fleet: Option<super::fleet::FleetResult>,
+    pub fleet: Option<FleetResult>,
 }
 
 fn mib_per_s(bytes: usize, started: Instant) -> f64 {
@@ -386,6 +386,25 @@ async fn small(
         format_value(out.small_per_s, "/s")
     ));
     Ok(())
+}
+
+/// One round of the fleet phase against one target.
+#[derive(Debug, Clone, Default)]
+pub struct FleetResult {
+    pub mib_s: f64,
+    pub jobs_s: f64,
+    pub job_p50_s: f64,
+    pub job_p99_s: f64,
+    pub lookups_s: f64,
+    pub errors: usize,
+    /// Shares of the restores seen (percent): exact, restore key, miss.
+    pub exact_pct: f64,
+    pub restore_key_pct: f64,
+    pub miss_pct: f64,
+    pub up: u64,
+    pub down: u64,
+    /// The first few errors, for the report's notes.
+    pub first_errors: Vec<String>,
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Runtime tokens (`ACTIONS_RUNTIME_TOKEN`, PROTOCOL.md §8) turned into an [`Identity`].
 //!
 //! The token is a JWT. Its `ac` claim (a JSON string) lists the scopes and permissions, and
-//! `repository_id` names the repository. Signatures are checked by [`super::verify`] before the
+//! `repository_id` names the repository. Signatures are checked by `auth::verify` before the
 //! claims are read here.
 
 use base64::engine::general_purpose::{URL_SAFE, URL_SAFE_NO_PAD};
@@ -140,7 +140,7 @@ pub(crate) fn identity_from_unverified_jwt(token: &str) -> Result<Identity, Toke
         _ if jsonwebtoken::decode_header(token).is_ok_and(|h| h.alg == Algorithm::HS256) => {
             CallerKind::Hs256
         }
-        Some(iss) if !iss.is_empty() && !super::verify::is_github_issuer(iss) => CallerKind::Ghes,
+        Some(iss) if !iss.is_empty() && !is_github_issuer(iss) => CallerKind::Ghes,
         _ => CallerKind::Github,
     };
     identity_from_claims(claims, kind)
@@ -215,6 +215,19 @@ pub(crate) fn identity_from_claims(
         run_id: Provenance::clip(&run_id),
         job_id: Provenance::clip(&job_id),
     })
+}
+
+/// GitHub's issuer for Actions tokens (PROTOCOL.md §8).
+pub const GITHUB_ISSUER: &str = "https://token.actions.githubusercontent.com";
+
+/// Whether `iss` is GitHub's own issuer (a trailing slash aside).
+pub fn is_github_issuer(iss: &str) -> bool {
+    normalize_issuer(iss) == normalize_issuer(GITHUB_ISSUER)
+}
+
+/// An issuer as compared: without a trailing slash.
+pub(super) fn normalize_issuer(iss: &str) -> &str {
+    iss.trim_end_matches('/')
 }
 
 #[cfg(test)]

@@ -17,16 +17,13 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tokio::sync::RwLock;
 
-use super::token::{claims_from_json, identity_from_claims, Identity, TokenError};
+use super::token::{
+    claims_from_json, identity_from_claims, normalize_issuer, Identity, TokenError,
+};
 use super::unix_seconds;
 use crate::model::{CallerKind, Clock, Millis, SystemClock};
 
-/// GitHub's issuer for Actions tokens (PROTOCOL.md §8).
-pub const GITHUB_ISSUER: &str = "https://token.actions.githubusercontent.com";
-/// Whether `iss` is GitHub's own issuer (a trailing slash aside).
-pub fn is_github_issuer(iss: &str) -> bool {
-    normalize_issuer(iss) == normalize_issuer(GITHUB_ISSUER)
-}
+pub use super::token::{is_github_issuer, GITHUB_ISSUER};
 
 /// Verified tokens remembered at most; past this, expired ones go, then all.
 const CACHE_CAPACITY: usize = 4096;
@@ -139,10 +136,6 @@ fn keys_of(set: &JwkSet) -> Vec<VerificationKey> {
             })
         })
         .collect()
-}
-
-fn normalize_issuer(iss: &str) -> &str {
-    iss.trim_end_matches('/')
 }
 
 /// The `iss` and `exp` of a token, read before its signature is checked (to pick the keys).
