@@ -31,32 +31,7 @@ const MYSQL: Backend = Backend::MySql;
 
 /// Migrations compiled into the binary, applied in order; `hoard_schema` records the last one.
 /// MySQL runs one statement per call: statements are separated by lines holding only `;`.
-const MIGRATIONS: &[(i64, &str)] = &[
-    (1, include_str!("../migrations/mysql/0001_init.sql")),
-    (2, include_str!("../migrations/mysql/0002_lifecycle.sql")),
-    (3, include_str!("../migrations/mysql/0003_repositories.sql")),
-    (4, include_str!("../migrations/mysql/0004_provenance.sql")),
-    (5, include_str!("../migrations/mysql/0005_scope_class.sql")),
-    (6, include_str!("../migrations/mysql/0006_family_stats.sql")),
-    (
-        7,
-        include_str!("../migrations/mysql/0007_upload_totals.sql"),
-    ),
-    (
-        8,
-        include_str!("../migrations/mysql/0008_deferred_digests.sql"),
-    ),
-    (9, include_str!("../migrations/mysql/0009_restores.sql")),
-    (
-        10,
-        include_str!("../migrations/mysql/0010_policy_refusals.sql"),
-    ),
-    (11, include_str!("../migrations/mysql/0011_quarantine.sql")),
-    (
-        12,
-        include_str!("../migrations/mysql/0012_restores_by_repository.sql"),
-    ),
-];
+const MIGRATIONS: &[(i64, &str)] = crate::meta::migrations::MYSQL;
 const MIGRATION_LOCK: &str = "hoard_migrations";
 /// Rows per multi-row INSERT, well under the 65,535 parameters a statement may have.
 const ROWS_PER_INSERT: usize = 1000;

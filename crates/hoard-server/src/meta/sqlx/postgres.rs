@@ -30,47 +30,7 @@ use crate::model::{
 const POSTGRES: Backend = Backend::Postgres;
 
 /// Migrations compiled into the binary, applied in order; `hoard_schema` records the last one.
-const MIGRATIONS: &[(i64, &str)] = &[
-    (1, include_str!("../migrations/postgres/0001_init.sql")),
-    (2, include_str!("../migrations/postgres/0002_lifecycle.sql")),
-    (
-        3,
-        include_str!("../migrations/postgres/0003_repositories.sql"),
-    ),
-    (
-        4,
-        include_str!("../migrations/postgres/0004_provenance.sql"),
-    ),
-    (
-        5,
-        include_str!("../migrations/postgres/0005_scope_class.sql"),
-    ),
-    (
-        6,
-        include_str!("../migrations/postgres/0006_family_stats.sql"),
-    ),
-    (
-        7,
-        include_str!("../migrations/postgres/0007_upload_totals.sql"),
-    ),
-    (
-        8,
-        include_str!("../migrations/postgres/0008_deferred_digests.sql"),
-    ),
-    (9, include_str!("../migrations/postgres/0009_restores.sql")),
-    (
-        10,
-        include_str!("../migrations/postgres/0010_policy_refusals.sql"),
-    ),
-    (
-        11,
-        include_str!("../migrations/postgres/0011_quarantine.sql"),
-    ),
-    (
-        12,
-        include_str!("../migrations/postgres/0012_restores_by_repository.sql"),
-    ),
-];
+const MIGRATIONS: &[(i64, &str)] = crate::meta::migrations::POSTGRES;
 /// Key of the advisory lock that serializes migrations across processes ("hoard" in ASCII).
 const MIGRATION_LOCK: i64 = 0x68_6f61_7264;
 
