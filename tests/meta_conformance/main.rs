@@ -242,17 +242,11 @@ async fn the_widest_lookup_is_answered(store: Arc<dyn MetaStore>) {
             let parts = [(BlockId::parse(b"b").unwrap(), chunk.clone())];
             store.commit_parts(&upload, &parts, now).await.unwrap();
             let upload = store.upload_with_blocks(id).await.unwrap().unwrap().0;
+            let chunks = [chunk];
             let entry = NewEntry {
-                slot: &slot,
                 key: &key,
-                repository_name: "",
-                chunks: &[chunk],
                 written_by: upload.written_by.as_ref(),
-                digest: "",
-                scope_class: hoard::model::ScopeClass::of(&slot.scope),
-                family: "",
-                ref_class: hoard::model::RefClass::DefaultBranch,
-                now,
+                ..NewEntry::new(&slot, &chunks, now)
             };
             store.finalize(&upload, entry).await.unwrap()
         }

@@ -117,15 +117,24 @@ async fn least_recently_used_come_first(store: &dyn MetaStore) {
     let ids =
         |found: Vec<hoard::model::EntryUse>| found.into_iter().map(|e| e.id).collect::<Vec<_>>();
     assert_eq!(
-        ids(store.least_recently_used(Some(&repo), 10).await.unwrap()),
+        ids(store
+            .removable(Removable::LeastRecentlyUsed(Some(&repo)), 10)
+            .await
+            .unwrap()),
         [b, c, a],
         "a restore makes an entry recent"
     );
     assert_eq!(
-        ids(store.least_recently_used(Some(&repo), 2).await.unwrap()),
+        ids(store
+            .removable(Removable::LeastRecentlyUsed(Some(&repo)), 2)
+            .await
+            .unwrap()),
         [b, c]
     );
-    let all = store.least_recently_used(None, 100_000).await.unwrap();
+    let all = store
+        .removable(Removable::LeastRecentlyUsed(None), 100_000)
+        .await
+        .unwrap();
     assert!(
         all.windows(2)
             .all(|w| (w[0].last_used_at, w[0].id) <= (w[1].last_used_at, w[1].id)),
@@ -145,15 +154,53 @@ async fn expiry_finds_unused_and_old_entries(store: &dyn MetaStore) {
     store.record_hits(&[(used, 1, 9_000_000)]).await.unwrap();
     let ids =
         |found: Vec<hoard::model::EntryUse>| found.into_iter().map(|e| e.id).collect::<Vec<_>>();
-    let found = ids(store.expired(7, None, 100_000).await.unwrap());
+    let found = ids(store
+        .removable(
+            Removable::Expired {
+                unused_before: 7,
+                created_before: None,
+            },
+            100_000,
+        )
+        .await
+        .unwrap());
     assert!(found.contains(&unused));
     assert!(!found.contains(&used), "a recent restore keeps an entry");
-    let found = ids(store.expired(i64::MIN, Some(7), 100_000).await.unwrap());
+    let found = ids(store
+        .removable(
+            Removable::Expired {
+                unused_before: i64::MIN,
+                created_before: Some(7),
+            },
+            100_000,
+        )
+        .await
+        .unwrap());
     assert!(found.contains(&used), "too old expires, used or not");
     assert!(found.contains(&unused));
-    assert!(!ids(store.expired(i64::MIN, Some(5), 100_000).await.unwrap()).contains(&unused));
+    assert!(!ids(store
+        .removable(
+            Removable::Expired {
+                unused_before: i64::MIN,
+                created_before: Some(5)
+            },
+            100_000
+        )
+        .await
+        .unwrap())
+    .contains(&unused));
     assert_eq!(
-        store.expired(7, Some(7), 1).await.unwrap().len(),
+        store
+            .removable(
+                Removable::Expired {
+                    unused_before: 7,
+                    created_before: Some(7)
+                },
+                1
+            )
+            .await
+            .unwrap()
+            .len(),
         1,
         "limited"
     );
@@ -226,7 +273,7 @@ async fn references_cover_every_table(store: &dyn MetaStore) {
         .contains(&staged.blob));
     assert_eq!(
         store
-            .entry_ids(EntryId::new(entry.get() - 1), 1)
+            .entry_ids(EntryId::new(entry.get() - 1), 1, EntryWalk::All)
             .await
             .unwrap(),
         [entry],
@@ -332,7 +379,7 @@ async fn scope_classes_are_counted_and_listed_apart(store: &dyn MetaStore) {
         |found: Vec<hoard::model::EntryUse>| found.into_iter().map(|e| e.id).collect::<Vec<_>>();
     assert_eq!(
         ids(store
-            .least_recently_used_of_class(&repo, pr, 10)
+            .removable(Removable::LeastRecentlyUsedOfClass(&repo, pr), 10)
             .await
             .unwrap()),
         [tag, other, pull],
@@ -340,21 +387,27 @@ async fn scope_classes_are_counted_and_listed_apart(store: &dyn MetaStore) {
     );
     assert_eq!(
         ids(store
-            .least_recently_used_of_class(&repo, pr, 1)
+            .removable(Removable::LeastRecentlyUsedOfClass(&repo, pr), 1)
             .await
             .unwrap()),
         [tag]
     );
     assert_eq!(
         ids(store
-            .least_recently_used_of_class(&repo, ScopeClass::Branch, 10)
+            .removable(
+                Removable::LeastRecentlyUsedOfClass(&repo, ScopeClass::Branch),
+                10
+            )
             .await
             .unwrap()),
         [main, feature],
         "branches only"
     );
     assert!(store
-        .least_recently_used_of_class(&RepoId::new("lc-class-none"), pr, 10)
+        .removable(
+            Removable::LeastRecentlyUsedOfClass(&RepoId::new("lc-class-none"), pr),
+            10
+        )
         .await
         .unwrap()
         .is_empty());

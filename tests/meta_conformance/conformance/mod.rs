@@ -13,7 +13,9 @@ mod stats;
 
 pub use std::sync::Arc;
 
-pub use hoard::meta::{LifecycleStore, MetaError, MetaStore, NewEntry, NewUpload, Removal};
+pub use hoard::meta::{
+    EntryWalk, LifecycleStore, MetaError, MetaStore, NewEntry, NewUpload, Removable, Removal,
+};
 pub use hoard::model::{
     BlobName, BlockId, CacheKey, CallerKind, Chunk, EntryFilter, EntryId, EntryOrder, EntryPage,
     Provenance, QuotaUsage, RemovalCause, RepoId, RepositoryUsage, Scope, ScopeClass, Slot, Upload,
@@ -124,16 +126,9 @@ pub async fn save_named(
     let upload = upload_of(store, upload.id).await.unwrap();
     let chunks: Vec<Chunk> = parts.into_iter().map(|(_, c)| c).collect();
     let entry = NewEntry {
-        slot,
-        key: slot.key.as_str(),
         repository_name: name,
-        chunks: &chunks,
         written_by: upload.written_by.as_ref(),
-        digest: "",
-        scope_class: ScopeClass::of(&slot.scope),
-        family: "",
-        ref_class: hoard::model::RefClass::DefaultBranch,
-        now,
+        ..NewEntry::new(slot, &chunks, now)
     };
     store.finalize(&upload, entry).await.unwrap()
 }

@@ -60,17 +60,10 @@ async fn save_chunks(
         .finalize(
             &upload,
             NewEntry {
-                slot,
-                key: slot.key.as_str(),
-                repository_name: "",
-                chunks: &chunks,
                 // `None` stands for an upload reserved before records were kept.
                 written_by: by.and(upload.written_by.as_ref()),
                 digest,
-                scope_class: ScopeClass::of(&slot.scope),
-                family: "",
-                ref_class: hoard::model::RefClass::DefaultBranch,
-                now,
+                ..NewEntry::new(slot, &chunks, now)
             },
         )
         .await
@@ -258,7 +251,7 @@ async fn an_entry_awaiting_its_digest_gets_it_once(store: &dyn MetaStore) {
     // a digest or not, never hide it (the store is shared).
     let walk_from = |id: EntryId| async move {
         store
-            .entries_awaiting_digest(EntryId::new(id.get() - 1), 1)
+            .entry_ids(EntryId::new(id.get() - 1), 1, EntryWalk::AwaitingDigest)
             .await
             .unwrap()
     };
@@ -270,7 +263,7 @@ async fn an_entry_awaiting_its_digest_gets_it_once(store: &dyn MetaStore) {
     );
     assert!(
         !store
-            .entries_awaiting_digest(awaiting, 1000)
+            .entry_ids(awaiting, 1000, EntryWalk::AwaitingDigest)
             .await
             .unwrap()
             .contains(&awaiting),

@@ -149,16 +149,9 @@ async fn blocks_stage_commit_and_finalize_into_an_entry(store: &dyn MetaStore) {
         .finalize(
             &upload,
             NewEntry {
-                repository_name: "",
-                slot: &s,
                 key: "Life-Key",
-                chunks: &chunks,
                 written_by: upload.written_by.as_ref(),
-                digest: "",
-                scope_class: ScopeClass::of(&s.scope),
-                family: "",
-                ref_class: hoard::model::RefClass::DefaultBranch,
-                now: 105,
+                ..NewEntry::new(&s, &chunks, 105)
             },
         )
         .await
@@ -308,16 +301,9 @@ async fn changes_at_an_old_revision_or_to_a_closed_upload_change_nothing(store: 
         .finalize(
             &loaded,
             NewEntry {
-                repository_name: "",
-                slot: &s,
                 key: "k",
-                chunks: &[chunk(1)],
                 written_by: loaded.written_by.as_ref(),
-                digest: "",
-                scope_class: ScopeClass::of(&s.scope),
-                family: "",
-                ref_class: hoard::model::RefClass::DefaultBranch,
-                now: 3,
+                ..NewEntry::new(&s, &[chunk(1)], 3)
             },
         )
         .await;
@@ -358,16 +344,9 @@ async fn a_second_entry_for_a_slot_is_refused_and_leaves_nothing_behind(store: &
         .finalize(
             &second,
             NewEntry {
-                repository_name: "",
-                slot: &s,
                 key: "k",
-                chunks: &[chunk(10)],
                 written_by: second.written_by.as_ref(),
-                digest: "",
-                scope_class: ScopeClass::of(&s.scope),
-                family: "",
-                ref_class: hoard::model::RefClass::DefaultBranch,
-                now: 4,
+                ..NewEntry::new(&s, &[chunk(10)], 4)
             },
         )
         .await

@@ -364,16 +364,9 @@ async fn save_in_family(
         .finalize(
             &upload,
             NewEntry {
-                slot,
-                key: slot.key.as_str(),
-                repository_name: "",
-                chunks: &chunks,
-                written_by: None,
-                digest: "",
-                scope_class: ScopeClass::of(&slot.scope),
                 family,
                 ref_class,
-                now: T0,
+                ..NewEntry::new(slot, &chunks, T0)
             },
         )
         .await

@@ -35,6 +35,7 @@ use super::integrity::{Check, WholeChunk};
 use super::pacing::Traffic;
 use super::{Cache, CacheError};
 use crate::blob::BlobError;
+use crate::meta::EntryWalk;
 use crate::model::{entry_digest, Chunk, EntryId, Millis};
 
 /// Entries queued at most; past it, the next walk finds the rest.
@@ -377,7 +378,10 @@ impl Cache {
         let started = self.digests.traffic.now();
         let mut after = EntryId::new(0);
         loop {
-            let ids = self.meta.entries_awaiting_digest(after, WALK_PAGE).await?;
+            let ids = self
+                .meta
+                .entry_ids(after, WALK_PAGE, EntryWalk::AwaitingDigest)
+                .await?;
             let Some(last) = ids.last() else {
                 return Ok(());
             };

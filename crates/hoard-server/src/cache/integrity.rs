@@ -21,6 +21,7 @@ use sha2::{Digest, Sha256};
 
 use super::{Cache, CacheError};
 use crate::blob::{BlobError, ByteStream};
+use crate::meta::EntryWalk;
 use crate::model::{Chunk, EntryId};
 
 /// Called once when a chunk turns out damaged, with a sentence saying how.
@@ -219,7 +220,7 @@ impl Cache {
         let mut report = VerifyReport::default();
         let mut after = EntryId::new(0);
         loop {
-            let ids = self.meta.entry_ids(after, 500).await?;
+            let ids = self.meta.entry_ids(after, 500, EntryWalk::All).await?;
             let Some(last) = ids.last() else { break };
             after = *last;
             for id in ids {

@@ -26,7 +26,7 @@ use futures_util::StreamExt;
 use super::backoff::Backoff;
 use super::{Cache, CacheError};
 use crate::blob::Capacity;
-use crate::meta::Removal;
+use crate::meta::{Removable, Removal};
 use crate::model::{
     BlobName, EntryId, EntryUse, LogSafe, Millis, QuotaUsage, RemovalCause, RepoId, ScopeClass,
     Share, UploadId,
@@ -444,12 +444,15 @@ impl Cache {
                 let mut candidates = match step.from {
                     None => {
                         self.meta
-                            .least_recently_used(Some(repository), wanted)
+                            .removable(Removable::LeastRecentlyUsed(Some(repository)), wanted)
                             .await?
                     }
                     Some(class) => {
                         self.meta
-                            .least_recently_used_of_class(repository, class, wanted)
+                            .removable(
+                                Removable::LeastRecentlyUsedOfClass(repository, class),
+                                wanted,
+                            )
                             .await?
                     }
                 };
@@ -523,7 +526,10 @@ impl Cache {
         }
         let mut excess = global_excess(limits, &self.occupancy().await?);
         while excess > 0 {
-            let mut candidates = self.meta.least_recently_used(None, BATCH).await?;
+            let mut candidates = self
+                .meta
+                .removable(Removable::LeastRecentlyUsed(None), BATCH)
+                .await?;
             self.count_pending_uses(&mut candidates);
             let chosen = choose_evictions(excess, &candidates, &[]);
             if dry_run {
@@ -607,10 +613,11 @@ impl Cache {
             .map_or(Millis::MIN, |ttl| now.saturating_sub(millis(ttl)));
         let created_before = limits.max_age.map(|age| now.saturating_sub(millis(age)));
         loop {
-            let batch = self
-                .meta
-                .expired(unused_before, created_before, BATCH)
-                .await?;
+            let expired = Removable::Expired {
+                unused_before,
+                created_before,
+            };
+            let batch = self.meta.removable(expired, BATCH).await?;
             if dry_run || batch.is_empty() {
                 for entry in batch {
                     tally.saw(Action::Expire(entry));

@@ -10,7 +10,7 @@ use futures_util::{StreamExt, TryStreamExt};
 use super::*;
 use crate::auth::LinkTarget;
 use crate::blob::FsStore;
-use crate::meta::{EntryChunk, LifecycleStore, RestoreStore, SaveStore, SqliteStore};
+use crate::meta::{EntryChunk, EntryWalk, LifecycleStore, RestoreStore, SaveStore, SqliteStore};
 use crate::model::{BlockId, BlockRef, ByteStream, Lookup, UploadId};
 use crate::model::{BlockSource, Chunk, ManualClock, RepoId, Scope};
 
@@ -1565,7 +1565,7 @@ async fn a_large_entry_gets_its_sha256_and_digest_from_the_digest_pass() {
     assert!(chunks[0].chunk.xxh3.is_some(), "but its checksum");
     let awaiting = w
         .meta
-        .entries_awaiting_digest(EntryId::new(0), 10)
+        .entry_ids(EntryId::new(0), 10, EntryWalk::AwaitingDigest)
         .await
         .unwrap();
     assert_eq!(awaiting, [large]);
@@ -1585,7 +1585,7 @@ async fn a_large_entry_gets_its_sha256_and_digest_from_the_digest_pass() {
     assert_eq!(chunks[0].chunk.sha256, Some(sha256_of(&data)));
     assert!(w
         .meta
-        .entries_awaiting_digest(EntryId::new(0), 10)
+        .entry_ids(EntryId::new(0), 10, EntryWalk::AwaitingDigest)
         .await
         .unwrap()
         .is_empty());

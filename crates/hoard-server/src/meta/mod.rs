@@ -24,6 +24,10 @@
 mod timed;
 mod dialect;
 mod hashes;
+/// Each database's migrations, listed by `build.rs` from its folder.
+mod migrations {
+    include!(concat!(env!("OUT_DIR"), "/migrations.rs"));
+}
 mod quarantine;
 mod row;
 mod schema;
@@ -164,6 +168,28 @@ pub struct NewEntry<'a> {
     pub now: Millis,
 }
 
+impl<'a> NewEntry<'a> {
+    /// The entry of `chunks` in `slot` at `now`, with nothing known beyond them: the key as the
+    /// slot folds it, no repository name, writer, digest or family, the slot's class, saved from
+    /// the default branch. Tests and imports set what they need on top
+    /// (`NewEntry { family, ..NewEntry::new(slot, chunks, now) }`), so a new field touches them
+    /// only where they care.
+    pub fn new(slot: &'a Slot, chunks: &'a [Chunk], now: Millis) -> Self {
+        Self {
+            slot,
+            key: slot.key.as_str(),
+            repository_name: "",
+            chunks,
+            written_by: None,
+            digest: "",
+            scope_class: ScopeClass::of(&slot.scope),
+            family: "",
+            ref_class: RefClass::DefaultBranch,
+            now,
+        }
+    }
+}
+
 /// A stored chunk of an entry, with its byte offset in the entry.
 #[derive(Debug, Clone)]
 pub struct EntryChunk {
@@ -204,6 +230,29 @@ pub struct NewRestore {
     pub count: u64,
     pub first_at: Millis,
     pub last_at: Millis,
+}
+
+/// Which entries a lifecycle pass may remove, in the order it removes them.
+#[derive(Debug, Clone, Copy)]
+pub enum Removable<'a> {
+    /// Least recently used first (then oldest id), of one repository or of all.
+    LeastRecentlyUsed(Option<&'a RepoId>),
+    /// Least recently used first (then oldest id), of one class of a repository.
+    LeastRecentlyUsedOfClass(&'a RepoId, ScopeClass),
+    /// Last used before `unused_before`, or created before `created_before`.
+    Expired {
+        unused_before: Millis,
+        created_before: Option<Millis>,
+    },
+}
+
+/// Which entries a walk over the ids visits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryWalk {
+    /// Every entry: the integrity pass.
+    All,
+    /// Entries whose digest is not recorded yet: the digest pass.
+    AwaitingDigest,
 }
 
 /// How entries leave: why, when, and when their chunks may be deleted (after every reader that
@@ -332,20 +381,8 @@ store_trait! {
         /// how many.
         async fn forget_restores(&self, entries: &[EntryId]) -> Result<u64, MetaError>;
 
-        /// Up to `limit` entries, least recently used first (then oldest id), of one repository
-        /// or of all.
-        async fn least_recently_used(&self, repository: Option<&RepoId>, limit: usize)
-            -> Result<Vec<EntryUse>, MetaError>;
-
-        /// Up to `limit` entries of one class of a repository, least recently used first (then
-        /// oldest id).
-        async fn least_recently_used_of_class(&self, repository: &RepoId, class: ScopeClass, limit: usize)
-            -> Result<Vec<EntryUse>, MetaError>;
-
-        /// Up to `limit` entries last used before `unused_before`, or created before
-        /// `created_before`.
-        async fn expired(&self, unused_before: Millis, created_before: Option<Millis>, limit: usize)
-            -> Result<Vec<EntryUse>, MetaError>;
+        /// Up to `limit` of the entries `which` selects, in its order.
+        async fn removable(&self, which: Removable<'_>, limit: usize) -> Result<Vec<EntryUse>, MetaError>;
 
         /// Removes the entries that still exist among `ids`, and schedules their chunks for
         /// deletion at `removal.delete_at`; or, for a quarantine, keeps them with their chunks
@@ -384,12 +421,8 @@ store_trait! {
         /// blocks); returns how many went.
         async fn prune_uploads(&self, created_before: Millis) -> Result<u64, MetaError>;
 
-        /// Up to `limit` entry ids above `after`, in order: a walk over every entry.
-        async fn entry_ids(&self, after: EntryId, limit: usize) -> Result<Vec<EntryId>, MetaError>;
-
-        /// Up to `limit` ids above `after`, in order, of entries whose digest is not recorded
-        /// yet: the digest pass's walk.
-        async fn entries_awaiting_digest(&self, after: EntryId, limit: usize) -> Result<Vec<EntryId>, MetaError>;
+        /// Up to `limit` ids above `after`, in order, of the entries `walk` visits.
+        async fn entry_ids(&self, after: EntryId, limit: usize, walk: EntryWalk) -> Result<Vec<EntryId>, MetaError>;
 
         /// Records the SHA-256 of each of the entry's chunks, in order, and the entry's digest,
         /// unless one is recorded already; an entry removed meanwhile is skipped. True if this

@@ -411,16 +411,10 @@ impl EntryRow {
         let scope_class = crate::model::ScopeClass::of(&slot.scope);
         Self::from_new(
             &NewEntry {
-                slot,
-                key: slot.key.as_str(),
-                repository_name: "",
-                chunks,
-                written_by: None,
                 digest: &crate::model::entry_digest(chunks).unwrap_or_default(),
                 scope_class,
-                family: "",
                 ref_class: crate::model::RefClass::OtherBranch,
-                now: at,
+                ..NewEntry::new(slot, chunks, at)
             },
             backend,
         )

@@ -519,13 +519,81 @@ pub(super) fn pr_counts(class: crate::model::ScopeClass, size: u64) -> (i64, i64
 pub(super) static USE_COLS: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| format!("SELECT {} FROM entries", USE.join(", ")));
 
-/// The least recently used entries of one class of a repository (repository, class, limit).
-pub(super) static CLASS_LRU: Shared = Shared::built(|| {
-    format!(
-        "{} WHERE repository = ? AND scope_class = ? ORDER BY last_used_at, id LIMIT ?",
-        *USE_COLS
-    )
-});
+/// The statement of `LifecycleStore::removable` and its parameters, on every backend; rows as
+/// [`use_from_row`] reads them.
+pub(super) fn removable_sql(
+    which: &super::Removable<'_>,
+    limit: usize,
+) -> (&'static Shared, Vec<Param>) {
+    use super::Removable;
+    static LRU: Shared =
+        Shared::built(|| format!("{} ORDER BY last_used_at, id LIMIT ?", *USE_COLS));
+    static LRU_OF: Shared = Shared::built(|| {
+        format!(
+            "{} WHERE repository = ? ORDER BY last_used_at, id LIMIT ?",
+            *USE_COLS
+        )
+    });
+    static CLASS_LRU: Shared = Shared::built(|| {
+        format!(
+            "{} WHERE repository = ? AND scope_class = ? ORDER BY last_used_at, id LIMIT ?",
+            *USE_COLS
+        )
+    });
+    // Two arms, each on its own index, at most `limit` from each.
+    static EXPIRED: Shared = Shared::built(|| {
+        format!(
+            "SELECT * FROM ({cols} WHERE last_used_at < ? LIMIT ?) AS unused
+             UNION SELECT * FROM ({cols} WHERE created_at < ? LIMIT ?) AS old LIMIT ?",
+            cols = *USE_COLS
+        )
+    });
+    let limit = Param::Int(limit as i64);
+    match *which {
+        Removable::LeastRecentlyUsed(None) => (&LRU, vec![limit]),
+        Removable::LeastRecentlyUsed(Some(repository)) => (
+            &LRU_OF,
+            vec![Param::Text(repository.as_str().to_owned()), limit],
+        ),
+        Removable::LeastRecentlyUsedOfClass(repository, class) => (
+            &CLASS_LRU,
+            vec![
+                Param::Text(repository.as_str().to_owned()),
+                Param::Int(class.code()),
+                limit,
+            ],
+        ),
+        Removable::Expired {
+            unused_before,
+            created_before,
+        } => (
+            &EXPIRED,
+            vec![
+                Param::Int(unused_before),
+                limit.clone(),
+                Param::Int(created_before.unwrap_or(crate::model::Millis::MIN)),
+                limit.clone(),
+                limit,
+            ],
+        ),
+    }
+}
+
+/// The statement of `LifecycleStore::entry_ids` and its parameters, on every backend.
+pub(super) fn entry_ids_sql(
+    after: EntryId,
+    limit: usize,
+    walk: super::EntryWalk,
+) -> (&'static Shared, Vec<Param>) {
+    static ALL: Shared = Shared::new("SELECT id FROM entries WHERE id > ? ORDER BY id LIMIT ?");
+    static AWAITING_DIGEST: Shared =
+        Shared::new("SELECT id FROM entries WHERE digest = '' AND id > ? ORDER BY id LIMIT ?");
+    let sql = match walk {
+        super::EntryWalk::All => &ALL,
+        super::EntryWalk::AwaitingDigest => &AWAITING_DIGEST,
+    };
+    (sql, vec![Param::Int(after.get()), Param::Int(limit as i64)])
+}
 
 pub(super) fn use_from_row(r: &impl SqlRow) -> Result<EntryUse, MetaError> {
     Ok(EntryUse {

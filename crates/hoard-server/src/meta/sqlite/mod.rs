@@ -42,15 +42,16 @@ use crate::meta::sql::{
     entry_from_row, list_entries_sql, listed_from_row, migrations_after, pr_counts,
     quota_usage_from_row, record_restore_params, repositories_sql, repository_from_row,
     restore_from_row, restores_sql, upload_from_row, use_from_row, Param, SqlRow, BLOCK_STATE_SQL,
-    CANDIDATE, CHUNK, CLASS_LRU, ENTRY, PRUNE_READERS, PRUNE_RESTORES, QUOTA_USAGE, RECORD_RESTORE,
-    UPLOAD, USE_COLS,
+    CANDIDATE, CHUNK, ENTRY, PRUNE_READERS, PRUNE_RESTORES, QUOTA_USAGE, RECORD_RESTORE, UPLOAD,
+    USE_COLS,
 };
 use crate::meta::sql::{
-    DROP_OLDEST_RESTORES, DROP_OLDEST_RESTORES_OF, FORGET_RESTORES, RESTORE_HEAVY_REPOSITORIES,
+    entry_ids_sql, removable_sql, DROP_OLDEST_RESTORES, DROP_OLDEST_RESTORES_OF, FORGET_RESTORES,
+    RESTORE_HEAVY_REPOSITORIES,
 };
 use crate::meta::{
-    AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health,
-    LifecycleStore, ListedEntry, MetaError, NewEntry, NewRestore, NewUpload, Removal,
+    AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, EntryWalk, FinalizeState, Health,
+    LifecycleStore, ListedEntry, MetaError, NewEntry, NewRestore, NewUpload, Removable, Removal,
     RepositoryUsage, RestoreQuery, RestoreStore, SaveStore, SlotState, Totals,
 };
 use crate::model::{
@@ -63,46 +64,7 @@ use wal::{checkpoint_now, WalBound, WAL_SOFT_LIMIT};
 
 /// Migrations compiled into the binary, applied in order at start-up; `PRAGMA user_version`
 /// records the last one applied.
-const MIGRATIONS: &[(i64, &str)] = &[
-    (1, include_str!("../migrations/sqlite/0001_init.sql")),
-    (
-        2,
-        include_str!("../migrations/sqlite/0002_upload_revision.sql"),
-    ),
-    (3, include_str!("../migrations/sqlite/0003_lifecycle.sql")),
-    (
-        4,
-        include_str!("../migrations/sqlite/0004_repositories.sql"),
-    ),
-    (5, include_str!("../migrations/sqlite/0005_provenance.sql")),
-    (6, include_str!("../migrations/sqlite/0006_scope_class.sql")),
-    (
-        7,
-        include_str!("../migrations/sqlite/0007_family_stats.sql"),
-    ),
-    (
-        8,
-        include_str!("../migrations/sqlite/0008_upload_totals.sql"),
-    ),
-    (
-        9,
-        include_str!("../migrations/sqlite/0009_deferred_digests.sql"),
-    ),
-    (
-        10,
-        include_str!("../migrations/sqlite/0010_entry_ids_never_reused.sql"),
-    ),
-    (11, include_str!("../migrations/sqlite/0011_restores.sql")),
-    (
-        12,
-        include_str!("../migrations/sqlite/0012_policy_refusals.sql"),
-    ),
-    (13, include_str!("../migrations/sqlite/0013_quarantine.sql")),
-    (
-        14,
-        include_str!("../migrations/sqlite/0014_restores_by_repository.sql"),
-    ),
-];
+const MIGRATIONS: &[(i64, &str)] = crate::meta::migrations::SQLITE;
 const MAX_READERS: usize = 8;
 
 #[derive(Debug, Clone)]
@@ -1074,67 +1036,15 @@ impl LifecycleStore for SqliteStore {
         .await
     }
 
-    async fn least_recently_used(
+    async fn removable(
         &self,
-        repository: Option<&RepoId>,
+        which: Removable<'_>,
         limit: usize,
     ) -> Result<Vec<EntryUse>, MetaError> {
-        let repository = repository.map(|r| r.as_str().to_owned());
+        let (sql, params) = removable_sql(&which, limit);
         self.read(move |conn| {
-            let mut stmt;
-            let rows = match &repository {
-                Some(repo) => {
-                    stmt = conn.prepare_cached(&format!(
-                        "{} WHERE repository = ? ORDER BY last_used_at, id LIMIT ?",
-                        *USE_COLS
-                    ))?;
-                    stmt.query(params![repo, limit as i64])?
-                }
-                None => {
-                    stmt = conn.prepare_cached(&format!(
-                        "{} ORDER BY last_used_at, id LIMIT ?",
-                        *USE_COLS
-                    ))?;
-                    stmt.query(params![limit as i64])?
-                }
-            };
-            rows_of(rows, |r| use_from_row(r))
-        })
-        .await
-    }
-
-    async fn least_recently_used_of_class(
-        &self,
-        repository: &RepoId,
-        class: ScopeClass,
-        limit: usize,
-    ) -> Result<Vec<EntryUse>, MetaError> {
-        let repository = repository.as_str().to_owned();
-        self.read(move |conn| {
-            let mut stmt = conn.prepare_cached(CLASS_LRU.on(Backend::Sqlite))?;
-            let rows = stmt.query(params![repository, class.code(), limit as i64])?;
-            rows_of(rows, |r| use_from_row(r))
-        })
-        .await
-    }
-
-    async fn expired(
-        &self,
-        unused_before: Millis,
-        created_before: Option<Millis>,
-        limit: usize,
-    ) -> Result<Vec<EntryUse>, MetaError> {
-        self.read(move |conn| {
-            let mut stmt = conn.prepare_cached(&format!(
-                "SELECT * FROM ({cols} WHERE last_used_at < ?1 LIMIT ?3)
-                 UNION SELECT * FROM ({cols} WHERE created_at < ?2 LIMIT ?3) LIMIT ?3",
-                cols = *USE_COLS
-            ))?;
-            let rows = stmt.query(params![
-                unused_before,
-                created_before.unwrap_or(Millis::MIN),
-                limit as i64
-            ])?;
+            let mut stmt = conn.prepare_cached(sql.on(Backend::Sqlite))?;
+            let rows = stmt.query(rusqlite::params_from_iter(params))?;
             rows_of(rows, |r| use_from_row(r))
         })
         .await
@@ -1353,28 +1263,16 @@ impl LifecycleStore for SqliteStore {
         .await
     }
 
-    async fn entry_ids(&self, after: EntryId, limit: usize) -> Result<Vec<EntryId>, MetaError> {
-        self.read(move |conn| {
-            let mut stmt =
-                conn.prepare_cached("SELECT id FROM entries WHERE id > ? ORDER BY id LIMIT ?")?;
-            let ids = rows_of(stmt.query(params![after.get(), limit as i64])?, |r| {
-                r.read(entries::id).map(EntryId::new)
-            });
-            ids
-        })
-        .await
-    }
-
-    async fn entries_awaiting_digest(
+    async fn entry_ids(
         &self,
         after: EntryId,
         limit: usize,
+        walk: EntryWalk,
     ) -> Result<Vec<EntryId>, MetaError> {
+        let (sql, params) = entry_ids_sql(after, limit, walk);
         self.read(move |conn| {
-            let mut stmt = conn.prepare_cached(
-                "SELECT id FROM entries WHERE digest = '' AND id > ? ORDER BY id LIMIT ?",
-            )?;
-            let ids = rows_of(stmt.query(params![after.get(), limit as i64])?, |r| {
+            let mut stmt = conn.prepare_cached(sql.on(Backend::Sqlite))?;
+            let ids = rows_of(stmt.query(rusqlite::params_from_iter(params))?, |r| {
                 r.read(entries::id).map(EntryId::new)
             });
             ids
@@ -1601,7 +1499,10 @@ mod migration_tests {
             }
         );
         let pr = store
-            .least_recently_used_of_class(&repo, ScopeClass::PullRequestOrTag, 10)
+            .removable(
+                Removable::LeastRecentlyUsedOfClass(&repo, ScopeClass::PullRequestOrTag),
+                10,
+            )
             .await
             .unwrap();
         assert_eq!(pr.iter().map(|e| e.size).collect::<Vec<_>>(), [20, 5]);
@@ -1656,7 +1557,10 @@ mod migration_tests {
             )])
             .await;
         id.unwrap();
-        let ids = store.entry_ids(EntryId::new(0), 10).await.unwrap();
+        let ids = store
+            .entry_ids(EntryId::new(0), 10, EntryWalk::All)
+            .await
+            .unwrap();
         assert_eq!(ids, [EntryId::new(3), EntryId::new(10)]);
     }
 

@@ -133,16 +133,9 @@ async fn every_statement_uses_an_index_at_a_hundred_thousand_entries() {
     let (upload, _) = fin.open.unwrap();
     let chunks = vec![c.clone()];
     let entry = NewEntry {
-        slot: &s,
         key: "key-new",
-        repository_name: "",
-        chunks: &chunks,
         written_by: upload.written_by.as_ref(),
-        digest: "",
-        scope_class: crate::model::ScopeClass::of(&s.scope),
-        family: "",
-        ref_class: crate::model::RefClass::DefaultBranch,
-        now: 200_003,
+        ..NewEntry::new(&s, &chunks, 200_003)
     };
     let new_id = store.finalize(&upload, entry).await.unwrap();
     let repo = RepoId::new("repo-7");
@@ -164,15 +157,30 @@ async fn every_statement_uses_an_index_at_a_hundred_thousand_entries() {
     store.entry(new_id).await.unwrap().unwrap();
     store.record_hits(&[(new_id, 1, 200_004)]).await.unwrap();
     assert!(store.repository_usage(&repo).await.unwrap().bytes > 0);
-    let lru = store.least_recently_used(Some(&repo), 8).await.unwrap();
-    store.least_recently_used(None, 8).await.unwrap();
+    let lru = store
+        .removable(Removable::LeastRecentlyUsed(Some(&repo)), 8)
+        .await
+        .unwrap();
+    store
+        .removable(Removable::LeastRecentlyUsed(None), 8)
+        .await
+        .unwrap();
     for class in [ScopeClass::Branch, ScopeClass::PullRequestOrTag] {
         store
-            .least_recently_used_of_class(&repo, class, 8)
+            .removable(Removable::LeastRecentlyUsedOfClass(&repo, class), 8)
             .await
             .unwrap();
     }
-    store.expired(50, Some(50), 10).await.unwrap();
+    store
+        .removable(
+            Removable::Expired {
+                unused_before: 50,
+                created_before: Some(50),
+            },
+            10,
+        )
+        .await
+        .unwrap();
     let cause = RemovalCause::Evicted;
     let removal = Removal {
         cause: &cause,
@@ -184,10 +192,13 @@ async fn every_statement_uses_an_index_at_a_hundred_thousand_entries() {
     store.referenced(&due).await.unwrap();
     store.deletions_done(&due).await.unwrap();
     store.stale_uploads(10, 10).await.unwrap();
-    store.entry_ids(EntryId::new(50_000), 10).await.unwrap();
+    store
+        .entry_ids(EntryId::new(50_000), 10, EntryWalk::All)
+        .await
+        .unwrap();
     // The preloaded entries have their digests; the one finalized above does not.
     let awaiting = store
-        .entries_awaiting_digest(EntryId::new(0), 10)
+        .entry_ids(EntryId::new(0), 10, EntryWalk::AwaitingDigest)
         .await
         .unwrap();
     assert!(awaiting.contains(&new_id), "{awaiting:?}");

@@ -72,20 +72,21 @@ use super::sql::{
     columns, count_entries_sql, entry_from_row, list_entries_sql, listed_from_row, names_from_rows,
     prefix_end, quota_usage_from_row, record_restore_params, repositories_sql, repository_from_row,
     restore_from_row, restores_sql, upload_from_row, upload_with_blocks_sql, use_from_row, Param,
-    SqlRow, BLOCK_STATE_SQL, CHUNK, CLASS_LRU, ENTRY, PRUNE_READERS, PRUNE_RESTORES, QUOTA_USAGE,
+    SqlRow, BLOCK_STATE_SQL, CHUNK, ENTRY, PRUNE_READERS, PRUNE_RESTORES, QUOTA_USAGE,
     RECORD_RESTORE, UPLOAD, USE_COLS,
 };
 use super::sql::{
-    DROP_OLDEST_RESTORES, DROP_OLDEST_RESTORES_OF, FORGET_RESTORES, RESTORE_HEAVY_REPOSITORIES,
+    entry_ids_sql, removable_sql, DROP_OLDEST_RESTORES, DROP_OLDEST_RESTORES_OF, FORGET_RESTORES,
+    RESTORE_HEAVY_REPOSITORIES,
 };
 use super::{
-    AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, FinalizeState, Health,
-    LifecycleStore, ListedEntry, MetaError, NewEntry, NewRestore, NewUpload, PoolSettings, Removal,
-    RepositoryUsage, RestoreQuery, RestoreStore, SaveStore, SlotState, Totals,
+    AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, EntryWalk, FinalizeState, Health,
+    LifecycleStore, ListedEntry, MetaError, NewEntry, NewRestore, NewUpload, PoolSettings,
+    Removable, Removal, RepositoryUsage, RestoreQuery, RestoreStore, SaveStore, SlotState, Totals,
 };
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, QuotaUsage, RepoId,
-    RestoreRecord, Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId, Version,
+    RestoreRecord, Scope, Slot, Upload, UploadBlocks, UploadId, Version,
 };
 
 /// The PostgreSQL store: several hoard processes may share one database.
@@ -611,63 +612,13 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
         .await
     }
 
-    async fn least_recently_used(
+    async fn removable(
         &self,
-        repository: Option<&RepoId>,
+        which: Removable<'_>,
         limit: usize,
     ) -> Result<Vec<EntryUse>, MetaError> {
-        // Of one repository (the quota's order) or of all (the global limits').
-        let (only, mut params) = match repository {
-            Some(repo) => ("WHERE repository = ?", vec![text(repo.as_str())]),
-            None => ("", Vec::new()),
-        };
-        params.push(Param::Int(limit as i64));
-        let sql = format!("{} {only} ORDER BY last_used_at, id LIMIT ?", *USE_COLS);
-        let rows = self.built_rows(&sql, params).await?;
-        rows.iter().map(use_from_row).collect()
-    }
-
-    async fn least_recently_used_of_class(
-        &self,
-        repository: &RepoId,
-        class: ScopeClass,
-        limit: usize,
-    ) -> Result<Vec<EntryUse>, MetaError> {
-        let params = vec![
-            text(repository.as_str()),
-            Param::Int(class.code()),
-            Param::Int(limit as i64),
-        ];
-        let rows = self.rows(&CLASS_LRU, params).await?;
-        rows.iter().map(use_from_row).collect()
-    }
-
-    async fn expired(
-        &self,
-        unused_before: Millis,
-        created_before: Option<Millis>,
-        limit: usize,
-    ) -> Result<Vec<EntryUse>, MetaError> {
-        let limit = Param::Int(limit as i64);
-        static EXPIRED: Shared = Shared::built(|| {
-            format!(
-                "SELECT * FROM (({cols} WHERE last_used_at < ? LIMIT ?)
-                 UNION ({cols} WHERE created_at < ? LIMIT ?)) AS expired LIMIT ?",
-                cols = *USE_COLS
-            )
-        });
-        let rows = self
-            .rows(
-                &EXPIRED,
-                vec![
-                    Param::Int(unused_before),
-                    limit.clone(),
-                    Param::Int(created_before.unwrap_or(Millis::MIN)),
-                    limit.clone(),
-                    limit,
-                ],
-            )
-            .await?;
+        let (sql, params) = removable_sql(&which, limit);
+        let rows = self.rows(sql, params).await?;
         rows.iter().map(use_from_row).collect()
     }
 
@@ -831,29 +782,14 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
             .await
     }
 
-    async fn entry_ids(&self, after: EntryId, limit: usize) -> Result<Vec<EntryId>, MetaError> {
-        let rows = self
-            .rows(
-                shared!("SELECT id FROM entries WHERE id > ? ORDER BY id LIMIT ?"),
-                vec![Param::Int(after.get()), Param::Int(limit as i64)],
-            )
-            .await?;
-        rows.iter()
-            .map(|r| r.read(entries::id).map(EntryId::new))
-            .collect()
-    }
-
-    async fn entries_awaiting_digest(
+    async fn entry_ids(
         &self,
         after: EntryId,
         limit: usize,
+        walk: EntryWalk,
     ) -> Result<Vec<EntryId>, MetaError> {
-        let rows = self
-            .rows(
-                shared!("SELECT id FROM entries WHERE digest = '' AND id > ? ORDER BY id LIMIT ?"),
-                vec![Param::Int(after.get()), Param::Int(limit as i64)],
-            )
-            .await?;
+        let (sql, params) = entry_ids_sql(after, limit, walk);
+        let rows = self.rows(sql, params).await?;
         rows.iter()
             .map(|r| r.read(entries::id).map(EntryId::new))
             .collect()
