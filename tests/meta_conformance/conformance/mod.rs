@@ -15,6 +15,7 @@ pub use std::sync::Arc;
 
 pub use hoard::meta::{
     EntryWalk, LifecycleStore, MetaError, MetaStore, NewEntry, NewUpload, Removable, Removal,
+    RestoreDrop,
 };
 pub use hoard::model::{
     BlobName, BlockId, CacheKey, CallerKind, Chunk, EntryFilter, EntryId, EntryOrder, EntryPage,

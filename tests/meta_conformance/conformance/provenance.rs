@@ -428,7 +428,13 @@ async fn restore_records_name_the_readers_and_outlive_the_entry(store: &dyn Meta
         "an entry that is gone records nothing more"
     );
 
-    assert!(store.prune_restores(215).await.unwrap() >= 1);
+    assert!(
+        store
+            .drop_restores(RestoreDrop::LastRestoredBefore(215))
+            .await
+            .unwrap()
+            >= 1
+    );
     let left = store.restores(&restores_of(vec![bad, good])).await.unwrap();
     let left: Vec<(EntryId, &str)> = left
         .iter()
@@ -494,7 +500,10 @@ async fn restore_records_are_forgotten_with_their_entries_on_request(store: &dyn
     store.remove_entries(&[gone], removal).await.unwrap();
 
     assert_eq!(
-        store.forget_restores(&[purged, gone]).await.unwrap(),
+        store
+            .drop_restores(RestoreDrop::OfEntries(&[purged, gone]))
+            .await
+            .unwrap(),
         6,
         "every record of the entries named, live or gone, and how many"
     );
@@ -504,8 +513,20 @@ async fn restore_records_are_forgotten_with_their_entries_on_request(store: &dyn
         3,
         "another entry's records stay"
     );
-    assert_eq!(store.forget_restores(&[purged]).await.unwrap(), 0);
-    assert_eq!(store.forget_restores(&[]).await.unwrap(), 0);
+    assert_eq!(
+        store
+            .drop_restores(RestoreDrop::OfEntries(&[purged]))
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        store
+            .drop_restores(RestoreDrop::OfEntries(&[]))
+            .await
+            .unwrap(),
+        0
+    );
 }
 
 async fn restore_records_are_bounded_oldest_first(store: &dyn MetaStore) {
@@ -558,20 +579,35 @@ async fn restore_records_are_bounded_oldest_first(store: &dyn MetaStore) {
     };
     // Four of busy's six, one at a time: the oldest first, the older id first on a tie.
     assert_eq!(
-        store.drop_oldest_restores(Some(&busy), 4, 1).await.unwrap(),
+        store
+            .drop_restores(RestoreDrop::Oldest {
+                repository: Some(&busy),
+                keep: 4,
+                limit: 1
+            })
+            .await
+            .unwrap(),
         1,
         "at most `limit` at a time"
     );
     assert_eq!(
         store
-            .drop_oldest_restores(Some(&busy), 4, 10)
+            .drop_restores(RestoreDrop::Oldest {
+                repository: Some(&busy),
+                keep: 4,
+                limit: 10
+            })
             .await
             .unwrap(),
         1
     );
     assert_eq!(
         store
-            .drop_oldest_restores(Some(&busy), 4, 10)
+            .drop_restores(RestoreDrop::Oldest {
+                repository: Some(&busy),
+                keep: 4,
+                limit: 10
+            })
             .await
             .unwrap(),
         0,
@@ -589,7 +625,17 @@ async fn restore_records_are_bounded_oldest_first(store: &dyn MetaStore) {
     );
 
     // Over all repositories: the three most recent of every record stay.
-    assert!(store.drop_oldest_restores(None, 3, 1000).await.unwrap() >= 3);
+    assert!(
+        store
+            .drop_restores(RestoreDrop::Oldest {
+                repository: None,
+                keep: 3,
+                limit: 1000
+            })
+            .await
+            .unwrap()
+            >= 3
+    );
     assert_eq!(runs(records_of(store, &[a, b]).await), ["a-0", "b-2"]);
     assert_eq!(runs(records_of(store, &[q]).await), ["q-1"]);
     assert!(store.repositories_over_restores(1).await.unwrap() == [busy.clone()]);

@@ -375,7 +375,10 @@ impl Cache {
         let mut purge = Purge::default();
         if disposal == Disposal::DeleteWithRestoreRecords {
             let gone: Vec<EntryId> = removed.iter().copied().collect();
-            purge.restore_records = self.meta.forget_restores(&gone).await?;
+            purge.restore_records = self
+                .meta
+                .drop_restores(crate::meta::RestoreDrop::OfEntries(&gone))
+                .await?;
         }
         for listed in entries.iter().filter(|l| removed.contains(&l.entry.id)) {
             let e = &listed.entry;

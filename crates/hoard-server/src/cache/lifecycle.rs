@@ -26,7 +26,7 @@ use futures_util::StreamExt;
 use super::backoff::Backoff;
 use super::{Cache, CacheError};
 use crate::blob::Capacity;
-use crate::meta::{Removable, Removal};
+use crate::meta::{Removable, Removal, RestoreDrop};
 use crate::model::{
     BlobName, EntryId, EntryUse, LogSafe, Millis, QuotaUsage, RemovalCause, RepoId, ScopeClass,
     Share, UploadId,
@@ -761,7 +761,10 @@ impl Cache {
         let limits = &self.policy.lifecycle;
         let retention = millis(limits.restore_records_retention);
         let before = self.clock.now().saturating_sub(retention);
-        let pruned = self.meta.prune_restores(before).await?;
+        let pruned = self
+            .meta
+            .drop_restores(RestoreDrop::LastRestoredBefore(before))
+            .await?;
         if pruned > 0 {
             tracing::info!(target: "hoard::lifecycle", pruned, "restore records past their retention forgotten");
         }
@@ -789,10 +792,12 @@ impl Cache {
     ) -> Result<u64, CacheError> {
         let mut dropped = 0;
         loop {
-            let round = self
-                .meta
-                .drop_oldest_restores(repository, keep, BATCH_RESTORES)
-                .await?;
+            let oldest = RestoreDrop::Oldest {
+                repository,
+                keep,
+                limit: BATCH_RESTORES,
+            };
+            let round = self.meta.drop_restores(oldest).await?;
             dropped += round;
             if round < BATCH_RESTORES as u64 {
                 return Ok(dropped);

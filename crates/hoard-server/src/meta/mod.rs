@@ -246,6 +246,22 @@ pub enum Removable<'a> {
     },
 }
 
+/// Which restore records to forget.
+#[derive(Debug, Clone, Copy)]
+pub enum RestoreDrop<'a> {
+    /// Those whose latest restore is before this instant.
+    LastRestoredBefore(Millis),
+    /// Up to `limit` of those past the `keep` most recent (by latest restore, then id: the
+    /// oldest go first), of one repository or of all.
+    Oldest {
+        repository: Option<&'a RepoId>,
+        keep: u64,
+        limit: usize,
+    },
+    /// Every record of these entries, whether or not the entries still exist.
+    OfEntries(&'a [EntryId]),
+}
+
 /// Which entries a walk over the ids visits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EntryWalk {
@@ -366,20 +382,12 @@ store_trait! {
         /// Bytes of chunks whose deletion is scheduled but not yet done.
         async fn pending_deletions(&self) -> Result<u64, MetaError>;
 
-        /// Forgets restore records whose latest restore is before `before`; how many.
-        async fn prune_restores(&self, before: Millis) -> Result<u64, MetaError>;
+        /// Forgets the restore records `which` names, in one transaction; how many.
+        async fn drop_restores(&self, which: RestoreDrop<'_>) -> Result<u64, MetaError>;
 
         /// The repositories holding more than `keep` restore records.
         async fn repositories_over_restores(&self, keep: u64) -> Result<Vec<RepoId>, MetaError>;
 
-        /// Forgets up to `limit` restore records of `repository` (or of all) past its `keep`
-        /// most recent (by latest restore, then id: the oldest go first); how many.
-        async fn drop_oldest_restores(&self, repository: Option<&RepoId>, keep: u64, limit: usize)
-            -> Result<u64, MetaError>;
-
-        /// Forgets every restore record of `entries`, whether or not the entries still exist;
-        /// how many.
-        async fn forget_restores(&self, entries: &[EntryId]) -> Result<u64, MetaError>;
 
         /// Up to `limit` of the entries `which` selects, in its order.
         async fn removable(&self, which: Removable<'_>, limit: usize) -> Result<Vec<EntryUse>, MetaError>;

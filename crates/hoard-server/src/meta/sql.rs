@@ -735,7 +735,7 @@ pub(super) static PRUNE_READERS: Shared = Shared::built(|| {
 });
 
 /// Forgets records whose latest restore is before the parameter.
-pub(super) static PRUNE_RESTORES: Shared = Shared::new("DELETE FROM restores WHERE last_at < ?");
+static PRUNE_RESTORES: Shared = Shared::new("DELETE FROM restores WHERE last_at < ?");
 
 /// The repositories holding more restore records than the parameter.
 pub(super) static RESTORE_HEAVY_REPOSITORIES: Shared =
@@ -744,7 +744,7 @@ pub(super) static RESTORE_HEAVY_REPOSITORIES: Shared =
 /// Forgets a repository's oldest restore records (by latest restore, then id), by index
 /// `restores_by_repository`. Parameters: the repository, twice; how many at most; how many of
 /// the most recent to keep. The derived table lets MySQL delete from the table it reads.
-pub(super) static DROP_OLDEST_RESTORES_OF: Shared = Shared::new(
+static DROP_OLDEST_RESTORES_OF: Shared = Shared::new(
     "DELETE FROM restores WHERE repository = ? AND id IN (
          SELECT id FROM (SELECT id FROM restores WHERE repository = ?
                          ORDER BY last_at DESC, id DESC LIMIT ? OFFSET ?) AS dropped)",
@@ -752,14 +752,51 @@ pub(super) static DROP_OLDEST_RESTORES_OF: Shared = Shared::new(
 
 /// The same over every repository, by index `restores_by_last`. Parameters: how many at most;
 /// how many of the most recent to keep.
-pub(super) static DROP_OLDEST_RESTORES: Shared = Shared::new(
+static DROP_OLDEST_RESTORES: Shared = Shared::new(
     "DELETE FROM restores WHERE id IN (
          SELECT id FROM (SELECT id FROM restores
                          ORDER BY last_at DESC, id DESC LIMIT ? OFFSET ?) AS dropped)",
 );
 
 /// Forgets the restore records of one entry (by index `restores_by_entry`).
-pub(super) static FORGET_RESTORES: Shared = Shared::new("DELETE FROM restores WHERE entry_id = ?");
+static FORGET_RESTORES: Shared = Shared::new("DELETE FROM restores WHERE entry_id = ?");
+
+/// The statements of `LifecycleStore::drop_restores`, with their parameters, to run in one
+/// transaction: one, or one per entry.
+pub(super) fn drop_restores_sql(
+    which: &super::RestoreDrop<'_>,
+) -> Vec<(&'static Shared, Vec<Param>)> {
+    use super::RestoreDrop;
+    match *which {
+        RestoreDrop::LastRestoredBefore(before) => {
+            vec![(&PRUNE_RESTORES, vec![Param::Int(before)])]
+        }
+        RestoreDrop::Oldest {
+            repository,
+            keep,
+            limit,
+        } => {
+            let (keep, limit) = (
+                Param::Int(keep.min(i64::MAX as u64) as i64),
+                Param::Int(limit as i64),
+            );
+            match repository {
+                Some(repository) => {
+                    let repository = Param::Text(repository.as_str().to_owned());
+                    vec![(
+                        &DROP_OLDEST_RESTORES_OF,
+                        vec![repository.clone(), repository, limit, keep],
+                    )]
+                }
+                None => vec![(&DROP_OLDEST_RESTORES, vec![limit, keep])],
+            }
+        }
+        RestoreDrop::OfEntries(entries) => entries
+            .iter()
+            .map(|id| (&FORGET_RESTORES, vec![Param::Int(id.get())]))
+            .collect(),
+    }
+}
 
 /// The statement of [`super::AdminStore::restores`] and its parameters, with `placeholder`
 /// spelling the n-th.

@@ -42,17 +42,15 @@ use crate::meta::sql::{
     entry_from_row, list_entries_sql, listed_from_row, migrations_after, pr_counts,
     quota_usage_from_row, record_restore_params, repositories_sql, repository_from_row,
     restore_from_row, restores_sql, upload_from_row, use_from_row, Param, SqlRow, BLOCK_STATE_SQL,
-    CANDIDATE, CHUNK, ENTRY, PRUNE_READERS, PRUNE_RESTORES, QUOTA_USAGE, RECORD_RESTORE, UPLOAD,
-    USE_COLS,
+    CANDIDATE, CHUNK, ENTRY, PRUNE_READERS, QUOTA_USAGE, RECORD_RESTORE, UPLOAD, USE_COLS,
 };
 use crate::meta::sql::{
-    entry_ids_sql, removable_sql, DROP_OLDEST_RESTORES, DROP_OLDEST_RESTORES_OF, FORGET_RESTORES,
-    RESTORE_HEAVY_REPOSITORIES,
+    drop_restores_sql, entry_ids_sql, removable_sql, RESTORE_HEAVY_REPOSITORIES,
 };
 use crate::meta::{
     AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, EntryWalk, FinalizeState, Health,
     LifecycleStore, ListedEntry, MetaError, NewEntry, NewRestore, NewUpload, Removable, Removal,
-    RepositoryUsage, RestoreQuery, RestoreStore, SaveStore, SlotState, Totals,
+    RepositoryUsage, RestoreDrop, RestoreQuery, RestoreStore, SaveStore, SlotState, Totals,
 };
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, QuotaUsage,
@@ -967,12 +965,16 @@ impl LifecycleStore for SqliteStore {
         .await
     }
 
-    async fn prune_restores(&self, before: Millis) -> Result<u64, MetaError> {
+    async fn drop_restores(&self, which: RestoreDrop<'_>) -> Result<u64, MetaError> {
+        let statements = drop_restores_sql(&which);
         self.write(move |tx| {
-            let pruned = tx
-                .prepare_cached(PRUNE_RESTORES.on(Backend::Sqlite))?
-                .execute([before])?;
-            Ok(pruned as u64)
+            let mut dropped = 0;
+            for (sql, params) in statements {
+                dropped += tx
+                    .prepare_cached(sql.on(Backend::Sqlite))?
+                    .execute(rusqlite::params_from_iter(params))?;
+            }
+            Ok(dropped as u64)
         })
         .await
     }
@@ -987,41 +989,6 @@ impl LifecycleStore for SqliteStore {
                 over.push(RepoId::new(row.text("repository")?));
             }
             Ok(over)
-        })
-        .await
-    }
-
-    async fn drop_oldest_restores(
-        &self,
-        repository: Option<&RepoId>,
-        keep: u64,
-        limit: usize,
-    ) -> Result<u64, MetaError> {
-        let repository = repository.map(|r| r.as_str().to_owned());
-        let (keep, limit) = (keep.min(i64::MAX as u64) as i64, limit as i64);
-        self.write(move |tx| {
-            let dropped = match repository {
-                Some(repository) => tx
-                    .prepare_cached(DROP_OLDEST_RESTORES_OF.on(Backend::Sqlite))?
-                    .execute(params![repository, repository, limit, keep])?,
-                None => tx
-                    .prepare_cached(DROP_OLDEST_RESTORES.on(Backend::Sqlite))?
-                    .execute(params![limit, keep])?,
-            };
-            Ok(dropped as u64)
-        })
-        .await
-    }
-
-    async fn forget_restores(&self, entries: &[EntryId]) -> Result<u64, MetaError> {
-        let ids = entries.to_vec();
-        self.write(move |tx| {
-            let mut forget = tx.prepare_cached(FORGET_RESTORES.on(Backend::Sqlite))?;
-            let mut forgotten = 0;
-            for id in ids {
-                forgotten += forget.execute([id.get()])?;
-            }
-            Ok(forgotten as u64)
         })
         .await
     }

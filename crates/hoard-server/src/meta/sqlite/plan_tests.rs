@@ -377,10 +377,7 @@ async fn the_write_ahead_log_stays_bounded_even_under_a_long_reader() {
 /// `--max-restore-records` rows, and more between two passes.
 #[tokio::test]
 async fn restore_records_are_trimmed_and_forgotten_by_index() {
-    use crate::meta::sql::{
-        DROP_OLDEST_RESTORES, DROP_OLDEST_RESTORES_OF, FORGET_RESTORES, PRUNE_RESTORES,
-        RESTORE_HEAVY_REPOSITORIES,
-    };
+    use crate::meta::sql::{drop_restores_sql, RESTORE_HEAVY_REPOSITORIES};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("hoard.db");
     let store = SqliteStore::open(&path).await.unwrap();
@@ -403,13 +400,32 @@ async fn restore_records_are_trimmed_and_forgotten_by_index() {
         .unwrap();
     let reader = Connection::open(&path).unwrap();
     reader.execute_batch("ANALYZE").unwrap();
-    let statements = [
-        RESTORE_HEAVY_REPOSITORIES.on(Backend::Sqlite).to_owned(),
-        DROP_OLDEST_RESTORES_OF.on(Backend::Sqlite).to_owned(),
-        DROP_OLDEST_RESTORES.on(Backend::Sqlite).to_owned(),
-        PRUNE_RESTORES.on(Backend::Sqlite).to_owned(),
-        FORGET_RESTORES.on(Backend::Sqlite).to_owned(),
+    let repository = RepoId::new("repo-1");
+    let drops = [
+        RestoreDrop::Oldest {
+            repository: Some(&repository),
+            keep: 1,
+            limit: 1,
+        },
+        RestoreDrop::Oldest {
+            repository: None,
+            keep: 1,
+            limit: 1,
+        },
+        RestoreDrop::LastRestoredBefore(0),
+        RestoreDrop::OfEntries(&[EntryId::new(1)]),
     ];
+    let mut statements = vec![RESTORE_HEAVY_REPOSITORIES.on(Backend::Sqlite).to_owned()];
+    for drop in &drops {
+        for (sql, _) in drop_restores_sql(drop) {
+            statements.push(sql.on(Backend::Sqlite).to_owned());
+        }
+    }
+    assert_eq!(
+        statements.len(),
+        5,
+        "every statement over the restore records"
+    );
     for sql in statements {
         let mut plan = reader
             .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))

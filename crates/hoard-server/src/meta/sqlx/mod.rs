@@ -72,17 +72,15 @@ use super::sql::{
     columns, count_entries_sql, entry_from_row, list_entries_sql, listed_from_row, names_from_rows,
     prefix_end, quota_usage_from_row, record_restore_params, repositories_sql, repository_from_row,
     restore_from_row, restores_sql, upload_from_row, upload_with_blocks_sql, use_from_row, Param,
-    SqlRow, BLOCK_STATE_SQL, CHUNK, ENTRY, PRUNE_READERS, PRUNE_RESTORES, QUOTA_USAGE,
-    RECORD_RESTORE, UPLOAD, USE_COLS,
+    SqlRow, BLOCK_STATE_SQL, CHUNK, ENTRY, PRUNE_READERS, QUOTA_USAGE, RECORD_RESTORE, UPLOAD,
+    USE_COLS,
 };
-use super::sql::{
-    entry_ids_sql, removable_sql, DROP_OLDEST_RESTORES, DROP_OLDEST_RESTORES_OF, FORGET_RESTORES,
-    RESTORE_HEAVY_REPOSITORIES,
-};
+use super::sql::{drop_restores_sql, entry_ids_sql, removable_sql, RESTORE_HEAVY_REPOSITORIES};
 use super::{
     AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, EntryWalk, FinalizeState, Health,
     LifecycleStore, ListedEntry, MetaError, NewEntry, NewRestore, NewUpload, PoolSettings,
-    Removable, Removal, RepositoryUsage, RestoreQuery, RestoreStore, SaveStore, SlotState, Totals,
+    Removable, Removal, RepositoryUsage, RestoreDrop, RestoreQuery, RestoreStore, SaveStore,
+    SlotState, Totals,
 };
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, QuotaUsage, RepoId,
@@ -544,55 +542,10 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
         .await
     }
 
-    async fn prune_restores(&self, before: Millis) -> Result<u64, MetaError> {
-        self.db
-            .execute(PRUNE_RESTORES.on(D::BACKEND), vec![Param::Int(before)])
-            .await
-    }
-
-    async fn repositories_over_restores(&self, keep: u64) -> Result<Vec<RepoId>, MetaError> {
-        let keep = Param::Int(keep.min(i64::MAX as u64) as i64);
-        let rows = self.rows(&RESTORE_HEAVY_REPOSITORIES, vec![keep]).await?;
-        rows.iter()
-            .map(|r| Ok(RepoId::new(r.text("repository")?)))
-            .collect()
-    }
-
-    async fn drop_oldest_restores(
-        &self,
-        repository: Option<&RepoId>,
-        keep: u64,
-        limit: usize,
-    ) -> Result<u64, MetaError> {
-        let (keep, limit) = (
-            Param::Int(keep.min(i64::MAX as u64) as i64),
-            Param::Int(limit as i64),
-        );
-        match repository {
-            Some(repository) => {
-                let params = vec![
-                    text(repository.as_str()),
-                    text(repository.as_str()),
-                    limit,
-                    keep,
-                ];
-                self.db
-                    .execute(DROP_OLDEST_RESTORES_OF.on(D::BACKEND), params)
-                    .await
-            }
-            None => {
-                self.db
-                    .execute(DROP_OLDEST_RESTORES.on(D::BACKEND), vec![limit, keep])
-                    .await
-            }
-        }
-    }
-
-    async fn forget_restores(&self, entries: &[EntryId]) -> Result<u64, MetaError> {
-        // One statement per entry in one transaction, as `drop_quarantined` does.
-        let steps = entries
-            .iter()
-            .map(|id| Step::Execute(FORGET_RESTORES.on(D::BACKEND), vec![Param::Int(id.get())]))
+    async fn drop_restores(&self, which: RestoreDrop<'_>) -> Result<u64, MetaError> {
+        let steps = drop_restores_sql(&which)
+            .into_iter()
+            .map(|(sql, params)| Step::Execute(sql.on(D::BACKEND), params))
             .collect();
         let done = self.db.in_transaction(steps).await?;
         Ok(done
@@ -602,6 +555,14 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
                 Done::Rows(_) => 0,
             })
             .sum())
+    }
+
+    async fn repositories_over_restores(&self, keep: u64) -> Result<Vec<RepoId>, MetaError> {
+        let keep = Param::Int(keep.min(i64::MAX as u64) as i64);
+        let rows = self.rows(&RESTORE_HEAVY_REPOSITORIES, vec![keep]).await?;
+        rows.iter()
+            .map(|r| Ok(RepoId::new(r.text("repository")?)))
+            .collect()
     }
 
     async fn pending_deletions(&self) -> Result<u64, MetaError> {
