@@ -435,14 +435,12 @@ async fn a_restores_answer_is_truncated_exactly_when_records_are_left_out() {
 
 /// `hoard gc` with `args` on the server's data directory: one maintenance pass.
 fn gc(srv: &common::TestServer, args: &[&str]) {
-    let out = Command::new(env!("CARGO_BIN_EXE_hoard"))
+    let out = common::process::hoard_command()
         .arg("gc")
         .args(args)
         .arg("--data-dir")
         .arg(srv.data.path())
         .env("RUST_LOG", "warn")
-        // The machine's own free space is not the test's (as in `TestServer`).
-        .env("HOARD_MIN_FREE_SPACE", "0")
         .output()
         .unwrap();
     assert!(

@@ -16,14 +16,11 @@ const MIB: usize = 1 << 20;
 
 /// `hoard ARGS… --data-dir DIR`, run to completion: exit code and standard output.
 fn hoard(args: &[&str], data: &Path) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_hoard"))
+    let out = common::process::hoard_command()
         .args(args)
         .arg("--data-dir")
         .arg(data)
         .env("RUST_LOG", "warn")
-        // The machine's own free space is not the test's (as in `TestServer`): a host disk
-        // over 95% full would have every pass evict every entry.
-        .env("HOARD_MIN_FREE_SPACE", "0")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -514,9 +511,8 @@ async fn hoard_gc_killed_mid_pass_never_leaves_a_corrupt_or_short_hit() {
 
     // Evicting down to 100 KiB and collecting orphans, killed at several points.
     for delay in [5, 15, 40, 90, 200] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hoard"))
+        let mut child = common::process::hoard_command()
             .args(["gc", "--max-storage", "100KiB", "--data-dir", &dir])
-            .env("HOARD_MIN_FREE_SPACE", "0")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

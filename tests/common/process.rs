@@ -10,6 +10,15 @@ use std::time::Duration;
 
 use super::databases::Backend;
 
+/// A command running the `hoard` binary as a test does: the machine's own free space is not
+/// the test's (as in the in-process harness), or a host disk over 95% full would have `gc`
+/// evict every entry and `serve` refuse saves.
+pub fn hoard_command() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hoard"));
+    command.env("HOARD_MIN_FREE_SPACE", "0");
+    command
+}
+
 /// The `hoard` binary running as its own process, so it can be measured and killed.
 pub struct Hoard {
     child: Child,
@@ -39,7 +48,7 @@ impl Hoard {
 
     /// Like [`Hoard::start_with`], with `env` set for the server (object storage settings).
     pub fn start_with_env(data: &Path, extra: &[&str], env: &[(String, String)]) -> Self {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_hoard"));
+        let mut command = hoard_command();
         command.envs(env.iter().map(|(k, v)| (k, v)));
         Self::start_command(command, data, extra)
     }
@@ -56,7 +65,7 @@ impl Hoard {
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data)
             .args(extra)
-            // As in the in-process harness: the machine's free space is not the test's.
+            // Also when `command` is a wrapper that runs the binary.
             .env("HOARD_MIN_FREE_SPACE", "0")
             // Request lines (debug level) too: tests count uploads by them.
             .env("RUST_LOG", "info,hoard::request=debug")
