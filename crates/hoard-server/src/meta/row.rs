@@ -19,6 +19,14 @@ pub enum Param {
     Null,
 }
 
+impl Param {
+    /// A count, as the signed 64-bit integer every backend stores (saturating: no count
+    /// reaches it).
+    pub fn count(n: u64) -> Self {
+        Self::Int(n.min(i64::MAX as u64) as i64)
+    }
+}
+
 /// What a column holds, as every backend stores it: PostgreSQL's and MySQL's integer widths are
 /// all `Int`; MySQL keeps `Text` in binary strings, so that it compares byte-wise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

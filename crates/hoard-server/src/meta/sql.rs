@@ -717,7 +717,7 @@ pub(super) fn record_restore_params(restore: &super::NewRestore) -> Vec<Param> {
     params.extend([
         Param::Int(restore.first_at),
         Param::Int(restore.last_at),
-        Param::Int(restore.count.min(i64::MAX as u64) as i64),
+        Param::count(restore.count),
         Param::Int(restore.entry.get()),
     ]);
     params
@@ -776,10 +776,7 @@ pub(super) fn drop_restores_sql(
             keep,
             limit,
         } => {
-            let (keep, limit) = (
-                Param::Int(keep.min(i64::MAX as u64) as i64),
-                Param::Int(limit as i64),
-            );
+            let (keep, limit) = (Param::count(keep), Param::Int(limit as i64));
             match repository {
                 Some(repository) => {
                     let repository = Param::Text(repository.as_str().to_owned());

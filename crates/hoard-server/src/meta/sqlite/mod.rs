@@ -980,10 +980,9 @@ impl LifecycleStore for SqliteStore {
     }
 
     async fn repositories_over_restores(&self, keep: u64) -> Result<Vec<RepoId>, MetaError> {
-        let keep = keep.min(i64::MAX as u64) as i64;
         self.read(move |conn| {
             let mut stmt = conn.prepare_cached(RESTORE_HEAVY_REPOSITORIES.on(Backend::Sqlite))?;
-            let mut rows = stmt.query([keep])?;
+            let mut rows = stmt.query([Param::count(keep)])?;
             let mut over = Vec::new();
             while let Some(row) = rows.next()? {
                 over.push(RepoId::new(row.text("repository")?));

@@ -558,7 +558,7 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
     }
 
     async fn repositories_over_restores(&self, keep: u64) -> Result<Vec<RepoId>, MetaError> {
-        let keep = Param::Int(keep.min(i64::MAX as u64) as i64);
+        let keep = Param::count(keep);
         let rows = self.rows(&RESTORE_HEAVY_REPOSITORIES, vec![keep]).await?;
         rows.iter()
             .map(|r| Ok(RepoId::new(r.text("repository")?)))
