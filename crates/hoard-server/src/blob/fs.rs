@@ -957,9 +957,9 @@ mod tests {
         );
     }
 
-    /// CI caught `hoard gc` and the server rewriting the record at once, through one temporary
-    /// name: one renamed the file the other had just truncated, the record read as torn, and
-    /// the next start forgot every entry.
+    /// `hoard gc` and the server may rewrite the record at once. Through one shared temporary
+    /// name, one could rename the file the other had just truncated: the record read as torn,
+    /// and the next start forgot every entry.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_processes_rewriting_the_record_never_leave_it_torn() {
         let dir = tempfile::tempdir().unwrap();

@@ -127,13 +127,15 @@ impl Cache {
             since: starts[0],
             until: period.until,
         };
-        let rows = if filter.repository.is_none() && filter.family.is_none() {
-            StatsRows::Server(period.bucket)
-        } else {
-            StatsRows::Families(period.bucket)
+        let series = StatsQuery {
+            filter: &filter,
+            rows: if filter.repository.is_none() && filter.family.is_none() {
+                StatsRows::Server(period.bucket)
+            } else {
+                StatsRows::Families(period.bucket)
+            },
         };
-        let filter = &filter;
-        let rows = self.meta.stats(&StatsQuery { filter, rows }).await?;
+        let rows = self.meta.stats(&series).await?;
         let width = period.bucket.millis();
         let mut points: Vec<(Millis, Counters)> =
             starts.iter().map(|s| (*s, Counters::default())).collect();

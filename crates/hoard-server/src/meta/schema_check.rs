@@ -113,12 +113,12 @@ pub async fn schema_disagreements(url: &DatabaseUrl) -> Result<Vec<String>, Meta
             }
         }
     }
-    let mut undeclared: Vec<&str> = found
+    // A set: the catalogs list a table once per column, in whatever order they keep.
+    let undeclared: std::collections::BTreeSet<&str> = found
         .iter()
         .map(|f| f.table.as_str())
         .filter(|t| *t != BOOKKEEPING && TABLES.iter().all(|d| d.name != *t))
         .collect();
-    undeclared.dedup();
     for table in undeclared {
         wrong.push(format!("table {table} is in the database but not declared"));
     }
