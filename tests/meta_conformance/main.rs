@@ -10,7 +10,7 @@ mod conformance;
 use std::sync::Arc;
 
 use common::databases::{Server, TestDatabase};
-use hoard::meta::{self, DatabaseUrl, MetaStore};
+use hoard::meta::{self, DatabaseUrl, EntryState, MetaStore};
 use hoard::model::EntryId;
 
 /// Runs the suite on a fresh store, then opens the same database again (migrations run a
@@ -37,7 +37,11 @@ async fn conforms(url: DatabaseUrl) {
     drop(store);
     let reopened = meta::open(&url, 4).await.unwrap();
     assert!(
-        reopened.entry(probe).await.unwrap().is_some(),
+        reopened
+            .entry(probe, EntryState::Live)
+            .await
+            .unwrap()
+            .is_some(),
         "reopening (migrations again) keeps the data"
     );
     let next = conformance::save(

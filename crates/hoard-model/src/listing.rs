@@ -15,6 +15,8 @@ pub struct EntryFilter {
     pub scope: Option<Scope>,
     /// A prefix of the key, folded as keys are matched (case-insensitively).
     pub folded_key_prefix: Option<String>,
+    /// Exactly this key, folded (what the v1 listing `GET caches?key=` asks).
+    pub folded_key: Option<String>,
     pub version: Option<String>,
     /// Exactly this entry.
     pub id: Option<EntryId>,

@@ -26,7 +26,7 @@ async fn list_ids(
             after,
             limit,
         };
-        let listed = store.list_entries(&page).await.unwrap();
+        let listed = store.select_entries(&page).await.unwrap();
         let Some(last) = listed.last() else {
             return pages;
         };
@@ -83,7 +83,10 @@ async fn operators_filter_sort_and_page_entries(store: &dyn MetaStore) {
     )
     .await;
     save(store, &slot("adm-other", "linux-npm-9"), &[5], 500).await;
-    store.record_hits(&[(a, 1, 1000)]).await.unwrap();
+    store
+        .record_uses(&just_hits(&[(a, 1, 1000)]))
+        .await
+        .unwrap();
 
     let repo = EntryFilter {
         repository: Some("adm".into()),
@@ -180,7 +183,7 @@ async fn operators_filter_sort_and_page_entries(store: &dyn MetaStore) {
         after: None,
         limit: 1,
     };
-    let listed = store.list_entries(&page).await.unwrap();
+    let listed = store.select_entries(&page).await.unwrap();
     assert_eq!(
         listed[0].repository_name, "octo/adm",
         "listings carry the repository's name"
@@ -195,16 +198,16 @@ async fn operators_filter_sort_and_page_entries(store: &dyn MetaStore) {
 async fn repositories_keep_names_usage_hits_and_misses(store: &dyn MetaStore) {
     let a = save_named(store, &slot("rep-a", "k"), &[100], 10, "octo/a").await;
     save(store, &slot("rep-a", "k2"), &[50], 11).await;
-    store.record_hits(&[(a, 3, 20)]).await.unwrap();
+    store.record_uses(&just_hits(&[(a, 3, 20)])).await.unwrap();
     store
-        .record_misses(&[
+        .record_uses(&just_misses(&[
             (RepoId::new("rep-a"), String::new(), 2),
             (RepoId::new("rep-b"), "octo/b".into(), 4),
-        ])
+        ]))
         .await
         .unwrap();
     store
-        .record_misses(&[(RepoId::new("rep-b"), String::new(), 1)])
+        .record_uses(&just_misses(&[(RepoId::new("rep-b"), String::new(), 1)]))
         .await
         .unwrap();
     let usage = |repository: &str, name: &str, counts: [u64; 4]| RepositoryUsage {

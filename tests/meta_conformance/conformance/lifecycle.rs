@@ -41,7 +41,10 @@ async fn usage_follows_finalize_and_removal(store: &dyn MetaStore) {
     assert_eq!(removed.len(), 1);
     assert_eq!((removed[0].id, removed[0].size), (one, 100));
     assert_eq!(removed[0].repository, repo);
-    assert!(store.entry(one).await.unwrap().is_none(), "removed at once");
+    assert!(
+        store.entry(one, EntryState::Live).await.unwrap().is_none(),
+        "removed at once"
+    );
     assert!(lookup(store, "lc-usage", &["one"]).await.is_empty());
     assert_eq!(store.repository_usage(&repo).await.unwrap().bytes, 500);
     assert_eq!(store.total_usage().await.unwrap(), total_before + 500);
@@ -77,7 +80,7 @@ async fn ids_of_removed_entries_are_never_given_again(store: &dyn MetaStore) {
 
 async fn removed_chunks_wait_for_their_deletion_time(store: &dyn MetaStore) {
     let id = save(store, &slot("lc-delete", "k"), &[10, 20], 1).await;
-    let (_, chunks) = store.entry(id).await.unwrap().unwrap();
+    let (_, chunks) = store.entry(id, EntryState::Live).await.unwrap().unwrap();
     let names: Vec<BlobName> = chunks.iter().map(|c| c.chunk.blob.clone()).collect();
     let pending_before = store.pending_deletions().await.unwrap();
     let cause = RemovalCause::Deleted;
@@ -113,7 +116,7 @@ async fn least_recently_used_come_first(store: &dyn MetaStore) {
     let a = save(store, &slot("lc-lru", "a"), &[1], 10).await;
     let b = save(store, &slot("lc-lru", "b"), &[1], 20).await;
     let c = save(store, &slot("lc-lru", "c"), &[1], 30).await;
-    store.record_hits(&[(a, 1, 40)]).await.unwrap();
+    store.record_uses(&just_hits(&[(a, 1, 40)])).await.unwrap();
     let ids =
         |found: Vec<hoard::model::EntryUse>| found.into_iter().map(|e| e.id).collect::<Vec<_>>();
     assert_eq!(
@@ -151,7 +154,10 @@ async fn least_recently_used_come_first(store: &dyn MetaStore) {
 async fn expiry_finds_unused_and_old_entries(store: &dyn MetaStore) {
     let unused = save(store, &slot("lc-exp", "unused"), &[1], 5).await;
     let used = save(store, &slot("lc-exp", "used"), &[1], 6).await;
-    store.record_hits(&[(used, 1, 9_000_000)]).await.unwrap();
+    store
+        .record_uses(&just_hits(&[(used, 1, 9_000_000)]))
+        .await
+        .unwrap();
     let ids =
         |found: Vec<hoard::model::EntryUse>| found.into_iter().map(|e| e.id).collect::<Vec<_>>();
     let found = ids(store
@@ -252,7 +258,7 @@ async fn references_cover_every_table(store: &dyn MetaStore) {
         .await
         .unwrap();
     let entry = save(store, &slot("lc-refs", "entry"), &[3], 1).await;
-    let (_, chunks) = store.entry(entry).await.unwrap().unwrap();
+    let (_, chunks) = store.entry(entry, EntryState::Live).await.unwrap().unwrap();
     let stray = BlobName::random();
     let names = vec![
         staged.blob.clone(),
@@ -304,7 +310,7 @@ async fn forgetting_after_a_crash_drops_new_entries_and_open_uploads(store: &dyn
     let pr = |key| slot_in("forget", "refs/pull/9/merge", key, "v1");
     save(store, &pr("old-pr"), &[2], 1_000).await;
     save(store, &pr("new-pr"), &[4], 3_000).await;
-    let (_, new_chunks) = store.entry(new).await.unwrap().unwrap();
+    let (_, new_chunks) = store.entry(new, EntryState::Live).await.unwrap().unwrap();
     let open = reserve(store, &slot("forget", "open"), 3_000).await;
     let staged = chunk(7);
     store
@@ -314,8 +320,8 @@ async fn forgetting_after_a_crash_drops_new_entries_and_open_uploads(store: &dyn
 
     let (forgotten, garbage) = store.forget_after(2_000, 4_000).await.unwrap();
     assert!(forgotten >= 1);
-    assert!(store.entry(old).await.unwrap().is_some());
-    assert!(store.entry(new).await.unwrap().is_none());
+    assert!(store.entry(old, EntryState::Live).await.unwrap().is_some());
+    assert!(store.entry(new, EntryState::Live).await.unwrap().is_none());
     assert!(garbage.contains(&new_chunks[0].chunk.blob));
     assert!(garbage.contains(&staged.blob));
     let open = upload_of(store, open.id).await.unwrap();
@@ -374,7 +380,10 @@ async fn scope_classes_are_counted_and_listed_apart(store: &dyn MetaStore) {
             pr_bytes: 60
         }
     );
-    store.record_hits(&[(pull, 1, 60)]).await.unwrap();
+    store
+        .record_uses(&just_hits(&[(pull, 1, 60)]))
+        .await
+        .unwrap();
     let ids =
         |found: Vec<hoard::model::EntryUse>| found.into_iter().map(|e| e.id).collect::<Vec<_>>();
     assert_eq!(

@@ -14,8 +14,8 @@ mod stats;
 pub use std::sync::Arc;
 
 pub use hoard::meta::{
-    EntryWalk, LifecycleStore, MetaError, MetaStore, NewEntry, NewUpload, Removable, Removal,
-    RestoreDrop,
+    EntryState, EntryWalk, LifecycleStore, MetaError, MetaStore, NewEntry, NewUpload, Removable,
+    Removal, RestoreDrop, Uses,
 };
 pub use hoard::model::{
     BlobName, BlockId, CacheKey, CallerKind, Chunk, EntryFilter, EntryId, EntryOrder, EntryPage,
@@ -24,6 +24,30 @@ pub use hoard::model::{
 };
 
 pub const MAIN: &str = "refs/heads/main";
+
+/// Restores to record, and nothing else.
+pub fn just_hits(hits: &[(EntryId, u64, i64)]) -> Uses {
+    Uses {
+        hits: hits.to_vec(),
+        ..Uses::default()
+    }
+}
+
+/// Lookups that found nothing, and nothing else.
+pub fn just_misses(misses: &[(RepoId, String, u64)]) -> Uses {
+    Uses {
+        misses: misses.to_vec(),
+        ..Uses::default()
+    }
+}
+
+/// Restore records, and nothing else.
+pub fn just_restores(restores: &[hoard::meta::NewRestore]) -> Uses {
+    Uses {
+        restores: restores.to_vec(),
+        ..Uses::default()
+    }
+}
 
 /// The upload `id`, in whatever state, without its blocks.
 pub async fn upload_of(store: &dyn MetaStore, id: UploadId) -> Option<Upload> {

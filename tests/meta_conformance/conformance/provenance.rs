@@ -78,7 +78,7 @@ async fn listed(store: &dyn MetaStore, filter: EntryFilter) -> Vec<hoard::model:
         after: None,
         limit: 100,
     };
-    let found = store.list_entries(&page).await.unwrap();
+    let found = store.select_entries(&page).await.unwrap();
     assert_eq!(
         store.count_entries(&filter).await.unwrap(),
         found.len() as u64,
@@ -269,7 +269,11 @@ async fn an_entry_awaiting_its_digest_gets_it_once(store: &dyn MetaStore) {
             .contains(&awaiting),
         "the walk goes on after `after`"
     );
-    let (_, chunks) = store.entry(awaiting).await.unwrap().unwrap();
+    let (_, chunks) = store
+        .entry(awaiting, EntryState::Live)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         chunks[0].chunk.sha256, None,
         "the store keeps an unknown SHA-256 unknown"
@@ -294,7 +298,11 @@ async fn an_entry_awaiting_its_digest_gets_it_once(store: &dyn MetaStore) {
         .await;
         all.into_iter().find(|e| e.entry.id == id).unwrap().digest
     };
-    let (_, chunks) = store.entry(awaiting).await.unwrap().unwrap();
+    let (_, chunks) = store
+        .entry(awaiting, EntryState::Live)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(sha256_of(chunks), [Some(sums[0]), Some(sums[1])]);
     assert_eq!(digest_of(awaiting).await, "sha256-chunks:77");
     assert!(!walk_from(awaiting).await.contains(&awaiting));
@@ -304,7 +312,11 @@ async fn an_entry_awaiting_its_digest_gets_it_once(store: &dyn MetaStore) {
         .record_digest(awaiting, &[[9; 32], [9; 32]], "sha256-chunks:99")
         .await
         .unwrap());
-    let (_, chunks) = store.entry(awaiting).await.unwrap().unwrap();
+    let (_, chunks) = store
+        .entry(awaiting, EntryState::Live)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(sha256_of(chunks), [Some(sums[0]), Some(sums[1])]);
     assert_eq!(digest_of(awaiting).await, "sha256-chunks:77");
     assert!(!store
@@ -357,17 +369,17 @@ async fn restore_records_name_the_readers_and_outlive_the_entry(store: &dyn Meta
         reader("nightly-run", "test"),
     );
     store
-        .record_restores(&[
+        .record_uses(&just_restores(&[
             restore(bad, &release, 200),
             restore(bad, &nightly, 210),
             restore(good, &nightly, 220),
             restore(EntryId::new(i64::MAX - 1), &release, 230),
-        ])
+        ]))
         .await
         .unwrap();
     // Restored again later: added to the reader's record, not a second one.
     store
-        .record_restores(&[restore(bad, &release, 300)])
+        .record_uses(&just_restores(&[restore(bad, &release, 300)]))
         .await
         .unwrap();
 
@@ -419,7 +431,7 @@ async fn restore_records_name_the_readers_and_outlive_the_entry(store: &dyn Meta
         "records outlive the entry"
     );
     store
-        .record_restores(&[restore(bad, &release, 450)])
+        .record_uses(&just_restores(&[restore(bad, &release, 450)]))
         .await
         .unwrap();
     assert_eq!(
@@ -453,7 +465,7 @@ async fn an_entry_keeps_its_most_recent_readers(store: &dyn MetaStore) {
     let batch: Vec<_> = (0..many)
         .map(|i| restore(entry, &reader(&format!("run-{i}"), "j"), 1000 + i as i64))
         .collect();
-    store.record_restores(&batch).await.unwrap();
+    store.record_uses(&just_restores(&batch)).await.unwrap();
     let kept = store.restores(&restores_of(vec![entry])).await.unwrap();
     assert_eq!(kept.len(), hoard::meta::MAX_READERS_PER_ENTRY);
     assert_eq!(
@@ -489,7 +501,7 @@ async fn restore_records_are_forgotten_with_their_entries_on_request(store: &dyn
             (0..3).map(move |i| restore(*entry, &reader(&format!("f-{i}"), "j"), 10 + i))
         })
         .collect();
-    store.record_restores(&batch).await.unwrap();
+    store.record_uses(&just_restores(&batch)).await.unwrap();
     // A removed entry's records are still its own to forget.
     let deleted = RemovalCause::Deleted;
     let removal = Removal {
@@ -541,26 +553,26 @@ async fn restore_records_are_bounded_oldest_first(store: &dyn MetaStore) {
     let q = save_by(store, &slot(quiet.as_str(), "q"), None, "", T).await;
     // busy: six records, b-0 and a-1 restored at the same time (the older id goes first).
     store
-        .record_restores(&[
+        .record_uses(&just_restores(&[
             restore(a, &reader("a-0", "j"), T + 1),
             restore(a, &reader("a-1", "j"), T + 3),
             restore(b, &reader("b-0", "j"), T + 3),
             restore(a, &reader("a-2", "j"), T + 5),
             restore(b, &reader("b-1", "j"), T + 6),
             restore(b, &reader("b-2", "j"), T + 8),
-        ])
+        ]))
         .await
         .unwrap();
     store
-        .record_restores(&[
+        .record_uses(&just_restores(&[
             restore(q, &reader("q-0", "j"), T + 2),
             restore(q, &reader("q-1", "j"), T + 7),
-        ])
+        ]))
         .await
         .unwrap();
     // Restored again: its latest restore is what ages it.
     store
-        .record_restores(&[restore(a, &reader("a-0", "j"), T + 9)])
+        .record_uses(&just_restores(&[restore(a, &reader("a-0", "j"), T + 9)]))
         .await
         .unwrap();
 

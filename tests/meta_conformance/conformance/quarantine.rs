@@ -39,7 +39,7 @@ async fn listed(
         after: None,
         limit: 100,
     };
-    let found = store.list_entries(&page).await.unwrap();
+    let found = store.select_entries(&page).await.unwrap();
     assert_eq!(
         store.count_entries(&filter).await.unwrap(),
         found.len() as u64,
@@ -52,7 +52,7 @@ async fn a_quarantined_entry_leaves_lookups_and_keeps_everything(store: &dyn Met
     let repo = "q-keep";
     let id = save(store, &slot(repo, "poisoned"), &[10, 20], 1).await;
     let clean = save(store, &slot(repo, "clean"), &[5], 2).await;
-    let (entry, chunks) = store.entry(id).await.unwrap().unwrap();
+    let (entry, chunks) = store.entry(id, EntryState::Live).await.unwrap().unwrap();
     let names: Vec<BlobName> = chunks.iter().map(|c| c.chunk.blob.clone()).collect();
     let usage = store.repository_usage(&RepoId::new(repo)).await.unwrap();
     let pending = store.pending_deletions().await.unwrap();
@@ -60,7 +60,10 @@ async fn a_quarantined_entry_leaves_lookups_and_keeps_everything(store: &dyn Met
     let removed = store.remove_entries(&[id], at(&cause, 50)).await.unwrap();
     assert_eq!(removed.len(), 1, "a quarantine removes the entry once");
 
-    assert!(store.entry(id).await.unwrap().is_none(), "out of lookups");
+    assert!(
+        store.entry(id, EntryState::Live).await.unwrap().is_none(),
+        "out of lookups"
+    );
     assert_eq!(
         lookup(store, repo, &["poisoned"]).await,
         [],
@@ -85,7 +88,11 @@ async fn a_quarantined_entry_leaves_lookups_and_keeps_everything(store: &dyn Met
         2,
         "its chunks stay referenced (no orphan collection)"
     );
-    let (kept, kept_chunks) = store.quarantined_entry(id).await.unwrap().unwrap();
+    let (kept, kept_chunks) = store
+        .entry(id, EntryState::Quarantined)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(kept, entry, "the entry is kept as it was");
     let parts = |chunks: &[hoard::meta::EntryChunk]| {
         chunks
@@ -147,7 +154,11 @@ async fn a_release_puts_the_entry_back_unless_its_slot_is_taken(store: &dyn Meta
         other => panic!("a release into a taken slot conflicts, not {other:?}"),
     }
     assert!(
-        store.quarantined_entry(id).await.unwrap().is_some(),
+        store
+            .entry(id, EntryState::Quarantined)
+            .await
+            .unwrap()
+            .is_some(),
         "a refused release leaves the entry in quarantine"
     );
     let deleted = RemovalCause::Deleted;
@@ -163,9 +174,13 @@ async fn a_release_puts_the_entry_back_unless_its_slot_is_taken(store: &dyn Meta
         [("k".to_owned(), id)],
         "lookups find it again"
     );
-    assert!(store.quarantined_entry(id).await.unwrap().is_none());
+    assert!(store
+        .entry(id, EntryState::Quarantined)
+        .await
+        .unwrap()
+        .is_none());
     assert!(listed(store, repo, true).await.is_empty());
-    let (_, chunks) = store.entry(id).await.unwrap().unwrap();
+    let (_, chunks) = store.entry(id, EntryState::Live).await.unwrap().unwrap();
     assert_eq!(chunks.len(), 1, "with its chunks");
     let after = store.repository_usage(&RepoId::new(repo)).await.unwrap();
     assert_eq!(after, before, "and counted in its repository again");
@@ -188,7 +203,7 @@ async fn the_end_of_a_quarantine_schedules_its_chunks(store: &dyn MetaStore) {
     let repo = "q-end";
     let old = save(store, &slot(repo, "old"), &[4, 6], 1).await;
     let young = save(store, &slot(repo, "young"), &[8], 2).await;
-    let (_, chunks) = store.entry(old).await.unwrap().unwrap();
+    let (_, chunks) = store.entry(old, EntryState::Live).await.unwrap().unwrap();
     let names: Vec<BlobName> = chunks.iter().map(|c| c.chunk.blob.clone()).collect();
     let cause = quarantine("quarantined by admin");
     store.remove_entries(&[old], at(&cause, 100)).await.unwrap();
@@ -202,7 +217,11 @@ async fn the_end_of_a_quarantine_schedules_its_chunks(store: &dyn MetaStore) {
     let pending = store.pending_deletions().await.unwrap();
     let dropped = store.drop_quarantined(&[old], 5_000).await.unwrap();
     assert_eq!(dropped, [old], "the quarantine of the old entry ends");
-    assert!(store.quarantined_entry(old).await.unwrap().is_none());
+    assert!(store
+        .entry(old, EntryState::Quarantined)
+        .await
+        .unwrap()
+        .is_none());
     assert_eq!(
         store.pending_deletions().await.unwrap(),
         pending + 10,

@@ -165,10 +165,7 @@ async fn listings_find_every_version_of_a_key_in_one_scope(store: &dyn MetaStore
     .await;
     save(store, &slot_in("list-other", MAIN, "deps", "v1"), &[1], 60).await;
     let (repo, main) = (RepoId::new("list"), Scope::new(MAIN));
-    let found = store
-        .entries_with_key(&repo, &main, "deps", 10)
-        .await
-        .unwrap();
+    let found = with_key(store, &repo, &main, "deps", 10).await;
     let ids: Vec<EntryId> = found.iter().map(|e| e.id).collect();
     assert_eq!(
         ids,
@@ -184,17 +181,10 @@ async fn listings_find_every_version_of_a_key_in_one_scope(store: &dyn MetaStore
         ("DEPS", "v3", 5),
         "entries come back as stored"
     );
-    let two = store
-        .entries_with_key(&repo, &main, "deps", 2)
-        .await
-        .unwrap();
+    let two = with_key(store, &repo, &main, "deps", 2).await;
     assert_eq!(two.len(), 2, "at most the limit");
     assert!(
-        store
-            .entries_with_key(&repo, &main, "dep", 10)
-            .await
-            .unwrap()
-            .is_empty(),
+        with_key(store, &repo, &main, "dep", 10).await.is_empty(),
         "no prefix matching"
     );
 }
@@ -202,13 +192,39 @@ async fn listings_find_every_version_of_a_key_in_one_scope(store: &dyn MetaStore
 async fn restores_are_recorded(store: &dyn MetaStore) {
     let id = save(store, &slot("hits", "k"), &[1], 100).await;
     store
-        .record_hits(&[
+        .record_uses(&just_hits(&[
             (id, 2, 150),
             (id, 1, 120),
             (EntryId::new(id.get() + 1_000_000), 5, 1),
-        ])
+        ]))
         .await
         .unwrap();
-    let (entry, _) = store.entry(id).await.unwrap().unwrap();
+    let (entry, _) = store.entry(id, EntryState::Live).await.unwrap().unwrap();
     assert_eq!((entry.hits, entry.last_used_at), (3, 150));
+}
+
+/// The newest entries of `repo` in `scope` whose folded key is exactly `key`, as the v1
+/// listing selects them.
+async fn with_key(
+    store: &dyn MetaStore,
+    repo: &RepoId,
+    scope: &Scope,
+    key: &str,
+    limit: usize,
+) -> Vec<hoard::model::Entry> {
+    let filter = EntryFilter {
+        repository_id: Some(repo.as_str().to_owned()),
+        scope: Some(scope.clone()),
+        folded_key: Some(key.to_owned()),
+        ..EntryFilter::default()
+    };
+    let page = EntryPage {
+        filter: &filter,
+        order: EntryOrder::Created,
+        descending: true,
+        after: None,
+        limit,
+    };
+    let found = store.select_entries(&page).await.unwrap();
+    found.into_iter().map(|listed| listed.entry).collect()
 }

@@ -157,7 +157,7 @@ async fn blocks_stage_commit_and_finalize_into_an_entry(store: &dyn MetaStore) {
         .await
         .unwrap();
 
-    let (e, stored) = store.entry(entry).await.unwrap().unwrap();
+    let (e, stored) = store.entry(entry, EntryState::Live).await.unwrap().unwrap();
     assert_eq!((e.key.as_str(), e.size, e.created_at), ("Life-Key", 9, 105));
     assert_eq!((e.repository.as_str(), e.scope.as_str()), ("life", MAIN));
     let layout: Vec<(u64, Chunk)> = stored.into_iter().map(|c| (c.start, c.chunk)).collect();
@@ -182,7 +182,7 @@ async fn blocks_stage_commit_and_finalize_into_an_entry(store: &dyn MetaStore) {
         [("Life-Key".into(), entry)]
     );
     assert!(store
-        .entry(EntryId::new(entry.get() + 1_000_000))
+        .entry(EntryId::new(entry.get() + 1_000_000), EntryState::Live)
         .await
         .unwrap()
         .is_none());
@@ -355,7 +355,7 @@ async fn a_second_entry_for_a_slot_is_refused_and_leaves_nothing_behind(store: &
     let after = upload_of(store, second.id).await.unwrap();
     assert_eq!(after, second, "a refused finalize changes nothing");
     assert_eq!(lookup(store, "twice", &["k"]).await, [("k".into(), first)]);
-    let (e, chunks) = store.entry(first).await.unwrap().unwrap();
+    let (e, chunks) = store.entry(first, EntryState::Live).await.unwrap().unwrap();
     assert_eq!((e.size, chunks.len()), (10, 1));
 }
 
@@ -382,6 +382,15 @@ async fn longest_keys_and_versions_fit(store: &dyn MetaStore) {
             found.iter().any(|c| c.id == id && &c.key == key),
             "a long key is found by prefix"
         );
-        assert_eq!(store.entry(id).await.unwrap().unwrap().0.key, *key);
+        assert_eq!(
+            store
+                .entry(id, EntryState::Live)
+                .await
+                .unwrap()
+                .unwrap()
+                .0
+                .key,
+            *key
+        );
     }
 }

@@ -2,7 +2,7 @@
 //! repository holds and how its lookups go. The admin API and `hoard caches` come here; runtime
 //! tokens never do.
 
-use crate::meta::MetaError;
+use crate::meta::{EntryState, MetaError};
 use crate::model::{EntryFilter, EntryOrder, EntryPage, ListedEntry, RepositoryUsage, Totals};
 use crate::model::{EntryId, LogSafe, Millis, Provenance, RemovalCause, RepoId, Upload, UploadId};
 
@@ -117,6 +117,10 @@ fn upload_selected(filter: &EntryFilter, named: Option<&[RepoId]>, upload: &Uplo
             .as_deref()
             .is_none_or(|p| upload.key.to_lowercase().starts_with(p))
         && filter
+            .folded_key
+            .as_deref()
+            .is_none_or(|k| upload.key.to_lowercase() == k)
+        && filter
             .version
             .as_deref()
             .is_none_or(|v| upload.version == v)
@@ -136,6 +140,7 @@ fn describe(filter: &EntryFilter) -> String {
         repository_id,
         scope,
         folded_key_prefix,
+        folded_key,
         version,
         id,
         run_id,
@@ -146,12 +151,13 @@ fn describe(filter: &EntryFilter) -> String {
         digest,
         quarantined,
     } = filter;
-    let parts: [(&str, Option<String>); 13] = [
+    let parts: [(&str, Option<String>); 14] = [
         ("state", quarantined.then(|| "quarantined".to_owned())),
         ("repository", repository.clone()),
         ("repository_id", repository_id.clone()),
         ("scope", scope.as_ref().map(|s| s.as_str().to_owned())),
         ("key", folded_key_prefix.clone()),
+        ("exact_key", folded_key.clone()),
         ("version", version.clone()),
         ("id", id.map(|i| i.get().to_string())),
         ("run_id", run_id.clone()),
@@ -186,7 +192,7 @@ pub struct CacheStatus {
 
 impl Cache {
     /// A page of the entries `query` selects.
-    pub async fn list_entries(&self, query: &ListQuery) -> Result<Listing, CacheError> {
+    pub async fn select_entries(&self, query: &ListQuery) -> Result<Listing, CacheError> {
         self.write_usage().await?;
         let limit = query.limit.clamp(1, MAX_PAGE);
         let page = EntryPage {
@@ -197,7 +203,7 @@ impl Cache {
             // One more than asked tells whether another page follows.
             limit: limit + 1,
         };
-        let mut entries = self.meta.list_entries(&page).await?;
+        let mut entries = self.meta.select_entries(&page).await?;
         let next = if entries.len() > limit {
             entries.truncate(limit);
             entries
@@ -257,7 +263,7 @@ impl Cache {
                 after: None,
                 limit: 1,
             };
-            if let Some(found) = self.meta.list_entries(&page).await?.into_iter().next() {
+            if let Some(found) = self.meta.select_entries(&page).await?.into_iter().next() {
                 return Ok(Some(found));
             }
         }
@@ -267,9 +273,9 @@ impl Cache {
     /// The entry `id`, live or in quarantine, opened for reading: what an operator downloads
     /// to examine it. [`CacheError::EntryNotFound`] if it is neither.
     pub async fn archive(&self, id: EntryId) -> Result<super::OpenEntry, CacheError> {
-        let found = match self.meta.entry(id).await? {
+        let found = match self.meta.entry(id, EntryState::Live).await? {
             Some(live) => Some(live),
-            None => self.meta.quarantined_entry(id).await?,
+            None => self.meta.entry(id, EntryState::Quarantined).await?,
         };
         let (entry, chunks) = found.ok_or(CacheError::EntryNotFound)?;
         Ok(super::OpenEntry { entry, chunks })
@@ -431,7 +437,7 @@ impl Cache {
                 after,
                 limit: DELETE_BATCH,
             };
-            let batch = self.meta.list_entries(&page).await?;
+            let batch = self.meta.select_entries(&page).await?;
             let Some(last) = batch.last() else {
                 break;
             };

@@ -35,7 +35,7 @@ use super::integrity::{Check, WholeChunk};
 use super::pacing::Traffic;
 use super::{Cache, CacheError};
 use crate::blob::BlobError;
-use crate::meta::EntryWalk;
+use crate::meta::{EntryState, EntryWalk};
 use crate::model::{entry_digest, Chunk, EntryId, Millis};
 
 /// Entries queued at most; past it, the next walk finds the rest.
@@ -401,7 +401,7 @@ impl Cache {
         id: EntryId,
         queued: Option<Millis>,
     ) -> Result<Digested, CacheError> {
-        let Some((_, chunks)) = self.meta.entry(id).await? else {
+        let Some((_, chunks)) = self.meta.entry(id, EntryState::Live).await? else {
             return Ok(Digested::Gone);
         };
         let pace = queued.map(|queued| (self.digests.traffic.clone(), queued));

@@ -21,7 +21,7 @@ use sha2::{Digest, Sha256};
 
 use super::{Cache, CacheError};
 use crate::blob::{BlobError, ByteStream};
-use crate::meta::EntryWalk;
+use crate::meta::{EntryState, EntryWalk};
 use crate::model::{Chunk, EntryId};
 
 /// Called once when a chunk turns out damaged, with a sentence saying how.
@@ -224,7 +224,7 @@ impl Cache {
             let Some(last) = ids.last() else { break };
             after = *last;
             for id in ids {
-                let Some((_, chunks)) = self.meta.entry(id).await? else {
+                let Some((_, chunks)) = self.meta.entry(id, EntryState::Live).await? else {
                     continue; // removed meanwhile
                 };
                 let mut damage = None;

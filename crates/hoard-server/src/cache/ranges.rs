@@ -9,7 +9,8 @@ use super::{retry_stale, Cache, CacheError, LinkedUpload, OpenEntry};
 use crate::auth::Identity;
 use crate::blob::ByteStream;
 use crate::model::{
-    BlockId, CacheKey, Entry, EntryId, Slot, Upload, UploadId, UploadState, Version,
+    BlockId, CacheKey, Entry, EntryFilter, EntryId, EntryOrder, EntryPage, Slot, Upload, UploadId,
+    UploadState, Version,
 };
 
 /// Most entries one listing returns.
@@ -146,11 +147,21 @@ impl Cache {
             if room == 0 {
                 break;
             }
-            listed.extend(
-                self.meta
-                    .entries_with_key(&who.repository, scope, &folded, room)
-                    .await?,
-            );
+            let filter = EntryFilter {
+                repository_id: Some(who.repository.as_str().to_owned()),
+                scope: Some(scope.clone()),
+                folded_key: Some(folded.clone()),
+                ..EntryFilter::default()
+            };
+            let newest_first = EntryPage {
+                filter: &filter,
+                order: EntryOrder::Created,
+                descending: true,
+                after: None,
+                limit: room,
+            };
+            let found = self.meta.select_entries(&newest_first).await?;
+            listed.extend(found.into_iter().map(|listed| listed.entry));
         }
         Ok(listed)
     }

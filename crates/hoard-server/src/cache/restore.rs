@@ -8,7 +8,7 @@ use futures_util::StreamExt;
 use super::{integrity, matching, recent, Cache, CacheError};
 use crate::auth::{Identity, LinkTarget};
 use crate::blob::BlobError;
-use crate::meta::EntryChunk;
+use crate::meta::{EntryChunk, EntryState};
 use crate::model::{
     ByteStream, CacheKey, Entry, EntryId, Lookup, LookupResult, Millis, RefClass, Slot,
 };
@@ -177,7 +177,7 @@ impl Cache {
             .get_or_load(id, self.clock.as_ref(), || async {
                 let (entry, chunks) = self
                     .meta
-                    .entry(id)
+                    .entry(id, EntryState::Live)
                     .await?
                     .ok_or(CacheError::EntryNotFound)?;
                 Ok(OpenEntry { entry, chunks })

@@ -10,7 +10,9 @@ use futures_util::{StreamExt, TryStreamExt};
 use super::*;
 use crate::auth::LinkTarget;
 use crate::blob::FsStore;
-use crate::meta::{EntryChunk, EntryWalk, LifecycleStore, RestoreStore, SaveStore, SqliteStore};
+use crate::meta::{
+    EntryChunk, EntryState, EntryWalk, LifecycleStore, RestoreStore, SaveStore, SqliteStore,
+};
 use crate::model::{BlockId, BlockRef, ByteStream, Lookup, UploadId};
 use crate::model::{BlockSource, Chunk, ManualClock, RepoId, Scope};
 
@@ -564,7 +566,12 @@ async fn restores_are_recorded_with_the_clock_time() {
     w.restore(&me, "k").await.unwrap();
     w.restore(&me, "k").await.unwrap();
     w.cache.usage.flush(w.meta.as_ref()).await.unwrap();
-    let (stored, _) = w.meta.entry(entry).await.unwrap().unwrap();
+    let (stored, _) = w
+        .meta
+        .entry(entry, EntryState::Live)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(stored.hits, 2);
     assert_eq!(stored.last_used_at, w.clock.now());
 }
@@ -666,7 +673,12 @@ impl World {
 
     /// The chunks of an entry.
     async fn blobs_of(&self, entry: EntryId) -> Vec<BlobName> {
-        let (_, chunks) = self.meta.entry(entry).await.unwrap().unwrap();
+        let (_, chunks) = self
+            .meta
+            .entry(entry, EntryState::Live)
+            .await
+            .unwrap()
+            .unwrap();
         chunks.into_iter().map(|c| c.chunk.blob).collect()
     }
 
@@ -921,7 +933,10 @@ async fn a_repository_over_its_quota_loses_its_least_recently_used_entries() {
             .bytes,
         20
     );
-    assert!(w.meta.entry(a).await.unwrap().is_some() && w.meta.entry(c).await.unwrap().is_some());
+    assert!(
+        w.meta.entry(a, EntryState::Live).await.unwrap().is_some()
+            && w.meta.entry(c, EntryState::Live).await.unwrap().is_some()
+    );
 
     // The evicted entry's bytes stay for the grace period, then a pass deletes them.
     assert!(w.stored(&b_blobs[0]).await);
@@ -1139,7 +1154,12 @@ async fn a_download_in_flight_survives_the_eviction_of_its_entry() {
 /// Waits for the spawned quarantine of a damaged entry to land.
 async fn until_quarantined(w: &World, entry: EntryId) {
     for _ in 0..1000 {
-        if w.meta.entry(entry).await.unwrap().is_none() {
+        if w.meta
+            .entry(entry, EntryState::Live)
+            .await
+            .unwrap()
+            .is_none()
+        {
             return;
         }
         tokio::task::yield_now().await;
@@ -1241,7 +1261,12 @@ async fn a_quarantined_entry_misses_downloads_whole_is_released_and_ends_with_it
 
     // The other one's quarantine ends with its retention, then its chunk goes after the grace.
     let other_chunk = {
-        let (_, chunks) = w.meta.quarantined_entry(ended).await.unwrap().unwrap();
+        let (_, chunks) = w
+            .meta
+            .entry(ended, EntryState::Quarantined)
+            .await
+            .unwrap()
+            .unwrap();
         chunks[0].chunk.blob.clone()
     };
     w.clock.advance(30 * DAY - Duration::from_secs(1));
@@ -1276,7 +1301,12 @@ async fn a_damaged_entry_is_kept_in_quarantine_with_the_damage_as_its_reason() {
         "{}",
         why.reason
     );
-    assert!(w.meta.quarantined_entry(entry).await.unwrap().is_some());
+    assert!(w
+        .meta
+        .entry(entry, EntryState::Quarantined)
+        .await
+        .unwrap()
+        .is_some());
 }
 
 #[tokio::test]
@@ -1323,7 +1353,12 @@ async fn verify_finds_and_quarantines_every_damaged_entry() {
     let mut damaged: Vec<EntryId> = report.damaged.iter().map(|(id, _)| *id).collect();
     damaged.sort();
     assert_eq!(damaged, [bad, gone]);
-    assert!(w.meta.entry(good).await.unwrap().is_some());
+    assert!(w
+        .meta
+        .entry(good, EntryState::Live)
+        .await
+        .unwrap()
+        .is_some());
     assert_eq!(w.restore(&me, "bad").await, None);
     assert_eq!(w.restore(&me, "gone").await, None);
     assert_eq!(w.restore(&me, "good").await.unwrap(), b"intact bytes");
@@ -1555,12 +1590,22 @@ async fn a_large_entry_gets_its_sha256_and_digest_from_the_digest_pass() {
     let large = w.save(&me, "large", &data).await;
 
     // The small one has its digest at once; the large one is queued for the pass.
-    let (_, chunks) = w.meta.entry(small).await.unwrap().unwrap();
+    let (_, chunks) = w
+        .meta
+        .entry(small, EntryState::Live)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         chunks[0].chunk.sha256,
         Some(sha256_of(b"hashed while written"))
     );
-    let (_, chunks) = w.meta.entry(large).await.unwrap().unwrap();
+    let (_, chunks) = w
+        .meta
+        .entry(large, EntryState::Live)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(chunks[0].chunk.sha256, None, "no SHA-256 in the request");
     assert!(chunks[0].chunk.xxh3.is_some(), "but its checksum");
     let awaiting = w
@@ -1581,7 +1626,12 @@ async fn a_large_entry_gets_its_sha256_and_digest_from_the_digest_pass() {
         w.cache.digest_entry(&hasher(), large, None).await.unwrap(),
         digest_pass::Digested::Recorded(expected.clone())
     );
-    let (_, chunks) = w.meta.entry(large).await.unwrap().unwrap();
+    let (_, chunks) = w
+        .meta
+        .entry(large, EntryState::Live)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(chunks[0].chunk.sha256, Some(sha256_of(&data)));
     assert!(w
         .meta
@@ -1633,7 +1683,12 @@ async fn a_chunk_damaged_before_its_digest_pass_is_quarantined_never_digested() 
         matches!(outcome, digest_pass::Digested::Quarantined(_)),
         "{outcome:?}"
     );
-    assert!(w.meta.entry(entry).await.unwrap().is_none());
+    assert!(w
+        .meta
+        .entry(entry, EntryState::Live)
+        .await
+        .unwrap()
+        .is_none());
     assert_eq!(w.restore(&me, "k").await, None, "the next lookup misses");
     assert_eq!(w.cache.quarantined_count(), 1);
     assert_eq!(
@@ -1794,7 +1849,7 @@ async fn the_digest_queue_walks_at_start_and_after_an_overflow() {
 }
 
 async fn has_sha256(meta: &SqliteStore, id: EntryId) -> bool {
-    let (_, chunks) = meta.entry(id).await.unwrap().unwrap();
+    let (_, chunks) = meta.entry(id, EntryState::Live).await.unwrap().unwrap();
     chunks.iter().all(|c| c.chunk.sha256.is_some())
 }
 
@@ -1870,7 +1925,12 @@ async fn the_hashing_thread_waits_before_each_block_while_a_request_is_in_flight
     let me = who("1");
     let data = large_payload();
     let entry = w.save(&me, "large", &data).await;
-    let (_, chunks) = w.meta.entry(entry).await.unwrap().unwrap();
+    let (_, chunks) = w
+        .meta
+        .entry(entry, EntryState::Live)
+        .await
+        .unwrap()
+        .unwrap();
     let chunk = chunks[0].chunk.clone();
     let path = w.blobs.local_path(&chunk.blob).unwrap();
     let clock = Arc::new(ManualClock::starting_at(0));

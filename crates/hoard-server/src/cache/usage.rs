@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::backoff::Backoff;
 use super::family_stats::FamilyStats;
 use crate::auth::Identity;
-use crate::meta::{MetaError, MetaStore, NewRestore, RestoreStore, MAX_READERS_PER_ENTRY};
+use crate::meta::{MetaError, MetaStore, NewRestore, RestoreStore, Uses, MAX_READERS_PER_ENTRY};
 use crate::model::{CallerKind, Clock, EntryId, Millis, Provenance, RepoId};
 use std::net::IpAddr;
 
@@ -92,12 +92,6 @@ fn add_reading(readers: &mut Vec<Reading>, new: Reading) {
     readers.push(new);
 }
 
-type Batch = (
-    Vec<(EntryId, u64, Millis)>,
-    Vec<(RepoId, String, u64)>,
-    Vec<NewRestore>,
-);
-
 impl UsageBuffer {
     fn pending_batch(&self) -> std::sync::MutexGuard<'_, Pending> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
@@ -153,7 +147,7 @@ impl UsageBuffer {
 
     /// What is pending, sorted: every process then writes rows in the same order, so two
     /// flushes to a shared database never wait on each other in a cycle.
-    fn take(&self) -> Batch {
+    fn take(&self) -> Uses {
         let mut pending = self.pending_batch();
         let mut hits: Vec<_> = pending
             .hits
@@ -186,18 +180,17 @@ impl UsageBuffer {
         misses.sort_unstable();
         // Stable: one entry's readers stay in the order they came.
         restores.sort_by_key(|r| r.entry);
-        (hits, misses, restores)
+        Uses {
+            hits,
+            restores,
+            misses,
+        }
     }
 
     /// Puts back what a flush could not write, added to what came since.
-    fn keep(
-        &self,
-        hits: Vec<(EntryId, u64, Millis)>,
-        misses: Vec<(RepoId, String, u64)>,
-        restores: Vec<NewRestore>,
-    ) {
+    fn keep(&self, uses: Uses) {
         let mut pending = self.pending_batch();
-        for r in restores {
+        for r in uses.restores {
             let address = r.reader.address.parse().ok();
             let reading = Reading {
                 reader: Provenance {
@@ -211,37 +204,25 @@ impl UsageBuffer {
             };
             add_reading(pending.readers.entry(r.entry).or_default(), reading);
         }
-        for (id, n, last) in hits {
+        for (id, n, last) in uses.hits {
             let slot = pending.hits.entry(id).or_insert((0, last));
             slot.0 += n;
             slot.1 = slot.1.max(last);
         }
-        for (repository, name, n) in misses {
+        for (repository, name, n) in uses.misses {
             pending.misses.entry(repository).or_insert((name, 0)).1 += n;
         }
     }
 
-    /// Writes what is pending; what it could not write is kept for the next try. A failed
-    /// write ends the flush: the database is away, and the next write would wait as long.
+    /// Writes what is pending; what it could not write is kept for the next try.
     pub async fn flush(&self, meta: &dyn RestoreStore) -> Result<(), MetaError> {
-        let (hits, misses, restores) = self.take();
-        if !hits.is_empty() {
-            if let Err(e) = meta.record_hits(&hits).await {
-                self.keep(hits, misses, restores);
-                return Err(e);
-            }
+        let uses = self.take();
+        if uses.is_empty() {
+            return Ok(());
         }
-        if !restores.is_empty() {
-            if let Err(e) = meta.record_restores(&restores).await {
-                self.keep(Vec::new(), misses, restores);
-                return Err(e);
-            }
-        }
-        if !misses.is_empty() {
-            if let Err(e) = meta.record_misses(&misses).await {
-                self.keep(Vec::new(), misses, Vec::new());
-                return Err(e);
-            }
+        if let Err(e) = meta.record_uses(&uses).await {
+            self.keep(uses);
+            return Err(e);
         }
         Ok(())
     }
@@ -322,7 +303,7 @@ mod tests {
         buf.record(one, &reader("7"), here, 30);
         buf.record(one, &reader("8"), here, 20);
         buf.record(one, &reader("7"), None, 40);
-        let (_, _, restores) = buf.take();
+        let restores = buf.take().restores;
         let seen: Vec<(&str, &str, u64, Millis, Millis)> = restores
             .iter()
             .map(|r| {
@@ -353,7 +334,7 @@ mod tests {
         for i in 0..(MAX_READERS_PER_ENTRY + 3) {
             buf.record(one, &reader(&i.to_string()), None, i as Millis);
         }
-        let (hits, _, restores) = buf.take();
+        let Uses { hits, restores, .. } = buf.take();
         assert_eq!(
             hits,
             [(
@@ -377,9 +358,9 @@ mod tests {
         buf.record(one, &reader("1"), None, 30);
         buf.record(one, &reader("1"), None, 20);
         buf.record(two, &reader("1"), None, 5);
-        let (batch, _, _) = buf.take();
+        let batch = buf.take().hits;
         assert_eq!(batch, [(one, 3, 30), (two, 1, 5)], "folded, in entry order");
-        assert!(buf.take().0.is_empty());
+        assert!(buf.take().hits.is_empty());
     }
 
     #[test]
@@ -390,38 +371,26 @@ mod tests {
         buf.record_miss(&a, "octo/a");
         buf.record_miss(&a, "");
         buf.record_miss(&b, "octo/b");
-        let (_, batch, _) = buf.take();
+        let batch = buf.take().misses;
         assert_eq!(
             batch,
             [(a, "octo/a".into(), 2), (b, "octo/b".into(), 2)],
             "folded, named, in repository order"
         );
-        assert!(buf.take().1.is_empty());
+        assert!(buf.take().misses.is_empty());
     }
 
-    /// A database that can be away: it refuses every write while `away`, or only misses
-    /// while `misses_away`, and keeps what it was given otherwise.
+    /// A database that can be away: it refuses every write while `away`, and keeps what it
+    /// was given otherwise.
     #[derive(Debug, Default)]
     struct Flaky {
         away: std::sync::atomic::AtomicBool,
-        misses_away: std::sync::atomic::AtomicBool,
-        hits: Mutex<Vec<(EntryId, u64, Millis)>>,
-        misses: Mutex<Vec<(RepoId, String, u64)>>,
-        restores: Mutex<Vec<NewRestore>>,
+        written: Mutex<Vec<Uses>>,
     }
 
     impl Flaky {
-        fn set(&self, away: bool, misses_away: bool) {
-            use std::sync::atomic::Ordering::Relaxed;
-            self.away.store(away, Relaxed);
-            self.misses_away.store(misses_away, Relaxed);
-        }
-
-        fn refuse(&self, flag: &std::sync::atomic::AtomicBool) -> Result<(), MetaError> {
-            match flag.load(std::sync::atomic::Ordering::Relaxed) {
-                true => Err(MetaError::Unavailable("connection refused".into())),
-                false => Ok(()),
-            }
+        fn set_away(&self, away: bool) {
+            self.away.store(away, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -437,40 +406,20 @@ mod tests {
             Ok(Vec::new())
         }
 
-        async fn entries_with_key(
-            &self,
-            _: &RepoId,
-            _: &crate::model::Scope,
-            _: &str,
-            _: usize,
-        ) -> Result<Vec<crate::model::Entry>, MetaError> {
-            Ok(Vec::new())
-        }
-
         async fn entry(
             &self,
             _: EntryId,
+            _: crate::meta::EntryState,
         ) -> Result<Option<(crate::model::Entry, Vec<crate::meta::EntryChunk>)>, MetaError>
         {
             Ok(None)
         }
 
-        async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError> {
-            self.refuse(&self.away)?;
-            self.hits.lock().unwrap().extend_from_slice(hits);
-            Ok(())
-        }
-
-        async fn record_restores(&self, restores: &[NewRestore]) -> Result<(), MetaError> {
-            self.refuse(&self.away)?;
-            self.restores.lock().unwrap().extend_from_slice(restores);
-            Ok(())
-        }
-
-        async fn record_misses(&self, misses: &[(RepoId, String, u64)]) -> Result<(), MetaError> {
-            self.refuse(&self.away)?;
-            self.refuse(&self.misses_away)?;
-            self.misses.lock().unwrap().extend_from_slice(misses);
+        async fn record_uses(&self, uses: &Uses) -> Result<(), MetaError> {
+            if self.away.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(MetaError::Unavailable("connection refused".into()));
+            }
+            self.written.lock().unwrap().push(uses.clone());
             Ok(())
         }
     }
@@ -482,7 +431,7 @@ mod tests {
         let (one, two, repo) = (EntryId::new(1), EntryId::new(2), RepoId::new("1"));
         buf.record(one, &reader("1"), None, 10);
         buf.record_miss(&repo, "octo/a");
-        db.set(true, false);
+        db.set_away(true);
         for _ in 0..3 {
             let refused = buf.flush(&db).await;
             assert!(
@@ -493,22 +442,23 @@ mod tests {
         buf.record(one, &reader("1"), None, 30);
         buf.record(two, &reader("1"), None, 20);
         buf.record_miss(&repo, "");
-        // Hits are written, misses still refused: only the misses are kept.
-        db.set(false, true);
-        assert!(buf.flush(&db).await.is_err());
-        db.set(false, false);
+        db.set_away(false);
         buf.flush(&db).await.unwrap();
         buf.flush(&db).await.unwrap();
+        let written = db.written.lock().unwrap();
         assert_eq!(
-            *db.hits.lock().unwrap(),
+            written.len(),
+            1,
+            "one write, nothing left for the second flush"
+        );
+        assert_eq!(
+            written[0].hits,
             [(one, 2, 30), (two, 1, 20)],
             "each restore counted once, with the latest use"
         );
-        assert_eq!(*db.misses.lock().unwrap(), [(repo, "octo/a".into(), 2)]);
-        let restores: Vec<(EntryId, u64)> = db
+        assert_eq!(written[0].misses, [(repo, "octo/a".into(), 2)]);
+        let restores: Vec<(EntryId, u64)> = written[0]
             .restores
-            .lock()
-            .unwrap()
             .iter()
             .map(|r| (r.entry, r.count))
             .collect();

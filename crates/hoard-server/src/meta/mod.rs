@@ -232,6 +232,34 @@ pub struct NewRestore {
     pub last_at: Millis,
 }
 
+/// Where an entry is kept: among the live entries that lookups see, or in quarantine (out of
+/// every lookup, kept for examination).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryState {
+    Live,
+    Quarantined,
+}
+
+/// Restores and lookups to record, as the bookkeeping folded them since its last write.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Uses {
+    /// Per entry: restores to add to its hits and its latest use, also counted for the entry's
+    /// repository. Entries that no longer exist are skipped.
+    pub hits: Vec<(EntryId, u64, Millis)>,
+    /// Per entry and reader: restores and when, added to what the reader's record holds; each
+    /// entry keeps its [`MAX_READERS_PER_ENTRY`] most recent readers. Entries that no longer
+    /// exist are skipped.
+    pub restores: Vec<NewRestore>,
+    /// Per repository: its name (as in [`NewEntry`]) and lookups that found nothing.
+    pub misses: Vec<(RepoId, String, u64)>,
+}
+
+impl Uses {
+    pub fn is_empty(&self) -> bool {
+        self.hits.is_empty() && self.restores.is_empty() && self.misses.is_empty()
+    }
+}
+
 /// Which entries a lifecycle pass may remove, in the order it removes them.
 #[derive(Debug, Clone, Copy)]
 pub enum Removable<'a> {
@@ -346,26 +374,12 @@ store_trait! {
         async fn find_candidates(&self, repository: &RepoId, version: &Version, scopes: &[Scope], folded_keys: &[String])
             -> Result<Vec<Candidate>, MetaError>;
 
-        /// The visible entries of `repository` in `scope` whose folded key is `folded_key`, of
-        /// any version, newest first, at most `limit`: the v1 listing (`GET caches?key=`).
-        async fn entries_with_key(&self, repository: &RepoId, scope: &Scope, folded_key: &str, limit: usize)
-            -> Result<Vec<Entry>, MetaError>;
+        /// The entry `id` where `state` says it is kept, and its chunks in order, read together.
+        async fn entry(&self, id: EntryId, state: EntryState) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError>;
 
-        /// A visible entry and its chunks in order.
-        async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError>;
-
-        /// Records restores: for each entry, hits to add and the latest use, also counted for
-        /// the entry's repository. Entries that no longer exist are skipped.
-        async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError>;
-
-        /// Records lookups that found nothing: per repository, its name (as in [`NewEntry`])
-        /// and how many.
-        async fn record_misses(&self, misses: &[(RepoId, String, u64)]) -> Result<(), MetaError>;
-
-        /// Records who received entries: per entry and reader, how many restores and when,
-        /// added to what the reader's record holds; each entry keeps its
-        /// [`MAX_READERS_PER_ENTRY`] most recent readers. Entries that no longer exist are skipped.
-        async fn record_restores(&self, restores: &[NewRestore]) -> Result<(), MetaError>;
+        /// Records what the bookkeeping folded since its last write ([`Uses`]), all or
+        /// nothing.
+        async fn record_uses(&self, uses: &Uses) -> Result<(), MetaError>;
     }
 }
 
@@ -410,9 +424,6 @@ store_trait! {
         /// Up to `limit` quarantined entries put there before `before`, oldest first.
         async fn quarantined_before(&self, before: Millis, limit: usize) -> Result<Vec<EntryId>, MetaError>;
 
-        /// A quarantined entry and its chunks in order.
-        async fn quarantined_entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError>;
-
         /// Up to `limit` chunks whose scheduled deletion is due at `now`.
         async fn due_deletions(&self, now: Millis, limit: usize) -> Result<Vec<BlobName>, MetaError>;
 
@@ -446,8 +457,9 @@ store_trait! {
 store_trait! {
     /// Administration: what operators list and count, and the totals metrics report.
     pub trait AdminStore {
-        /// A page of the visible entries that `page.filter` selects, in `page`'s order.
-        async fn list_entries(&self, page: &EntryPage<'_>) -> Result<Vec<ListedEntry>, MetaError>;
+        /// A page of the entries that `page.filter` selects (live or quarantined), in `page`'s
+        /// order: the operators' listings, and the v1 listing of a key (`GET caches?key=`).
+        async fn select_entries(&self, page: &EntryPage<'_>) -> Result<Vec<ListedEntry>, MetaError>;
 
         /// How many visible entries `filter` selects.
         async fn count_entries(&self, filter: &EntryFilter) -> Result<u64, MetaError>;

@@ -240,6 +240,10 @@ fn filtered(
             " AND e.key_folded >= {from} AND e.key_folded < {to}"
         ));
     }
+    if let Some(key) = &filter.folded_key {
+        let k = p(Param::Text(key.clone()), params);
+        sql.push_str(&format!(" AND e.key_folded = {k}"));
+    }
     if let Some(version) = &filter.version {
         let v = p(Param::Text(version.clone()), params);
         sql.push_str(&format!(" AND e.version = {v}"));
@@ -276,7 +280,7 @@ fn filtered(
     sql
 }
 
-/// The statement of [`super::MetaStore::list_entries`] and its parameters; the rows are
+/// The statement of [`super::MetaStore::select_entries`] and its parameters; the rows are
 /// read by [`listed_from_row`]. Paging is by key set (sort value, id), so a page costs the same wherever it
 /// starts.
 pub(super) fn list_entries_sql(

@@ -422,7 +422,7 @@ async fn list(app: &AppState, query: &Query) -> Result<wire::CacheList, AdminErr
         total,
         entries,
         next,
-    } = app.cache().list_entries(&asked).await?;
+    } = app.cache().select_entries(&asked).await?;
     Ok(wire::CacheList {
         total_count: total,
         actions_caches: entries

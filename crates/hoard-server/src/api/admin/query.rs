@@ -148,6 +148,7 @@ impl Query {
             repository_id: None,
             scope: scope.map(Scope::new),
             folded_key_prefix: key,
+            folded_key: None,
             version: bounded("version")?,
             id: None,
             run_id: bounded("run_id")?,

@@ -48,9 +48,10 @@ use crate::meta::sql::{
     drop_restores_sql, entry_ids_sql, removable_sql, RESTORE_HEAVY_REPOSITORIES,
 };
 use crate::meta::{
-    AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, EntryWalk, FinalizeState, Health,
-    LifecycleStore, ListedEntry, MetaError, NewEntry, NewRestore, NewUpload, Removable, Removal,
-    RepositoryUsage, RestoreDrop, RestoreQuery, RestoreStore, SaveStore, SlotState, Totals,
+    AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, EntryState, EntryWalk,
+    FinalizeState, Health, LifecycleStore, ListedEntry, MetaError, NewEntry, NewUpload, Removable,
+    Removal, RepositoryUsage, RestoreDrop, RestoreQuery, RestoreStore, SaveStore, SlotState,
+    Totals, Uses,
 };
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, QuotaUsage,
@@ -836,50 +837,38 @@ impl RestoreStore for SqliteStore {
         .await
     }
 
-    async fn entries_with_key(
+    async fn entry(
         &self,
-        repository: &RepoId,
-        scope: &Scope,
-        folded_key: &str,
-        limit: usize,
-    ) -> Result<Vec<Entry>, MetaError> {
-        let params = (
-            repository.as_str().to_owned(),
-            scope.as_str().to_owned(),
-            folded_key.to_owned(),
-        );
-        self.read(move |conn| {
-            static SQL: Select = Select::new(|| {
-                format!(
-                    "SELECT {} FROM entries e WHERE e.repository = ? AND e.scope = ? AND e.key_folded = ?
-                     ORDER BY e.created_at DESC, e.id DESC LIMIT ?",
-                    columns("e", ENTRY)
-                )
-            });
-            let params = params![params.0, params.1, params.2, limit as i64];
-            SQL.rows(conn, params, |r| entry_from_row(r))
-        })
-        .await
-    }
-
-    async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
+        id: EntryId,
+        state: EntryState,
+    ) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
         self.read_consistent(move |conn| {
-            static HEAD: Select = Select::new(|| {
-                format!(
-                    "SELECT {} FROM entries e WHERE e.id = ?",
-                    columns("e", ENTRY)
-                )
-            });
-            static CHUNKS: Select = Select::new(|| {
-                format!(
-                    "SELECT start, {} FROM entry_chunks WHERE entry_id = ? ORDER BY ordinal",
-                    CHUNK.join(", ")
-                )
-            });
-            let Some(entry) = HEAD.first(conn, [id.get()], |r| entry_from_row(r))? else {
+            static LIVE: [Select; 2] = [
+                Select::new(|| {
+                    format!(
+                        "SELECT {} FROM entries e WHERE e.id = ?",
+                        columns("e", ENTRY)
+                    )
+                }),
+                Select::new(|| {
+                    format!(
+                        "SELECT start, {} FROM entry_chunks WHERE entry_id = ? ORDER BY ordinal",
+                        CHUNK.join(", ")
+                    )
+                }),
+            ];
+            static QUARANTINED: [Select; 2] = [
+                Select::new(|| quarantine::ENTRY.on(Backend::Sqlite).to_owned()),
+                Select::new(|| quarantine::CHUNKS.on(Backend::Sqlite).to_owned()),
+            ];
+            let [head, chunks] = match state {
+                EntryState::Live => &LIVE,
+                EntryState::Quarantined => &QUARANTINED,
+            };
+            let Some(entry) = head.first(conn, [id.get()], |r| entry_from_row(r))? else {
                 return Ok(None);
             };
-            let chunks = CHUNKS.rows(conn, [id.get()], |row| {
+            let chunks = chunks.rows(conn, [id.get()], |row| {
                 Ok(EntryChunk {
                     start: row.count(entry_chunks::start.name)?,
                     chunk: chunk_from_row(row)?,
@@ -890,52 +879,36 @@ impl RestoreStore for SqliteStore {
         .await
     }
 
-    async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError> {
-        let hits = hits.to_vec();
+    async fn record_uses(&self, uses: &Uses) -> Result<(), MetaError> {
+        let uses = uses.clone();
         self.write(move |tx| {
             let mut update =
                 tx.prepare_cached("UPDATE entries SET last_used_at = MAX(last_used_at, ?), hits = hits + ? WHERE id = ?")?;
             let mut per_repository = tx.prepare_cached(
                 "UPDATE repository_usage SET hits = hits + ? WHERE repository = (SELECT repository FROM entries WHERE id = ?)",
             )?;
-            for (entry, count, last_used) in hits {
-                update.execute(params![last_used, count as i64, entry.get()])?;
-                per_repository.execute(params![count as i64, entry.get()])?;
+            for (entry, count, last_used) in &uses.hits {
+                update.execute(params![last_used, *count as i64, entry.get()])?;
+                per_repository.execute(params![*count as i64, entry.get()])?;
             }
-            Ok(())
-        })
-        .await
-    }
-
-    async fn record_restores(&self, restores: &[NewRestore]) -> Result<(), MetaError> {
-        let restores = restores.to_vec();
-        self.write(move |tx| {
             let mut record = tx.prepare_cached(RECORD_RESTORE.on(Backend::Sqlite))?;
-            for restore in &restores {
+            for restore in &uses.restores {
                 record.execute(rusqlite::params_from_iter(record_restore_params(restore)))?;
             }
-            let mut entries: Vec<EntryId> = restores.iter().map(|r| r.entry).collect();
+            let mut entries: Vec<EntryId> = uses.restores.iter().map(|r| r.entry).collect();
             entries.sort_unstable();
             entries.dedup();
             let mut prune = tx.prepare_cached(PRUNE_READERS.on(Backend::Sqlite))?;
             for entry in entries {
                 prune.execute(params![entry.get(), entry.get()])?;
             }
-            Ok(())
-        })
-        .await
-    }
-
-    async fn record_misses(&self, misses: &[(RepoId, String, u64)]) -> Result<(), MetaError> {
-        let misses = misses.to_vec();
-        self.write(move |tx| {
             let mut upsert = tx.prepare_cached(
                 "INSERT INTO repository_usage (repository, bytes, entries, name, misses) VALUES (?, 0, 0, ?, ?)
                  ON CONFLICT (repository) DO UPDATE SET misses = misses + excluded.misses,
                      name = CASE WHEN excluded.name = '' THEN name ELSE excluded.name END",
             )?;
-            for (repository, name, count) in misses {
-                upsert.execute(params![repository.as_str(), name, count as i64])?;
+            for (repository, name, count) in &uses.misses {
+                upsert.execute(params![repository.as_str(), name, *count as i64])?;
             }
             Ok(())
         })
@@ -1131,27 +1104,6 @@ impl LifecycleStore for SqliteStore {
         .await
     }
 
-    async fn quarantined_entry(
-        &self,
-        id: EntryId,
-    ) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
-        self.read_consistent(move |conn| {
-            let mut head = conn.prepare_cached(quarantine::ENTRY.on(Backend::Sqlite))?;
-            let Some(entry) = first_of(head.query([id.get()])?, |r| entry_from_row(r))? else {
-                return Ok(None);
-            };
-            let mut stmt = conn.prepare_cached(quarantine::CHUNKS.on(Backend::Sqlite))?;
-            let chunks = rows_of(stmt.query([id.get()])?, |row| {
-                Ok(EntryChunk {
-                    start: row.count(entry_chunks::start.name)?,
-                    chunk: chunk_from_row(row)?,
-                })
-            })?;
-            Ok(Some((entry, chunks)))
-        })
-        .await
-    }
-
     async fn due_deletions(&self, now: Millis, limit: usize) -> Result<Vec<BlobName>, MetaError> {
         self.read(move |conn| {
             let mut stmt = conn.prepare_cached(
@@ -1316,7 +1268,7 @@ impl LifecycleStore for SqliteStore {
 
 #[async_trait]
 impl AdminStore for SqliteStore {
-    async fn list_entries(&self, page: &EntryPage<'_>) -> Result<Vec<ListedEntry>, MetaError> {
+    async fn select_entries(&self, page: &EntryPage<'_>) -> Result<Vec<ListedEntry>, MetaError> {
         let (sql, params) = list_entries_sql(page, |_| "?".into());
         self.read(move |conn| {
             // Not cached: operators' statements vary and would push the hot ones out.
@@ -1503,7 +1455,11 @@ mod migration_tests {
             .unwrap();
         }
         let store = SqliteStore::open(&path).await.unwrap();
-        let (kept, chunks) = store.entry(EntryId::new(3)).await.unwrap().unwrap();
+        let (kept, chunks) = store
+            .entry(EntryId::new(3), EntryState::Live)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!((kept.key.as_str(), chunks.len()), ("k", 1));
         let id = store
             .import(vec![(

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use super::wal::WAL_HARD_LIMIT;
 use super::*;
-use crate::model::CacheKey;
+use crate::model::{CacheKey, EntryOrder};
 
 /// Statements run by this test process's stores, with their parameters, while recording.
 static STATEMENTS: Mutex<Option<Vec<String>>> = Mutex::new(None);
@@ -149,13 +149,31 @@ async fn every_statement_uses_an_index_at_a_hundred_thousand_entries() {
         .await
         .unwrap();
     assert!(found.iter().any(|c| c.id == new_id));
-    let listed = store
-        .entries_with_key(&repo, &scopes[0], "key-new", 50)
+    let filter = EntryFilter {
+        repository_id: Some(repo.as_str().to_owned()),
+        scope: Some(scopes[0].clone()),
+        folded_key: Some("key-new".into()),
+        ..EntryFilter::default()
+    };
+    let with_key = EntryPage {
+        filter: &filter,
+        order: EntryOrder::Created,
+        descending: true,
+        after: None,
+        limit: 50,
+    };
+    let listed = store.select_entries(&with_key).await.unwrap();
+    assert!(listed.iter().any(|e| e.entry.id == new_id));
+    store
+        .entry(new_id, EntryState::Live)
         .await
+        .unwrap()
         .unwrap();
-    assert!(listed.iter().any(|e| e.id == new_id));
-    store.entry(new_id).await.unwrap().unwrap();
-    store.record_hits(&[(new_id, 1, 200_004)]).await.unwrap();
+    let hits = Uses {
+        hits: vec![(new_id, 1, 200_004)],
+        ..Uses::default()
+    };
+    store.record_uses(&hits).await.unwrap();
     assert!(store.repository_usage(&repo).await.unwrap().bytes > 0);
     let lru = store
         .removable(Removable::LeastRecentlyUsed(Some(&repo)), 8)

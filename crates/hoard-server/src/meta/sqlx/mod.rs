@@ -12,7 +12,7 @@
 /// [`Connections`] for a dialect with a sqlx `pool` whose rows are `$row`: the same code for
 /// both drivers, whose types differ.
 macro_rules! impl_connections {
-    ($dialect:ty, $row:ty) => {
+    ($dialect:ty, $db:ty, $row:ty) => {
         #[async_trait]
         impl Connections for $dialect {
             type Row = $row;
@@ -34,22 +34,32 @@ macro_rules! impl_connections {
 
             async fn in_transaction(&self, steps: Vec<Step>) -> Result<Vec<Done<$row>>, MetaError> {
                 let mut tx = self.pool.begin().await.map_err(from_sqlx)?;
+                let done = Self::run_steps(&mut tx, steps).await?;
+                tx.commit().await.map_err(from_sqlx)?;
+                Ok(done)
+            }
+        }
+
+        impl $dialect {
+            /// Runs `steps` in order inside `tx`.
+            async fn run_steps(
+                tx: &mut sqlx::Transaction<'static, $db>,
+                steps: Vec<Step>,
+            ) -> Result<Vec<Done<$row>>, MetaError> {
                 let mut done = Vec::with_capacity(steps.len());
                 for step in steps {
                     let (sql, params, rows_wanted) = match step {
                         Step::Fetch(sql, params) => (sql, params, true),
                         Step::Execute(sql, params) => (sql, params, false),
                     };
-                    let sql = AssertSqlSafe(sql);
-                    let query = bind_all(sqlx::query(sql), params);
+                    let query = bind_all(sqlx::query(AssertSqlSafe(sql)), params);
                     done.push(if rows_wanted {
-                        Done::Rows(query.fetch_all(&mut *tx).await.map_err(from_sqlx)?)
+                        Done::Rows(query.fetch_all(&mut **tx).await.map_err(from_sqlx)?)
                     } else {
-                        let changed = query.execute(&mut *tx).await.map_err(from_sqlx)?;
+                        let changed = query.execute(&mut **tx).await.map_err(from_sqlx)?;
                         Done::Changed(changed.rows_affected())
                     });
                 }
-                tx.commit().await.map_err(from_sqlx)?;
                 Ok(done)
             }
         }
@@ -77,10 +87,10 @@ use super::sql::{
 };
 use super::sql::{drop_restores_sql, entry_ids_sql, removable_sql, RESTORE_HEAVY_REPOSITORIES};
 use super::{
-    AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, EntryWalk, FinalizeState, Health,
-    LifecycleStore, ListedEntry, MetaError, NewEntry, NewRestore, NewUpload, PoolSettings,
-    Removable, Removal, RepositoryUsage, RestoreDrop, RestoreQuery, RestoreStore, SaveStore,
-    SlotState, Totals,
+    AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, EntryState, EntryWalk,
+    FinalizeState, Health, LifecycleStore, ListedEntry, MetaError, NewEntry, NewUpload,
+    PoolSettings, Removable, Removal, RepositoryUsage, RestoreDrop, RestoreQuery, RestoreStore,
+    SaveStore, SlotState, Totals, Uses,
 };
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, QuotaUsage, RepoId,
@@ -167,8 +177,9 @@ pub trait Dialect: Connections + Sized {
     ) -> Result<(), MetaError>;
     async fn abort_upload(&self, upload: &Upload, now: Millis) -> Result<(), MetaError>;
     async fn finalize(&self, upload: &Upload, new: NewEntry<'_>) -> Result<EntryId, MetaError>;
-    async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError>;
-    async fn record_misses(&self, misses: &[(RepoId, String, u64)]) -> Result<(), MetaError>;
+    /// [`RestoreStore::record_uses`], with the restore records' statements written once
+    /// (`restores`) run in the same transaction.
+    async fn record_uses(&self, uses: &Uses, restores: Vec<Step>) -> Result<(), MetaError>;
     async fn remove_entries(
         &self,
         ids: &[EntryId],
@@ -177,6 +188,79 @@ pub trait Dialect: Connections + Sized {
 }
 
 impl<D: Dialect> SqlxStore<D> {
+    /// A live entry and its chunks, in one statement (one snapshot: an entry deleted meanwhile
+    /// is gone whole).
+    async fn live_entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
+        // One statement, one snapshot: an entry deleted meanwhile is gone whole.
+        // The chunk's size is selected as `chunk_size`, beside the entry's.
+        static ENTRY_AND_CHUNKS: Shared = Shared::built(|| {
+            let chunk: Vec<String> = CHUNK
+                .iter()
+                .map(|c| match *c {
+                    "size" => "c.size AS chunk_size".to_owned(),
+                    c => format!("c.{c}"),
+                })
+                .collect();
+            format!(
+                "SELECT {}, c.start, {}
+                 FROM entries e JOIN entry_chunks c ON c.entry_id = e.id
+                 WHERE e.id = ? ORDER BY c.ordinal",
+                columns("e", ENTRY),
+                chunk.join(", ")
+            )
+        });
+        let rows = self
+            .rows(&ENTRY_AND_CHUNKS, vec![Param::Int(id.get())])
+            .await?;
+        let Some(head) = rows.first() else {
+            return Ok(None);
+        };
+        let entry = entry_from_row(head)?;
+        let chunks = rows
+            .iter()
+            .map(|row| {
+                Ok(EntryChunk {
+                    start: row.count(entry_chunks::start.name)?,
+                    chunk: chunk_from_row(&Renamed(row, "size", "chunk_size"))?,
+                })
+            })
+            .collect::<Result<_, MetaError>>()?;
+        Ok(Some((entry, chunks)))
+    }
+
+    /// A quarantined entry and its chunks.
+    async fn quarantined_entry(
+        &self,
+        id: EntryId,
+    ) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
+        let id = Param::Int(id.get());
+        let on = |sql: &'static Shared| sql.on(D::BACKEND);
+        // One transaction: an entry released or dropped meanwhile is seen whole or not at all.
+        let done = self
+            .db
+            .in_transaction(vec![
+                Step::Fetch(on(&quarantine::ENTRY), vec![id.clone()]),
+                Step::Fetch(on(&quarantine::CHUNKS), vec![id]),
+            ])
+            .await?;
+        let [Done::Rows(head), Done::Rows(chunks)] = &done[..] else {
+            return Err(MetaError::Internal("a fetch answered no rows".into()));
+        };
+        let Some(head) = head.first() else {
+            return Ok(None);
+        };
+        let chunks = chunks
+            .iter()
+            .map(|row| {
+                Ok(EntryChunk {
+                    start: row.count(entry_chunks::start.name)?,
+                    chunk: chunk_from_row(row)?,
+                })
+            })
+            .collect::<Result<_, MetaError>>()?;
+        Ok(Some((entry_from_row(head)?, chunks)))
+    }
+
     /// Connects (a pool as `pool` says) and brings the schema up to date.
     pub async fn open(url: &str, pool: PoolSettings) -> Result<Self, MetaError> {
         Ok(Self {
@@ -435,81 +519,19 @@ impl<D: Dialect> RestoreStore for SqlxStore<D> {
         rows.iter().map(candidate_from_row).collect()
     }
 
-    async fn entries_with_key(
+    async fn entry(
         &self,
-        repository: &RepoId,
-        scope: &Scope,
-        folded_key: &str,
-        limit: usize,
-    ) -> Result<Vec<Entry>, MetaError> {
-        static WITH_KEY: Shared = Shared::built(|| {
-            format!(
-                "SELECT {} FROM entries e WHERE e.repository = ? AND e.scope = ? AND e.key_folded = ?
-                 ORDER BY e.created_at DESC, e.id DESC LIMIT ?",
-                columns("e", ENTRY)
-            )
-        });
-        let rows = self
-            .rows(
-                &WITH_KEY,
-                vec![
-                    text(repository.as_str()),
-                    text(scope.as_str()),
-                    text(folded_key),
-                    Param::Int(limit as i64),
-                ],
-            )
-            .await?;
-        rows.iter().map(entry_from_row).collect()
+        id: EntryId,
+        state: EntryState,
+    ) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
+        match state {
+            EntryState::Live => self.live_entry(id).await,
+            EntryState::Quarantined => self.quarantined_entry(id).await,
+        }
     }
 
-    async fn entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
-        // One statement, one snapshot: an entry deleted meanwhile is gone whole.
-        // The chunk's size is selected as `chunk_size`, beside the entry's.
-        static ENTRY_AND_CHUNKS: Shared = Shared::built(|| {
-            let chunk: Vec<String> = CHUNK
-                .iter()
-                .map(|c| match *c {
-                    "size" => "c.size AS chunk_size".to_owned(),
-                    c => format!("c.{c}"),
-                })
-                .collect();
-            format!(
-                "SELECT {}, c.start, {}
-                 FROM entries e JOIN entry_chunks c ON c.entry_id = e.id
-                 WHERE e.id = ? ORDER BY c.ordinal",
-                columns("e", ENTRY),
-                chunk.join(", ")
-            )
-        });
-        let rows = self
-            .rows(&ENTRY_AND_CHUNKS, vec![Param::Int(id.get())])
-            .await?;
-        let Some(head) = rows.first() else {
-            return Ok(None);
-        };
-        let entry = entry_from_row(head)?;
-        let chunks = rows
-            .iter()
-            .map(|row| {
-                Ok(EntryChunk {
-                    start: row.count(entry_chunks::start.name)?,
-                    chunk: chunk_from_row(&Renamed(row, "size", "chunk_size"))?,
-                })
-            })
-            .collect::<Result<_, MetaError>>()?;
-        Ok(Some((entry, chunks)))
-    }
-
-    async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError> {
-        self.db.record_hits(hits).await
-    }
-
-    async fn record_misses(&self, misses: &[(RepoId, String, u64)]) -> Result<(), MetaError> {
-        self.db.record_misses(misses).await
-    }
-
-    async fn record_restores(&self, restores: &[NewRestore]) -> Result<(), MetaError> {
+    async fn record_uses(&self, uses: &Uses) -> Result<(), MetaError> {
+        let restores = &uses.restores;
         let mut steps: Vec<Step> = restores
             .iter()
             .map(|r| Step::Execute(RECORD_RESTORE.on(D::BACKEND), record_restore_params(r)))
@@ -521,7 +543,7 @@ impl<D: Dialect> RestoreStore for SqlxStore<D> {
             let id = Param::Int(id.get());
             Step::Execute(PRUNE_READERS.on(D::BACKEND), vec![id.clone(), id])
         }));
-        self.db.in_transaction(steps).await.map(drop)
+        self.db.record_uses(uses, steps).await
     }
 }
 
@@ -654,38 +676,6 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
         rows.iter()
             .map(|r| Ok(EntryId::new(r.read(entries::id)?)))
             .collect()
-    }
-
-    async fn quarantined_entry(
-        &self,
-        id: EntryId,
-    ) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
-        let id = Param::Int(id.get());
-        let on = |sql: &'static Shared| sql.on(D::BACKEND);
-        // One transaction: an entry released or dropped meanwhile is seen whole or not at all.
-        let done = self
-            .db
-            .in_transaction(vec![
-                Step::Fetch(on(&quarantine::ENTRY), vec![id.clone()]),
-                Step::Fetch(on(&quarantine::CHUNKS), vec![id]),
-            ])
-            .await?;
-        let [Done::Rows(head), Done::Rows(chunks)] = &done[..] else {
-            return Err(MetaError::Internal("a fetch answered no rows".into()));
-        };
-        let Some(head) = head.first() else {
-            return Ok(None);
-        };
-        let chunks = chunks
-            .iter()
-            .map(|row| {
-                Ok(EntryChunk {
-                    start: row.count(entry_chunks::start.name)?,
-                    chunk: chunk_from_row(row)?,
-                })
-            })
-            .collect::<Result<_, MetaError>>()?;
-        Ok(Some((entry_from_row(head)?, chunks)))
     }
 
     async fn due_deletions(&self, now: Millis, limit: usize) -> Result<Vec<BlobName>, MetaError> {
@@ -853,7 +843,7 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
 
 #[async_trait]
 impl<D: Dialect> AdminStore for SqlxStore<D> {
-    async fn list_entries(&self, page: &EntryPage<'_>) -> Result<Vec<ListedEntry>, MetaError> {
+    async fn select_entries(&self, page: &EntryPage<'_>) -> Result<Vec<ListedEntry>, MetaError> {
         let (sql, params) = list_entries_sql(page, D::placeholder);
         let rows = self.db.fetch(&sql, params).await?;
         rows.iter().map(listed_from_row).collect()

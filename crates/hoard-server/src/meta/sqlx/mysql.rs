@@ -22,9 +22,9 @@ use crate::meta::schema::{
     StagedBlockRow, UploadPartRow, UploadRow,
 };
 use crate::meta::sql::{migrations_after, pr_counts, use_from_row, Param, SqlRow};
-use crate::meta::{MetaError, NewEntry, NewUpload, PoolSettings, Removal};
+use crate::meta::{MetaError, NewEntry, NewUpload, PoolSettings, Removal, Uses};
 use crate::model::{
-    BlockId, Chunk, EntryId, EntryUse, Millis, RemovalCause, RepoId, ScopeClass, Upload, UploadId,
+    BlockId, Chunk, EntryId, EntryUse, Millis, RemovalCause, ScopeClass, Upload, UploadId,
 };
 
 const MYSQL: Backend = Backend::MySql;
@@ -192,7 +192,7 @@ impl SqlRow for MySqlRow {
     }
 }
 
-impl_connections!(MySqlDialect, MySqlRow);
+impl_connections!(MySqlDialect, MySql, MySqlRow);
 
 #[async_trait]
 impl Dialect for MySqlDialect {
@@ -347,9 +347,9 @@ impl Dialect for MySqlDialect {
         Ok(EntryId::new(entry))
     }
 
-    async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError> {
+    async fn record_uses(&self, uses: &Uses, restores: Vec<Step>) -> Result<(), MetaError> {
         let mut tx = self.begin().await?;
-        for (entry, count, last_used) in hits {
+        for (entry, count, last_used) in &uses.hits {
             sqlx::query(
                 "UPDATE entries SET hits = hits + ?, last_used_at = GREATEST(last_used_at, ?) WHERE id = ?",
             )
@@ -369,12 +369,8 @@ impl Dialect for MySqlDialect {
             .await
             .map_err(from_sqlx)?;
         }
-        tx.commit().await.map_err(from_sqlx)
-    }
-
-    async fn record_misses(&self, misses: &[(RepoId, String, u64)]) -> Result<(), MetaError> {
-        let mut tx = self.begin().await?;
-        for (repository, name, count) in misses {
+        Self::run_steps(&mut tx, restores).await?;
+        for (repository, name, count) in &uses.misses {
             sqlx::query(
                 "INSERT INTO repository_usage (repository, bytes, entries, name, misses) VALUES (?, 0, 0, ?, ?)
                  ON DUPLICATE KEY UPDATE misses = misses + VALUES(misses),

@@ -22,10 +22,8 @@ use crate::meta::schema::{
     StagedBlockRow, UploadPartRow, UploadRow,
 };
 use crate::meta::sql::{migrations_after, pr_counts, use_from_row, Param, SqlRow};
-use crate::meta::{MetaError, NewEntry, NewUpload, PoolSettings, Removal};
-use crate::model::{
-    BlockId, Chunk, EntryId, EntryUse, Millis, RemovalCause, RepoId, Upload, UploadId,
-};
+use crate::meta::{MetaError, NewEntry, NewUpload, PoolSettings, Removal, Uses};
+use crate::model::{BlockId, Chunk, EntryId, EntryUse, Millis, RemovalCause, Upload, UploadId};
 
 const POSTGRES: Backend = Backend::Postgres;
 
@@ -227,7 +225,7 @@ impl SqlRow for PgRow {
     }
 }
 
-impl_connections!(PostgresDialect, PgRow);
+impl_connections!(PostgresDialect, sqlx::Postgres, PgRow);
 
 #[async_trait]
 impl Dialect for PostgresDialect {
@@ -427,51 +425,55 @@ impl Dialect for PostgresDialect {
         }
     }
 
-    async fn record_hits(&self, hits: &[(EntryId, u64, Millis)]) -> Result<(), MetaError> {
-        let ids: Vec<i64> = hits.iter().map(|h| h.0.get()).collect();
-        let counts: Vec<i64> = hits.iter().map(|h| h.1 as i64).collect();
-        let last: Vec<i64> = hits.iter().map(|h| h.2).collect();
-        sqlx::query(
-            "WITH h AS (SELECT id, SUM(count) AS count, MAX(last) AS last
-                        FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[]) AS u(id, count, last) GROUP BY id),
-             used AS (
-                 UPDATE entries e SET hits = e.hits + h.count, last_used_at = GREATEST(e.last_used_at, h.last)
-                 FROM h WHERE e.id = h.id
-                 RETURNING e.repository, h.count)
-             UPDATE repository_usage r SET hits = r.hits + per.count
-             FROM (SELECT repository, SUM(count)::bigint AS count FROM used GROUP BY repository) AS per
-             WHERE r.repository = per.repository",
-        )
-        .bind(ids)
-        .bind(counts)
-        .bind(last)
-        .execute(&self.pool)
-        .await
-        .map_err(from_sqlx)?;
-        Ok(())
-    }
-
-    async fn record_misses(&self, misses: &[(RepoId, String, u64)]) -> Result<(), MetaError> {
-        let repositories: Vec<&str> = misses.iter().map(|m| m.0.as_str()).collect();
-        let names: Vec<&str> = misses.iter().map(|m| m.1.as_str()).collect();
-        let counts: Vec<i64> = misses.iter().map(|m| m.2 as i64).collect();
-        sqlx::query(
-            "INSERT INTO repository_usage (repository, bytes, entries, name, misses)
-             SELECT repository, 0, 0, MAX(name), SUM(count)::bigint
-             FROM UNNEST($1::text[], $2::text[], $3::bigint[]) AS m(repository, name, count)
-             GROUP BY repository
-             ORDER BY repository
-             ON CONFLICT (repository) DO UPDATE
-             SET misses = repository_usage.misses + EXCLUDED.misses,
-                 name = CASE WHEN EXCLUDED.name = '' THEN repository_usage.name ELSE EXCLUDED.name END",
-        )
-        .bind(repositories)
-        .bind(names)
-        .bind(counts)
-        .execute(&self.pool)
-        .await
-        .map_err(from_sqlx)?;
-        Ok(())
+    async fn record_uses(&self, uses: &Uses, restores: Vec<Step>) -> Result<(), MetaError> {
+        let mut tx = self.pool.begin().await.map_err(from_sqlx)?;
+        if !uses.hits.is_empty() {
+            let hits = &uses.hits;
+            let ids: Vec<i64> = hits.iter().map(|h| h.0.get()).collect();
+            let counts: Vec<i64> = hits.iter().map(|h| h.1 as i64).collect();
+            let last: Vec<i64> = hits.iter().map(|h| h.2).collect();
+            sqlx::query(
+                "WITH h AS (SELECT id, SUM(count) AS count, MAX(last) AS last
+                            FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[]) AS u(id, count, last) GROUP BY id),
+                 used AS (
+                     UPDATE entries e SET hits = e.hits + h.count, last_used_at = GREATEST(e.last_used_at, h.last)
+                     FROM h WHERE e.id = h.id
+                     RETURNING e.repository, h.count)
+                 UPDATE repository_usage r SET hits = r.hits + per.count
+                 FROM (SELECT repository, SUM(count)::bigint AS count FROM used GROUP BY repository) AS per
+                 WHERE r.repository = per.repository",
+            )
+            .bind(ids)
+            .bind(counts)
+            .bind(last)
+            .execute(&mut *tx)
+            .await
+            .map_err(from_sqlx)?;
+        }
+        Self::run_steps(&mut tx, restores).await?;
+        if !uses.misses.is_empty() {
+            let misses = &uses.misses;
+            let repositories: Vec<&str> = misses.iter().map(|m| m.0.as_str()).collect();
+            let names: Vec<&str> = misses.iter().map(|m| m.1.as_str()).collect();
+            let counts: Vec<i64> = misses.iter().map(|m| m.2 as i64).collect();
+            sqlx::query(
+                "INSERT INTO repository_usage (repository, bytes, entries, name, misses)
+                 SELECT repository, 0, 0, MAX(name), SUM(count)::bigint
+                 FROM UNNEST($1::text[], $2::text[], $3::bigint[]) AS m(repository, name, count)
+                 GROUP BY repository
+                 ORDER BY repository
+                 ON CONFLICT (repository) DO UPDATE
+                 SET misses = repository_usage.misses + EXCLUDED.misses,
+                     name = CASE WHEN EXCLUDED.name = '' THEN repository_usage.name ELSE EXCLUDED.name END",
+            )
+            .bind(repositories)
+            .bind(names)
+            .bind(counts)
+            .execute(&mut *tx)
+            .await
+            .map_err(from_sqlx)?;
+        }
+        tx.commit().await.map_err(from_sqlx)
     }
 
     async fn remove_entries(
