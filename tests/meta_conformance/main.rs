@@ -10,7 +10,7 @@ mod conformance;
 use std::sync::Arc;
 
 use common::databases::{Server, TestDatabase};
-use hoard::meta::{self, DatabaseUrl, EntryState, MetaStore};
+use hoard::meta::{self, DatabaseUrl, EntryState, MetaStore, UploadChange};
 use hoard::model::EntryId;
 
 /// Runs the suite on a fresh store, then opens the same database again (migrations run a
@@ -244,7 +244,10 @@ async fn the_widest_lookup_is_answered(store: Arc<dyn MetaStore>) {
                 xxh3: None,
             };
             let parts = [(BlockId::parse(b"b").unwrap(), chunk.clone())];
-            store.commit_parts(&upload, &parts, now).await.unwrap();
+            store
+                .change_upload(&upload, UploadChange::Commit(&parts), now)
+                .await
+                .unwrap();
             let upload = store.upload_with_blocks(id).await.unwrap().unwrap().0;
             let chunks = [chunk];
             let entry = NewEntry {

@@ -129,15 +129,18 @@ pub struct RepositoryUsage {
 pub struct Totals {
     pub bytes: u64,
     pub entries: u64,
+    /// Repositories the store has seen (one whose entries all went still counts).
+    pub repositories: u64,
     pub open_uploads: u64,
 }
 
 impl Totals {
     /// From the signed counts SQL answers with.
-    pub fn from_counts(bytes: i64, entries: i64, open_uploads: i64) -> Self {
+    pub fn from_counts(bytes: i64, entries: i64, repositories: i64, open_uploads: i64) -> Self {
         Self {
             bytes: bytes.max(0) as u64,
             entries: entries.max(0) as u64,
+            repositories: repositories.max(0) as u64,
             open_uploads: open_uploads.max(0) as u64,
         }
     }

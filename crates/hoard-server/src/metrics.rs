@@ -606,6 +606,7 @@ mod tests {
         let text = m.render(Some(crate::model::Totals {
             bytes: 42,
             entries: 2,
+            repositories: 1,
             open_uploads: 1,
         }));
         for line in [

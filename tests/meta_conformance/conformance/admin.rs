@@ -48,13 +48,19 @@ async fn totals_count_bytes_entries_and_open_uploads(store: &dyn MetaStore) {
         before.open_uploads + 1,
         "one open upload more"
     );
-    store.abort_upload(&open, 3).await.unwrap();
+    store
+        .change_upload(&open, UploadChange::Abort, 3)
+        .await
+        .unwrap();
     let closed = store.totals().await.unwrap();
     assert_eq!(
         closed.open_uploads, before.open_uploads,
         "an aborted upload is not open"
     );
-    assert_eq!(closed.bytes, store.total_usage().await.unwrap());
+    assert_eq!(
+        closed.bytes,
+        store.usage(UsageOf::Everything).await.unwrap().bytes
+    );
 }
 
 async fn operators_filter_sort_and_page_entries(store: &dyn MetaStore) {
@@ -241,7 +247,7 @@ async fn repositories_keep_names_usage_hits_and_misses(store: &dyn MetaStore) {
             .unwrap()
     };
     assert!(position("rep-a") < position("rep-b"));
-    assert_eq!(store.count_repositories().await.unwrap(), all.len() as u64);
+    assert_eq!(store.totals().await.unwrap().repositories, all.len() as u64);
     assert_eq!(
         store.repositories(None, 1).await.unwrap().len(),
         1,

@@ -25,13 +25,22 @@ fn removal(cause: &RemovalCause, delete_at: i64) -> Removal<'_> {
 
 async fn usage_follows_finalize_and_removal(store: &dyn MetaStore) {
     let repo = RepoId::new("lc-usage");
-    let total_before = store.total_usage().await.unwrap();
-    assert_eq!(store.repository_usage(&repo).await.unwrap().bytes, 0);
+    let total_before = store.usage(UsageOf::Everything).await.unwrap().bytes;
+    assert_eq!(
+        store.usage(UsageOf::Repository(&repo)).await.unwrap().bytes,
+        0
+    );
     let one = save(store, &slot("lc-usage", "one"), &[100], 1).await;
     save(store, &slot("lc-usage", "two"), &[50, 150], 2).await;
     save(store, &slot("lc-usage", "three"), &[300], 3).await;
-    assert_eq!(store.repository_usage(&repo).await.unwrap().bytes, 600);
-    assert_eq!(store.total_usage().await.unwrap(), total_before + 600);
+    assert_eq!(
+        store.usage(UsageOf::Repository(&repo)).await.unwrap().bytes,
+        600
+    );
+    assert_eq!(
+        store.usage(UsageOf::Everything).await.unwrap().bytes,
+        total_before + 600
+    );
 
     let evicted = RemovalCause::Evicted;
     let removed = store
@@ -46,8 +55,14 @@ async fn usage_follows_finalize_and_removal(store: &dyn MetaStore) {
         "removed at once"
     );
     assert!(lookup(store, "lc-usage", &["one"]).await.is_empty());
-    assert_eq!(store.repository_usage(&repo).await.unwrap().bytes, 500);
-    assert_eq!(store.total_usage().await.unwrap(), total_before + 500);
+    assert_eq!(
+        store.usage(UsageOf::Repository(&repo)).await.unwrap().bytes,
+        500
+    );
+    assert_eq!(
+        store.usage(UsageOf::Everything).await.unwrap().bytes,
+        total_before + 500
+    );
     let again = store
         .remove_entries(&[one], removal(&evicted, 5_000))
         .await
@@ -56,7 +71,10 @@ async fn usage_follows_finalize_and_removal(store: &dyn MetaStore) {
         again.is_empty(),
         "an entry already gone is not removed twice"
     );
-    assert_eq!(store.repository_usage(&repo).await.unwrap().bytes, 500);
+    assert_eq!(
+        store.usage(UsageOf::Repository(&repo)).await.unwrap().bytes,
+        500
+    );
 }
 
 /// An entry id names one entry for good: the newest entry removed, the next one saved still
@@ -82,14 +100,14 @@ async fn removed_chunks_wait_for_their_deletion_time(store: &dyn MetaStore) {
     let id = save(store, &slot("lc-delete", "k"), &[10, 20], 1).await;
     let (_, chunks) = store.entry(id, EntryState::Live).await.unwrap().unwrap();
     let names: Vec<BlobName> = chunks.iter().map(|c| c.chunk.blob.clone()).collect();
-    let pending_before = store.pending_deletions().await.unwrap();
+    let pending_before = store.usage(UsageOf::PendingDeletions).await.unwrap().bytes;
     let cause = RemovalCause::Deleted;
     store
         .remove_entries(&[id], removal(&cause, 7_000_000))
         .await
         .unwrap();
     assert_eq!(
-        store.pending_deletions().await.unwrap(),
+        store.usage(UsageOf::PendingDeletions).await.unwrap().bytes,
         pending_before + 30
     );
     let early = store.due_deletions(6_999_999, 100_000).await.unwrap();
@@ -108,7 +126,10 @@ async fn removed_chunks_wait_for_their_deletion_time(store: &dyn MetaStore) {
     assert!(store.referenced(&names).await.unwrap().is_empty());
     let due = store.due_deletions(7_000_000, 100_000).await.unwrap();
     assert!(names.iter().all(|n| !due.contains(n)), "done is forgotten");
-    assert_eq!(store.pending_deletions().await.unwrap(), pending_before);
+    assert_eq!(
+        store.usage(UsageOf::PendingDeletions).await.unwrap().bytes,
+        pending_before
+    );
 }
 
 async fn least_recently_used_come_first(store: &dyn MetaStore) {
@@ -235,7 +256,7 @@ async fn removals_race_and_count_once(store: Arc<dyn MetaStore>) {
     assert_eq!(removed, 8, "every entry is removed exactly once");
     assert_eq!(
         store
-            .repository_usage(&RepoId::new("lc-race"))
+            .usage(UsageOf::Repository(&RepoId::new("lc-race")))
             .await
             .unwrap()
             .bytes,
@@ -248,13 +269,24 @@ async fn references_cover_every_table(store: &dyn MetaStore) {
     let committed = chunk(2);
     let upload = reserve(store, &slot("lc-refs", "open"), 1).await;
     store
-        .stage_block(&upload, &block("s"), &staged, 1)
+        .change_upload(
+            &upload,
+            UploadChange::Stage {
+                block: &block("s"),
+                chunk: &staged,
+            },
+            1,
+        )
         .await
         .unwrap();
     let upload = upload_of(store, upload.id).await.unwrap();
     let other = reserve(store, &slot("lc-refs", "other"), 1).await;
     store
-        .commit_parts(&other, &[(block("c"), committed.clone())], 1)
+        .change_upload(
+            &other,
+            UploadChange::Commit(&[(block("c"), committed.clone())]),
+            1,
+        )
         .await
         .unwrap();
     let entry = save(store, &slot("lc-refs", "entry"), &[3], 1).await;
@@ -271,7 +303,10 @@ async fn references_cover_every_table(store: &dyn MetaStore) {
     let mut expected = names[..3].to_vec();
     expected.sort();
     assert_eq!(found, expected, "only the stray chunk is unreferenced");
-    store.abort_upload(&upload, 2).await.unwrap();
+    store
+        .change_upload(&upload, UploadChange::Abort, 2)
+        .await
+        .unwrap();
     assert!(!store
         .referenced(std::slice::from_ref(&staged.blob))
         .await
@@ -291,7 +326,10 @@ async fn abandoned_uploads_are_found_and_closed_ones_pruned(store: &dyn MetaStor
     let open = reserve(store, &slot("lc-stale", "open"), 2).await;
     let fresh = reserve(store, &slot("lc-stale", "fresh"), 9_000_000).await;
     let done = reserve(store, &slot("lc-stale", "done"), 2).await;
-    store.abort_upload(&done, 3).await.unwrap();
+    store
+        .change_upload(&done, UploadChange::Abort, 3)
+        .await
+        .unwrap();
     let stale = store.stale_uploads(4, 100_000).await.unwrap();
     assert!(stale.contains(&open.id));
     assert!(!stale.contains(&done.id), "closed uploads are not stale");
@@ -314,7 +352,14 @@ async fn forgetting_after_a_crash_drops_new_entries_and_open_uploads(store: &dyn
     let open = reserve(store, &slot("forget", "open"), 3_000).await;
     let staged = chunk(7);
     store
-        .stage_block(&open, &block("a"), &staged, 3_001)
+        .change_upload(
+            &open,
+            UploadChange::Stage {
+                block: &block("a"),
+                chunk: &staged,
+            },
+            3_001,
+        )
         .await
         .unwrap();
 
@@ -328,7 +373,7 @@ async fn forgetting_after_a_crash_drops_new_entries_and_open_uploads(store: &dyn
     assert_eq!(open.state, UploadState::Aborted);
     assert_eq!(
         store
-            .repository_usage(&RepoId::new("forget"))
+            .usage(UsageOf::Repository(&RepoId::new("forget")))
             .await
             .unwrap(),
         QuotaUsage {
@@ -374,7 +419,7 @@ async fn scope_classes_are_counted_and_listed_apart(store: &dyn MetaStore) {
     )
     .await;
     assert_eq!(
-        store.repository_usage(&repo).await.unwrap(),
+        store.usage(UsageOf::Repository(&repo)).await.unwrap(),
         QuotaUsage {
             bytes: 161,
             pr_bytes: 60
@@ -437,7 +482,7 @@ async fn scope_classes_are_counted_and_listed_apart(store: &dyn MetaStore) {
         .await
         .unwrap();
     assert_eq!(
-        store.repository_usage(&repo).await.unwrap(),
+        store.usage(UsageOf::Repository(&repo)).await.unwrap(),
         QuotaUsage {
             bytes: 41,
             pr_bytes: 40
@@ -456,7 +501,7 @@ async fn scope_classes_are_counted_and_listed_apart(store: &dyn MetaStore) {
     );
     assert_eq!(
         store
-            .repository_usage(&RepoId::new("lc-class-none"))
+            .usage(UsageOf::Repository(&RepoId::new("lc-class-none")))
             .await
             .unwrap(),
         QuotaUsage::default()

@@ -15,7 +15,7 @@ pub use std::sync::Arc;
 
 pub use hoard::meta::{
     EntryState, EntryWalk, LifecycleStore, MetaError, MetaStore, NewEntry, NewUpload, Removable,
-    Removal, RestoreDrop, Uses,
+    Removal, RestoreDrop, UploadChange, UsageOf, Uses,
 };
 pub use hoard::model::{
     BlobName, BlockId, CacheKey, CallerKind, Chunk, EntryFilter, EntryId, EntryOrder, EntryPage,
@@ -147,7 +147,10 @@ pub async fn save_named(
         .enumerate()
         .map(|(i, &s)| (block(&format!("b{i}")), chunk(s)))
         .collect();
-    store.commit_parts(&upload, &parts, now).await.unwrap();
+    store
+        .change_upload(&upload, UploadChange::Commit(&parts), now)
+        .await
+        .unwrap();
     let upload = upload_of(store, upload.id).await.unwrap();
     let chunks: Vec<Chunk> = parts.into_iter().map(|(_, c)| c).collect();
     let entry = NewEntry {

@@ -54,7 +54,10 @@ async fn save_chunks(
         .enumerate()
         .map(|(i, c)| (block(&format!("b{i}")), c.clone()))
         .collect();
-    store.commit_parts(&upload, &parts, now).await.unwrap();
+    store
+        .change_upload(&upload, UploadChange::Commit(&parts), now)
+        .await
+        .unwrap();
     let upload = upload_of(store, id).await.unwrap();
     store
         .finalize(

@@ -54,8 +54,11 @@ async fn a_quarantined_entry_leaves_lookups_and_keeps_everything(store: &dyn Met
     let clean = save(store, &slot(repo, "clean"), &[5], 2).await;
     let (entry, chunks) = store.entry(id, EntryState::Live).await.unwrap().unwrap();
     let names: Vec<BlobName> = chunks.iter().map(|c| c.chunk.blob.clone()).collect();
-    let usage = store.repository_usage(&RepoId::new(repo)).await.unwrap();
-    let pending = store.pending_deletions().await.unwrap();
+    let usage = store
+        .usage(UsageOf::Repository(&RepoId::new(repo)))
+        .await
+        .unwrap();
+    let pending = store.usage(UsageOf::PendingDeletions).await.unwrap().bytes;
     let cause = quarantine("quarantined by admin");
     let removed = store.remove_entries(&[id], at(&cause, 50)).await.unwrap();
     assert_eq!(removed.len(), 1, "a quarantine removes the entry once");
@@ -71,7 +74,7 @@ async fn a_quarantined_entry_leaves_lookups_and_keeps_everything(store: &dyn Met
     );
     assert_eq!(
         store
-            .repository_usage(&RepoId::new(repo))
+            .usage(UsageOf::Repository(&RepoId::new(repo)))
             .await
             .unwrap()
             .bytes,
@@ -79,7 +82,7 @@ async fn a_quarantined_entry_leaves_lookups_and_keeps_everything(store: &dyn Met
         "its bytes leave the repository's usage, as a deletion's do"
     );
     assert_eq!(
-        store.pending_deletions().await.unwrap(),
+        store.usage(UsageOf::PendingDeletions).await.unwrap().bytes,
         pending,
         "its chunks are not scheduled for deletion"
     );
@@ -142,7 +145,10 @@ async fn a_release_puts_the_entry_back_unless_its_slot_is_taken(store: &dyn Meta
     let repo = "q-release";
     let s = slot(repo, "k");
     let id = save(store, &s, &[7], 1).await;
-    let before = store.repository_usage(&RepoId::new(repo)).await.unwrap();
+    let before = store
+        .usage(UsageOf::Repository(&RepoId::new(repo)))
+        .await
+        .unwrap();
     let cause = quarantine("a flipped byte");
     store.remove_entries(&[id], at(&cause, 10)).await.unwrap();
 
@@ -182,7 +188,10 @@ async fn a_release_puts_the_entry_back_unless_its_slot_is_taken(store: &dyn Meta
     assert!(listed(store, repo, true).await.is_empty());
     let (_, chunks) = store.entry(id, EntryState::Live).await.unwrap().unwrap();
     assert_eq!(chunks.len(), 1, "with its chunks");
-    let after = store.repository_usage(&RepoId::new(repo)).await.unwrap();
+    let after = store
+        .usage(UsageOf::Repository(&RepoId::new(repo)))
+        .await
+        .unwrap();
     assert_eq!(after, before, "and counted in its repository again");
     assert_eq!(
         store.release_quarantined(id).await.unwrap(),
@@ -212,9 +221,10 @@ async fn the_end_of_a_quarantine_schedules_its_chunks(store: &dyn MetaStore) {
         .await
         .unwrap();
 
-    let due = store.quarantined_before(150, 10).await.unwrap();
+    let walk = EntryWalk::QuarantinedBefore(150);
+    let due = store.entry_ids(EntryId::new(0), 10, walk).await.unwrap();
     assert!(due.contains(&old) && !due.contains(&young), "{due:?}");
-    let pending = store.pending_deletions().await.unwrap();
+    let pending = store.usage(UsageOf::PendingDeletions).await.unwrap().bytes;
     let dropped = store.drop_quarantined(&[old], 5_000).await.unwrap();
     assert_eq!(dropped, [old], "the quarantine of the old entry ends");
     assert!(store
@@ -223,7 +233,7 @@ async fn the_end_of_a_quarantine_schedules_its_chunks(store: &dyn MetaStore) {
         .unwrap()
         .is_none());
     assert_eq!(
-        store.pending_deletions().await.unwrap(),
+        store.usage(UsageOf::PendingDeletions).await.unwrap().bytes,
         pending + 10,
         "its chunks are scheduled for deletion"
     );

@@ -64,7 +64,14 @@ async fn an_abandoned_upload_is_replaced_only_at_the_revision_loaded(store: &dyn
     let s = slot("takeover", "k");
     let old = reserve(store, &s, 10).await;
     store
-        .stage_block(&old, &block("a"), &chunk(5), 11)
+        .change_upload(
+            &old,
+            UploadChange::Stage {
+                block: &block("a"),
+                chunk: &chunk(5),
+            },
+            11,
+        )
         .await
         .unwrap();
     // `old` as loaded before the block was staged: its revision is out of date.
@@ -116,18 +123,39 @@ async fn blocks_stage_commit_and_finalize_into_an_entry(store: &dyn MetaStore) {
     assert_eq!(upload.state, UploadState::Open);
     let (a, b, a2) = (chunk(3), chunk(4), chunk(5));
     store
-        .stage_block(&upload, &block("a"), &a, 101)
+        .change_upload(
+            &upload,
+            UploadChange::Stage {
+                block: &block("a"),
+                chunk: &a,
+            },
+            101,
+        )
         .await
         .unwrap();
     let upload = upload_of(store, upload.id).await.unwrap();
     store
-        .stage_block(&upload, &block("b"), &b, 102)
+        .change_upload(
+            &upload,
+            UploadChange::Stage {
+                block: &block("b"),
+                chunk: &b,
+            },
+            102,
+        )
         .await
         .unwrap();
     let upload = upload_of(store, upload.id).await.unwrap();
     // A retried block id replaces the earlier copy.
     store
-        .stage_block(&upload, &block("a"), &a2, 103)
+        .change_upload(
+            &upload,
+            UploadChange::Stage {
+                block: &block("a"),
+                chunk: &a2,
+            },
+            103,
+        )
         .await
         .unwrap();
     let (upload, blocks) = store.upload_with_blocks(upload.id).await.unwrap().unwrap();
@@ -136,7 +164,10 @@ async fn blocks_stage_commit_and_finalize_into_an_entry(store: &dyn MetaStore) {
     assert!(blocks.parts.is_empty());
 
     let parts = vec![(block("b"), b.clone()), (block("a"), a2.clone())];
-    store.commit_parts(&upload, &parts, 104).await.unwrap();
+    store
+        .change_upload(&upload, UploadChange::Commit(&parts), 104)
+        .await
+        .unwrap();
     let (upload, blocks) = store.upload_with_blocks(upload.id).await.unwrap().unwrap();
     assert!(blocks.staged.is_empty(), "a commit drops staged blocks");
     assert_eq!(blocks.parts, parts, "parts keep the committed order");
@@ -213,12 +244,26 @@ async fn staged_totals_follow_every_change_to_the_blocks(store: &dyn MetaStore) 
     );
     let (a, b, a2) = (chunk(3), chunk(4), chunk(10));
     store
-        .stage_block(&upload, &block("a"), &a, 2)
+        .change_upload(
+            &upload,
+            UploadChange::Stage {
+                block: &block("a"),
+                chunk: &a,
+            },
+            2,
+        )
         .await
         .unwrap();
     let upload = upload_of(store, upload.id).await.unwrap();
     store
-        .stage_block(&upload, &block("b"), &b, 3)
+        .change_upload(
+            &upload,
+            UploadChange::Stage {
+                block: &block("b"),
+                chunk: &b,
+            },
+            3,
+        )
         .await
         .unwrap();
     let loaded = upload_of(store, upload.id).await.unwrap();
@@ -232,7 +277,14 @@ async fn staged_totals_follow_every_change_to_the_blocks(store: &dyn MetaStore) 
     );
     // A retry replaces the copy: one block still, of the new size.
     store
-        .stage_block(&loaded, &block("a"), &a2, 4)
+        .change_upload(
+            &loaded,
+            UploadChange::Stage {
+                block: &block("a"),
+                chunk: &a2,
+            },
+            4,
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -240,7 +292,16 @@ async fn staged_totals_follow_every_change_to_the_blocks(store: &dyn MetaStore) 
         (2, 14, Some(a2.clone()), false)
     );
     // A stale change counts nothing.
-    let stale = store.stage_block(&loaded, &block("c"), &chunk(1), 5).await;
+    let stale = store
+        .change_upload(
+            &loaded,
+            UploadChange::Stage {
+                block: &block("c"),
+                chunk: &chunk(1),
+            },
+            5,
+        )
+        .await;
     assert!(matches!(stale, Err(MetaError::Stale)), "{stale:?}");
     assert_eq!(
         block_state(store, upload.id, "c").await,
@@ -251,7 +312,7 @@ async fn staged_totals_follow_every_change_to_the_blocks(store: &dyn MetaStore) 
     // part's chunk says so.
     let upload = upload_of(store, upload.id).await.unwrap();
     store
-        .commit_parts(&upload, &[(block("b"), b.clone())], 6)
+        .change_upload(&upload, UploadChange::Commit(&[(block("b"), b.clone())]), 6)
         .await
         .unwrap();
     assert_eq!(
@@ -260,7 +321,14 @@ async fn staged_totals_follow_every_change_to_the_blocks(store: &dyn MetaStore) 
     );
     let upload = upload_of(store, upload.id).await.unwrap();
     store
-        .stage_block(&upload, &block("b"), &b, 7)
+        .change_upload(
+            &upload,
+            UploadChange::Stage {
+                block: &block("b"),
+                chunk: &b,
+            },
+            7,
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -269,7 +337,10 @@ async fn staged_totals_follow_every_change_to_the_blocks(store: &dyn MetaStore) 
     );
 
     let upload = upload_of(store, upload.id).await.unwrap();
-    store.abort_upload(&upload, 8).await.unwrap();
+    store
+        .change_upload(&upload, UploadChange::Abort, 8)
+        .await
+        .unwrap();
     assert_eq!(
         block_state(store, upload.id, "b").await,
         (0, 0, None, false)
@@ -285,15 +356,31 @@ async fn changes_at_an_old_revision_or_to_a_closed_upload_change_nothing(store: 
     let s = slot("stale", "k");
     let loaded = reserve(store, &s, 1).await;
     store
-        .stage_block(&loaded, &block("a"), &chunk(1), 2)
+        .change_upload(
+            &loaded,
+            UploadChange::Stage {
+                block: &block("a"),
+                chunk: &chunk(1),
+            },
+            2,
+        )
         .await
         .unwrap();
     for result in [
-        store.stage_block(&loaded, &block("b"), &chunk(1), 3).await,
         store
-            .commit_parts(&loaded, &[(block("a"), chunk(1))], 3)
+            .change_upload(
+                &loaded,
+                UploadChange::Stage {
+                    block: &block("b"),
+                    chunk: &chunk(1),
+                },
+                3,
+            )
             .await,
-        store.abort_upload(&loaded, 3).await,
+        store
+            .change_upload(&loaded, UploadChange::Commit(&[(block("a"), chunk(1))]), 3)
+            .await,
+        store.change_upload(&loaded, UploadChange::Abort, 3).await,
     ] {
         assert!(matches!(result, Err(MetaError::Stale)), "{result:?}");
     }
@@ -319,10 +406,22 @@ async fn changes_at_an_old_revision_or_to_a_closed_upload_change_nothing(store: 
     assert_eq!(blocks.staged.keys().collect::<Vec<_>>(), [&block("a")]);
     assert!(blocks.parts.is_empty());
 
-    store.abort_upload(&current, 4).await.unwrap();
+    store
+        .change_upload(&current, UploadChange::Abort, 4)
+        .await
+        .unwrap();
     let closed = upload_of(store, current.id).await.unwrap();
     assert_eq!(closed.state, UploadState::Aborted);
-    let late = store.stage_block(&closed, &block("c"), &chunk(1), 5).await;
+    let late = store
+        .change_upload(
+            &closed,
+            UploadChange::Stage {
+                block: &block("c"),
+                chunk: &chunk(1),
+            },
+            5,
+        )
+        .await;
     assert!(
         matches!(late, Err(MetaError::Stale)),
         "a closed upload takes no blocks: {late:?}"
@@ -336,7 +435,7 @@ async fn a_second_entry_for_a_slot_is_refused_and_leaves_nothing_behind(store: &
     // exists is the domain's rule, so a second upload can be opened and must fail at finalize.
     let second = reserve(store, &s, 2).await;
     store
-        .commit_parts(&second, &[(block("x"), chunk(10))], 3)
+        .change_upload(&second, UploadChange::Commit(&[(block("x"), chunk(10))]), 3)
         .await
         .unwrap();
     let second = upload_of(store, second.id).await.unwrap();

@@ -357,7 +357,10 @@ async fn save_in_family(
 ) -> EntryId {
     let upload = reserve(store, slot, T0).await;
     let parts = vec![(block("b0"), chunk(size))];
-    store.commit_parts(&upload, &parts, T0).await.unwrap();
+    store
+        .change_upload(&upload, UploadChange::Commit(&parts), T0)
+        .await
+        .unwrap();
     let upload = upload_of(store, upload.id).await.unwrap();
     let chunks = vec![parts[0].1.clone()];
     store

@@ -551,7 +551,7 @@ impl Cache {
             .meta
             .repositories(only, limit.clamp(1, MAX_PAGE))
             .await?;
-        let count = self.meta.count_repositories().await?;
+        let count = self.meta.totals().await?.repositories;
         Ok((count, listed))
     }
 

@@ -26,7 +26,7 @@ use futures_util::StreamExt;
 use super::backoff::Backoff;
 use super::{Cache, CacheError};
 use crate::blob::Capacity;
-use crate::meta::{Removable, Removal, RestoreDrop};
+use crate::meta::{EntryWalk, Removable, Removal, RestoreDrop, UsageOf};
 use crate::model::{
     BlobName, EntryId, EntryUse, LogSafe, Millis, QuotaUsage, RemovalCause, RepoId, ScopeClass,
     Share, UploadId,
@@ -433,7 +433,7 @@ impl Cache {
             .filter(|w| w.class == ScopeClass::PullRequestOrTag)
             .map(|w| w.size)
             .sum();
-        let mut used = self.meta.repository_usage(repository).await?;
+        let mut used = self.meta.usage(UsageOf::Repository(repository)).await?;
         for step in quota_steps(share, &classes) {
             let mut wanted = FIRST_CANDIDATES;
             loop {
@@ -473,7 +473,7 @@ impl Cache {
                 if removed.is_empty() {
                     return Ok(());
                 }
-                used = self.meta.repository_usage(repository).await?;
+                used = self.meta.usage(UsageOf::Repository(repository)).await?;
             }
         }
         Ok(())
@@ -496,7 +496,7 @@ impl Cache {
     async fn occupancy(&self) -> Result<Occupancy, CacheError> {
         let limits = &self.policy.lifecycle;
         let stored = match limits.max_storage {
-            Some(_) => self.meta.total_usage().await?,
+            Some(_) => self.meta.usage(UsageOf::Everything).await?.bytes,
             None => 0,
         };
         let mut at = Occupancy {
@@ -506,7 +506,7 @@ impl Cache {
         if let Some(keep) = limits.min_free_space {
             at.disk = self.blobs.capacity().await?;
             if at.disk.is_some_and(|d| d.available < keep.bytes(d.total)) {
-                at.pending = self.meta.pending_deletions().await?;
+                at.pending = self.meta.usage(UsageOf::PendingDeletions).await?.bytes;
             }
         }
         Ok(at)
@@ -739,7 +739,8 @@ impl Cache {
         let before = now.saturating_sub(millis(self.policy.lifecycle.quarantine_retention));
         let delete_at = now.saturating_add(millis(self.policy.lifecycle.deletion_grace));
         loop {
-            let due = self.meta.quarantined_before(before, BATCH).await?;
+            let walk = EntryWalk::QuarantinedBefore(before);
+            let due = self.meta.entry_ids(EntryId::new(0), BATCH, walk).await?;
             if due.is_empty() {
                 return Ok(());
             }

@@ -8,6 +8,7 @@ use super::upload::{self, RangeProblem};
 use super::{retry_stale, Cache, CacheError, LinkedUpload, OpenEntry};
 use crate::auth::Identity;
 use crate::blob::ByteStream;
+use crate::meta::UploadChange;
 use crate::model::{
     BlockId, CacheKey, Entry, EntryFilter, EntryId, EntryOrder, EntryPage, Slot, Upload, UploadId,
     UploadState, Version,
@@ -108,12 +109,14 @@ impl Cache {
             match upload::tile_ranges(&blocks, size) {
                 Ok(assembly) => {
                     self.meta
-                        .commit_parts(&upload, &assembly.parts, now)
+                        .change_upload(&upload, UploadChange::Commit(&assembly.parts), now)
                         .await?;
                     Ok(Ok(assembly.garbage))
                 }
                 Err(problem) => {
-                    self.meta.abort_upload(&upload, now).await?;
+                    self.meta
+                        .change_upload(&upload, UploadChange::Abort, now)
+                        .await?;
                     Ok(Err((problem, blocks.blobs())))
                 }
             }

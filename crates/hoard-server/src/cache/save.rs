@@ -11,7 +11,7 @@ use super::upload::{self, Finalizing, Reservation, Staging};
 use super::{audit, retry_stale, Cache, CacheError, ForgetIfDropped};
 use crate::auth::{Identity, LinkTarget};
 use crate::blob::BlobError;
-use crate::meta::{BlockState, MetaError, NewEntry, NewUpload};
+use crate::meta::{BlockState, MetaError, NewEntry, NewUpload, UploadChange};
 use crate::model::{
     entry_digest, BlobName, BlockId, BlockRef, ByteStream, CacheKey, EntryId, LogSafe, Millis,
     Provenance, Slot, Upload, UploadBlocks, UploadId, Version,
@@ -235,7 +235,14 @@ impl Cache {
             let (upload, state) = (&decided_on.upload, &decided_on.state);
             let garbage = staged_or_refused(upload::decide_stage(state, chunk, max), max)?;
             self.meta
-                .stage_block(upload, block, chunk, self.clock.now())
+                .change_upload(
+                    upload,
+                    UploadChange::Stage {
+                        block: block,
+                        chunk: chunk,
+                    },
+                    self.clock.now(),
+                )
                 .await?;
             Ok(garbage)
         })
@@ -260,7 +267,11 @@ impl Cache {
             let (upload, blocks) = self.decide_on(linked, attempt).await?;
             let assembly = upload::whole_blob(&blocks, chunk);
             self.meta
-                .commit_parts(&upload, &assembly.parts, self.clock.now())
+                .change_upload(
+                    &upload,
+                    UploadChange::Commit(&assembly.parts),
+                    self.clock.now(),
+                )
                 .await?;
             Ok(assembly.garbage)
         })
@@ -298,7 +309,11 @@ impl Cache {
             let assembly = upload::assemble(list, &blocks.staged, &blocks.parts)
                 .map_err(|_| CacheError::UnknownBlock)?;
             self.meta
-                .commit_parts(&upload, &assembly.parts, self.clock.now())
+                .change_upload(
+                    &upload,
+                    UploadChange::Commit(&assembly.parts),
+                    self.clock.now(),
+                )
                 .await?;
             Ok(assembly.garbage)
         })
@@ -426,7 +441,9 @@ impl Cache {
                 stored,
                 garbage,
             } => {
-                self.meta.abort_upload(upload, now).await?;
+                self.meta
+                    .change_upload(upload, UploadChange::Abort, now)
+                    .await?;
                 self.collect(garbage).await;
                 Err(CacheError::SizeMismatch {
                     stored,
@@ -533,7 +550,9 @@ impl Cache {
     pub(super) async fn abandon(&self, id: UploadId) -> Result<bool, CacheError> {
         let aborted = retry_stale(|_| async {
             let (upload, blocks) = self.open_upload(id).await?;
-            self.meta.abort_upload(&upload, self.clock.now()).await?;
+            self.meta
+                .change_upload(&upload, UploadChange::Abort, self.clock.now())
+                .await?;
             Ok(blocks.blobs())
         })
         .await;

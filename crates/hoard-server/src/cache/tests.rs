@@ -12,6 +12,7 @@ use crate::auth::LinkTarget;
 use crate::blob::FsStore;
 use crate::meta::{
     EntryChunk, EntryState, EntryWalk, LifecycleStore, RestoreStore, SaveStore, SqliteStore,
+    UploadChange, UsageOf,
 };
 use crate::model::{BlockId, BlockRef, ByteStream, Lookup, UploadId};
 use crate::model::{BlockSource, Chunk, ManualClock, RepoId, Scope};
@@ -761,7 +762,11 @@ async fn pull_requests_and_tags_keep_within_their_share_and_never_evict_a_branch
     let tag = who_in("1", "refs/tags/v1");
     let tick = || w.clock.advance(Duration::from_secs(1));
     let usage = || async {
-        let u = w.meta.repository_usage(&RepoId::new("1")).await.unwrap();
+        let u = w
+            .meta
+            .usage(UsageOf::Repository(&RepoId::new("1")))
+            .await
+            .unwrap();
         (u.bytes, u.pr_bytes)
     };
     w.save(&main, "m1", &[1; 40]).await;
@@ -927,7 +932,7 @@ async fn a_repository_over_its_quota_loses_its_least_recently_used_entries() {
     );
     assert_eq!(
         w.meta
-            .repository_usage(&RepoId::new("1"))
+            .usage(UsageOf::Repository(&RepoId::new("1")))
             .await
             .unwrap()
             .bytes,
@@ -996,7 +1001,7 @@ async fn the_global_limit_evicts_across_repositories() {
     assert_eq!(w.restore(&who("1"), "a").await, None);
     assert!(w.restore(&who("2"), "b").await.is_some());
     assert!(w.restore(&who("1"), "c").await.is_some());
-    assert_eq!(w.meta.total_usage().await.unwrap(), 20);
+    assert_eq!(w.meta.usage(UsageOf::Everything).await.unwrap().bytes, 20);
 }
 
 #[tokio::test]
@@ -1388,7 +1393,7 @@ async fn concurrent_saves_leave_the_repository_within_its_quota() {
     }
     let used = w
         .meta
-        .repository_usage(&RepoId::new("1"))
+        .usage(UsageOf::Repository(&RepoId::new("1")))
         .await
         .unwrap()
         .bytes;
@@ -1541,7 +1546,14 @@ async fn a_put_block_costs_the_same_at_ten_thousand_staged_blocks_as_at_ten() {
     for size in [10, 10_000] {
         while staged < size {
             store
-                .stage_block(&upload, &block(staged), &chunk(1), 1)
+                .change_upload(
+                    &upload,
+                    UploadChange::Stage {
+                        block: &block(staged),
+                        chunk: &chunk(1),
+                    },
+                    1,
+                )
                 .await
                 .unwrap();
             upload.revision += 1;

@@ -145,6 +145,20 @@ pub struct FinalizeState {
     pub finalized: Option<(EntryId, u64)>,
 }
 
+/// A change to an open upload's blocks or state.
+#[derive(Debug, Clone, Copy)]
+pub enum UploadChange<'a> {
+    /// Records `chunk` as the staged copy of `block`, replacing an earlier copy.
+    Stage {
+        block: &'a BlockId,
+        chunk: &'a Chunk,
+    },
+    /// Makes these the upload's committed parts, in order, and drops every staged block.
+    Commit(&'a [(BlockId, Chunk)]),
+    /// Aborts the upload and drops its blocks.
+    Abort,
+}
+
 /// An entry to insert: the slot's open upload becomes it.
 #[derive(Debug, Clone)]
 pub struct NewEntry<'a> {
@@ -260,6 +274,17 @@ impl Uses {
     }
 }
 
+/// Whose bytes [`LifecycleStore::usage`] counts.
+#[derive(Debug, Clone, Copy)]
+pub enum UsageOf<'a> {
+    /// One repository's entries: what its quota weighs.
+    Repository(&'a RepoId),
+    /// Every entry: what `--max-storage` weighs.
+    Everything,
+    /// Chunks whose deletion is scheduled but not yet done: space about to come back.
+    PendingDeletions,
+}
+
 /// Which entries a lifecycle pass may remove, in the order it removes them.
 #[derive(Debug, Clone, Copy)]
 pub enum Removable<'a> {
@@ -297,6 +322,8 @@ pub enum EntryWalk {
     All,
     /// Entries whose digest is not recorded yet: the digest pass.
     AwaitingDigest,
+    /// Entries in quarantine since before this instant: those whose quarantine is over.
+    QuarantinedBefore(Millis),
 }
 
 /// How entries leave: why, when, and when their chunks may be deleted (after every reader that
@@ -348,16 +375,9 @@ store_trait! {
         async fn create_upload(&self, new: NewUpload<'_>, replacing: Option<&Upload>)
             -> Result<UploadId, MetaError>;
 
-        /// Records `chunk` as the staged copy of `block`, replacing an earlier copy.
-        async fn stage_block(&self, upload: &Upload, block: &BlockId, chunk: &Chunk, now: Millis)
+        /// Applies `change` to the open upload, at the revision loaded (else `Stale`).
+        async fn change_upload(&self, upload: &Upload, change: UploadChange<'_>, now: Millis)
             -> Result<(), MetaError>;
-
-        /// Makes `parts` the upload's committed parts, in order, and drops every staged block.
-        async fn commit_parts(&self, upload: &Upload, parts: &[(BlockId, Chunk)], now: Millis)
-            -> Result<(), MetaError>;
-
-        /// Aborts the upload and drops its blocks.
-        async fn abort_upload(&self, upload: &Upload, now: Millis) -> Result<(), MetaError>;
 
         /// Turns the open upload into a visible entry made of `entry.chunks`, and drops the
         /// upload's blocks. `Conflict` if an entry already holds the slot.
@@ -387,14 +407,8 @@ store_trait! {
     /// The lifecycle: usage and limits, eviction and expiry, deferred deletions, references for
     /// garbage collection, abandoned uploads, integrity walks and crash recovery.
     pub trait LifecycleStore {
-        /// Bytes of the repository's entries, and of its pull-request and tag entries.
-        async fn repository_usage(&self, repository: &RepoId) -> Result<QuotaUsage, MetaError>;
-
-        /// Bytes of every entry.
-        async fn total_usage(&self) -> Result<u64, MetaError>;
-
-        /// Bytes of chunks whose deletion is scheduled but not yet done.
-        async fn pending_deletions(&self) -> Result<u64, MetaError>;
+        /// The bytes `of` names, and of the pull-request and tag entries among them.
+        async fn usage(&self, of: UsageOf<'_>) -> Result<QuotaUsage, MetaError>;
 
         /// Forgets the restore records `which` names, in one transaction; how many.
         async fn drop_restores(&self, which: RestoreDrop<'_>) -> Result<u64, MetaError>;
@@ -420,9 +434,6 @@ store_trait! {
         /// Ends the quarantine of those of `ids` in quarantine: their rows go and their chunks
         /// are scheduled for deletion at `delete_at`. Returns the ids that were in quarantine.
         async fn drop_quarantined(&self, ids: &[EntryId], delete_at: Millis) -> Result<Vec<EntryId>, MetaError>;
-
-        /// Up to `limit` quarantined entries put there before `before`, oldest first.
-        async fn quarantined_before(&self, before: Millis, limit: usize) -> Result<Vec<EntryId>, MetaError>;
 
         /// Up to `limit` chunks whose scheduled deletion is due at `now`.
         async fn due_deletions(&self, now: Millis, limit: usize) -> Result<Vec<BlobName>, MetaError>;
@@ -469,10 +480,8 @@ store_trait! {
         /// id or name) if given.
         async fn repositories(&self, only: Option<&str>, limit: usize) -> Result<Vec<RepositoryUsage>, MetaError>;
 
-        /// How many repositories [`AdminStore::repositories`] would list without a limit.
-        async fn count_repositories(&self) -> Result<u64, MetaError>;
-
-        /// What the store holds, for metrics: bytes and entries of all repositories, and open
+        /// What the store holds, for metrics: bytes and entries of all repositories, how many
+        /// repositories [`AdminStore::repositories`] would list without a limit, and open
         /// uploads.
         async fn totals(&self) -> Result<Totals, MetaError>;
 

@@ -92,11 +92,6 @@ pub(super) static FORGET_CHUNKS: Shared =
 pub(super) static FORGET_ENTRY: Shared =
     Shared::new("DELETE FROM quarantined_entries WHERE id = ?");
 
-/// Up to `?2` quarantined entries put there before `?1`, oldest first.
-pub(super) static QUARANTINED_BEFORE: Shared = Shared::new(
-    "SELECT id FROM quarantined_entries WHERE quarantined_at < ? ORDER BY quarantined_at, id LIMIT ?",
-);
-
 /// A quarantined entry `?`, with the columns [`super::sql::entry_from_row`] reads.
 pub(super) static ENTRY: Shared = Shared::built(|| {
     format!(

@@ -283,7 +283,7 @@ fn filtered(
 /// The statement of [`super::MetaStore::select_entries`] and its parameters; the rows are
 /// read by [`listed_from_row`]. Paging is by key set (sort value, id), so a page costs the same wherever it
 /// starts.
-pub(super) fn list_entries_sql(
+pub(super) fn select_entries_sql(
     page: &super::EntryPage<'_>,
     placeholder: impl Fn(usize) -> String,
 ) -> (String, Vec<Param>) {
@@ -497,6 +497,48 @@ pub(super) fn entry_from_row(r: &impl SqlRow) -> Result<Entry, MetaError> {
 pub(super) static QUOTA_USAGE: Shared =
     Shared::new("SELECT bytes, pr_bytes FROM repository_usage WHERE repository = ?");
 
+/// The statement of [`super::LifecycleStore::usage`] and its parameters: at most one row, read
+/// by [`quota_usage_from_row`].
+pub(super) fn usage_sql(of: super::UsageOf<'_>) -> (&'static Shared, Vec<Param>) {
+    static EVERYTHING: Shared = Shared::new(
+        "SELECT CAST(COALESCE(SUM(bytes), 0) AS {bigint}) AS bytes,
+                CAST(COALESCE(SUM(pr_bytes), 0) AS {bigint}) AS pr_bytes
+         FROM repository_usage",
+    );
+    static PENDING_DELETIONS: Shared = Shared::new(
+        "SELECT CAST(COALESCE(SUM(size), 0) AS {bigint}) AS bytes, CAST(0 AS {bigint}) AS pr_bytes
+         FROM pending_deletions",
+    );
+    match of {
+        super::UsageOf::Repository(repository) => (
+            &QUOTA_USAGE,
+            vec![Param::Text(repository.as_str().to_owned())],
+        ),
+        super::UsageOf::Everything => (&EVERYTHING, Vec::new()),
+        super::UsageOf::PendingDeletions => (&PENDING_DELETIONS, Vec::new()),
+    }
+}
+
+/// What the store holds ([`super::AdminStore::totals`]): one row of `bytes`, `entries`,
+/// `repositories` and `open_uploads`.
+pub(super) static TOTALS: Shared = Shared::new(
+    "SELECT CAST(COALESCE(SUM(bytes), 0) AS {bigint}) AS bytes,
+            CAST(COALESCE(SUM(entries), 0) AS {bigint}) AS entries,
+            COUNT(*) AS repositories,
+            (SELECT COUNT(*) FROM uploads WHERE state = 'open') AS open_uploads
+     FROM repository_usage",
+);
+
+/// [`Totals`](crate::model::Totals) from a [`TOTALS`] row.
+pub(super) fn totals_from_row(r: &impl SqlRow) -> Result<crate::model::Totals, MetaError> {
+    Ok(crate::model::Totals::from_counts(
+        r.int("bytes")?,
+        r.int("entries")?,
+        r.int("repositories")?,
+        r.int("open_uploads")?,
+    ))
+}
+
 /// The [`crate::model::QuotaUsage`] of a [`QUOTA_USAGE`] row (none: nothing held).
 pub(super) fn quota_usage_from_row(
     r: Option<&impl SqlRow>,
@@ -592,11 +634,17 @@ pub(super) fn entry_ids_sql(
     static ALL: Shared = Shared::new("SELECT id FROM entries WHERE id > ? ORDER BY id LIMIT ?");
     static AWAITING_DIGEST: Shared =
         Shared::new("SELECT id FROM entries WHERE digest = '' AND id > ? ORDER BY id LIMIT ?");
-    let sql = match walk {
-        super::EntryWalk::All => &ALL,
-        super::EntryWalk::AwaitingDigest => &AWAITING_DIGEST,
-    };
-    (sql, vec![Param::Int(after.get()), Param::Int(limit as i64)])
+    static QUARANTINED_BEFORE: Shared = Shared::new(
+        "SELECT id FROM quarantined_entries WHERE quarantined_at < ? AND id > ? ORDER BY id LIMIT ?",
+    );
+    let (after, limit) = (Param::Int(after.get()), Param::Int(limit as i64));
+    match walk {
+        super::EntryWalk::All => (&ALL, vec![after, limit]),
+        super::EntryWalk::AwaitingDigest => (&AWAITING_DIGEST, vec![after, limit]),
+        super::EntryWalk::QuarantinedBefore(before) => {
+            (&QUARANTINED_BEFORE, vec![Param::Int(before), after, limit])
+        }
+    }
 }
 
 pub(super) fn use_from_row(r: &impl SqlRow) -> Result<EntryUse, MetaError> {

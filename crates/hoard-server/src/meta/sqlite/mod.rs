@@ -39,10 +39,11 @@ use crate::meta::schema::{
 };
 use crate::meta::sql::{
     block_state_from_row, candidate_from_row, chunk_from_row, columns, count_entries_sql,
-    entry_from_row, list_entries_sql, listed_from_row, migrations_after, pr_counts,
-    quota_usage_from_row, record_restore_params, repositories_sql, repository_from_row,
-    restore_from_row, restores_sql, upload_from_row, use_from_row, Param, SqlRow, BLOCK_STATE_SQL,
-    CANDIDATE, CHUNK, ENTRY, PRUNE_READERS, QUOTA_USAGE, RECORD_RESTORE, UPLOAD, USE_COLS,
+    entry_from_row, listed_from_row, migrations_after, pr_counts, quota_usage_from_row,
+    record_restore_params, repositories_sql, repository_from_row, restore_from_row, restores_sql,
+    select_entries_sql, totals_from_row, upload_from_row, usage_sql, use_from_row, Param, SqlRow,
+    BLOCK_STATE_SQL, CANDIDATE, CHUNK, ENTRY, PRUNE_READERS, RECORD_RESTORE, TOTALS, UPLOAD,
+    USE_COLS,
 };
 use crate::meta::sql::{
     drop_restores_sql, entry_ids_sql, removable_sql, RESTORE_HEAVY_REPOSITORIES,
@@ -51,7 +52,7 @@ use crate::meta::{
     AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, EntryState, EntryWalk,
     FinalizeState, Health, LifecycleStore, ListedEntry, MetaError, NewEntry, NewUpload, Removable,
     Removal, RepositoryUsage, RestoreDrop, RestoreQuery, RestoreStore, SaveStore, SlotState,
-    Totals, Uses,
+    Totals, UploadChange, UsageOf, Uses,
 };
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, QuotaUsage,
@@ -699,6 +700,50 @@ impl SaveStore for SqliteStore {
         .await
     }
 
+    async fn change_upload(
+        &self,
+        upload: &Upload,
+        change: UploadChange<'_>,
+        now: Millis,
+    ) -> Result<(), MetaError> {
+        match change {
+            UploadChange::Stage { block, chunk } => {
+                self.stage_block(upload, block, chunk, now).await
+            }
+            UploadChange::Commit(parts) => self.commit_parts(upload, parts, now).await,
+            UploadChange::Abort => self.abort_upload(upload, now).await,
+        }
+    }
+
+    async fn finalize(&self, upload: &Upload, entry: NewEntry<'_>) -> Result<EntryId, MetaError> {
+        let row = EntryRow::from_new(&entry, Backend::Sqlite);
+        let (upload, chunks, now) = (upload.clone(), entry.chunks.to_vec(), entry.now);
+        let name = entry.repository_name.to_owned();
+        let (pr_bytes, pr_entries) = pr_counts(entry.scope_class, row.size as u64);
+        self.write(move |tx| {
+            claim(tx, &upload, now)?;
+            let (repository, size) = (row.repository.clone(), row.size);
+            let entry = insert_entry(tx, row)?;
+            insert_chunks(tx, entry, &chunks)?;
+            drop_blocks(tx, upload.id)?;
+            tx.prepare_cached("UPDATE uploads SET state = 'finalized', entry_id = ? WHERE id = ?")?
+                .execute(params![entry, upload.id.get()])?;
+            tx.prepare_cached(
+                "INSERT INTO repository_usage (repository, bytes, entries, name, pr_bytes, pr_entries) VALUES (?, ?, 1, ?, ?, ?)
+                 ON CONFLICT (repository) DO UPDATE SET bytes = bytes + excluded.bytes, entries = entries + 1,
+                     name = CASE WHEN excluded.name = '' THEN name ELSE excluded.name END,
+                     pr_bytes = pr_bytes + excluded.pr_bytes, pr_entries = pr_entries + excluded.pr_entries",
+            )?
+            .execute(params![repository, size, name, pr_bytes, pr_entries])?;
+            Ok(EntryId::new(entry))
+        })
+        .await
+    }
+}
+
+/// The upload changes of [`SqliteStore::change_upload`], one each.
+impl SqliteStore {
+    /// [`UploadChange::Stage`].
     async fn stage_block(
         &self,
         upload: &Upload,
@@ -727,6 +772,7 @@ impl SaveStore for SqliteStore {
         .await
     }
 
+    /// [`UploadChange::Commit`].
     async fn commit_parts(
         &self,
         upload: &Upload,
@@ -748,37 +794,13 @@ impl SaveStore for SqliteStore {
         .await
     }
 
+    /// [`UploadChange::Abort`].
     async fn abort_upload(&self, upload: &Upload, now: Millis) -> Result<(), MetaError> {
         let upload = upload.clone();
         self.write(move |tx| {
             claim(tx, &upload, now)?;
             drop_blocks(tx, upload.id)?;
             set_state(tx, upload.id, UploadState::Aborted)
-        })
-        .await
-    }
-
-    async fn finalize(&self, upload: &Upload, entry: NewEntry<'_>) -> Result<EntryId, MetaError> {
-        let row = EntryRow::from_new(&entry, Backend::Sqlite);
-        let (upload, chunks, now) = (upload.clone(), entry.chunks.to_vec(), entry.now);
-        let name = entry.repository_name.to_owned();
-        let (pr_bytes, pr_entries) = pr_counts(entry.scope_class, row.size as u64);
-        self.write(move |tx| {
-            claim(tx, &upload, now)?;
-            let (repository, size) = (row.repository.clone(), row.size);
-            let entry = insert_entry(tx, row)?;
-            insert_chunks(tx, entry, &chunks)?;
-            drop_blocks(tx, upload.id)?;
-            tx.prepare_cached("UPDATE uploads SET state = 'finalized', entry_id = ? WHERE id = ?")?
-                .execute(params![entry, upload.id.get()])?;
-            tx.prepare_cached(
-                "INSERT INTO repository_usage (repository, bytes, entries, name, pr_bytes, pr_entries) VALUES (?, ?, 1, ?, ?, ?)
-                 ON CONFLICT (repository) DO UPDATE SET bytes = bytes + excluded.bytes, entries = entries + 1,
-                     name = CASE WHEN excluded.name = '' THEN name ELSE excluded.name END,
-                     pr_bytes = pr_bytes + excluded.pr_bytes, pr_entries = pr_entries + excluded.pr_entries",
-            )?
-            .execute(params![repository, size, name, pr_bytes, pr_entries])?;
-            Ok(EntryId::new(entry))
         })
         .await
     }
@@ -918,22 +940,12 @@ impl RestoreStore for SqliteStore {
 
 #[async_trait]
 impl LifecycleStore for SqliteStore {
-    async fn repository_usage(&self, repository: &RepoId) -> Result<QuotaUsage, MetaError> {
-        let repository = repository.as_str().to_owned();
+    async fn usage(&self, of: UsageOf<'_>) -> Result<QuotaUsage, MetaError> {
+        let (sql, params) = usage_sql(of);
         self.read(move |conn| {
-            let mut stmt = conn.prepare_cached(QUOTA_USAGE.on(Backend::Sqlite))?;
-            let row = first_of(stmt.query([repository])?, |r| quota_usage_from_row(Some(r)))?;
-            Ok(row.unwrap_or_default())
-        })
-        .await
-    }
-
-    async fn total_usage(&self) -> Result<u64, MetaError> {
-        self.read(|conn| {
-            let bytes: i64 = conn
-                .prepare_cached("SELECT COALESCE(SUM(bytes), 0) AS n FROM repository_usage")?
-                .query_row([], |r| r.get("n"))?;
-            Ok(bytes.max(0) as u64)
+            let mut stmt = conn.prepare_cached(sql.on(Backend::Sqlite))?;
+            let rows = stmt.query(rusqlite::params_from_iter(params))?;
+            Ok(first_of(rows, |r| quota_usage_from_row(Some(r)))?.unwrap_or_default())
         })
         .await
     }
@@ -961,16 +973,6 @@ impl LifecycleStore for SqliteStore {
                 over.push(RepoId::new(row.text("repository")?));
             }
             Ok(over)
-        })
-        .await
-    }
-
-    async fn pending_deletions(&self) -> Result<u64, MetaError> {
-        self.read(|conn| {
-            let bytes: i64 = conn
-                .prepare_cached("SELECT COALESCE(SUM(size), 0) AS n FROM pending_deletions")?
-                .query_row([], |r| r.get("n"))?;
-            Ok(bytes.max(0) as u64)
         })
         .await
     }
@@ -1084,22 +1086,6 @@ impl LifecycleStore for SqliteStore {
                 }
             }
             Ok(dropped)
-        })
-        .await
-    }
-
-    async fn quarantined_before(
-        &self,
-        before: Millis,
-        limit: usize,
-    ) -> Result<Vec<EntryId>, MetaError> {
-        self.read(move |conn| {
-            let mut stmt =
-                conn.prepare_cached(quarantine::QUARANTINED_BEFORE.on(Backend::Sqlite))?;
-            let ids = rows_of(stmt.query(params![before, limit as i64])?, |r| {
-                Ok(EntryId::new(r.read(entries::id)?))
-            });
-            ids
         })
         .await
     }
@@ -1269,7 +1255,7 @@ impl LifecycleStore for SqliteStore {
 #[async_trait]
 impl AdminStore for SqliteStore {
     async fn select_entries(&self, page: &EntryPage<'_>) -> Result<Vec<ListedEntry>, MetaError> {
-        let (sql, params) = list_entries_sql(page, |_| "?".into());
+        let (sql, params) = select_entries_sql(page, |_| "?".into());
         self.read(move |conn| {
             // Not cached: operators' statements vary and would push the hot ones out.
             let mut stmt = conn.prepare(&sql)?;
@@ -1316,28 +1302,11 @@ impl AdminStore for SqliteStore {
         .await
     }
 
-    async fn count_repositories(&self) -> Result<u64, MetaError> {
-        self.read(|conn| {
-            let n: i64 = conn
-                .prepare_cached("SELECT COUNT(*) AS n FROM repository_usage")?
-                .query_row([], |r| r.get("n"))?;
-            Ok(n.max(0) as u64)
-        })
-        .await
-    }
-
     async fn totals(&self) -> Result<Totals, MetaError> {
         self.read(|conn| {
-            let (bytes, entries): (i64, i64) = conn
-                .prepare_cached(
-                    "SELECT COALESCE(SUM(bytes), 0) AS bytes, COALESCE(SUM(entries), 0) AS entries
-                     FROM repository_usage",
-                )?
-                .query_row([], |r| Ok((r.get("bytes")?, r.get("entries")?)))?;
-            let open: i64 = conn
-                .prepare_cached("SELECT COUNT(*) AS n FROM uploads WHERE state = 'open'")?
-                .query_row([], |r| r.get("n"))?;
-            Ok(Totals::from_counts(bytes, entries, open))
+            let mut stmt = conn.prepare_cached(TOTALS.on(Backend::Sqlite))?;
+            let totals = first_of(stmt.query([])?, |r| totals_from_row(r))?;
+            totals.ok_or_else(|| MetaError::Internal("the totals have no row".into()))
         })
         .await
     }
@@ -1410,7 +1379,7 @@ mod migration_tests {
         let store = SqliteStore::open(&path).await.unwrap();
         let repo = RepoId::new("r");
         assert_eq!(
-            store.repository_usage(&repo).await.unwrap(),
+            store.usage(UsageOf::Repository(&repo)).await.unwrap(),
             QuotaUsage {
                 bytes: 128,
                 pr_bytes: 25

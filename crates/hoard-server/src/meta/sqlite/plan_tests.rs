@@ -174,7 +174,7 @@ async fn every_statement_uses_an_index_at_a_hundred_thousand_entries() {
         ..Uses::default()
     };
     store.record_uses(&hits).await.unwrap();
-    assert!(store.repository_usage(&repo).await.unwrap().bytes > 0);
+    assert!(store.usage(UsageOf::Repository(&repo)).await.unwrap().bytes > 0);
     let lru = store
         .removable(Removable::LeastRecentlyUsed(Some(&repo)), 8)
         .await

@@ -79,18 +79,19 @@ use super::row::Renamed;
 use super::schema::{entries, entry_chunks, uploads};
 use super::sql::{
     block_state_from_row, candidate_from_row, candidates_sql, chunk_from_row, collect_blocks,
-    columns, count_entries_sql, entry_from_row, list_entries_sql, listed_from_row, names_from_rows,
-    prefix_end, quota_usage_from_row, record_restore_params, repositories_sql, repository_from_row,
-    restore_from_row, restores_sql, upload_from_row, upload_with_blocks_sql, use_from_row, Param,
-    SqlRow, BLOCK_STATE_SQL, CHUNK, ENTRY, PRUNE_READERS, QUOTA_USAGE, RECORD_RESTORE, UPLOAD,
-    USE_COLS,
+    columns, count_entries_sql, entry_from_row, listed_from_row, names_from_rows, prefix_end,
+    quota_usage_from_row, record_restore_params, repositories_sql, repository_from_row,
+    restore_from_row, restores_sql, select_entries_sql, upload_from_row, upload_with_blocks_sql,
+    use_from_row, Param, SqlRow, BLOCK_STATE_SQL, CHUNK, ENTRY, PRUNE_READERS, RECORD_RESTORE,
+    UPLOAD, USE_COLS,
 };
 use super::sql::{drop_restores_sql, entry_ids_sql, removable_sql, RESTORE_HEAVY_REPOSITORIES};
+use super::sql::{totals_from_row, usage_sql, TOTALS};
 use super::{
     AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, EntryState, EntryWalk,
     FinalizeState, Health, LifecycleStore, ListedEntry, MetaError, NewEntry, NewUpload,
     PoolSettings, Removable, Removal, RepositoryUsage, RestoreDrop, RestoreQuery, RestoreStore,
-    SaveStore, SlotState, Totals, Uses,
+    SaveStore, SlotState, Totals, UploadChange, UsageOf, Uses,
 };
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, QuotaUsage, RepoId,
@@ -155,7 +156,8 @@ pub trait Dialect: Connections + Sized {
         Self::BACKEND.placeholder(n)
     }
 
-    // The changes whose SQL differs; each has the contract of the store method of its name.
+    // The changes whose SQL differs; each has the contract of the store method of its name, or
+    // of the [`UploadChange`] of its name.
 
     async fn create_upload(
         &self,
@@ -456,27 +458,19 @@ impl<D: Dialect> SaveStore for SqlxStore<D> {
         self.db.create_upload(new, replacing).await
     }
 
-    async fn stage_block(
+    async fn change_upload(
         &self,
         upload: &Upload,
-        block: &BlockId,
-        chunk: &Chunk,
+        change: UploadChange<'_>,
         now: Millis,
     ) -> Result<(), MetaError> {
-        self.db.stage_block(upload, block, chunk, now).await
-    }
-
-    async fn commit_parts(
-        &self,
-        upload: &Upload,
-        parts: &[(BlockId, Chunk)],
-        now: Millis,
-    ) -> Result<(), MetaError> {
-        self.db.commit_parts(upload, parts, now).await
-    }
-
-    async fn abort_upload(&self, upload: &Upload, now: Millis) -> Result<(), MetaError> {
-        self.db.abort_upload(upload, now).await
+        match change {
+            UploadChange::Stage { block, chunk } => {
+                self.db.stage_block(upload, block, chunk, now).await
+            }
+            UploadChange::Commit(parts) => self.db.commit_parts(upload, parts, now).await,
+            UploadChange::Abort => self.db.abort_upload(upload, now).await,
+        }
     }
 
     async fn finalize(&self, upload: &Upload, new: NewEntry<'_>) -> Result<EntryId, MetaError> {
@@ -549,19 +543,10 @@ impl<D: Dialect> RestoreStore for SqlxStore<D> {
 
 #[async_trait]
 impl<D: Dialect> LifecycleStore for SqlxStore<D> {
-    async fn repository_usage(&self, repository: &RepoId) -> Result<QuotaUsage, MetaError> {
-        let rows = self
-            .rows(&QUOTA_USAGE, vec![text(repository.as_str())])
-            .await?;
+    async fn usage(&self, of: UsageOf<'_>) -> Result<QuotaUsage, MetaError> {
+        let (sql, params) = usage_sql(of);
+        let rows = self.rows(sql, params).await?;
         quota_usage_from_row(rows.first())
-    }
-
-    async fn total_usage(&self) -> Result<u64, MetaError> {
-        self.number(
-            shared!("SELECT CAST(COALESCE(SUM(bytes), 0) AS {bigint}) AS n FROM repository_usage"),
-            Vec::new(),
-        )
-        .await
     }
 
     async fn drop_restores(&self, which: RestoreDrop<'_>) -> Result<u64, MetaError> {
@@ -585,14 +570,6 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
         rows.iter()
             .map(|r| Ok(RepoId::new(r.text("repository")?)))
             .collect()
-    }
-
-    async fn pending_deletions(&self) -> Result<u64, MetaError> {
-        self.number(
-            shared!("SELECT CAST(COALESCE(SUM(size), 0) AS {bigint}) AS n FROM pending_deletions"),
-            Vec::new(),
-        )
-        .await
     }
 
     async fn removable(
@@ -664,18 +641,6 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
             .filter(|(_, steps)| matches!(steps.last(), Some(Done::Changed(1..))))
             .map(|(id, _)| *id)
             .collect())
-    }
-
-    async fn quarantined_before(
-        &self,
-        before: Millis,
-        limit: usize,
-    ) -> Result<Vec<EntryId>, MetaError> {
-        let params = vec![Param::Int(before), Param::Int(limit as i64)];
-        let rows = self.rows(&quarantine::QUARANTINED_BEFORE, params).await?;
-        rows.iter()
-            .map(|r| Ok(EntryId::new(r.read(entries::id)?)))
-            .collect()
     }
 
     async fn due_deletions(&self, now: Millis, limit: usize) -> Result<Vec<BlobName>, MetaError> {
@@ -844,7 +809,7 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
 #[async_trait]
 impl<D: Dialect> AdminStore for SqlxStore<D> {
     async fn select_entries(&self, page: &EntryPage<'_>) -> Result<Vec<ListedEntry>, MetaError> {
-        let (sql, params) = list_entries_sql(page, D::placeholder);
+        let (sql, params) = select_entries_sql(page, D::placeholder);
         let rows = self.db.fetch(&sql, params).await?;
         rows.iter().map(listed_from_row).collect()
     }
@@ -870,34 +835,12 @@ impl<D: Dialect> AdminStore for SqlxStore<D> {
         rows.iter().map(restore_from_row).collect()
     }
 
-    async fn count_repositories(&self) -> Result<u64, MetaError> {
-        self.number(
-            shared!("SELECT COUNT(*) AS n FROM repository_usage"),
-            Vec::new(),
-        )
-        .await
-    }
-
     async fn totals(&self) -> Result<Totals, MetaError> {
-        let rows = self
-            .rows(
-                shared!(
-                    "SELECT CAST(COALESCE(SUM(bytes), 0) AS {bigint}) AS bytes,
-                            CAST(COALESCE(SUM(entries), 0) AS {bigint}) AS entries,
-                            (SELECT COUNT(*) FROM uploads WHERE state = 'open') AS open_uploads
-                     FROM repository_usage"
-                ),
-                Vec::new(),
-            )
-            .await?;
+        let rows = self.rows(&TOTALS, Vec::new()).await?;
         let row = rows
             .first()
             .ok_or_else(|| MetaError::Internal("the totals have no row".into()))?;
-        Ok(Totals::from_counts(
-            row.int("bytes")?,
-            row.int("entries")?,
-            row.int("open_uploads")?,
-        ))
+        totals_from_row(row)
     }
 }
 
