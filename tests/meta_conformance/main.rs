@@ -29,6 +29,7 @@ async fn conforms(url: DatabaseUrl) {
         conformance::save(store.as_ref(), &conformance::slot("restart", "a"), &[1], 1).await;
     let deleted = hoard::model::RemovalCause::Deleted;
     let removal = meta::Removal {
+        from: EntryState::Live,
         cause: &deleted,
         now: 1,
         delete_at: 2,

@@ -17,6 +17,7 @@ pub async fn run(store: Arc<dyn MetaStore>) {
 
 fn removal(cause: &RemovalCause, delete_at: i64) -> Removal<'_> {
     Removal {
+        from: EntryState::Live,
         cause,
         now: delete_at - 100,
         delete_at,

@@ -423,6 +423,7 @@ async fn restore_records_name_the_readers_and_outlive_the_entry(store: &dyn Meta
 
     let deleted = RemovalCause::Deleted;
     let removal = Removal {
+        from: EntryState::Live,
         cause: &deleted,
         now: 400,
         delete_at: 500,
@@ -508,6 +509,7 @@ async fn restore_records_are_forgotten_with_their_entries_on_request(store: &dyn
     // A removed entry's records are still its own to forget.
     let deleted = RemovalCause::Deleted;
     let removal = Removal {
+        from: EntryState::Live,
         cause: &deleted,
         now: 20,
         delete_at: 30,

@@ -333,6 +333,7 @@ async fn entries_keep_family_and_class(store: &dyn MetaStore) {
         .remove_entries(
             &[kept],
             Removal {
+                from: EntryState::Live,
                 cause: &RemovalCause::Evicted,
                 now: T0,
                 delete_at: T0,

@@ -373,10 +373,17 @@ impl Cache {
             .map(|gone| gone.id)
             .collect();
         if disposal != Disposal::Quarantine && !kept.is_empty() {
-            let delete_at = self.clock.now().saturating_add(super::lifecycle::millis(
-                self.policy.lifecycle.deletion_grace,
-            ));
-            removed.extend(self.meta.drop_quarantined(&ids(&kept), delete_at).await?);
+            let now = self.clock.now();
+            let removal = crate::meta::Removal {
+                from: EntryState::Quarantined,
+                cause: &RemovalCause::Deleted,
+                now,
+                delete_at: now.saturating_add(super::lifecycle::millis(
+                    self.policy.lifecycle.deletion_grace,
+                )),
+            };
+            let ended = self.meta.remove_entries(&ids(&kept), removal).await?;
+            removed.extend(ended.iter().map(|gone| gone.id));
         }
         let mut purge = Purge::default();
         if disposal == Disposal::DeleteWithRestoreRecords {

@@ -26,7 +26,7 @@ use futures_util::StreamExt;
 use super::backoff::Backoff;
 use super::{Cache, CacheError};
 use crate::blob::Capacity;
-use crate::meta::{EntryWalk, Removable, Removal, RestoreDrop, UsageOf};
+use crate::meta::{EntryState, EntryWalk, Removable, Removal, RestoreDrop, UsageOf};
 use crate::model::{
     BlobName, EntryId, EntryUse, LogSafe, Millis, QuotaUsage, RemovalCause, RepoId, ScopeClass,
     Share, UploadId,
@@ -336,6 +336,7 @@ impl Cache {
         }
         let now = self.clock.now();
         let removal = Removal {
+            from: EntryState::Live,
             cause: &cause,
             now,
             delete_at: now.saturating_add(millis(self.policy.lifecycle.deletion_grace)),
@@ -744,9 +745,15 @@ impl Cache {
             if due.is_empty() {
                 return Ok(());
             }
-            let ended = self.meta.drop_quarantined(&due, delete_at).await?;
-            for id in &ended {
-                tracing::info!(target: "hoard::lifecycle", entry = id.get(), "quarantine over: entry deleted");
+            let removal = Removal {
+                from: EntryState::Quarantined,
+                cause: &RemovalCause::Expired,
+                now,
+                delete_at,
+            };
+            let ended = self.meta.remove_entries(&due, removal).await?;
+            for gone in &ended {
+                tracing::info!(target: "hoard::lifecycle", entry = gone.id.get(), "quarantine over: entry deleted");
             }
             if ended.is_empty() {
                 return Ok(());

@@ -330,6 +330,10 @@ pub enum EntryWalk {
 /// could have started has finished).
 #[derive(Debug, Clone)]
 pub struct Removal<'a> {
+    /// Where the entries are kept now. Live entries leave every lookup: into quarantine if the
+    /// cause is one, else their chunks are scheduled for deletion. Quarantined entries leave
+    /// for good, whatever the cause: their chunks are scheduled for deletion.
+    pub from: EntryState,
     pub cause: &'a RemovalCause,
     pub now: Millis,
     pub delete_at: Millis,
@@ -420,20 +424,17 @@ store_trait! {
         /// Up to `limit` of the entries `which` selects, in its order.
         async fn removable(&self, which: Removable<'_>, limit: usize) -> Result<Vec<EntryUse>, MetaError>;
 
-        /// Removes the entries that still exist among `ids`, and schedules their chunks for
-        /// deletion at `removal.delete_at`; or, for a quarantine, keeps them with their chunks
-        /// in quarantine (with the reason and `removal.now`), out of every lookup. Returns the
-        /// entries removed, so that two processes removing the same entry count it once.
+        /// Removes those of `ids` kept where `removal.from` says, and schedules their chunks
+        /// for deletion at `removal.delete_at`; or, for a quarantine of live entries, keeps
+        /// them with their chunks in quarantine (with the reason and `removal.now`), out of
+        /// every lookup. Returns the entries removed, so that two processes removing the same
+        /// entry count it once.
         async fn remove_entries(&self, ids: &[EntryId], removal: Removal<'_>) -> Result<Vec<EntryUse>, MetaError>;
 
         /// Puts a quarantined entry back among the entries, with its id, chunks and counts.
         /// `None` if it is not in quarantine; [`MetaError::Conflict`] if a live entry holds its
         /// slot (repository, scope, key and version).
         async fn release_quarantined(&self, id: EntryId) -> Result<Option<EntryUse>, MetaError>;
-
-        /// Ends the quarantine of those of `ids` in quarantine: their rows go and their chunks
-        /// are scheduled for deletion at `delete_at`. Returns the ids that were in quarantine.
-        async fn drop_quarantined(&self, ids: &[EntryId], delete_at: Millis) -> Result<Vec<EntryId>, MetaError>;
 
         /// Up to `limit` chunks whose scheduled deletion is due at `now`.
         async fn due_deletions(&self, now: Millis, limit: usize) -> Result<Vec<BlobName>, MetaError>;

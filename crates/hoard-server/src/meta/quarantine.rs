@@ -6,6 +6,7 @@
 
 use super::dialect::{Backend, Shared};
 use super::schema::{entries, entry_chunks};
+use super::sql::Param;
 
 /// The columns of `entries` that `backend` has, spelled for it.
 fn entry_columns(backend: Backend) -> String {
@@ -91,6 +92,27 @@ pub(super) static FORGET_CHUNKS: Shared =
 /// Forgets quarantined entry `?`; one row changed if it was in quarantine.
 pub(super) static FORGET_ENTRY: Shared =
     Shared::new("DELETE FROM quarantined_entries WHERE id = ?");
+
+/// Quarantined entry `?` as eviction and expiry weigh it ([`super::sql::use_from_row`]).
+static USE: Shared = Shared::built(|| {
+    format!(
+        "SELECT {} FROM quarantined_entries WHERE id = ?",
+        super::sql::USE.join(", ")
+    )
+});
+
+/// The statements that end the quarantine of entry `id`, to run in order in one transaction:
+/// the entry as [`super::sql::use_from_row`] reads it (no row: not in quarantine), then its
+/// chunks scheduled for deletion at `delete_at`, then its rows forgotten (one entry row
+/// changed: it was in quarantine).
+pub(super) fn end(id: i64, delete_at: i64) -> [(&'static Shared, Vec<Param>); 4] {
+    [
+        (&USE, vec![Param::Int(id)]),
+        (&DROP_CHUNKS, vec![Param::Int(delete_at), Param::Int(id)]),
+        (&FORGET_CHUNKS, vec![Param::Int(id)]),
+        (&FORGET_ENTRY, vec![Param::Int(id)]),
+    ]
+}
 
 /// A quarantined entry `?`, with the columns [`super::sql::entry_from_row`] reads.
 pub(super) static ENTRY: Shared = Shared::built(|| {

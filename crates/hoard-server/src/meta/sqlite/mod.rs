@@ -998,6 +998,32 @@ impl LifecycleStore for SqliteStore {
     ) -> Result<Vec<EntryUse>, MetaError> {
         let ids = ids.to_vec();
         let (cause, now, delete_at) = (removal.cause.clone(), removal.now, removal.delete_at);
+        if removal.from == EntryState::Quarantined {
+            return self
+                .write(move |tx| {
+                    let mut ended = Vec::new();
+                    for id in ids {
+                        let [(read, id_only), drop_chunks, forget_chunks, forget_entry] =
+                            quarantine::end(id.get(), delete_at);
+                        let mut stmt = tx.prepare_cached(read.on(Backend::Sqlite))?;
+                        let entry =
+                            first_of(stmt.query(rusqlite::params_from_iter(id_only))?, |r| {
+                                use_from_row(r)
+                            })?;
+                        for (sql, params) in [drop_chunks, forget_chunks] {
+                            tx.prepare_cached(sql.on(Backend::Sqlite))?
+                                .execute(rusqlite::params_from_iter(params))?;
+                        }
+                        let (sql, params) = forget_entry;
+                        let forgotten = tx
+                            .prepare_cached(sql.on(Backend::Sqlite))?
+                            .execute(rusqlite::params_from_iter(params))?;
+                        ended.extend(entry.filter(|_| forgotten > 0));
+                    }
+                    Ok(ended)
+                })
+                .await;
+        }
         self.write(move |tx| {
             let mut removed = Vec::new();
             for id in ids {
@@ -1061,31 +1087,6 @@ impl LifecycleStore for SqliteStore {
                 .prepare_cached(&format!("{} WHERE id = ?", *USE_COLS))?
                 .query_row([id], |r| Ok(use_from_row(r)))??;
             Ok(Some(released))
-        })
-        .await
-    }
-
-    async fn drop_quarantined(
-        &self,
-        ids: &[EntryId],
-        delete_at: Millis,
-    ) -> Result<Vec<EntryId>, MetaError> {
-        let ids = ids.to_vec();
-        self.write(move |tx| {
-            let mut dropped = Vec::new();
-            for id in ids {
-                tx.prepare_cached(quarantine::DROP_CHUNKS.on(Backend::Sqlite))?
-                    .execute(params![delete_at, id.get()])?;
-                tx.prepare_cached(quarantine::FORGET_CHUNKS.on(Backend::Sqlite))?
-                    .execute([id.get()])?;
-                let forgotten = tx
-                    .prepare_cached(quarantine::FORGET_ENTRY.on(Backend::Sqlite))?
-                    .execute([id.get()])?;
-                if forgotten > 0 {
-                    dropped.push(id);
-                }
-            }
-            Ok(dropped)
         })
         .await
     }

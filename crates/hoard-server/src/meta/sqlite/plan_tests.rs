@@ -201,6 +201,7 @@ async fn every_statement_uses_an_index_at_a_hundred_thousand_entries() {
         .unwrap();
     let cause = RemovalCause::Evicted;
     let removal = Removal {
+        from: EntryState::Live,
         cause: &cause,
         now: 200_005,
         delete_at: 300_000,

@@ -590,7 +590,25 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        self.db.remove_entries(ids, removal).await
+        if removal.from == EntryState::Live {
+            return self.db.remove_entries(ids, removal).await;
+        }
+        let steps = ids.iter().flat_map(|id| {
+            let [read, rest @ ..] = quarantine::end(id.get(), removal.delete_at);
+            std::iter::once(Step::Fetch(read.0.on(D::BACKEND), read.1))
+                .chain(rest.map(|(sql, params)| Step::Execute(sql.on(D::BACKEND), params)))
+        });
+        let done = self.db.in_transaction(steps.collect()).await?;
+        // Per entry, four steps: its row first, whether its row was forgotten last.
+        let mut ended = Vec::new();
+        for steps in done.chunks(4) {
+            if let [Done::Rows(rows), .., Done::Changed(1..)] = steps {
+                if let Some(row) = rows.first() {
+                    ended.push(use_from_row(row)?);
+                }
+            }
+        }
+        Ok(ended)
     }
 
     async fn release_quarantined(&self, id: EntryId) -> Result<Option<EntryUse>, MetaError> {
@@ -614,33 +632,6 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
             }
             _ => Ok(None),
         }
-    }
-
-    async fn drop_quarantined(
-        &self,
-        ids: &[EntryId],
-        delete_at: Millis,
-    ) -> Result<Vec<EntryId>, MetaError> {
-        let on = |sql: &'static Shared| sql.on(D::BACKEND);
-        let steps = ids.iter().flat_map(|id| {
-            let id = Param::Int(id.get());
-            [
-                Step::Execute(
-                    on(&quarantine::DROP_CHUNKS),
-                    vec![Param::Int(delete_at), id.clone()],
-                ),
-                Step::Execute(on(&quarantine::FORGET_CHUNKS), vec![id.clone()]),
-                Step::Execute(on(&quarantine::FORGET_ENTRY), vec![id]),
-            ]
-        });
-        let done = self.db.in_transaction(steps.collect()).await?;
-        // Every third step tells whether its entry was in quarantine.
-        Ok(ids
-            .iter()
-            .zip(done.chunks(3))
-            .filter(|(_, steps)| matches!(steps.last(), Some(Done::Changed(1..))))
-            .map(|(id, _)| *id)
-            .collect())
     }
 
     async fn due_deletions(&self, now: Millis, limit: usize) -> Result<Vec<BlobName>, MetaError> {
