@@ -3,15 +3,13 @@
 //! (256 KiB writes; block uploads with ids holding a raw `/` over v2), a path never written
 //! not found, and byte-identical reads, by `tests/clients/opendal_ghac.py`. Without the venv
 //! the tests skip, except under `HOARD_TEST_REQUIRE_CLIENTS=1` (CI).
-#![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
 
-mod common;
 
 use std::path::Path;
 use std::process::Command;
 
-use common::clients::{clean_env, installed, or_skip, output, point_at, requests_by_protocol};
-use common::*;
+use crate::common::clients::{clean_env, installed, or_skip, output, point_at, requests_by_protocol};
+use crate::common::*;
 
 const SIZES: [usize; 3] = [1, 300_000, 9 * (1 << 20) + 17];
 

@@ -4,18 +4,16 @@
 //! first round misses and writes both to hoard; the second hits both and gives objects
 //! byte-identical to the first. Without the venv or a C compiler the tests skip, except under
 //! `HOARD_TEST_REQUIRE_CLIENTS=1` (CI).
-#![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
 
-mod common;
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use common::clients::{
+use crate::common::clients::{
     all_of, clean_env, installed, or_skip, output, point_at, requests_by_protocol,
 };
-use common::*;
+use crate::common::*;
 
 /// One sccache server for one test, stopped when dropped.
 struct Sccache {

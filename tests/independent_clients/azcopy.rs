@@ -5,15 +5,13 @@
 //! restores, with hoard reached at an IP and by a host name (`localhost`, for which the SDK
 //! sends the blob name's `/` percent-encoded). azcopy has no v1: v1's transfers are no blob
 //! links. Without azcopy the test skips, except under `HOARD_TEST_REQUIRE_CLIENTS=1` (CI).
-#![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
 
-mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::clients::{all_of, clean_env, installed, or_skip, output};
-use common::*;
+use crate::common::clients::{all_of, clean_env, installed, or_skip, output};
+use crate::common::*;
 
 fn azcopy() -> Option<PathBuf> {
     or_skip("azcopy", installed("bin/azcopy"))

@@ -6,15 +6,13 @@
 //! `tests/go-actions-cache/`, built by `scripts/clients` with `go build` (modules from the Go
 //! module proxy, pinned by its go.sum). Without it the tests skip, except under
 //! `HOARD_TEST_REQUIRE_CLIENTS=1` (CI).
-#![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
 
-mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::clients::{all_of, clean_env, installed, or_skip, output, requests_by_protocol};
-use common::*;
+use crate::common::clients::{all_of, clean_env, installed, or_skip, output, requests_by_protocol};
+use crate::common::*;
 
 /// The client, built by `scripts/clients` (`scripts/test` runs it; `go build` in
 /// `tests/go-actions-cache/` does the same).
