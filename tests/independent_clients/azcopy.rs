@@ -6,7 +6,6 @@
 //! sends the blob name's `/` percent-encoded). azcopy has no v1: v1's transfers are no blob
 //! links. Without azcopy the test skips, except under `HOARD_TEST_REQUIRE_CLIENTS=1` (CI).
 
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -7,7 +7,6 @@
 //! module proxy, pinned by its go.sum). Without it the tests skip, except under
 //! `HOARD_TEST_REQUIRE_CLIENTS=1` (CI).
 
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

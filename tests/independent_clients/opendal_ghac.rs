@@ -4,11 +4,12 @@
 //! not found, and byte-identical reads, by `tests/clients/opendal_ghac.py`. Without the venv
 //! the tests skip, except under `HOARD_TEST_REQUIRE_CLIENTS=1` (CI).
 
-
 use std::path::Path;
 use std::process::Command;
 
-use crate::common::clients::{clean_env, installed, or_skip, output, point_at, requests_by_protocol};
+use crate::common::clients::{
+    clean_env, installed, or_skip, output, point_at, requests_by_protocol,
+};
 use crate::common::*;
 
 const SIZES: [usize; 3] = [1, 300_000, 9 * (1 << 20) + 17];

@@ -5,7 +5,6 @@
 //! byte-identical to the first. Without the venv or a C compiler the tests skip, except under
 //! `HOARD_TEST_REQUIRE_CLIENTS=1` (CI).
 
-
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;

@@ -271,32 +271,6 @@ pub fn null(name: &str) -> MetaError {
     MetaError::Corrupt(format!("column {name} is NULL"))
 }
 
-/// A declared row read as a result row: the in-memory store keeps rows of the declared types
-/// and reads them with the same decoders as the SQL stores.
-impl<R: Row> SqlRow for R {
-    fn opt_int(&self, name: &str) -> Result<Option<i64>, MetaError> {
-        match self.value(name) {
-            Some(Param::Int(n)) => Ok(Some(n)),
-            Some(Param::Null) => Ok(None),
-            _ => Err(not_selected(name)),
-        }
-    }
-    fn opt_text(&self, name: &str) -> Result<Option<String>, MetaError> {
-        match self.value(name) {
-            Some(Param::Text(text)) => Ok(Some(text)),
-            Some(Param::Null) => Ok(None),
-            _ => Err(not_selected(name)),
-        }
-    }
-    fn opt_bytes(&self, name: &str) -> Result<Option<Vec<u8>>, MetaError> {
-        match self.value(name) {
-            Some(Param::Bytes(bytes)) => Ok(Some(bytes)),
-            Some(Param::Null) => Ok(None),
-            _ => Err(not_selected(name)),
-        }
-    }
-}
-
 /// A result row whose column `.1` is read under the name `.2`: for a join that selects two
 /// columns of one name, one of them renamed (`c.size AS chunk_size`).
 pub struct Renamed<'r, R>(pub &'r R, pub &'static str, pub &'static str);

@@ -1,7 +1,7 @@
 //! Every table hoard keeps, declared once (see `row.rs` for the [`table!`] macro): the typed row,
 //! its columns and kinds, and the rows the domain's changes become. The SQL stores build their
-//! INSERTs from these rows and read columns by the names declared here; the in-memory store keeps
-//! the same rows. `tests/meta_conformance` checks, on every backend, that the migrations made
+//! INSERTs from these rows and read columns by the names declared here. `tests/meta_conformance`
+//! checks, on every backend, that the migrations made
 //! each declared column with its declared kind.
 //!
 //! A new column: a migration per database, a field here (and where the domain's value becomes
@@ -528,20 +528,5 @@ mod tests {
                 .collect();
             assert_eq!(row.clone().inserted_values(backend), named, "{backend:?}");
         }
-    }
-
-    #[test]
-    fn a_declared_row_reads_back_by_column_name() {
-        use crate::meta::row::SqlRow;
-        let row = EntryChunkRow {
-            entry_id: 7,
-            blob_name: "b".into(),
-            xxh3: None,
-            ..Default::default()
-        };
-        assert_eq!(row.read(entry_chunks::entry_id).unwrap(), 7);
-        assert_eq!(row.read(entry_chunks::blob_name).unwrap(), "b");
-        assert_eq!(row.read(entry_chunks::xxh3).unwrap(), None);
-        assert!(row.int("no_such_column").is_err());
     }
 }

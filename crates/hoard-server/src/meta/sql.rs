@@ -2,10 +2,11 @@
 //! bounds of a prefix range, the statements built at run time (lookups, listings), and the
 //! index hashes of the networked stores.
 
-use super::dialect::{Shared, Upsert};
+use super::dialect::{Backend, Shared, Upsert};
+use super::row::{Column, Row as _};
 pub(super) use super::row::{Param, SqlRow};
 use super::schema::{
-    entries, entry_chunks, quarantined_entries, repository_usage, restores, uploads,
+    entries, entry_chunks, quarantined_entries, repository_usage, restores, uploads, RestoreRow,
 };
 use super::MetaError;
 use crate::model::{
@@ -711,28 +712,37 @@ pub(super) fn repository_from_row(r: &impl SqlRow) -> Result<super::RepositoryUs
     })
 }
 
+/// The columns of a restore record copied from its entry's row, and from which column.
+const RESTORE_FROM_ENTRY: [(&str, &str); 11] = [
+    (restores::entry_id.name, "e.id"),
+    (restores::repository.name, "e.repository"),
+    (restores::scope.name, "e.scope"),
+    (restores::key.name, "e.key"),
+    (restores::written_at.name, "e.created_at"),
+    (restores::writer_kind.name, "e.writer_kind"),
+    (restores::writer_issuer.name, "e.writer_issuer"),
+    (restores::writer_subject.name, "e.writer_subject"),
+    (restores::writer_run_id.name, "e.writer_run_id"),
+    (restores::writer_job_id.name, "e.writer_job_id"),
+    (restores::writer_address.name, "e.writer_address"),
+];
+
+/// The inserted columns of a restore record that its entry does not give: the reader's, as
+/// parameters, in declaration order.
+fn restore_reader_columns(backend: Backend) -> impl Iterator<Item = &'static Column> {
+    restores::TABLE
+        .inserted(backend)
+        .filter(|c| RESTORE_FROM_ENTRY.iter().all(|(name, _)| *name != c.name))
+}
+
 /// The statement that records one reader's restores of one entry, spelled for `backend`:
 /// the entry's columns copied from its row (nothing is recorded for an entry that is gone),
-/// added to the reader's record if it has one. Parameters: the reader's hash and six columns,
-/// first and latest restore, count, then the entry's id.
-pub(super) static RECORD_RESTORE: Shared = Shared::per_backend(|backend| {
-    let from_entry = [
-        (restores::entry_id.name, "e.id"),
-        (restores::repository.name, "e.repository"),
-        (restores::scope.name, "e.scope"),
-        (restores::key.name, "e.key"),
-        (restores::written_at.name, "e.created_at"),
-        (restores::writer_kind.name, "e.writer_kind"),
-        (restores::writer_issuer.name, "e.writer_issuer"),
-        (restores::writer_subject.name, "e.writer_subject"),
-        (restores::writer_run_id.name, "e.writer_run_id"),
-        (restores::writer_job_id.name, "e.writer_job_id"),
-        (restores::writer_address.name, "e.writer_address"),
-    ];
+/// added to the reader's record if it has one. Parameters: those of [`restore_params`].
+static RECORD_RESTORE: Shared = Shared::per_backend(|backend| {
     let values: Vec<String> = restores::TABLE
         .inserted(backend)
         .map(|c| {
-            from_entry
+            RESTORE_FROM_ENTRY
                 .iter()
                 .find(|(name, _)| *name == c.name)
                 .map_or("?".to_owned(), |(_, from)| (*from).to_owned())
@@ -758,26 +768,55 @@ pub(super) static RECORD_RESTORE: Shared = Shared::per_backend(|backend| {
     )
 });
 
-/// The parameters of [`RECORD_RESTORE`].
-pub(super) fn record_restore_params(restore: &super::NewRestore) -> Vec<Param> {
-    let mut params = vec![Param::Bytes(super::schema::reader_hash(&restore.reader))];
-    params.extend(
-        super::schema::writer_columns(Some(&restore.reader))
-            .into_iter()
-            .map(Param::Text),
-    );
-    params.extend([
-        Param::Int(restore.first_at),
-        Param::Int(restore.last_at),
-        Param::count(restore.count),
-        Param::Int(restore.entry.get()),
-    ]);
+/// The parameters of [`RECORD_RESTORE`] on `backend`: the reader's columns of the record, in
+/// the order the declaration gives them, then the entry's id.
+fn restore_params(restore: &super::NewRestore, backend: Backend) -> Vec<Param> {
+    let [reader_kind, reader_issuer, reader_subject, reader_run_id, reader_job_id, reader_address] =
+        super::schema::writer_columns(Some(&restore.reader));
+    let record = RestoreRow {
+        reader_hash: super::schema::reader_hash(&restore.reader),
+        reader_kind,
+        reader_issuer,
+        reader_subject,
+        reader_run_id,
+        reader_job_id,
+        reader_address,
+        first_at: restore.first_at,
+        last_at: restore.last_at,
+        count: restore.count.try_into().unwrap_or(i64::MAX),
+        ..RestoreRow::default()
+    };
+    let mut params: Vec<Param> = restore_reader_columns(backend)
+        .filter_map(|c| record.value(c.name))
+        .collect();
+    params.push(Param::Int(restore.entry.get()));
     params
+}
+
+/// The statements that record `restores` on `backend`, to run in order in one transaction:
+/// each reader's record, then, per entry, its readers past the
+/// [`super::MAX_READERS_PER_ENTRY`] most recent dropped.
+pub(super) fn record_restores_sql(
+    restores: &[super::NewRestore],
+    backend: Backend,
+) -> Vec<(&'static str, Vec<Param>)> {
+    let mut statements: Vec<(&'static str, Vec<Param>)> = restores
+        .iter()
+        .map(|r| (RECORD_RESTORE.on(backend), restore_params(r, backend)))
+        .collect();
+    let mut entries: Vec<EntryId> = restores.iter().map(|r| r.entry).collect();
+    entries.sort_unstable();
+    entries.dedup();
+    statements.extend(entries.into_iter().map(|id| {
+        let id = Param::Int(id.get());
+        (PRUNE_READERS.on(backend), vec![id.clone(), id])
+    }));
+    statements
 }
 
 /// Drops an entry's readers past the [`super::MAX_READERS_PER_ENTRY`] most recent. Parameters:
 /// the entry's id, twice.
-pub(super) static PRUNE_READERS: Shared = Shared::built(|| {
+static PRUNE_READERS: Shared = Shared::built(|| {
     format!(
         "DELETE FROM restores WHERE entry_id = ? AND id NOT IN (
              SELECT id FROM (SELECT id FROM restores WHERE entry_id = ?

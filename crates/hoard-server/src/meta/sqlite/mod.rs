@@ -40,10 +40,9 @@ use crate::meta::schema::{
 use crate::meta::sql::{
     block_state_from_row, candidate_from_row, chunk_from_row, columns, count_entries_sql,
     entry_from_row, listed_from_row, migrations_after, pr_counts, quota_usage_from_row,
-    record_restore_params, repositories_sql, repository_from_row, restore_from_row, restores_sql,
+    record_restores_sql, repositories_sql, repository_from_row, restore_from_row, restores_sql,
     select_entries_sql, totals_from_row, upload_from_row, usage_sql, use_from_row, Param, SqlRow,
-    BLOCK_STATE_SQL, CANDIDATE, CHUNK, ENTRY, PRUNE_READERS, RECORD_RESTORE, TOTALS, UPLOAD,
-    USE_COLS,
+    BLOCK_STATE_SQL, CANDIDATE, CHUNK, ENTRY, TOTALS, UPLOAD, USE_COLS,
 };
 use crate::meta::sql::{
     drop_restores_sql, entry_ids_sql, removable_sql, RESTORE_HEAVY_REPOSITORIES,
@@ -913,16 +912,9 @@ impl RestoreStore for SqliteStore {
                 update.execute(params![last_used, *count as i64, entry.get()])?;
                 per_repository.execute(params![*count as i64, entry.get()])?;
             }
-            let mut record = tx.prepare_cached(RECORD_RESTORE.on(Backend::Sqlite))?;
-            for restore in &uses.restores {
-                record.execute(rusqlite::params_from_iter(record_restore_params(restore)))?;
-            }
-            let mut entries: Vec<EntryId> = uses.restores.iter().map(|r| r.entry).collect();
-            entries.sort_unstable();
-            entries.dedup();
-            let mut prune = tx.prepare_cached(PRUNE_READERS.on(Backend::Sqlite))?;
-            for entry in entries {
-                prune.execute(params![entry.get(), entry.get()])?;
+            for (sql, params) in record_restores_sql(&uses.restores, Backend::Sqlite) {
+                tx.prepare_cached(sql)?
+                    .execute(rusqlite::params_from_iter(params))?;
             }
             let mut upsert = tx.prepare_cached(
                 "INSERT INTO repository_usage (repository, bytes, entries, name, misses) VALUES (?, 0, 0, ?, ?)

@@ -80,10 +80,9 @@ use super::schema::{entries, entry_chunks, uploads};
 use super::sql::{
     block_state_from_row, candidate_from_row, candidates_sql, chunk_from_row, collect_blocks,
     columns, count_entries_sql, entry_from_row, listed_from_row, names_from_rows, prefix_end,
-    quota_usage_from_row, record_restore_params, repositories_sql, repository_from_row,
+    quota_usage_from_row, record_restores_sql, repositories_sql, repository_from_row,
     restore_from_row, restores_sql, select_entries_sql, upload_from_row, upload_with_blocks_sql,
-    use_from_row, Param, SqlRow, BLOCK_STATE_SQL, CHUNK, ENTRY, PRUNE_READERS, RECORD_RESTORE,
-    UPLOAD, USE_COLS,
+    use_from_row, Param, SqlRow, BLOCK_STATE_SQL, CHUNK, ENTRY, UPLOAD, USE_COLS,
 };
 use super::sql::{drop_restores_sql, entry_ids_sql, removable_sql, RESTORE_HEAVY_REPOSITORIES};
 use super::sql::{totals_from_row, usage_sql, TOTALS};
@@ -525,18 +524,10 @@ impl<D: Dialect> RestoreStore for SqlxStore<D> {
     }
 
     async fn record_uses(&self, uses: &Uses) -> Result<(), MetaError> {
-        let restores = &uses.restores;
-        let mut steps: Vec<Step> = restores
-            .iter()
-            .map(|r| Step::Execute(RECORD_RESTORE.on(D::BACKEND), record_restore_params(r)))
+        let steps = record_restores_sql(&uses.restores, D::BACKEND)
+            .into_iter()
+            .map(|(sql, params)| Step::Execute(sql, params))
             .collect();
-        let mut entries: Vec<EntryId> = restores.iter().map(|r| r.entry).collect();
-        entries.sort_unstable();
-        entries.dedup();
-        steps.extend(entries.into_iter().map(|id| {
-            let id = Param::Int(id.get());
-            Step::Execute(PRUNE_READERS.on(D::BACKEND), vec![id.clone(), id])
-        }));
         self.db.record_uses(uses, steps).await
     }
 }
