@@ -15,7 +15,7 @@ pub use std::sync::Arc;
 
 pub use hoard::meta::{
     EntryState, EntryWalk, LifecycleStore, MetaError, MetaStore, NewEntry, NewUpload, Removable,
-    Removal, RestoreDrop, UploadChange, UsageOf, Uses,
+    Removal, RestoreBound, RestoreDrop, UploadChange, UsageOf, Uses,
 };
 pub use hoard::model::{
     BlobName, BlockId, CacheKey, CallerKind, Chunk, EntryFilter, EntryId, EntryOrder, EntryPage,

@@ -581,24 +581,28 @@ async fn restore_records_are_bounded_oldest_first(store: &dyn MetaStore) {
         .await
         .unwrap();
 
-    let over = store.repositories_over_restores(3).await.unwrap();
-    assert!(over.contains(&busy), "six records: over 3");
-    assert!(!over.contains(&quiet), "two records: not over 3");
-    assert!(store
-        .repositories_over_restores(6)
-        .await
-        .unwrap()
-        .iter()
-        .all(|r| r != &busy));
-
     let runs = |records: Vec<(EntryId, String)>| -> Vec<String> {
         records.into_iter().map(|(_, run)| run).collect()
     };
+    // A bound on each repository: six records are not over 6, so nothing of busy goes.
+    store
+        .drop_restores(RestoreDrop::Oldest {
+            of: RestoreBound::EachRepository,
+            keep: 6,
+            limit: 10,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        records_of(store, &[a, b]).await.len(),
+        6,
+        "six records: not over 6"
+    );
     // Four of busy's six, one at a time: the oldest first, the older id first on a tie.
     assert_eq!(
         store
             .drop_restores(RestoreDrop::Oldest {
-                repository: Some(&busy),
+                of: RestoreBound::Repository(&busy),
                 keep: 4,
                 limit: 1
             })
@@ -610,7 +614,7 @@ async fn restore_records_are_bounded_oldest_first(store: &dyn MetaStore) {
     assert_eq!(
         store
             .drop_restores(RestoreDrop::Oldest {
-                repository: Some(&busy),
+                of: RestoreBound::Repository(&busy),
                 keep: 4,
                 limit: 10
             })
@@ -621,7 +625,7 @@ async fn restore_records_are_bounded_oldest_first(store: &dyn MetaStore) {
     assert_eq!(
         store
             .drop_restores(RestoreDrop::Oldest {
-                repository: Some(&busy),
+                of: RestoreBound::Repository(&busy),
                 keep: 4,
                 limit: 10
             })
@@ -645,7 +649,7 @@ async fn restore_records_are_bounded_oldest_first(store: &dyn MetaStore) {
     assert!(
         store
             .drop_restores(RestoreDrop::Oldest {
-                repository: None,
+                of: RestoreBound::All,
                 keep: 3,
                 limit: 1000
             })
@@ -655,5 +659,19 @@ async fn restore_records_are_bounded_oldest_first(store: &dyn MetaStore) {
     );
     assert_eq!(runs(records_of(store, &[a, b]).await), ["a-0", "b-2"]);
     assert_eq!(runs(records_of(store, &[q]).await), ["q-1"]);
-    assert!(store.repositories_over_restores(1).await.unwrap() == [busy.clone()]);
+    // Each repository down to one: busy's older record goes, quiet's only one stays.
+    assert_eq!(
+        store
+            .drop_restores(RestoreDrop::Oldest {
+                of: RestoreBound::EachRepository,
+                keep: 1,
+                limit: 10,
+            })
+            .await
+            .unwrap(),
+        1,
+        "only busy is over 1"
+    );
+    assert_eq!(runs(records_of(store, &[a, b]).await), ["a-0"]);
+    assert_eq!(runs(records_of(store, &[q]).await), ["q-1"]);
 }

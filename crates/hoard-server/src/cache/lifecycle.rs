@@ -26,7 +26,7 @@ use futures_util::StreamExt;
 use super::backoff::Backoff;
 use super::{Cache, CacheError};
 use crate::blob::Capacity;
-use crate::meta::{EntryState, EntryWalk, Removable, Removal, RestoreDrop, UsageOf};
+use crate::meta::{EntryState, EntryWalk, Removable, Removal, RestoreBound, RestoreDrop, UsageOf};
 use crate::model::{
     BlobName, EntryId, EntryUse, LogSafe, Millis, QuotaUsage, RemovalCause, RepoId, ScopeClass,
     Share, UploadId,
@@ -777,13 +777,15 @@ impl Cache {
             tracing::info!(target: "hoard::lifecycle", pruned, "restore records past their retention forgotten");
         }
         if let Some(keep) = limits.max_restore_records_per_repository {
-            for repository in self.meta.repositories_over_restores(keep).await? {
-                let dropped = self.drop_oldest_restores(Some(&repository), keep).await?;
-                tracing::info!(target: "hoard::lifecycle", repository = %LogSafe(repository.as_str()), dropped, "oldest restore records of a repository over --max-restore-records-per-repository forgotten");
+            let dropped = self
+                .drop_oldest_restores(RestoreBound::EachRepository, keep)
+                .await?;
+            if dropped > 0 {
+                tracing::info!(target: "hoard::lifecycle", dropped, "oldest restore records of repositories over --max-restore-records-per-repository forgotten");
             }
         }
         if let Some(keep) = limits.max_restore_records {
-            let dropped = self.drop_oldest_restores(None, keep).await?;
+            let dropped = self.drop_oldest_restores(RestoreBound::All, keep).await?;
             if dropped > 0 {
                 tracing::info!(target: "hoard::lifecycle", dropped, "oldest restore records over --max-restore-records forgotten");
             }
@@ -791,17 +793,18 @@ impl Cache {
         Ok(())
     }
 
-    /// Drops the restore records of `repository` (or of all) past the `keep` most recent, in
-    /// rounds, so that no one statement holds the database for long.
+    /// Drops the restore records past the `keep` most recent of what `of` bounds, in rounds,
+    /// so that no one statement holds the database for long. A round that drops fewer than its
+    /// limit (from each repository, for a bound on each) left nothing past the bound.
     async fn drop_oldest_restores(
         &self,
-        repository: Option<&RepoId>,
+        of: RestoreBound<'_>,
         keep: u64,
     ) -> Result<u64, CacheError> {
         let mut dropped = 0;
         loop {
             let oldest = RestoreDrop::Oldest {
-                repository,
+                of,
                 keep,
                 limit: BATCH_RESTORES,
             };

@@ -305,14 +305,26 @@ pub enum RestoreDrop<'a> {
     /// Those whose latest restore is before this instant.
     LastRestoredBefore(Millis),
     /// Up to `limit` of those past the `keep` most recent (by latest restore, then id: the
-    /// oldest go first), of one repository or of all.
+    /// oldest go first), of what `of` bounds.
     Oldest {
-        repository: Option<&'a RepoId>,
+        of: RestoreBound<'a>,
         keep: u64,
         limit: usize,
     },
     /// Every record of these entries, whether or not the entries still exist.
     OfEntries(&'a [EntryId]),
+}
+
+/// Which restore records a bound on their number ([`RestoreDrop::Oldest`]) counts together.
+#[derive(Debug, Clone, Copy)]
+pub enum RestoreBound<'a> {
+    /// One repository's.
+    Repository(&'a RepoId),
+    /// Each repository's on its own (`--max-restore-records-per-repository`): up to the limit
+    /// from each.
+    EachRepository,
+    /// Every record (`--max-restore-records`).
+    All,
 }
 
 /// Which entries a walk over the ids visits.
@@ -416,9 +428,6 @@ store_trait! {
 
         /// Forgets the restore records `which` names, in one transaction; how many.
         async fn drop_restores(&self, which: RestoreDrop<'_>) -> Result<u64, MetaError>;
-
-        /// The repositories holding more than `keep` restore records.
-        async fn repositories_over_restores(&self, keep: u64) -> Result<Vec<RepoId>, MetaError>;
 
 
         /// Up to `limit` of the entries `which` selects, in its order.

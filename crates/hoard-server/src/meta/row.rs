@@ -158,7 +158,9 @@ impl Table {
 pub trait Row: Sized {
     fn table() -> &'static Table;
 
-    /// Every column's value, in declaration order.
+    /// Every column's value, in declaration order (what tests hold [`Row::inserted_values`]
+    /// against).
+    #[cfg(test)]
     fn into_values(self) -> Vec<Param>;
 
     /// The values an INSERT on `backend` binds ([`Table::insert`]), in its order: those of
@@ -357,6 +359,7 @@ macro_rules! table {
                 &$table::TABLE
             }
 
+            #[cfg(test)]
             fn into_values(self) -> Vec<$crate::meta::row::Param> {
                 vec![$( $crate::meta::row::Value::into_param(self.$col), )*]
             }

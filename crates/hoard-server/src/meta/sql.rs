@@ -828,7 +828,8 @@ static PRUNE_READERS: Shared = Shared::built(|| {
 /// Forgets records whose latest restore is before the parameter.
 static PRUNE_RESTORES: Shared = Shared::new("DELETE FROM restores WHERE last_at < ?");
 
-/// The repositories holding more restore records than the parameter.
+/// The repositories holding more restore records than the parameter: read before the
+/// statements of a bound on each repository ([`each_repository_keeps`]).
 pub(super) static RESTORE_HEAVY_REPOSITORIES: Shared =
     Shared::new("SELECT repository FROM restores GROUP BY repository HAVING COUNT(*) > ?");
 
@@ -852,33 +853,50 @@ static DROP_OLDEST_RESTORES: Shared = Shared::new(
 /// Forgets the restore records of one entry (by index `restores_by_entry`).
 static FORGET_RESTORES: Shared = Shared::new("DELETE FROM restores WHERE entry_id = ?");
 
+/// How many records each repository keeps, if `which` bounds each repository: then the stores
+/// read [`RESTORE_HEAVY_REPOSITORIES`] first, for [`drop_restores_sql`].
+pub(super) fn each_repository_keeps(which: &super::RestoreDrop<'_>) -> Option<u64> {
+    match *which {
+        super::RestoreDrop::Oldest {
+            of: super::RestoreBound::EachRepository,
+            keep,
+            ..
+        } => Some(keep),
+        _ => None,
+    }
+}
+
 /// The statements of `LifecycleStore::drop_restores`, with their parameters, to run in one
-/// transaction: one, or one per entry.
+/// transaction: one, or one per entry or per repository. `over` is what
+/// [`RESTORE_HEAVY_REPOSITORIES`] answered (read first) when `which` bounds each repository.
 pub(super) fn drop_restores_sql(
     which: &super::RestoreDrop<'_>,
+    over: &[RepoId],
 ) -> Vec<(&'static Shared, Vec<Param>)> {
-    use super::RestoreDrop;
+    use super::{RestoreBound, RestoreDrop};
+    let oldest_of = |repository: &RepoId, keep: u64, limit: usize| {
+        let repository = Param::Text(repository.as_str().to_owned());
+        let (keep, limit) = (Param::count(keep), Param::Int(limit as i64));
+        (
+            &DROP_OLDEST_RESTORES_OF,
+            vec![repository.clone(), repository, limit, keep],
+        )
+    };
     match *which {
         RestoreDrop::LastRestoredBefore(before) => {
             vec![(&PRUNE_RESTORES, vec![Param::Int(before)])]
         }
-        RestoreDrop::Oldest {
-            repository,
-            keep,
-            limit,
-        } => {
-            let (keep, limit) = (Param::count(keep), Param::Int(limit as i64));
-            match repository {
-                Some(repository) => {
-                    let repository = Param::Text(repository.as_str().to_owned());
-                    vec![(
-                        &DROP_OLDEST_RESTORES_OF,
-                        vec![repository.clone(), repository, limit, keep],
-                    )]
-                }
-                None => vec![(&DROP_OLDEST_RESTORES, vec![limit, keep])],
-            }
-        }
+        RestoreDrop::Oldest { of, keep, limit } => match of {
+            RestoreBound::Repository(repository) => vec![oldest_of(repository, keep, limit)],
+            RestoreBound::EachRepository => over
+                .iter()
+                .map(|repository| oldest_of(repository, keep, limit))
+                .collect(),
+            RestoreBound::All => vec![(
+                &DROP_OLDEST_RESTORES,
+                vec![Param::Int(limit as i64), Param::count(keep)],
+            )],
+        },
         RestoreDrop::OfEntries(entries) => entries
             .iter()
             .map(|id| (&FORGET_RESTORES, vec![Param::Int(id.get())]))

@@ -45,7 +45,8 @@ use crate::meta::sql::{
     BLOCK_STATE_SQL, CANDIDATE, CHUNK, ENTRY, TOTALS, UPLOAD, USE_COLS,
 };
 use crate::meta::sql::{
-    drop_restores_sql, entry_ids_sql, removable_sql, RESTORE_HEAVY_REPOSITORIES,
+    drop_restores_sql, each_repository_keeps, entry_ids_sql, removable_sql,
+    RESTORE_HEAVY_REPOSITORIES,
 };
 use crate::meta::{
     AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, EntryState, EntryWalk,
@@ -943,7 +944,20 @@ impl LifecycleStore for SqliteStore {
     }
 
     async fn drop_restores(&self, which: RestoreDrop<'_>) -> Result<u64, MetaError> {
-        let statements = drop_restores_sql(&which);
+        // Read apart from the deletes: the scan does not hold the writer.
+        let over = match each_repository_keeps(&which) {
+            Some(keep) => {
+                self.read(move |conn| {
+                    let mut stmt =
+                        conn.prepare_cached(RESTORE_HEAVY_REPOSITORIES.on(Backend::Sqlite))?;
+                    let rows = stmt.query([Param::count(keep)])?;
+                    rows_of(rows, |r| Ok(RepoId::new(r.text("repository")?)))
+                })
+                .await?
+            }
+            None => Vec::new(),
+        };
+        let statements = drop_restores_sql(&which, &over);
         self.write(move |tx| {
             let mut dropped = 0;
             for (sql, params) in statements {
@@ -952,19 +966,6 @@ impl LifecycleStore for SqliteStore {
                     .execute(rusqlite::params_from_iter(params))?;
             }
             Ok(dropped as u64)
-        })
-        .await
-    }
-
-    async fn repositories_over_restores(&self, keep: u64) -> Result<Vec<RepoId>, MetaError> {
-        self.read(move |conn| {
-            let mut stmt = conn.prepare_cached(RESTORE_HEAVY_REPOSITORIES.on(Backend::Sqlite))?;
-            let mut rows = stmt.query([Param::count(keep)])?;
-            let mut over = Vec::new();
-            while let Some(row) = rows.next()? {
-                over.push(RepoId::new(row.text("repository")?));
-            }
-            Ok(over)
         })
         .await
     }

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use super::wal::WAL_HARD_LIMIT;
 use super::*;
+use crate::meta::RestoreBound;
 use crate::model::{CacheKey, EntryOrder};
 
 /// Statements run by this test process's stores, with their parameters, while recording.
@@ -422,12 +423,12 @@ async fn restore_records_are_trimmed_and_forgotten_by_index() {
     let repository = RepoId::new("repo-1");
     let drops = [
         RestoreDrop::Oldest {
-            repository: Some(&repository),
+            of: RestoreBound::Repository(&repository),
             keep: 1,
             limit: 1,
         },
         RestoreDrop::Oldest {
-            repository: None,
+            of: RestoreBound::All,
             keep: 1,
             limit: 1,
         },
@@ -436,7 +437,7 @@ async fn restore_records_are_trimmed_and_forgotten_by_index() {
     ];
     let mut statements = vec![RESTORE_HEAVY_REPOSITORIES.on(Backend::Sqlite).to_owned()];
     for drop in &drops {
-        for (sql, _) in drop_restores_sql(drop) {
+        for (sql, _) in drop_restores_sql(drop, &[]) {
             statements.push(sql.on(Backend::Sqlite).to_owned());
         }
     }

@@ -84,7 +84,10 @@ use super::sql::{
     restore_from_row, restores_sql, select_entries_sql, upload_from_row, upload_with_blocks_sql,
     use_from_row, Param, SqlRow, BLOCK_STATE_SQL, CHUNK, ENTRY, UPLOAD, USE_COLS,
 };
-use super::sql::{drop_restores_sql, entry_ids_sql, removable_sql, RESTORE_HEAVY_REPOSITORIES};
+use super::sql::{
+    drop_restores_sql, each_repository_keeps, entry_ids_sql, removable_sql,
+    RESTORE_HEAVY_REPOSITORIES,
+};
 use super::sql::{totals_from_row, usage_sql, TOTALS};
 use super::{
     AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, EntryState, EntryWalk,
@@ -541,7 +544,18 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
     }
 
     async fn drop_restores(&self, which: RestoreDrop<'_>) -> Result<u64, MetaError> {
-        let steps = drop_restores_sql(&which)
+        let over = match each_repository_keeps(&which) {
+            Some(keep) => {
+                let rows = self
+                    .rows(&RESTORE_HEAVY_REPOSITORIES, vec![Param::count(keep)])
+                    .await?;
+                rows.iter()
+                    .map(|r| Ok(RepoId::new(r.text("repository")?)))
+                    .collect::<Result<Vec<_>, MetaError>>()?
+            }
+            None => Vec::new(),
+        };
+        let steps = drop_restores_sql(&which, &over)
             .into_iter()
             .map(|(sql, params)| Step::Execute(sql.on(D::BACKEND), params))
             .collect();
@@ -553,14 +567,6 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
                 Done::Rows(_) => 0,
             })
             .sum())
-    }
-
-    async fn repositories_over_restores(&self, keep: u64) -> Result<Vec<RepoId>, MetaError> {
-        let keep = Param::count(keep);
-        let rows = self.rows(&RESTORE_HEAVY_REPOSITORIES, vec![keep]).await?;
-        rows.iter()
-            .map(|r| Ok(RepoId::new(r.text("repository")?)))
-            .collect()
     }
 
     async fn removable(
