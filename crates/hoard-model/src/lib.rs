@@ -14,8 +14,8 @@ pub mod stats;
 pub mod units;
 
 pub use listing::{
-    EntryFilter, EntryOrder, EntryPage, ListedEntry, Quarantine, RepositoryUsage, RestoreQuery,
-    Totals,
+    EntryFilter, EntryOrder, EntryPage, EntrySelection, ListedEntry, Quarantine, RepositoryUsage,
+    RestoreQuery, Totals,
 };
 pub use provenance::{entry_digest, CallerKind, Provenance, RestoreRecord, RestoringJob};
 pub use scope_class::{QuotaUsage, ScopeClass, Share};

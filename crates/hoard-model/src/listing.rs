@@ -78,7 +78,8 @@ impl EntryOrder {
 }
 
 /// One page of a listing: the entries after `after` (the sort value and id of the last entry
-/// of the previous page), at most `limit`.
+/// of the previous page), at most `limit`; with `count`, also how many the filter selects in
+/// all.
 #[derive(Debug, Clone)]
 pub struct EntryPage<'a> {
     pub filter: &'a EntryFilter,
@@ -86,6 +87,15 @@ pub struct EntryPage<'a> {
     pub descending: bool,
     pub after: Option<(i64, EntryId)>,
     pub limit: usize,
+    pub count: bool,
+}
+
+/// What an [`EntryPage`] selects.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EntrySelection {
+    pub entries: Vec<ListedEntry>,
+    /// How many entries the filter selects in all, when the page asked (`count`).
+    pub total: Option<u64>,
 }
 
 /// An entry as an operator sees it: with its repository's name (empty if none is known).

@@ -25,6 +25,21 @@ pub use hoard::model::{
 
 pub const MAIN: &str = "refs/heads/main";
 
+/// How many entries `filter` selects, as a listing counts them.
+pub async fn count_of(store: &dyn MetaStore, filter: &EntryFilter) -> u64 {
+    let page = EntryPage {
+        filter,
+        order: EntryOrder::default(),
+        descending: false,
+        after: None,
+        limit: 0,
+        count: true,
+    };
+    let selected = store.select_entries(&page).await.unwrap();
+    assert!(selected.entries.is_empty(), "a page of none lists none");
+    selected.total.expect("a total when asked")
+}
+
 /// Restores to record, and nothing else.
 pub fn just_hits(hits: &[(EntryId, u64, i64)]) -> Uses {
     Uses {

@@ -224,7 +224,8 @@ async fn with_key(
         descending: true,
         after: None,
         limit,
+        count: false,
     };
-    let found = store.select_entries(&page).await.unwrap();
+    let found = store.select_entries(&page).await.unwrap().entries;
     found.into_iter().map(|listed| listed.entry).collect()
 }

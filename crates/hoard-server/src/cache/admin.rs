@@ -202,8 +202,10 @@ impl Cache {
             after: query.after,
             // One more than asked tells whether another page follows.
             limit: limit + 1,
+            count: true,
         };
-        let mut entries = self.meta.select_entries(&page).await?;
+        let selected = self.meta.select_entries(&page).await?;
+        let mut entries = selected.entries;
         let next = if entries.len() > limit {
             entries.truncate(limit);
             entries
@@ -212,9 +214,8 @@ impl Cache {
         } else {
             None
         };
-        let total = self.meta.count_entries(&query.filter).await?;
         Ok(Listing {
-            total,
+            total: selected.total.unwrap_or_default(),
             entries,
             next,
         })
@@ -262,8 +263,10 @@ impl Cache {
                 descending: false,
                 after: None,
                 limit: 1,
+                count: false,
             };
-            if let Some(found) = self.meta.select_entries(&page).await?.into_iter().next() {
+            let selected = self.meta.select_entries(&page).await?;
+            if let Some(found) = selected.entries.into_iter().next() {
                 return Ok(Some(found));
             }
         }
@@ -443,8 +446,9 @@ impl Cache {
                 descending: false,
                 after,
                 limit: DELETE_BATCH,
+                count: false,
             };
-            let batch = self.meta.select_entries(&page).await?;
+            let batch = self.meta.select_entries(&page).await?.entries;
             let Some(last) = batch.last() else {
                 break;
             };

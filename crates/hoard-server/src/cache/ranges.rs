@@ -162,8 +162,9 @@ impl Cache {
                 descending: true,
                 after: None,
                 limit: room,
+                count: false,
             };
-            let found = self.meta.select_entries(&newest_first).await?;
+            let found = self.meta.select_entries(&newest_first).await?.entries;
             listed.extend(found.into_iter().map(|listed| listed.entry));
         }
         Ok(listed)

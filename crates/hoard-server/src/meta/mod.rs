@@ -57,7 +57,7 @@ use crate::model::{
     Version,
 };
 use crate::model::{Counters, StatsKey, StatsQuery, StatsRow, StoredFamily};
-use crate::model::{EntryFilter, EntryOrder, EntryPage, ListedEntry, RepositoryUsage, Totals};
+use crate::model::{EntryFilter, EntryOrder, EntryPage, EntrySelection, RepositoryUsage, Totals};
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum MetaError {
@@ -480,10 +480,7 @@ store_trait! {
     pub trait AdminStore {
         /// A page of the entries that `page.filter` selects (live or quarantined), in `page`'s
         /// order: the operators' listings, and the v1 listing of a key (`GET caches?key=`).
-        async fn select_entries(&self, page: &EntryPage<'_>) -> Result<Vec<ListedEntry>, MetaError>;
-
-        /// How many visible entries `filter` selects.
-        async fn count_entries(&self, filter: &EntryFilter) -> Result<u64, MetaError>;
+        async fn select_entries(&self, page: &EntryPage<'_>) -> Result<EntrySelection, MetaError>;
 
         /// Every repository the store has seen (one whose entries all went stays, with zero
         /// bytes), most bytes first, then by id; at most `limit`, only the one `only` names (by

@@ -320,7 +320,7 @@ pub(super) fn select_entries_sql(
     (sql, params)
 }
 
-/// The statement of [`super::MetaStore::count_entries`] and its parameters.
+/// The count of [`super::AdminStore::select_entries`] (`page.count`) and its parameters.
 pub(super) fn count_entries_sql(
     filter: &super::EntryFilter,
     placeholder: impl Fn(usize) -> String,
@@ -680,8 +680,8 @@ pub(super) fn chunk_from_row(r: &impl SqlRow) -> Result<Chunk, MetaError> {
 }
 
 /// A row of a listing statement ([`listed_columns`]).
-pub(super) fn listed_from_row(r: &impl SqlRow) -> Result<super::ListedEntry, MetaError> {
-    Ok(super::ListedEntry {
+pub(super) fn listed_from_row(r: &impl SqlRow) -> Result<crate::model::ListedEntry, MetaError> {
+    Ok(crate::model::ListedEntry {
         entry: entry_from_row(r)?,
         repository_name: r.text("repository_name")?,
         written_by: entry_writer(r)?,

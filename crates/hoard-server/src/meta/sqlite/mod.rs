@@ -49,10 +49,10 @@ use crate::meta::sql::{
     RESTORE_HEAVY_REPOSITORIES,
 };
 use crate::meta::{
-    AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, EntryState, EntryWalk,
-    FinalizeState, Health, LifecycleStore, ListedEntry, MetaError, NewEntry, NewUpload, Removable,
-    Removal, RepositoryUsage, RestoreDrop, RestoreQuery, RestoreStore, SaveStore, SlotState,
-    Totals, UploadChange, UsageOf, Uses,
+    AdminStore, BlockState, EntryChunk, EntryPage, EntrySelection, EntryState, EntryWalk,
+    FinalizeState, Health, LifecycleStore, MetaError, NewEntry, NewUpload, Removable, Removal,
+    RepositoryUsage, RestoreDrop, RestoreQuery, RestoreStore, SaveStore, SlotState, Totals,
+    UploadChange, UsageOf, Uses,
 };
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, QuotaUsage,
@@ -1248,24 +1248,26 @@ impl LifecycleStore for SqliteStore {
 
 #[async_trait]
 impl AdminStore for SqliteStore {
-    async fn select_entries(&self, page: &EntryPage<'_>) -> Result<Vec<ListedEntry>, MetaError> {
+    async fn select_entries(&self, page: &EntryPage<'_>) -> Result<EntrySelection, MetaError> {
         let (sql, params) = select_entries_sql(page, |_| "?".into());
-        self.read(move |conn| {
+        let count = page
+            .count
+            .then(|| count_entries_sql(page.filter, |_| "?".into()));
+        self.read_consistent(move |conn| {
             // Not cached: operators' statements vary and would push the hot ones out.
             let mut stmt = conn.prepare(&sql)?;
             let rows = stmt.query(rusqlite::params_from_iter(params))?;
-            rows_of(rows, |r| listed_from_row(r))
-        })
-        .await
-    }
-
-    async fn count_entries(&self, filter: &EntryFilter) -> Result<u64, MetaError> {
-        let (sql, params) = count_entries_sql(filter, |_| "?".into());
-        self.read(move |conn| {
-            let n: i64 = conn
-                .prepare(&sql)?
-                .query_row(rusqlite::params_from_iter(params), |r| r.get("n"))?;
-            Ok(n.max(0) as u64)
+            let entries = rows_of(rows, |r| listed_from_row(r))?;
+            let total = match count {
+                Some((sql, params)) => {
+                    let n: i64 = conn
+                        .prepare(&sql)?
+                        .query_row(rusqlite::params_from_iter(params), |r| r.get("n"))?;
+                    Some(n.max(0) as u64)
+                }
+                None => None,
+            };
+            Ok(EntrySelection { entries, total })
         })
         .await
     }

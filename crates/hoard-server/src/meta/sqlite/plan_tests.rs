@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use super::wal::WAL_HARD_LIMIT;
 use super::*;
 use crate::meta::RestoreBound;
-use crate::model::{CacheKey, EntryOrder};
+use crate::model::{CacheKey, EntryFilter, EntryOrder};
 
 /// Statements run by this test process's stores, with their parameters, while recording.
 static STATEMENTS: Mutex<Option<Vec<String>>> = Mutex::new(None);
@@ -162,8 +162,9 @@ async fn every_statement_uses_an_index_at_a_hundred_thousand_entries() {
         descending: true,
         after: None,
         limit: 50,
+        count: false,
     };
-    let listed = store.select_entries(&with_key).await.unwrap();
+    let listed = store.select_entries(&with_key).await.unwrap().entries;
     assert!(listed.iter().any(|e| e.entry.id == new_id));
     store
         .entry(new_id, EntryState::Live)

@@ -90,10 +90,10 @@ use super::sql::{
 };
 use super::sql::{totals_from_row, usage_sql, TOTALS};
 use super::{
-    AdminStore, BlockState, EntryChunk, EntryFilter, EntryPage, EntryState, EntryWalk,
-    FinalizeState, Health, LifecycleStore, ListedEntry, MetaError, NewEntry, NewUpload,
-    PoolSettings, Removable, Removal, RepositoryUsage, RestoreDrop, RestoreQuery, RestoreStore,
-    SaveStore, SlotState, Totals, UploadChange, UsageOf, Uses,
+    AdminStore, BlockState, EntryChunk, EntryPage, EntrySelection, EntryState, EntryWalk,
+    FinalizeState, Health, LifecycleStore, MetaError, NewEntry, NewUpload, PoolSettings, Removable,
+    Removal, RepositoryUsage, RestoreDrop, RestoreQuery, RestoreStore, SaveStore, SlotState,
+    Totals, UploadChange, UsageOf, Uses,
 };
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, QuotaUsage, RepoId,
@@ -796,15 +796,18 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
 
 #[async_trait]
 impl<D: Dialect> AdminStore for SqlxStore<D> {
-    async fn select_entries(&self, page: &EntryPage<'_>) -> Result<Vec<ListedEntry>, MetaError> {
+    async fn select_entries(&self, page: &EntryPage<'_>) -> Result<EntrySelection, MetaError> {
         let (sql, params) = select_entries_sql(page, D::placeholder);
         let rows = self.db.fetch(&sql, params).await?;
-        rows.iter().map(listed_from_row).collect()
-    }
-
-    async fn count_entries(&self, filter: &EntryFilter) -> Result<u64, MetaError> {
-        let (sql, params) = count_entries_sql(filter, D::placeholder);
-        number_of(&self.db.fetch(&sql, params).await?)
+        let entries = rows.iter().map(listed_from_row).collect::<Result<_, _>>()?;
+        let total = match page.count {
+            true => {
+                let (sql, params) = count_entries_sql(page.filter, D::placeholder);
+                Some(number_of(&self.db.fetch(&sql, params).await?)?)
+            }
+            false => None,
+        };
+        Ok(EntrySelection { entries, total })
     }
 
     async fn repositories(
