@@ -281,7 +281,8 @@ pub enum UsageOf<'a> {
     Repository(&'a RepoId),
     /// Every entry: what `--max-storage` weighs.
     Everything,
-    /// Chunks whose deletion is scheduled but not yet done: space about to come back.
+    /// Chunks whose deletion is scheduled but not yet done: space about to come back (no
+    /// pull-request share).
     PendingDeletions,
 }
 
@@ -429,7 +430,6 @@ store_trait! {
         /// Forgets the restore records `which` names, in one transaction; how many.
         async fn drop_restores(&self, which: RestoreDrop<'_>) -> Result<u64, MetaError>;
 
-
         /// Up to `limit` of the entries `which` selects, in its order.
         async fn removable(&self, which: Removable<'_>, limit: usize) -> Result<Vec<EntryUse>, MetaError>;
 
@@ -479,7 +479,8 @@ store_trait! {
     /// Administration: what operators list and count, and the totals metrics report.
     pub trait AdminStore {
         /// A page of the entries that `page.filter` selects (live or quarantined), in `page`'s
-        /// order: the operators' listings, and the v1 listing of a key (`GET caches?key=`).
+        /// order, and with `page.count` how many it selects in all: the operators' listings and
+        /// counts, and the v1 listing of a key (`GET caches?key=`).
         async fn select_entries(&self, page: &EntryPage<'_>) -> Result<EntrySelection, MetaError>;
 
         /// Every repository the store has seen (one whose entries all went stays, with zero

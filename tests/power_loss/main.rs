@@ -22,7 +22,10 @@
 //! `HOARD_TEST_REQUIRE_POWER_LOSS=1` (as in CI), when it fails.
 #![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
 
+#[path = "../common/mod.rs"]
 mod common;
+/// The simulated disk's own checks: what the power-loss checks stand on.
+mod disk;
 
 use std::path::PathBuf;
 use std::process::Command;

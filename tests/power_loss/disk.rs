@@ -2,9 +2,6 @@
 //! fsync and syncfs on its ext4 reach it as flushes, each kind of cut loses what it should, and
 //! ext4 comes back consistent. Skips with a printed sentence where the disk cannot run (not root,
 //! no FUSE, no loop device), except under `HOARD_TEST_REQUIRE_POWER_LOSS=1`, where that fails.
-#![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
-
-mod common;
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -12,8 +9,8 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::power_disk::PowerDisk;
-use common::random_bytes;
+use crate::common::power_disk::PowerDisk;
+use crate::common::random_bytes;
 
 const BLOCK: usize = 4096;
 
