@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime};
 
-use common::{main_token, random_bytes, TestServer, VERSION};
+use common::{main_token, poll, random_bytes, TestServer, VERSION};
 
 const MIB: usize = 1 << 20;
 
@@ -55,14 +55,8 @@ async fn misses(server: &TestServer, key: &str) -> bool {
 /// Polls until a lookup of `key` misses, to a deadline generous for a loaded CI machine: what
 /// is asserted is that the miss comes, not how fast.
 async fn misses_eventually(server: &TestServer, key: &str) -> bool {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while tokio::time::Instant::now() < deadline {
-        if misses(server, key).await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    misses(server, key).await
+    let missed = async || misses(server, key).await;
+    poll(Duration::from_secs(30), missed, |missed| *missed).await
 }
 
 /// Downloads `key`, whose chunk is damaged: the answer promises `len` bytes, and the body ends

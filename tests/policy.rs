@@ -17,7 +17,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::process::Hoard;
-use common::{claims, sign_hs256, twirp_at, TestServer, MAIN, VERSION};
+use common::{claims, poll, sign_hs256, twirp_at, TestServer, MAIN, VERSION};
 use serde_json::{json, Value};
 
 const ADMIN: &str = "policy-admin-token-0123456789abcdef";
@@ -460,17 +460,13 @@ async fn refused_writes_and_reads_answer_as_github_does_and_sighup_swaps_the_pol
     // Refusals are counted in the statistics by family, beside hits and misses: five writes
     // (two creates of main, its finalize and v1 reserve, the pull request's create) and two
     // lookups (v2 and v1, of the token that reads only a denied scope).
-    // Counts are written once a second: poll to a deadline.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let totals = loop {
-        let totals = srv.admin("stats?repository=octo/app&since=24h").await["totals"].clone();
-        if (totals["refused_writes"] == 5 && totals["refused_reads"] == 2)
-            || tokio::time::Instant::now() > deadline
-        {
-            break totals;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    // Counts are written once a second.
+    let totals = poll(
+        Duration::from_secs(10),
+        async || srv.admin("stats?repository=octo/app&since=24h").await["totals"].clone(),
+        |totals| totals["refused_writes"] == 5 && totals["refused_reads"] == 2,
+    )
+    .await;
     assert_eq!(
         (&totals["refused_writes"], &totals["refused_reads"]),
         (&json!(5), &json!(2)),
@@ -531,18 +527,9 @@ fn unix_seconds(rfc3339: &str) -> f64 {
 }
 
 /// `probe`'s answer once it gives one, asking again for up to 10 s; fails naming `what`.
-async fn until<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(found) = probe().await {
-            return found;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what}: not within 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+async fn until<T>(what: &str, probe: impl AsyncFnMut() -> Option<T>) -> T {
+    let found = poll(Duration::from_secs(10), probe, Option::is_some).await;
+    found.unwrap_or_else(|| panic!("{what}: not within 10 s"))
 }
 
 /// After a reload that failed (rule 2 of `file` spells its access wrong, line 11) while the

@@ -16,7 +16,7 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 
 use common::databases::{Server, TestDatabase};
-use common::{json_of, node_result, sign_hs256, TestServer, MAIN, VERSION};
+use common::{json_of, node_result, poll, sign_hs256, TestServer, MAIN, VERSION};
 use hoard::model::ManualClock;
 
 const ADMIN: &str = "stats-admin-token-0123456789abcdef";
@@ -92,15 +92,7 @@ async fn get(srv: &TestServer, path: &str) -> Value {
 /// `GET path` once `done` holds of its answer, or its last answer after 20 s: the maintenance
 /// pass runs every second (`--gc-interval 1s`), so what it does shows within a few.
 async fn after_a_pass(srv: &TestServer, path: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let mut seen = get(srv, path).await;
-    for _ in 0..200 {
-        if done(&seen) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        seen = get(srv, path).await;
-    }
-    seen
+    poll(Duration::from_secs(20), async || get(srv, path).await, done).await
 }
 
 /// RFC 3339 (seconds) of `millis`, as the API spells bucket starts.

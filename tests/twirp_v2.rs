@@ -578,14 +578,8 @@ async fn a_restore_counts_as_a_use_of_the_entry() {
     srv.lookup(&t, "used", &[], VERSION).await;
     srv.lookup(&t, "use", &["us"], VERSION).await;
     // Hits are written in batches, within a second or so.
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-    let (hits, last_used, created) = loop {
-        let row = read().await;
-        if row.0 == 2 || tokio::time::Instant::now() > deadline {
-            break row;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    };
+    let ten_seconds = std::time::Duration::from_secs(10);
+    let (hits, last_used, created) = poll(ten_seconds, read, |row| row.0 == 2).await;
     assert_eq!(hits, 2);
     assert!(last_used > created);
 }

@@ -347,10 +347,9 @@ impl TestServer {
     /// chunks are larger than 64 KiB gets it from the digest pass, after its save.
     pub async fn until_digested(&self, id: i64) -> String {
         let db = self.data.path().join("hoard.db");
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
+        let read = async || {
             let db = db.clone();
-            let digest = tokio::task::spawn_blocking(move || {
+            tokio::task::spawn_blocking(move || {
                 let conn = rusqlite::Connection::open(db).unwrap();
                 // The server writes meanwhile: wait out a lock rather than fail on it.
                 conn.busy_timeout(Duration::from_secs(10)).unwrap();
@@ -360,16 +359,11 @@ impl TestServer {
                 .unwrap()
             })
             .await
-            .unwrap();
-            if !digest.is_empty() {
-                return digest;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "entry {id} got no digest"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+            .unwrap()
+        };
+        let digest = poll(Duration::from_secs(30), read, |d: &String| !d.is_empty()).await;
+        assert!(!digest.is_empty(), "entry {id} got no digest");
+        digest
     }
 }
 
@@ -458,6 +452,24 @@ pub fn node_result(out: std::process::Output) -> (Value, String) {
         .find_map(|l| l.strip_prefix("RESULT "))
         .unwrap_or_else(|| panic!("no RESULT line:\n{all}"));
     (serde_json::from_str(result).unwrap(), all)
+}
+
+/// What `probe` answers once `done` holds of it, asking again every 50 ms; its last answer once
+/// `timeout` has passed (the caller's assertion then shows it). What is asserted is that the
+/// state comes, not how fast: the timeouts are generous for a loaded machine.
+pub async fn poll<T>(
+    timeout: Duration,
+    mut probe: impl AsyncFnMut() -> T,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let answer = probe().await;
+        if done(&answer) || tokio::time::Instant::now() >= deadline {
+            return answer;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Polls `check` until it returns true or `timeout` passes.
