@@ -237,10 +237,7 @@ impl Cache {
             self.meta
                 .change_upload(
                     upload,
-                    UploadChange::Stage {
-                        block: block,
-                        chunk: chunk,
-                    },
+                    UploadChange::Stage { block, chunk },
                     self.clock.now(),
                 )
                 .await?;
