@@ -210,14 +210,16 @@ async fn operators_filter_sort_and_page_entries(store: &dyn MetaStore) {
 async fn repositories_keep_names_usage_hits_and_misses(store: &dyn MetaStore) {
     let a = save_named(store, &slot("rep-a", "k"), &[100], 10, "octo/a").await;
     save(store, &slot("rep-a", "k2"), &[50], 11).await;
-    store.record_uses(&just_hits(&[(a, 3, 20)])).await.unwrap();
-    store
-        .record_uses(&just_misses(&[
+    // Hits and misses of one flush, for the same repository and another, together.
+    let flush = Uses {
+        hits: vec![(a, 3, 20)],
+        misses: vec![
             (RepoId::new("rep-a"), String::new(), 2),
             (RepoId::new("rep-b"), "octo/b".into(), 4),
-        ]))
-        .await
-        .unwrap();
+        ],
+        ..Uses::default()
+    };
+    store.record_uses(&flush).await.unwrap();
     store
         .record_uses(&just_misses(&[(RepoId::new("rep-b"), String::new(), 1)]))
         .await

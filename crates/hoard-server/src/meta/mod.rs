@@ -427,7 +427,8 @@ store_trait! {
         /// The bytes `of` names, and of the pull-request and tag entries among them.
         async fn usage(&self, of: UsageOf<'_>) -> Result<QuotaUsage, MetaError>;
 
-        /// Forgets the restore records `which` names, in one transaction; how many.
+        /// Forgets the restore records `which` names, in one transaction (one per repository for
+        /// [`RestoreBound::EachRepository`]); how many.
         async fn drop_restores(&self, which: RestoreDrop<'_>) -> Result<u64, MetaError>;
 
         /// Up to `limit` of the entries `which` selects, in its order.

@@ -866,13 +866,15 @@ pub(super) fn each_repository_keeps(which: &super::RestoreDrop<'_>) -> Option<u6
     }
 }
 
-/// The statements of `LifecycleStore::drop_restores`, with their parameters, to run in one
-/// transaction: one, or one per entry or per repository. `over` is what
-/// [`RESTORE_HEAVY_REPOSITORIES`] answered (read first) when `which` bounds each repository.
+/// The statements of `LifecycleStore::drop_restores`, with their parameters, as the
+/// transactions to run one after the other: one transaction (of one statement, or one per entry),
+/// or one per repository for a bound on each, so that no transaction holds the database for more
+/// than a repository's round. `over` is what [`RESTORE_HEAVY_REPOSITORIES`] answered (read
+/// first) when `which` bounds each repository.
 pub(super) fn drop_restores_sql(
     which: &super::RestoreDrop<'_>,
     over: &[RepoId],
-) -> Vec<(&'static Shared, Vec<Param>)> {
+) -> Vec<Vec<(&'static Shared, Vec<Param>)>> {
     use super::{RestoreBound, RestoreDrop};
     let oldest_of = |repository: &RepoId, keep: u64, limit: usize| {
         let repository = Param::Text(repository.as_str().to_owned());
@@ -884,23 +886,23 @@ pub(super) fn drop_restores_sql(
     };
     match *which {
         RestoreDrop::LastRestoredBefore(before) => {
-            vec![(&PRUNE_RESTORES, vec![Param::Int(before)])]
+            vec![vec![(&PRUNE_RESTORES, vec![Param::Int(before)])]]
         }
         RestoreDrop::Oldest { of, keep, limit } => match of {
-            RestoreBound::Repository(repository) => vec![oldest_of(repository, keep, limit)],
+            RestoreBound::Repository(repository) => vec![vec![oldest_of(repository, keep, limit)]],
             RestoreBound::EachRepository => over
                 .iter()
-                .map(|repository| oldest_of(repository, keep, limit))
+                .map(|repository| vec![oldest_of(repository, keep, limit)])
                 .collect(),
-            RestoreBound::All => vec![(
+            RestoreBound::All => vec![vec![(
                 &DROP_OLDEST_RESTORES,
                 vec![Param::Int(limit as i64), Param::count(keep)],
-            )],
+            )]],
         },
-        RestoreDrop::OfEntries(entries) => entries
+        RestoreDrop::OfEntries(entries) => vec![entries
             .iter()
             .map(|id| (&FORGET_RESTORES, vec![Param::Int(id.get())]))
-            .collect(),
+            .collect()],
     }
 }
 

@@ -957,17 +957,21 @@ impl LifecycleStore for SqliteStore {
             }
             None => Vec::new(),
         };
-        let statements = drop_restores_sql(&which, &over);
-        self.write(move |tx| {
-            let mut dropped = 0;
-            for (sql, params) in statements {
-                dropped += tx
-                    .prepare_cached(sql.on(Backend::Sqlite))?
-                    .execute(rusqlite::params_from_iter(params))?;
-            }
-            Ok(dropped as u64)
-        })
-        .await
+        let mut dropped = 0;
+        for statements in drop_restores_sql(&which, &over) {
+            dropped += self
+                .write(move |tx| {
+                    let mut dropped = 0;
+                    for (sql, params) in statements {
+                        dropped += tx
+                            .prepare_cached(sql.on(Backend::Sqlite))?
+                            .execute(rusqlite::params_from_iter(params))?;
+                    }
+                    Ok(dropped as u64)
+                })
+                .await?;
+        }
+        Ok(dropped)
     }
 
     async fn removable(

@@ -438,7 +438,7 @@ async fn restore_records_are_trimmed_and_forgotten_by_index() {
     ];
     let mut statements = vec![RESTORE_HEAVY_REPOSITORIES.on(Backend::Sqlite).to_owned()];
     for drop in &drops {
-        for (sql, _) in drop_restores_sql(drop, &[]) {
+        for (sql, _) in drop_restores_sql(drop, &[]).into_iter().flatten() {
             statements.push(sql.on(Backend::Sqlite).to_owned());
         }
     }

@@ -333,6 +333,30 @@ impl<D: Dialect> SqlxStore<D> {
     }
 }
 
+/// What [`RestoreStore::record_uses`] adds to each repository's row: per repository, in
+/// repository order, its name (empty: keep the known one), hits and misses. Every process then
+/// takes the rows' locks in the same order, whatever mix of hits and misses its flush holds, so
+/// two flushes never wait on each other in a cycle.
+fn usage_additions(
+    hits: impl IntoIterator<Item = (String, i64)>,
+    misses: &[(RepoId, String, u64)],
+) -> Vec<(String, String, i64, i64)> {
+    let mut per: std::collections::BTreeMap<String, (String, i64, i64)> = Default::default();
+    for (repository, count) in hits {
+        per.entry(repository).or_default().1 += count;
+    }
+    for (repository, name, count) in misses {
+        let added = per.entry(repository.as_str().to_owned()).or_default();
+        if !name.is_empty() {
+            added.0 = name.clone();
+        }
+        added.2 += i64::try_from(*count).unwrap_or(i64::MAX);
+    }
+    per.into_iter()
+        .map(|(repository, (name, hits, misses))| (repository, name, hits, misses))
+        .collect()
+}
+
 /// A string parameter.
 fn text(value: &str) -> Param {
     Param::Text(value.to_owned())
@@ -555,18 +579,22 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
             }
             None => Vec::new(),
         };
-        let steps = drop_restores_sql(&which, &over)
-            .into_iter()
-            .map(|(sql, params)| Step::Execute(sql.on(D::BACKEND), params))
-            .collect();
-        let done = self.db.in_transaction(steps).await?;
-        Ok(done
-            .iter()
-            .map(|d| match d {
-                Done::Changed(n) => *n,
-                Done::Rows(_) => 0,
-            })
-            .sum())
+        let mut dropped = 0;
+        for statements in drop_restores_sql(&which, &over) {
+            let steps = statements
+                .into_iter()
+                .map(|(sql, params)| Step::Execute(sql.on(D::BACKEND), params))
+                .collect();
+            let done = self.db.in_transaction(steps).await?;
+            dropped += done
+                .iter()
+                .map(|d| match d {
+                    Done::Changed(n) => *n,
+                    Done::Rows(_) => 0,
+                })
+                .sum::<u64>();
+        }
+        Ok(dropped)
     }
 
     async fn removable(

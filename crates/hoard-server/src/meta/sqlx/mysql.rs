@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlRow};
 use sqlx::{AssertSqlSafe, Executor, MySql, Row, Transaction};
 
-use super::{bind_all, from_sqlx, pool_options, Connections, Dialect, Done, Step};
+use super::{bind_all, from_sqlx, pool_options, usage_additions, Connections, Dialect, Done, Step};
 use crate::meta::dialect::Backend;
 use crate::meta::quarantine;
 use crate::meta::row::{Row as _, Table};
@@ -349,8 +349,11 @@ impl Dialect for MySqlDialect {
 
     async fn record_uses(&self, uses: &Uses, restores: Vec<Step>) -> Result<(), MetaError> {
         let mut tx = self.begin().await?;
+        // The entries first (in id order, as the hits come), then the restore records, then the
+        // repositories' rows in repository order (see `usage_additions`).
+        let mut hit_repositories = Vec::new();
         for (entry, count, last_used) in &uses.hits {
-            sqlx::query(
+            let used = sqlx::query(
                 "UPDATE entries SET hits = hits + ?, last_used_at = GREATEST(last_used_at, ?) WHERE id = ?",
             )
             .bind(*count as i64)
@@ -359,26 +362,29 @@ impl Dialect for MySqlDialect {
             .execute(&mut *tx)
             .await
             .map_err(from_sqlx)?;
-            sqlx::query(
-                "UPDATE repository_usage u JOIN entries e ON e.repository = u.repository
-                 SET u.hits = u.hits + ? WHERE e.id = ?",
-            )
-            .bind(*count as i64)
-            .bind(entry.get())
-            .execute(&mut *tx)
-            .await
-            .map_err(from_sqlx)?;
+            if used.rows_affected() == 0 {
+                continue; // Removed meanwhile.
+            }
+            let row = sqlx::query("SELECT repository FROM entries WHERE id = ?")
+                .bind(entry.get())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(from_sqlx)?;
+            if let Some(row) = row {
+                hit_repositories.push((row.text("repository")?, *count as i64));
+            }
         }
         Self::run_steps(&mut tx, restores).await?;
-        for (repository, name, count) in &uses.misses {
+        for (repository, name, hits, misses) in usage_additions(hit_repositories, &uses.misses) {
             sqlx::query(
-                "INSERT INTO repository_usage (repository, bytes, entries, name, misses) VALUES (?, 0, 0, ?, ?)
-                 ON DUPLICATE KEY UPDATE misses = misses + VALUES(misses),
+                "INSERT INTO repository_usage (repository, bytes, entries, name, hits, misses) VALUES (?, 0, 0, ?, ?, ?)
+                 ON DUPLICATE KEY UPDATE hits = hits + VALUES(hits), misses = misses + VALUES(misses),
                      name = IF(VALUES(name) = '', name, VALUES(name))",
             )
-            .bind(repository.as_str().as_bytes())
+            .bind(repository.as_bytes())
             .bind(name.as_bytes())
-            .bind(*count as i64)
+            .bind(hits)
+            .bind(misses)
             .execute(&mut *tx)
             .await
             .map_err(from_sqlx)?;

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgRow};
 use sqlx::{AssertSqlSafe, Column, Row, TypeInfo};
 
-use super::{bind_all, from_sqlx, pool_options, Connections, Dialect, Done, Step};
+use super::{bind_all, from_sqlx, pool_options, usage_additions, Connections, Dialect, Done, Step};
 use crate::meta::dialect::{Backend, Shared};
 use crate::meta::row::{Kind, Row as _, Table};
 use crate::meta::schema::{
@@ -427,48 +427,52 @@ impl Dialect for PostgresDialect {
 
     async fn record_uses(&self, uses: &Uses, restores: Vec<Step>) -> Result<(), MetaError> {
         let mut tx = self.pool.begin().await.map_err(from_sqlx)?;
+        // The entries first (in id order, as the hits come), then the restore records, then the
+        // repositories' rows in repository order (see `usage_additions`).
+        let mut hit_repositories = Vec::new();
         if !uses.hits.is_empty() {
             let hits = &uses.hits;
             let ids: Vec<i64> = hits.iter().map(|h| h.0.get()).collect();
             let counts: Vec<i64> = hits.iter().map(|h| h.1 as i64).collect();
             let last: Vec<i64> = hits.iter().map(|h| h.2).collect();
-            sqlx::query(
-                "WITH h AS (SELECT id, SUM(count) AS count, MAX(last) AS last
-                            FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[]) AS u(id, count, last) GROUP BY id),
-                 used AS (
-                     UPDATE entries e SET hits = e.hits + h.count, last_used_at = GREATEST(e.last_used_at, h.last)
-                     FROM h WHERE e.id = h.id
-                     RETURNING e.repository, h.count)
-                 UPDATE repository_usage r SET hits = r.hits + per.count
-                 FROM (SELECT repository, SUM(count)::bigint AS count FROM used GROUP BY repository) AS per
-                 WHERE r.repository = per.repository",
+            let used = sqlx::query(
+                "WITH h AS (SELECT id, SUM(count)::bigint AS count, MAX(last) AS last
+                            FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[]) AS u(id, count, last) GROUP BY id)
+                 UPDATE entries e SET hits = e.hits + h.count, last_used_at = GREATEST(e.last_used_at, h.last)
+                 FROM h WHERE e.id = h.id
+                 RETURNING e.repository, h.count",
             )
             .bind(ids)
             .bind(counts)
             .bind(last)
-            .execute(&mut *tx)
+            .fetch_all(&mut *tx)
             .await
             .map_err(from_sqlx)?;
+            for row in &used {
+                hit_repositories.push((row.text("repository")?, row.int("count")?));
+            }
         }
         Self::run_steps(&mut tx, restores).await?;
-        if !uses.misses.is_empty() {
-            let misses = &uses.misses;
-            let repositories: Vec<&str> = misses.iter().map(|m| m.0.as_str()).collect();
-            let names: Vec<&str> = misses.iter().map(|m| m.1.as_str()).collect();
-            let counts: Vec<i64> = misses.iter().map(|m| m.2 as i64).collect();
+        let added = usage_additions(hit_repositories, &uses.misses);
+        if !added.is_empty() {
+            let repositories: Vec<&str> = added.iter().map(|a| a.0.as_str()).collect();
+            let names: Vec<&str> = added.iter().map(|a| a.1.as_str()).collect();
+            let hits: Vec<i64> = added.iter().map(|a| a.2).collect();
+            let misses: Vec<i64> = added.iter().map(|a| a.3).collect();
             sqlx::query(
-                "INSERT INTO repository_usage (repository, bytes, entries, name, misses)
-                 SELECT repository, 0, 0, MAX(name), SUM(count)::bigint
-                 FROM UNNEST($1::text[], $2::text[], $3::bigint[]) AS m(repository, name, count)
-                 GROUP BY repository
+                "INSERT INTO repository_usage (repository, bytes, entries, name, hits, misses)
+                 SELECT repository, 0, 0, name, hits, misses
+                 FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS a(repository, name, hits, misses)
                  ORDER BY repository
                  ON CONFLICT (repository) DO UPDATE
-                 SET misses = repository_usage.misses + EXCLUDED.misses,
+                 SET hits = repository_usage.hits + EXCLUDED.hits,
+                     misses = repository_usage.misses + EXCLUDED.misses,
                      name = CASE WHEN EXCLUDED.name = '' THEN repository_usage.name ELSE EXCLUDED.name END",
             )
             .bind(repositories)
             .bind(names)
-            .bind(counts)
+            .bind(hits)
+            .bind(misses)
             .execute(&mut *tx)
             .await
             .map_err(from_sqlx)?;
