@@ -475,12 +475,5 @@ pub async fn poll<T>(
 /// Polls `check` until it returns true or `timeout` passes.
 #[must_use = "assert the result: a check that times out is a failure"]
 pub async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + timeout;
-    while tokio::time::Instant::now() < deadline {
-        if check() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    check()
+    poll(timeout, async || check(), |held| *held).await
 }

@@ -90,6 +90,22 @@ pub struct EntryPage<'a> {
     pub count: bool,
 }
 
+impl<'a> EntryPage<'a> {
+    /// The first `limit` entries `filter` selects, oldest first, without a total. Callers set
+    /// what they need on top (`EntryPage { descending: true, ..EntryPage::by_creation(f, n) }`),
+    /// so a new field touches them only where they care.
+    pub fn by_creation(filter: &'a EntryFilter, limit: usize) -> Self {
+        Self {
+            filter,
+            order: EntryOrder::Created,
+            descending: false,
+            after: None,
+            limit,
+            count: false,
+        }
+    }
+}
+
 /// What an [`EntryPage`] selects.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EntrySelection {

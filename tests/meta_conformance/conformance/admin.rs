@@ -187,14 +187,7 @@ async fn operators_filter_sort_and_page_entries(store: &dyn MetaStore) {
     );
     assert_eq!(count_of(store, &versioned).await, 1);
 
-    let page = EntryPage {
-        filter: &repo,
-        order: EntryOrder::Created,
-        descending: false,
-        after: None,
-        limit: 1,
-        count: false,
-    };
+    let page = EntryPage::by_creation(&repo, 1);
     let listed = store.select_entries(&page).await.unwrap().entries;
     assert_eq!(
         listed[0].repository_name, "octo/adm",

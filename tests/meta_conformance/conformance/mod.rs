@@ -28,12 +28,8 @@ pub const MAIN: &str = "refs/heads/main";
 /// How many entries `filter` selects, as a listing counts them.
 pub async fn count_of(store: &dyn MetaStore, filter: &EntryFilter) -> u64 {
     let page = EntryPage {
-        filter,
-        order: EntryOrder::default(),
-        descending: false,
-        after: None,
-        limit: 0,
         count: true,
+        ..EntryPage::by_creation(filter, 0)
     };
     let selected = store.select_entries(&page).await.unwrap();
     assert!(selected.entries.is_empty(), "a page of none lists none");

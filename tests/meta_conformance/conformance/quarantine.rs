@@ -43,14 +43,7 @@ async fn listed(
         quarantined,
         ..EntryFilter::default()
     };
-    let page = EntryPage {
-        filter: &filter,
-        order: EntryOrder::Created,
-        descending: false,
-        after: None,
-        limit: 100,
-        count: false,
-    };
+    let page = EntryPage::by_creation(&filter, 100);
     let found = store.select_entries(&page).await.unwrap().entries;
     assert_eq!(
         count_of(store, &filter).await,

@@ -219,12 +219,8 @@ async fn with_key(
         ..EntryFilter::default()
     };
     let page = EntryPage {
-        filter: &filter,
-        order: EntryOrder::Created,
         descending: true,
-        after: None,
-        limit,
-        count: false,
+        ..EntryPage::by_creation(&filter, limit)
     };
     let found = store.select_entries(&page).await.unwrap().entries;
     found.into_iter().map(|listed| listed.entry).collect()

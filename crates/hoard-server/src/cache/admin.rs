@@ -257,14 +257,7 @@ impl Cache {
                 quarantined,
                 ..EntryFilter::default()
             };
-            let page = EntryPage {
-                filter: &filter,
-                order: EntryOrder::Created,
-                descending: false,
-                after: None,
-                limit: 1,
-                count: false,
-            };
+            let page = EntryPage::by_creation(&filter, 1);
             let selected = self.meta.select_entries(&page).await?;
             if let Some(found) = selected.entries.into_iter().next() {
                 return Ok(Some(found));
@@ -376,15 +369,7 @@ impl Cache {
             .map(|gone| gone.id)
             .collect();
         if disposal != Disposal::Quarantine && !kept.is_empty() {
-            let now = self.clock.now();
-            let removal = crate::meta::Removal {
-                from: EntryState::Quarantined,
-                cause: &RemovalCause::Deleted,
-                now,
-                delete_at: now.saturating_add(super::lifecycle::millis(
-                    self.policy.lifecycle.deletion_grace,
-                )),
-            };
+            let removal = self.removal(EntryState::Quarantined, &RemovalCause::Deleted);
             let ended = self.meta.remove_entries(&ids(&kept), removal).await?;
             removed.extend(ended.iter().map(|gone| gone.id));
         }
@@ -441,12 +426,8 @@ impl Cache {
         let mut after = None;
         loop {
             let page = EntryPage {
-                filter,
-                order: EntryOrder::Created,
-                descending: false,
                 after,
-                limit: DELETE_BATCH,
-                count: false,
+                ..EntryPage::by_creation(filter, DELETE_BATCH)
             };
             let batch = self.meta.select_entries(&page).await?.entries;
             let Some(last) = batch.last() else {

@@ -324,6 +324,18 @@ pub(super) fn millis(d: Duration) -> Millis {
 }
 
 impl Cache {
+    /// How entries kept where `from` says leave now for `cause`: their chunks are deleted once
+    /// the deletion grace is over.
+    pub(super) fn removal<'a>(&self, from: EntryState, cause: &'a RemovalCause) -> Removal<'a> {
+        let now = self.clock.now();
+        Removal {
+            from,
+            cause,
+            now,
+            delete_at: now.saturating_add(millis(self.policy.lifecycle.deletion_grace)),
+        }
+    }
+
     /// Removes entries and schedules their chunks' deletion; forgets them in this process's
     /// reuse caches. Returns what was removed here (not by another process first).
     pub(super) async fn remove(
@@ -334,13 +346,8 @@ impl Cache {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let now = self.clock.now();
-        let removal = Removal {
-            from: EntryState::Live,
-            cause: &cause,
-            now,
-            delete_at: now.saturating_add(millis(self.policy.lifecycle.deletion_grace)),
-        };
+        let removal = self.removal(EntryState::Live, &cause);
+        let now = removal.now;
         let forget = super::ForgetIfDropped::new(self);
         let removed = self.meta.remove_entries(ids, removal).await?;
         forget.disarm();
@@ -738,19 +745,13 @@ impl Cache {
     pub async fn end_quarantines(&self) -> Result<(), CacheError> {
         let now = self.clock.now();
         let before = now.saturating_sub(millis(self.policy.lifecycle.quarantine_retention));
-        let delete_at = now.saturating_add(millis(self.policy.lifecycle.deletion_grace));
         loop {
             let walk = EntryWalk::QuarantinedBefore(before);
             let due = self.meta.entry_ids(EntryId::new(0), BATCH, walk).await?;
             if due.is_empty() {
                 return Ok(());
             }
-            let removal = Removal {
-                from: EntryState::Quarantined,
-                cause: &RemovalCause::Expired,
-                now,
-                delete_at,
-            };
+            let removal = self.removal(EntryState::Quarantined, &RemovalCause::Expired);
             let ended = self.meta.remove_entries(&due, removal).await?;
             for gone in &ended {
                 tracing::info!(target: "hoard::lifecycle", entry = gone.id.get(), "quarantine over: entry deleted");

@@ -10,8 +10,8 @@ use crate::auth::Identity;
 use crate::blob::ByteStream;
 use crate::meta::UploadChange;
 use crate::model::{
-    BlockId, CacheKey, Entry, EntryFilter, EntryId, EntryOrder, EntryPage, Slot, Upload, UploadId,
-    UploadState, Version,
+    BlockId, CacheKey, Entry, EntryFilter, EntryId, EntryPage, Slot, Upload, UploadId, UploadState,
+    Version,
 };
 
 /// Most entries one listing returns.
@@ -157,12 +157,8 @@ impl Cache {
                 ..EntryFilter::default()
             };
             let newest_first = EntryPage {
-                filter: &filter,
-                order: EntryOrder::Created,
                 descending: true,
-                after: None,
-                limit: room,
-                count: false,
+                ..EntryPage::by_creation(&filter, room)
             };
             let found = self.meta.select_entries(&newest_first).await?.entries;
             listed.extend(found.into_iter().map(|listed| listed.entry));

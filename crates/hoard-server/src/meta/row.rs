@@ -20,11 +20,15 @@ pub enum Param {
 }
 
 impl Param {
-    /// A count, as the signed 64-bit integer every backend stores (saturating: no count
-    /// reaches it).
+    /// A count, bound as [`stored_count`] stores it.
     pub fn count(n: u64) -> Self {
-        Self::Int(n.min(i64::MAX as u64) as i64)
+        Self::Int(stored_count(n))
     }
+}
+
+/// A count as the signed 64-bit integer every backend stores (saturating: no count reaches it).
+pub fn stored_count(n: u64) -> i64 {
+    n.min(i64::MAX as u64) as i64
 }
 
 /// What a column holds, as every backend stores it: PostgreSQL's and MySQL's integer widths are

@@ -3,7 +3,7 @@
 //! index hashes of the networked stores.
 
 use super::dialect::{Backend, Shared, Upsert};
-use super::row::{Column, Row as _};
+use super::row::{stored_count, Column, Row as _};
 pub(super) use super::row::{Param, SqlRow};
 use super::schema::{
     entries, entry_chunks, quarantined_entries, repository_usage, restores, uploads, RestoreRow,
@@ -679,6 +679,14 @@ pub(super) fn chunk_from_row(r: &impl SqlRow) -> Result<Chunk, MetaError> {
     )
 }
 
+/// A chunk of an entry from `start` and its [`CHUNK`] columns.
+pub(super) fn entry_chunk_from_row(r: &impl SqlRow) -> Result<super::EntryChunk, MetaError> {
+    Ok(super::EntryChunk {
+        start: r.count(entry_chunks::start.name)?,
+        chunk: chunk_from_row(r)?,
+    })
+}
+
 /// A row of a listing statement ([`listed_columns`]).
 pub(super) fn listed_from_row(r: &impl SqlRow) -> Result<crate::model::ListedEntry, MetaError> {
     Ok(crate::model::ListedEntry {
@@ -783,7 +791,7 @@ fn restore_params(restore: &super::NewRestore, backend: Backend) -> Vec<Param> {
         reader_address,
         first_at: restore.first_at,
         last_at: restore.last_at,
-        count: restore.count.try_into().unwrap_or(i64::MAX),
+        count: stored_count(restore.count),
         ..RestoreRow::default()
     };
     let mut params: Vec<Param> = restore_reader_columns(backend)

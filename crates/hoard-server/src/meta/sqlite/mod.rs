@@ -32,17 +32,18 @@ mod wal;
 
 use crate::meta::dialect::Backend;
 use crate::meta::quarantine;
-use crate::meta::row::Row as _;
+use crate::meta::row::{stored_count, Row as _};
 use crate::meta::schema::{
     entries, entry_chunks, pending_deletions, staged_blocks, upload_parts, uploads, EntryChunkRow,
     EntryRow, StagedBlockRow, UploadPartRow, UploadRow,
 };
 use crate::meta::sql::{
     block_state_from_row, candidate_from_row, chunk_from_row, columns, count_entries_sql,
-    entry_from_row, listed_from_row, migrations_after, pr_counts, quota_usage_from_row,
-    record_restores_sql, repositories_sql, repository_from_row, restore_from_row, restores_sql,
-    select_entries_sql, totals_from_row, upload_from_row, usage_sql, use_from_row, Param, SqlRow,
-    BLOCK_STATE_SQL, CANDIDATE, CHUNK, ENTRY, TOTALS, UPLOAD, USE_COLS,
+    entry_chunk_from_row, entry_from_row, listed_from_row, migrations_after, pr_counts,
+    quota_usage_from_row, record_restores_sql, repositories_sql, repository_from_row,
+    restore_from_row, restores_sql, select_entries_sql, totals_from_row, upload_from_row,
+    usage_sql, use_from_row, Param, SqlRow, BLOCK_STATE_SQL, CANDIDATE, CHUNK, ENTRY, TOTALS,
+    UPLOAD, USE_COLS,
 };
 use crate::meta::sql::{
     drop_restores_sql, each_repository_keeps, entry_ids_sql, removable_sql,
@@ -890,12 +891,7 @@ impl RestoreStore for SqliteStore {
             let Some(entry) = head.first(conn, [id.get()], |r| entry_from_row(r))? else {
                 return Ok(None);
             };
-            let chunks = chunks.rows(conn, [id.get()], |row| {
-                Ok(EntryChunk {
-                    start: row.count(entry_chunks::start.name)?,
-                    chunk: chunk_from_row(row)?,
-                })
-            })?;
+            let chunks = chunks.rows(conn, [id.get()], |row| entry_chunk_from_row(row))?;
             Ok(Some((entry, chunks)))
         })
         .await
@@ -910,8 +906,8 @@ impl RestoreStore for SqliteStore {
                 "UPDATE repository_usage SET hits = hits + ? WHERE repository = (SELECT repository FROM entries WHERE id = ?)",
             )?;
             for (entry, count, last_used) in &uses.hits {
-                update.execute(params![last_used, *count as i64, entry.get()])?;
-                per_repository.execute(params![*count as i64, entry.get()])?;
+                update.execute(params![last_used, stored_count(*count), entry.get()])?;
+                per_repository.execute(params![stored_count(*count), entry.get()])?;
             }
             for (sql, params) in record_restores_sql(&uses.restores, Backend::Sqlite) {
                 tx.prepare_cached(sql)?
@@ -923,7 +919,7 @@ impl RestoreStore for SqliteStore {
                      name = CASE WHEN excluded.name = '' THEN name ELSE excluded.name END",
             )?;
             for (repository, name, count) in &uses.misses {
-                upsert.execute(params![repository.as_str(), name, *count as i64])?;
+                upsert.execute(params![repository.as_str(), name, stored_count(*count)])?;
             }
             Ok(())
         })

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use super::wal::WAL_HARD_LIMIT;
 use super::*;
 use crate::meta::RestoreBound;
-use crate::model::{CacheKey, EntryFilter, EntryOrder};
+use crate::model::{CacheKey, EntryFilter};
 
 /// Statements run by this test process's stores, with their parameters, while recording.
 static STATEMENTS: Mutex<Option<Vec<String>>> = Mutex::new(None);
@@ -157,12 +157,8 @@ async fn every_statement_uses_an_index_at_a_hundred_thousand_entries() {
         ..EntryFilter::default()
     };
     let with_key = EntryPage {
-        filter: &filter,
-        order: EntryOrder::Created,
         descending: true,
-        after: None,
-        limit: 50,
-        count: false,
+        ..EntryPage::by_creation(&filter, 50)
     };
     let listed = store.select_entries(&with_key).await.unwrap().entries;
     assert!(listed.iter().any(|e| e.entry.id == new_id));

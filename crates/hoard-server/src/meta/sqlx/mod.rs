@@ -75,12 +75,12 @@ use async_trait::async_trait;
 use super::dialect::{shared, Backend, Shared};
 use super::hashes::{bucket, slot_hash};
 use super::quarantine;
-use super::row::Renamed;
-use super::schema::{entries, entry_chunks, uploads};
+use super::row::{stored_count, Renamed};
+use super::schema::{entries, uploads};
 use super::sql::{
-    block_state_from_row, candidate_from_row, candidates_sql, chunk_from_row, collect_blocks,
-    columns, count_entries_sql, entry_from_row, listed_from_row, names_from_rows, prefix_end,
-    quota_usage_from_row, record_restores_sql, repositories_sql, repository_from_row,
+    block_state_from_row, candidate_from_row, candidates_sql, collect_blocks, columns,
+    count_entries_sql, entry_chunk_from_row, entry_from_row, listed_from_row, names_from_rows,
+    prefix_end, quota_usage_from_row, record_restores_sql, repositories_sql, repository_from_row,
     restore_from_row, restores_sql, select_entries_sql, upload_from_row, upload_with_blocks_sql,
     use_from_row, Param, SqlRow, BLOCK_STATE_SQL, CHUNK, ENTRY, UPLOAD, USE_COLS,
 };
@@ -195,7 +195,6 @@ impl<D: Dialect> SqlxStore<D> {
     /// A live entry and its chunks, in one statement (one snapshot: an entry deleted meanwhile
     /// is gone whole).
     async fn live_entry(&self, id: EntryId) -> Result<Option<(Entry, Vec<EntryChunk>)>, MetaError> {
-        // One statement, one snapshot: an entry deleted meanwhile is gone whole.
         // The chunk's size is selected as `chunk_size`, beside the entry's.
         static ENTRY_AND_CHUNKS: Shared = Shared::built(|| {
             let chunk: Vec<String> = CHUNK
@@ -222,12 +221,7 @@ impl<D: Dialect> SqlxStore<D> {
         let entry = entry_from_row(head)?;
         let chunks = rows
             .iter()
-            .map(|row| {
-                Ok(EntryChunk {
-                    start: row.count(entry_chunks::start.name)?,
-                    chunk: chunk_from_row(&Renamed(row, "size", "chunk_size"))?,
-                })
-            })
+            .map(|row| entry_chunk_from_row(&Renamed(row, "size", "chunk_size")))
             .collect::<Result<_, MetaError>>()?;
         Ok(Some((entry, chunks)))
     }
@@ -255,12 +249,7 @@ impl<D: Dialect> SqlxStore<D> {
         };
         let chunks = chunks
             .iter()
-            .map(|row| {
-                Ok(EntryChunk {
-                    start: row.count(entry_chunks::start.name)?,
-                    chunk: chunk_from_row(row)?,
-                })
-            })
+            .map(entry_chunk_from_row)
             .collect::<Result<_, MetaError>>()?;
         Ok(Some((entry_from_row(head)?, chunks)))
     }
@@ -350,7 +339,7 @@ fn usage_additions(
         if !name.is_empty() {
             added.0 = name.clone();
         }
-        added.2 += i64::try_from(*count).unwrap_or(i64::MAX);
+        added.2 += stored_count(*count);
     }
     per.into_iter()
         .map(|(repository, (name, hits, misses))| (repository, name, hits, misses))

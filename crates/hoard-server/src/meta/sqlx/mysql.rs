@@ -16,7 +16,7 @@ use sqlx::{AssertSqlSafe, Executor, MySql, Row, Transaction};
 use super::{bind_all, from_sqlx, pool_options, usage_additions, Connections, Dialect, Done, Step};
 use crate::meta::dialect::Backend;
 use crate::meta::quarantine;
-use crate::meta::row::{Row as _, Table};
+use crate::meta::row::{stored_count, Row as _, Table};
 use crate::meta::schema::{
     entries, entry_chunks, staged_blocks, upload_parts, uploads, EntryChunkRow, EntryRow,
     StagedBlockRow, UploadPartRow, UploadRow,
@@ -356,7 +356,7 @@ impl Dialect for MySqlDialect {
             let used = sqlx::query(
                 "UPDATE entries SET hits = hits + ?, last_used_at = GREATEST(last_used_at, ?) WHERE id = ?",
             )
-            .bind(*count as i64)
+            .bind(stored_count(*count))
             .bind(*last_used)
             .bind(entry.get())
             .execute(&mut *tx)
@@ -371,7 +371,7 @@ impl Dialect for MySqlDialect {
                 .await
                 .map_err(from_sqlx)?;
             if let Some(row) = row {
-                hit_repositories.push((row.text("repository")?, *count as i64));
+                hit_repositories.push((row.text("repository")?, stored_count(*count)));
             }
         }
         Self::run_steps(&mut tx, restores).await?;

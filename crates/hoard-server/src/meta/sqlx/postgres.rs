@@ -16,7 +16,7 @@ use sqlx::{AssertSqlSafe, Column, Row, TypeInfo};
 
 use super::{bind_all, from_sqlx, pool_options, usage_additions, Connections, Dialect, Done, Step};
 use crate::meta::dialect::{Backend, Shared};
-use crate::meta::row::{Kind, Row as _, Table};
+use crate::meta::row::{stored_count, Kind, Row as _, Table};
 use crate::meta::schema::{
     entries, entry_chunks, staged_blocks, upload_parts, uploads, EntryChunkRow, EntryRow,
     StagedBlockRow, UploadPartRow, UploadRow,
@@ -433,7 +433,7 @@ impl Dialect for PostgresDialect {
         if !uses.hits.is_empty() {
             let hits = &uses.hits;
             let ids: Vec<i64> = hits.iter().map(|h| h.0.get()).collect();
-            let counts: Vec<i64> = hits.iter().map(|h| h.1 as i64).collect();
+            let counts: Vec<i64> = hits.iter().map(|h| stored_count(h.1)).collect();
             let last: Vec<i64> = hits.iter().map(|h| h.2).collect();
             let used = sqlx::query(
                 "WITH h AS (SELECT id, SUM(count)::bigint AS count, MAX(last) AS last
