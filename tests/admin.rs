@@ -877,3 +877,164 @@ async fn the_blast_radius_names_the_jobs_that_restored_a_writers_entries() {
         assert_eq!(status, 400, "{bad}: {e}");
     }
 }
+
+/// The chunk files under a data directory: what a promotion must not add to.
+fn chunk_files(dir: &std::path::Path) -> usize {
+    let mut count = 0;
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if !path
+                .extension()
+                .is_some_and(|e| e == "db" || e == "db-wal" || e == "db-shm")
+            {
+                count += 1;
+            }
+        }
+    }
+    count
+}
+
+#[tokio::test]
+async fn a_promotion_makes_a_queues_entries_readable_in_main_without_a_byte_copied() {
+    const QUEUE: &str = "refs/heads/gh-readonly-queue/main/pr-104-abc";
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.toml");
+    // octo/frozen's main is read-only: nothing is promoted into it.
+    std::fs::write(
+        &policy,
+        "[[rule]]\nrepository = \"octo/frozen\"\nscope = \"refs/heads/main\"\naccess = \"read-only\"\n",
+    )
+    .unwrap();
+    let srv = TestServer::start_with(&[
+        "--admin-token",
+        ADMIN,
+        "--policy-file",
+        policy.to_str().unwrap(),
+    ])
+    .await;
+    let queue = token_of("77", "octo/q", QUEUE);
+    let main = token_of("77", "octo/q", MAIN);
+    let saved = [
+        ("npm-linux-1", b"npm bytes".to_vec()),
+        ("npm-linux-2", b"newer npm bytes".to_vec()),
+        ("go-build-1", vec![7u8; 300_000]),
+    ];
+    for (key, data) in &saved {
+        srv.save(&queue, key, VERSION, data).await;
+    }
+    assert_eq!(srv.restore(&main, "npm-linux-1", VERSION).await, None);
+    let files = chunk_files(srv.data.path());
+
+    let promote = |query: String| {
+        let srv = &srv;
+        async move { admin(srv, reqwest::Method::POST, &format!("promotions?{query}")).await }
+    };
+    let from_queue = format!("repository=octo/q&from_ref={QUEUE}&to_ref={MAIN}");
+    let (status, dry) = promote(format!("{from_queue}&dry_run=true")).await;
+    assert_eq!(status, 200, "{dry}");
+    assert_eq!(dry["promoted"].as_array().unwrap().len(), 3, "{dry}");
+    assert!(dry["promoted"][0]["id"].is_null(), "{dry}");
+    assert_eq!(
+        srv.restore(&main, "npm-linux-1", VERSION).await,
+        None,
+        "a dry run changes nothing"
+    );
+
+    let (status, done) = promote(from_queue.clone()).await;
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(done["promoted"].as_array().unwrap().len(), 3, "{done}");
+    assert_eq!(
+        (done["present"].as_u64(), done["refused"].as_u64()),
+        (Some(0), Some(0))
+    );
+    let by = done["promoted_by"].as_str().unwrap().to_owned();
+    assert!(by.starts_with("admin:"), "{by}");
+    for (key, data) in &saved {
+        assert_eq!(
+            srv.restore(&main, key, VERSION).await.as_deref(),
+            Some(&data[..]),
+            "{key}: main restores the queue's bytes"
+        );
+    }
+    let (status, hit) = srv
+        .lookup(&main, "npm-linux-9", &["npm-linux-"], VERSION)
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        hit["matched_key"], "npm-linux-2",
+        "the newest by restore key: {hit}"
+    );
+    assert_eq!(chunk_files(srv.data.path()), files, "no byte copied");
+
+    // Listed with where they came from; one promotion by its id.
+    let (_, listed) = get(&srv, &format!("caches?promoted_by={by}&sort=created_at")).await;
+    assert_eq!(listed["total_count"], 3, "{listed}");
+    let first = &listed["actions_caches"][0];
+    assert_eq!(first["ref"], MAIN);
+    assert_eq!(first["promoted"]["from_ref"], QUEUE, "{first}");
+    assert_eq!(first["promoted"]["by"], by.as_str());
+    assert_eq!(
+        first["written_by"]["subject"]
+            .as_str()
+            .map(|s| !s.is_empty()),
+        Some(true),
+        "the writer stays the writer: {first}"
+    );
+
+    // Entries are immutable: promoting again finds them present.
+    let (_, again) = promote(from_queue.clone()).await;
+    assert_eq!(again["present"], 3, "{again}");
+    assert_eq!(again["promoted"].as_array().unwrap().len(), 0);
+
+    // Undone by its id: main misses again, the queue's entries and bytes stay.
+    let (status, undone) = delete(&srv, &format!("caches?promoted_by={by}")).await;
+    assert_eq!(
+        (status, undone["deleted"].as_u64()),
+        (200, Some(3)),
+        "{undone}"
+    );
+    assert_eq!(srv.restore(&main, "npm-linux-1", VERSION).await, None);
+    for (key, data) in &saved {
+        assert_eq!(
+            srv.restore(&queue, key, VERSION).await.as_deref(),
+            Some(&data[..])
+        );
+    }
+
+    // A frozen main promotes nothing; bad requests are refused in words.
+    let frozen_queue = token_of("78", "octo/frozen", QUEUE);
+    srv.save(&frozen_queue, "k", VERSION, b"x").await;
+    let (status, refused) = promote(format!(
+        "repository=octo/frozen&from_ref={QUEUE}&to_ref={MAIN}"
+    ))
+    .await;
+    assert_eq!(status, 200, "{refused}");
+    assert_eq!(
+        (
+            refused["refused"].as_u64(),
+            refused["promoted"].as_array().map(Vec::len)
+        ),
+        (Some(1), Some(0)),
+        "{refused}"
+    );
+    for (bad, expected) in [
+        (
+            format!("repository=octo/q&from_ref={MAIN}&to_ref={MAIN}"),
+            400,
+        ),
+        (format!("repository=octo/q&to_ref={MAIN}"), 400),
+        (
+            format!("repository=octo/none&from_ref={QUEUE}&to_ref={MAIN}"),
+            404,
+        ),
+        (format!("{from_queue}&force=yes"), 400),
+    ] {
+        let (status, e) = promote(bad.clone()).await;
+        assert_eq!(status, expected, "{bad}: {e}");
+        assert!(e["message"].is_string(), "{e}");
+    }
+}

@@ -566,3 +566,71 @@ fn escaped(text: &str) -> String {
         })
         .collect()
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn promote_makes_a_refs_entries_readable_in_another_and_rm_undoes_it() {
+    const PR: &str = "refs/pull/7/merge";
+    let srv = TestServer::start_with(&["--admin-token", ADMIN]).await;
+    let base = srv.base.clone();
+    let token = |scope: &str| {
+        let mut c = claims("79", &[(scope, 3)]);
+        c["repository"] = json!("octo/promo");
+        sign_hs256(&c)
+    };
+    let (pr, main) = (token(PR), token(MAIN));
+    let source = srv
+        .save(&pr, "deps-pr", VERSION, b"built in the pull request")
+        .await;
+    let args = |extra: &[&'static str]| {
+        let mut all = vec![
+            "caches",
+            "promote",
+            "--repository",
+            "octo/promo",
+            "--from-scope",
+            PR,
+            "--to-scope",
+            MAIN,
+        ];
+        all.extend_from_slice(extra);
+        all
+    };
+
+    let dry = stdout(&hoard(&base, Some(ADMIN), &args(&["--dry-run"])).await);
+    assert!(
+        dry.starts_with(&format!(
+            "Would promote 1 entry (25 B) from {PR} to {MAIN}.\n"
+        )),
+        "{dry}"
+    );
+    assert!(srv.restore(&main, "deps-pr", VERSION).await.is_none());
+
+    let done = json_out(&hoard(&base, Some(ADMIN), &args(&["--json"])).await);
+    let id = done["promoted"][0]["id"].as_i64().unwrap();
+    assert_eq!(done["promoted"][0]["from_id"], source, "{done}");
+    let by = done["promoted_by"].as_str().unwrap().to_owned();
+    assert_eq!(
+        srv.restore(&main, "deps-pr", VERSION).await.unwrap(),
+        b"built in the pull request"
+    );
+    let shown = stdout(&hoard(&base, Some(ADMIN), &["caches", "show", &id.to_string()]).await);
+    for line in [
+        format!("promoted from   {PR}"),
+        format!("  by            {by}"),
+        "  for           by hand".to_owned(),
+    ] {
+        assert!(shown.contains(&line), "{line:?} in:\n{shown}");
+    }
+    let again = stdout(&hoard(&base, Some(ADMIN), &args(&[])).await);
+    assert!(
+        again.contains(&format!(
+            "1 already in {MAIN} with the same key and version: kept."
+        )),
+        "{again}"
+    );
+
+    let undone = stdout(&hoard(&base, Some(ADMIN), &["caches", "rm", "--promoted-by", &by]).await);
+    assert_eq!(undone, format!("Deleted 1 entry (25 B): {id}.\n"));
+    assert!(srv.restore(&main, "deps-pr", VERSION).await.is_none());
+    assert!(srv.restore(&pr, "deps-pr", VERSION).await.is_some());
+}

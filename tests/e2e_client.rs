@@ -1842,3 +1842,367 @@ fn provenance_and_purge_by_run_for_the_real_client_across_replicas_on_postgres()
 fn provenance_and_purge_by_run_for_the_real_client_across_replicas_on_mariadb() {
     provenance_and_purge_by_run_for_the_real_client_with(Some(Server::MySql));
 }
+
+/// GitHub's own example deliveries (`@octokit/webhooks-examples`, pinned in
+/// tests/e2e/package.json): the first of `event` whose action is `action` (`None`: any).
+fn github_example(event: &str, action: Option<&str>) -> Value {
+    static ALL: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
+    let all = ALL.get_or_init(|| {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/e2e/node_modules/@octokit/webhooks-examples/api.github.com/index.json");
+        let text =
+            std::fs::read(&path).expect("the webhook examples: run `npm ci --prefix tests/e2e`");
+        serde_json::from_slice(&text).unwrap()
+    });
+    all.as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == event)
+        .and_then(|e| {
+            e["examples"].as_array().unwrap().iter().find(|x| {
+                action.is_none_or(|a| x["action"] == a)
+                    && (event != "push" || x["deleted"] == false)
+            })
+        })
+        .unwrap_or_else(|| panic!("no {event} {action:?} example"))
+        .clone()
+}
+
+const WEBHOOK_SECRET: &str = "webhook-secret-for-tests";
+
+/// Delivers `body` as GitHub does: signed with `secret` (`None`: no signature), under `id`.
+async fn deliver(
+    http: &reqwest::Client,
+    server: &str,
+    event: &str,
+    id: &str,
+    body: &Value,
+    secret: Option<&str>,
+) -> (u16, Value) {
+    use hmac::Mac;
+    let body = serde_json::to_vec(body).unwrap();
+    let mut req = http
+        .post(format!("{server}/_hoard/webhooks/github"))
+        .header("x-github-event", event)
+        .header("x-github-delivery", id)
+        .header("content-type", "application/json");
+    if let Some(secret) = secret {
+        let mut mac = hmac::Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+        mac.update(&body);
+        let signature = hex::encode(mac.finalize().into_bytes());
+        req = req.header("x-hub-signature-256", format!("sha256={signature}"));
+    }
+    let res = req.body(body).send().await.unwrap();
+    let status = res.status().as_u16();
+    let text = res.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+fn merge_group(action: &str, repo: u64, head_sha: &str, head_ref: &str) -> Value {
+    let mut e = github_example("merge_group", Some("checks_requested"));
+    e["action"] = action.into();
+    e["repository"]["id"] = repo.into();
+    e["merge_group"]["head_sha"] = head_sha.into();
+    e["merge_group"]["head_ref"] = head_ref.into();
+    e["merge_group"]["base_ref"] = MAIN.into();
+    e
+}
+
+fn push(repo: u64, git_ref: &str, after: &str) -> Value {
+    let mut e = github_example("push", None);
+    e["repository"]["id"] = repo.into();
+    e["ref"] = git_ref.into();
+    e["after"] = after.into();
+    e
+}
+
+fn pull_request(action: &str, repo: u64, number: u64, head_sha: &str, fork: bool) -> Value {
+    let mut e = github_example("pull_request", Some(action));
+    e["action"] = action.into();
+    e["number"] = number.into();
+    e["repository"]["id"] = repo.into();
+    let pr = &mut e["pull_request"];
+    pr["merged"] = (action == "closed").into();
+    pr["head"]["sha"] = head_sha.into();
+    pr["head"]["repo"]["id"] = (if fork { repo + 1000 } else { repo }).into();
+    pr["head"]["repo"]["fork"] = fork.into();
+    pr["base"]["ref"] = "main".into();
+    e
+}
+
+/// Issue #58 through the real client and GitHub's example deliveries: a merge queue's caches
+/// become main's when the push that merges the group arrives (in either order), a destroyed
+/// group's go, a merged pull request's are promoted only where the policy opts in and never
+/// from a fork, a frozen main receives nothing, and bad signatures, replays, strangers and a
+/// burst change nothing wrongly.
+#[tokio::test(flavor = "multi_thread")]
+async fn merge_queue_and_pull_request_caches_survive_the_merge_for_the_real_client() {
+    const QUEUE: &str =
+        "refs/heads/gh-readonly-queue/main/pr-104-929f8209d40f77f4abc622a499c93a83babdbe64";
+    const QUEUE_2: &str =
+        "refs/heads/gh-readonly-queue/main/pr-105-1111111111111111111111111111111111111111";
+    const DROPPED: &str =
+        "refs/heads/gh-readonly-queue/main/pr-106-2222222222222222222222222222222222222222";
+    let data = tempfile::tempdir().unwrap();
+    let secret_file = data.path().join("webhook-secret");
+    std::fs::write(&secret_file, format!("{WEBHOOK_SECRET}\n")).unwrap();
+    let policy = data.path().join("policy.toml");
+    std::fs::write(
+        &policy,
+        "[[rule]]\nrepository = \"3\"\nscope = \"refs/heads/main\"\naccess = \"read-only\"\n\n\
+         [[promotion]]\nrepository = \"1\"\nmerged_pull_requests = true\n",
+    )
+    .unwrap();
+    let hs256 = common::secret_file(data.path());
+    let hoard = Hoard::start_with(
+        data.path(),
+        &[
+            "--token-hs256-secret-file",
+            hs256.to_str().unwrap(),
+            "--github-webhook-secret-file",
+            secret_file.to_str().unwrap(),
+            "--policy-file",
+            policy.to_str().unwrap(),
+        ],
+    );
+    let srv = hoard.base.as_str();
+    let http = reqwest::Client::new();
+    let send = |event: &'static str, id: &'static str, body: Value| {
+        let http = http.clone();
+        let srv = srv.to_owned();
+        async move { deliver(&http, &srv, event, id, &body, Some(WEBHOOK_SECRET)).await }
+    };
+    let main = token("1", &[(MAIN, 3)]);
+    let queue = token("1", &[(QUEUE, 3), (MAIN, 1)]);
+    let restore_sha = |token: &str, key: &str, restore_keys: &[&str]| -> Option<(String, String)> {
+        let ws = Workspace::new();
+        let (res, _) = ws.restore(srv, token, key, restore_keys, &["data.bin"]);
+        res.as_str()
+            .map(|matched| (matched.to_owned(), sha256_file(&ws.path("data.bin"))))
+    };
+
+    // The merge queue's run saves three entries in the group's branch.
+    let ws = Workspace::new();
+    let mut saved = Vec::new();
+    for (i, key) in ["deps-linux-a", "deps-linux-b", "tools-c"]
+        .iter()
+        .enumerate()
+    {
+        let sha = ws.write_random("data.bin", 64 * 1024 + i, 60 + i as u64);
+        saved_id(&ws.save(srv, &queue, key, &["data.bin"]).0, key);
+        saved.push((*key, sha));
+    }
+    assert_eq!(
+        restore_sha(&main, "deps-linux-a", &[]),
+        None,
+        "main cannot read the queue's"
+    );
+
+    // The group, then the push that lands its commit on main.
+    let head = "2ffea6db159f6b6c47a24e778fb9ef40cf6b1c7d";
+    let (status, body) = send(
+        "merge_group",
+        "d-1",
+        merge_group("checks_requested", 1, head, QUEUE),
+    )
+    .await;
+    assert_eq!(
+        (status, body["promoted"].as_u64()),
+        (200, Some(0)),
+        "{body}"
+    );
+    assert_eq!(
+        restore_sha(&main, "deps-linux-a", &[]),
+        None,
+        "not before the merge lands"
+    );
+    let (status, body) = send("push", "d-2", push(1, MAIN, head)).await;
+    assert_eq!(
+        (status, body["promoted"].as_u64()),
+        (200, Some(3)),
+        "{body}"
+    );
+    for (key, sha) in &saved {
+        assert_eq!(
+            restore_sha(&main, key, &[]),
+            Some((key.to_string(), sha.clone())),
+            "the next run on main restores {key}, byte for byte"
+        );
+    }
+    let by_prefix = restore_sha(&main, "deps-linux-z", &["deps-linux-"]).unwrap();
+    assert!(
+        by_prefix.0.starts_with("deps-linux-"),
+        "by restore key: {by_prefix:?}"
+    );
+    // A redelivery is answered and not applied again.
+    let (status, body) = send("push", "d-2", push(1, MAIN, head)).await;
+    assert_eq!(
+        (status, body["seen"].as_bool()),
+        (200, Some(true)),
+        "{body}"
+    );
+
+    // Out of order: the push first, then the group it lands.
+    let queue_2 = token("1", &[(QUEUE_2, 3), (MAIN, 1)]);
+    let late_sha = ws.write_random("data.bin", 5000, 70);
+    saved_id(&ws.save(srv, &queue_2, "late", &["data.bin"]).0, "late");
+    let head_2 = "3333333333333333333333333333333333333333";
+    let (_, body) = send("push", "d-3", push(1, MAIN, head_2)).await;
+    assert_eq!(body["promoted"], 0, "{body}");
+    let (_, body) = send(
+        "merge_group",
+        "d-4",
+        merge_group("checks_requested", 1, head_2, QUEUE_2),
+    )
+    .await;
+    assert_eq!(body["promoted"], 1, "{body}");
+    assert_eq!(
+        restore_sha(&main, "late", &[]),
+        Some(("late".into(), late_sha))
+    );
+
+    // A push whose commit is no group's promotes nothing.
+    let (_, body) = send(
+        "push",
+        "d-5",
+        push(1, MAIN, "4444444444444444444444444444444444444444"),
+    )
+    .await;
+    assert_eq!(body["promoted"], 0, "{body}");
+
+    // A group dequeued without merging: its entries go at once.
+    let dropped = token("1", &[(DROPPED, 3), (MAIN, 1)]);
+    ws.write_random("data.bin", 3000, 71);
+    saved_id(
+        &ws.save(srv, &dropped, "never-merged", &["data.bin"]).0,
+        "never-merged",
+    );
+    let mut destroyed = merge_group(
+        "destroyed",
+        1,
+        "5555555555555555555555555555555555555555",
+        DROPPED,
+    );
+    destroyed["reason"] = "dequeued".into();
+    let (status, body) = send("merge_group", "d-6", destroyed).await;
+    assert_eq!((status, body["expired"].as_u64()), (200, Some(1)), "{body}");
+    assert_eq!(restore_sha(&dropped, "never-merged", &[]), None);
+
+    // A merged pull request of the repository itself (opted in by the policy file).
+    let pull = token("1", &[("refs/pull/7/merge", 3), (MAIN, 1)]);
+    let pr_head = "6666666666666666666666666666666666666666";
+    let (status, _) = send(
+        "pull_request",
+        "d-7",
+        pull_request("opened", 1, 7, pr_head, false),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let pr_sha = ws.write_random("data.bin", 4000, 72);
+    saved_id(&ws.save(srv, &pull, "pr-deps", &["data.bin"]).0, "pr-deps");
+    let (status, body) = send(
+        "pull_request",
+        "d-8",
+        pull_request("closed", 1, 7, pr_head, false),
+    )
+    .await;
+    assert_eq!(
+        (status, body["promoted"].as_u64()),
+        (200, Some(1)),
+        "{body}"
+    );
+    assert_eq!(
+        restore_sha(&main, "pr-deps", &[]),
+        Some(("pr-deps".into(), pr_sha))
+    );
+
+    // ... but never a fork's.
+    let forked = token("1", &[("refs/pull/8/merge", 3), (MAIN, 1)]);
+    ws.write_random("data.bin", 4000, 73);
+    saved_id(
+        &ws.save(srv, &forked, "fork-deps", &["data.bin"]).0,
+        "fork-deps",
+    );
+    let (_, body) = send(
+        "pull_request",
+        "d-9",
+        pull_request(
+            "closed",
+            1,
+            8,
+            "7777777777777777777777777777777777777777",
+            true,
+        ),
+    )
+    .await;
+    assert_eq!(body["promoted"], 0, "{body}");
+    assert_eq!(restore_sha(&main, "fork-deps", &[]), None);
+
+    // A frozen main receives nothing.
+    let frozen_queue = token("3", &[(QUEUE, 3), (MAIN, 1)]);
+    ws.write_random("data.bin", 2000, 74);
+    saved_id(
+        &ws.save(srv, &frozen_queue, "frozen", &["data.bin"]).0,
+        "frozen",
+    );
+    let frozen_head = "8888888888888888888888888888888888888888";
+    send(
+        "merge_group",
+        "d-10",
+        merge_group("checks_requested", 3, frozen_head, QUEUE),
+    )
+    .await;
+    let (_, body) = send("push", "d-11", push(3, MAIN, frozen_head)).await;
+    assert_eq!(body["promoted"], 0, "{body}");
+    assert_eq!(restore_sha(&token("3", &[(MAIN, 3)]), "frozen", &[]), None);
+
+    // Bad signatures change nothing; unknown events are accepted and ignored.
+    let group = merge_group(
+        "checks_requested",
+        1,
+        "9999999999999999999999999999999999999999",
+        QUEUE,
+    );
+    for secret in [None, Some("another-secret")] {
+        let (status, body) = deliver(&http, srv, "merge_group", "d-12", &group, secret).await;
+        assert_eq!(status, 401, "{body}");
+        assert!(body["message"].is_string(), "{body}");
+    }
+    let (status, _) = send("issues", "d-13", github_example("issues", None)).await;
+    assert_eq!(status, 202);
+    let (status, body) = send("push", "d-14", serde_json::json!({"ref": 5})).await;
+    assert_eq!(status, 400, "{body}");
+
+    // A burst: two thousand pushes of unknown commits, 64 at a time, none failing.
+    use futures_util::StreamExt;
+    let answers: Vec<(u16, Value)> = futures_util::stream::iter(0..2000)
+        .map(|i| {
+            let http = http.clone();
+            async move {
+                let id = format!("burst-{i}");
+                let after = format!("{i:040x}");
+                deliver(
+                    &http,
+                    srv,
+                    "push",
+                    &id,
+                    &push(1, MAIN, &after),
+                    Some(WEBHOOK_SECRET),
+                )
+                .await
+            }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    for (status, body) in answers {
+        assert_eq!(
+            (status, body["promoted"].as_u64()),
+            (200, Some(0)),
+            "{body}"
+        );
+    }
+}

@@ -10,7 +10,7 @@ mod conformance;
 use std::sync::Arc;
 
 use common::databases::{Server, TestDatabase};
-use hoard::meta::{self, DatabaseUrl, EntryState, MetaStore, UploadChange};
+use hoard::meta::{self, DatabaseUrl, EntryMove, EntryState, MetaStore, UploadChange};
 use hoard::model::EntryId;
 
 /// Runs the suite on a fresh store, then opens the same database again (migrations run a
@@ -34,7 +34,10 @@ async fn conforms(url: DatabaseUrl) {
         now: 1,
         delete_at: 2,
     };
-    store.remove_entries(&[newest], removal).await.unwrap();
+    store
+        .move_entries(&[newest], EntryMove::Remove(removal))
+        .await
+        .unwrap();
     drop(store);
     let reopened = meta::open(&url, 4).await.unwrap();
     assert!(
@@ -256,7 +259,7 @@ async fn the_widest_lookup_is_answered(store: Arc<dyn MetaStore>) {
                 written_by: upload.written_by.as_ref(),
                 ..NewEntry::new(&slot, &chunks, now)
             };
-            store.finalize(&upload, entry).await.unwrap()
+            store.finalize(Some(&upload), entry).await.unwrap()
         }
     };
     let exact = save(MAX_READ_SCOPES - 1, keys[0].clone(), 1).await;

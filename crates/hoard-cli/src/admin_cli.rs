@@ -56,6 +56,11 @@ pub enum CachesCommand {
     /// such as `--run-id` of a compromised run), from the restore records: kept through a
     /// purge or a quarantine of the entries.
     Restorers(Box<FilterArgs>),
+    /// Make the entries of one ref readable in another ref of the same repository (a merge
+    /// queue's branch in its base branch, a merged pull request's ref in its base), as entries of
+    /// their own over the same bytes: what hoard does on GitHub's webhooks, by hand. The target
+    /// ref's write policy and its entries win. Undo with `rm --promoted-by <the id printed>`.
+    Promote(Box<PromoteArgs>),
     /// Put a quarantined entry back: lookups find it again.
     Release {
         /// The entry's id (as `ls --state quarantined` shows it).
@@ -73,6 +78,23 @@ pub enum CachesCommand {
         #[arg(long, default_value_t = 20)]
         limit: usize,
     },
+}
+
+/// What `hoard caches promote` promotes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PromoteArgs {
+    /// The repository (owner/name or id).
+    #[arg(long)]
+    pub repository: String,
+    /// The ref whose entries are promoted (such as refs/heads/gh-readonly-queue/main/pr-7-…).
+    #[arg(long = "from-scope", visible_alias = "from-ref")]
+    pub from_scope: String,
+    /// The ref they become readable in (such as refs/heads/main).
+    #[arg(long = "to-scope", visible_alias = "to-ref")]
+    pub to_scope: String,
+    /// Change nothing; print what would be promoted.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// What `hoard caches stats` shows.
@@ -133,11 +155,15 @@ pub struct FilterArgs {
     /// Live entries, or those in quarantine (`quarantined`).
     #[arg(long, value_parser = ["live", "quarantined"])]
     pub state: Option<String>,
+    /// Entries made by one promotion (`promoted.by`: a webhook delivery's id, or the
+    /// `admin:…` id `promote` printed).
+    #[arg(long)]
+    pub promoted_by: Option<String>,
 }
 
 impl FilterArgs {
     /// The set parts, as the admin API names them.
-    fn pairs(&self) -> [(&'static str, &Option<String>); 11] {
+    fn pairs(&self) -> [(&'static str, &Option<String>); 12] {
         [
             ("key", &self.key),
             ("repository", &self.repository),
@@ -150,6 +176,7 @@ impl FilterArgs {
             ("written_before", &self.written_before),
             ("digest", &self.digest),
             ("state", &self.state),
+            ("promoted_by", &self.promoted_by),
         ]
     }
 
@@ -360,6 +387,7 @@ pub async fn caches(server: &ServerArgs, command: &CachesCommand) -> Result<Stri
         CachesCommand::Rm(args) => remove(&client, server.json, args).await,
         CachesCommand::Download { id, output } => download(&client, *id, output).await,
         CachesCommand::Restorers(filter) => restorers(&client, server.json, filter).await,
+        CachesCommand::Promote(args) => promote(&client, server.json, args).await,
         CachesCommand::Release { id } => {
             let entry: wire::CacheDetail = client
                 .call(reqwest::Method::POST, &format!("caches/{id}/release"))
@@ -633,6 +661,68 @@ async fn remove(client: &Client, json: bool, args: &RemoveArgs) -> Result<String
     })
 }
 
+/// `caches promote`: the entries of one ref made readable in another.
+async fn promote(client: &Client, json: bool, args: &PromoteArgs) -> Result<String, CliError> {
+    let mut query = url::form_urlencoded::Serializer::new(String::new());
+    query
+        .append_pair("repository", &args.repository)
+        .append_pair("from_ref", &args.from_scope)
+        .append_pair("to_ref", &args.to_scope);
+    if args.dry_run {
+        query.append_pair("dry_run", "true");
+    }
+    let answer: wire::PromotionResult = client
+        .call(
+            reqwest::Method::POST,
+            &format!("promotions?{}", query.finish()),
+        )
+        .await?;
+    if json {
+        return Ok(pretty(&answer));
+    }
+    let verb = if answer.dry_run {
+        "Would promote"
+    } else {
+        "Promoted"
+    };
+    let bytes: u64 = answer.promoted.iter().map(|p| p.size_in_bytes).sum();
+    let noun = if answer.promoted.len() == 1 {
+        "entry"
+    } else {
+        "entries"
+    };
+    let mut out = format!(
+        "{verb} {} {noun} ({}) from {} to {}.\n",
+        answer.promoted.len(),
+        size(bytes),
+        answer.from_ref,
+        answer.to_ref,
+    );
+    for p in &answer.promoted {
+        let id = p.id.map_or("-".to_owned(), |id| id.to_string());
+        out.push_str(&format!("  {id:>8} <- {:<8} {}\n", p.from_id, p.key));
+    }
+    if answer.present > 0 {
+        out.push_str(&format!(
+            "{} already in {} with the same key and version: kept.\n",
+            answer.present, answer.to_ref
+        ));
+    }
+    if answer.refused > 0 {
+        out.push_str(&format!(
+            "{} refused by the write policy of {}.\n",
+            answer.refused, answer.to_ref
+        ));
+    }
+    if !answer.dry_run && !answer.promoted.is_empty() {
+        out.push_str(&format!(
+            "Undo with: hoard caches rm --promoted-by {}\n",
+            answer.promoted_by
+        ));
+    }
+    Ok(out)
+}
+
 /// `caches restorers`: the jobs that restored what the filter's writers wrote.
 async fn restorers(client: &Client, json: bool, filter: &FilterArgs) -> Result<String, CliError> {
     // A restore record keeps its entry's writer, repository, ref and time, not the rest.
@@ -641,6 +731,7 @@ async fn restorers(client: &Client, json: bool, filter: &FilterArgs) -> Result<S
         ("--version", &filter.version),
         ("--digest", &filter.digest),
         ("--state", &filter.state),
+        ("--promoted-by", &filter.promoted_by),
     ];
     if let Some((flag, _)) = unkept.iter().find(|(_, v)| v.is_some()) {
         return Err(CliError(format!(
@@ -852,6 +943,18 @@ fn entry_text(e: &wire::Cache) -> String {
         field(
             "  deleted at",
             e.quarantine_expires_at.as_deref().unwrap_or_default(),
+        );
+    }
+    if let Some(p) = &e.promoted {
+        field("promoted from", &p.from_ref);
+        field("  by", &p.by);
+        field(
+            "  for",
+            if p.cause.is_empty() {
+                "by hand"
+            } else {
+                &p.cause
+            },
         );
     }
     field("created", &e.created_at);

@@ -49,6 +49,60 @@ pub struct Cache {
     /// When its quarantine ends and it is deleted (`--quarantine-retention` after it began).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quarantine_expires_at: Option<String>,
+    /// Where it came from, if it was promoted from another ref (schema `Promoted`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promoted: Option<Promoted>,
+}
+
+/// A promoted entry's origin (schema `Promoted`): see [`crate::Promotion`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Promoted {
+    /// The ref of the entry it copies.
+    pub from_ref: String,
+    /// What promoted it: a GitHub webhook delivery's id, or `admin:<operator>`.
+    pub by: String,
+    /// Why: `merge_group:<head ref>`, `pull_request:<number>`, or empty by hand.
+    pub cause: String,
+}
+
+impl From<&crate::Promotion> for Promoted {
+    fn from(p: &crate::Promotion) -> Self {
+        Self {
+            from_ref: p.from_scope.as_str().to_owned(),
+            by: p.by.clone(),
+            cause: p.cause.clone(),
+        }
+    }
+}
+
+/// What a promotion did (schema `PromotionResult`): `POST promotions`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PromotionResult {
+    pub repository_id: String,
+    pub from_ref: String,
+    pub to_ref: String,
+    /// What the promoted entries record as their `promoted.by` (the purge filter
+    /// `promoted_by` undoes the promotion).
+    pub promoted_by: String,
+    pub dry_run: bool,
+    /// The entries made in `to_ref` (or that would be, on a dry run).
+    pub promoted: Vec<PromotedEntry>,
+    /// Entries whose key and version `to_ref` holds already: the entry there stays.
+    pub present: u64,
+    /// Entries the write policy refuses in `to_ref` (a freeze or a denial).
+    pub refused: u64,
+}
+
+/// One promoted entry (schema `PromotedEntry`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PromotedEntry {
+    /// The new entry's id; `None` (null) on a dry run.
+    pub id: Option<i64>,
+    /// The entry it copies.
+    pub from_id: i64,
+    pub key: String,
+    pub version: String,
+    pub size_in_bytes: u64,
 }
 
 fn live() -> String {
@@ -371,6 +425,7 @@ impl From<&ListedEntry> for Cache {
             quarantined_at: listed.quarantine.as_ref().map(|q| time(q.at)),
             quarantine_reason: listed.quarantine.as_ref().map(|q| q.reason.clone()),
             quarantine_expires_at: None,
+            promoted: listed.promotion.as_ref().map(Promoted::from),
         }
     }
 }

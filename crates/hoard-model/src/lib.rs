@@ -17,7 +17,9 @@ pub use listing::{
     EntryFilter, EntryOrder, EntryPage, EntrySelection, ListedEntry, Quarantine, RepositoryUsage,
     RestoreQuery, Totals,
 };
-pub use provenance::{entry_digest, CallerKind, Provenance, RestoreRecord, RestoringJob};
+pub use provenance::{
+    entry_digest, CallerKind, Promotion, Provenance, RestoreRecord, RestoringJob,
+};
 pub use scope_class::{QuotaUsage, ScopeClass, Share};
 pub use stats::{
     Bucket, Counters, Evictions, LookupResult, RefClass, StatsFilter, StatsKey, StatsQuery,

@@ -35,6 +35,8 @@ pub struct EntryFilter {
     pub digest: Option<String>,
     /// Entries in quarantine instead of live ones (`state=quarantined`).
     pub quarantined: bool,
+    /// Promoted by this (`promoted_by`, see [`crate::Promotion::by`]): what one promotion made.
+    pub promoted_by: Option<String>,
 }
 
 impl EntryFilter {
@@ -125,6 +127,8 @@ pub struct ListedEntry {
     pub digest: String,
     /// Set while the entry is in quarantine.
     pub quarantine: Option<Quarantine>,
+    /// Where it came from, if it was promoted from another scope.
+    pub promotion: Option<crate::Promotion>,
 }
 
 /// Why and since when an entry is in quarantine: out of every lookup, kept for examination.

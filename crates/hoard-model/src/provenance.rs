@@ -119,6 +119,30 @@ impl Provenance {
     }
 }
 
+/// Where a promoted entry came from: an entry of another scope of the same repository (a merge
+/// queue's branch, a merged pull request's merge ref) made readable in this one, as an entry of
+/// its own over the same chunks (no byte copied). Kept with the entry beside its writer, who
+/// stays the writer of the bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Promotion {
+    /// The scope of the entry it copies.
+    pub from_scope: super::Scope,
+    /// What promoted it: the id of GitHub's webhook delivery (`X-GitHub-Delivery`), or
+    /// `admin:<operator>` for a promotion by hand. The purge and quarantine filter
+    /// `promoted_by` names it, to undo one promotion.
+    pub by: String,
+    /// Why: `merge_group:<head ref>`, `pull_request:<number>`, or empty by hand.
+    pub cause: String,
+}
+
+impl Promotion {
+    /// `by` for a promotion an operator asked for: `admin:` and an id of its own, so that the
+    /// `promoted_by` filter names this promotion and no other.
+    pub fn by_hand() -> String {
+        format!("admin:{}", super::random_uuid())
+    }
+}
+
 /// Who received an entry: one reader's restores of it (every lookup that matched it, v1 or v2,
 /// by exact key or restore key), kept with what the entry's writer was, so the record outlives
 /// the entry (a purge, a quarantine) and answers "which jobs restored what that run wrote".

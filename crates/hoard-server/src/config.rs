@@ -237,6 +237,13 @@ pub struct ServeArgs {
     )]
     pub admin_token: Option<crate::secret::SecretText>,
 
+    /// File holding the secret of GitHub's webhook (one line): turns on the receiver at
+    /// /_hoard/webhooks/github, which promotes a merge queue's caches into the branch it merges
+    /// into (and, where the policy file opts in, a merged pull request's). See
+    /// docs/promotion.md.
+    #[arg(long, env = "HOARD_GITHUB_WEBHOOK_SECRET_FILE")]
+    pub github_webhook_secret_file: Option<PathBuf>,
+
     /// Serve /metrics on this address (such as 127.0.0.1:9300) instead of on --listen, so that
     /// runners cannot read it [default: on --listen].
     #[arg(long, env = "HOARD_METRICS_LISTEN")]
@@ -382,6 +389,8 @@ pub struct Config {
     pub lifecycle: crate::cache::lifecycle::Limits,
     /// Turns on the admin API and dashboard.
     pub admin_token: Option<crate::secret::Secret>,
+    /// Turns on the GitHub webhook receiver.
+    pub github_webhook_secret: Option<crate::secret::Secret>,
     /// Where the server reads the time (entry ages, link and token expiry): the machine's clock.
     /// No flag sets it; tests put a `ManualClock` here to move time instead of sleeping.
     pub clock: Arc<dyn Clock>,
@@ -513,6 +522,7 @@ impl ServeArgs {
         }
         let lifecycle = self.lifecycle()?;
         let admin_token = self.admin_token()?;
+        let github_webhook_secret = self.github_webhook_secret()?;
         let metrics_listen = match &self.metrics_listen {
             None => None,
             Some(raw) => Some(raw.parse::<SocketAddr>().map_err(|_| {
@@ -585,6 +595,7 @@ impl ServeArgs {
             metrics_families: self.metrics_families,
             stats_max_families: self.stats_max_families,
             admin_token,
+            github_webhook_secret,
             metrics_listen,
             lifecycle,
             tokens,
@@ -654,6 +665,27 @@ impl ServeArgs {
             ));
         }
         Ok(Some(crate::secret::Secret::new(token.into_bytes())))
+    }
+
+    fn github_webhook_secret(&self) -> Result<Option<crate::secret::Secret>, ConfigError> {
+        let Some(path) = &self.github_webhook_secret_file else {
+            return Ok(None);
+        };
+        let secret = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError(format!(
+                "--github-webhook-secret-file (HOARD_GITHUB_WEBHOOK_SECRET_FILE): cannot read {}: {e}.",
+                path.display()
+            ))
+        })?;
+        // GitHub signs with the secret as typed; a trailing newline of the file is not part
+        // of it.
+        let secret = secret.trim_end_matches(['\r', '\n']);
+        if secret.is_empty() {
+            return Err(ConfigError(
+                "the GitHub webhook secret (--github-webhook-secret-file) is empty; make one with: openssl rand -hex 32".into(),
+            ));
+        }
+        Ok(Some(crate::secret::Secret::new(secret.as_bytes().to_vec())))
     }
 
     fn lifecycle(&self) -> Result<crate::cache::lifecycle::Limits, ConfigError> {

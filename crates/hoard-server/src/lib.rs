@@ -157,6 +157,7 @@ pub async fn build_state(
         limits: config.limits.clone(),
         tls: config.tls.is_some(),
         admin_token: config.admin_token.clone(),
+        github_webhook_secret: config.github_webhook_secret.clone(),
         metrics_elsewhere: config.metrics_listen.is_some(),
         started: std::time::SystemTime::now(),
         backends: api::admin::Backends {

@@ -46,10 +46,10 @@ async fn list_ids(
 }
 
 async fn totals_count_bytes_entries_and_open_uploads(store: &dyn MetaStore) {
-    let before = store.totals().await.unwrap();
+    let before = store.repositories(None, 0).await.unwrap().totals;
     save(store, &slot("lc-totals", "a"), &[3, 4], 1).await;
     let open = reserve(store, &slot("lc-totals", "b"), 2).await;
-    let after = store.totals().await.unwrap();
+    let after = store.repositories(None, 0).await.unwrap().totals;
     assert_eq!(after.bytes, before.bytes + 7, "bytes of the new entry");
     assert_eq!(after.entries, before.entries + 1, "one entry more");
     assert_eq!(
@@ -61,7 +61,7 @@ async fn totals_count_bytes_entries_and_open_uploads(store: &dyn MetaStore) {
         .change_upload(&open, UploadChange::Abort, 3)
         .await
         .unwrap();
-    let closed = store.totals().await.unwrap();
+    let closed = store.repositories(None, 0).await.unwrap().totals;
     assert_eq!(
         closed.open_uploads, before.open_uploads,
         "an aborted upload is not open"
@@ -228,16 +228,16 @@ async fn repositories_keep_names_usage_hits_and_misses(store: &dyn MetaStore) {
         pr_entries: 0,
     };
     assert_eq!(
-        store.repositories(Some("octo/a"), 10).await.unwrap(),
+        store.repositories(Some("octo/a"), 10).await.unwrap().listed,
         vec![usage("rep-a", "octo/a", [150, 2, 3, 2])],
         "a repository's bytes, entries, hits and misses, found by name"
     );
     assert_eq!(
-        store.repositories(Some("rep-b"), 10).await.unwrap(),
+        store.repositories(Some("rep-b"), 10).await.unwrap().listed,
         vec![usage("rep-b", "octo/b", [0, 0, 0, 5])],
         "a repository that only missed is listed, by id"
     );
-    let all = store.repositories(None, 10_000).await.unwrap();
+    let all = store.repositories(None, 10_000).await.unwrap().listed;
     assert!(
         all.windows(2).all(|w| w[0].bytes >= w[1].bytes),
         "most bytes first"
@@ -248,9 +248,11 @@ async fn repositories_keep_names_usage_hits_and_misses(store: &dyn MetaStore) {
             .unwrap()
     };
     assert!(position("rep-a") < position("rep-b"));
-    assert_eq!(store.totals().await.unwrap().repositories, all.len() as u64);
+    let totals_only = store.repositories(None, 0).await.unwrap();
+    assert!(totals_only.listed.is_empty(), "no page without a limit");
+    assert_eq!(totals_only.totals.repositories, all.len() as u64);
     assert_eq!(
-        store.repositories(None, 1).await.unwrap().len(),
+        store.repositories(None, 1).await.unwrap().listed.len(),
         1,
         "the limit holds"
     );

@@ -45,7 +45,7 @@ async fn usage_follows_finalize_and_removal(store: &dyn MetaStore) {
 
     let evicted = RemovalCause::Evicted;
     let removed = store
-        .remove_entries(&[one], removal(&evicted, 5_000))
+        .move_entries(&[one], EntryMove::Remove(removal(&evicted, 5_000)))
         .await
         .unwrap();
     assert_eq!(removed.len(), 1);
@@ -65,7 +65,7 @@ async fn usage_follows_finalize_and_removal(store: &dyn MetaStore) {
         total_before + 500
     );
     let again = store
-        .remove_entries(&[one], removal(&evicted, 5_000))
+        .move_entries(&[one], EntryMove::Remove(removal(&evicted, 5_000)))
         .await
         .unwrap();
     assert!(
@@ -86,7 +86,7 @@ async fn ids_of_removed_entries_are_never_given_again(store: &dyn MetaStore) {
     let deleted = RemovalCause::Deleted;
     for id in [newest, first] {
         store
-            .remove_entries(&[id], removal(&deleted, 10))
+            .move_entries(&[id], EntryMove::Remove(removal(&deleted, 10)))
             .await
             .unwrap();
     }
@@ -104,29 +104,32 @@ async fn removed_chunks_wait_for_their_deletion_time(store: &dyn MetaStore) {
     let pending_before = store.usage(UsageOf::PendingDeletions).await.unwrap().bytes;
     let cause = RemovalCause::Deleted;
     store
-        .remove_entries(&[id], removal(&cause, 7_000_000))
+        .move_entries(&[id], EntryMove::Remove(removal(&cause, 7_000_000)))
         .await
         .unwrap();
     assert_eq!(
         store.usage(UsageOf::PendingDeletions).await.unwrap().bytes,
         pending_before + 30
     );
-    let early = store.due_deletions(6_999_999, 100_000).await.unwrap();
+    let early = store.take_deletions(&[], 6_999_999, 100_000).await.unwrap();
     assert!(
         names.iter().all(|n| !early.contains(n)),
         "not due before its time"
     );
-    let due = store.due_deletions(7_000_000, 100_000).await.unwrap();
+    let due = store.take_deletions(&[], 7_000_000, 100_000).await.unwrap();
     assert!(names.iter().all(|n| due.contains(n)), "due at its time");
     assert_eq!(
         store.referenced(&names).await.unwrap().len(),
         2,
         "a pending deletion still refers to its chunks"
     );
-    store.deletions_done(&names).await.unwrap();
+    // Acknowledged and the next taken in one call: what was done is not taken again.
+    let next = store
+        .take_deletions(&names, 7_000_000, 100_000)
+        .await
+        .unwrap();
+    assert!(names.iter().all(|n| !next.contains(n)), "done is forgotten");
     assert!(store.referenced(&names).await.unwrap().is_empty());
-    let due = store.due_deletions(7_000_000, 100_000).await.unwrap();
-    assert!(names.iter().all(|n| !due.contains(n)), "done is forgotten");
     assert_eq!(
         store.usage(UsageOf::PendingDeletions).await.unwrap().bytes,
         pending_before
@@ -143,7 +146,7 @@ async fn least_recently_used_come_first(store: &dyn MetaStore) {
         |found: Vec<hoard::model::EntryUse>| found.into_iter().map(|e| e.id).collect::<Vec<_>>();
     assert_eq!(
         ids(store
-            .removable(Removable::LeastRecentlyUsed(Some(&repo)), 10)
+            .walk_entries(EntryWalk::LeastRecentlyUsed(Some(&repo)), 10)
             .await
             .unwrap()),
         [b, c, a],
@@ -151,13 +154,13 @@ async fn least_recently_used_come_first(store: &dyn MetaStore) {
     );
     assert_eq!(
         ids(store
-            .removable(Removable::LeastRecentlyUsed(Some(&repo)), 2)
+            .walk_entries(EntryWalk::LeastRecentlyUsed(Some(&repo)), 2)
             .await
             .unwrap()),
         [b, c]
     );
     let all = store
-        .removable(Removable::LeastRecentlyUsed(None), 100_000)
+        .walk_entries(EntryWalk::LeastRecentlyUsed(None), 100_000)
         .await
         .unwrap();
     assert!(
@@ -183,8 +186,8 @@ async fn expiry_finds_unused_and_old_entries(store: &dyn MetaStore) {
     let ids =
         |found: Vec<hoard::model::EntryUse>| found.into_iter().map(|e| e.id).collect::<Vec<_>>();
     let found = ids(store
-        .removable(
-            Removable::Expired {
+        .walk_entries(
+            EntryWalk::Expired {
                 unused_before: 7,
                 created_before: None,
             },
@@ -195,8 +198,8 @@ async fn expiry_finds_unused_and_old_entries(store: &dyn MetaStore) {
     assert!(found.contains(&unused));
     assert!(!found.contains(&used), "a recent restore keeps an entry");
     let found = ids(store
-        .removable(
-            Removable::Expired {
+        .walk_entries(
+            EntryWalk::Expired {
                 unused_before: i64::MIN,
                 created_before: Some(7),
             },
@@ -207,8 +210,8 @@ async fn expiry_finds_unused_and_old_entries(store: &dyn MetaStore) {
     assert!(found.contains(&used), "too old expires, used or not");
     assert!(found.contains(&unused));
     assert!(!ids(store
-        .removable(
-            Removable::Expired {
+        .walk_entries(
+            EntryWalk::Expired {
                 unused_before: i64::MIN,
                 created_before: Some(5)
             },
@@ -219,8 +222,8 @@ async fn expiry_finds_unused_and_old_entries(store: &dyn MetaStore) {
     .contains(&unused));
     assert_eq!(
         store
-            .removable(
-                Removable::Expired {
+            .walk_entries(
+                EntryWalk::Expired {
                     unused_before: 7,
                     created_before: Some(7)
                 },
@@ -245,7 +248,7 @@ async fn removals_race_and_count_once(store: Arc<dyn MetaStore>) {
         tasks.push(tokio::spawn(async move {
             let cause = RemovalCause::Expired;
             store
-                .remove_entries(&ids, removal(&cause, 1_000))
+                .move_entries(&ids, EntryMove::Remove(removal(&cause, 1_000)))
                 .await
                 .unwrap()
         }));
@@ -314,10 +317,15 @@ async fn references_cover_every_table(store: &dyn MetaStore) {
         .unwrap()
         .contains(&staged.blob));
     assert_eq!(
-        store
-            .entry_ids(EntryId::new(entry.get() - 1), 1, EntryWalk::All)
+        ids(&store
+            .walk_entries(
+                EntryWalk::All {
+                    after: EntryId::new(entry.get() - 1)
+                },
+                1
+            )
             .await
-            .unwrap(),
+            .unwrap()),
         [entry],
         "entries are walked in id order"
     );
@@ -331,11 +339,33 @@ async fn abandoned_uploads_are_found_and_closed_ones_pruned(store: &dyn MetaStor
         .change_upload(&done, UploadChange::Abort, 3)
         .await
         .unwrap();
-    let stale = store.stale_uploads(4, 100_000).await.unwrap();
-    assert!(stale.contains(&open.id));
-    assert!(!stale.contains(&done.id), "closed uploads are not stale");
-    assert!(!stale.contains(&fresh.id));
-    assert!(store.prune_uploads(4).await.unwrap() >= 1);
+    let listing = UploadSweep {
+        open_before: 4,
+        limit: 100_000,
+        prune_before: None,
+    };
+    let stale = store.sweep_uploads(listing).await.unwrap();
+    assert!(stale.open.contains(&open.id));
+    assert!(
+        !stale.open.contains(&done.id),
+        "closed uploads are not stale"
+    );
+    assert!(!stale.open.contains(&fresh.id));
+    assert_eq!(
+        stale.pruned, 0,
+        "a sweep that prunes nothing deletes nothing"
+    );
+    assert!(upload_of(store, done.id).await.is_some());
+    let sweep = UploadSweep {
+        prune_before: Some(4),
+        ..listing
+    };
+    let swept = store.sweep_uploads(sweep).await.unwrap();
+    assert!(swept.pruned >= 1);
+    assert!(
+        swept.open.contains(&open.id),
+        "open uploads are listed, not pruned"
+    );
     assert!(upload_of(store, done.id).await.is_none(), "pruned");
     assert!(
         upload_of(store, open.id).await.is_some(),
@@ -434,7 +464,7 @@ async fn scope_classes_are_counted_and_listed_apart(store: &dyn MetaStore) {
         |found: Vec<hoard::model::EntryUse>| found.into_iter().map(|e| e.id).collect::<Vec<_>>();
     assert_eq!(
         ids(store
-            .removable(Removable::LeastRecentlyUsedOfClass(&repo, pr), 10)
+            .walk_entries(EntryWalk::LeastRecentlyUsedOfClass(&repo, pr), 10)
             .await
             .unwrap()),
         [tag, other, pull],
@@ -442,15 +472,15 @@ async fn scope_classes_are_counted_and_listed_apart(store: &dyn MetaStore) {
     );
     assert_eq!(
         ids(store
-            .removable(Removable::LeastRecentlyUsedOfClass(&repo, pr), 1)
+            .walk_entries(EntryWalk::LeastRecentlyUsedOfClass(&repo, pr), 1)
             .await
             .unwrap()),
         [tag]
     );
     assert_eq!(
         ids(store
-            .removable(
-                Removable::LeastRecentlyUsedOfClass(&repo, ScopeClass::Branch),
+            .walk_entries(
+                EntryWalk::LeastRecentlyUsedOfClass(&repo, ScopeClass::Branch),
                 10
             )
             .await
@@ -459,14 +489,18 @@ async fn scope_classes_are_counted_and_listed_apart(store: &dyn MetaStore) {
         "branches only"
     );
     assert!(store
-        .removable(
-            Removable::LeastRecentlyUsedOfClass(&RepoId::new("lc-class-none"), pr),
+        .walk_entries(
+            EntryWalk::LeastRecentlyUsedOfClass(&RepoId::new("lc-class-none"), pr),
             10
         )
         .await
         .unwrap()
         .is_empty());
-    let listed = store.repositories(Some("lc-class"), 10).await.unwrap();
+    let listed = store
+        .repositories(Some("lc-class"), 10)
+        .await
+        .unwrap()
+        .listed;
     assert_eq!(
         (
             listed[0].bytes,
@@ -479,7 +513,7 @@ async fn scope_classes_are_counted_and_listed_apart(store: &dyn MetaStore) {
 
     let evicted = RemovalCause::Evicted;
     store
-        .remove_entries(&[tag, main], removal(&evicted, 5_000))
+        .move_entries(&[tag, main], EntryMove::Remove(removal(&evicted, 5_000)))
         .await
         .unwrap();
     assert_eq!(
@@ -490,7 +524,11 @@ async fn scope_classes_are_counted_and_listed_apart(store: &dyn MetaStore) {
         },
         "a removal takes its bytes from its class"
     );
-    let listed = store.repositories(Some("lc-class"), 10).await.unwrap();
+    let listed = store
+        .repositories(Some("lc-class"), 10)
+        .await
+        .unwrap()
+        .listed;
     assert_eq!(
         (
             listed[0].bytes,

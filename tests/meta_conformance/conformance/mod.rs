@@ -5,6 +5,7 @@
 
 mod admin;
 mod lifecycle;
+mod promotion;
 mod provenance;
 mod quarantine;
 mod restore;
@@ -14,13 +15,13 @@ mod stats;
 pub use std::sync::Arc;
 
 pub use hoard::meta::{
-    EntryState, EntryWalk, LifecycleStore, MetaError, MetaStore, NewEntry, NewUpload, Removable,
-    Removal, RestoreBound, RestoreDrop, UploadChange, UsageOf, Uses,
+    EntryMove, EntryState, EntryWalk, LifecycleStore, MetaError, MetaStore, NewEntry, NewUpload,
+    Removal, RestoreBound, RestoreDrop, SlotRead, UploadChange, UploadSweep, UsageOf, Uses,
 };
 pub use hoard::model::{
     BlobName, BlockId, CacheKey, CallerKind, Chunk, EntryFilter, EntryId, EntryOrder, EntryPage,
-    Provenance, QuotaUsage, RemovalCause, RepoId, RepositoryUsage, Scope, ScopeClass, Slot, Upload,
-    UploadId, UploadState, Version,
+    Promotion, Provenance, QuotaUsage, RemovalCause, RepoId, RepositoryUsage, Scope, ScopeClass,
+    Slot, Upload, UploadId, UploadState, Version,
 };
 
 pub const MAIN: &str = "refs/heads/main";
@@ -78,6 +79,7 @@ pub async fn run_all(store: Arc<dyn MetaStore>) {
     admin::run(store.as_ref()).await;
     provenance::run(store.as_ref()).await;
     quarantine::run(store.as_ref()).await;
+    promotion::run(store.as_ref()).await;
     stats::run(store.as_ref()).await;
     store.checkpoint().await.unwrap();
 }
@@ -169,7 +171,7 @@ pub async fn save_named(
         written_by: upload.written_by.as_ref(),
         ..NewEntry::new(slot, &chunks, now)
     };
-    store.finalize(&upload, entry).await.unwrap()
+    store.finalize(Some(&upload), entry).await.unwrap()
 }
 
 pub async fn lookup(store: &dyn MetaStore, repo: &str, keys: &[&str]) -> Vec<(String, EntryId)> {
@@ -189,4 +191,9 @@ pub async fn lookup(store: &dyn MetaStore, repo: &str, keys: &[&str]) -> Vec<(St
     found.sort();
     found.dedup();
     found
+}
+
+/// The ids of entries a walk or a move answered, in order.
+pub fn ids(entries: &[hoard::model::EntryUse]) -> Vec<EntryId> {
+    entries.iter().map(|e| e.id).collect()
 }

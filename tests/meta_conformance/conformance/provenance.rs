@@ -61,7 +61,7 @@ async fn save_chunks(
     let upload = upload_of(store, id).await.unwrap();
     store
         .finalize(
-            &upload,
+            Some(&upload),
             NewEntry {
                 // `None` stands for an upload reserved before records were kept.
                 written_by: by.and(upload.written_by.as_ref()),
@@ -247,10 +247,11 @@ async fn an_entry_awaiting_its_digest_gets_it_once(store: &dyn MetaStore) {
     // The walk from just before an entry, one at a time: the other parts' entries, awaiting
     // a digest or not, never hide it (the store is shared).
     let walk_from = |id: EntryId| async move {
-        store
-            .entry_ids(EntryId::new(id.get() - 1), 1, EntryWalk::AwaitingDigest)
+        let after = EntryId::new(id.get() - 1);
+        ids(&store
+            .walk_entries(EntryWalk::AwaitingDigest { after }, 1)
             .await
-            .unwrap()
+            .unwrap())
     };
     let walk = walk_from(awaiting).await;
     assert!(walk.contains(&awaiting), "{walk:?}");
@@ -259,11 +260,11 @@ async fn an_entry_awaiting_its_digest_gets_it_once(store: &dyn MetaStore) {
         "an entry with a digest is not walked"
     );
     assert!(
-        !store
-            .entry_ids(awaiting, 1000, EntryWalk::AwaitingDigest)
+        !ids(&store
+            .walk_entries(EntryWalk::AwaitingDigest { after: awaiting }, 1000)
             .await
-            .unwrap()
-            .contains(&awaiting),
+            .unwrap())
+        .contains(&awaiting),
         "the walk goes on after `after`"
     );
     let (_, chunks) = store
@@ -422,7 +423,10 @@ async fn restore_records_name_the_readers_and_outlive_the_entry(store: &dyn Meta
         now: 400,
         delete_at: 500,
     };
-    store.remove_entries(&[bad], removal).await.unwrap();
+    store
+        .move_entries(&[bad], EntryMove::Remove(removal))
+        .await
+        .unwrap();
     assert_eq!(
         store.restores(&blast).await.unwrap().len(),
         2,
@@ -508,7 +512,10 @@ async fn restore_records_are_forgotten_with_their_entries_on_request(store: &dyn
         now: 20,
         delete_at: 30,
     };
-    store.remove_entries(&[gone], removal).await.unwrap();
+    store
+        .move_entries(&[gone], EntryMove::Remove(removal))
+        .await
+        .unwrap();
 
     assert_eq!(
         store

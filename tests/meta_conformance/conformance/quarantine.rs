@@ -6,6 +6,7 @@ use super::*;
 pub async fn run(store: &dyn MetaStore) {
     a_quarantined_entry_leaves_lookups_and_keeps_everything(store).await;
     a_release_puts_the_entry_back_unless_its_slot_is_taken(store).await;
+    a_release_of_several_moves_all_or_none(store).await;
     the_end_of_a_quarantine_schedules_its_chunks(store).await;
 }
 
@@ -28,7 +29,10 @@ async fn end_quarantine(store: &dyn MetaStore, ids: &[EntryId]) -> Vec<EntryId> 
         from: EntryState::Quarantined,
         ..at(&RemovalCause::Expired, 4_000)
     };
-    let ended = store.remove_entries(ids, removal).await.unwrap();
+    let ended = store
+        .move_entries(ids, EntryMove::Remove(removal))
+        .await
+        .unwrap();
     ended.iter().map(|gone| gone.id).collect()
 }
 
@@ -65,7 +69,10 @@ async fn a_quarantined_entry_leaves_lookups_and_keeps_everything(store: &dyn Met
         .unwrap();
     let pending = store.usage(UsageOf::PendingDeletions).await.unwrap().bytes;
     let cause = quarantine("quarantined by admin");
-    let removed = store.remove_entries(&[id], at(&cause, 50)).await.unwrap();
+    let removed = store
+        .move_entries(&[id], EntryMove::Remove(at(&cause, 50)))
+        .await
+        .unwrap();
     assert_eq!(removed.len(), 1, "a quarantine removes the entry once");
 
     assert!(
@@ -142,7 +149,10 @@ async fn a_quarantined_entry_leaves_lookups_and_keeps_everything(store: &dyn Met
             .all(|l| l.quarantine.is_none()),
         "live entries are not marked"
     );
-    let again = store.remove_entries(&[id], at(&cause, 60)).await.unwrap();
+    let again = store
+        .move_entries(&[id], EntryMove::Remove(at(&cause, 60)))
+        .await
+        .unwrap();
     assert!(again.is_empty(), "a quarantined entry is not removed twice");
 }
 
@@ -155,12 +165,15 @@ async fn a_release_puts_the_entry_back_unless_its_slot_is_taken(store: &dyn Meta
         .await
         .unwrap();
     let cause = quarantine("a flipped byte");
-    store.remove_entries(&[id], at(&cause, 10)).await.unwrap();
+    store
+        .move_entries(&[id], EntryMove::Remove(at(&cause, 10)))
+        .await
+        .unwrap();
 
     // The slot is free at once: a new save takes it, and the release must wait.
     let newer = save(store, &s, &[3], 20).await;
     assert_ne!(newer, id, "the new entry has its own id");
-    match store.release_quarantined(id).await {
+    match store.move_entries(&[id], EntryMove::Release).await {
         Err(MetaError::Conflict) => {}
         other => panic!("a release into a taken slot conflicts, not {other:?}"),
     }
@@ -174,12 +187,12 @@ async fn a_release_puts_the_entry_back_unless_its_slot_is_taken(store: &dyn Meta
     );
     let deleted = RemovalCause::Deleted;
     store
-        .remove_entries(&[newer], at(&deleted, 30))
+        .move_entries(&[newer], EntryMove::Remove(at(&deleted, 30)))
         .await
         .unwrap();
 
-    let released = store.release_quarantined(id).await.unwrap();
-    assert_eq!(released.map(|e| e.id), Some(id), "released with its id");
+    let released = store.move_entries(&[id], EntryMove::Release).await.unwrap();
+    assert_eq!(ids(&released), [id], "released with its id");
     assert_eq!(
         lookup(store, repo, &["k"]).await,
         [("k".to_owned(), id)],
@@ -199,18 +212,51 @@ async fn a_release_puts_the_entry_back_unless_its_slot_is_taken(store: &dyn Meta
         .unwrap();
     assert_eq!(after, before, "and counted in its repository again");
     assert_eq!(
-        store.release_quarantined(id).await.unwrap(),
-        None,
+        store.move_entries(&[id], EntryMove::Release).await.unwrap(),
+        [],
         "a live entry is not released"
     );
     assert_eq!(
         store
-            .release_quarantined(EntryId::new(i64::MAX))
+            .move_entries(&[EntryId::new(i64::MAX)], EntryMove::Release)
             .await
             .unwrap(),
-        None,
+        [],
         "nor an unknown one"
     );
+}
+
+async fn a_release_of_several_moves_all_or_none(store: &dyn MetaStore) {
+    let repo = "q-release-many";
+    let (a, b) = (slot(repo, "a"), slot(repo, "b"));
+    let ids = [
+        save(store, &a, &[1], 1).await,
+        save(store, &b, &[2], 2).await,
+    ];
+    let cause = quarantine("suspect");
+    store
+        .move_entries(&ids, EntryMove::Remove(at(&cause, 10)))
+        .await
+        .unwrap();
+    // A new save takes the second slot: releasing both conflicts, and neither moves.
+    let newer = save(store, &b, &[3], 20).await;
+    match store.move_entries(&ids, EntryMove::Release).await {
+        Err(MetaError::Conflict) => {}
+        other => panic!("a release into a taken slot conflicts, not {other:?}"),
+    }
+    assert_eq!(
+        listed(store, repo, true).await.len(),
+        2,
+        "both stay in quarantine"
+    );
+    let deleted = RemovalCause::Deleted;
+    store
+        .move_entries(&[newer], EntryMove::Remove(at(&deleted, 30)))
+        .await
+        .unwrap();
+    let released = store.move_entries(&ids, EntryMove::Release).await.unwrap();
+    assert_eq!(super::ids(&released), ids, "both released, in order");
+    assert!(listed(store, repo, true).await.is_empty());
 }
 
 async fn the_end_of_a_quarantine_schedules_its_chunks(store: &dyn MetaStore) {
@@ -220,14 +266,20 @@ async fn the_end_of_a_quarantine_schedules_its_chunks(store: &dyn MetaStore) {
     let (_, chunks) = store.entry(old, EntryState::Live).await.unwrap().unwrap();
     let names: Vec<BlobName> = chunks.iter().map(|c| c.chunk.blob.clone()).collect();
     let cause = quarantine("quarantined by admin");
-    store.remove_entries(&[old], at(&cause, 100)).await.unwrap();
     store
-        .remove_entries(&[young], at(&cause, 200))
+        .move_entries(&[old], EntryMove::Remove(at(&cause, 100)))
+        .await
+        .unwrap();
+    store
+        .move_entries(&[young], EntryMove::Remove(at(&cause, 200)))
         .await
         .unwrap();
 
-    let walk = EntryWalk::QuarantinedBefore(150);
-    let due = store.entry_ids(EntryId::new(0), 10, walk).await.unwrap();
+    let walk = EntryWalk::QuarantinedBefore {
+        before: 150,
+        after: EntryId::new(0),
+    };
+    let due = ids(&store.walk_entries(walk, 10).await.unwrap());
     assert!(due.contains(&old) && !due.contains(&young), "{due:?}");
     let pending = store.usage(UsageOf::PendingDeletions).await.unwrap().bytes;
     let dropped = end_quarantine(store, &[old]).await;
@@ -242,7 +294,7 @@ async fn the_end_of_a_quarantine_schedules_its_chunks(store: &dyn MetaStore) {
         pending + 10,
         "its chunks are scheduled for deletion"
     );
-    let scheduled = store.due_deletions(5_000, 100_000).await.unwrap();
+    let scheduled = store.take_deletions(&[], 5_000, 100_000).await.unwrap();
     assert!(
         names.iter().all(|n| scheduled.contains(n)),
         "at the time given"
@@ -262,5 +314,5 @@ async fn the_end_of_a_quarantine_schedules_its_chunks(store: &dyn MetaStore) {
             .collect::<Vec<_>>(),
         [young]
     );
-    store.deletions_done(&names).await.unwrap();
+    store.take_deletions(&names, 0, 0).await.unwrap();
 }

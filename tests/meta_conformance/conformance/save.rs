@@ -54,10 +54,17 @@ async fn reservations_of_one_slot_have_one_winner_under_concurrency(store: Arc<d
         .await
         .unwrap_err();
     assert!(matches!(err, MetaError::Conflict), "{err:?}");
-    let state = store.slot_state(&s, 0).await.unwrap();
+    let state = store.slot_state(&s, reserving(0)).await.unwrap();
     assert!(state.open.is_some() && !state.entry_exists);
     assert_eq!(state.live_open_uploads, 1);
-    assert_eq!(store.slot_state(&s, 2).await.unwrap().live_open_uploads, 0);
+    assert_eq!(
+        store
+            .slot_state(&s, reserving(2))
+            .await
+            .unwrap()
+            .live_open_uploads,
+        0
+    );
 }
 
 async fn an_abandoned_upload_is_replaced_only_at_the_revision_loaded(store: &dyn MetaStore) {
@@ -112,7 +119,7 @@ async fn an_abandoned_upload_is_replaced_only_at_the_revision_loaded(store: &dyn
         blocks.staged.is_empty(),
         "an aborted upload keeps no blocks"
     );
-    let state = store.slot_state(&s, 0).await.unwrap();
+    let state = store.slot_state(&s, reserving(0)).await.unwrap();
     assert_eq!(state.open.map(|u| u.id), Some(new));
 }
 
@@ -172,13 +179,14 @@ async fn blocks_stage_commit_and_finalize_into_an_entry(store: &dyn MetaStore) {
     assert!(blocks.staged.is_empty(), "a commit drops staged blocks");
     assert_eq!(blocks.parts, parts, "parts keep the committed order");
 
-    let state = store.finalize_state(&s).await.unwrap();
-    assert_eq!(state.open, Some((upload.clone(), blocks)));
+    let state = store.slot_state(&s, SlotRead::Finalize).await.unwrap();
+    assert_eq!(state.open.as_ref(), Some(&upload));
+    assert_eq!(state.blocks, blocks);
     assert_eq!(state.finalized, None);
     let chunks = vec![b.clone(), a2.clone()];
     let entry = store
         .finalize(
-            &upload,
+            Some(&upload),
             NewEntry {
                 key: "Life-Key",
                 written_by: upload.written_by.as_ref(),
@@ -199,14 +207,14 @@ async fn blocks_stage_commit_and_finalize_into_an_entry(store: &dyn MetaStore) {
     );
     let done = upload_of(store, upload.id).await.unwrap();
     assert_eq!(done.state, UploadState::Finalized);
-    let state = store.finalize_state(&s).await.unwrap();
+    let state = store.slot_state(&s, SlotRead::Finalize).await.unwrap();
     assert_eq!(state.open, None);
     assert_eq!(
         state.finalized,
         Some((entry, 9)),
         "a retried finalize finds its entry"
     );
-    let slot_state = store.slot_state(&s, 0).await.unwrap();
+    let slot_state = store.slot_state(&s, reserving(0)).await.unwrap();
     assert!(slot_state.entry_exists && slot_state.open.is_none());
     assert_eq!(
         lookup(store, "life", &["life-key"]).await,
@@ -386,7 +394,7 @@ async fn changes_at_an_old_revision_or_to_a_closed_upload_change_nothing(store: 
     }
     let stale_finalize = store
         .finalize(
-            &loaded,
+            Some(&loaded),
             NewEntry {
                 key: "k",
                 written_by: loaded.written_by.as_ref(),
@@ -441,7 +449,7 @@ async fn a_second_entry_for_a_slot_is_refused_and_leaves_nothing_behind(store: &
     let second = upload_of(store, second.id).await.unwrap();
     let err = store
         .finalize(
-            &second,
+            Some(&second),
             NewEntry {
                 key: "k",
                 written_by: second.written_by.as_ref(),
@@ -492,4 +500,9 @@ async fn longest_keys_and_versions_fit(store: &dyn MetaStore) {
             *key
         );
     }
+}
+
+/// What a reservation reads, counting uploads open since `live_since`.
+fn reserving(live_since: i64) -> SlotRead {
+    SlotRead::Reserve { live_since }
 }

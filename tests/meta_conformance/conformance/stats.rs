@@ -227,30 +227,33 @@ async fn counts_add_up_and_answer_by_filter_and_width(store: &dyn MetaStore) {
 async fn families_are_kept_as_told(store: &dyn MetaStore) {
     let repo = RepoId::new("stats-kept");
     let (kept, count) = store
-        .kept_families(&repo, &["a-".into(), "b-".into()])
+        .families(&repo, &[], &["a-".into(), "b-".into()], T0)
         .await
         .unwrap();
     assert!(kept.is_empty() && count == 0, "nothing kept yet");
     store
-        .keep_families(&repo, &["a-".into(), "b-".into()], T0)
+        .families(&repo, &["a-".into(), "b-".into()], &[], T0)
         .await
         .unwrap();
     // Keeping again changes nothing.
     store
-        .keep_families(&repo, &["a-".into()], T0)
+        .families(&repo, &["a-".into()], &[], T0)
         .await
         .unwrap();
     let (mut kept, count) = store
-        .kept_families(&repo, &["a-".into(), "c-".into(), "b-".into()])
+        .families(&repo, &[], &["a-".into(), "c-".into(), "b-".into()], T0)
         .await
         .unwrap();
     kept.sort();
     assert_eq!((kept, count), (vec!["a-".into(), "b-".into()], 2));
     // Families compare byte-wise: another case is another family.
-    let (kept, _) = store.kept_families(&repo, &["A-".into()]).await.unwrap();
+    let (kept, _) = store
+        .families(&repo, &[], &["A-".into()], T0)
+        .await
+        .unwrap();
     assert!(kept.is_empty(), "families compare byte-wise");
     let (_, other) = store
-        .kept_families(&RepoId::new("stats-none"), &[])
+        .families(&RepoId::new("stats-none"), &[], &[], T0)
         .await
         .unwrap();
     assert_eq!(other, 0, "kept per repository");
@@ -285,7 +288,7 @@ async fn entries_keep_family_and_class(store: &dyn MetaStore) {
     )
     .await;
     store
-        .keep_families(&RepoId::new(repo), &["npm-".into()], T0)
+        .families(&RepoId::new(repo), &["npm-".into()], &[], T0)
         .await
         .unwrap();
 
@@ -330,14 +333,14 @@ async fn entries_keep_family_and_class(store: &dyn MetaStore) {
     );
 
     let removed = store
-        .remove_entries(
+        .move_entries(
             &[kept],
-            Removal {
+            EntryMove::Remove(Removal {
                 from: EntryState::Live,
                 cause: &RemovalCause::Evicted,
                 now: T0,
                 delete_at: T0,
-            },
+            }),
         )
         .await
         .unwrap();
@@ -366,7 +369,7 @@ async fn save_in_family(
     let chunks = vec![parts[0].1.clone()];
     store
         .finalize(
-            &upload,
+            Some(&upload),
             NewEntry {
                 family,
                 ref_class,
@@ -432,7 +435,7 @@ async fn hours_fold_into_days_and_old_days_go(store: &dyn MetaStore) {
         .await
         .is_empty());
     let (kept, _) = store
-        .kept_families(&RepoId::new("stats-kept"), &["a-".into()])
+        .families(&RepoId::new("stats-kept"), &[], &["a-".into()], T0)
         .await
         .unwrap();
     assert!(

@@ -26,6 +26,7 @@ mod router;
 mod state;
 mod transfer;
 mod twirp;
+mod webhooks;
 
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};

@@ -40,6 +40,7 @@ pub fn route_label(path: &str) -> &'static str {
         "/metrics" => "/metrics",
         "/_hoard" => "/_hoard",
         "/_hoard/" => "/_hoard/",
+        "/_hoard/webhooks/github" => "/_hoard/webhooks/github",
         _ if path.starts_with("/_hoard/api/v1/") => "/_hoard/api/v1/{*rest}",
         _ if path.starts_with("/_hoard/") => "/_hoard/{*rest}",
         _ if path.starts_with(twirp::SERVICE_PATH) => TWIRP_ROUTE,
@@ -75,6 +76,7 @@ pub const ROUTE_LABELS: &[&str] = &[
     "/_hoard",
     "/_hoard/",
     "/_hoard/api/v1/{*rest}",
+    "/_hoard/webhooks/github",
     "/_hoard/{*rest}",
     "other",
 ];
@@ -105,6 +107,7 @@ pub fn router(state: AppState) -> Router {
         .route("/_hoard", get(admin::dashboard))
         .route("/_hoard/", get(admin::dashboard))
         .route("/_hoard/api/v1/{*rest}", any(admin::api))
+        .route("/_hoard/webhooks/github", any(super::webhooks::github))
         .route("/_hoard/{*rest}", any(admin::dashboard))
         .fallback(fallback)
         .with_state(state)

@@ -30,6 +30,8 @@ pub struct ApiConfig {
     pub upstream: Option<proxy::Upstream>,
     /// Turns on the admin API and dashboard (`None`: both answer 404).
     pub admin_token: Option<Secret>,
+    /// Turns on the GitHub webhook receiver (`None`: it answers 404).
+    pub github_webhook_secret: Option<Secret>,
     /// Whether `/metrics` is served on its own address instead (then 404 here).
     pub metrics_elsewhere: bool,
     /// When the server started, for `status`.

@@ -2,7 +2,7 @@
 //! repository holds and how its lookups go. The admin API and `hoard caches` come here; runtime
 //! tokens never do.
 
-use crate::meta::{EntryState, MetaError};
+use crate::meta::{EntryMove, EntryState, MetaError, UploadSweep};
 use crate::model::{EntryFilter, EntryOrder, EntryPage, ListedEntry, RepositoryUsage, Totals};
 use crate::model::{EntryId, LogSafe, Millis, Provenance, RemovalCause, RepoId, Upload, UploadId};
 
@@ -129,8 +129,9 @@ fn upload_selected(filter: &EntryFilter, named: Option<&[RepoId]>, upload: &Uplo
         && filter.kind.is_none_or(|k| by.is_some_and(|p| p.kind == k))
         && filter.written_after.is_none_or(|t| upload.created_at >= t)
         && filter.written_before.is_none_or(|t| upload.created_at < t)
-        // An open upload's bytes have no digest yet.
+        // An open upload's bytes have no digest yet, and were never promoted.
         && filter.digest.is_none()
+        && filter.promoted_by.is_none()
 }
 
 /// A filter as the audit log shows it: each part that is set, as `name=value`.
@@ -150,8 +151,9 @@ fn describe(filter: &EntryFilter) -> String {
         written_before,
         digest,
         quarantined,
+        promoted_by,
     } = filter;
-    let parts: [(&str, Option<String>); 14] = [
+    let parts: [(&str, Option<String>); 15] = [
         ("state", quarantined.then(|| "quarantined".to_owned())),
         ("repository", repository.clone()),
         ("repository_id", repository_id.clone()),
@@ -166,6 +168,7 @@ fn describe(filter: &EntryFilter) -> String {
         ("written_after", written_after.map(|t| t.to_string())),
         ("written_before", written_before.map(|t| t.to_string())),
         ("digest", digest.clone()),
+        ("promoted_by", promoted_by.clone()),
     ];
     let set: Vec<String> = parts
         .into_iter()
@@ -286,11 +289,14 @@ impl Cache {
     /// [`CacheError::EntryNotFound`] if it is not in quarantine, [`CacheError::SlotTaken`] if a
     /// live entry holds its key and version now.
     pub async fn release(&self, id: EntryId, by: &str) -> Result<(), CacheError> {
-        let released = match self.meta.release_quarantined(id).await {
+        let released = match self.meta.move_entries(&[id], EntryMove::Release).await {
             Err(MetaError::Conflict) => return Err(CacheError::SlotTaken),
             other => other?,
         };
-        let entry = released.ok_or(CacheError::EntryNotFound)?;
+        let entry = released
+            .into_iter()
+            .next()
+            .ok_or(CacheError::EntryNotFound)?;
         // A lookup answered from memory may have missed it while it was away.
         self.lookups.invalidate();
         tracing::info!(
@@ -370,7 +376,10 @@ impl Cache {
             .collect();
         if disposal != Disposal::Quarantine && !kept.is_empty() {
             let removal = self.removal(EntryState::Quarantined, &RemovalCause::Deleted);
-            let ended = self.meta.remove_entries(&ids(&kept), removal).await?;
+            let ended = self
+                .meta
+                .move_entries(&ids(&kept), EntryMove::Remove(removal))
+                .await?;
             removed.extend(ended.iter().map(|gone| gone.id));
         }
         let mut purge = Purge::default();
@@ -485,6 +494,7 @@ impl Cache {
                 self.meta
                     .repositories(Some(named), usize::MAX >> 1)
                     .await?
+                    .listed
                     .into_iter()
                     .map(|r| r.repository)
                     .collect::<Vec<_>>(),
@@ -493,7 +503,12 @@ impl Cache {
         };
         let most = self.policy.max_open_uploads as usize + 1000;
         let mut selected = Vec::new();
-        for id in self.meta.stale_uploads(Millis::MAX, most).await? {
+        let open = UploadSweep {
+            open_before: Millis::MAX,
+            limit: most,
+            prune_before: None,
+        };
+        for id in self.meta.sweep_uploads(open).await?.open {
             let Some((upload, _)) = self.meta.upload_with_blocks(id).await? else {
                 continue;
             };
@@ -516,7 +531,7 @@ impl Cache {
         // Written first: a repository known only by its misses so far must count too. The
         // listing's count of every repository is not needed here.
         self.write_usage().await?;
-        let mut found = self.meta.repositories(Some(wanted), 100).await?;
+        let mut found = self.meta.repositories(Some(wanted), 100).await?.listed;
         if let Some(at) = found.iter().position(|r| r.repository.as_str() == wanted) {
             return Ok(Some(found.swap_remove(at)));
         }
@@ -539,17 +554,16 @@ impl Cache {
         limit: usize,
     ) -> Result<(u64, Vec<RepositoryUsage>), CacheError> {
         self.write_usage().await?;
-        let listed = self
+        let page = self
             .meta
             .repositories(only, limit.clamp(1, MAX_PAGE))
             .await?;
-        let count = self.meta.totals().await?.repositories;
-        Ok((count, listed))
+        Ok((page.totals.repositories, page.listed))
     }
 
     /// What the server holds, its limits, and what an operator should look at.
     pub async fn status(&self) -> Result<CacheStatus, CacheError> {
-        let totals = self.meta.totals().await?;
+        let totals = self.meta.repositories(None, 0).await?.totals;
         let limits = self.policy.lifecycle.clone();
         let quarantined = self.quarantined_count();
         let mut warnings = Vec::new();

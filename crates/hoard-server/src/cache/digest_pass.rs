@@ -378,15 +378,13 @@ impl Cache {
         let started = self.digests.traffic.now();
         let mut after = EntryId::new(0);
         loop {
-            let ids = self
-                .meta
-                .entry_ids(after, WALK_PAGE, EntryWalk::AwaitingDigest)
-                .await?;
-            let Some(last) = ids.last() else {
+            let walk = EntryWalk::AwaitingDigest { after };
+            let entries = self.meta.walk_entries(walk, WALK_PAGE).await?;
+            let Some(last) = entries.last() else {
                 return Ok(());
             };
-            after = *last;
-            for id in ids {
+            after = last.id;
+            for id in entries.iter().map(|e| e.id) {
                 self.digest_entry(hasher, id, Some(started)).await?;
             }
         }

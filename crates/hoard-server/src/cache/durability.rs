@@ -31,8 +31,14 @@ pub async fn recover(
         // The forgetting reaches the disk before any chunk file goes: a crash in between then
         // forgets the same entries again, and never finds an entry whose chunks were deleted.
         meta.checkpoint().await?;
-        for name in garbage {
-            let _ = blobs.delete(&name).await;
+        // A chunk of a forgotten entry that a kept one names too (a promotion made the
+        // forgotten entry over the chunks of an older one) stays.
+        let mut kept = std::collections::HashSet::new();
+        for batch in garbage.chunks(500) {
+            kept.extend(meta.referenced(batch).await?);
+        }
+        for name in garbage.iter().filter(|name| !kept.contains(name)) {
+            let _ = blobs.delete(name).await;
         }
         // Records this boot, so a later restart does not forget anything again.
         blobs.sync(true).await?;

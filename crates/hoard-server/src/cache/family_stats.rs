@@ -211,7 +211,7 @@ impl FamilyStats {
             let mut kept = BTreeSet::new();
             let mut count = 0;
             for batch in families.chunks(500) {
-                let (found, total) = meta.kept_families(&repository, batch).await?;
+                let (found, total) = meta.families(&repository, &[], batch, now).await?;
                 kept.extend(found);
                 count = total;
             }
@@ -223,7 +223,7 @@ impl FamilyStats {
                 .cloned()
                 .collect();
             if !admitted.is_empty() {
-                meta.keep_families(&repository, &admitted, now).await?;
+                meta.families(&repository, &admitted, &[], now).await?;
             }
             kept.extend(admitted);
             for f in families {
@@ -494,7 +494,7 @@ mod tests {
         assert_eq!(saves, 52, "nothing is lost, only relabelled");
         assert_eq!(rows[0].1.saves, 2);
         // The store keeps exactly the cap.
-        let (_, kept) = meta.kept_families(&repo, &[]).await.unwrap();
+        let (_, kept) = meta.families(&repo, &[], &[], 0).await.unwrap();
         assert_eq!(kept, 3);
     }
 

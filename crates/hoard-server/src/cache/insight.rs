@@ -249,6 +249,7 @@ impl Cache {
                 .meta
                 .repositories(None, usize::MAX >> 1)
                 .await?
+                .listed
                 .into_iter()
                 .map(|r| (r.repository, r.name))
                 .collect(),

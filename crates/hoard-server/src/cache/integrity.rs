@@ -220,10 +220,13 @@ impl Cache {
         let mut report = VerifyReport::default();
         let mut after = EntryId::new(0);
         loop {
-            let ids = self.meta.entry_ids(after, 500, EntryWalk::All).await?;
-            let Some(last) = ids.last() else { break };
-            after = *last;
-            for id in ids {
+            let entries = self
+                .meta
+                .walk_entries(EntryWalk::All { after }, 500)
+                .await?;
+            let Some(last) = entries.last() else { break };
+            after = last.id;
+            for id in entries.iter().map(|e| e.id) {
                 let Some((_, chunks)) = self.meta.entry(id, EntryState::Live).await? else {
                     continue; // removed meanwhile
                 };

@@ -26,7 +26,9 @@ use futures_util::StreamExt;
 use super::backoff::Backoff;
 use super::{Cache, CacheError};
 use crate::blob::Capacity;
-use crate::meta::{EntryState, EntryWalk, Removable, Removal, RestoreBound, RestoreDrop, UsageOf};
+use crate::meta::{
+    EntryMove, EntryState, EntryWalk, Removal, RestoreBound, RestoreDrop, UploadSweep, UsageOf,
+};
 use crate::model::{
     BlobName, EntryId, EntryUse, LogSafe, Millis, QuotaUsage, RemovalCause, RepoId, ScopeClass,
     Share, UploadId,
@@ -349,7 +351,10 @@ impl Cache {
         let removal = self.removal(EntryState::Live, &cause);
         let now = removal.now;
         let forget = super::ForgetIfDropped::new(self);
-        let removed = self.meta.remove_entries(ids, removal).await?;
+        let removed = self
+            .meta
+            .move_entries(ids, EntryMove::Remove(removal))
+            .await?;
         forget.disarm();
         self.metrics.removed(cause.as_str(), removed.len() as u64);
         self.stats.removed(&removed, &cause, now);
@@ -452,13 +457,13 @@ impl Cache {
                 let mut candidates = match step.from {
                     None => {
                         self.meta
-                            .removable(Removable::LeastRecentlyUsed(Some(repository)), wanted)
+                            .walk_entries(EntryWalk::LeastRecentlyUsed(Some(repository)), wanted)
                             .await?
                     }
                     Some(class) => {
                         self.meta
-                            .removable(
-                                Removable::LeastRecentlyUsedOfClass(repository, class),
+                            .walk_entries(
+                                EntryWalk::LeastRecentlyUsedOfClass(repository, class),
                                 wanted,
                             )
                             .await?
@@ -536,7 +541,7 @@ impl Cache {
         while excess > 0 {
             let mut candidates = self
                 .meta
-                .removable(Removable::LeastRecentlyUsed(None), BATCH)
+                .walk_entries(EntryWalk::LeastRecentlyUsed(None), BATCH)
                 .await?;
             self.count_pending_uses(&mut candidates);
             let chosen = choose_evictions(excess, &candidates, &[]);
@@ -578,8 +583,18 @@ impl Cache {
             .clock
             .now()
             .saturating_sub(millis(self.policy.reservation_ttl));
+        // Every sweep prunes the closed uploads as old (they hold no blocks), those the last
+        // round aborted among them: the round that finds nothing left to abort prunes last.
+        let sweep = UploadSweep {
+            open_before: before,
+            limit: BATCH,
+            prune_before: (!dry_run).then_some(before),
+        };
+        let mut pruned = 0;
         loop {
-            let stale = self.meta.stale_uploads(before, BATCH).await?;
+            let swept = self.meta.sweep_uploads(sweep).await?;
+            pruned += swept.pruned;
+            let stale = swept.open;
             if dry_run || stale.is_empty() {
                 for id in stale {
                     tally.saw(Action::AbortUpload(id));
@@ -603,10 +618,7 @@ impl Cache {
                 break;
             }
         }
-        if dry_run {
-            return Ok(0);
-        }
-        Ok(self.meta.prune_uploads(before).await?)
+        Ok(pruned)
     }
 
     /// Removes entries unused for longer than the unused TTL, or older than the maximum age.
@@ -621,11 +633,11 @@ impl Cache {
             .map_or(Millis::MIN, |ttl| now.saturating_sub(millis(ttl)));
         let created_before = limits.max_age.map(|age| now.saturating_sub(millis(age)));
         loop {
-            let expired = Removable::Expired {
+            let expired = EntryWalk::Expired {
                 unused_before,
                 created_before,
             };
-            let batch = self.meta.removable(expired, BATCH).await?;
+            let batch = self.meta.walk_entries(expired, BATCH).await?;
             if dry_run || batch.is_empty() {
                 for entry in batch {
                     tally.saw(Action::Expire(entry));
@@ -646,15 +658,22 @@ impl Cache {
     /// Deletes the chunks whose grace period is over.
     async fn delete_due(&self, dry_run: bool, tally: &mut Tally<'_, '_>) -> Result<(), CacheError> {
         let now = self.clock.now();
+        // Each round acknowledges the deletions the last one carried out.
+        let mut done: Vec<BlobName> = Vec::new();
         loop {
-            let due = self.meta.due_deletions(now, BATCH).await?;
+            let due = self.meta.take_deletions(&done, now, BATCH).await?;
+            if !done.is_empty() {
+                self.metrics.chunks_deleted("grace_over", done.len() as u64);
+                for name in done.drain(..) {
+                    tally.saw(Action::DeleteChunk(name));
+                }
+            }
             if dry_run || due.is_empty() {
                 for name in due {
                     tally.saw(Action::DeleteChunk(name));
                 }
                 return Ok(());
             }
-            let mut done = Vec::with_capacity(due.len());
             for name in due {
                 match self.blobs.delete(&name).await {
                     Ok(()) => done.push(name),
@@ -665,11 +684,6 @@ impl Cache {
             }
             if done.is_empty() {
                 return Ok(());
-            }
-            self.meta.deletions_done(&done).await?;
-            self.metrics.chunks_deleted("grace_over", done.len() as u64);
-            for name in done {
-                tally.saw(Action::DeleteChunk(name));
             }
         }
     }
@@ -746,13 +760,20 @@ impl Cache {
         let now = self.clock.now();
         let before = now.saturating_sub(millis(self.policy.lifecycle.quarantine_retention));
         loop {
-            let walk = EntryWalk::QuarantinedBefore(before);
-            let due = self.meta.entry_ids(EntryId::new(0), BATCH, walk).await?;
+            let walk = EntryWalk::QuarantinedBefore {
+                before,
+                after: EntryId::new(0),
+            };
+            let due = self.meta.walk_entries(walk, BATCH).await?;
             if due.is_empty() {
                 return Ok(());
             }
+            let ids: Vec<EntryId> = due.iter().map(|e| e.id).collect();
             let removal = self.removal(EntryState::Quarantined, &RemovalCause::Expired);
-            let ended = self.meta.remove_entries(&due, removal).await?;
+            let ended = self
+                .meta
+                .move_entries(&ids, EntryMove::Remove(removal))
+                .await?;
             for gone in &ended {
                 tracing::info!(target: "hoard::lifecycle", entry = gone.id.get(), "quarantine over: entry deleted");
             }

@@ -23,12 +23,14 @@ pub mod matching;
 mod names;
 mod pacing;
 pub mod policy;
+pub mod promotion;
 mod ranges;
 pub mod recent;
 mod restore;
 mod save;
 pub mod upload;
 pub mod usage;
+pub mod webhooks;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -196,7 +198,7 @@ impl Cache {
 
     /// What the metadata database holds: bytes, entries, open uploads.
     pub async fn totals(&self) -> Result<crate::model::Totals, CacheError> {
-        Ok(self.meta.totals().await?)
+        Ok(self.meta.repositories(None, 0).await?.totals)
     }
 
     /// Ready when the database and the chunk store both answer, asked at once; the database
@@ -296,7 +298,7 @@ impl Cache {
     /// Pairs repository ids with the names the store recorded (at start-up and on each policy
     /// reload), so that policy rules by name hold for tokens that carry only the id.
     pub async fn learn_repository_names(&self) -> Result<(), CacheError> {
-        let known = self.meta.repositories(None, usize::MAX >> 1).await?;
+        let known = self.meta.repositories(None, usize::MAX >> 1).await?.listed;
         self.names
             .seed(known.into_iter().map(|r| (r.repository, r.name)));
         Ok(())

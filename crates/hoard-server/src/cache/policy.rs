@@ -29,6 +29,18 @@
 //!   did not grant it, so its entries are invisible to that caller while the other scopes
 //!   (the base and default branches) still serve. When every readable scope is denied, the
 //!   lookup is refused as read-denied, which clients treat as a miss with a warning.
+//!
+//! Which promotions GitHub's webhooks make (issue #58), per repository; the first
+//! `[[promotion]]` whose `repository` matches decides, and without one a merge queue's entries
+//! are promoted and a merged pull request's are not:
+//!
+//! ```toml
+//! [[promotion]]
+//! repository = "octo/app"
+//! merged_pull_requests = true   # a merged pull request's entries into its base branch
+//! forks = false                 # ... also from a fork's pull request (default false)
+//! merge_queues = true           # a merge queue's entries into its base branch (default true)
+//! ```
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -111,12 +123,47 @@ impl Rule {
     }
 }
 
+/// One `[[promotion]]` of the file: which promotions the webhooks make for the repositories
+/// it matches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromotionRule {
+    /// A glob over the repository id and its owner/name.
+    pub repository: String,
+    pub line: usize,
+    pub promotions: Promotions,
+}
+
+/// Which promotions a repository gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Promotions {
+    /// A merge queue's entries, into its base branch once the queue's commit lands.
+    pub merge_queues: bool,
+    /// A merged pull request's entries, into its base branch.
+    pub merged_pull_requests: bool,
+    /// ... of a pull request from a fork too.
+    pub forks: bool,
+}
+
+impl Default for Promotions {
+    /// Without a rule: merge queues yes (nothing but the queue's own runs wrote those entries),
+    /// pull requests no.
+    fn default() -> Self {
+        Self {
+            merge_queues: true,
+            merged_pull_requests: false,
+            forks: false,
+        }
+    }
+}
+
 /// A policy: the rules of one file, in its order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Policy {
     /// The file the rules were read from.
     pub source: Option<PathBuf>,
     pub rules: Vec<Rule>,
+    /// The `[[promotion]]`s, in the file's order.
+    pub promotions: Vec<PromotionRule>,
     /// What the file held when it was read ([`Policy::load`]); `None` for a policy parsed
     /// from text.
     pub stamp: Option<FileStamp>,
@@ -271,11 +318,52 @@ impl Policy {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let promotions = file
+            .promotion
+            .into_iter()
+            .enumerate()
+            .map(|(i, spanned)| {
+                let span = spanned.span();
+                let raw = spanned.into_inner();
+                if raw.repository.0.is_empty() || raw.repository.0.len() > MAX_PATTERN {
+                    return Err(PolicyError(format!(
+                        "{} (promotion {}): repository must be an id, owner/name or \"*\", of at most {MAX_PATTERN} bytes",
+                        at(Some(span.clone())),
+                        i + 1
+                    )));
+                }
+                let default = Promotions::default();
+                Ok(PromotionRule {
+                    repository: raw.repository.0,
+                    line: line_of(text, span.start),
+                    promotions: Promotions {
+                        merge_queues: raw.merge_queues.unwrap_or(default.merge_queues),
+                        merged_pull_requests: raw
+                            .merged_pull_requests
+                            .unwrap_or(default.merged_pull_requests),
+                        forks: raw.forks.unwrap_or(default.forks),
+                    },
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             source: Some(path.to_owned()),
             rules,
+            promotions,
             stamp: None,
         })
+    }
+
+    /// The promotions the webhooks make for the repository `id` named `name` (empty: no name
+    /// known): the first `[[promotion]]` that matches, else the defaults.
+    pub fn promotions_for(&self, id: &str, name: &str) -> Promotions {
+        self.promotions
+            .iter()
+            .find(|p| {
+                glob(&p.repository, id, false)
+                    || (!name.is_empty() && glob(&p.repository, name, true))
+            })
+            .map_or_else(Promotions::default, |p| p.promotions)
     }
 
     /// The first rule that applies to `who` using `scope`, by the token's own name; `None`:
@@ -392,6 +480,20 @@ fn line_of(text: &str, offset: usize) -> usize {
 struct File {
     #[serde(default)]
     rule: Vec<toml::Spanned<RawRule>>,
+    #[serde(default)]
+    promotion: Vec<toml::Spanned<RawPromotion>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPromotion {
+    repository: Repository,
+    #[serde(default)]
+    merge_queues: Option<bool>,
+    #[serde(default)]
+    merged_pull_requests: Option<bool>,
+    #[serde(default)]
+    forks: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -994,6 +1096,7 @@ access = "deny"
         Policy {
             source: None,
             stamp: None,
+            promotions: Vec::new(),
             rules: rules
                 .iter()
                 .map(|(repository, scope, access, callers)| Rule {

@@ -11,7 +11,7 @@ use super::upload::{self, Finalizing, Reservation, Staging};
 use super::{audit, retry_stale, Cache, CacheError, ForgetIfDropped};
 use crate::auth::{Identity, LinkTarget};
 use crate::blob::BlobError;
-use crate::meta::{BlockState, MetaError, NewEntry, NewUpload, UploadChange};
+use crate::meta::{BlockState, MetaError, NewEntry, NewUpload, SlotRead, UploadChange};
 use crate::model::{
     entry_digest, BlobName, BlockId, BlockRef, ByteStream, CacheKey, EntryId, LogSafe, Millis,
     Provenance, Slot, Upload, UploadBlocks, UploadId, Version,
@@ -62,7 +62,10 @@ impl Cache {
     ) -> Result<(UploadId, Millis), CacheError> {
         let now = self.clock.now();
         let stale_before = now.saturating_sub(self.policy.reservation_ttl.as_millis() as i64);
-        let state = self.meta.slot_state(slot, stale_before).await?;
+        let read = SlotRead::Reserve {
+            live_since: stale_before,
+        };
+        let state = self.meta.slot_state(slot, read).await?;
         let replacing =
             match upload::decide_reservation(&state, stale_before, self.policy.max_open_uploads) {
                 Reservation::Conflict => return Err(CacheError::Conflict),
@@ -361,9 +364,9 @@ impl Cache {
         size: u64,
         expected: Option<UploadId>,
     ) -> Result<EntryId, CacheError> {
-        let state = self.meta.finalize_state(slot).await?;
+        let state = self.meta.slot_state(slot, SlotRead::Finalize).await?;
         let now = self.clock.now();
-        if let (Some(id), Some((open, _))) = (expected, &state.open) {
+        if let (Some(id), Some(open)) = (expected, &state.open) {
             if open.id != id {
                 return Err(CacheError::UploadClosed);
             }
@@ -391,11 +394,12 @@ impl Cache {
                     scope_class: class,
                     family: &family,
                     ref_class,
+                    promotion: None,
                     now,
                 };
                 let started = self.entries.generation();
                 let forget = ForgetIfDropped::new(self);
-                let entry = match self.meta.finalize(upload, new).await {
+                let entry = match self.meta.finalize(Some(upload), new).await {
                     Err(MetaError::Conflict) => return Err(CacheError::Conflict),
                     other => other?,
                 };
@@ -513,8 +517,8 @@ impl Cache {
             key,
             version,
         };
-        let open = match self.meta.finalize_state(&slot).await {
-            Ok(state) => state.open.map(|(upload, _)| upload.id),
+        let open = match self.meta.slot_state(&slot, SlotRead::Finalize).await {
+            Ok(state) => state.open.map(|upload| upload.id),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot end an upload the write policy refused; it is swept when abandoned");
                 return;

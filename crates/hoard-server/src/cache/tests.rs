@@ -1405,6 +1405,7 @@ fn write_policy(rules: &[(&str, &str, policy::Access)]) -> policy::Policy {
     policy::Policy {
         source: None,
         stamp: None,
+        promotions: Vec::new(),
         rules: rules
             .iter()
             .map(|(repository, scope, access)| policy::Rule {
@@ -1620,12 +1621,8 @@ async fn a_large_entry_gets_its_sha256_and_digest_from_the_digest_pass() {
         .unwrap();
     assert_eq!(chunks[0].chunk.sha256, None, "no SHA-256 in the request");
     assert!(chunks[0].chunk.xxh3.is_some(), "but its checksum");
-    let awaiting = w
-        .meta
-        .entry_ids(EntryId::new(0), 10, EntryWalk::AwaitingDigest)
-        .await
-        .unwrap();
-    assert_eq!(awaiting, [large]);
+    let awaiting = w.meta.walk_entries(awaiting_digest(), 10).await.unwrap();
+    assert_eq!(awaiting.iter().map(|e| e.id).collect::<Vec<_>>(), [large]);
     assert!(matches!(w.cache.digests.next(), digest_pass::Next::Entry(id, _) if id == large));
 
     // Before the pass: downloads and verify check the XXH3.
@@ -1647,7 +1644,7 @@ async fn a_large_entry_gets_its_sha256_and_digest_from_the_digest_pass() {
     assert_eq!(chunks[0].chunk.sha256, Some(sha256_of(&data)));
     assert!(w
         .meta
-        .entry_ids(EntryId::new(0), 10, EntryWalk::AwaitingDigest)
+        .walk_entries(awaiting_digest(), 10)
         .await
         .unwrap()
         .is_empty());
@@ -1989,4 +1986,11 @@ fn the_hashing_thread_runs_in_the_idle_class() {
         found
     });
     assert_eq!(policy.as_deref(), Some(SCHED_IDLE));
+}
+
+/// The digest pass's walk from the start.
+fn awaiting_digest() -> EntryWalk<'static> {
+    EntryWalk::AwaitingDigest {
+        after: EntryId::new(0),
+    }
 }

@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::meta::{BlockState, FinalizeState, SlotState};
+use crate::meta::{BlockState, SlotState};
 use crate::model::{
     BlobName, BlockId, BlockRef, BlockSource, Chunk, EntryId, Millis, Upload, UploadBlocks,
 };
@@ -140,8 +140,8 @@ pub enum Finalizing<'a> {
 /// The slot's open upload is finalized if its committed parts add up to `size`; without one,
 /// a finalize that already made an entry of that size is answered again (a retry after a lost
 /// response).
-pub fn decide_finalize(state: &FinalizeState, size: u64) -> Finalizing<'_> {
-    let Some((upload, blocks)) = &state.open else {
+pub fn decide_finalize(state: &SlotState, size: u64) -> Finalizing<'_> {
+    let (Some(upload), blocks) = (&state.open, &state.blocks) else {
         return match state.finalized {
             Some((entry, stored)) if stored == size => Finalizing::AlreadyDone(entry),
             _ => Finalizing::NoUpload,

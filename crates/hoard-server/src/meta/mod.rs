@@ -37,6 +37,7 @@ mod sql;
 mod sqlite;
 mod sqlx;
 mod stats_sql;
+mod webhook_sql;
 
 use async_trait::async_trait;
 
@@ -52,9 +53,9 @@ pub use timed::Timed;
 pub use crate::model::RestoreQuery;
 use crate::model::RestoreRecord;
 use crate::model::{
-    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, Provenance, QuotaUsage,
-    RefClass, RemovalCause, RepoId, Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId,
-    Version,
+    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, Promotion, Provenance,
+    QuotaUsage, RefClass, RemovalCause, RepoId, Scope, ScopeClass, Slot, Upload, UploadBlocks,
+    UploadId, Version,
 };
 use crate::model::{Counters, StatsKey, StatsQuery, StatsRow, StoredFamily};
 use crate::model::{EntryFilter, EntryOrder, EntryPage, EntrySelection, RepositoryUsage, Totals};
@@ -95,15 +96,32 @@ pub struct NewUpload<'a> {
     pub now: Millis,
 }
 
-/// What deciding a reservation needs to know about a slot and its repository.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What [`SaveStore::slot_state`] reads about a slot: what the decision at hand needs, and
+/// nothing more (a reservation is on the hot path of every save).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotRead {
+    /// Deciding a reservation: whether an entry holds the slot, its open upload, and how many
+    /// uploads of its repository are open and were created at or after `live_since`.
+    Reserve { live_since: Millis },
+    /// Deciding a finalize: the open upload with its blocks, else the entry that the slot's
+    /// newest finalized upload made (for an idempotent retry).
+    Finalize,
+}
+
+/// A slot's state as a [`SlotRead`] asked for it; what it did not ask for is left empty.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SlotState {
-    /// A visible entry holds the slot.
-    pub entry_exists: bool,
     /// The open upload holding the slot, if any.
     pub open: Option<Upload>,
-    /// Open uploads of the repository created at or after the `live_since` asked for.
+    /// [`SlotRead::Finalize`]: the open upload's blocks.
+    pub blocks: UploadBlocks,
+    /// [`SlotRead::Reserve`]: a visible entry holds the slot.
+    pub entry_exists: bool,
+    /// [`SlotRead::Reserve`]: open uploads of the repository created at or after `live_since`.
     pub live_open_uploads: u64,
+    /// [`SlotRead::Finalize`], when no upload is open: the entry of the newest finalized upload
+    /// of the slot and its size, if it still exists.
+    pub finalized: Option<(EntryId, u64)>,
 }
 
 /// What staging one block is decided on, read without the upload's other blocks (so a Put Block
@@ -134,15 +152,6 @@ impl BlockState {
             copy_committed,
         }
     }
-}
-
-/// What deciding a finalize needs: the slot's open upload with its blocks, else the entry the
-/// slot's newest finalized upload made (for an idempotent retry).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FinalizeState {
-    pub open: Option<(Upload, UploadBlocks)>,
-    /// The entry of the newest finalized upload of the slot and its size, if it still exists.
-    pub finalized: Option<(EntryId, u64)>,
 }
 
 /// A change to an open upload's blocks or state.
@@ -179,6 +188,8 @@ pub struct NewEntry<'a> {
     /// Its key family and the class of the saver's ref (see [`crate::model::family`]).
     pub family: &'a str,
     pub ref_class: RefClass,
+    /// Set for an entry promoted from another scope (see [`SaveStore::finalize`]).
+    pub promotion: Option<&'a Promotion>,
     pub now: Millis,
 }
 
@@ -199,6 +210,7 @@ impl<'a> NewEntry<'a> {
             scope_class: ScopeClass::of(&slot.scope),
             family: "",
             ref_class: RefClass::DefaultBranch,
+            promotion: None,
             now,
         }
     }
@@ -286,20 +298,6 @@ pub enum UsageOf<'a> {
     PendingDeletions,
 }
 
-/// Which entries a lifecycle pass may remove, in the order it removes them.
-#[derive(Debug, Clone, Copy)]
-pub enum Removable<'a> {
-    /// Least recently used first (then oldest id), of one repository or of all.
-    LeastRecentlyUsed(Option<&'a RepoId>),
-    /// Least recently used first (then oldest id), of one class of a repository.
-    LeastRecentlyUsedOfClass(&'a RepoId, ScopeClass),
-    /// Last used before `unused_before`, or created before `created_before`.
-    Expired {
-        unused_before: Millis,
-        created_before: Option<Millis>,
-    },
-}
-
 /// Which restore records to forget.
 #[derive(Debug, Clone, Copy)]
 pub enum RestoreDrop<'a> {
@@ -328,15 +326,26 @@ pub enum RestoreBound<'a> {
     All,
 }
 
-/// Which entries a walk over the ids visits.
+/// Which entries a lifecycle pass visits, and in what order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EntryWalk {
-    /// Every entry: the integrity pass.
-    All,
-    /// Entries whose digest is not recorded yet: the digest pass.
-    AwaitingDigest,
-    /// Entries in quarantine since before this instant: those whose quarantine is over.
-    QuarantinedBefore(Millis),
+pub enum EntryWalk<'a> {
+    /// Least recently used first (then oldest id), of one repository or of all: eviction.
+    LeastRecentlyUsed(Option<&'a RepoId>),
+    /// Least recently used first (then oldest id), of one class of a repository.
+    LeastRecentlyUsedOfClass(&'a RepoId, ScopeClass),
+    /// Last used before `unused_before`, or created before `created_before`: expiry.
+    Expired {
+        unused_before: Millis,
+        created_before: Option<Millis>,
+    },
+    /// Every entry with an id above `after`, by id: the integrity pass.
+    All { after: EntryId },
+    /// Entries whose digest is not recorded yet, with an id above `after`, by id: the digest
+    /// pass.
+    AwaitingDigest { after: EntryId },
+    /// Entries in quarantine since before `before`, with an id above `after`, by id: those
+    /// whose quarantine is over.
+    QuarantinedBefore { before: Millis, after: EntryId },
 }
 
 /// How entries leave: why, when, and when their chunks may be deleted (after every reader that
@@ -350,6 +359,110 @@ pub struct Removal<'a> {
     pub cause: &'a RemovalCause,
     pub now: Millis,
     pub delete_at: Millis,
+}
+
+/// How [`LifecycleStore::move_entries`] moves entries.
+#[derive(Debug, Clone)]
+pub enum EntryMove<'a> {
+    /// Out of where `from` says: live entries leave every lookup (into quarantine with its
+    /// chunks if the cause is one, else their chunks are scheduled for deletion at
+    /// `delete_at`); quarantined entries leave for good.
+    Remove(Removal<'a>),
+    /// Back from quarantine among the live entries, with their ids, chunks and counts.
+    /// [`MetaError::Conflict`] (and nothing moves) if a live entry holds the slot of one.
+    Release,
+}
+
+/// What [`LifecycleStore::sweep_uploads`] prunes and lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UploadSweep {
+    /// Open uploads created before this are listed.
+    pub open_before: Millis,
+    pub limit: usize,
+    /// Finalized and aborted uploads created before this are deleted first.
+    pub prune_before: Option<Millis>,
+}
+
+/// What a sweep of the uploads found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SweptUploads {
+    /// The open uploads listed, oldest first.
+    pub open: Vec<UploadId>,
+    /// How many closed uploads were deleted.
+    pub pruned: u64,
+}
+
+/// A page of the repositories, and the totals of all (see [`AdminStore::repositories`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Repositories {
+    pub listed: Vec<RepositoryUsage>,
+    pub totals: Totals,
+}
+
+/// What a webhook delivery says about a commit ([`RefFact`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefKind {
+    /// A merge group's head: `git_ref` is the group's branch, `base_ref` the branch it merges
+    /// into.
+    MergeGroup,
+    /// A push: `sha` is the branch `git_ref`'s new head.
+    Push,
+    /// A pull request's head: `git_ref` is its merge ref (`refs/pull/N/merge`).
+    PullHead,
+}
+
+impl RefKind {
+    pub fn code(self) -> i64 {
+        match self {
+            Self::MergeGroup => 1,
+            Self::Push => 2,
+            Self::PullHead => 3,
+        }
+    }
+
+    pub fn from_code(code: i64) -> Option<Self> {
+        match code {
+            1 => Some(Self::MergeGroup),
+            2 => Some(Self::Push),
+            3 => Some(Self::PullHead),
+            _ => None,
+        }
+    }
+}
+
+/// A commit of a repository as a webhook delivery named it, and when it was first heard of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefFact {
+    pub repository: RepoId,
+    pub sha: String,
+    pub kind: RefKind,
+    pub git_ref: String,
+    /// [`RefKind::MergeGroup`]: the branch it merges into; empty otherwise.
+    pub base_ref: String,
+    pub received_at: Millis,
+}
+
+/// A webhook delivery to record ([`WebhookStore::deliver`]).
+#[derive(Debug, Clone)]
+pub struct Delivery<'a> {
+    /// GitHub's id for it (`X-GitHub-Delivery`); a redelivery has the same.
+    pub id: &'a str,
+    pub now: Millis,
+    /// What it says, to keep (a fact known already keeps its first time).
+    pub facts: &'a [RefFact],
+    /// The commit (repository, sha) whose known facts to answer, if any.
+    pub about: Option<(&'a RepoId, &'a str)>,
+    /// Deliveries and facts received before this are forgotten.
+    pub forget_before: Millis,
+}
+
+/// What [`WebhookStore::deliver`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delivered {
+    /// Received before: nothing to apply.
+    Seen,
+    /// New: what is known about the commit asked about (its own facts included), oldest first.
+    New(Vec<RefFact>),
 }
 
 /// What every store answers: whether the database is there, and durability.
@@ -373,9 +486,8 @@ pub trait Health: Send + Sync + std::fmt::Debug + 'static {
 store_trait! {
     /// Saving: reservations, their blocks, and the finalize that makes an entry.
     pub trait SaveStore {
-        /// The slot's entry and open upload, and how many uploads of its repository are open
-        /// and were created at or after `live_since`.
-        async fn slot_state(&self, slot: &Slot, live_since: Millis) -> Result<SlotState, MetaError>;
+        /// What `read` asks about the slot, read in one snapshot.
+        async fn slot_state(&self, slot: &Slot, read: SlotRead) -> Result<SlotState, MetaError>;
 
         /// An upload, in whatever state, with its blocks, read together.
         async fn upload_with_blocks(&self, id: UploadId) -> Result<Option<(Upload, UploadBlocks)>, MetaError>;
@@ -383,8 +495,6 @@ store_trait! {
         /// An upload, in whatever state, with the [`BlockState`] of `block`, read together in
         /// work independent of how many blocks the upload has.
         async fn block_state(&self, id: UploadId, block: &BlockId) -> Result<Option<(Upload, BlockState)>, MetaError>;
-
-        async fn finalize_state(&self, slot: &Slot) -> Result<FinalizeState, MetaError>;
 
         /// Inserts an open upload for the slot, first aborting `replacing` (an abandoned upload
         /// of the same slot, at the revision loaded) and dropping its blocks. `Conflict` if the
@@ -397,8 +507,10 @@ store_trait! {
             -> Result<(), MetaError>;
 
         /// Turns the open upload into a visible entry made of `entry.chunks`, and drops the
-        /// upload's blocks. `Conflict` if an entry already holds the slot.
-        async fn finalize(&self, upload: &Upload, entry: NewEntry<'_>) -> Result<EntryId, MetaError>;
+        /// upload's blocks; without an upload, makes the entry of chunks stored already (a
+        /// promotion: the chunks of another entry, which both then name). `Conflict` if an
+        /// entry already holds the slot.
+        async fn finalize(&self, upload: Option<&Upload>, entry: NewEntry<'_>) -> Result<EntryId, MetaError>;
     }
 }
 
@@ -431,39 +543,25 @@ store_trait! {
         /// [`RestoreBound::EachRepository`]); how many.
         async fn drop_restores(&self, which: RestoreDrop<'_>) -> Result<u64, MetaError>;
 
-        /// Up to `limit` of the entries `which` selects, in its order.
-        async fn removable(&self, which: Removable<'_>, limit: usize) -> Result<Vec<EntryUse>, MetaError>;
+        /// Up to `limit` of the entries `walk` visits, in its order.
+        async fn walk_entries(&self, walk: EntryWalk<'_>, limit: usize) -> Result<Vec<EntryUse>, MetaError>;
 
-        /// Removes those of `ids` kept where `removal.from` says, and schedules their chunks
-        /// for deletion at `removal.delete_at`; or, for a quarantine of live entries, keeps
-        /// them with their chunks in quarantine (with the reason and `removal.now`), out of
-        /// every lookup. Returns the entries removed, so that two processes removing the same
+        /// Moves those of `ids` that are where `change` takes them from (see [`EntryMove`]), in
+        /// one transaction. Returns the entries moved, so that two processes moving the same
         /// entry count it once.
-        async fn remove_entries(&self, ids: &[EntryId], removal: Removal<'_>) -> Result<Vec<EntryUse>, MetaError>;
+        async fn move_entries(&self, ids: &[EntryId], change: EntryMove<'_>) -> Result<Vec<EntryUse>, MetaError>;
 
-        /// Puts a quarantined entry back among the entries, with its id, chunks and counts.
-        /// `None` if it is not in quarantine; [`MetaError::Conflict`] if a live entry holds its
-        /// slot (repository, scope, key and version).
-        async fn release_quarantined(&self, id: EntryId) -> Result<Option<EntryUse>, MetaError>;
-
-        /// Up to `limit` chunks whose scheduled deletion is due at `now`.
-        async fn due_deletions(&self, now: Millis, limit: usize) -> Result<Vec<BlobName>, MetaError>;
-
-        /// Forgets scheduled deletions that were carried out.
-        async fn deletions_done(&self, names: &[BlobName]) -> Result<(), MetaError>;
+        /// Forgets the scheduled deletions in `done` (carried out), then returns up to `limit`
+        /// chunks whose scheduled deletion is due at `now`: the deletion queue, acknowledged
+        /// and taken in one call.
+        async fn take_deletions(&self, done: &[BlobName], now: Millis, limit: usize) -> Result<Vec<BlobName>, MetaError>;
 
         /// Those of `names` that any upload, entry or scheduled deletion refers to.
         async fn referenced(&self, names: &[BlobName]) -> Result<Vec<BlobName>, MetaError>;
 
-        /// Up to `limit` open uploads created before `created_before`.
-        async fn stale_uploads(&self, created_before: Millis, limit: usize) -> Result<Vec<UploadId>, MetaError>;
-
-        /// Deletes finalized and aborted uploads created before `created_before` (they hold no
-        /// blocks); returns how many went.
-        async fn prune_uploads(&self, created_before: Millis) -> Result<u64, MetaError>;
-
-        /// Up to `limit` ids above `after`, in order, of the entries `walk` visits.
-        async fn entry_ids(&self, after: EntryId, limit: usize, walk: EntryWalk) -> Result<Vec<EntryId>, MetaError>;
+        /// First deletes the closed uploads `sweep` prunes (they hold no blocks), then lists up
+        /// to `sweep.limit` of the open ones it names, oldest first.
+        async fn sweep_uploads(&self, sweep: UploadSweep) -> Result<SweptUploads, MetaError>;
 
         /// Records the SHA-256 of each of the entry's chunks, in order, and the entry's digest,
         /// unless one is recorded already; an entry removed meanwhile is skipped. True if this
@@ -485,14 +583,11 @@ store_trait! {
         async fn select_entries(&self, page: &EntryPage<'_>) -> Result<EntrySelection, MetaError>;
 
         /// Every repository the store has seen (one whose entries all went stays, with zero
-        /// bytes), most bytes first, then by id; at most `limit`, only the one `only` names (by
-        /// id or name) if given.
-        async fn repositories(&self, only: Option<&str>, limit: usize) -> Result<Vec<RepositoryUsage>, MetaError>;
-
-        /// What the store holds, for metrics: bytes and entries of all repositories, how many
-        /// repositories [`AdminStore::repositories`] would list without a limit, and open
-        /// uploads.
-        async fn totals(&self) -> Result<Totals, MetaError>;
+        /// bytes), most bytes first, then by id; at most `limit` (none: only the totals), only
+        /// the one `only` names (by id or name) if given. With them, what the store holds in
+        /// all ([`Totals`]: bytes, entries and repositories, whatever `only` and `limit` say,
+        /// and open uploads), read in one snapshot.
+        async fn repositories(&self, only: Option<&str>, limit: usize) -> Result<Repositories, MetaError>;
 
         /// Restore records, most recent first, at most `query.limit`: of the entries named, or of
         /// every entry written under `query.written_under` (its repository, scope, writer and
@@ -506,13 +601,10 @@ store_trait! {
     /// families kept per repository, and the server's totals. The domain (`cache::stats`)
     /// decides which families are kept; the store only loads and adds.
     pub trait StatsStore {
-        /// Which of `families` are kept for `repository`, and how many it keeps in all.
-        async fn kept_families(&self, repository: &RepoId, families: &[String])
+        /// Keeps `keep` for `repository` (those already kept stay as they are), then answers
+        /// which of `asked` it keeps and how many it keeps in all.
+        async fn families(&self, repository: &RepoId, keep: &[String], asked: &[String], now: Millis)
             -> Result<(Vec<String>, u64), MetaError>;
-
-        /// Keeps `families` for `repository` (those already kept stay as they are).
-        async fn keep_families(&self, repository: &RepoId, families: &[String], now: Millis)
-            -> Result<(), MetaError>;
 
         /// Adds `counts` (hour buckets, sorted, so that every process takes row locks in the
         /// same order) to the rows of their repository, family, class and hour, and to the
@@ -534,15 +626,25 @@ store_trait! {
     }
 }
 
+store_trait! {
+    /// GitHub's webhooks: the deliveries received and what they said about commits.
+    pub trait WebhookStore {
+        /// In one transaction: forgets what was received before `delivery.forget_before`,
+        /// records the delivery, and, if it is new, its facts, then answers what is known
+        /// about `delivery.about`. [`Delivered::Seen`] for a delivery received before.
+        async fn deliver(&self, delivery: &Delivery<'_>) -> Result<Delivered, MetaError>;
+    }
+}
+
 /// A whole metadata store: what `Cache` holds. Every backend is one, through the blanket
 /// implementation; a caller that needs only a part takes that trait (`&dyn LifecycleStore`).
 pub trait MetaStore:
-    Health + SaveStore + RestoreStore + LifecycleStore + AdminStore + StatsStore
+    Health + SaveStore + RestoreStore + LifecycleStore + AdminStore + StatsStore + WebhookStore
 {
 }
 
-impl<T: Health + SaveStore + RestoreStore + LifecycleStore + AdminStore + StatsStore> MetaStore
-    for T
+impl<T> MetaStore for T where
+    T: Health + SaveStore + RestoreStore + LifecycleStore + AdminStore + StatsStore + WebhookStore
 {
 }
 

@@ -96,6 +96,10 @@ table! {
         scope_class: i64,
         family: String,
         ref_class: i64,
+        /// A promoted entry's origin ([`crate::model::Promotion`]); empty for every other.
+        promoted_from: String,
+        promoted_by: String,
+        promoted_for: String,
     }
 }
 
@@ -129,6 +133,9 @@ table! {
         ref_class: i64,
         quarantine_reason: String,
         quarantined_at: i64,
+        promoted_from: String,
+        promoted_by: String,
+        promoted_for: String,
     }
 }
 
@@ -308,9 +315,31 @@ pub static DATABASE_OWN: [(Backend, &str, &str); 2] = [
     (Backend::MySql, "uploads", "open_slot"),
 ];
 
+table! {
+    /// A GitHub webhook delivery received (`X-GitHub-Delivery`): a redelivery is not applied
+    /// twice.
+    WebhookDeliveryRow in webhook_deliveries {
+        delivery: String,
+        received_at: i64,
+    }
+}
+
+table! {
+    /// What a webhook delivery said about a commit of a repository ([`crate::meta::RefKind`]),
+    /// kept so that a merge group and the push that lands it meet, in either order.
+    WebhookRefRow in webhook_refs {
+        repository: String,
+        sha: String,
+        kind: i64,
+        git_ref: String,
+        base_ref: String,
+        received_at: i64,
+    }
+}
+
 /// Every declared table.
 #[cfg_attr(not(any(test, feature = "test-util")), allow(dead_code))]
-pub static TABLES: [&Table; 14] = [
+pub static TABLES: [&Table; 16] = [
     &uploads::TABLE,
     &staged_blocks::TABLE,
     &upload_parts::TABLE,
@@ -325,6 +354,8 @@ pub static TABLES: [&Table; 14] = [
     &restores::TABLE,
     &quarantined_entries::TABLE,
     &quarantined_chunks::TABLE,
+    &webhook_deliveries::TABLE,
+    &webhook_refs::TABLE,
 ];
 
 /// A writer's six columns (kind, issuer, subject, run, job, address), empty when unknown.
@@ -401,6 +432,12 @@ impl EntryRow {
             scope_class: new.scope_class.code(),
             family: new.family.to_owned(),
             ref_class: new.ref_class.code(),
+            promoted_from: new
+                .promotion
+                .map_or("", |p| p.from_scope.as_str())
+                .to_owned(),
+            promoted_by: new.promotion.map_or("", |p| &p.by).to_owned(),
+            promoted_for: new.promotion.map_or("", |p| &p.cause).to_owned(),
             ..Self::default()
         }
     }

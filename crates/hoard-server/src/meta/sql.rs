@@ -186,13 +186,21 @@ const UPLOAD_WRITER: [&str; 6] = [
     uploads::writer_address.name,
 ];
 
+/// The columns of a promoted entry's origin, as [`listed_from_row`] reads them.
+const PROMOTION: [&str; 3] = [
+    entries::promoted_from.name,
+    entries::promoted_by.name,
+    entries::promoted_for.name,
+];
+
 /// The select list of every listing statement, as [`listed_from_row`] reads it; `u` is the
 /// entry's repository's `repository_usage` row.
 fn listed_columns(quarantined: bool) -> String {
     format!(
-        "{}, COALESCE(u.name, '') AS repository_name, {}, e.digest{}",
+        "{}, COALESCE(u.name, '') AS repository_name, {}, e.digest, {}{}",
         columns("e", ENTRY),
         columns("e", &ENTRY_WRITER),
+        columns("e", &PROMOTION),
         if quarantined {
             ", e.quarantine_reason, e.quarantined_at"
         } else {
@@ -256,6 +264,7 @@ fn filtered(
     for (column, value) in [
         ("e.writer_run_id", &filter.run_id),
         ("e.writer_subject", &filter.subject),
+        ("e.promoted_by", &filter.promoted_by),
     ] {
         if let Some(value) = value {
             let v = p(Param::Text(value.clone()), params);
@@ -566,13 +575,23 @@ pub(super) fn pr_counts(class: crate::model::ScopeClass, size: u64) -> (i64, i64
 pub(super) static USE_COLS: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| format!("SELECT {} FROM entries", USE.join(", ")));
 
-/// The statement of `LifecycleStore::removable` and its parameters, on every backend; rows as
-/// [`use_from_row`] reads them.
-pub(super) fn removable_sql(
-    which: &super::Removable<'_>,
+/// Forgets the deletions due at `?` of chunks that an entry, live or quarantined, still names:
+/// a promotion makes two entries of one chunk, and the removal of either schedules it. The
+/// other owns it now, and schedules it again when it goes. Run before the due ones are taken,
+/// in the same transaction.
+pub(super) static FORGET_SHARED_DELETIONS: Shared = Shared::new(
+    "DELETE FROM pending_deletions WHERE delete_at <= ?
+       AND (EXISTS (SELECT 1 FROM entry_chunks c WHERE c.blob_name = pending_deletions.blob_name)
+            OR EXISTS (SELECT 1 FROM quarantined_chunks q WHERE q.blob_name = pending_deletions.blob_name))",
+);
+
+/// The statement of `LifecycleStore::walk_entries` and its parameters, on every backend; rows
+/// as [`use_from_row`] reads them.
+pub(super) fn walk_entries_sql(
+    walk: &super::EntryWalk<'_>,
     limit: usize,
 ) -> (&'static Shared, Vec<Param>) {
-    use super::Removable;
+    use super::EntryWalk;
     static LRU: Shared =
         Shared::built(|| format!("{} ORDER BY last_used_at, id LIMIT ?", *USE_COLS));
     static LRU_OF: Shared = Shared::built(|| {
@@ -595,14 +614,29 @@ pub(super) fn removable_sql(
             cols = *USE_COLS
         )
     });
+    static ALL: Shared =
+        Shared::built(|| format!("{} WHERE id > ? ORDER BY id LIMIT ?", *USE_COLS));
+    static AWAITING_DIGEST: Shared = Shared::built(|| {
+        format!(
+            "{} WHERE digest = '' AND id > ? ORDER BY id LIMIT ?",
+            *USE_COLS
+        )
+    });
+    static QUARANTINED_BEFORE: Shared = Shared::built(|| {
+        format!(
+            "SELECT {} FROM quarantined_entries WHERE quarantined_at < ? AND id > ? ORDER BY id LIMIT ?",
+            USE.join(", ")
+        )
+    });
     let limit = Param::Int(limit as i64);
-    match *which {
-        Removable::LeastRecentlyUsed(None) => (&LRU, vec![limit]),
-        Removable::LeastRecentlyUsed(Some(repository)) => (
+    let after = |id: &EntryId| Param::Int(id.get());
+    match walk {
+        EntryWalk::LeastRecentlyUsed(None) => (&LRU, vec![limit]),
+        EntryWalk::LeastRecentlyUsed(Some(repository)) => (
             &LRU_OF,
             vec![Param::Text(repository.as_str().to_owned()), limit],
         ),
-        Removable::LeastRecentlyUsedOfClass(repository, class) => (
+        EntryWalk::LeastRecentlyUsedOfClass(repository, class) => (
             &CLASS_LRU,
             vec![
                 Param::Text(repository.as_str().to_owned()),
@@ -610,41 +644,25 @@ pub(super) fn removable_sql(
                 limit,
             ],
         ),
-        Removable::Expired {
+        EntryWalk::Expired {
             unused_before,
             created_before,
         } => (
             &EXPIRED,
             vec![
-                Param::Int(unused_before),
+                Param::Int(*unused_before),
                 limit.clone(),
                 Param::Int(created_before.unwrap_or(crate::model::Millis::MIN)),
                 limit.clone(),
                 limit,
             ],
         ),
-    }
-}
-
-/// The statement of `LifecycleStore::entry_ids` and its parameters, on every backend.
-pub(super) fn entry_ids_sql(
-    after: EntryId,
-    limit: usize,
-    walk: super::EntryWalk,
-) -> (&'static Shared, Vec<Param>) {
-    static ALL: Shared = Shared::new("SELECT id FROM entries WHERE id > ? ORDER BY id LIMIT ?");
-    static AWAITING_DIGEST: Shared =
-        Shared::new("SELECT id FROM entries WHERE digest = '' AND id > ? ORDER BY id LIMIT ?");
-    static QUARANTINED_BEFORE: Shared = Shared::new(
-        "SELECT id FROM quarantined_entries WHERE quarantined_at < ? AND id > ? ORDER BY id LIMIT ?",
-    );
-    let (after, limit) = (Param::Int(after.get()), Param::Int(limit as i64));
-    match walk {
-        super::EntryWalk::All => (&ALL, vec![after, limit]),
-        super::EntryWalk::AwaitingDigest => (&AWAITING_DIGEST, vec![after, limit]),
-        super::EntryWalk::QuarantinedBefore(before) => {
-            (&QUARANTINED_BEFORE, vec![Param::Int(before), after, limit])
-        }
+        EntryWalk::All { after: id } => (&ALL, vec![after(id), limit]),
+        EntryWalk::AwaitingDigest { after: id } => (&AWAITING_DIGEST, vec![after(id), limit]),
+        EntryWalk::QuarantinedBefore { before, after: id } => (
+            &QUARANTINED_BEFORE,
+            vec![Param::Int(*before), after(id), limit],
+        ),
     }
 }
 
@@ -700,6 +718,14 @@ pub(super) fn listed_from_row(r: &impl SqlRow) -> Result<crate::model::ListedEnt
             at => Some(crate::model::Quarantine {
                 reason: r.read(quarantined_entries::quarantine_reason)?,
                 at,
+            }),
+        },
+        promotion: match r.read(entries::promoted_by)? {
+            by if by.is_empty() => None,
+            by => Some(crate::model::Promotion {
+                from_scope: crate::model::Scope::new(r.read(entries::promoted_from)?),
+                by,
+                cause: r.read(entries::promoted_for)?,
             }),
         },
     })

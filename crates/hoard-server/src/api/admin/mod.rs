@@ -21,8 +21,12 @@ use serde::Serialize;
 
 use super::AppState;
 use crate::cache::admin::{Disposal, ListQuery, Listing, Purge, Restores, MAX_RESTORES};
+use crate::cache::promotion::PromotionRequest;
 use crate::cache::CacheError;
-use crate::model::{EntryFilter, EntryId, ListedEntry, RestoreQuery, RestoreRecord, RestoringJob};
+use crate::model::{
+    EntryFilter, EntryId, ListedEntry, LogSafe, Promotion, RestoreQuery, RestoreRecord,
+    RestoringJob, Scope,
+};
 use crate::secret::Secret;
 use query::Query;
 
@@ -241,6 +245,7 @@ async fn route(
         (&Method::GET, "caches") => &[FILTER, PAGE],
         (&Method::GET, "restores") => &[RESTORES],
         (&Method::DELETE, "caches") => &[FILTER, DELETION],
+        (&Method::POST, "promotions") => &[&["repository", "from_ref", "to_ref", "dry_run"]],
         (&Method::DELETE, _) if one.is_some() => &[&["dry_run", "quarantine", "restores"]],
         _ => &[],
     };
@@ -272,13 +277,21 @@ async fn route(
         (&Method::GET, "caches") => ok(&list(app, &query).await?),
         (&Method::GET, "restores") => ok(&restores(app, &query).await?),
         (&Method::DELETE, "caches") => ok(&delete_matching(app, &query).await?),
+        (&Method::POST, "promotions") => ok(&promote(app, &query).await?),
         (&Method::GET, _) if one.is_some() => ok(&detail(app, one).await?),
         (&Method::DELETE, _) if one.is_some() => ok(&delete_one(app, one, &query).await?),
         // A known endpoint, another method.
         _ if one.is_some()
             || matches!(
                 path,
-                "status" | "usage" | "caches" | "restores" | "policy" | "stats" | "stats/families"
+                "status"
+                    | "usage"
+                    | "caches"
+                    | "restores"
+                    | "policy"
+                    | "stats"
+                    | "stats/families"
+                    | "promotions"
             ) =>
         {
             Err(AdminError(
@@ -622,6 +635,66 @@ async fn delete_matching(app: &AppState, query: &Query) -> Result<wire::Deleted,
         false => Vec::new(),
     };
     Ok(deleted(purge, dry_run, disposal, jobs))
+}
+
+/// `POST promotions`: the entries of `from_ref` promoted into `to_ref` by hand, under a
+/// `promoted_by` of their own (see [`crate::cache::promotion`]).
+async fn promote(app: &AppState, query: &Query) -> Result<wire::PromotionResult, AdminError> {
+    let required = |name: &str| {
+        query
+            .param(name)
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| AdminError::bad(format!("{name} is required")))
+    };
+    let (wanted, from, to) = (
+        required("repository")?,
+        required("from_ref")?,
+        required("to_ref")?,
+    );
+    let dry_run = query.flag("dry_run")?;
+    let repository = app
+        .cache()
+        .one_repository(wanted)
+        .await?
+        .ok_or_else(|| {
+            AdminError::not_found(format!(
+                "no such repository: {:?}",
+                LogSafe(wanted).to_string()
+            ))
+        })?
+        .repository;
+    let (from, to) = (Scope::new(from), Scope::new(to));
+    let by = Promotion::by_hand();
+    let request = PromotionRequest {
+        repository: &repository,
+        from_scope: &from,
+        to_scope: &to,
+        written_after: None,
+        by: &by,
+        cause: "",
+        dry_run,
+    };
+    let report = app.cache().promote(&request).await?;
+    Ok(wire::PromotionResult {
+        repository_id: repository.as_str().to_owned(),
+        from_ref: from.as_str().to_owned(),
+        to_ref: to.as_str().to_owned(),
+        promoted_by: by,
+        dry_run,
+        promoted: report
+            .promoted
+            .iter()
+            .map(|p| wire::PromotedEntry {
+                id: p.id.map(|id| id.get()),
+                from_id: p.from.get(),
+                key: p.key.clone(),
+                version: p.version.clone(),
+                size_in_bytes: p.size,
+            })
+            .collect(),
+        present: report.present,
+        refused: report.refused,
+    })
 }
 
 /// What the metadata and the entry bytes are kept in, for `status`.

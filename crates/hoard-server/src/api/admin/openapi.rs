@@ -57,6 +57,29 @@ mod tests {
             quarantined_at: None,
             quarantine_reason: None,
             quarantine_expires_at: None,
+            promoted: None,
+        }
+    }
+
+    /// An entry promoted from a merge queue's branch.
+    fn promoted_cache() -> Cache {
+        Cache {
+            promoted: Some(Promoted {
+                from_ref: "refs/heads/gh-readonly-queue/main/pr-104-abc".into(),
+                by: "72d3162e-cc78-11e3-81ab-4c9367dc0958".into(),
+                cause: "merge_group:refs/heads/gh-readonly-queue/main/pr-104-abc".into(),
+            }),
+            ..cache()
+        }
+    }
+
+    fn promoted_entry(id: Option<i64>) -> PromotedEntry {
+        PromotedEntry {
+            id,
+            from_id: 41,
+            key: "Linux-npm-abc".into(),
+            version: "v1".into(),
+            size_in_bytes: 1024,
         }
     }
 
@@ -235,6 +258,37 @@ mod tests {
                     sent(cache()),
                     sent(unrecorded_cache()),
                     sent(quarantined_cache()),
+                    sent(promoted_cache()),
+                ],
+            ),
+            ("Promoted", vec![sent(promoted_cache().promoted.unwrap())]),
+            (
+                "PromotedEntry",
+                vec![sent(promoted_entry(Some(42))), sent(promoted_entry(None))],
+            ),
+            (
+                "PromotionResult",
+                vec![
+                    sent(PromotionResult {
+                        repository_id: "1296269".into(),
+                        from_ref: "refs/heads/gh-readonly-queue/main/pr-104-abc".into(),
+                        to_ref: "refs/heads/main".into(),
+                        promoted_by: "admin:alice".into(),
+                        dry_run: false,
+                        promoted: vec![promoted_entry(Some(42))],
+                        present: 1,
+                        refused: 0,
+                    }),
+                    sent(PromotionResult {
+                        repository_id: "1296269".into(),
+                        from_ref: "refs/pull/7/merge".into(),
+                        to_ref: "refs/heads/main".into(),
+                        promoted_by: "admin:alice".into(),
+                        dry_run: true,
+                        promoted: vec![],
+                        present: 0,
+                        refused: 2,
+                    }),
                 ],
             ),
             ("WrittenBy", vec![sent(cache().written_by.unwrap())]),
@@ -588,6 +642,8 @@ mod tests {
         "CacheDetail.quarantined_at",
         "CacheDetail.quarantine_reason",
         "CacheDetail.quarantine_expires_at",
+        "Cache.promoted",
+        "CacheDetail.promoted",
     ];
 
     #[test]
@@ -660,6 +716,7 @@ mod tests {
                 "/caches/{id}/content",
                 "/caches/{id}/release",
                 "/restores",
+                "/promotions",
                 "/openapi.json"
             ])
         );

@@ -24,6 +24,7 @@ pub const FILTER: &[&str] = &[
     "written_before",
     "digest",
     "state",
+    "promoted_by",
 ];
 /// `GET restores`: the parts of the entry filter a restore record keeps, and the answer's size.
 pub const RESTORES: &[&str] = &[
@@ -157,6 +158,7 @@ impl Query {
             written_after,
             written_before,
             digest: self.digest()?,
+            promoted_by: bounded("promoted_by")?,
             quarantined: match self.param("state") {
                 None | Some("live") => false,
                 Some("quarantined") => true,

@@ -46,15 +46,17 @@ use crate::meta::sql::{
     UPLOAD, USE_COLS,
 };
 use crate::meta::sql::{
-    drop_restores_sql, each_repository_keeps, entry_ids_sql, removable_sql,
+    drop_restores_sql, each_repository_keeps, walk_entries_sql, FORGET_SHARED_DELETIONS,
     RESTORE_HEAVY_REPOSITORIES,
 };
+use crate::meta::webhook_sql;
 use crate::meta::{
-    AdminStore, BlockState, EntryChunk, EntryPage, EntrySelection, EntryState, EntryWalk,
-    FinalizeState, Health, LifecycleStore, MetaError, NewEntry, NewUpload, Removable, Removal,
-    RepositoryUsage, RestoreDrop, RestoreQuery, RestoreStore, SaveStore, SlotState, Totals,
-    UploadChange, UsageOf, Uses,
+    AdminStore, BlockState, EntryChunk, EntryMove, EntryPage, EntrySelection, EntryState,
+    EntryWalk, Health, LifecycleStore, MetaError, NewEntry, NewUpload, Repositories, RestoreDrop,
+    RestoreQuery, RestoreStore, SaveStore, SlotRead, SlotState, SweptUploads, UploadChange,
+    UploadSweep, UsageOf, Uses,
 };
+use crate::meta::{Delivered, Delivery, WebhookStore};
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, QuotaUsage,
     RemovalCause, RepoId, RestoreRecord, Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId,
@@ -597,27 +599,54 @@ impl Health for SqliteStore {
 
 #[async_trait]
 impl SaveStore for SqliteStore {
-    async fn slot_state(&self, slot: &Slot, live_since: Millis) -> Result<SlotState, MetaError> {
+    async fn slot_state(&self, slot: &Slot, read: SlotRead) -> Result<SlotState, MetaError> {
         let (repo, scope, folded, version) = slot_params(slot);
-        // One read transaction for the three statements: one snapshot, and one take of the
-        // log's read lock instead of three.
+        // One read transaction for the statements: one snapshot, and one take of the log's
+        // read lock instead of three.
         self.read_consistent(move |conn| {
-            let entry_exists = conn
-                .prepare_cached("SELECT 1 FROM entries WHERE repository = ? AND version = ? AND scope = ? AND key_folded = ?")?
-                .exists(params![repo, version, scope, folded])?;
-            let open = OPEN_UPLOAD_OF_SLOT.first(conn, params![repo, scope, folded, version], |r| {
-                upload_from_row(r)
-            })?;
-            let live: i64 = conn
-                .prepare_cached(
-                    "SELECT COUNT(*) AS n FROM uploads WHERE repository = ? AND state = 'open' AND created_at >= ?",
-                )?
-                .query_row(params![repo, live_since], |r| r.get("n"))?;
-            Ok(SlotState {
-                entry_exists,
-                open,
-                live_open_uploads: live as u64,
-            })
+            let slot = params![repo, scope, folded, version];
+            let open = OPEN_UPLOAD_OF_SLOT.first(conn, slot, |r| upload_from_row(r))?;
+            match read {
+                SlotRead::Reserve { live_since } => {
+                    let entry_exists = conn
+                        .prepare_cached("SELECT 1 FROM entries WHERE repository = ? AND version = ? AND scope = ? AND key_folded = ?")?
+                        .exists(params![repo, version, scope, folded])?;
+                    let live: i64 = conn
+                        .prepare_cached(
+                            "SELECT COUNT(*) AS n FROM uploads WHERE repository = ? AND state = 'open' AND created_at >= ?",
+                        )?
+                        .query_row(params![repo, live_since], |r| r.get("n"))?;
+                    Ok(SlotState {
+                        open,
+                        entry_exists,
+                        live_open_uploads: live as u64,
+                        ..SlotState::default()
+                    })
+                }
+                SlotRead::Finalize => {
+                    if let Some(upload) = open {
+                        let blocks = load_blocks(conn, upload.id)?;
+                        return Ok(SlotState {
+                            open: Some(upload),
+                            blocks,
+                            ..SlotState::default()
+                        });
+                    }
+                    // No open upload: perhaps a retry of a finalize that succeeded.
+                    let finalized: Option<(i64, i64)> = conn
+                        .prepare_cached(
+                            "SELECT e.id, e.size FROM uploads u JOIN entries e ON e.id = u.entry_id
+                             WHERE u.repository = ? AND u.scope = ? AND u.key_folded = ? AND u.version = ? AND u.state = 'finalized'
+                             ORDER BY u.id DESC LIMIT 1",
+                        )?
+                        .query_row(slot, |r| Ok((r.get("id")?, r.get("size")?)))
+                        .optional()?;
+                    Ok(SlotState {
+                        finalized: finalized.map(|(id, size)| (EntryId::new(id), size as u64)),
+                        ..SlotState::default()
+                    })
+                }
+            }
         })
         .await
     }
@@ -646,33 +675,6 @@ impl SaveStore for SqliteStore {
             let mut stmt = conn.prepare_cached(BLOCK_STATE_SQL.on(Backend::Sqlite))?;
             let params = params![block.as_bytes(), id.get()];
             named_first(&mut stmt, &NAMES, params, |r| block_state_from_row(r))
-        })
-        .await
-    }
-
-    async fn finalize_state(&self, slot: &Slot) -> Result<FinalizeState, MetaError> {
-        let (repo, scope, folded, version) = slot_params(slot);
-        self.read_consistent(move |conn| {
-            let slot = params![repo, scope, folded, version];
-            let open = match OPEN_UPLOAD_OF_SLOT.first(conn, slot, |r| upload_from_row(r))? {
-                Some(upload) => {
-                    let blocks = load_blocks(conn, upload.id)?;
-                    Some((upload, blocks))
-                }
-                None => None,
-            };
-            let finalized: Option<(i64, i64)> = conn
-                .prepare_cached(
-                    "SELECT e.id, e.size FROM uploads u JOIN entries e ON e.id = u.entry_id
-                     WHERE u.repository = ? AND u.scope = ? AND u.key_folded = ? AND u.version = ? AND u.state = 'finalized'
-                     ORDER BY u.id DESC LIMIT 1",
-                )?
-                .query_row(params![repo, scope, folded, version], |r| Ok((r.get("id")?, r.get("size")?)))
-                .optional()?;
-            Ok(FinalizeState {
-                open,
-                finalized: finalized.map(|(id, size)| (EntryId::new(id), size as u64)),
-            })
         })
         .await
     }
@@ -716,19 +718,29 @@ impl SaveStore for SqliteStore {
         }
     }
 
-    async fn finalize(&self, upload: &Upload, entry: NewEntry<'_>) -> Result<EntryId, MetaError> {
+    async fn finalize(
+        &self,
+        upload: Option<&Upload>,
+        entry: NewEntry<'_>,
+    ) -> Result<EntryId, MetaError> {
         let row = EntryRow::from_new(&entry, Backend::Sqlite);
-        let (upload, chunks, now) = (upload.clone(), entry.chunks.to_vec(), entry.now);
+        let (upload, chunks, now) = (upload.cloned(), entry.chunks.to_vec(), entry.now);
         let name = entry.repository_name.to_owned();
         let (pr_bytes, pr_entries) = pr_counts(entry.scope_class, row.size as u64);
         self.write(move |tx| {
-            claim(tx, &upload, now)?;
+            if let Some(upload) = &upload {
+                claim(tx, upload, now)?;
+            }
             let (repository, size) = (row.repository.clone(), row.size);
             let entry = insert_entry(tx, row)?;
             insert_chunks(tx, entry, &chunks)?;
-            drop_blocks(tx, upload.id)?;
-            tx.prepare_cached("UPDATE uploads SET state = 'finalized', entry_id = ? WHERE id = ?")?
+            if let Some(upload) = &upload {
+                drop_blocks(tx, upload.id)?;
+                tx.prepare_cached(
+                    "UPDATE uploads SET state = 'finalized', entry_id = ? WHERE id = ?",
+                )?
                 .execute(params![entry, upload.id.get()])?;
+            }
             tx.prepare_cached(
                 "INSERT INTO repository_usage (repository, bytes, entries, name, pr_bytes, pr_entries) VALUES (?, ?, 1, ?, ?, ?)
                  ON CONFLICT (repository) DO UPDATE SET bytes = bytes + excluded.bytes, entries = entries + 1,
@@ -802,6 +814,36 @@ impl SqliteStore {
             claim(tx, &upload, now)?;
             drop_blocks(tx, upload.id)?;
             set_state(tx, upload.id, UploadState::Aborted)
+        })
+        .await
+    }
+
+    /// [`EntryMove::Release`] of `ids`.
+    async fn release(&self, ids: Vec<EntryId>) -> Result<Vec<EntryUse>, MetaError> {
+        self.write(move |tx| {
+            let mut moved = Vec::new();
+            for id in ids {
+                let id = id.get();
+                let released = tx
+                    .prepare_cached(quarantine::RELEASE_ENTRY.on(Backend::Sqlite))?
+                    .execute([id])?;
+                if released == 0 {
+                    continue;
+                }
+                tx.prepare_cached(quarantine::RELEASE_CHUNKS.on(Backend::Sqlite))?
+                    .execute([id])?;
+                tx.prepare_cached(quarantine::RELEASE_USAGE.on(Backend::Sqlite))?
+                    .execute([id, id, id, id])?;
+                tx.prepare_cached(quarantine::FORGET_CHUNKS.on(Backend::Sqlite))?
+                    .execute([id])?;
+                tx.prepare_cached(quarantine::FORGET_ENTRY.on(Backend::Sqlite))?
+                    .execute([id])?;
+                let released = tx
+                    .prepare_cached(&format!("{} WHERE id = ?", *USE_COLS))?
+                    .query_row([id], |r| Ok(use_from_row(r)))??;
+                moved.push(released);
+            }
+            Ok(moved)
         })
         .await
     }
@@ -970,12 +1012,12 @@ impl LifecycleStore for SqliteStore {
         Ok(dropped)
     }
 
-    async fn removable(
+    async fn walk_entries(
         &self,
-        which: Removable<'_>,
+        walk: EntryWalk<'_>,
         limit: usize,
     ) -> Result<Vec<EntryUse>, MetaError> {
-        let (sql, params) = removable_sql(&which, limit);
+        let (sql, params) = walk_entries_sql(&walk, limit);
         self.read(move |conn| {
             let mut stmt = conn.prepare_cached(sql.on(Backend::Sqlite))?;
             let rows = stmt.query(rusqlite::params_from_iter(params))?;
@@ -984,12 +1026,16 @@ impl LifecycleStore for SqliteStore {
         .await
     }
 
-    async fn remove_entries(
+    async fn move_entries(
         &self,
         ids: &[EntryId],
-        removal: Removal<'_>,
+        change: EntryMove<'_>,
     ) -> Result<Vec<EntryUse>, MetaError> {
         let ids = ids.to_vec();
+        let removal = match change {
+            EntryMove::Remove(removal) => removal,
+            EntryMove::Release => return self.release(ids).await,
+        };
         let (cause, now, delete_at) = (removal.cause.clone(), removal.now, removal.delete_at);
         if removal.from == EntryState::Quarantined {
             return self
@@ -1059,53 +1105,31 @@ impl LifecycleStore for SqliteStore {
         .await
     }
 
-    async fn release_quarantined(&self, id: EntryId) -> Result<Option<EntryUse>, MetaError> {
+    async fn take_deletions(
+        &self,
+        done: &[BlobName],
+        now: Millis,
+        limit: usize,
+    ) -> Result<Vec<BlobName>, MetaError> {
+        let done: Vec<String> = done.iter().map(|n| n.as_str().to_owned()).collect();
         self.write(move |tx| {
-            let id = id.get();
-            let released = tx
-                .prepare_cached(quarantine::RELEASE_ENTRY.on(Backend::Sqlite))?
-                .execute([id])?;
-            if released == 0 {
-                return Ok(None);
+            let mut delete =
+                tx.prepare_cached("DELETE FROM pending_deletions WHERE blob_name = ?")?;
+            for name in done {
+                delete.execute([name])?;
             }
-            tx.prepare_cached(quarantine::RELEASE_CHUNKS.on(Backend::Sqlite))?
-                .execute([id])?;
-            tx.prepare_cached(quarantine::RELEASE_USAGE.on(Backend::Sqlite))?
-                .execute([id, id, id, id])?;
-            tx.prepare_cached(quarantine::FORGET_CHUNKS.on(Backend::Sqlite))?
-                .execute([id])?;
-            tx.prepare_cached(quarantine::FORGET_ENTRY.on(Backend::Sqlite))?
-                .execute([id])?;
-            let released = tx
-                .prepare_cached(&format!("{} WHERE id = ?", *USE_COLS))?
-                .query_row([id], |r| Ok(use_from_row(r)))??;
-            Ok(Some(released))
-        })
-        .await
-    }
-
-    async fn due_deletions(&self, now: Millis, limit: usize) -> Result<Vec<BlobName>, MetaError> {
-        self.read(move |conn| {
-            let mut stmt = conn.prepare_cached(
+            if limit == 0 {
+                return Ok(Vec::new());
+            }
+            tx.prepare_cached(FORGET_SHARED_DELETIONS.on(Backend::Sqlite))?
+                .execute([now])?;
+            let mut stmt = tx.prepare_cached(
                 "SELECT blob_name FROM pending_deletions WHERE delete_at <= ? ORDER BY delete_at LIMIT ?",
             )?;
             let names = rows_of(stmt.query(params![now, limit as i64])?, |r| {
                 r.read(pending_deletions::blob_name)
             })?;
             Ok(names.iter().filter_map(|n| BlobName::parse(n)).collect())
-        })
-        .await
-    }
-
-    async fn deletions_done(&self, names: &[BlobName]) -> Result<(), MetaError> {
-        let names: Vec<String> = names.iter().map(|n| n.as_str().to_owned()).collect();
-        self.write(move |tx| {
-            let mut delete =
-                tx.prepare_cached("DELETE FROM pending_deletions WHERE blob_name = ?")?;
-            for name in names {
-                delete.execute([name])?;
-            }
-            Ok(())
         })
         .await
     }
@@ -1131,49 +1155,33 @@ impl LifecycleStore for SqliteStore {
         .await
     }
 
-    async fn stale_uploads(
-        &self,
-        created_before: Millis,
-        limit: usize,
-    ) -> Result<Vec<UploadId>, MetaError> {
-        self.read(move |conn| {
+    async fn sweep_uploads(&self, sweep: UploadSweep) -> Result<SweptUploads, MetaError> {
+        let open = move |conn: &Connection| {
             let mut stmt = conn.prepare_cached(
                 "SELECT id FROM uploads WHERE state = 'open' AND created_at < ? ORDER BY created_at LIMIT ?",
             )?;
-            let ids = rows_of(stmt.query(params![created_before, limit as i64])?, |r| {
+            let params = params![sweep.open_before, sweep.limit as i64];
+            let ids = rows_of(stmt.query(params)?, |r| {
                 r.read(uploads::id).map(UploadId::new)
             });
             ids
-        })
-        .await
-    }
-
-    async fn prune_uploads(&self, created_before: Millis) -> Result<u64, MetaError> {
+        };
+        let Some(before) = sweep.prune_before else {
+            let open = self.read(open).await?;
+            return Ok(SweptUploads { open, pruned: 0 });
+        };
         self.write(move |tx| {
             let mut pruned = 0;
             for state in ["finalized", "aborted"] {
                 pruned += tx
                     .prepare_cached("DELETE FROM uploads WHERE state = ? AND created_at < ?")?
-                    .execute(params![state, created_before])?;
+                    .execute(params![state, before])?;
             }
-            Ok(pruned as u64)
-        })
-        .await
-    }
-
-    async fn entry_ids(
-        &self,
-        after: EntryId,
-        limit: usize,
-        walk: EntryWalk,
-    ) -> Result<Vec<EntryId>, MetaError> {
-        let (sql, params) = entry_ids_sql(after, limit, walk);
-        self.read(move |conn| {
-            let mut stmt = conn.prepare_cached(sql.on(Backend::Sqlite))?;
-            let ids = rows_of(stmt.query(rusqlite::params_from_iter(params))?, |r| {
-                r.read(entries::id).map(EntryId::new)
-            });
-            ids
+            let open = open(tx)?;
+            Ok(SweptUploads {
+                open,
+                pruned: pruned as u64,
+            })
         })
         .await
     }
@@ -1276,13 +1284,22 @@ impl AdminStore for SqliteStore {
         &self,
         only: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<RepositoryUsage>, MetaError> {
-        let (sql, params) = repositories_sql(only, limit, |_| "?".into());
-        self.read(move |conn| {
-            // Not cached: operators' statements vary and would push the hot ones out.
-            let mut stmt = conn.prepare(&sql)?;
-            let rows = stmt.query(rusqlite::params_from_iter(params))?;
-            rows_of(rows, |r| repository_from_row(r))
+    ) -> Result<Repositories, MetaError> {
+        let page = (limit > 0).then(|| repositories_sql(only, limit, |_| "?".into()));
+        self.read_consistent(move |conn| {
+            let listed = match page {
+                Some((sql, params)) => {
+                    // Not cached: operators' statements vary and would push the hot ones out.
+                    let mut stmt = conn.prepare(&sql)?;
+                    let rows = stmt.query(rusqlite::params_from_iter(params))?;
+                    rows_of(rows, |r| repository_from_row(r))?
+                }
+                None => Vec::new(),
+            };
+            let mut stmt = conn.prepare_cached(TOTALS.on(Backend::Sqlite))?;
+            let totals = first_of(stmt.query([])?, |r| totals_from_row(r))?
+                .ok_or_else(|| MetaError::Internal("the totals have no row".into()))?;
+            Ok(Repositories { listed, totals })
         })
         .await
     }
@@ -1297,12 +1314,37 @@ impl AdminStore for SqliteStore {
         })
         .await
     }
+}
 
-    async fn totals(&self) -> Result<Totals, MetaError> {
-        self.read(|conn| {
-            let mut stmt = conn.prepare_cached(TOTALS.on(Backend::Sqlite))?;
-            let totals = first_of(stmt.query([])?, |r| totals_from_row(r))?;
-            totals.ok_or_else(|| MetaError::Internal("the totals have no row".into()))
+#[async_trait]
+impl WebhookStore for SqliteStore {
+    async fn deliver(&self, delivery: &Delivery<'_>) -> Result<Delivered, MetaError> {
+        let statements = webhook_sql::delivery_statements(delivery);
+        let asks = delivery.about.is_some();
+        self.write(move |tx| {
+            let last = statements.len() - 1;
+            let mut new = false;
+            for (i, (sql, params)) in statements.into_iter().enumerate() {
+                let mut stmt = tx.prepare_cached(sql.on(Backend::Sqlite))?;
+                if asks && i == last {
+                    let rows = stmt.query(rusqlite::params_from_iter(params))?;
+                    let known = rows_of(rows, |r| webhook_sql::ref_from_row(r))?;
+                    return Ok(if new {
+                        Delivered::New(known)
+                    } else {
+                        Delivered::Seen
+                    });
+                }
+                let changed = stmt.execute(rusqlite::params_from_iter(params))?;
+                if i == webhook_sql::RECORD_DELIVERY_AT {
+                    new = changed > 0;
+                }
+            }
+            Ok(if new {
+                Delivered::New(Vec::new())
+            } else {
+                Delivered::Seen
+            })
         })
         .await
     }
@@ -1382,14 +1424,14 @@ mod migration_tests {
             }
         );
         let pr = store
-            .removable(
-                Removable::LeastRecentlyUsedOfClass(&repo, ScopeClass::PullRequestOrTag),
+            .walk_entries(
+                EntryWalk::LeastRecentlyUsedOfClass(&repo, ScopeClass::PullRequestOrTag),
                 10,
             )
             .await
             .unwrap();
         assert_eq!(pr.iter().map(|e| e.size).collect::<Vec<_>>(), [20, 5]);
-        let listed = store.repositories(Some("r"), 1).await.unwrap();
+        let listed = store.repositories(Some("r"), 1).await.unwrap().listed;
         assert_eq!((listed[0].pr_bytes, listed[0].pr_entries), (25, 2));
     }
 
@@ -1444,10 +1486,16 @@ mod migration_tests {
             )])
             .await;
         id.unwrap();
-        let ids = store
-            .entry_ids(EntryId::new(0), 10, EntryWalk::All)
+        let walk = EntryWalk::All {
+            after: EntryId::new(0),
+        };
+        let ids: Vec<EntryId> = store
+            .walk_entries(walk, 10)
             .await
-            .unwrap();
+            .unwrap()
+            .iter()
+            .map(|e| e.id)
+            .collect();
         assert_eq!(ids, [EntryId::new(3), EntryId::new(10)]);
     }
 

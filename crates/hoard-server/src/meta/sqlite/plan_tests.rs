@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use super::wal::WAL_HARD_LIMIT;
 use super::*;
-use crate::meta::RestoreBound;
+use crate::meta::{Removal, RestoreBound};
 use crate::model::{CacheKey, EntryFilter};
 
 /// Statements run by this test process's stores, with their parameters, while recording.
@@ -107,7 +107,8 @@ async fn every_statement_uses_an_index_at_a_hundred_thousand_entries() {
 
     // A save, restores and the lifecycle's queries, as the domain makes them.
     let s = slot("repo-7", "key-new");
-    let state = store.slot_state(&s, 0).await.unwrap();
+    let reserve = SlotRead::Reserve { live_since: 0 };
+    let state = store.slot_state(&s, reserve).await.unwrap();
     assert!(!state.entry_exists);
     let new = NewUpload {
         slot: &s,
@@ -130,15 +131,15 @@ async fn every_statement_uses_an_index_at_a_hundred_thousand_entries() {
     let (upload, blocks) = store.upload_with_blocks(id).await.unwrap().unwrap();
     let parts: Vec<(BlockId, Chunk)> = blocks.staged.into_iter().collect();
     store.commit_parts(&upload, &parts, 200_002).await.unwrap();
-    let fin = store.finalize_state(&s).await.unwrap();
-    let (upload, _) = fin.open.unwrap();
+    let fin = store.slot_state(&s, SlotRead::Finalize).await.unwrap();
+    let upload = fin.open.unwrap();
     let chunks = vec![c.clone()];
     let entry = NewEntry {
         key: "key-new",
         written_by: upload.written_by.as_ref(),
         ..NewEntry::new(&s, &chunks, 200_003)
     };
-    let new_id = store.finalize(&upload, entry).await.unwrap();
+    let new_id = store.finalize(Some(&upload), entry).await.unwrap();
     let repo = RepoId::new("repo-7");
     let version = Version::parse("v").unwrap();
     let scopes = [
@@ -174,22 +175,22 @@ async fn every_statement_uses_an_index_at_a_hundred_thousand_entries() {
     store.record_uses(&hits).await.unwrap();
     assert!(store.usage(UsageOf::Repository(&repo)).await.unwrap().bytes > 0);
     let lru = store
-        .removable(Removable::LeastRecentlyUsed(Some(&repo)), 8)
+        .walk_entries(EntryWalk::LeastRecentlyUsed(Some(&repo)), 8)
         .await
         .unwrap();
     store
-        .removable(Removable::LeastRecentlyUsed(None), 8)
+        .walk_entries(EntryWalk::LeastRecentlyUsed(None), 8)
         .await
         .unwrap();
     for class in [ScopeClass::Branch, ScopeClass::PullRequestOrTag] {
         store
-            .removable(Removable::LeastRecentlyUsedOfClass(&repo, class), 8)
+            .walk_entries(EntryWalk::LeastRecentlyUsedOfClass(&repo, class), 8)
             .await
             .unwrap();
     }
     store
-        .removable(
-            Removable::Expired {
+        .walk_entries(
+            EntryWalk::Expired {
                 unused_before: 50,
                 created_before: Some(50),
             },
@@ -204,21 +205,31 @@ async fn every_statement_uses_an_index_at_a_hundred_thousand_entries() {
         now: 200_005,
         delete_at: 300_000,
     };
-    store.remove_entries(&[lru[0].id], removal).await.unwrap();
-    let due = store.due_deletions(300_000, 10).await.unwrap();
-    store.referenced(&due).await.unwrap();
-    store.deletions_done(&due).await.unwrap();
-    store.stale_uploads(10, 10).await.unwrap();
     store
-        .entry_ids(EntryId::new(50_000), 10, EntryWalk::All)
+        .move_entries(&[lru[0].id], EntryMove::Remove(removal))
+        .await
+        .unwrap();
+    let due = store.take_deletions(&[], 300_000, 10).await.unwrap();
+    store.referenced(&due).await.unwrap();
+    store.take_deletions(&due, 300_000, 10).await.unwrap();
+    let sweep = UploadSweep {
+        open_before: 10,
+        limit: 10,
+        prune_before: Some(10),
+    };
+    store.sweep_uploads(sweep).await.unwrap();
+    let after = EntryId::new(50_000);
+    store
+        .walk_entries(EntryWalk::All { after }, 10)
         .await
         .unwrap();
     // The preloaded entries have their digests; the one finalized above does not.
+    let after = EntryId::new(0);
     let awaiting = store
-        .entry_ids(EntryId::new(0), 10, EntryWalk::AwaitingDigest)
+        .walk_entries(EntryWalk::AwaitingDigest { after }, 10)
         .await
         .unwrap();
-    assert!(awaiting.contains(&new_id), "{awaiting:?}");
+    assert!(awaiting.iter().any(|e| e.id == new_id), "{awaiting:?}");
     store
         .record_digest(new_id, &[[3; 32]], "sha256:03")
         .await

@@ -23,14 +23,17 @@ fn spell(template: &str) -> String {
 
 #[async_trait]
 impl StatsStore for SqliteStore {
-    async fn kept_families(
+    async fn families(
         &self,
         repository: &RepoId,
-        families: &[String],
+        keep: &[String],
+        asked: &[String],
+        now: Millis,
     ) -> Result<(Vec<String>, u64), MetaError> {
         let mut params = vec![repository.as_str().to_owned()];
-        params.extend(families.iter().cloned());
-        self.read(move |conn| {
+        params.extend(asked.iter().cloned());
+        let keep = keep.to_vec();
+        let answer = move |conn: &rusqlite::Connection| {
             let kept = if params.len() > 1 {
                 // Not cached: the statement's length follows the batch.
                 let mut stmt = conn.prepare(&kept_families_sql(params.len() - 1))?;
@@ -45,23 +48,17 @@ impl StatsStore for SqliteStore {
                 .prepare_cached(COUNT_FAMILIES.on(SQLITE))?
                 .query_row([&params[0]], |r| r.get("n"))?;
             Ok((kept, count.max(0) as u64))
-        })
-        .await
-    }
-
-    async fn keep_families(
-        &self,
-        repository: &RepoId,
-        families: &[String],
-        now: Millis,
-    ) -> Result<(), MetaError> {
-        let (repository, families) = (repository.as_str().to_owned(), families.to_vec());
+        };
+        if keep.is_empty() {
+            return self.read(answer).await;
+        }
+        let repository = repository.as_str().to_owned();
         self.write(move |tx| {
-            let mut keep = tx.prepare_cached(&adding(SQLITE).keep_family)?;
-            for family in families {
-                keep.execute(rusqlite::params![repository, family, now])?;
+            let mut adding = tx.prepare_cached(&adding(SQLITE).keep_family)?;
+            for family in keep {
+                adding.execute(rusqlite::params![repository, family, now])?;
             }
-            Ok(())
+            answer(tx)
         })
         .await
     }

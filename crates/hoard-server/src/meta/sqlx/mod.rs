@@ -85,16 +85,17 @@ use super::sql::{
     use_from_row, Param, SqlRow, BLOCK_STATE_SQL, CHUNK, ENTRY, UPLOAD, USE_COLS,
 };
 use super::sql::{
-    drop_restores_sql, each_repository_keeps, entry_ids_sql, removable_sql,
+    drop_restores_sql, each_repository_keeps, walk_entries_sql, FORGET_SHARED_DELETIONS,
     RESTORE_HEAVY_REPOSITORIES,
 };
 use super::sql::{totals_from_row, usage_sql, TOTALS};
 use super::{
-    AdminStore, BlockState, EntryChunk, EntryPage, EntrySelection, EntryState, EntryWalk,
-    FinalizeState, Health, LifecycleStore, MetaError, NewEntry, NewUpload, PoolSettings, Removable,
-    Removal, RepositoryUsage, RestoreDrop, RestoreQuery, RestoreStore, SaveStore, SlotState,
-    Totals, UploadChange, UsageOf, Uses,
+    AdminStore, BlockState, EntryChunk, EntryMove, EntryPage, EntrySelection, EntryState,
+    EntryWalk, Health, LifecycleStore, MetaError, NewEntry, NewUpload, PoolSettings, Removal,
+    Repositories, RestoreDrop, RestoreQuery, RestoreStore, SaveStore, SlotRead, SlotState,
+    SweptUploads, UploadChange, UploadSweep, UsageOf, Uses,
 };
+use super::{Delivered, Delivery, WebhookStore};
 use crate::model::{
     BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, QuotaUsage, RepoId,
     RestoreRecord, Scope, Slot, Upload, UploadBlocks, UploadId, Version,
@@ -119,10 +120,24 @@ pub struct SqlxStore<D> {
 /// spelling ([`Shared::on`]).
 pub enum Step {
     /// Rows wanted.
-    Fetch(&'static str, Vec<Param>),
+    Fetch(Sql, Vec<Param>),
     /// Only the count of rows changed.
-    Execute(&'static str, Vec<Param>),
+    Execute(Sql, Vec<Param>),
 }
+
+impl Step {
+    pub fn fetch(sql: impl Into<Sql>, params: Vec<Param>) -> Self {
+        Self::Fetch(sql.into(), params)
+    }
+
+    pub fn execute(sql: impl Into<Sql>, params: Vec<Param>) -> Self {
+        Self::Execute(sql.into(), params)
+    }
+}
+
+/// A step's statement: one written in the code, or one built for the call (a list of names, an
+/// operator's filter).
+pub type Sql = std::borrow::Cow<'static, str>;
 
 /// What a [`Step`] gave.
 pub enum Done<R> {
@@ -180,7 +195,11 @@ pub trait Dialect: Connections + Sized {
         now: Millis,
     ) -> Result<(), MetaError>;
     async fn abort_upload(&self, upload: &Upload, now: Millis) -> Result<(), MetaError>;
-    async fn finalize(&self, upload: &Upload, new: NewEntry<'_>) -> Result<EntryId, MetaError>;
+    async fn finalize(
+        &self,
+        upload: Option<&Upload>,
+        new: NewEntry<'_>,
+    ) -> Result<EntryId, MetaError>;
     /// [`RestoreStore::record_uses`], with the restore records' statements written once
     /// (`restores`) run in the same transaction.
     async fn record_uses(&self, uses: &Uses, restores: Vec<Step>) -> Result<(), MetaError>;
@@ -237,8 +256,8 @@ impl<D: Dialect> SqlxStore<D> {
         let done = self
             .db
             .in_transaction(vec![
-                Step::Fetch(on(&quarantine::ENTRY), vec![id.clone()]),
-                Step::Fetch(on(&quarantine::CHUNKS), vec![id]),
+                Step::fetch(on(&quarantine::ENTRY), vec![id.clone()]),
+                Step::fetch(on(&quarantine::CHUNKS), vec![id]),
             ])
             .await?;
         let [Done::Rows(head), Done::Rows(chunks)] = &done[..] else {
@@ -279,12 +298,6 @@ impl<D: Dialect> SqlxStore<D> {
         self.db.fetch(&D::BACKEND.spell(template), params).await
     }
 
-    /// A shared statement's single integer `n` (a count or a sum); 0 without a row.
-    async fn number(&self, sql: &'static Shared, params: Vec<Param>) -> Result<u64, MetaError> {
-        let rows = self.rows(sql, params).await?;
-        number_of(&rows)
-    }
-
     /// An upload and its blocks by a statement of [`upload_with_blocks_sql`], the upload named
     /// by `key` in each of the statement's three places.
     async fn upload_and_blocks(
@@ -301,6 +314,75 @@ impl<D: Dialect> SqlxStore<D> {
 
     /// `template` with `{names}` replaced by a list of `names`, bound `times` over, in
     /// statements of at most [`NAMES_PER_STATEMENT`] names: the rows of every one.
+    /// [`SlotRead::Finalize`]: the open upload and its blocks in one statement, else the
+    /// newest finalized upload's entry.
+    async fn finalize_state(&self, slot: &Slot) -> Result<SlotState, MetaError> {
+        let hash = Param::Bytes(slot_hash(slot));
+        static OPEN_OF_SLOT: Shared = Shared::built(|| {
+            upload_with_blocks_sql(
+                "(SELECT id FROM uploads WHERE slot_hash = ? AND state = 'open')",
+                "u.slot_hash = ? AND u.state = 'open'",
+            )
+        });
+        let open = self.upload_and_blocks(&OPEN_OF_SLOT, hash.clone()).await?;
+        if let Some((upload, blocks)) = open {
+            return Ok(SlotState {
+                open: Some(upload),
+                blocks,
+                ..SlotState::default()
+            });
+        }
+        // No open upload: perhaps a retry of a finalize that succeeded.
+        let rows = self
+            .rows(
+                shared!(
+                    "SELECT e.id, e.size FROM uploads u JOIN entries e ON e.id = u.entry_id
+                     WHERE u.slot_hash = ? AND u.state = 'finalized' ORDER BY u.id DESC LIMIT 1"
+                ),
+                vec![hash],
+            )
+            .await?;
+        let finalized = rows
+            .first()
+            .map(|row| {
+                let id = EntryId::new(row.read(entries::id)?);
+                Ok::<_, MetaError>((id, row.count(entries::size.name)?))
+            })
+            .transpose()?;
+        Ok(SlotState {
+            finalized,
+            ..SlotState::default()
+        })
+    }
+
+    /// [`EntryMove::Release`] of `ids`: per entry, its row back, its chunks, its repository's
+    /// usage, the quarantine's rows forgotten, and the released entry read.
+    async fn release(&self, ids: &[EntryId]) -> Result<Vec<EntryUse>, MetaError> {
+        static RELEASED: Shared = Shared::built(|| format!("{} WHERE id = ?", *USE_COLS));
+        let on = |sql: &'static Shared| sql.on(D::BACKEND);
+        let steps = ids.iter().flat_map(|id| {
+            let id = Param::Int(id.get());
+            [
+                Step::execute(on(&quarantine::RELEASE_ENTRY), vec![id.clone()]),
+                Step::execute(on(&quarantine::RELEASE_CHUNKS), vec![id.clone()]),
+                Step::execute(on(&quarantine::RELEASE_USAGE), vec![id.clone(); 4]),
+                Step::execute(on(&quarantine::FORGET_CHUNKS), vec![id.clone()]),
+                Step::execute(on(&quarantine::FORGET_ENTRY), vec![id.clone()]),
+                Step::fetch(on(&RELEASED), vec![id]),
+            ]
+        });
+        let done = self.db.in_transaction(steps.collect()).await?;
+        let mut moved = Vec::new();
+        for steps in done.chunks(6) {
+            if let [Done::Changed(1..), .., Done::Rows(rows)] = steps {
+                if let Some(row) = rows.first() {
+                    moved.push(use_from_row(row)?);
+                }
+            }
+        }
+        Ok(moved)
+    }
+
     async fn per_names(
         &self,
         template: &str,
@@ -373,7 +455,11 @@ impl<D: Dialect> Health for SqlxStore<D> {
 
 #[async_trait]
 impl<D: Dialect> SaveStore for SqlxStore<D> {
-    async fn slot_state(&self, slot: &Slot, live_since: Millis) -> Result<SlotState, MetaError> {
+    async fn slot_state(&self, slot: &Slot, read: SlotRead) -> Result<SlotState, MetaError> {
+        let live_since = match read {
+            SlotRead::Reserve { live_since } => live_since,
+            SlotRead::Finalize => return self.finalize_state(slot).await,
+        };
         let hash = Param::Bytes(slot_hash(slot));
         static SLOT_STATE: Shared = Shared::built(|| {
             format!(
@@ -403,9 +489,10 @@ impl<D: Dialect> SaveStore for SqlxStore<D> {
             .map(|_| upload_from_row(row))
             .transpose()?;
         Ok(SlotState {
-            entry_exists: row.int("entry_exists")? != 0,
             open,
+            entry_exists: row.int("entry_exists")? != 0,
             live_open_uploads: row.count("live_open_uploads")?,
+            ..SlotState::default()
         })
     }
 
@@ -428,41 +515,6 @@ impl<D: Dialect> SaveStore for SqlxStore<D> {
         ];
         let rows = self.rows(&BLOCK_STATE_SQL, params).await?;
         rows.first().map(block_state_from_row).transpose()
-    }
-
-    async fn finalize_state(&self, slot: &Slot) -> Result<FinalizeState, MetaError> {
-        let hash = Param::Bytes(slot_hash(slot));
-        static OPEN_OF_SLOT: Shared = Shared::built(|| {
-            upload_with_blocks_sql(
-                "(SELECT id FROM uploads WHERE slot_hash = ? AND state = 'open')",
-                "u.slot_hash = ? AND u.state = 'open'",
-            )
-        });
-        let open = self.upload_and_blocks(&OPEN_OF_SLOT, hash.clone()).await?;
-        if open.is_some() {
-            return Ok(FinalizeState {
-                open,
-                finalized: None,
-            });
-        }
-        // No open upload: perhaps a retry of a finalize that succeeded.
-        let rows = self
-            .rows(
-                shared!(
-                    "SELECT e.id, e.size FROM uploads u JOIN entries e ON e.id = u.entry_id
-                     WHERE u.slot_hash = ? AND u.state = 'finalized' ORDER BY u.id DESC LIMIT 1"
-                ),
-                vec![hash],
-            )
-            .await?;
-        let finalized = rows
-            .first()
-            .map(|row| {
-                let id = EntryId::new(row.read(entries::id)?);
-                Ok::<_, MetaError>((id, row.count(entries::size.name)?))
-            })
-            .transpose()?;
-        Ok(FinalizeState { open, finalized })
     }
 
     async fn create_upload(
@@ -488,7 +540,11 @@ impl<D: Dialect> SaveStore for SqlxStore<D> {
         }
     }
 
-    async fn finalize(&self, upload: &Upload, new: NewEntry<'_>) -> Result<EntryId, MetaError> {
+    async fn finalize(
+        &self,
+        upload: Option<&Upload>,
+        new: NewEntry<'_>,
+    ) -> Result<EntryId, MetaError> {
         self.db.finalize(upload, new).await
     }
 }
@@ -542,7 +598,7 @@ impl<D: Dialect> RestoreStore for SqlxStore<D> {
     async fn record_uses(&self, uses: &Uses) -> Result<(), MetaError> {
         let steps = record_restores_sql(&uses.restores, D::BACKEND)
             .into_iter()
-            .map(|(sql, params)| Step::Execute(sql, params))
+            .map(|(sql, params)| Step::execute(sql, params))
             .collect();
         self.db.record_uses(uses, steps).await
     }
@@ -572,7 +628,7 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
         for statements in drop_restores_sql(&which, &over) {
             let steps = statements
                 .into_iter()
-                .map(|(sql, params)| Step::Execute(sql.on(D::BACKEND), params))
+                .map(|(sql, params)| Step::execute(sql.on(D::BACKEND), params))
                 .collect();
             let done = self.db.in_transaction(steps).await?;
             dropped += done
@@ -586,31 +642,35 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
         Ok(dropped)
     }
 
-    async fn removable(
+    async fn walk_entries(
         &self,
-        which: Removable<'_>,
+        walk: EntryWalk<'_>,
         limit: usize,
     ) -> Result<Vec<EntryUse>, MetaError> {
-        let (sql, params) = removable_sql(&which, limit);
+        let (sql, params) = walk_entries_sql(&walk, limit);
         let rows = self.rows(sql, params).await?;
         rows.iter().map(use_from_row).collect()
     }
 
-    async fn remove_entries(
+    async fn move_entries(
         &self,
         ids: &[EntryId],
-        removal: Removal<'_>,
+        change: EntryMove<'_>,
     ) -> Result<Vec<EntryUse>, MetaError> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
+        let removal = match change {
+            EntryMove::Remove(removal) => removal,
+            EntryMove::Release => return self.release(ids).await,
+        };
         if removal.from == EntryState::Live {
             return self.db.remove_entries(ids, removal).await;
         }
         let steps = ids.iter().flat_map(|id| {
             let [read, rest @ ..] = quarantine::end(id.get(), removal.delete_at);
-            std::iter::once(Step::Fetch(read.0.on(D::BACKEND), read.1))
-                .chain(rest.map(|(sql, params)| Step::Execute(sql.on(D::BACKEND), params)))
+            std::iter::once(Step::fetch(read.0.on(D::BACKEND), read.1))
+                .chain(rest.map(|(sql, params)| Step::execute(sql.on(D::BACKEND), params)))
         });
         let done = self.db.in_transaction(steps.collect()).await?;
         // Per entry, four steps: its row first, whether its row was forgotten last.
@@ -625,42 +685,38 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
         Ok(ended)
     }
 
-    async fn release_quarantined(&self, id: EntryId) -> Result<Option<EntryUse>, MetaError> {
-        let id = Param::Int(id.get());
-        let on = |sql: &'static Shared| sql.on(D::BACKEND);
-        let done = self
-            .db
-            .in_transaction(vec![
-                Step::Execute(on(&quarantine::RELEASE_ENTRY), vec![id.clone()]),
-                Step::Execute(on(&quarantine::RELEASE_CHUNKS), vec![id.clone()]),
-                Step::Execute(on(&quarantine::RELEASE_USAGE), vec![id.clone(); 4]),
-                Step::Execute(on(&quarantine::FORGET_CHUNKS), vec![id.clone()]),
-                Step::Execute(on(&quarantine::FORGET_ENTRY), vec![id.clone()]),
-                Step::Fetch(on(&RELEASED), vec![id]),
-            ])
-            .await?;
-        static RELEASED: Shared = Shared::built(|| format!("{} WHERE id = ?", *USE_COLS));
-        match (done.first(), done.last()) {
-            (Some(Done::Changed(1..)), Some(Done::Rows(rows))) => {
-                rows.first().map(use_from_row).transpose()
-            }
-            _ => Ok(None),
+    async fn take_deletions(
+        &self,
+        done: &[BlobName],
+        now: Millis,
+        limit: usize,
+    ) -> Result<Vec<BlobName>, MetaError> {
+        static DUE: Shared = Shared::new(
+            "SELECT blob_name FROM pending_deletions WHERE delete_at <= ? ORDER BY delete_at LIMIT ?",
+        );
+        let mut steps: Vec<Step> = done
+            .chunks(NAMES_PER_STATEMENT)
+            .map(|names| {
+                let sql = format!(
+                    "DELETE FROM pending_deletions WHERE blob_name IN ({})",
+                    vec!["?"; names.len()].join(", ")
+                );
+                let params = names.iter().map(|n| text(n.as_str())).collect();
+                Step::execute(D::BACKEND.spell(&sql), params)
+            })
+            .collect();
+        steps.push(Step::execute(
+            FORGET_SHARED_DELETIONS.on(D::BACKEND),
+            vec![Param::Int(now)],
+        ));
+        steps.push(Step::fetch(
+            DUE.on(D::BACKEND),
+            vec![Param::Int(now), Param::Int(limit as i64)],
+        ));
+        match self.db.in_transaction(steps).await?.pop() {
+            Some(Done::Rows(rows)) => names_from_rows(&rows),
+            _ => Err(MetaError::Internal("the due deletions gave no rows".into())),
         }
-    }
-
-    async fn due_deletions(&self, now: Millis, limit: usize) -> Result<Vec<BlobName>, MetaError> {
-        let rows = self
-            .rows(
-                shared!("SELECT blob_name FROM pending_deletions WHERE delete_at <= ? ORDER BY delete_at LIMIT ?"),
-                vec![Param::Int(now), Param::Int(limit as i64)],
-            )
-            .await?;
-        names_from_rows(&rows)
-    }
-
-    async fn deletions_done(&self, names: &[BlobName]) -> Result<(), MetaError> {
-        let sql = "DELETE FROM pending_deletions WHERE blob_name IN ({names})";
-        self.per_names(sql, names, 1).await.map(drop)
     }
 
     async fn referenced(&self, names: &[BlobName]) -> Result<Vec<BlobName>, MetaError> {
@@ -678,42 +734,38 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
         names_from_rows(&rows)
     }
 
-    async fn stale_uploads(
-        &self,
-        created_before: Millis,
-        limit: usize,
-    ) -> Result<Vec<UploadId>, MetaError> {
-        let rows = self
-            .rows(
-                shared!("SELECT id FROM uploads WHERE state = 'open' AND created_at < ? ORDER BY created_at LIMIT ?"),
-                vec![Param::Int(created_before), Param::Int(limit as i64)],
-            )
-            .await?;
-        rows.iter()
-            .map(|r| r.read(uploads::id).map(UploadId::new))
-            .collect()
-    }
-
-    async fn prune_uploads(&self, created_before: Millis) -> Result<u64, MetaError> {
-        let sql = shared!(
-            "DELETE FROM uploads WHERE state IN ('finalized', 'aborted') AND created_at < ?"
+    async fn sweep_uploads(&self, sweep: UploadSweep) -> Result<SweptUploads, MetaError> {
+        static PRUNE: Shared = Shared::new(
+            "DELETE FROM uploads WHERE state IN ('finalized', 'aborted') AND created_at < ?",
         );
-        self.db
-            .execute(sql.on(D::BACKEND), vec![Param::Int(created_before)])
-            .await
-    }
-
-    async fn entry_ids(
-        &self,
-        after: EntryId,
-        limit: usize,
-        walk: EntryWalk,
-    ) -> Result<Vec<EntryId>, MetaError> {
-        let (sql, params) = entry_ids_sql(after, limit, walk);
-        let rows = self.rows(sql, params).await?;
-        rows.iter()
-            .map(|r| r.read(entries::id).map(EntryId::new))
-            .collect()
+        static OPEN: Shared = Shared::new(
+            "SELECT id FROM uploads WHERE state = 'open' AND created_at < ? ORDER BY created_at LIMIT ?",
+        );
+        let list = Step::fetch(
+            OPEN.on(D::BACKEND),
+            vec![
+                Param::Int(sweep.open_before),
+                Param::Int(sweep.limit as i64),
+            ],
+        );
+        let steps = match sweep.prune_before {
+            Some(before) => vec![
+                Step::execute(PRUNE.on(D::BACKEND), vec![Param::Int(before)]),
+                list,
+            ],
+            None => vec![list],
+        };
+        let done = self.db.in_transaction(steps).await?;
+        let (pruned, rows) = match done.as_slice() {
+            [Done::Changed(pruned), Done::Rows(rows)] => (*pruned, rows),
+            [Done::Rows(rows)] => (0, rows),
+            _ => return Err(MetaError::Internal("the upload sweep gave no rows".into())),
+        };
+        let open = rows
+            .iter()
+            .map(|r| r.read(uploads::id).map(UploadId::new))
+            .collect::<Result<_, _>>()?;
+        Ok(SweptUploads { open, pruned })
     }
 
     async fn record_digest(
@@ -728,7 +780,7 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
             .iter()
             .enumerate()
             .map(|(ordinal, sha256)| {
-                Step::Execute(
+                Step::execute(
                     shared!(
                         "UPDATE entry_chunks SET sha256 = ? WHERE entry_id = ? AND ordinal = ?
                          AND entry_id IN (SELECT id FROM entries WHERE id = ? AND digest = '')"
@@ -743,7 +795,7 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
                 )
             })
             .collect();
-        steps.push(Step::Execute(
+        steps.push(Step::execute(
             shared!("UPDATE entries SET digest = ? WHERE id = ? AND digest = ''").on(D::BACKEND),
             vec![text(digest), Param::Int(entry.get())],
         ));
@@ -760,7 +812,7 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
         let done = self
             .db
             .in_transaction(vec![
-                Step::Fetch(
+                Step::fetch(
                     shared!("SELECT blob_name FROM entry_chunks WHERE entry_id IN (SELECT id FROM entries WHERE created_at > ?)
                      UNION SELECT blob_name FROM staged_blocks WHERE upload_id IN (SELECT id FROM uploads WHERE state = 'open')
                      UNION SELECT blob_name FROM upload_parts WHERE upload_id IN (SELECT id FROM uploads WHERE state = 'open')").on(D::BACKEND),
@@ -768,7 +820,7 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
                 ),
                 // Usage drops by what is forgotten: work in proportion to it, not to the
                 // database.
-                Step::Execute(
+                Step::execute(
                     shared!("UPDATE repository_usage SET
                          bytes = bytes - (SELECT COALESCE(SUM(e.size), 0) FROM entries e
                                           WHERE e.repository = repository_usage.repository AND e.created_at > ?),
@@ -783,17 +835,17 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
                      WHERE repository IN (SELECT repository FROM entries WHERE created_at > ?)").on(D::BACKEND),
                     vec![since.clone(), since.clone(), since.clone(), since.clone(), since.clone()],
                 ),
-                Step::Execute(
+                Step::execute(
                     shared!("DELETE FROM entries WHERE created_at > ?").on(D::BACKEND), vec![since]),
-                Step::Execute(
+                Step::execute(
                     shared!("DELETE FROM staged_blocks WHERE upload_id IN (SELECT id FROM uploads WHERE state = 'open')").on(D::BACKEND),
                     Vec::new(),
                 ),
-                Step::Execute(
+                Step::execute(
                     shared!("DELETE FROM upload_parts WHERE upload_id IN (SELECT id FROM uploads WHERE state = 'open')").on(D::BACKEND),
                     Vec::new(),
                 ),
-                Step::Execute(
+                Step::execute(
                     shared!("UPDATE uploads SET state = 'aborted', revision = revision + 1, updated_at = ?,
                          staged_count = 0, staged_bytes = 0 WHERE state = 'open'").on(D::BACKEND),
                     vec![Param::Int(now)],
@@ -831,10 +883,28 @@ impl<D: Dialect> AdminStore for SqlxStore<D> {
         &self,
         only: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<RepositoryUsage>, MetaError> {
-        let (sql, params) = repositories_sql(only, limit, D::placeholder);
-        let rows = self.db.fetch(&sql, params).await?;
-        rows.iter().map(repository_from_row).collect()
+    ) -> Result<Repositories, MetaError> {
+        let mut steps = Vec::new();
+        if limit > 0 {
+            let (sql, params) = repositories_sql(only, limit, D::placeholder);
+            steps.push(Step::fetch(sql, params));
+        }
+        steps.push(Step::fetch(TOTALS.on(D::BACKEND), Vec::new()));
+        // One transaction: the page and the totals from one snapshot.
+        let mut done = self.db.in_transaction(steps).await?;
+        let totals = match done.pop() {
+            Some(Done::Rows(rows)) => rows.first().map(totals_from_row).transpose()?,
+            _ => None,
+        };
+        let totals = totals.ok_or_else(|| MetaError::Internal("the totals have no row".into()))?;
+        let listed = match done.pop() {
+            Some(Done::Rows(rows)) => rows
+                .iter()
+                .map(repository_from_row)
+                .collect::<Result<_, _>>()?,
+            _ => Vec::new(),
+        };
+        Ok(Repositories { listed, totals })
     }
 
     async fn restores(&self, query: &RestoreQuery) -> Result<Vec<RestoreRecord>, MetaError> {
@@ -842,13 +912,37 @@ impl<D: Dialect> AdminStore for SqlxStore<D> {
         let rows = self.db.fetch(&sql, params).await?;
         rows.iter().map(restore_from_row).collect()
     }
+}
 
-    async fn totals(&self) -> Result<Totals, MetaError> {
-        let rows = self.rows(&TOTALS, Vec::new()).await?;
-        let row = rows
-            .first()
-            .ok_or_else(|| MetaError::Internal("the totals have no row".into()))?;
-        totals_from_row(row)
+#[async_trait]
+impl<D: Dialect> WebhookStore for SqlxStore<D> {
+    async fn deliver(&self, delivery: &Delivery<'_>) -> Result<Delivered, MetaError> {
+        let statements = super::webhook_sql::delivery_statements(delivery);
+        let asks = delivery.about.is_some();
+        let last = statements.len() - 1;
+        let steps = statements
+            .into_iter()
+            .enumerate()
+            .map(|(i, (sql, params))| match asks && i == last {
+                true => Step::fetch(sql.on(D::BACKEND), params),
+                false => Step::execute(sql.on(D::BACKEND), params),
+            })
+            .collect();
+        let done = self.db.in_transaction(steps).await?;
+        if !matches!(
+            done.get(super::webhook_sql::RECORD_DELIVERY_AT),
+            Some(Done::Changed(1..))
+        ) {
+            return Ok(Delivered::Seen);
+        }
+        let known = match (asks, done.last()) {
+            (true, Some(Done::Rows(rows))) => rows
+                .iter()
+                .map(super::webhook_sql::ref_from_row)
+                .collect::<Result<_, _>>()?,
+            _ => Vec::new(),
+        };
+        Ok(Delivered::New(known))
     }
 }
 

@@ -298,7 +298,11 @@ impl Dialect for MySqlDialect {
         tx.commit().await.map_err(from_sqlx)
     }
 
-    async fn finalize(&self, upload: &Upload, new: NewEntry<'_>) -> Result<EntryId, MetaError> {
+    async fn finalize(
+        &self,
+        upload: Option<&Upload>,
+        new: NewEntry<'_>,
+    ) -> Result<EntryId, MetaError> {
         let row = EntryRow::from_new(&new, MYSQL);
         let (repository, size) = (row.repository.clone(), row.size);
         let mut tx = self.begin().await?;
@@ -312,23 +316,27 @@ impl Dialect for MySqlDialect {
         .await
         .map_err(from_sqlx)?;
         let entry = inserted.last_insert_id() as i64;
-        let claimed = sqlx::query(
-            "UPDATE uploads SET revision = revision + 1, updated_at = ?, state = 'finalized', entry_id = ?
-             WHERE id = ? AND revision = ? AND state = 'open'",
-        )
-        .bind(new.now)
-        .bind(entry)
-        .bind(upload.id.get())
-        .bind(upload.revision)
-        .execute(&mut *tx)
-        .await
-        .map_err(from_sqlx)?;
-        if claimed.rows_affected() == 0 {
-            return Err(MetaError::Stale);
+        if let Some(upload) = upload {
+            let claimed = sqlx::query(
+                "UPDATE uploads SET revision = revision + 1, updated_at = ?, state = 'finalized', entry_id = ?
+                 WHERE id = ? AND revision = ? AND state = 'open'",
+            )
+            .bind(new.now)
+            .bind(entry)
+            .bind(upload.id.get())
+            .bind(upload.revision)
+            .execute(&mut *tx)
+            .await
+            .map_err(from_sqlx)?;
+            if claimed.rows_affected() == 0 {
+                return Err(MetaError::Stale);
+            }
         }
         let chunks = EntryChunkRow::of_entry(entry, new.chunks);
         insert_rows(&mut tx, &entry_chunks::TABLE, chunks).await?;
-        drop_blocks(&mut tx, upload.id).await?;
+        if let Some(upload) = upload {
+            drop_blocks(&mut tx, upload.id).await?;
+        }
         sqlx::query(
             "INSERT INTO repository_usage (repository, bytes, entries, name, pr_bytes, pr_entries) VALUES (?, ?, 1, ?, ?, ?)
              ON DUPLICATE KEY UPDATE bytes = bytes + VALUES(bytes), entries = entries + 1,

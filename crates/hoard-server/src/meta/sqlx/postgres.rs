@@ -81,6 +81,47 @@ impl PostgresDialect {
     }
 }
 
+/// The statement of a finalize: the entry, its chunks and its repository's usage written by one
+/// statement, the entry's id taken from its sequence. With an upload, the claim of the upload
+/// too (parameters: $1 upload, $2 revision, $3 now, then the rest); without, the entry of
+/// chunks stored already (a promotion). Then the entry's row, its chunks' columns, the
+/// repository's name and its pull-request and tag bytes and entries.
+fn finalize_sql(of_upload: bool) -> String {
+    let (entry, chunk) = (&entries::TABLE, &entry_chunks::TABLE);
+    let first = if of_upload { 4 } else { 1 };
+    let entry_width = entry.inserted(POSTGRES).count();
+    let chunks_from = first + entry_width;
+    let after = chunks_from + chunk.inserted(POSTGRES).count() - 1;
+    let (name, pr_bytes, pr_entries) = (after, after + 1, after + 2);
+    let repository = row_param(entry, first, entries::repository.name);
+    let size = row_param(entry, first, entries::size.name);
+    let claimed = if of_upload {
+        claim(", state = 'finalized', entry_id = nextval(pg_get_serial_sequence('entries', 'id'))")
+    } else {
+        "claimed AS (SELECT nextval(pg_get_serial_sequence('entries', 'id')) AS entry_id)".into()
+    };
+    format!(
+        "WITH {claimed},
+         entry AS (
+             INSERT INTO entries (id, {}) SELECT entry_id, {} FROM claimed RETURNING id),
+         chunks AS (
+             INSERT INTO entry_chunks ({}) SELECT entry.id, c.* FROM entry, {}),
+         usage AS (
+             INSERT INTO repository_usage (repository, bytes, entries, name, pr_bytes, pr_entries)
+             SELECT {repository}, {size}, 1, ${name}, ${pr_bytes}, ${pr_entries} FROM entry
+             ON CONFLICT (repository) DO UPDATE
+             SET bytes = repository_usage.bytes + EXCLUDED.bytes, entries = repository_usage.entries + 1,
+                 name = CASE WHEN EXCLUDED.name = '' THEN repository_usage.name ELSE EXCLUDED.name END,
+                 pr_bytes = repository_usage.pr_bytes + EXCLUDED.pr_bytes,
+                 pr_entries = repository_usage.pr_entries + EXCLUDED.pr_entries)
+         SELECT id FROM entry",
+        entry.inserted_list(POSTGRES),
+        row_values(entry, first, &[]),
+        chunk.inserted_list(POSTGRES),
+        unnest(chunk, 1, chunks_from, "c"),
+    )
+}
+
 /// The first CTE of every change to an upload: bumps its revision if it is still open at the
 /// loaded one ($1 id, $2 revision, $3 now), and yields its id; nothing otherwise. `{set}` adds
 /// assignments made in the same update. Every such change drops the upload's blocks, and with
@@ -368,49 +409,24 @@ impl Dialect for PostgresDialect {
         claimed(count)
     }
 
-    async fn finalize(&self, upload: &Upload, new: NewEntry<'_>) -> Result<EntryId, MetaError> {
-        // The claim takes the entry's id from its sequence, so that the upload, the entry and
-        // its chunks are written by one statement. Parameters: $1 upload, $2 revision, $3 now,
-        // the entry's row from $4, then its chunks' columns, then the repository's name and
-        // its pull-request and tag bytes and entries.
-        static SQL: Shared = Shared::built(|| {
-            let (entry, chunk) = (&entries::TABLE, &entry_chunks::TABLE);
-            let entry_width = entry.inserted(POSTGRES).count();
-            let chunks_from = 4 + entry_width;
-            let after = chunks_from + chunk.inserted(POSTGRES).count() - 1;
-            let (name, pr_bytes, pr_entries) = (after, after + 1, after + 2);
-            let repository = row_param(entry, 4, entries::repository.name);
-            let size = row_param(entry, 4, entries::size.name);
-            format!(
-                "WITH {},
-                 entry AS (
-                     INSERT INTO entries (id, {}) SELECT entry_id, {} FROM claimed RETURNING id),
-                 chunks AS (
-                     INSERT INTO entry_chunks ({}) SELECT entry.id, c.* FROM entry, {}),
-                 usage AS (
-                     INSERT INTO repository_usage (repository, bytes, entries, name, pr_bytes, pr_entries)
-                     SELECT {repository}, {size}, 1, ${name}, ${pr_bytes}, ${pr_entries} FROM entry
-                     ON CONFLICT (repository) DO UPDATE
-                     SET bytes = repository_usage.bytes + EXCLUDED.bytes, entries = repository_usage.entries + 1,
-                         name = CASE WHEN EXCLUDED.name = '' THEN repository_usage.name ELSE EXCLUDED.name END,
-                         pr_bytes = repository_usage.pr_bytes + EXCLUDED.pr_bytes,
-                         pr_entries = repository_usage.pr_entries + EXCLUDED.pr_entries)
-                 SELECT id FROM entry",
-                claim(", state = 'finalized', entry_id = nextval(pg_get_serial_sequence('entries', 'id'))"),
-                entry.inserted_list(POSTGRES),
-                row_values(entry, 4, &[]),
-                chunk.inserted_list(POSTGRES),
-                unnest(chunk, 1, chunks_from, "c"),
-            )
-        });
+    async fn finalize(
+        &self,
+        upload: Option<&Upload>,
+        new: NewEntry<'_>,
+    ) -> Result<EntryId, MetaError> {
+        static OF_UPLOAD: Shared = Shared::built(|| finalize_sql(true));
+        static OF_STORED_CHUNKS: Shared = Shared::built(|| finalize_sql(false));
         let row = EntryRow::from_new(&new, POSTGRES);
         let (pr_bytes, pr_entries) = pr_counts(new.scope_class, row.size as u64);
         // The chunks' entry id comes from the statement (skipped by `bind_columns`).
         let chunks = EntryChunkRow::of_entry(0, new.chunks);
-        let query = sqlx::query(SQL.on(POSTGRES))
-            .bind(upload.id.get())
-            .bind(upload.revision)
-            .bind(new.now);
+        let query = match upload {
+            Some(upload) => sqlx::query(OF_UPLOAD.on(POSTGRES))
+                .bind(upload.id.get())
+                .bind(upload.revision)
+                .bind(new.now),
+            None => sqlx::query(OF_STORED_CHUNKS.on(POSTGRES)),
+        };
         let query = bind_all(query, row.inserted_values(POSTGRES));
         let entry = bind_columns(query, chunks, 1)
             .bind(new.repository_name)

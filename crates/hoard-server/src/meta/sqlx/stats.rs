@@ -18,60 +18,57 @@ use crate::meta::schema::stats_families;
 
 #[async_trait]
 impl<D: Dialect> StatsStore for SqlxStore<D> {
-    async fn kept_families(
+    async fn families(
         &self,
         repository: &RepoId,
-        families: &[String],
-    ) -> Result<(Vec<String>, u64), MetaError> {
-        let kept = if families.is_empty() {
-            Vec::new()
-        } else {
-            let mut params = vec![text(repository.as_str())];
-            params.extend(families.iter().map(|f| Param::Text(f.clone())));
-            let rows = self
-                .built_rows(&kept_families_sql(families.len()), params)
-                .await?;
-            rows.iter()
-                .map(|r| r.read(stats_families::family))
-                .collect::<Result<_, _>>()?
-        };
-        let count = self
-            .number(&COUNT_FAMILIES, vec![text(repository.as_str())])
-            .await?;
-        Ok((kept, count))
-    }
-
-    async fn keep_families(
-        &self,
-        repository: &RepoId,
-        families: &[String],
+        keep: &[String],
+        asked: &[String],
         now: Millis,
-    ) -> Result<(), MetaError> {
-        let keep = adding(D::BACKEND).keep_family.as_str();
-        let steps = families
+    ) -> Result<(Vec<String>, u64), MetaError> {
+        let repository = text(repository.as_str());
+        let adding = adding(D::BACKEND).keep_family.as_str();
+        let mut steps: Vec<Step> = keep
             .iter()
             .map(|family| {
-                Step::Execute(
-                    keep,
-                    vec![
-                        text(repository.as_str()),
-                        Param::Text(family.clone()),
-                        Param::Int(now),
-                    ],
-                )
+                let family = Param::Text(family.clone());
+                Step::execute(adding, vec![repository.clone(), family, Param::Int(now)])
             })
             .collect();
-        self.db.in_transaction(steps).await.map(drop)
+        if !asked.is_empty() {
+            let mut params = vec![repository.clone()];
+            params.extend(asked.iter().map(|f| Param::Text(f.clone())));
+            let sql = D::BACKEND.spell(&kept_families_sql(asked.len()));
+            steps.push(Step::fetch(sql, params));
+        }
+        steps.push(Step::fetch(COUNT_FAMILIES.on(D::BACKEND), vec![repository]));
+        let mut done = self.db.in_transaction(steps).await?;
+        let count = match done.pop() {
+            Some(Done::Rows(rows)) => super::number_of(&rows)?,
+            _ => return Err(MetaError::Internal("the families gave no count".into())),
+        };
+        let kept = match (asked.is_empty(), done.pop()) {
+            (false, Some(Done::Rows(rows))) => rows
+                .iter()
+                .map(|r| r.read(stats_families::family))
+                .collect::<Result<_, _>>()?,
+            _ => Vec::new(),
+        };
+        Ok((kept, count))
     }
 
     async fn record_stats(&self, counts: &[(StatsKey, Counters)]) -> Result<(), MetaError> {
         let sql = adding(D::BACKEND);
         let mut steps: Vec<Step> = counts
             .iter()
-            .map(|(key, counters)| Step::Execute(&sql.record_family, family_params(key, counters)))
+            .map(|(key, counters)| {
+                Step::execute(sql.record_family.as_str(), family_params(key, counters))
+            })
             .collect();
         steps.extend(server_counts(counts).iter().map(|(class, hour, counters)| {
-            Step::Execute(&sql.record_server, server_params(*class, *hour, counters))
+            Step::execute(
+                sql.record_server.as_str(),
+                server_params(*class, *hour, counters),
+            )
         }));
         self.db.in_transaction(steps).await.map(drop)
     }
@@ -102,13 +99,13 @@ impl<D: Dialect> StatsStore for SqlxStore<D> {
         let at = |t: Millis| vec![Param::Int(t)];
         let on = |statement: &'static crate::meta::dialect::Shared| statement.on(D::BACKEND);
         let steps = vec![
-            Step::Execute(&sql.fold_family, at(hours_before)),
-            Step::Execute(on(&DROP_FOLDED[0]), at(hours_before)),
-            Step::Execute(&sql.fold_server, at(hours_before)),
-            Step::Execute(on(&DROP_FOLDED[1]), at(hours_before)),
-            Step::Execute(on(&DROP_OLD[0]), at(days_before)),
-            Step::Execute(on(&DROP_OLD[1]), at(days_before)),
-            Step::Execute(on(&FORGET_FAMILIES), at(families_before)),
+            Step::execute(sql.fold_family.as_str(), at(hours_before)),
+            Step::execute(on(&DROP_FOLDED[0]), at(hours_before)),
+            Step::execute(sql.fold_server.as_str(), at(hours_before)),
+            Step::execute(on(&DROP_FOLDED[1]), at(hours_before)),
+            Step::execute(on(&DROP_OLD[0]), at(days_before)),
+            Step::execute(on(&DROP_OLD[1]), at(days_before)),
+            Step::execute(on(&FORGET_FAMILIES), at(families_before)),
         ];
         let done = self.db.in_transaction(steps).await?;
         let changed = |i: usize| match done.get(i) {

@@ -979,13 +979,13 @@ function sparkline(trend) {
 
 // The entry filter, as the API names it (GET caches, DELETE caches).
 const FILTERS = ['key', 'ref', 'repository', 'version', 'run_id', 'subject', 'kind', 'written_after',
-  'written_before', 'digest'];
+  'written_before', 'digest', 'promoted_by'];
 // The part of it a restore record keeps (GET restores): who wrote the entries, where and when.
 const RESTORE_FILTERS = ['repository', 'ref', 'run_id', 'subject', 'kind', 'written_after', 'written_before'];
 const FILTER_LABELS = {
   key: 'key prefix', ref: 'ref', repository: 'repository', version: 'version', run_id: 'run',
   subject: 'subject', kind: 'writer kind', written_after: 'written from', written_before: 'written before',
-  digest: 'digest',
+  digest: 'digest', promoted_by: 'promoted by',
 };
 const STATES = ['live', 'quarantined'];
 const LISTING_DEFAULTS = { state: 'live', sort: 'last_accessed_at', direction: 'desc' };
@@ -1206,6 +1206,12 @@ function fillFacts(list, e) {
   }
   fields.push(['Written at', e.created_at],
     ['Digest', e.digest, e.digest && filterLink('digest', e.digest, 'Every entry of these bytes, under any key')]);
+  const p = isObject(e.promoted) ? e.promoted : null;
+  if (p) {
+    fields.push(['Promoted from', p.from_ref],
+      ['Promoted by', p.by, p.by && filterLink('promoted_by', p.by, 'Every entry this promotion made')],
+      ['Promoted for', p.cause || 'by hand']);
+  }
   if (e.state === 'quarantined') {
     fields.push(['State', 'quarantined'], ['Quarantined at', e.quarantined_at],
       ['Quarantine reason', e.quarantine_reason], ['Quarantine expires', e.quarantine_expires_at]);

@@ -1,0 +1,21 @@
+-- GitHub's webhooks (issue #58): the deliveries received, so that a redelivery is answered and
+-- not applied twice, and what they said about commits, so that a merge group and the push that
+-- lands it find each other whichever arrives first (and on whichever replica). Both are
+-- forgotten after a while (the domain says when).
+CREATE TABLE webhook_deliveries (
+    delivery    TEXT    NOT NULL PRIMARY KEY,
+    received_at INTEGER NOT NULL
+);
+CREATE INDEX webhook_deliveries_by_time ON webhook_deliveries (received_at);
+-- `kind`: 1 a merge group's head (git_ref its branch, base_ref the branch it merges into), 2 a
+-- push (git_ref the branch, sha its new head), 3 a pull request's head (git_ref its merge ref).
+CREATE TABLE webhook_refs (
+    repository  TEXT    NOT NULL,
+    sha         TEXT    NOT NULL,
+    kind        INTEGER NOT NULL,
+    git_ref     TEXT    NOT NULL,
+    base_ref    TEXT    NOT NULL,
+    received_at INTEGER NOT NULL,
+    PRIMARY KEY (repository, sha, kind, git_ref)
+);
+CREATE INDEX webhook_refs_by_time ON webhook_refs (received_at);
