@@ -565,7 +565,7 @@ async fn signatures_are_checked_before_any_row_is_read() {
     let chunks_before = chunks();
     // Every load of an upload or an entry is a timed database call, failed ones included.
     let loads = || async {
-        database_calls(&srv.http, &srv.base, "upload_with_blocks").await
+        database_calls(&srv.http, &srv.base, "upload").await
             + database_calls(&srv.http, &srv.base, "entry").await
     };
     let loads_before = loads().await;

@@ -10,7 +10,7 @@ mod conformance;
 use std::sync::Arc;
 
 use common::databases::{Server, TestDatabase};
-use hoard::meta::{self, DatabaseUrl, EntryMove, EntryState, MetaStore, UploadChange};
+use hoard::meta::{self, DatabaseUrl, EntryMove, EntryState, MetaStore, UploadChange, UploadRead};
 use hoard::model::EntryId;
 
 /// Runs the suite on a fresh store, then opens the same database again (migrations run a
@@ -240,7 +240,12 @@ async fn the_widest_lookup_is_answered(store: Arc<dyn MetaStore>) {
                 now,
             };
             let id = store.create_upload(new, None).await.unwrap();
-            let upload = store.upload_with_blocks(id).await.unwrap().unwrap().0;
+            let upload = store
+                .upload(id, UploadRead::Blocks)
+                .await
+                .unwrap()
+                .unwrap()
+                .upload;
             let chunk = Chunk {
                 blob: BlobName::random(),
                 size: 1,
@@ -252,7 +257,12 @@ async fn the_widest_lookup_is_answered(store: Arc<dyn MetaStore>) {
                 .change_upload(&upload, UploadChange::Commit(&parts), now)
                 .await
                 .unwrap();
-            let upload = store.upload_with_blocks(id).await.unwrap().unwrap().0;
+            let upload = store
+                .upload(id, UploadRead::Blocks)
+                .await
+                .unwrap()
+                .unwrap()
+                .upload;
             let chunks = [chunk];
             let entry = NewEntry {
                 key: &key,

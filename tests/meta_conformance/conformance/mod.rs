@@ -11,12 +11,14 @@ mod quarantine;
 mod restore;
 mod save;
 mod stats;
+mod webhooks;
 
 pub use std::sync::Arc;
 
 pub use hoard::meta::{
     EntryMove, EntryState, EntryWalk, LifecycleStore, MetaError, MetaStore, NewEntry, NewUpload,
-    Removal, RestoreBound, RestoreDrop, SlotRead, UploadChange, UploadSweep, UsageOf, Uses,
+    Removal, RestoreBound, RestoreDrop, SlotRead, UploadChange, UploadRead, UploadSweep,
+    UploadView, UsageOf, Uses,
 };
 pub use hoard::model::{
     BlobName, BlockId, CacheKey, CallerKind, Chunk, EntryFilter, EntryId, EntryOrder, EntryPage,
@@ -64,10 +66,10 @@ pub fn just_restores(restores: &[hoard::meta::NewRestore]) -> Uses {
 /// The upload `id`, in whatever state, without its blocks.
 pub async fn upload_of(store: &dyn MetaStore, id: UploadId) -> Option<Upload> {
     store
-        .upload_with_blocks(id)
+        .upload(id, UploadRead::Blocks)
         .await
         .unwrap()
-        .map(|(upload, _)| upload)
+        .map(|view| view.upload)
 }
 
 /// Runs every part on `store`, which must be empty.
@@ -81,6 +83,7 @@ pub async fn run_all(store: Arc<dyn MetaStore>) {
     quarantine::run(store.as_ref()).await;
     promotion::run(store.as_ref()).await;
     stats::run(store.as_ref()).await;
+    webhooks::run(store.as_ref()).await;
     store.checkpoint().await.unwrap();
 }
 

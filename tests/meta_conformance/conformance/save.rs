@@ -114,7 +114,11 @@ async fn an_abandoned_upload_is_replaced_only_at_the_revision_loaded(store: &dyn
         .unwrap();
     let aborted = upload_of(store, old.id).await.unwrap();
     assert_eq!(aborted.state, UploadState::Aborted);
-    let (_, blocks) = store.upload_with_blocks(old.id).await.unwrap().unwrap();
+    let UploadView { blocks, .. } = store
+        .upload(old.id, UploadRead::Blocks)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(
         blocks.staged.is_empty(),
         "an aborted upload keeps no blocks"
@@ -165,7 +169,11 @@ async fn blocks_stage_commit_and_finalize_into_an_entry(store: &dyn MetaStore) {
         )
         .await
         .unwrap();
-    let (upload, blocks) = store.upload_with_blocks(upload.id).await.unwrap().unwrap();
+    let UploadView { upload, blocks, .. } = store
+        .upload(upload.id, UploadRead::Blocks)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(blocks.staged.len(), 2);
     assert_eq!(blocks.staged[&block("a")], a2);
     assert!(blocks.parts.is_empty());
@@ -175,7 +183,11 @@ async fn blocks_stage_commit_and_finalize_into_an_entry(store: &dyn MetaStore) {
         .change_upload(&upload, UploadChange::Commit(&parts), 104)
         .await
         .unwrap();
-    let (upload, blocks) = store.upload_with_blocks(upload.id).await.unwrap().unwrap();
+    let UploadView { upload, blocks, .. } = store
+        .upload(upload.id, UploadRead::Blocks)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(blocks.staged.is_empty(), "a commit drops staged blocks");
     assert_eq!(blocks.parts, parts, "parts keep the committed order");
 
@@ -234,7 +246,11 @@ async fn block_state(
     id: UploadId,
     b: &str,
 ) -> (u64, u64, Option<Chunk>, bool) {
-    let (_, state) = store.block_state(id, &block(b)).await.unwrap().unwrap();
+    let UploadView { block: state, .. } = store
+        .upload(id, UploadRead::Block(&block(b)))
+        .await
+        .unwrap()
+        .unwrap();
     (
         state.staged_count,
         state.staged_bytes,
@@ -354,7 +370,10 @@ async fn staged_totals_follow_every_change_to_the_blocks(store: &dyn MetaStore) 
         (0, 0, None, false)
     );
     assert!(store
-        .block_state(UploadId::new(upload.id.get() + 1_000_000), &block("b"))
+        .upload(
+            UploadId::new(upload.id.get() + 1_000_000),
+            UploadRead::Block(&block("b"))
+        )
         .await
         .unwrap()
         .is_none());
@@ -410,7 +429,15 @@ async fn changes_at_an_old_revision_or_to_a_closed_upload_change_nothing(store: 
         lookup(store, "stale", &["k"]).await.is_empty(),
         "no entry from a stale finalize"
     );
-    let (current, blocks) = store.upload_with_blocks(loaded.id).await.unwrap().unwrap();
+    let UploadView {
+        upload: current,
+        blocks,
+        ..
+    } = store
+        .upload(loaded.id, UploadRead::Blocks)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(blocks.staged.keys().collect::<Vec<_>>(), [&block("a")]);
     assert!(blocks.parts.is_empty());
 

@@ -2,7 +2,7 @@
 //! repository holds and how its lookups go. The admin API and `hoard caches` come here; runtime
 //! tokens never do.
 
-use crate::meta::{EntryMove, EntryState, MetaError, UploadSweep};
+use crate::meta::{EntryMove, EntryState, MetaError, UploadRead, UploadSweep};
 use crate::model::{EntryFilter, EntryOrder, EntryPage, ListedEntry, RepositoryUsage, Totals};
 use crate::model::{EntryId, LogSafe, Millis, Provenance, RemovalCause, RepoId, Upload, UploadId};
 
@@ -509,9 +509,10 @@ impl Cache {
             prune_before: None,
         };
         for id in self.meta.sweep_uploads(open).await?.open {
-            let Some((upload, _)) = self.meta.upload_with_blocks(id).await? else {
+            let Some(view) = self.meta.upload(id, UploadRead::Blocks).await? else {
                 continue;
             };
+            let upload = view.upload;
             if upload.is_open() && upload_selected(filter, named.as_deref(), &upload) {
                 selected.push(id);
             }

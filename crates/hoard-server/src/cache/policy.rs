@@ -905,6 +905,45 @@ mod tests {
         Policy::parse(text, Path::new("/etc/hoard/policy.toml"))
     }
 
+    #[test]
+    fn promotions_are_decided_per_repository_by_the_first_that_matches() {
+        let policy = parse(
+            "[[promotion]]\nrepository = \"octo/app\"\nmerged_pull_requests = true\n\n\
+             [[promotion]]\nrepository = 42\nmerge_queues = false\n\n\
+             [[promotion]]\nrepository = \"octo/*\"\nmerged_pull_requests = true\nforks = true\n",
+        )
+        .unwrap();
+        let app = policy.promotions_for("7", "Octo/App");
+        assert_eq!(
+            app,
+            Promotions {
+                merge_queues: true,
+                merged_pull_requests: true,
+                forks: false
+            },
+            "by name, case-insensitively; the first rule wins; unset keys keep their defaults"
+        );
+        assert!(!policy.promotions_for("42", "").merge_queues, "by id");
+        assert!(policy.promotions_for("9", "octo/lib").forks, "by glob");
+        assert_eq!(
+            policy.promotions_for("9", "other/x"),
+            Promotions::default(),
+            "no rule: merge queues only"
+        );
+        assert_eq!(policy.promotions[1].line, 5);
+        for bad in [
+            "[[promotion]]\nrepository = \"\"\n",
+            "[[promotion]]\nrepository = \"x\"\nmerged_pull_request = true\n",
+            "[[promotion]]\nrepository = \"x\"\nforks = \"yes\"\n",
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(
+                e.starts_with("the policy file /etc/hoard/policy.toml"),
+                "{e}"
+            );
+        }
+    }
+
     fn caller(id: &str, name: &str, kind: CallerKind) -> Identity {
         Identity {
             repository: RepoId::new(id),

@@ -11,7 +11,7 @@ use super::upload::{self, Finalizing, Reservation, Staging};
 use super::{audit, retry_stale, Cache, CacheError, ForgetIfDropped};
 use crate::auth::{Identity, LinkTarget};
 use crate::blob::BlobError;
-use crate::meta::{BlockState, MetaError, NewEntry, NewUpload, SlotRead, UploadChange};
+use crate::meta::{BlockState, MetaError, NewEntry, NewUpload, SlotRead, UploadChange, UploadRead};
 use crate::model::{
     entry_digest, BlobName, BlockId, BlockRef, ByteStream, CacheKey, EntryId, LogSafe, Millis,
     Provenance, Slot, Upload, UploadBlocks, UploadId, Version,
@@ -75,8 +75,8 @@ impl Cache {
         // An abandoned upload's blocks, read before it is aborted; the revision check makes
         // sure they are still all it has.
         let garbage = match replacing {
-            Some(old) => match self.meta.upload_with_blocks(old.id).await? {
-                Some((_, blocks)) => blocks.blobs(),
+            Some(old) => match self.meta.upload(old.id, UploadRead::Blocks).await? {
+                Some(view) => view.blocks.blobs(),
                 None => Vec::new(),
             },
             None => Vec::new(),
@@ -161,12 +161,15 @@ impl Cache {
     /// The upload `id`, in whatever state, with its blocks: what a data request will be
     /// decided on unless another request changes the upload meanwhile.
     pub(super) async fn upload(&self, id: UploadId) -> Result<LinkedUpload, CacheError> {
-        let (upload, blocks) = self
+        let view = self
             .meta
-            .upload_with_blocks(id)
+            .upload(id, UploadRead::Blocks)
             .await?
             .ok_or(CacheError::UploadNotFound)?;
-        Ok(LinkedUpload { upload, blocks })
+        Ok(LinkedUpload {
+            upload: view.upload,
+            blocks: view.blocks,
+        })
     }
 
     /// The upload `id`, in whatever state, as a Put Block of `block` decides on it.
@@ -175,12 +178,15 @@ impl Cache {
         id: UploadId,
         block: &BlockId,
     ) -> Result<BlockTarget, CacheError> {
-        let (upload, state) = self
+        let view = self
             .meta
-            .block_state(id, block)
+            .upload(id, UploadRead::Block(block))
             .await?
             .ok_or(CacheError::UploadNotFound)?;
-        Ok(BlockTarget { upload, state })
+        Ok(BlockTarget {
+            upload: view.upload,
+            state: view.block,
+        })
     }
 
     /// The state attempt `attempt` decides on: the one loaded with the link at first, a fresh
@@ -324,13 +330,13 @@ impl Cache {
 
     /// An upload that is still open, with its blocks.
     async fn open_upload(&self, id: UploadId) -> Result<(Upload, UploadBlocks), CacheError> {
-        let (upload, blocks) = self
+        let view = self
             .meta
-            .upload_with_blocks(id)
+            .upload(id, UploadRead::Blocks)
             .await?
             .ok_or(CacheError::UploadNotFound)?;
-        Self::accepts_data(&upload)?;
-        Ok((upload, blocks))
+        Self::accepts_data(&view.upload)?;
+        Ok((view.upload, view.blocks))
     }
 
     /// FinalizeCacheEntryUpload: makes the entry visible if the stored bytes add up to `size`.

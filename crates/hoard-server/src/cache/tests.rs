@@ -12,7 +12,7 @@ use crate::auth::LinkTarget;
 use crate::blob::FsStore;
 use crate::meta::{
     EntryChunk, EntryState, EntryWalk, LifecycleStore, RestoreStore, SaveStore, SqliteStore,
-    UploadChange, UsageOf,
+    UploadChange, UploadRead, UsageOf,
 };
 use crate::model::{BlockId, BlockRef, ByteStream, Lookup, UploadId};
 use crate::model::{BlockSource, Chunk, ManualClock, RepoId, Scope};
@@ -233,7 +233,13 @@ async fn a_link_opens_only_the_row_it_was_signed_for() {
         matches!(refused, Err(CacheError::NoSuchLink)),
         "{refused:?}"
     );
-    let staged = w.meta.upload_with_blocks(link.id).await.unwrap().unwrap().1;
+    let staged = w
+        .meta
+        .upload(link.id, UploadRead::Blocks)
+        .await
+        .unwrap()
+        .unwrap()
+        .blocks;
     assert!(staged.staged.is_empty(), "nothing was stored");
     w.cache.put_blob(link, body(b"abc"), Some(3)).await.unwrap();
     w.cache.finalize(&me, "k", "v", 3).await.unwrap();
@@ -270,11 +276,11 @@ async fn a_live_reservation_blocks_the_key_until_it_is_abandoned() {
         .unwrap();
     let staged = w
         .meta
-        .upload_with_blocks(first.id)
+        .upload(first.id, UploadRead::Blocks)
         .await
         .unwrap()
         .unwrap()
-        .1;
+        .blocks;
     let old_blob = staged.staged[&block("a")].blob.clone();
 
     w.clock.advance(TTL - Duration::from_secs(1));
@@ -359,11 +365,11 @@ async fn a_retried_block_replaces_the_earlier_copy_and_frees_it() {
         .unwrap();
     let first_copy = w
         .meta
-        .upload_with_blocks(link.id)
+        .upload(link.id, UploadRead::Blocks)
         .await
         .unwrap()
         .unwrap()
-        .1
+        .blocks
         .staged[&block("a")]
         .clone();
     w.stage(&upload, block("a"), body(b"AAA"), Some(3))
@@ -440,7 +446,13 @@ async fn staged_blocks_may_not_outgrow_an_entry() {
     w.stage(&upload, block("a"), body(b"1234567890"), Some(10))
         .await
         .unwrap();
-    let blocks = w.meta.upload_with_blocks(link.id).await.unwrap().unwrap().1;
+    let blocks = w
+        .meta
+        .upload(link.id, UploadRead::Blocks)
+        .await
+        .unwrap()
+        .unwrap()
+        .blocks;
     assert_eq!(blocks.staged.len(), 1, "the refused block was not recorded");
 }
 
@@ -463,7 +475,13 @@ async fn an_unknown_block_in_the_list_is_refused_and_changes_nothing() {
         .await
         .unwrap_err();
     assert!(matches!(err, CacheError::UnknownBlock), "{err:?}");
-    let blocks = w.meta.upload_with_blocks(link.id).await.unwrap().unwrap().1;
+    let blocks = w
+        .meta
+        .upload(link.id, UploadRead::Blocks)
+        .await
+        .unwrap()
+        .unwrap()
+        .blocks;
     assert_eq!(blocks.staged.len(), 1);
     assert!(blocks.parts.is_empty());
 }
@@ -486,11 +504,11 @@ async fn finalize_checks_the_size_and_a_mismatch_frees_the_key() {
         .unwrap();
     let blob = w
         .meta
-        .upload_with_blocks(link.id)
+        .upload(link.id, UploadRead::Blocks)
         .await
         .unwrap()
         .unwrap()
-        .1
+        .blocks
         .parts[0]
         .1
         .blob
@@ -541,11 +559,11 @@ async fn put_blob_replaces_staged_blocks_and_frees_them() {
         .unwrap();
     let staged = w
         .meta
-        .upload_with_blocks(link.id)
+        .upload(link.id, UploadRead::Blocks)
         .await
         .unwrap()
         .unwrap()
-        .1
+        .blocks
         .staged[&block("a")]
         .blob
         .clone();
@@ -1070,7 +1088,13 @@ async fn abandoned_uploads_are_swept_and_their_bytes_deleted() {
     w.stage(&upload, block("a"), body(b"staged"), Some(6))
         .await
         .unwrap();
-    let staged = w.meta.upload_with_blocks(link.id).await.unwrap().unwrap().1;
+    let staged = w
+        .meta
+        .upload(link.id, UploadRead::Blocks)
+        .await
+        .unwrap()
+        .unwrap()
+        .blocks;
     let blob = staged.staged[&block("a")].blob.clone();
 
     w.clock.advance(TTL - Duration::from_secs(1));
@@ -1087,7 +1111,12 @@ async fn abandoned_uploads_are_swept_and_their_bytes_deleted() {
     assert!(!w.stored(&blob).await, "the staged bytes are gone");
     // Its record goes too: closed, and as old as the reservation TTL.
     assert_eq!(report.pruned_uploads, 1);
-    assert!(w.meta.upload_with_blocks(link.id).await.unwrap().is_none());
+    assert!(w
+        .meta
+        .upload(link.id, UploadRead::Blocks)
+        .await
+        .unwrap()
+        .is_none());
     let err = w
         .stage(&upload, block("b"), body(b"late"), Some(4))
         .await
@@ -1533,7 +1562,12 @@ async fn a_put_block_costs_the_same_at_ten_thousand_staged_blocks_as_at_ten() {
         job_id: "2".into(),
     };
     let link = cache.reserve(&who, None, "k", "v").await.unwrap();
-    let mut upload = store.upload_with_blocks(link.id).await.unwrap().unwrap().0;
+    let mut upload = store
+        .upload(link.id, UploadRead::Blocks)
+        .await
+        .unwrap()
+        .unwrap()
+        .upload;
     let block = |i: usize| BlockId::parse(format!("block-{i:06}").as_bytes()).unwrap();
     let body = || -> crate::model::ByteStream {
         Box::pin(futures_util::stream::iter([Ok(bytes::Bytes::from_static(

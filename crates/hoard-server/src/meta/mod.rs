@@ -124,6 +124,26 @@ pub struct SlotState {
     pub finalized: Option<(EntryId, u64)>,
 }
 
+/// What [`SaveStore::upload`] reads with an upload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UploadRead<'a> {
+    /// Its blocks, staged and committed, whole.
+    Blocks,
+    /// The [`BlockState`] of one block, in work independent of how many blocks the upload has
+    /// (a Put Block costs the same at its ten-thousandth block as at its first).
+    Block(&'a BlockId),
+}
+
+/// An upload as an [`UploadRead`] asked for it; what it did not ask for is left empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UploadView {
+    pub upload: Upload,
+    /// [`UploadRead::Blocks`]: its blocks.
+    pub blocks: UploadBlocks,
+    /// [`UploadRead::Block`]: the block's state.
+    pub block: BlockState,
+}
+
 /// What staging one block is decided on, read without the upload's other blocks (so a Put Block
 /// costs the same at its ten-thousandth block as at its first): how many blocks are staged and
 /// their bytes, kept with the upload by every change to its blocks, and the staged copy of the
@@ -139,7 +159,7 @@ pub struct BlockState {
 }
 
 impl BlockState {
-    /// The state of `block` in blocks loaded whole: what [`SaveStore::block_state`] answers.
+    /// The state of `block` in blocks loaded whole: what [`UploadRead::Block`] answers.
     pub fn of(blocks: &UploadBlocks, block: &BlockId) -> Self {
         let copy = blocks.staged.get(block).cloned();
         let copy_committed = copy
@@ -489,12 +509,8 @@ store_trait! {
         /// What `read` asks about the slot, read in one snapshot.
         async fn slot_state(&self, slot: &Slot, read: SlotRead) -> Result<SlotState, MetaError>;
 
-        /// An upload, in whatever state, with its blocks, read together.
-        async fn upload_with_blocks(&self, id: UploadId) -> Result<Option<(Upload, UploadBlocks)>, MetaError>;
-
-        /// An upload, in whatever state, with the [`BlockState`] of `block`, read together in
-        /// work independent of how many blocks the upload has.
-        async fn block_state(&self, id: UploadId, block: &BlockId) -> Result<Option<(Upload, BlockState)>, MetaError>;
+        /// An upload, in whatever state, with what `read` asks of its blocks, read together.
+        async fn upload(&self, id: UploadId, read: UploadRead<'_>) -> Result<Option<UploadView>, MetaError>;
 
         /// Inserts an open upload for the slot, first aborting `replacing` (an abandoned upload
         /// of the same slot, at the revision loaded) and dropping its blocks. `Conflict` if the
@@ -630,7 +646,8 @@ store_trait! {
     /// GitHub's webhooks: the deliveries received and what they said about commits.
     pub trait WebhookStore {
         /// In one transaction: forgets what was received before `delivery.forget_before`,
-        /// records the delivery, and, if it is new, its facts, then answers what is known
+        /// records the delivery and its facts (a fact known already keeps its first time, so
+        /// a redelivery, which says the same, changes nothing), then answers what is known
         /// about `delivery.about`. [`Delivered::Seen`] for a delivery received before.
         async fn deliver(&self, delivery: &Delivery<'_>) -> Result<Delivered, MetaError>;
     }

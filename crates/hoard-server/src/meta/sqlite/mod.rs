@@ -54,7 +54,7 @@ use crate::meta::{
     AdminStore, BlockState, EntryChunk, EntryMove, EntryPage, EntrySelection, EntryState,
     EntryWalk, Health, LifecycleStore, MetaError, NewEntry, NewUpload, Repositories, RestoreDrop,
     RestoreQuery, RestoreStore, SaveStore, SlotRead, SlotState, SweptUploads, UploadChange,
-    UploadSweep, UsageOf, Uses,
+    UploadRead, UploadSweep, UploadView, UsageOf, Uses,
 };
 use crate::meta::{Delivered, Delivery, WebhookStore};
 use crate::model::{
@@ -651,30 +651,40 @@ impl SaveStore for SqliteStore {
         .await
     }
 
-    async fn upload_with_blocks(
+    async fn upload(
         &self,
         id: UploadId,
-    ) -> Result<Option<(Upload, UploadBlocks)>, MetaError> {
-        self.read_consistent(move |conn| {
-            let Some(upload) = load_upload(conn, id)? else {
-                return Ok(None);
-            };
-            Ok(Some((upload, load_blocks(conn, id)?)))
-        })
-        .await
-    }
-
-    async fn block_state(
-        &self,
-        id: UploadId,
-        block: &BlockId,
-    ) -> Result<Option<(Upload, BlockState)>, MetaError> {
-        let block = block.clone();
+        read: UploadRead<'_>,
+    ) -> Result<Option<UploadView>, MetaError> {
+        let block = match read {
+            UploadRead::Blocks => None,
+            UploadRead::Block(block) => Some(block.clone()),
+        };
+        let Some(block) = block else {
+            return self
+                .read_consistent(move |conn| {
+                    let Some(upload) = load_upload(conn, id)? else {
+                        return Ok(None);
+                    };
+                    let blocks = load_blocks(conn, id)?;
+                    Ok(Some(UploadView {
+                        upload,
+                        blocks,
+                        block: BlockState::default(),
+                    }))
+                })
+                .await;
+        };
         self.read(move |conn| {
             static NAMES: ResultNames = ResultNames::new();
             let mut stmt = conn.prepare_cached(BLOCK_STATE_SQL.on(Backend::Sqlite))?;
             let params = params![block.as_bytes(), id.get()];
-            named_first(&mut stmt, &NAMES, params, |r| block_state_from_row(r))
+            let found = named_first(&mut stmt, &NAMES, params, |r| block_state_from_row(r))?;
+            Ok(found.map(|(upload, block)| UploadView {
+                upload,
+                blocks: UploadBlocks::default(),
+                block,
+            }))
         })
         .await
     }
@@ -1530,11 +1540,15 @@ mod migration_tests {
         let totals = |id: i64| {
             let store = store.clone();
             async move {
-                let (_, state) = store
-                    .block_state(UploadId::new(id), &BlockId::parse(b"a").unwrap())
+                let state = store
+                    .upload(
+                        UploadId::new(id),
+                        UploadRead::Block(&BlockId::parse(b"a").unwrap()),
+                    )
                     .await
                     .unwrap()
-                    .unwrap();
+                    .unwrap()
+                    .block;
                 (state.staged_count, state.staged_bytes)
             }
         };

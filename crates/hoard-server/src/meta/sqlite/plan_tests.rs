@@ -116,19 +116,26 @@ async fn every_statement_uses_an_index_at_a_hundred_thousand_entries() {
         now: 200_000,
     };
     let id = store.create_upload(new, None).await.unwrap();
-    let upload = store.upload_with_blocks(id).await.unwrap().unwrap().0;
+    let upload = store
+        .upload(id, UploadRead::Blocks)
+        .await
+        .unwrap()
+        .unwrap()
+        .upload;
     let c = chunk(10);
     store
         .stage_block(&upload, &BlockId::parse(b"b").unwrap(), &c, 200_001)
         .await
         .unwrap();
-    let (_, state) = store
-        .block_state(id, &BlockId::parse(b"b").unwrap())
+    let state = store
+        .upload(id, UploadRead::Block(&BlockId::parse(b"b").unwrap()))
         .await
         .unwrap()
-        .unwrap();
+        .unwrap()
+        .block;
     assert_eq!((state.staged_count, state.copy), (1, Some(c.clone())));
-    let (upload, blocks) = store.upload_with_blocks(id).await.unwrap().unwrap();
+    let UploadView { upload, blocks, .. } =
+        store.upload(id, UploadRead::Blocks).await.unwrap().unwrap();
     let parts: Vec<(BlockId, Chunk)> = blocks.staged.into_iter().collect();
     store.commit_parts(&upload, &parts, 200_002).await.unwrap();
     let fin = store.slot_state(&s, SlotRead::Finalize).await.unwrap();
@@ -301,7 +308,12 @@ async fn commit(
     id: UploadId,
     parts: &[(BlockId, Chunk)],
 ) -> Result<(), MetaError> {
-    let upload = store.upload_with_blocks(id).await.unwrap().unwrap().0;
+    let upload = store
+        .upload(id, UploadRead::Blocks)
+        .await
+        .unwrap()
+        .unwrap()
+        .upload;
     store.commit_parts(&upload, parts, 1).await
 }
 

@@ -93,7 +93,7 @@ use super::{
     AdminStore, BlockState, EntryChunk, EntryMove, EntryPage, EntrySelection, EntryState,
     EntryWalk, Health, LifecycleStore, MetaError, NewEntry, NewUpload, PoolSettings, Removal,
     Repositories, RestoreDrop, RestoreQuery, RestoreStore, SaveStore, SlotRead, SlotState,
-    SweptUploads, UploadChange, UploadSweep, UsageOf, Uses,
+    SweptUploads, UploadChange, UploadRead, UploadSweep, UploadView, UsageOf, Uses,
 };
 use super::{Delivered, Delivery, WebhookStore};
 use crate::model::{
@@ -496,25 +496,34 @@ impl<D: Dialect> SaveStore for SqlxStore<D> {
         })
     }
 
-    async fn upload_with_blocks(
+    async fn upload(
         &self,
         id: UploadId,
-    ) -> Result<Option<(Upload, UploadBlocks)>, MetaError> {
+        read: UploadRead<'_>,
+    ) -> Result<Option<UploadView>, MetaError> {
         static BY_ID: Shared = Shared::built(|| upload_with_blocks_sql("?", "u.id = ?"));
-        self.upload_and_blocks(&BY_ID, Param::Int(id.get())).await
-    }
-
-    async fn block_state(
-        &self,
-        id: UploadId,
-        block: &BlockId,
-    ) -> Result<Option<(Upload, BlockState)>, MetaError> {
+        let block = match read {
+            UploadRead::Blocks => {
+                let found = self.upload_and_blocks(&BY_ID, Param::Int(id.get())).await?;
+                return Ok(found.map(|(upload, blocks)| UploadView {
+                    upload,
+                    blocks,
+                    block: BlockState::default(),
+                }));
+            }
+            UploadRead::Block(block) => block,
+        };
         let params = vec![
             Param::Bytes(block.as_bytes().to_vec()),
             Param::Int(id.get()),
         ];
         let rows = self.rows(&BLOCK_STATE_SQL, params).await?;
-        rows.first().map(block_state_from_row).transpose()
+        let found = rows.first().map(block_state_from_row).transpose()?;
+        Ok(found.map(|(upload, block)| UploadView {
+            upload,
+            blocks: UploadBlocks::default(),
+            block,
+        }))
     }
 
     async fn create_upload(
