@@ -969,6 +969,21 @@ async fn a_promotion_makes_a_queues_entries_readable_in_main_without_a_byte_copi
         "the newest by restore key: {hit}"
     );
     assert_eq!(chunk_files(srv.data.path()), files, "no byte copied");
+    // What promotion saved: the hits its entries served (three exact, one by a restore key),
+    // in the statistics and in /metrics.
+    let (_, stats) = get(&srv, "stats?repository=octo/q").await;
+    assert_eq!(stats["totals"]["promoted_hits"], 4, "{stats}");
+    assert_eq!(stats["totals"]["exact_hits"], 3, "{stats}");
+    let metrics = srv
+        .http
+        .get(srv.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("hoard_promoted_hits_total 4"), "{metrics}");
 
     // Listed with where they came from; one promotion by its id.
     let (_, listed) = get(&srv, &format!("caches?promoted_by={by}&sort=created_at")).await;

@@ -507,6 +507,10 @@ pub struct StatsCounters {
     /// Lookups the write policy refused (not in `lookups`).
     #[serde(default)]
     pub refused_reads: u64,
+    /// Hits served by an entry promoted from another ref (in `exact_hits` or
+    /// `restore_key_hits` too).
+    #[serde(default)]
+    pub promoted_hits: u64,
 }
 
 /// Entries removed, by cause (schema `EvictionsByCause`).
@@ -541,6 +545,7 @@ impl From<&crate::Counters> for StatsCounters {
             },
             refused_writes: c.refused_writes,
             refused_reads: c.refused_reads,
+            promoted_hits: c.promoted_hits,
         }
     }
 }

@@ -624,6 +624,8 @@ pub struct Candidate {
     pub created_at: Millis,
     /// Its size: what a restore of it moves (statistics count it).
     pub size: u64,
+    /// Whether it was promoted from another ref (statistics count the hits it serves).
+    pub promoted: bool,
 }
 
 /// Where a block-list element looks for its block.

@@ -127,6 +127,9 @@ pub struct Counters {
     /// Lookups the write policy refused: every scope the caller could read was denied. Not
     /// counted in `lookups`, which are the lookups answered.
     pub refused_reads: u64,
+    /// Hits (exact or by restore key, counted there too) served by an entry promoted from
+    /// another ref: what promotion saved.
+    pub promoted_hits: u64,
 }
 
 /// Entries removed, by cause (see [`RemovalCause`]).
@@ -163,10 +166,12 @@ impl Counters {
         self.evictions.add(&other.evictions);
         self.refused_writes += other.refused_writes;
         self.refused_reads += other.refused_reads;
+        self.promoted_hits += other.promoted_hits;
     }
 
-    /// One lookup that ended as `result`, naming an entry of `size` bytes if it hit.
-    pub fn lookup(result: LookupResult, size: u64) -> Self {
+    /// One lookup that ended as `result`, naming an entry of `size` bytes if it hit, which was
+    /// `promoted` from another ref or not.
+    pub fn lookup(result: LookupResult, size: u64, promoted: bool) -> Self {
         let mut c = Self {
             lookups: 1,
             ..Self::default()
@@ -178,6 +183,7 @@ impl Counters {
         }
         if result != LookupResult::Miss {
             c.bytes_restored = size;
+            c.promoted_hits = u64::from(promoted);
         }
         c
     }
@@ -413,16 +419,18 @@ mod tests {
 
     #[test]
     fn counters_fold_and_give_a_hit_ratio() {
-        let mut c = Counters::lookup(LookupResult::ExactHit, 10);
-        c.add(&Counters::lookup(LookupResult::RestoreKeyHit, 5));
-        c.add(&Counters::lookup(LookupResult::Miss, 99));
-        c.add(&Counters::lookup(LookupResult::Miss, 0));
+        let mut c = Counters::lookup(LookupResult::ExactHit, 10, false);
+        c.add(&Counters::lookup(LookupResult::RestoreKeyHit, 5, true));
+        // A miss names no entry, promoted or not.
+        c.add(&Counters::lookup(LookupResult::Miss, 99, true));
+        c.add(&Counters::lookup(LookupResult::Miss, 0, false));
         c.add(&Counters::save(7));
         c.add(&Counters::removal(&RemovalCause::Evicted));
         c.add(&Counters::refused_write());
         c.add(&Counters::refused_write());
         c.add(&Counters::refused_read());
         assert_eq!((c.refused_writes, c.refused_reads), (2, 1));
+        assert_eq!(c.promoted_hits, 1);
         assert_eq!(
             (c.lookups, c.exact_hits, c.restore_key_hits, c.misses),
             (4, 1, 1, 2)

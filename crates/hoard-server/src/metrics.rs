@@ -133,6 +133,7 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     durations: Family<RouteLabels, Histogram, fn() -> Histogram>,
     lookups: Family<OutcomeLabels, Counter>,
+    promoted_hits: Counter,
     uploaded: Counter,
     downloaded: Counter,
     tokens: Family<OutcomeLabels, Counter>,
@@ -191,6 +192,12 @@ impl Metrics {
             "lookups",
             "Cache lookups by outcome: exact_hit, prefix_hit, restore_key_hit, miss",
             lookups.clone(),
+        );
+        let promoted_hits = Counter::default();
+        registry.register(
+            "promoted_hits",
+            "Cache hits served by an entry promoted from another ref (a merge queue's, a merged pull request's): counted in hoard_lookups_total too",
+            promoted_hits.clone(),
         );
         let uploaded = Counter::default();
         registry.register_with_unit(
@@ -299,6 +306,7 @@ impl Metrics {
             requests,
             durations,
             lookups,
+            promoted_hits,
             uploaded,
             downloaded,
             tokens,
@@ -375,6 +383,11 @@ impl Metrics {
 
     pub fn lookup(&self, outcome: LookupOutcome) {
         self.outcome(outcome).inc();
+    }
+
+    /// A hit served by a promoted entry (counted by [`Metrics::lookup`] too).
+    pub fn promoted_hit(&self) {
+        self.promoted_hits.inc();
     }
 
     /// Also counts lookups per repository (`hoard_repository_lookups_total`), for the first

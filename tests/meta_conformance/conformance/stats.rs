@@ -49,6 +49,7 @@ fn counts(lookups: u64, misses: u64, saves: u64, evicted: u64) -> Counters {
         // as another fails every comparison of whole counters below.
         refused_writes: 7 * saves + 1,
         refused_reads: 3 * misses + 2,
+        promoted_hits: 5 * lookups + 3,
     }
 }
 

@@ -22,8 +22,7 @@ use crate::meta::{MetaError, StatsStore};
 use crate::model::family::family_folded;
 use crate::model::stats::OTHER_FAMILY;
 use crate::model::{
-    Bucket, CacheKey, Counters, EntryUse, LookupResult, Millis, RefClass, RemovalCause, RepoId,
-    StatsKey,
+    Bucket, CacheKey, Counters, EntryUse, Millis, RefClass, RemovalCause, RepoId, StatsKey,
 };
 
 /// Most pending rows: past this, new rows count under `other` until the next flush.
@@ -77,17 +76,15 @@ impl FamilyStats {
     }
 
     /// A lookup of `keys` (the primary key first, then restore keys; `folded` the same, folded)
-    /// by a caller of `class`, which ended as `result` naming an entry of `size` bytes.
-    /// `seen` is shown the lookup's family (for metrics) before it is counted.
-    #[allow(clippy::too_many_arguments)]
+    /// by a caller of `class`, which ended as `counted` says ([`Counters::lookup`]). `seen` is
+    /// shown the lookup's family (for metrics) before it is counted.
     pub fn lookup(
         &self,
         repository: &RepoId,
         keys: &[CacheKey],
         folded: &[String],
         class: RefClass,
-        result: LookupResult,
-        size: u64,
+        counted: &Counters,
         now: Millis,
         seen: impl FnOnce(&str),
     ) {
@@ -99,16 +96,10 @@ impl FamilyStats {
         seen(family);
         let mut pending = self.pending();
         // Only a lookup whose primary key missed is followed by a save of that key.
-        if !restore.is_empty() && result != LookupResult::ExactHit {
+        if !restore.is_empty() && counted.exact_hits == 0 {
             pending.remember(repository, primary_folded, family);
         }
-        pending.add(
-            repository,
-            family,
-            class,
-            now,
-            &Counters::lookup(result, size),
-        );
+        pending.add(repository, family, class, now, counted);
     }
 
     /// The family of a save of `key` (`folded`): the one its latest lookup here gave it, else
@@ -332,6 +323,7 @@ impl Pending {
 mod tests {
     use super::*;
     use crate::meta::SqliteStore;
+    use crate::model::LookupResult;
     use crate::model::{StatsFilter, StatsQuery, StatsRows};
 
     const HOUR: Millis = 3_600_000;
@@ -364,8 +356,8 @@ mod tests {
         let repo = RepoId::new("1");
         let (k, f) = keys(&["Linux-cargo-abc123def456", "Linux-"]);
         let mut family = String::new();
-        let miss = LookupResult::Miss;
-        stats.lookup(&repo, &k, &f, RefClass::DefaultBranch, miss, 0, 5, |f| {
+        let miss = Counters::lookup(LookupResult::Miss, 0, false);
+        stats.lookup(&repo, &k, &f, RefClass::DefaultBranch, &miss, 5, |f| {
             family = f.to_owned();
         });
         assert_eq!(family, "Linux-");
@@ -377,7 +369,7 @@ mod tests {
         );
         // The latest lookup of the key wins.
         let (k2, f2) = keys(&["Linux-cargo-abc123def456", "Linux-cargo-"]);
-        stats.lookup(&repo, &k2, &f2, RefClass::DefaultBranch, miss, 0, 6, |_| {});
+        stats.lookup(&repo, &k2, &f2, RefClass::DefaultBranch, &miss, 6, |_| {});
         assert_eq!(
             stats.family_of_save(&repo, k[0].as_str(), &f[0]),
             "Linux-cargo-"
@@ -385,7 +377,7 @@ mod tests {
         // What is remembered is bounded: past the bound it starts over.
         for i in 0..MAX_REMEMBERED {
             let (k, f) = keys(&[&format!("other-{i}-abc123def456"), "other-"]);
-            stats.lookup(&repo, &k, &f, RefClass::DefaultBranch, miss, 0, 7, |_| {});
+            stats.lookup(&repo, &k, &f, RefClass::DefaultBranch, &miss, 7, |_| {});
         }
         assert_eq!(stats.pending().remembered, 1);
         let (last, last_folded) = keys(&[&format!("other-{}-abc123def456", MAX_REMEMBERED - 1)]);
@@ -415,8 +407,7 @@ mod tests {
             &k,
             &f,
             RefClass::PullRequest,
-            LookupResult::Miss,
-            0,
+            &Counters::lookup(LookupResult::Miss, 0, false),
             10,
             |_| {},
         );
@@ -425,8 +416,7 @@ mod tests {
             &k,
             &f,
             RefClass::PullRequest,
-            LookupResult::ExactHit,
-            7,
+            &Counters::lookup(LookupResult::ExactHit, 7, false),
             HOUR + 1,
             |_| {},
         );

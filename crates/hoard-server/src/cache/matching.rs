@@ -45,6 +45,7 @@ mod tests {
             key_folded: key.to_lowercase(),
             created_at,
             size: 0,
+            promoted: false,
         }
     }
 

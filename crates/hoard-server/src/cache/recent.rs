@@ -174,6 +174,7 @@ mod tests {
             key_folded: "k".into(),
             created_at: 0,
             size: 0,
+            promoted: false,
         }])
     }
 

@@ -10,7 +10,7 @@ use crate::auth::{Identity, LinkTarget};
 use crate::blob::BlobError;
 use crate::meta::{EntryChunk, EntryState};
 use crate::model::{
-    ByteStream, CacheKey, Entry, EntryId, Lookup, LookupResult, Millis, RefClass, Slot,
+    ByteStream, CacheKey, Counters, Entry, EntryId, Lookup, LookupResult, Millis, RefClass, Slot,
 };
 
 /// The largest first chunk a download reads and checks whole before it is answered (see
@@ -107,8 +107,7 @@ impl Cache {
                 &lookup.keys,
                 &folded,
                 class,
-                LookupResult::Miss,
-                0,
+                &Counters::lookup(LookupResult::Miss, 0, false),
                 now,
                 |family| {
                     self.metrics.family_lookup(
@@ -138,13 +137,15 @@ impl Cache {
         self.metrics
             .repository_lookup(who.display_repository(), true);
         self.usage.record(best.id, who, address, now);
+        if best.promoted {
+            self.metrics.promoted_hit();
+        }
         self.stats.lookup(
             &who.repository,
             &lookup.keys,
             &folded,
             class,
-            result,
-            best.size,
+            &Counters::lookup(result, best.size, best.promoted),
             now,
             |family| {
                 self.metrics

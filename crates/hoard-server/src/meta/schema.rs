@@ -225,6 +225,8 @@ table! {
         deleted: i64,
         refused_writes: i64,
         refused_reads: i64,
+        /// Hits (exact or by restore key) served by a promoted entry.
+        promoted_hits: i64,
     }
 }
 
@@ -247,6 +249,8 @@ table! {
         deleted: i64,
         refused_writes: i64,
         refused_reads: i64,
+        /// Hits (exact or by restore key) served by a promoted entry.
+        promoted_hits: i64,
     }
 }
 

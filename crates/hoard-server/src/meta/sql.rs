@@ -165,6 +165,7 @@ pub(super) const CANDIDATE: &[&str] = &[
     entries::key_folded.name,
     entries::created_at.name,
     entries::size.name,
+    entries::promoted_by.name,
 ];
 
 /// The writer's columns of `entries` and of `uploads` (whose subject is the older `created_by`),
@@ -1047,6 +1048,7 @@ pub(super) fn candidate_from_row(r: &impl SqlRow) -> Result<crate::model::Candid
         key_folded: r.read(entries::key_folded)?,
         created_at: r.read(entries::created_at)?,
         size: r.count(entries::size.name)?,
+        promoted: !r.read(entries::promoted_by)?.is_empty(),
     })
 }
 

@@ -14,7 +14,7 @@ use crate::model::{
 };
 
 /// The counter columns of `family_stats` and `server_stats`, in [`counter_params`]' order.
-const COUNTER_COLUMNS: [&str; 13] = [
+const COUNTER_COLUMNS: [&str; 14] = [
     f::lookups.name,
     f::exact_hits.name,
     f::restore_key_hits.name,
@@ -28,6 +28,7 @@ const COUNTER_COLUMNS: [&str; 13] = [
     f::deleted.name,
     f::refused_writes.name,
     f::refused_reads.name,
+    f::promoted_hits.name,
 ];
 
 /// The statements that add to rows, spelled for one [`Upsert`].
@@ -167,7 +168,7 @@ pub(super) fn server_counts(counts: &[(StatsKey, Counters)]) -> Vec<(RefClass, i
     sums.into_iter().map(|((c, h), n)| (c, h, n)).collect()
 }
 
-fn counter_params(c: &Counters) -> [i64; 13] {
+fn counter_params(c: &Counters) -> [i64; 14] {
     [
         c.lookups,
         c.exact_hits,
@@ -182,6 +183,7 @@ fn counter_params(c: &Counters) -> [i64; 13] {
         c.evictions.deleted,
         c.refused_writes,
         c.refused_reads,
+        c.promoted_hits,
     ]
     .map(|n| n.min(i64::MAX as u64) as i64)
 }
@@ -207,6 +209,7 @@ fn counters_from_row(r: &impl SqlRow) -> Result<Counters, MetaError> {
         },
         refused_writes: n(f::refused_writes)?,
         refused_reads: n(f::refused_reads)?,
+        promoted_hits: n(f::promoted_hits)?,
     })
 }
 

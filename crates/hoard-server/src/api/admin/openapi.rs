@@ -475,6 +475,7 @@ mod tests {
             },
             refused_writes: 3,
             refused_reads: 1,
+            promoted_hits: 1,
         }
     }
 

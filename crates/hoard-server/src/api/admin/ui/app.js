@@ -475,7 +475,7 @@ function renderInsight(stats, fams, p) {
   $('insight-summary').textContent = `In ${p.words}: ${formatCount(t.lookups)} lookups, `
     + `${formatCount(hits)} hits (${formatRatio(t.lookups ? hits / t.lookups : null)}), `
     + `${formatCount(t.misses)} misses; ${formatCount(t.saves)} saves (${formatBytes(t.bytes_saved)}); ${evictions}`
-    + `${refusedByPolicy(t)}.`;
+    + `${refusedByPolicy(t)}${fromPromotion(t)}.`;
   if (insightRepository) {
     const named = fams.families.find((f) => f.repository_name);
     if (named) $('repository-name').textContent = named.repository_name;
@@ -921,7 +921,8 @@ function familyRow(f, columns) {
     lookups: () => cell(formatCount(f.lookups), 'num'),
     hits: () => {
       const td = cell(formatCount(familyHits(f)), 'num');
-      td.title = `${formatCount(f.exact_hits)} exact, ${formatCount(f.restore_key_hits)} by a restore key`;
+      td.title = `${formatCount(f.exact_hits)} exact, ${formatCount(f.restore_key_hits)} by a restore key`
+        + (f.promoted_hits ? `; ${formatCount(f.promoted_hits)} served by promoted entries` : '');
       return td;
     },
     misses: () => cell(formatCount(f.misses), 'num'),
@@ -1834,6 +1835,14 @@ function refusedByPolicy(t) {
   if (!writes && !reads) return '';
   const plural = (n, one, many) => `${formatCount(n)} ${n === 1 ? one : many}`;
   return `; ${plural(writes, 'write', 'writes')} and ${plural(reads, 'lookup', 'lookups')} refused by the write policy`;
+}
+
+// "; 3 hits served by promoted entries" (a merge queue's, a merged pull request's: what
+// promotion saved), or nothing when none was.
+function fromPromotion(t) {
+  const n = t.promoted_hits || 0;
+  if (!n) return '';
+  return `; ${formatCount(n)} ${n === 1 ? 'hit' : 'hits'} served by promoted entries`;
 }
 
 async function loadPolicy() {
