@@ -2091,13 +2091,29 @@ async fn merge_queue_and_pull_request_caches_survive_the_merge_for_the_real_clie
     assert_eq!((status, body["expired"].as_u64()), (200, Some(1)), "{body}");
     assert_eq!(restore_sha(&dropped, "never-merged", &[]), None);
 
-    // A merged pull request of the repository itself (opted in by the policy file).
+    // A merged pull request of the repository itself (opted in by the policy file): what its
+    // final head's runs saved is promoted, not what an earlier head's did.
     let pull = token("1", &[("refs/pull/7/merge", 3), (MAIN, 1)]);
-    let pr_head = "6666666666666666666666666666666666666666";
+    let (first_head, pr_head) = (
+        "6565656565656565656565656565656565656565",
+        "6666666666666666666666666666666666666666",
+    );
     let (status, _) = send(
         "pull_request",
         "d-7",
-        pull_request("opened", 1, 7, pr_head, false),
+        pull_request("opened", 1, 7, first_head, false),
+    )
+    .await;
+    assert_eq!(status, 200);
+    ws.write_random("data.bin", 4000, 75);
+    saved_id(
+        &ws.save(srv, &pull, "pr-stale", &["data.bin"]).0,
+        "pr-stale",
+    );
+    let (status, _) = send(
+        "pull_request",
+        "d-7b",
+        pull_request("synchronize", 1, 7, pr_head, false),
     )
     .await;
     assert_eq!(status, 200);
@@ -2113,6 +2129,11 @@ async fn merge_queue_and_pull_request_caches_survive_the_merge_for_the_real_clie
         (status, body["promoted"].as_u64()),
         (200, Some(1)),
         "{body}"
+    );
+    assert_eq!(
+        restore_sha(&main, "pr-stale", &[]),
+        None,
+        "an earlier head's"
     );
     assert_eq!(
         restore_sha(&main, "pr-deps", &[]),
@@ -2171,6 +2192,19 @@ async fn merge_queue_and_pull_request_caches_survive_the_merge_for_the_real_clie
         assert_eq!(status, 401, "{body}");
         assert!(body["message"].is_string(), "{body}");
     }
+    let (status, body) = send("merge_group", "d-12", group.clone()).await;
+    assert_eq!(
+        (status, body["seen"].as_bool()),
+        (200, None),
+        "refused deliveries were not recorded: {body}"
+    );
+    // A relay replaying a signed body under another id: the same delivery.
+    let (status, body) = send("merge_group", "d-12-replayed", group).await;
+    assert_eq!(
+        (status, body["seen"].as_bool()),
+        (200, Some(true)),
+        "{body}"
+    );
     let (status, _) = send("issues", "d-13", github_example("issues", None)).await;
     assert_eq!(status, 202);
     let (status, body) = send("push", "d-14", serde_json::json!({"ref": 5})).await;

@@ -372,6 +372,21 @@ pub struct Policy {
     /// What an operator must know: a failed reload, a file that differs (as `/readyz` says).
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// The `[[promotion]]`s in the file's order: which promotions GitHub's webhooks make.
+    #[serde(default)]
+    pub promotions: Vec<PolicyPromotion>,
+}
+
+/// One `[[promotion]]` of the policy file (schema `PolicyPromotion`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyPromotion {
+    /// An id, owner/name or a glob over them.
+    pub repository: String,
+    pub merge_queues: bool,
+    pub merged_pull_requests: bool,
+    pub forks: bool,
+    /// The line of the file it starts on.
+    pub line: u64,
 }
 
 /// One attempt to load the policy file (`Policy.last_attempt`).

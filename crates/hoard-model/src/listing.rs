@@ -37,6 +37,8 @@ pub struct EntryFilter {
     pub quarantined: bool,
     /// Promoted by this (`promoted_by`, see [`crate::Promotion::by`]): what one promotion made.
     pub promoted_by: Option<String>,
+    /// Made of this chunk (a blob name): an entry and the promoted copies that share it.
+    pub chunk: Option<String>,
 }
 
 impl EntryFilter {

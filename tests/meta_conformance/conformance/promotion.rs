@@ -128,6 +128,24 @@ async fn a_promoted_entry_shares_the_chunks_and_records_its_origin(store: &dyn M
         .collect();
     assert_eq!(found, [promoted]);
 
+    // The entries made of one chunk: the source and its copy.
+    let blob = chunks[0].chunk.blob.as_str().to_owned();
+    let sharing = EntryFilter {
+        chunk: Some(blob),
+        ..EntryFilter::default()
+    };
+    let page = EntryPage::by_creation(&sharing, 10);
+    let mut found: Vec<EntryId> = store
+        .select_entries(&page)
+        .await
+        .unwrap()
+        .entries
+        .iter()
+        .map(|l| l.entry.id)
+        .collect();
+    found.sort();
+    assert_eq!(found, [source, promoted]);
+
     // An entry the target holds already stays: a second promotion conflicts.
     match promote(store, source, &target, &origin("delivery-2"), 30).await {
         Err(MetaError::Conflict) => {}
@@ -205,4 +223,12 @@ async fn a_shared_chunk_is_deleted_only_when_no_entry_names_it(store: &dyn MetaS
         .take_deletions(std::slice::from_ref(&blob), 9_000, 0)
         .await
         .unwrap();
+    assert!(
+        store
+            .referenced(std::slice::from_ref(&blob))
+            .await
+            .unwrap()
+            .is_empty(),
+        "deleted for good"
+    );
 }

@@ -7,6 +7,7 @@ use hoard::meta::{Delivered, Delivery, RefFact, RefKind};
 
 pub async fn run(store: &dyn MetaStore) {
     a_delivery_is_new_once_and_its_facts_meet_in_either_order(store).await;
+    asking_records_nothing_and_any_key_is_the_delivery(store).await;
     old_deliveries_and_facts_are_forgotten(store).await;
 }
 
@@ -21,6 +22,7 @@ fn fact(repo: &str, sha: &str, kind: RefKind, git_ref: &str, base_ref: &str, at:
     }
 }
 
+/// Records delivery `id` (its only key) with `facts`, asking about `about`.
 async fn deliver(
     store: &dyn MetaStore,
     id: &str,
@@ -30,7 +32,8 @@ async fn deliver(
 ) -> Delivered {
     store
         .deliver(&Delivery {
-            id,
+            keys: &[id.to_owned()],
+            record: true,
             now,
             facts,
             about,
@@ -108,12 +111,66 @@ async fn a_delivery_is_new_once_and_its_facts_meet_in_either_order(store: &dyn M
     );
 }
 
+async fn asking_records_nothing_and_any_key_is_the_delivery(store: &dyn MetaStore) {
+    let keys = ["hook-ask-1".to_owned(), "sha256:body-1".to_owned()];
+    let fact = fact("hook-ask", "ddd", RefKind::Push, MAIN, "", 5);
+    let ask = Delivery {
+        keys: &keys,
+        record: false,
+        now: 5,
+        facts: std::slice::from_ref(&fact),
+        about: None,
+        forget_before: 0,
+    };
+    assert_eq!(store.deliver(&ask).await.unwrap(), Delivered::New(vec![]));
+    assert_eq!(
+        store.deliver(&ask).await.unwrap(),
+        Delivered::New(vec![]),
+        "asking does not record the delivery"
+    );
+    let repo = RepoId::new("hook-ask");
+    let about = Delivery {
+        facts: &[],
+        about: Some((&repo, "ddd")),
+        ..ask.clone()
+    };
+    assert_eq!(
+        store.deliver(&about).await.unwrap(),
+        Delivered::New(vec![fact.clone()]),
+        "but keeps its facts"
+    );
+    let record = Delivery {
+        record: true,
+        facts: &[],
+        ..ask.clone()
+    };
+    assert_eq!(
+        store.deliver(&record).await.unwrap(),
+        Delivered::New(vec![])
+    );
+    assert_eq!(store.deliver(&ask).await.unwrap(), Delivered::Seen);
+    assert_eq!(
+        store.deliver(&record).await.unwrap(),
+        Delivered::Seen,
+        "recorded once"
+    );
+    // The same body under another id (a replay) is the same delivery.
+    let replay_keys = ["hook-ask-2".to_owned(), "sha256:body-1".to_owned()];
+    let replay = Delivery {
+        keys: &replay_keys,
+        ..ask
+    };
+    assert_eq!(store.deliver(&replay).await.unwrap(), Delivered::Seen);
+}
+
 async fn old_deliveries_and_facts_are_forgotten(store: &dyn MetaStore) {
     let repo = RepoId::new("hook-old");
     let old = fact("hook-old", "ccc", RefKind::Push, MAIN, "", 100);
     deliver(store, "hook-old-1", &[old], None, 100).await;
+    let keys = ["hook-old-2".to_owned()];
     let later = Delivery {
-        id: "hook-old-2",
+        keys: &keys,
+        record: true,
         now: 1_000,
         facts: &[],
         about: Some((&repo, "ccc")),
@@ -124,8 +181,9 @@ async fn old_deliveries_and_facts_are_forgotten(store: &dyn MetaStore) {
         Delivered::New(vec![]),
         "forgotten"
     );
+    let old_keys = ["hook-old-1".to_owned()];
     let redelivered = Delivery {
-        id: "hook-old-1",
+        keys: &old_keys,
         ..later
     };
     assert!(

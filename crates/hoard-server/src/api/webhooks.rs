@@ -8,8 +8,8 @@
 //!   whose body is not the event GitHub sends;
 //! - 202 for an event or action hoard does not act on; 200 otherwise, a redelivery included
 //!   (`"seen": true`: not applied again);
-//! - 503 when the database cannot record it: GitHub shows the failure, and redelivery applies
-//!   it later.
+//! - 503 when it cannot be applied now: GitHub shows the failure, and a redelivery applies it
+//!   (a delivery counts as received only once applied).
 
 use axum::body::{to_bytes, Body};
 use axum::extract::State;
@@ -63,6 +63,20 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .filter(|v| !v.is_empty() && v.len() <= MAX_HEADER)
 }
 
+/// A delivery without a valid signature: logged, answered 401, nothing applied.
+fn refused(headers: &HeaderMap) -> Response {
+    tracing::warn!(
+        target: "hoard::audit",
+        action = "webhook_refused",
+        delivery = %LogSafe(header(headers, "x-github-delivery").unwrap_or_default()),
+        "a webhook delivery without a valid X-Hub-Signature-256: ignored"
+    );
+    message(
+        StatusCode::UNAUTHORIZED,
+        "the delivery's X-Hub-Signature-256 is missing or does not match the webhook secret",
+    )
+}
+
 pub async fn github(
     State(app): State<AppState>,
     method: Method,
@@ -81,27 +95,23 @@ pub async fn github(
             format!("{method} is not allowed here"),
         );
     }
+    let signature = headers
+        .get("x-hub-signature-256")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    // Unsigned: refused before its body is read.
+    if !signature.starts_with("sha256=") {
+        return refused(&headers);
+    }
     let Ok(body) = to_bytes(body, MAX_DELIVERY_BYTES).await else {
         return message(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("a delivery is at most {MAX_DELIVERY_BYTES} bytes"),
         );
     };
-    let signature = headers
-        .get("x-hub-signature-256")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
-    if !signed(secret.expose(), &body, signature) {
-        tracing::warn!(
-            target: "hoard::audit",
-            action = "webhook_refused",
-            delivery = %LogSafe(header(&headers, "x-github-delivery").unwrap_or_default()),
-            "a webhook delivery without a valid X-Hub-Signature-256: ignored"
-        );
-        return message(
-            StatusCode::UNAUTHORIZED,
-            "the delivery's X-Hub-Signature-256 is missing or does not match the webhook secret",
-        );
+    if !signed(secret.expose(), &body, &signature) {
+        return refused(&headers);
     }
     let (Some(id), Some(event)) = (
         header(&headers, "x-github-delivery"),
@@ -140,10 +150,13 @@ pub async fn github(
             StatusCode::ACCEPTED,
             json!({ "delivery": id, "event": event, "message": "hoard does not act on this event or action" }),
         ),
-        Err(DeliveryError::Malformed(..)) => message(
-            StatusCode::BAD_REQUEST,
-            format!("the body is not the {} event GitHub sends", LogSafe(event)),
-        ),
+        Err(e @ DeliveryError::Malformed(..)) => {
+            tracing::warn!(delivery = %LogSafe(id), error = %e, "a webhook delivery could not be read");
+            message(
+                StatusCode::BAD_REQUEST,
+                format!("the body is not the {} event GitHub sends", LogSafe(event)),
+            )
+        }
         Err(DeliveryError::Cache(e)) => {
             tracing::error!(delivery = %LogSafe(id), error = %e, "could not apply a webhook delivery");
             let status = match e {

@@ -132,6 +132,7 @@ fn upload_selected(filter: &EntryFilter, named: Option<&[RepoId]>, upload: &Uplo
         // An open upload's bytes have no digest yet, and were never promoted.
         && filter.digest.is_none()
         && filter.promoted_by.is_none()
+        && filter.chunk.is_none()
 }
 
 /// A filter as the audit log shows it: each part that is set, as `name=value`.
@@ -152,8 +153,9 @@ fn describe(filter: &EntryFilter) -> String {
         digest,
         quarantined,
         promoted_by,
+        chunk,
     } = filter;
-    let parts: [(&str, Option<String>); 15] = [
+    let parts: [(&str, Option<String>); 16] = [
         ("state", quarantined.then(|| "quarantined".to_owned())),
         ("repository", repository.clone()),
         ("repository_id", repository_id.clone()),
@@ -169,6 +171,7 @@ fn describe(filter: &EntryFilter) -> String {
         ("written_before", written_before.map(|t| t.to_string())),
         ("digest", digest.clone()),
         ("promoted_by", promoted_by.clone()),
+        ("chunk", chunk.clone()),
     ];
     let set: Vec<String> = parts
         .into_iter()

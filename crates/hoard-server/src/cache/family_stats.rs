@@ -78,6 +78,7 @@ impl FamilyStats {
     /// A lookup of `keys` (the primary key first, then restore keys; `folded` the same, folded)
     /// by a caller of `class`, which ended as `counted` says ([`Counters::lookup`]). `seen` is
     /// shown the lookup's family (for metrics) before it is counted.
+    #[allow(clippy::too_many_arguments)]
     pub fn lookup(
         &self,
         repository: &RepoId,

@@ -375,17 +375,31 @@ impl Cache {
     }
 
     /// Quarantines an entry whose bytes failed a check: it is never served again, the next
-    /// lookup misses, and its chunks are deleted after the grace period.
+    /// lookup misses, and its chunks are deleted after the grace period. The entries that
+    /// share its chunks (a promotion's copies, or the entry a copy was promoted from) go with
+    /// it: their bytes are the same.
     pub async fn quarantine(&self, id: EntryId, reason: String) -> Result<bool, CacheError> {
         tracing::error!(target: "hoard::integrity", entry = id.get(), %reason, "entry quarantined");
-        let removed = self
-            .remove(&[id], RemovalCause::Quarantined(reason))
-            .await?;
-        if !removed.is_empty() {
-            self.quarantined
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut ids = vec![id];
+        if let Some((_, chunks)) = self.meta.entry(id, EntryState::Live).await? {
+            for placed in &chunks {
+                let filter = crate::model::EntryFilter {
+                    chunk: Some(placed.chunk.blob.as_str().to_owned()),
+                    ..Default::default()
+                };
+                let page = crate::model::EntryPage::by_creation(&filter, 1000);
+                for sharing in self.meta.select_entries(&page).await?.entries {
+                    if !ids.contains(&sharing.entry.id) {
+                        tracing::error!(target: "hoard::integrity", entry = sharing.entry.id.get(), shares_with = id.get(), "entry quarantined: it shares a damaged entry's chunks");
+                        ids.push(sharing.entry.id);
+                    }
+                }
+            }
         }
-        Ok(!removed.is_empty())
+        let removed = self.remove(&ids, RemovalCause::Quarantined(reason)).await?;
+        self.quarantined
+            .fetch_add(removed.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(removed.iter().any(|e| e.id == id))
     }
 
     /// Entries quarantined by this process since it started.

@@ -10,6 +10,8 @@
 //! ([`Promotion`]), so that one promotion can be listed, purged or quarantined by its
 //! `promoted_by`.
 
+use futures_util::StreamExt;
+
 use crate::auth::Identity;
 use crate::meta::{EntryState, MetaError, NewEntry};
 use crate::model::{
@@ -21,6 +23,19 @@ use super::{Cache, CacheError};
 
 /// Entries read per round.
 const PAGE: usize = 500;
+/// Entries promoted at once.
+const CONCURRENCY: usize = 8;
+
+/// What became of one entry.
+enum One {
+    Promoted(Promoted),
+    /// The target scope holds its key and version.
+    Present,
+    /// The write policy refuses it in the target scope.
+    Refused,
+    /// Removed meanwhile, or stored before today's rules on keys.
+    Gone,
+}
 
 /// What to promote, from where to where, and on whose word.
 #[derive(Debug, Clone)]
@@ -84,22 +99,41 @@ impl Cache {
         };
         let started = std::time::Instant::now();
         let mut report = PromotionReport::default();
-        let mut after = None;
-        loop {
-            let page = EntryPage {
-                after,
-                ..EntryPage::by_creation(&filter, PAGE)
-            };
-            let batch = self.meta.select_entries(&page).await?.entries;
-            let Some(last) = batch.last() else {
-                break;
-            };
-            after = Some((last.entry.created_at, last.entry.id));
-            for source in &batch {
-                self.promote_one(request, &promotion, source, &mut report)
-                    .await?;
+        let walked = async {
+            let mut after = None;
+            loop {
+                let page = EntryPage {
+                    after,
+                    ..EntryPage::by_creation(&filter, PAGE)
+                };
+                let batch = self.meta.select_entries(&page).await?.entries;
+                let Some(last) = batch.last() else {
+                    return Ok::<_, CacheError>(());
+                };
+                after = Some((last.entry.created_at, last.entry.id));
+                // A few at a time: each is a read and a transaction, which a networked
+                // database answers in a round trip or two.
+                let promotions: Vec<_> = batch
+                    .iter()
+                    .map(|source| self.promote_one(request, &promotion, source))
+                    .collect();
+                let outcomes: Vec<_> = futures_util::stream::iter(promotions)
+                    .buffered(CONCURRENCY)
+                    .collect()
+                    .await;
+                for outcome in outcomes {
+                    match outcome? {
+                        One::Promoted(promoted) => report.promoted.push(promoted),
+                        One::Present => report.present += 1,
+                        One::Refused => report.refused += 1,
+                        One::Gone => {}
+                    }
+                }
             }
         }
+        .await;
+        // What was promoted stands even if a later entry failed: lookups see it, and the quota
+        // counts it.
         if let Some(last) = report.promoted.last().and_then(|p| p.id) {
             self.lookups.invalidate();
             let size = report.promoted.iter().map(|p| p.size).sum();
@@ -112,6 +146,7 @@ impl Cache {
                 tracing::warn!(repository = %LogSafe(request.repository.as_str()), error = %e, "could not enforce the repository quota after a promotion");
             }
         }
+        walked?;
         tracing::info!(
             target: "hoard::audit",
             action = if request.dry_run { "promote_dry_run" } else { "promote" },
@@ -129,18 +164,17 @@ impl Cache {
     }
 
     /// Promotes `source` into the target scope unless the policy refuses it or the scope holds
-    /// its key and version already; counts what happened in `report`.
+    /// its key and version already.
     async fn promote_one(
         &self,
         request: &PromotionRequest<'_>,
         promotion: &Promotion,
         source: &ListedEntry,
-        report: &mut PromotionReport,
-    ) -> Result<(), CacheError> {
+    ) -> Result<One, CacheError> {
         let entry = &source.entry;
         let (Ok(key), Ok(version)) = (CacheKey::parse(&entry.key), Version::parse(&entry.version))
         else {
-            return Ok(()); // Stored before today's rules on keys: never promoted.
+            return Ok(One::Gone); // Stored before today's rules on keys: never promoted.
         };
         let slot = Slot {
             repository: request.repository.clone(),
@@ -151,8 +185,7 @@ impl Cache {
         // The target scope's policy, as it would judge the source's writer saving there.
         let writer = writer_in(source, request.to_scope);
         if self.check_write_policy(&writer, request.to_scope).is_err() {
-            report.refused += 1;
-            return Ok(());
+            return Ok(One::Refused);
         }
         let promoted = |id| Promoted {
             id,
@@ -165,14 +198,15 @@ impl Cache {
             let read = crate::meta::SlotRead::Reserve {
                 live_since: Millis::MAX,
             };
-            match self.meta.slot_state(&slot, read).await?.entry_exists {
-                true => report.present += 1,
-                false => report.promoted.push(promoted(None)),
-            }
-            return Ok(());
+            return Ok(
+                match self.meta.slot_state(&slot, read).await?.entry_exists {
+                    true => One::Present,
+                    false => One::Promoted(promoted(None)),
+                },
+            );
         }
         let Some((_, chunks)) = self.meta.entry(entry.id, EntryState::Live).await? else {
-            return Ok(()); // Removed meanwhile.
+            return Ok(One::Gone); // Removed meanwhile.
         };
         let chunks: Vec<_> = chunks.into_iter().map(|c| c.chunk).collect();
         let folded = slot.key.folded();
@@ -200,12 +234,11 @@ impl Cache {
                     key = %LogSafe(&entry.key),
                     to_scope = %LogSafe(request.to_scope.as_str()),
                 );
-                report.promoted.push(promoted(Some(id)));
+                Ok(One::Promoted(promoted(Some(id))))
             }
-            Err(MetaError::Conflict) => report.present += 1,
-            Err(e) => return Err(e.into()),
+            Err(MetaError::Conflict) => Ok(One::Present),
+            Err(e) => Err(e.into()),
         }
-        Ok(())
     }
 }
 

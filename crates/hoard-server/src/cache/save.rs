@@ -390,18 +390,17 @@ impl Cache {
                     self.stats
                         .family_of_save(&slot.repository, &upload.key, &slot.key.folded());
                 let ref_class = RefClass::of_caller(who.write_scope.as_ref(), &who.read_scopes);
+                // What a save knows on top of the slot and chunks; a column the save does not
+                // fill (such as a promotion's origin) stays as `NewEntry::new` leaves it.
                 let new = NewEntry {
-                    slot,
                     key: &upload.key,
                     repository_name: &who.repository_name,
-                    chunks: &chunks,
                     written_by: upload.written_by.as_ref(),
                     digest: digest.as_deref().unwrap_or(""),
                     scope_class: class,
                     family: &family,
                     ref_class,
-                    promotion: None,
-                    now,
+                    ..NewEntry::new(slot, &chunks, now)
                 };
                 let started = self.entries.generation();
                 let forget = ForgetIfDropped::new(self);

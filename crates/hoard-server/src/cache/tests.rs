@@ -2028,3 +2028,57 @@ fn awaiting_digest() -> EntryWalk<'static> {
         after: EntryId::new(0),
     }
 }
+
+/// A damaged chunk is never served through an entry that shares it: quarantining the entry it
+/// was found in quarantines its promoted copy too, and the other way round.
+#[tokio::test]
+async fn a_damaged_entry_takes_the_entries_sharing_its_chunks_into_quarantine() {
+    const QUEUE: &str = "refs/heads/gh-readonly-queue/main/pr-3-abc";
+    let w = world().await;
+    let queue = who_in("7", QUEUE);
+    let main = who("7");
+    let source = w.save(&queue, "deps", b"queue bytes").await;
+    let (from, to) = (Scope::new(QUEUE), Scope::new(MAIN));
+    let report = w
+        .cache
+        .promote(&promotion::PromotionRequest {
+            repository: &RepoId::new("7"),
+            from_scope: &from,
+            to_scope: &to,
+            written_after: None,
+            by: "test-delivery",
+            cause: "",
+            dry_run: false,
+        })
+        .await
+        .unwrap();
+    let copy = report.promoted[0].id.unwrap();
+    assert_eq!(
+        w.restore(&main, "deps").await.as_deref(),
+        Some(&b"queue bytes"[..])
+    );
+
+    assert!(w
+        .cache
+        .quarantine(source, "a flipped byte".into())
+        .await
+        .unwrap());
+    for id in [source, copy] {
+        assert!(
+            w.meta.entry(id, EntryState::Live).await.unwrap().is_none(),
+            "{id:?} left"
+        );
+        assert!(w
+            .meta
+            .entry(id, EntryState::Quarantined)
+            .await
+            .unwrap()
+            .is_some());
+    }
+    assert_eq!(
+        w.restore(&main, "deps").await,
+        None,
+        "the copy is not served"
+    );
+    assert_eq!(w.restore(&queue, "deps").await, None);
+}

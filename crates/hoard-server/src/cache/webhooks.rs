@@ -10,7 +10,10 @@
 //!   pushed is remembered. `closed` with `merged`: if the policy file opts the repository in
 //!   (`[[promotion]]`, never for a fork unless it says so), the entries of `refs/pull/N/merge`
 //!   written since its final head was pushed are promoted into its base branch.
-//! - A delivery received before (GitHub redelivers with the same id) is not applied again.
+//! - A delivery received before (GitHub redelivers with the same id; a relay could replay its
+//!   signed body under another) is not applied again. It counts as received once what it asks
+//!   is done: one that failed half-way is applied again when GitHub redelivers it (promotion is
+//!   idempotent: what was promoted is found present).
 //!
 //! The promotion's own rules (policy, immutability, quota) are [`super::promotion`]'s.
 
@@ -120,8 +123,15 @@ struct Branch {
 #[derive(Deserialize)]
 struct BranchRepository {
     id: u64,
-    #[serde(default)]
-    fork: bool,
+}
+
+/// What a delivery is known by: its id, and the digest of its signed body.
+fn keys(delivery: GithubDelivery<'_>) -> [String; 2] {
+    use sha2::{Digest, Sha256};
+    [
+        delivery.id.to_owned(),
+        format!("sha256:{}", hex::encode(Sha256::digest(delivery.body))),
+    ]
 }
 
 fn parse<'a, T: Deserialize<'a>>(event: &str, body: &'a [u8]) -> Result<T, DeliveryError> {
@@ -136,6 +146,24 @@ impl Cache {
         &self,
         delivery: GithubDelivery<'_>,
     ) -> Result<Outcome, DeliveryError> {
+        let outcome = self.apply(delivery).await?;
+        if let Outcome::Applied { .. } = outcome {
+            self.meta
+                .deliver(&Delivery {
+                    keys: &keys(delivery),
+                    record: true,
+                    now: self.clock.now(),
+                    facts: &[],
+                    about: None,
+                    forget_before: self.forget_before(),
+                })
+                .await
+                .map_err(CacheError::from)?;
+        }
+        Ok(outcome)
+    }
+
+    async fn apply(&self, delivery: GithubDelivery<'_>) -> Result<Outcome, DeliveryError> {
         match delivery.event {
             "merge_group" => {
                 let event: MergeGroupEvent = parse(delivery.event, delivery.body)?;
@@ -153,27 +181,37 @@ impl Cache {
         }
     }
 
-    /// Records `delivery` with `facts`, answering what is known about `about`; `None` if it
-    /// was received before.
+    fn forget_before(&self) -> Millis {
+        let memory = WEBHOOK_MEMORY.as_millis() as Millis;
+        self.clock.now().saturating_sub(memory)
+    }
+
+    /// Keeps what `delivery` says (`facts`) and answers what is known about `about` once they
+    /// are kept; `None` if it was received before. The answer is read after the facts are
+    /// committed: of a merge group and its push handled at once by two replicas, the later
+    /// to commit sees both.
     async fn remember(
         &self,
         delivery: GithubDelivery<'_>,
         facts: &[RefFact],
         about: Option<(&RepoId, &str)>,
     ) -> Result<Option<Vec<RefFact>>, CacheError> {
-        let now = self.clock.now();
-        let memory = WEBHOOK_MEMORY.as_millis() as Millis;
-        let answer = self
-            .meta
-            .deliver(&Delivery {
-                id: delivery.id,
-                now,
-                facts,
-                about,
-                forget_before: now.saturating_sub(memory),
-            })
-            .await?;
-        Ok(match answer {
+        let keys = keys(delivery);
+        let ask = |facts, about| Delivery {
+            keys: &keys,
+            record: false,
+            now: self.clock.now(),
+            facts,
+            about,
+            forget_before: self.forget_before(),
+        };
+        if self.meta.deliver(&ask(facts, None)).await? == Delivered::Seen {
+            return Ok(None);
+        }
+        if about.is_none() {
+            return Ok(Some(Vec::new()));
+        }
+        Ok(match self.meta.deliver(&ask(&[], about)).await? {
             Delivered::Seen => None,
             Delivered::New(known) => Some(known),
         })
@@ -228,8 +266,13 @@ impl Cache {
                 }
                 // Merged: the push promotes. Otherwise (invalidated, dequeued) no run can ever
                 // read what the group's runs saved.
+                let rules = self
+                    .write_policy
+                    .with(|p| p.promotions_for(repository.as_str(), &event.repository.full_name))
+                    .unwrap_or_default();
                 let expired = match event.reason.as_deref() {
                     Some("merged") => 0,
+                    _ if !rules.merge_queues => 0,
                     _ => {
                         self.expire_scope(&repository, &Scope::new(group.head_ref.as_str()))
                             .await?
@@ -333,10 +376,12 @@ impl Cache {
                     .write_policy
                     .with(|p| p.promotions_for(repository.as_str(), &event.repository.full_name))
                     .unwrap_or_default();
+                // A head in another repository (or one deleted since) is a fork's. `fork` is no
+                // help: it is true of every pull request of a repository that is a fork itself.
                 let fork = head
                     .repo
                     .as_ref()
-                    .is_none_or(|r| r.fork || r.id != event.repository.id);
+                    .is_none_or(|r| r.id != event.repository.id);
                 if !rules.merged_pull_requests || (fork && !rules.forks) {
                     tracing::info!(
                         target: "hoard::audit",

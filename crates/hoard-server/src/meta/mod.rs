@@ -465,8 +465,11 @@ pub struct RefFact {
 /// A webhook delivery to record ([`WebhookStore::deliver`]).
 #[derive(Debug, Clone)]
 pub struct Delivery<'a> {
-    /// GitHub's id for it (`X-GitHub-Delivery`); a redelivery has the same.
-    pub id: &'a str,
+    /// What it is known by: GitHub's id for it (`X-GitHub-Delivery`, which a redelivery keeps)
+    /// and the digest of its signed body (the same delivery replayed under another id).
+    pub keys: &'a [String],
+    /// Record it as received (once what it asks is done); else only ask whether it was.
+    pub record: bool,
     pub now: Millis,
     /// What it says, to keep (a fact known already keeps its first time).
     pub facts: &'a [RefFact],
@@ -479,9 +482,10 @@ pub struct Delivery<'a> {
 /// What [`WebhookStore::deliver`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Delivered {
-    /// Received before: nothing to apply.
+    /// Received before (recorded under one of its keys): nothing to apply.
     Seen,
-    /// New: what is known about the commit asked about (its own facts included), oldest first.
+    /// Not received before: what is known about the commit asked about (its own facts
+    /// included), oldest first.
     New(Vec<RefFact>),
 }
 
@@ -568,8 +572,9 @@ store_trait! {
         async fn move_entries(&self, ids: &[EntryId], change: EntryMove<'_>) -> Result<Vec<EntryUse>, MetaError>;
 
         /// Forgets the scheduled deletions in `done` (carried out), then returns up to `limit`
-        /// chunks whose scheduled deletion is due at `now`: the deletion queue, acknowledged
-        /// and taken in one call.
+        /// chunks whose scheduled deletion is due at `now` and that no entry, live or
+        /// quarantined, names (a promoted entry shares its source's chunks): the deletion
+        /// queue, acknowledged and taken in one call. Without `done`, it changes nothing.
         async fn take_deletions(&self, done: &[BlobName], now: Millis, limit: usize) -> Result<Vec<BlobName>, MetaError>;
 
         /// Those of `names` that any upload, entry or scheduled deletion refers to.
@@ -646,9 +651,11 @@ store_trait! {
     /// GitHub's webhooks: the deliveries received and what they said about commits.
     pub trait WebhookStore {
         /// In one transaction: forgets what was received before `delivery.forget_before`,
-        /// records the delivery and its facts (a fact known already keeps its first time, so
-        /// a redelivery, which says the same, changes nothing), then answers what is known
-        /// about `delivery.about`. [`Delivered::Seen`] for a delivery received before.
+        /// records the delivery's keys (with `delivery.record`; else reads whether one was),
+        /// records its facts (a fact known already keeps its first time, so a redelivery,
+        /// which says the same, changes nothing), then answers what is known about
+        /// `delivery.about`. [`Delivered::Seen`] for a delivery recorded before under any of
+        /// its keys.
         async fn deliver(&self, delivery: &Delivery<'_>) -> Result<Delivered, MetaError>;
     }
 }

@@ -288,6 +288,16 @@ fn filtered(
         let d = p(Param::Text(digest.clone()), params);
         sql.push_str(&format!(" AND e.digest = {d}"));
     }
+    if let Some(chunk) = &filter.chunk {
+        let c = p(Param::Text(chunk.clone()), params);
+        let chunks = match filter.quarantined {
+            true => "quarantined_chunks",
+            false => "entry_chunks",
+        };
+        sql.push_str(&format!(
+            " AND e.id IN (SELECT entry_id FROM {chunks} WHERE blob_name = {c})"
+        ));
+    }
     sql
 }
 
@@ -576,12 +586,24 @@ pub(super) fn pr_counts(class: crate::model::ScopeClass, size: u64) -> (i64, i64
 pub(super) static USE_COLS: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| format!("SELECT {} FROM entries", USE.join(", ")));
 
-/// Forgets the deletions due at `?` of chunks that an entry, live or quarantined, still names:
-/// a promotion makes two entries of one chunk, and the removal of either schedules it. The
-/// other owns it now, and schedules it again when it goes. Run before the due ones are taken,
-/// in the same transaction.
+/// Up to `?` (second) chunks whose deletion is due at `?` (first), oldest first, that no entry,
+/// live or quarantined, names: a promotion makes two entries of one chunk, and the removal of
+/// either schedules it, while the other still owns it.
+pub(super) static DUE_DELETIONS: Shared = Shared::new(
+    "SELECT blob_name FROM pending_deletions p WHERE delete_at <= ?
+       AND NOT EXISTS (SELECT 1 FROM entry_chunks c WHERE c.blob_name = p.blob_name)
+       AND NOT EXISTS (SELECT 1 FROM quarantined_chunks q WHERE q.blob_name = p.blob_name)
+     ORDER BY delete_at LIMIT ?",
+);
+
+/// Forgets, among the first `?` (second) deletions due at `?` (first), those of chunks an entry
+/// still names ([`DUE_DELETIONS`] passes them over; the entry that names the chunk schedules it
+/// again when it goes). Bounded, so that a long backlog is not read again each round; the
+/// derived table lets MySQL read the table it deletes from.
 pub(super) static FORGET_SHARED_DELETIONS: Shared = Shared::new(
-    "DELETE FROM pending_deletions WHERE delete_at <= ?
+    "DELETE FROM pending_deletions WHERE blob_name IN
+       (SELECT blob_name FROM (SELECT blob_name FROM pending_deletions WHERE delete_at <= ?
+                               ORDER BY delete_at LIMIT ?) AS due)
        AND (EXISTS (SELECT 1 FROM entry_chunks c WHERE c.blob_name = pending_deletions.blob_name)
             OR EXISTS (SELECT 1 FROM quarantined_chunks q WHERE q.blob_name = pending_deletions.blob_name))",
 );

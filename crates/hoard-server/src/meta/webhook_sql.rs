@@ -71,25 +71,54 @@ pub(super) fn ref_params(fact: &RefFact) -> Vec<Param> {
     ]
 }
 
-/// The statements of a delivery, in order, each with its parameters: forget the old, record
-/// the delivery (its changed count says whether it is new), record its facts, then (last, if
-/// asked) read what is known about its commit.
-pub(super) fn delivery_statements(delivery: &Delivery<'_>) -> Vec<(&'static Shared, Vec<Param>)> {
+/// What a statement of [`delivery_statements`] is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Part {
+    /// Forgets what is old.
+    Forget,
+    /// Records one of the delivery's keys (changes a row if it was not recorded).
+    Record,
+    /// Reads whether one of its keys was recorded (a row if so).
+    Check,
+    /// Records a fact.
+    Fact,
+    /// Reads what is known about the commit asked about (last).
+    About,
+}
+
+/// Whether any of the delivery's keys was recorded before.
+pub(super) static CHECK_DELIVERY: Shared =
+    Shared::new("SELECT delivery FROM webhook_deliveries WHERE delivery = ?");
+
+/// The statements of a delivery, in order, each with its parameters and part: forget the old,
+/// record its keys (or check them), record its facts, then, if asked, read what is known about
+/// its commit.
+pub(super) fn delivery_statements(
+    delivery: &Delivery<'_>,
+) -> Vec<(&'static Shared, Vec<Param>, Part)> {
     let before = Param::Int(delivery.forget_before);
     let mut statements = vec![
-        (&FORGET_DELIVERIES, vec![before.clone()]),
-        (&FORGET_REFS, vec![before]),
-        (
-            &RECORD_DELIVERY,
-            vec![
-                Param::Text(delivery.id.to_owned()),
-                Param::Int(delivery.now),
-            ],
-        ),
+        (&FORGET_DELIVERIES, vec![before.clone()], Part::Forget),
+        (&FORGET_REFS, vec![before], Part::Forget),
     ];
-    statements.extend(delivery.facts.iter().map(|f| (&RECORD_REF, ref_params(f))));
+    for key in delivery.keys {
+        statements.push(match delivery.record {
+            true => (
+                &RECORD_DELIVERY,
+                vec![Param::Text(key.clone()), Param::Int(delivery.now)],
+                Part::Record,
+            ),
+            false => (&CHECK_DELIVERY, vec![Param::Text(key.clone())], Part::Check),
+        });
+    }
+    statements.extend(
+        delivery
+            .facts
+            .iter()
+            .map(|f| (&RECORD_REF, ref_params(f), Part::Fact)),
+    );
     if let Some((repository, sha)) = delivery.about {
-        statements.push((&REFS_OF_COMMIT, about_params(repository, sha)));
+        statements.push((&REFS_OF_COMMIT, about_params(repository, sha), Part::About));
     }
     statements
 }
@@ -100,9 +129,6 @@ fn about_params(repository: &RepoId, sha: &str) -> Vec<Param> {
         Param::Text(sha.to_owned()),
     ]
 }
-
-/// Where the delivery's own row is among [`delivery_statements`].
-pub(super) const RECORD_DELIVERY_AT: usize = 2;
 
 pub(super) fn ref_from_row(r: &impl SqlRow) -> Result<RefFact, MetaError> {
     let kind = r.read(webhook_refs::kind)?;

@@ -358,6 +358,7 @@ async fn policy(app: &AppState) -> wire::Policy {
             differs_from_file: None,
             file_changed_at: None,
             warnings: Vec::new(),
+            promotions: Vec::new(),
         };
     };
     let policy = &health.installed.policy;
@@ -378,6 +379,17 @@ async fn policy(app: &AppState) -> wire::Policy {
                     .as_ref()
                     .map(|kinds| kinds.iter().map(|k| k.as_str().to_owned()).collect()),
                 line: r.line as u64,
+            })
+            .collect(),
+        promotions: policy
+            .promotions
+            .iter()
+            .map(|p| wire::PolicyPromotion {
+                repository: p.repository.clone(),
+                merge_queues: p.promotions.merge_queues,
+                merged_pull_requests: p.promotions.merged_pull_requests,
+                forks: p.promotions.forks,
+                line: p.line as u64,
             })
             .collect(),
         digest: policy.stamp.as_ref().map(|s| s.digest()),

@@ -215,6 +215,17 @@ mod tests {
             } else {
                 vec![]
             },
+            promotions: vec![policy_promotion()],
+        }
+    }
+
+    fn policy_promotion() -> PolicyPromotion {
+        PolicyPromotion {
+            repository: "octo/app".into(),
+            merge_queues: true,
+            merged_pull_requests: true,
+            forks: false,
+            line: 9,
         }
     }
 
@@ -228,6 +239,7 @@ mod tests {
             differs_from_file: None,
             file_changed_at: None,
             warnings: vec![],
+            promotions: vec![],
         }
     }
 
@@ -292,6 +304,7 @@ mod tests {
                 ],
             ),
             ("WrittenBy", vec![sent(cache().written_by.unwrap())]),
+            ("PolicyPromotion", vec![sent(policy_promotion())]),
             (
                 "CacheDetail",
                 vec![

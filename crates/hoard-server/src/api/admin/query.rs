@@ -159,6 +159,7 @@ impl Query {
             written_before,
             digest: self.digest()?,
             promoted_by: bounded("promoted_by")?,
+            chunk: None,
             quarantined: match self.param("state") {
                 None | Some("live") => false,
                 Some("quarantined") => true,

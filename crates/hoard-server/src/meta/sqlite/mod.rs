@@ -46,8 +46,8 @@ use crate::meta::sql::{
     UPLOAD, USE_COLS,
 };
 use crate::meta::sql::{
-    drop_restores_sql, each_repository_keeps, walk_entries_sql, FORGET_SHARED_DELETIONS,
-    RESTORE_HEAVY_REPOSITORIES,
+    drop_restores_sql, each_repository_keeps, walk_entries_sql, DUE_DELETIONS,
+    FORGET_SHARED_DELETIONS, RESTORE_HEAVY_REPOSITORIES,
 };
 use crate::meta::webhook_sql;
 use crate::meta::{
@@ -1122,24 +1122,26 @@ impl LifecycleStore for SqliteStore {
         limit: usize,
     ) -> Result<Vec<BlobName>, MetaError> {
         let done: Vec<String> = done.iter().map(|n| n.as_str().to_owned()).collect();
+        let due = move |conn: &Connection| {
+            let mut stmt = conn.prepare_cached(DUE_DELETIONS.on(Backend::Sqlite))?;
+            let names = rows_of(stmt.query(params![now, limit as i64])?, |r| {
+                r.read(pending_deletions::blob_name)
+            })?;
+            Ok(names.iter().filter_map(|n| BlobName::parse(n)).collect())
+        };
+        if done.is_empty() {
+            // Nothing carried out (a dry run's only call): a read, which changes nothing.
+            return self.read(due).await;
+        }
         self.write(move |tx| {
             let mut delete =
                 tx.prepare_cached("DELETE FROM pending_deletions WHERE blob_name = ?")?;
             for name in done {
                 delete.execute([name])?;
             }
-            if limit == 0 {
-                return Ok(Vec::new());
-            }
             tx.prepare_cached(FORGET_SHARED_DELETIONS.on(Backend::Sqlite))?
-                .execute([now])?;
-            let mut stmt = tx.prepare_cached(
-                "SELECT blob_name FROM pending_deletions WHERE delete_at <= ? ORDER BY delete_at LIMIT ?",
-            )?;
-            let names = rows_of(stmt.query(params![now, limit as i64])?, |r| {
-                r.read(pending_deletions::blob_name)
-            })?;
-            Ok(names.iter().filter_map(|n| BlobName::parse(n)).collect())
+                .execute(params![now, limit as i64])?;
+            due(tx)
         })
         .await
     }
@@ -1329,29 +1331,32 @@ impl AdminStore for SqliteStore {
 #[async_trait]
 impl WebhookStore for SqliteStore {
     async fn deliver(&self, delivery: &Delivery<'_>) -> Result<Delivered, MetaError> {
+        use webhook_sql::Part;
         let statements = webhook_sql::delivery_statements(delivery);
-        let asks = delivery.about.is_some();
+        let record = delivery.record;
         self.write(move |tx| {
-            let last = statements.len() - 1;
-            let mut new = false;
-            for (i, (sql, params)) in statements.into_iter().enumerate() {
+            // Recorded before under a key: a key it records changes nothing, or a key it checks
+            // finds a row.
+            let mut recorded = false;
+            let mut seen = false;
+            let mut known = Vec::new();
+            for (sql, params, part) in statements {
                 let mut stmt = tx.prepare_cached(sql.on(Backend::Sqlite))?;
-                if asks && i == last {
-                    let rows = stmt.query(rusqlite::params_from_iter(params))?;
-                    let known = rows_of(rows, |r| webhook_sql::ref_from_row(r))?;
-                    return Ok(if new {
-                        Delivered::New(known)
-                    } else {
-                        Delivered::Seen
-                    });
-                }
-                let changed = stmt.execute(rusqlite::params_from_iter(params))?;
-                if i == webhook_sql::RECORD_DELIVERY_AT {
-                    new = changed > 0;
+                let params = rusqlite::params_from_iter(params);
+                match part {
+                    Part::Check => seen |= stmt.exists(params)?,
+                    Part::About => {
+                        known = rows_of(stmt.query(params)?, |r| webhook_sql::ref_from_row(r))?
+                    }
+                    Part::Record => recorded |= stmt.execute(params)? > 0,
+                    Part::Forget | Part::Fact => {
+                        stmt.execute(params)?;
+                    }
                 }
             }
+            let new = if record { recorded } else { !seen };
             Ok(if new {
-                Delivered::New(Vec::new())
+                Delivered::New(known)
             } else {
                 Delivered::Seen
             })

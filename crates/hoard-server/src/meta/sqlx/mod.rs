@@ -85,8 +85,8 @@ use super::sql::{
     use_from_row, Param, SqlRow, BLOCK_STATE_SQL, CHUNK, ENTRY, UPLOAD, USE_COLS,
 };
 use super::sql::{
-    drop_restores_sql, each_repository_keeps, walk_entries_sql, FORGET_SHARED_DELETIONS,
-    RESTORE_HEAVY_REPOSITORIES,
+    drop_restores_sql, each_repository_keeps, walk_entries_sql, DUE_DELETIONS,
+    FORGET_SHARED_DELETIONS, RESTORE_HEAVY_REPOSITORIES,
 };
 use super::sql::{totals_from_row, usage_sql, TOTALS};
 use super::{
@@ -312,8 +312,6 @@ impl<D: Dialect> SqlxStore<D> {
         Ok(Some((upload_from_row(first)?, collect_blocks(&rows)?)))
     }
 
-    /// `template` with `{names}` replaced by a list of `names`, bound `times` over, in
-    /// statements of at most [`NAMES_PER_STATEMENT`] names: the rows of every one.
     /// [`SlotRead::Finalize`]: the open upload and its blocks in one statement, else the
     /// newest finalized upload's entry.
     async fn finalize_state(&self, slot: &Slot) -> Result<SlotState, MetaError> {
@@ -383,6 +381,8 @@ impl<D: Dialect> SqlxStore<D> {
         Ok(moved)
     }
 
+    /// `template` with `{names}` replaced by a list of `names`, bound `times` over, in
+    /// statements of at most [`NAMES_PER_STATEMENT`] names: the rows of every one.
     async fn per_names(
         &self,
         template: &str,
@@ -700,9 +700,7 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
         now: Millis,
         limit: usize,
     ) -> Result<Vec<BlobName>, MetaError> {
-        static DUE: Shared = Shared::new(
-            "SELECT blob_name FROM pending_deletions WHERE delete_at <= ? ORDER BY delete_at LIMIT ?",
-        );
+        let bound = vec![Param::Int(now), Param::Int(limit as i64)];
         let mut steps: Vec<Step> = done
             .chunks(NAMES_PER_STATEMENT)
             .map(|names| {
@@ -714,14 +712,14 @@ impl<D: Dialect> LifecycleStore for SqlxStore<D> {
                 Step::execute(D::BACKEND.spell(&sql), params)
             })
             .collect();
-        steps.push(Step::execute(
-            FORGET_SHARED_DELETIONS.on(D::BACKEND),
-            vec![Param::Int(now)],
-        ));
-        steps.push(Step::fetch(
-            DUE.on(D::BACKEND),
-            vec![Param::Int(now), Param::Int(limit as i64)],
-        ));
+        // Nothing carried out (a dry run's only call): nothing to tidy either.
+        if !done.is_empty() {
+            steps.push(Step::execute(
+                FORGET_SHARED_DELETIONS.on(D::BACKEND),
+                bound.clone(),
+            ));
+        }
+        steps.push(Step::fetch(DUE_DELETIONS.on(D::BACKEND), bound));
         match self.db.in_transaction(steps).await?.pop() {
             Some(Done::Rows(rows)) => names_from_rows(&rows),
             _ => Err(MetaError::Internal("the due deletions gave no rows".into())),
@@ -926,32 +924,39 @@ impl<D: Dialect> AdminStore for SqlxStore<D> {
 #[async_trait]
 impl<D: Dialect> WebhookStore for SqlxStore<D> {
     async fn deliver(&self, delivery: &Delivery<'_>) -> Result<Delivered, MetaError> {
+        use super::webhook_sql::Part;
         let statements = super::webhook_sql::delivery_statements(delivery);
-        let asks = delivery.about.is_some();
-        let last = statements.len() - 1;
+        let parts: Vec<Part> = statements.iter().map(|(_, _, part)| *part).collect();
         let steps = statements
             .into_iter()
-            .enumerate()
-            .map(|(i, (sql, params))| match asks && i == last {
-                true => Step::fetch(sql.on(D::BACKEND), params),
-                false => Step::execute(sql.on(D::BACKEND), params),
+            .map(|(sql, params, part)| match part {
+                Part::Check | Part::About => Step::fetch(sql.on(D::BACKEND), params),
+                Part::Forget | Part::Record | Part::Fact => {
+                    Step::execute(sql.on(D::BACKEND), params)
+                }
             })
             .collect();
         let done = self.db.in_transaction(steps).await?;
-        if !matches!(
-            done.get(super::webhook_sql::RECORD_DELIVERY_AT),
-            Some(Done::Changed(1..))
-        ) {
-            return Ok(Delivered::Seen);
+        let (mut recorded, mut seen, mut known) = (false, false, Vec::new());
+        for (part, done) in parts.iter().zip(&done) {
+            match (part, done) {
+                (Part::Record, Done::Changed(n)) => recorded |= *n > 0,
+                (Part::Check, Done::Rows(rows)) => seen |= !rows.is_empty(),
+                (Part::About, Done::Rows(rows)) => {
+                    known = rows
+                        .iter()
+                        .map(super::webhook_sql::ref_from_row)
+                        .collect::<Result<_, _>>()?
+                }
+                _ => {}
+            }
         }
-        let known = match (asks, done.last()) {
-            (true, Some(Done::Rows(rows))) => rows
-                .iter()
-                .map(super::webhook_sql::ref_from_row)
-                .collect::<Result<_, _>>()?,
-            _ => Vec::new(),
-        };
-        Ok(Delivered::New(known))
+        let new = if delivery.record { recorded } else { !seen };
+        Ok(if new {
+            Delivered::New(known)
+        } else {
+            Delivered::Seen
+        })
     }
 }
 
