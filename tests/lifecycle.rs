@@ -318,6 +318,13 @@ async fn large_entries_get_their_digest_after_the_save_and_chunks_stored_before_
          ALTER TABLE family_stats DROP COLUMN refused_reads;
          ALTER TABLE server_stats DROP COLUMN refused_writes;
          ALTER TABLE server_stats DROP COLUMN refused_reads;
+         ALTER TABLE entries DROP COLUMN promoted_from;
+         ALTER TABLE entries DROP COLUMN promoted_by;
+         ALTER TABLE entries DROP COLUMN promoted_for;
+         DROP TABLE webhook_deliveries;
+         DROP TABLE webhook_refs;
+         ALTER TABLE family_stats DROP COLUMN promoted_hits;
+         ALTER TABLE server_stats DROP COLUMN promoted_hits;
          PRAGMA user_version = 8;
          UPDATE entry_chunks SET xxh3 = NULL WHERE entry_id = {sha_only_id};
          UPDATE entries SET digest = '' WHERE id IN ({sha_only_id}, {early_id});

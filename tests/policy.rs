@@ -786,7 +786,7 @@ async fn without_a_policy_file_the_admin_api_shows_none() {
         json!({
             "source": null, "loaded_at": null, "rules": [], "digest": null,
             "last_attempt": null, "differs_from_file": null, "file_changed_at": null,
-            "warnings": [],
+            "warnings": [], "promotions": [],
         })
     );
     let res = srv
