@@ -914,6 +914,8 @@ async fn a_promotion_makes_a_queues_entries_readable_in_main_without_a_byte_copi
         ADMIN,
         "--policy-file",
         policy.to_str().unwrap(),
+        "--metrics-families",
+        "10",
     ])
     .await;
     let queue = token_of("77", "octo/q", QUEUE);
@@ -984,6 +986,32 @@ async fn a_promotion_makes_a_queues_entries_readable_in_main_without_a_byte_copi
         .await
         .unwrap();
     assert!(metrics.contains("hoard_promoted_hits_total 4"), "{metrics}");
+    // And per key family: every promoted hit in its family's series, by outcome.
+    let per_family: Vec<(&str, f64)> = metrics
+        .lines()
+        .filter(|l| l.starts_with("hoard_family_promoted_hits_total{"))
+        .map(|l| {
+            let (labels, value) = l.rsplit_once(' ').unwrap();
+            (labels, value.parse::<f64>().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        per_family.iter().map(|(_, n)| n).sum::<f64>(),
+        4.0,
+        "{per_family:?}"
+    );
+    assert!(
+        per_family
+            .iter()
+            .all(|(labels, _)| labels.contains("repository=\"octo/q\"")),
+        "{per_family:?}"
+    );
+    assert!(
+        per_family
+            .iter()
+            .any(|(labels, n)| labels.contains("outcome=\"restore_key_hit\"") && *n == 1.0),
+        "{per_family:?}"
+    );
 
     // Listed with where they came from; one promotion by its id.
     let (_, listed) = get(&srv, &format!("caches?promoted_by={by}&sort=created_at")).await;

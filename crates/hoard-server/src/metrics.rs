@@ -50,6 +50,8 @@ struct PerFamily {
     cap: usize,
     seen: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
     lookups: Family<FamilyLabels, Counter>,
+    /// Hits served by promoted entries (outcome `exact_hit` or `restore_key_hit`).
+    promoted: Family<FamilyLabels, Counter>,
 }
 
 /// `value` with every character other than letters, digits and `._/:@-` made `_`: names come
@@ -449,16 +451,30 @@ impl Metrics {
             "Cache lookups per repository and key family by outcome: exact_hit, restore_key_hit, miss; pairs past --metrics-families are `other`",
             lookups.clone(),
         );
+        let promoted = Family::<FamilyLabels, Counter>::default();
+        self.registry.register(
+            "family_promoted_hits",
+            "Cache hits served by an entry promoted from another ref, per repository and key family by outcome: exact_hit, restore_key_hit (counted in hoard_family_lookups_total too)",
+            promoted.clone(),
+        );
         self.per_family = Some(PerFamily {
             cap,
             seen: Default::default(),
             lookups,
+            promoted,
         });
         self
     }
 
-    /// A lookup of `family` in a repository (its name, or its id), if per-family series are on.
-    pub fn family_lookup(&self, repository: &str, family: &str, outcome: &'static str) {
+    /// A lookup of `family` in a repository (its name, or its id), if per-family series are on;
+    /// a hit (`outcome`) served by a promoted entry counts in the promoted series too.
+    pub fn family_lookup(
+        &self,
+        repository: &str,
+        family: &str,
+        outcome: &'static str,
+        promoted: bool,
+    ) {
         let Some(per) = &self.per_family else {
             return;
         };
@@ -477,13 +493,15 @@ impl Metrics {
                 (OTHER_REPOSITORIES.to_owned(), OTHER_REPOSITORIES.to_owned())
             }
         };
-        per.lookups
-            .get_or_create(&FamilyLabels {
-                repository: pair.0,
-                family: pair.1,
-                outcome,
-            })
-            .inc();
+        let labels = FamilyLabels {
+            repository: pair.0,
+            family: pair.1,
+            outcome,
+        };
+        if promoted {
+            per.promoted.get_or_create(&labels).inc();
+        }
+        per.lookups.get_or_create(&labels).inc();
     }
 
     /// One metadata database operation and how long it took.

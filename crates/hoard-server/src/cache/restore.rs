@@ -114,6 +114,7 @@ impl Cache {
                         who.display_repository(),
                         family,
                         LookupResult::Miss.label(),
+                        false,
                     )
                 },
             );
@@ -148,8 +149,12 @@ impl Cache {
             &Counters::lookup(result, best.size, best.promoted),
             now,
             |family| {
-                self.metrics
-                    .family_lookup(who.display_repository(), family, result.label())
+                self.metrics.family_lookup(
+                    who.display_repository(),
+                    family,
+                    result.label(),
+                    best.promoted,
+                )
             },
         );
         Ok(Some(Hit {
