@@ -37,7 +37,7 @@ async fn deliver(
             now,
             facts,
             about,
-            forget_before: 0,
+            forget_before: None,
         })
         .await
         .unwrap()
@@ -120,7 +120,7 @@ async fn asking_records_nothing_and_any_key_is_the_delivery(store: &dyn MetaStor
         now: 5,
         facts: std::slice::from_ref(&fact),
         about: None,
-        forget_before: 0,
+        forget_before: None,
     };
     assert_eq!(store.deliver(&ask).await.unwrap(), Delivered::New(vec![]));
     assert_eq!(
@@ -174,7 +174,7 @@ async fn old_deliveries_and_facts_are_forgotten(store: &dyn MetaStore) {
         now: 1_000,
         facts: &[],
         about: Some((&repo, "ccc")),
-        forget_before: 500,
+        forget_before: Some(500),
     };
     assert_eq!(
         store.deliver(&later).await.unwrap(),

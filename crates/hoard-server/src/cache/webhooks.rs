@@ -22,6 +22,7 @@ use serde::Deserialize;
 use crate::meta::{Delivered, Delivery, RefFact, RefKind};
 use crate::model::{EntryFilter, EntryPage, LogSafe, Millis, RemovalCause, RepoId, Scope};
 
+use super::policy::Promotions;
 use super::promotion::{PromotionReport, PromotionRequest};
 use super::{Cache, CacheError};
 
@@ -50,6 +51,12 @@ pub enum Outcome {
     /// An event or action hoard does not act on.
     Ignored,
 }
+
+/// Applied, and nothing to promote or expire: a delivery that only told hoard something.
+const NOTED: Outcome = Outcome::Applied {
+    promoted: 0,
+    expired: 0,
+};
 
 /// Why a delivery cannot be read.
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +132,13 @@ struct BranchRepository {
     id: u64,
 }
 
+/// A delivery being applied: its id, and the keys it is recorded under ([`keys`], worked out
+/// once: the digest reads the whole body).
+struct Received<'a> {
+    id: &'a str,
+    keys: [String; 2],
+}
+
 /// What a delivery is known by: its id, and the digest of its signed body.
 fn keys(delivery: GithubDelivery<'_>) -> [String; 2] {
     use sha2::{Digest, Sha256};
@@ -146,16 +160,37 @@ impl Cache {
         &self,
         delivery: GithubDelivery<'_>,
     ) -> Result<Outcome, DeliveryError> {
-        let outcome = self.apply(delivery).await?;
+        let received = Received {
+            id: delivery.id,
+            keys: keys(delivery),
+        };
+        let outcome = match delivery.event {
+            "merge_group" => {
+                let event: MergeGroupEvent = parse(delivery.event, delivery.body)?;
+                self.merge_group(&received, event).await?
+            }
+            "push" => {
+                let event: PushEvent = parse(delivery.event, delivery.body)?;
+                self.push(&received, event).await?
+            }
+            "pull_request" => {
+                let event: PullRequestEvent = parse(delivery.event, delivery.body)?;
+                self.pull_request(&received, event).await?
+            }
+            _ => Outcome::Ignored,
+        };
         if let Outcome::Applied { .. } = outcome {
+            // Received now, and what is older than memory forgotten (once per delivery).
+            let memory = WEBHOOK_MEMORY.as_millis() as Millis;
+            let now = self.clock.now();
             self.meta
                 .deliver(&Delivery {
-                    keys: &keys(delivery),
+                    keys: &received.keys,
                     record: true,
-                    now: self.clock.now(),
+                    now,
                     facts: &[],
                     about: None,
-                    forget_before: self.forget_before(),
+                    forget_before: Some(now.saturating_sub(memory)),
                 })
                 .await
                 .map_err(CacheError::from)?;
@@ -163,27 +198,11 @@ impl Cache {
         Ok(outcome)
     }
 
-    async fn apply(&self, delivery: GithubDelivery<'_>) -> Result<Outcome, DeliveryError> {
-        match delivery.event {
-            "merge_group" => {
-                let event: MergeGroupEvent = parse(delivery.event, delivery.body)?;
-                self.merge_group(delivery, event).await
-            }
-            "push" => {
-                let event: PushEvent = parse(delivery.event, delivery.body)?;
-                self.push(delivery, event).await
-            }
-            "pull_request" => {
-                let event: PullRequestEvent = parse(delivery.event, delivery.body)?;
-                self.pull_request(delivery, event).await
-            }
-            _ => Ok(Outcome::Ignored),
-        }
-    }
-
-    fn forget_before(&self) -> Millis {
-        let memory = WEBHOOK_MEMORY.as_millis() as Millis;
-        self.clock.now().saturating_sub(memory)
+    /// The promotions the webhooks make for `repository` (named `name` by the delivery).
+    fn promotions_for(&self, repository: &RepoId, name: &str) -> Promotions {
+        self.write_policy
+            .with(|p| p.promotions_for(repository.as_str(), name))
+            .unwrap_or_default()
     }
 
     /// Keeps what `delivery` says (`facts`) and answers what is known about `about` once they
@@ -192,18 +211,17 @@ impl Cache {
     /// to commit sees both.
     async fn remember(
         &self,
-        delivery: GithubDelivery<'_>,
+        received: &Received<'_>,
         facts: &[RefFact],
         about: Option<(&RepoId, &str)>,
     ) -> Result<Option<Vec<RefFact>>, CacheError> {
-        let keys = keys(delivery);
         let ask = |facts, about| Delivery {
-            keys: &keys,
+            keys: &received.keys,
             record: false,
             now: self.clock.now(),
             facts,
             about,
-            forget_before: self.forget_before(),
+            forget_before: None,
         };
         if self.meta.deliver(&ask(facts, None)).await? == Delivered::Seen {
             return Ok(None);
@@ -219,7 +237,7 @@ impl Cache {
 
     async fn merge_group(
         &self,
-        delivery: GithubDelivery<'_>,
+        received: &Received<'_>,
         event: MergeGroupEvent,
     ) -> Result<Outcome, DeliveryError> {
         let repository = RepoId::new(event.repository.id.to_string());
@@ -235,7 +253,7 @@ impl Cache {
                     received_at: self.clock.now(),
                 };
                 let about = Some((&repository, group.head_sha.as_str()));
-                let Some(known) = self.remember(delivery, &[fact], about).await? else {
+                let Some(known) = self.remember(received, &[fact], about).await? else {
                     return Ok(Outcome::Seen);
                 };
                 // The push that lands it may have come first.
@@ -245,7 +263,7 @@ impl Cache {
                 let promoted = match landed {
                     true => {
                         self.promote_group(
-                            delivery,
+                            received,
                             &repository,
                             &event.repository.full_name,
                             &group.head_ref,
@@ -261,15 +279,12 @@ impl Cache {
                 })
             }
             "destroyed" => {
-                if self.remember(delivery, &[], None).await?.is_none() {
+                if self.remember(received, &[], None).await?.is_none() {
                     return Ok(Outcome::Seen);
                 }
                 // Merged: the push promotes. Otherwise (invalidated, dequeued) no run can ever
                 // read what the group's runs saved.
-                let rules = self
-                    .write_policy
-                    .with(|p| p.promotions_for(repository.as_str(), &event.repository.full_name))
-                    .unwrap_or_default();
+                let rules = self.promotions_for(&repository, &event.repository.full_name);
                 let expired = match event.reason.as_deref() {
                     Some("merged") => 0,
                     _ if !rules.merge_queues => 0,
@@ -289,17 +304,12 @@ impl Cache {
 
     async fn push(
         &self,
-        delivery: GithubDelivery<'_>,
+        received: &Received<'_>,
         event: PushEvent,
     ) -> Result<Outcome, DeliveryError> {
         if event.deleted || !event.git_ref.starts_with("refs/heads/") {
-            return match self.remember(delivery, &[], None).await? {
-                Some(_) => Ok(Outcome::Applied {
-                    promoted: 0,
-                    expired: 0,
-                }),
-                None => Ok(Outcome::Seen),
-            };
+            let known = self.remember(received, &[], None).await?;
+            return Ok(known.map_or(Outcome::Seen, |_| NOTED));
         }
         let repository = RepoId::new(event.repository.id.to_string());
         let fact = RefFact {
@@ -311,7 +321,7 @@ impl Cache {
             received_at: self.clock.now(),
         };
         let about = Some((&repository, event.after.as_str()));
-        let Some(known) = self.remember(delivery, &[fact], about).await? else {
+        let Some(known) = self.remember(received, &[fact], about).await? else {
             return Ok(Outcome::Seen);
         };
         let mut promoted = 0;
@@ -321,7 +331,7 @@ impl Cache {
         {
             promoted += self
                 .promote_group(
-                    delivery,
+                    received,
                     &repository,
                     &event.repository.full_name,
                     &group.git_ref,
@@ -337,7 +347,7 @@ impl Cache {
 
     async fn pull_request(
         &self,
-        delivery: GithubDelivery<'_>,
+        received: &Received<'_>,
         event: PullRequestEvent,
     ) -> Result<Outcome, DeliveryError> {
         let repository = RepoId::new(event.repository.id.to_string());
@@ -353,29 +363,18 @@ impl Cache {
                     base_ref: String::new(),
                     received_at: self.clock.now(),
                 };
-                match self.remember(delivery, &[fact], None).await? {
-                    Some(_) => Ok(Outcome::Applied {
-                        promoted: 0,
-                        expired: 0,
-                    }),
-                    None => Ok(Outcome::Seen),
-                }
+                let known = self.remember(received, &[fact], None).await?;
+                Ok(known.map_or(Outcome::Seen, |_| NOTED))
             }
             "closed" => {
                 let about = Some((&repository, head.sha.as_str()));
-                let Some(known) = self.remember(delivery, &[], about).await? else {
+                let Some(known) = self.remember(received, &[], about).await? else {
                     return Ok(Outcome::Seen);
                 };
                 if !event.pull_request.merged {
-                    return Ok(Outcome::Applied {
-                        promoted: 0,
-                        expired: 0,
-                    });
+                    return Ok(NOTED);
                 }
-                let rules = self
-                    .write_policy
-                    .with(|p| p.promotions_for(repository.as_str(), &event.repository.full_name))
-                    .unwrap_or_default();
+                let rules = self.promotions_for(&repository, &event.repository.full_name);
                 // A head in another repository (or one deleted since) is a fork's. `fork` is no
                 // help: it is true of every pull request of a repository that is a fork itself.
                 let fork = head
@@ -386,15 +385,12 @@ impl Cache {
                     tracing::info!(
                         target: "hoard::audit",
                         action = "promote_skipped",
-                        delivery = %LogSafe(delivery.id),
+                        delivery = %LogSafe(received.id),
                         repository = %LogSafe(repository.as_str()),
                         pull_request = event.number,
                         reason = if rules.merged_pull_requests { "fork" } else { "not opted in" },
                     );
-                    return Ok(Outcome::Applied {
-                        promoted: 0,
-                        expired: 0,
-                    });
+                    return Ok(NOTED);
                 }
                 // Only what was saved for the final head: since it was pushed, if a delivery
                 // said so, else since the pull request was opened.
@@ -419,7 +415,7 @@ impl Cache {
                         from_scope: &from,
                         to_scope: &to,
                         written_after: pushed.or(opened),
-                        by: delivery.id,
+                        by: received.id,
                         cause: &cause,
                         dry_run: false,
                     })
@@ -437,16 +433,13 @@ impl Cache {
     /// repository's merge queues promote; how many entries.
     async fn promote_group(
         &self,
-        delivery: GithubDelivery<'_>,
+        received: &Received<'_>,
         repository: &RepoId,
         name: &str,
         head_ref: &str,
         base_ref: &str,
     ) -> Result<u64, CacheError> {
-        let rules = self
-            .write_policy
-            .with(|p| p.promotions_for(repository.as_str(), name))
-            .unwrap_or_default();
+        let rules = self.promotions_for(repository, name);
         if !rules.merge_queues {
             return Ok(0);
         }
@@ -458,7 +451,7 @@ impl Cache {
                 from_scope: &from,
                 to_scope: &to,
                 written_after: None,
-                by: delivery.id,
+                by: received.id,
                 cause: &cause,
                 dry_run: false,
             })

@@ -475,8 +475,8 @@ pub struct Delivery<'a> {
     pub facts: &'a [RefFact],
     /// The commit (repository, sha) whose known facts to answer, if any.
     pub about: Option<(&'a RepoId, &'a str)>,
-    /// Deliveries and facts received before this are forgotten.
-    pub forget_before: Millis,
+    /// Deliveries and facts received before this are forgotten (once per delivery is enough).
+    pub forget_before: Option<Millis>,
 }
 
 /// What [`WebhookStore::deliver`] found.
@@ -650,7 +650,8 @@ store_trait! {
 store_trait! {
     /// GitHub's webhooks: the deliveries received and what they said about commits.
     pub trait WebhookStore {
-        /// In one transaction: forgets what was received before `delivery.forget_before`,
+        /// In one transaction: forgets what was received before `delivery.forget_before` (if
+        /// given),
         /// records the delivery's keys (with `delivery.record`; else reads whether one was),
         /// records its facts (a fact known already keeps its first time, so a redelivery,
         /// which says the same, changes nothing), then answers what is known about

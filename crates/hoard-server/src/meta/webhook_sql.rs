@@ -90,17 +90,18 @@ pub(super) enum Part {
 pub(super) static CHECK_DELIVERY: Shared =
     Shared::new("SELECT delivery FROM webhook_deliveries WHERE delivery = ?");
 
-/// The statements of a delivery, in order, each with its parameters and part: forget the old,
+/// The statements of a delivery, in order, each with its parameters and part: forget the old (if
+/// asked),
 /// record its keys (or check them), record its facts, then, if asked, read what is known about
 /// its commit.
 pub(super) fn delivery_statements(
     delivery: &Delivery<'_>,
 ) -> Vec<(&'static Shared, Vec<Param>, Part)> {
-    let before = Param::Int(delivery.forget_before);
-    let mut statements = vec![
-        (&FORGET_DELIVERIES, vec![before.clone()], Part::Forget),
-        (&FORGET_REFS, vec![before], Part::Forget),
-    ];
+    let mut statements = Vec::new();
+    if let Some(before) = delivery.forget_before {
+        statements.push((&FORGET_DELIVERIES, vec![Param::Int(before)], Part::Forget));
+        statements.push((&FORGET_REFS, vec![Param::Int(before)], Part::Forget));
+    }
     for key in delivery.keys {
         statements.push(match delivery.record {
             true => (
