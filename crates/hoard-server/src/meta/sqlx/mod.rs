@@ -32,7 +32,19 @@ macro_rules! impl_connections {
                 Ok(done.rows_affected())
             }
 
-            async fn in_transaction(&self, steps: Vec<Step>) -> Result<Vec<Done<$row>>, MetaError> {
+            async fn in_transaction(
+                &self,
+                mut steps: Vec<Step>,
+            ) -> Result<Vec<Done<$row>>, MetaError> {
+                // One statement is atomic on its own: no BEGIN and COMMIT round trips for it.
+                if steps.len() == 1 {
+                    return Ok(vec![match steps.remove(0) {
+                        Step::Fetch(sql, params) => Done::Rows(self.fetch(&sql, params).await?),
+                        Step::Execute(sql, params) => {
+                            Done::Changed(self.execute(&sql, params).await?)
+                        }
+                    }]);
+                }
                 let mut tx = self.pool.begin().await.map_err(from_sqlx)?;
                 let done = Self::run_steps(&mut tx, steps).await?;
                 tx.commit().await.map_err(from_sqlx)?;
