@@ -878,26 +878,6 @@ async fn the_blast_radius_names_the_jobs_that_restored_a_writers_entries() {
     }
 }
 
-/// The chunk files under a data directory: what a promotion must not add to.
-fn chunk_files(dir: &std::path::Path) -> usize {
-    let mut count = 0;
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                pending.push(path);
-            } else if !path
-                .extension()
-                .is_some_and(|e| e == "db" || e == "db-wal" || e == "db-shm")
-            {
-                count += 1;
-            }
-        }
-    }
-    count
-}
-
 #[tokio::test]
 async fn a_promotion_makes_a_queues_entries_readable_in_main_without_a_byte_copied() {
     const QUEUE: &str = "refs/heads/gh-readonly-queue/main/pr-104-abc";
@@ -929,7 +909,7 @@ async fn a_promotion_makes_a_queues_entries_readable_in_main_without_a_byte_copi
         srv.save(&queue, key, VERSION, data).await;
     }
     assert_eq!(srv.restore(&main, "npm-linux-1", VERSION).await, None);
-    let files = chunk_files(srv.data.path());
+    let files = srv.chunk_files().len();
 
     let promote = |query: String| {
         let srv = &srv;
@@ -970,21 +950,13 @@ async fn a_promotion_makes_a_queues_entries_readable_in_main_without_a_byte_copi
         hit["matched_key"], "npm-linux-2",
         "the newest by restore key: {hit}"
     );
-    assert_eq!(chunk_files(srv.data.path()), files, "no byte copied");
+    assert_eq!(srv.chunk_files().len(), files, "no byte copied");
     // What promotion saved: the hits its entries served (three exact, one by a restore key),
     // in the statistics and in /metrics.
     let (_, stats) = get(&srv, "stats?repository=octo/q").await;
     assert_eq!(stats["totals"]["promoted_hits"], 4, "{stats}");
     assert_eq!(stats["totals"]["exact_hits"], 3, "{stats}");
-    let metrics = srv
-        .http
-        .get(srv.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::metrics_text(&srv.http, &srv.base).await;
     assert!(metrics.contains("hoard_promoted_hits_total 4"), "{metrics}");
     // And per key family: every promoted hit in its family's series, by outcome.
     let per_family: Vec<(&str, f64)> = metrics

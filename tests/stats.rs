@@ -452,15 +452,7 @@ async fn the_family_cap_holds_against_ten_thousand_families() {
         "the store keeps exactly the cap"
     );
 
-    let metrics = srv
-        .http
-        .get(srv.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::metrics_text(&srv.http, &srv.base).await;
     let series: Vec<&str> = metrics
         .lines()
         .filter(|l| l.starts_with("hoard_family_lookups_total{"))

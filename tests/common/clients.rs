@@ -122,3 +122,18 @@ pub async fn requests_by_protocol(http: &reqwest::Client, base: &str) -> (f64, f
         count("/_blob/uploads/").await,
     )
 }
+
+/// Checks that the client at hoard `base` spoke the protocol `point_at` gave it (v2 if `v2`),
+/// and never the other.
+pub async fn assert_spoke_only(http: &reqwest::Client, base: &str, v2: bool) {
+    let (v2_calls, v1_calls, _) = requests_by_protocol(http, base).await;
+    let spoken = if v2 {
+        (v2_calls, v1_calls)
+    } else {
+        (v1_calls, v2_calls)
+    };
+    assert!(
+        spoken.0 > 0.0 && spoken.1 == 0.0,
+        "v2 {v2_calls}, v1 {v1_calls} calls"
+    );
+}

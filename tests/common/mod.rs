@@ -56,16 +56,20 @@ pub fn table_rows(data: &Path, table: &str) -> usize {
     n as usize
 }
 
-/// Samples of hoard's `/metrics` at `base` whose line starts with `prefix`, summed.
-pub async fn metric(http: &reqwest::Client, base: &str, prefix: &str) -> f64 {
-    let text = http
-        .get(format!("{base}/metrics"))
+/// Hoard's `/metrics` at `base`, as text.
+pub async fn metrics_text(http: &reqwest::Client, base: &str) -> String {
+    http.get(format!("{base}/metrics"))
         .send()
         .await
         .unwrap()
         .text()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// Samples of hoard's `/metrics` at `base` whose line starts with `prefix`, summed.
+pub async fn metric(http: &reqwest::Client, base: &str, prefix: &str) -> f64 {
+    let text = metrics_text(http, base).await;
     text.lines()
         .filter(|l| l.starts_with(prefix))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())

@@ -7,9 +7,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::common::clients::{
-    clean_env, installed, or_skip, output, point_at, requests_by_protocol,
-};
+use crate::common::clients::{assert_spoke_only, clean_env, installed, or_skip, output, point_at};
 use crate::common::*;
 
 const SIZES: [usize; 3] = [1, 300_000, 9 * (1 << 20) + 17];
@@ -32,16 +30,7 @@ async fn writes_and_reads(v2: bool) {
     cmd.args(SIZES.map(|s| s.to_string()));
     point_at(&mut cmd, &srv.base, v2, &main_token());
     let (result, all) = node_result(output(cmd).await);
-    let (v2_calls, v1_calls, _) = requests_by_protocol(&srv.http, &srv.base).await;
-    let spoken = if v2 {
-        (v2_calls, v1_calls)
-    } else {
-        (v1_calls, v2_calls)
-    };
-    assert!(
-        spoken.0 > 0.0 && spoken.1 == 0.0,
-        "v2 {v2_calls}, v1 {v1_calls} calls"
-    );
+    assert_spoke_only(&srv.http, &srv.base, v2).await;
     assert_eq!(result["miss"], "not found", "{all}");
     for (size, data) in SIZES.into_iter().zip(datas) {
         for read in ["read", "streamed"] {

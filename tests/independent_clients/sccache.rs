@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::common::clients::{
-    all_of, clean_env, installed, or_skip, output, point_at, requests_by_protocol,
+    all_of, assert_spoke_only, clean_env, installed, or_skip, output, point_at,
 };
 use crate::common::*;
 
@@ -155,16 +155,7 @@ async fn compiles_twice_with_hits(v2: bool) {
         assert!(out.status.success(), "{}\n{}", all_of(&out), error_log());
     }
     assert_eq!(sccache.stat("cache_hits"), 2, "{}", error_log());
-    let (v2_calls, v1_calls, _) = requests_by_protocol(&srv.http, &srv.base).await;
-    let spoken = if v2 {
-        (v2_calls, v1_calls)
-    } else {
-        (v1_calls, v2_calls)
-    };
-    assert!(
-        spoken.0 > 0.0 && spoken.1 == 0.0,
-        "v2 {v2_calls}, v1 {v1_calls} calls"
-    );
+    assert_spoke_only(&srv.http, &srv.base, v2).await;
     for name in ["small", "big"] {
         let read = |round: &str| std::fs::read(w.join(format!("{name}-{round}.o"))).unwrap();
         assert!(

@@ -10,7 +10,7 @@ mod conformance;
 use std::sync::Arc;
 
 use common::databases::{Server, TestDatabase};
-use hoard::meta::{self, DatabaseUrl, EntryMove, EntryState, MetaStore, UploadChange, UploadRead};
+use hoard::meta::{self, DatabaseUrl, EntryMove, EntryState, MetaStore, UploadChange};
 use hoard::model::EntryId;
 
 /// Runs the suite on a fresh store, then opens the same database again (migrations run a
@@ -240,12 +240,7 @@ async fn the_widest_lookup_is_answered(store: Arc<dyn MetaStore>) {
                 now,
             };
             let id = store.create_upload(new, None).await.unwrap();
-            let upload = store
-                .upload(id, UploadRead::Blocks)
-                .await
-                .unwrap()
-                .unwrap()
-                .upload;
+            let upload = conformance::upload_of(store.as_ref(), id).await.unwrap();
             let chunk = Chunk {
                 blob: BlobName::random(),
                 size: 1,
@@ -257,12 +252,7 @@ async fn the_widest_lookup_is_answered(store: Arc<dyn MetaStore>) {
                 .change_upload(&upload, UploadChange::Commit(&parts), now)
                 .await
                 .unwrap();
-            let upload = store
-                .upload(id, UploadRead::Blocks)
-                .await
-                .unwrap()
-                .unwrap()
-                .upload;
+            let upload = conformance::upload_of(store.as_ref(), id).await.unwrap();
             let chunks = [chunk];
             let entry = NewEntry {
                 key: &key,

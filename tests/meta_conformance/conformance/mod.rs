@@ -39,6 +39,22 @@ pub async fn count_of(store: &dyn MetaStore, filter: &EntryFilter) -> u64 {
     selected.total.expect("a total when asked")
 }
 
+/// The entries `filter` selects, by creation (at most 100), after checking that the count
+/// agrees with the listing.
+pub async fn listed_where(
+    store: &dyn MetaStore,
+    filter: EntryFilter,
+) -> Vec<hoard::model::ListedEntry> {
+    let page = EntryPage::by_creation(&filter, 100);
+    let found = store.select_entries(&page).await.unwrap().entries;
+    assert_eq!(
+        count_of(store, &filter).await,
+        found.len() as u64,
+        "the count agrees with the listing for {filter:?}"
+    );
+    found
+}
+
 /// Restores to record, and nothing else.
 pub fn just_hits(hits: &[(EntryId, u64, i64)]) -> Uses {
     Uses {

@@ -117,16 +117,11 @@ async fn a_promoted_entry_shares_the_chunks_and_records_its_origin(store: &dyn M
         promoted_by: Some("delivery-1".into()),
         ..EntryFilter::default()
     };
-    let page = EntryPage::by_creation(&of_delivery, 10);
-    let found: Vec<EntryId> = store
-        .select_entries(&page)
-        .await
-        .unwrap()
-        .entries
-        .iter()
-        .map(|l| l.entry.id)
-        .collect();
-    assert_eq!(found, [promoted]);
+    let found = listed_where(store, of_delivery).await;
+    assert_eq!(
+        found.iter().map(|l| l.entry.id).collect::<Vec<_>>(),
+        [promoted]
+    );
 
     // The entries made of one chunk: the source and its copy.
     let blob = chunks[0].chunk.blob.as_str().to_owned();
@@ -134,12 +129,8 @@ async fn a_promoted_entry_shares_the_chunks_and_records_its_origin(store: &dyn M
         chunk: Some(blob),
         ..EntryFilter::default()
     };
-    let page = EntryPage::by_creation(&sharing, 10);
-    let mut found: Vec<EntryId> = store
-        .select_entries(&page)
+    let mut found: Vec<EntryId> = listed_where(store, sharing)
         .await
-        .unwrap()
-        .entries
         .iter()
         .map(|l| l.entry.id)
         .collect();

@@ -73,17 +73,6 @@ async fn save_chunks(
         .unwrap()
 }
 
-async fn listed(store: &dyn MetaStore, filter: EntryFilter) -> Vec<hoard::model::ListedEntry> {
-    let page = EntryPage::by_creation(&filter, 100);
-    let found = store.select_entries(&page).await.unwrap().entries;
-    assert_eq!(
-        count_of(store, &filter).await,
-        found.len() as u64,
-        "the count agrees with the listing for {filter:?}"
-    );
-    found
-}
-
 async fn an_entry_keeps_what_its_upload_recorded_of_its_writer(store: &dyn MetaStore) {
     let by = Provenance {
         kind: CallerKind::Ghes,
@@ -98,7 +87,7 @@ async fn an_entry_keeps_what_its_upload_recorded_of_its_writer(store: &dyn MetaS
     let s = slot("prov-keep", "k");
     let digest = format!("sha256:{}", "ab".repeat(32));
     let id = save_by(store, &s, Some(&by), &digest, 10).await;
-    let found = listed(
+    let found = listed_where(
         store,
         EntryFilter {
             id: Some(id),
@@ -141,7 +130,7 @@ async fn writers_run_subject_kind_and_time_select_entries(store: &dyn MetaStore)
         ..EntryFilter::default()
     };
     assert_eq!(
-        ids(listed(store, by_run.clone()).await),
+        ids(listed_where(store, by_run.clone()).await),
         [a1, a2],
         "run_id selects exactly that run's entries"
     );
@@ -151,7 +140,7 @@ async fn writers_run_subject_kind_and_time_select_entries(store: &dyn MetaStore)
         ..EntryFilter::default()
     };
     assert_eq!(
-        ids(listed(store, by_subject).await),
+        ids(listed_where(store, by_subject).await),
         [b1],
         "subject selects"
     );
@@ -160,7 +149,11 @@ async fn writers_run_subject_kind_and_time_select_entries(store: &dyn MetaStore)
         kind: Some(CallerKind::Github),
         ..EntryFilter::default()
     };
-    assert_eq!(ids(listed(store, by_kind).await), [a1, a2], "kind selects");
+    assert_eq!(
+        ids(listed_where(store, by_kind).await),
+        [a1, a2],
+        "kind selects"
+    );
     let window = EntryFilter {
         repository_id: Some(repo.into()),
         written_after: Some(200),
@@ -168,7 +161,7 @@ async fn writers_run_subject_kind_and_time_select_entries(store: &dyn MetaStore)
         ..EntryFilter::default()
     };
     assert_eq!(
-        ids(listed(store, window).await),
+        ids(listed_where(store, window).await),
         [a2],
         "written_after is inclusive and written_before exclusive"
     );
@@ -178,7 +171,7 @@ async fn writers_run_subject_kind_and_time_select_entries(store: &dyn MetaStore)
         ..by_run
     };
     assert_eq!(
-        ids(listed(store, combined).await),
+        ids(listed_where(store, combined).await),
         [a2],
         "writer filters combine with the others"
     );
@@ -194,7 +187,7 @@ async fn a_digest_selects_the_same_archive_under_every_key(store: &dyn MetaStore
         digest: Some(digest.to_owned()),
         ..EntryFilter::default()
     };
-    let found = listed(store, by_digest(&poisoned)).await;
+    let found = listed_where(store, by_digest(&poisoned)).await;
     let mut ids: Vec<EntryId> = found.iter().map(|l| l.entry.id).collect();
     ids.sort();
     assert_eq!(
@@ -208,13 +201,13 @@ async fn a_digest_selects_the_same_archive_under_every_key(store: &dyn MetaStore
         "and counts them"
     );
     let other = format!("sha256:{}", "0e7e".repeat(16));
-    assert!(listed(store, by_digest(&other)).await.is_empty());
+    assert!(listed_where(store, by_digest(&other)).await.is_empty());
 }
 
 async fn an_entry_without_a_record_has_none(store: &dyn MetaStore) {
     let s = slot("prov-none", "old");
     let id = save_by(store, &s, None, "", 5).await;
-    let found = listed(
+    let found = listed_where(
         store,
         EntryFilter {
             repository_id: Some("prov-none".into()),
@@ -232,7 +225,7 @@ async fn an_entry_without_a_record_has_none(store: &dyn MetaStore) {
         ..EntryFilter::default()
     };
     assert!(
-        listed(store, any_kind).await.is_empty(),
+        listed_where(store, any_kind).await.is_empty(),
         "a kind filter never selects an entry without a record"
     );
 }
@@ -286,7 +279,7 @@ async fn an_entry_awaiting_its_digest_gets_it_once(store: &dyn MetaStore) {
         chunks.into_iter().map(|c| c.chunk.sha256).collect()
     };
     let digest_of = |id: EntryId| async move {
-        let all = listed(
+        let all = listed_where(
             store,
             EntryFilter {
                 repository_id: Some("prov-digest".into()),

@@ -233,13 +233,7 @@ async fn a_link_opens_only_the_row_it_was_signed_for() {
         matches!(refused, Err(CacheError::NoSuchLink)),
         "{refused:?}"
     );
-    let staged = w
-        .meta
-        .upload(link.id, UploadRead::Blocks)
-        .await
-        .unwrap()
-        .unwrap()
-        .blocks;
+    let staged = w.upload(link.id).await.blocks;
     assert!(staged.staged.is_empty(), "nothing was stored");
     w.cache.put_blob(link, body(b"abc"), Some(3)).await.unwrap();
     w.cache.finalize(&me, "k", "v", 3).await.unwrap();
@@ -274,13 +268,7 @@ async fn a_live_reservation_blocks_the_key_until_it_is_abandoned() {
     w.stage(&upload, block("a"), body(b"abc"), Some(3))
         .await
         .unwrap();
-    let staged = w
-        .meta
-        .upload(first.id, UploadRead::Blocks)
-        .await
-        .unwrap()
-        .unwrap()
-        .blocks;
+    let staged = w.upload(first.id).await.blocks;
     let old_blob = staged.staged[&block("a")].blob.clone();
 
     w.clock.advance(TTL - Duration::from_secs(1));
@@ -363,15 +351,7 @@ async fn a_retried_block_replaces_the_earlier_copy_and_frees_it() {
     w.stage(&upload, block("a"), body(b"old"), Some(3))
         .await
         .unwrap();
-    let first_copy = w
-        .meta
-        .upload(link.id, UploadRead::Blocks)
-        .await
-        .unwrap()
-        .unwrap()
-        .blocks
-        .staged[&block("a")]
-        .clone();
+    let first_copy = w.upload(link.id).await.blocks.staged[&block("a")].clone();
     w.stage(&upload, block("a"), body(b"AAA"), Some(3))
         .await
         .unwrap();
@@ -446,13 +426,7 @@ async fn staged_blocks_may_not_outgrow_an_entry() {
     w.stage(&upload, block("a"), body(b"1234567890"), Some(10))
         .await
         .unwrap();
-    let blocks = w
-        .meta
-        .upload(link.id, UploadRead::Blocks)
-        .await
-        .unwrap()
-        .unwrap()
-        .blocks;
+    let blocks = w.upload(link.id).await.blocks;
     assert_eq!(blocks.staged.len(), 1, "the refused block was not recorded");
 }
 
@@ -475,13 +449,7 @@ async fn an_unknown_block_in_the_list_is_refused_and_changes_nothing() {
         .await
         .unwrap_err();
     assert!(matches!(err, CacheError::UnknownBlock), "{err:?}");
-    let blocks = w
-        .meta
-        .upload(link.id, UploadRead::Blocks)
-        .await
-        .unwrap()
-        .unwrap()
-        .blocks;
+    let blocks = w.upload(link.id).await.blocks;
     assert_eq!(blocks.staged.len(), 1);
     assert!(blocks.parts.is_empty());
 }
@@ -502,17 +470,7 @@ async fn finalize_checks_the_size_and_a_mismatch_frees_the_key() {
         .put_whole(&upload, body(b"abc"), Some(3))
         .await
         .unwrap();
-    let blob = w
-        .meta
-        .upload(link.id, UploadRead::Blocks)
-        .await
-        .unwrap()
-        .unwrap()
-        .blocks
-        .parts[0]
-        .1
-        .blob
-        .clone();
+    let blob = w.upload(link.id).await.blocks.parts[0].1.blob.clone();
     let err = w.cache.finalize(&me, "k", "v", 4).await.unwrap_err();
     assert!(
         matches!(
@@ -557,14 +515,7 @@ async fn put_blob_replaces_staged_blocks_and_frees_them() {
     w.stage(&upload, block("a"), body(b"stale"), Some(5))
         .await
         .unwrap();
-    let staged = w
-        .meta
-        .upload(link.id, UploadRead::Blocks)
-        .await
-        .unwrap()
-        .unwrap()
-        .blocks
-        .staged[&block("a")]
+    let staged = w.upload(link.id).await.blocks.staged[&block("a")]
         .blob
         .clone();
     w.cache
@@ -1088,13 +1039,7 @@ async fn abandoned_uploads_are_swept_and_their_bytes_deleted() {
     w.stage(&upload, block("a"), body(b"staged"), Some(6))
         .await
         .unwrap();
-    let staged = w
-        .meta
-        .upload(link.id, UploadRead::Blocks)
-        .await
-        .unwrap()
-        .unwrap()
-        .blocks;
+    let staged = w.upload(link.id).await.blocks;
     let blob = staged.staged[&block("a")].blob.clone();
 
     w.clock.advance(TTL - Duration::from_secs(1));

@@ -116,12 +116,7 @@ async fn every_statement_uses_an_index_at_a_hundred_thousand_entries() {
         now: 200_000,
     };
     let id = store.create_upload(new, None).await.unwrap();
-    let upload = store
-        .upload(id, UploadRead::Blocks)
-        .await
-        .unwrap()
-        .unwrap()
-        .upload;
+    let upload = upload_of(&store, id).await;
     let c = chunk(10);
     store
         .stage_block(&upload, &BlockId::parse(b"b").unwrap(), &c, 200_001)
@@ -303,17 +298,22 @@ fn big_block_list() -> Vec<(BlockId, Chunk)> {
         .collect()
 }
 
+/// Upload `id`, as a change to it is made at its revision.
+async fn upload_of(store: &SqliteStore, id: UploadId) -> crate::model::Upload {
+    store
+        .upload(id, UploadRead::Blocks)
+        .await
+        .unwrap()
+        .unwrap()
+        .upload
+}
+
 async fn commit(
     store: &SqliteStore,
     id: UploadId,
     parts: &[(BlockId, Chunk)],
 ) -> Result<(), MetaError> {
-    let upload = store
-        .upload(id, UploadRead::Blocks)
-        .await
-        .unwrap()
-        .unwrap()
-        .upload;
+    let upload = upload_of(store, id).await;
     store.commit_parts(&upload, parts, 1).await
 }
 
