@@ -214,8 +214,8 @@ async fn an_unreachable_database_fails_with_its_cause() {
 async fn the_widest_lookup_is_answered(store: Arc<dyn MetaStore>) {
     use hoard::meta::{NewEntry, NewUpload};
     use hoard::model::{
-        BlobName, BlockId, CacheKey, Chunk, RepoId, Scope, Slot, Version, MAX_KEY_CHARS,
-        MAX_LOOKUP_KEYS, MAX_READ_SCOPES,
+        BlobName, BlockId, CacheKey, Chunk, EntryRecord, RepoId, Scope, Slot, Version,
+        MAX_KEY_CHARS, MAX_LOOKUP_KEYS, MAX_READ_SCOPES,
     };
     let version = Version::parse(&"v".repeat(512)).unwrap();
     let scopes: Vec<Scope> = (0..MAX_READ_SCOPES)
@@ -256,7 +256,10 @@ async fn the_widest_lookup_is_answered(store: Arc<dyn MetaStore>) {
             let chunks = [chunk];
             let entry = NewEntry {
                 key: &key,
-                written_by: upload.written_by.as_ref(),
+                record: EntryRecord {
+                    written_by: upload.written_by.clone(),
+                    ..EntryRecord::default()
+                },
                 ..NewEntry::new(&slot, &chunks, now)
             };
             store.finalize(Some(&upload), entry).await.unwrap()

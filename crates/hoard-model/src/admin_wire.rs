@@ -16,7 +16,7 @@ pub struct ErrorMessage {
 }
 
 /// An entry: GitHub's `actions_caches` item, plus repository name and hits (schema `Cache`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Cache {
     pub id: i64,
     pub repository_id: String,
@@ -418,7 +418,7 @@ pub struct PolicyRule {
 
 impl From<&ListedEntry> for Cache {
     fn from(listed: &ListedEntry) -> Self {
-        let e = &listed.entry;
+        let (e, record) = (&listed.entry, &listed.record);
         Self {
             id: e.id.get(),
             repository_id: e.repository.as_str().to_owned(),
@@ -430,8 +430,8 @@ impl From<&ListedEntry> for Cache {
             created_at: time(e.created_at),
             last_accessed_at: time(e.last_used_at),
             hits: e.hits,
-            written_by: listed.written_by.as_ref().map(WrittenBy::from),
-            digest: (!listed.digest.is_empty()).then(|| listed.digest.clone()),
+            written_by: record.written_by.as_ref().map(WrittenBy::from),
+            digest: (!record.digest.is_empty()).then(|| record.digest.clone()),
             state: match listed.quarantine {
                 Some(_) => "quarantined",
                 None => "live",
@@ -440,7 +440,7 @@ impl From<&ListedEntry> for Cache {
             quarantined_at: listed.quarantine.as_ref().map(|q| time(q.at)),
             quarantine_reason: listed.quarantine.as_ref().map(|q| q.reason.clone()),
             quarantine_expires_at: None,
-            promoted: listed.promotion.as_ref().map(Promoted::from),
+            promoted: record.promotion.as_ref().map(Promoted::from),
         }
     }
 }

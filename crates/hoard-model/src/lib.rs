@@ -14,8 +14,8 @@ pub mod stats;
 pub mod units;
 
 pub use listing::{
-    EntryFilter, EntryOrder, EntryPage, EntrySelection, ListedEntry, Quarantine, RepositoryUsage,
-    RestoreQuery, Totals,
+    EntryFilter, EntryOrder, EntryPage, EntryRecord, EntrySelection, ListedEntry, Quarantine,
+    RepositoryUsage, RestoreQuery, Totals,
 };
 pub use provenance::{
     entry_digest, CallerKind, Promotion, Provenance, RestoreRecord, RestoringJob,

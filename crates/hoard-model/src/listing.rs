@@ -123,12 +123,20 @@ pub struct EntrySelection {
 pub struct ListedEntry {
     pub entry: Entry,
     pub repository_name: String,
+    pub record: EntryRecord,
+    /// Set while the entry is in quarantine.
+    pub quarantine: Option<Quarantine>,
+}
+
+/// What an entry keeps beyond its slot and bytes, as it is saved and as it is listed: the one
+/// record a save hands the store and a listing reads back. A column of `entries` that operators
+/// see is a field here (the recipe in docs/architecture.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EntryRecord {
     /// Who wrote it; `None` for entries saved before hoard recorded it.
     pub written_by: Option<Provenance>,
     /// See [`super::entry_digest`]; empty for entries saved before hoard recorded it.
     pub digest: String,
-    /// Set while the entry is in quarantine.
-    pub quarantine: Option<Quarantine>,
     /// Where it came from, if it was promoted from another scope.
     pub promotion: Option<crate::Promotion>,
 }

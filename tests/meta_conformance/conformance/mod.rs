@@ -22,8 +22,8 @@ pub use hoard::meta::{
 };
 pub use hoard::model::{
     BlobName, BlockId, CacheKey, CallerKind, Chunk, EntryFilter, EntryId, EntryOrder, EntryPage,
-    Promotion, Provenance, QuotaUsage, RemovalCause, RepoId, RepositoryUsage, Scope, ScopeClass,
-    Slot, Upload, UploadId, UploadState, Version,
+    EntryRecord, Promotion, Provenance, QuotaUsage, RemovalCause, RepoId, RepositoryUsage, Scope,
+    ScopeClass, Slot, Upload, UploadId, UploadState, Version,
 };
 
 pub const MAIN: &str = "refs/heads/main";
@@ -187,7 +187,10 @@ pub async fn save_named(
     let chunks: Vec<Chunk> = parts.into_iter().map(|(_, c)| c).collect();
     let entry = NewEntry {
         repository_name: name,
-        written_by: upload.written_by.as_ref(),
+        record: EntryRecord {
+            written_by: upload.written_by.clone(),
+            ..EntryRecord::default()
+        },
         ..NewEntry::new(slot, &chunks, now)
     };
     store.finalize(Some(&upload), entry).await.unwrap()

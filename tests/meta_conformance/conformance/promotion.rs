@@ -30,7 +30,10 @@ async fn promote(
     let chunks: Vec<Chunk> = chunks.into_iter().map(|c| c.chunk).collect();
     let new = NewEntry {
         key: &entry.key,
-        promotion: Some(by),
+        record: EntryRecord {
+            promotion: Some(by.clone()),
+            ..EntryRecord::default()
+        },
         ..NewEntry::new(to, &chunks, now)
     };
     store.finalize(None, new).await
@@ -48,7 +51,7 @@ async fn listed_promotion(
     };
     let page = EntryPage::by_creation(&filter, 1);
     let found = store.select_entries(&page).await.unwrap().entries;
-    found.into_iter().next().expect("listed").promotion
+    found.into_iter().next().expect("listed").record.promotion
 }
 
 async fn a_promoted_entry_shares_the_chunks_and_records_its_origin(store: &dyn MetaStore) {

@@ -64,8 +64,11 @@ async fn save_chunks(
             Some(&upload),
             NewEntry {
                 // `None` stands for an upload reserved before records were kept.
-                written_by: by.and(upload.written_by.as_ref()),
-                digest,
+                record: EntryRecord {
+                    written_by: by.and(upload.written_by.clone()),
+                    digest: digest.to_owned(),
+                    ..EntryRecord::default()
+                },
                 ..NewEntry::new(slot, &chunks, now)
             },
         )
@@ -97,11 +100,11 @@ async fn an_entry_keeps_what_its_upload_recorded_of_its_writer(store: &dyn MetaS
     .await;
     assert_eq!(found.len(), 1, "the id filter selects the entry");
     assert_eq!(
-        found[0].written_by.as_ref(),
+        found[0].record.written_by.as_ref(),
         Some(&by),
         "the entry keeps its writer"
     );
-    assert_eq!(found[0].digest, digest, "the entry keeps its digest");
+    assert_eq!(found[0].record.digest, digest, "the entry keeps its digest");
 
     // The upload showed the same record while it was open.
     let open = reserve(store, &slot("prov-keep", "open"), 11).await;
@@ -217,8 +220,8 @@ async fn an_entry_without_a_record_has_none(store: &dyn MetaStore) {
     .await;
     assert_eq!(found.len(), 1);
     assert_eq!(found[0].entry.id, id);
-    assert_eq!(found[0].written_by, None, "no record, no writer");
-    assert_eq!(found[0].digest, "", "no record, no digest");
+    assert_eq!(found[0].record.written_by, None, "no record, no writer");
+    assert_eq!(found[0].record.digest, "", "no record, no digest");
     let any_kind = EntryFilter {
         repository_id: Some("prov-none".into()),
         kind: Some(CallerKind::Anonymous),
@@ -287,7 +290,11 @@ async fn an_entry_awaiting_its_digest_gets_it_once(store: &dyn MetaStore) {
             },
         )
         .await;
-        all.into_iter().find(|e| e.entry.id == id).unwrap().digest
+        all.into_iter()
+            .find(|e| e.entry.id == id)
+            .unwrap()
+            .record
+            .digest
     };
     let (_, chunks) = store
         .entry(awaiting, EntryState::Live)

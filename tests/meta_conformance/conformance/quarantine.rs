@@ -132,7 +132,7 @@ async fn a_quarantined_entry_leaves_lookups_and_keeps_everything(store: &dyn Met
     let q = &quarantined[0];
     assert_eq!(q.entry, entry);
     assert_eq!(
-        q.written_by.as_ref().map(|w| w.subject.as_str()),
+        q.record.written_by.as_ref().map(|w| w.subject.as_str()),
         Some("conformance"),
         "with its writer"
     );

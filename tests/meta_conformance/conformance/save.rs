@@ -201,7 +201,10 @@ async fn blocks_stage_commit_and_finalize_into_an_entry(store: &dyn MetaStore) {
             Some(&upload),
             NewEntry {
                 key: "Life-Key",
-                written_by: upload.written_by.as_ref(),
+                record: EntryRecord {
+                    written_by: upload.written_by.clone(),
+                    ..EntryRecord::default()
+                },
                 ..NewEntry::new(&s, &chunks, 105)
             },
         )
@@ -416,7 +419,10 @@ async fn changes_at_an_old_revision_or_to_a_closed_upload_change_nothing(store: 
             Some(&loaded),
             NewEntry {
                 key: "k",
-                written_by: loaded.written_by.as_ref(),
+                record: EntryRecord {
+                    written_by: loaded.written_by.clone(),
+                    ..EntryRecord::default()
+                },
                 ..NewEntry::new(&s, &[chunk(1)], 3)
             },
         )
@@ -479,7 +485,10 @@ async fn a_second_entry_for_a_slot_is_refused_and_leaves_nothing_behind(store: &
             Some(&second),
             NewEntry {
                 key: "k",
-                written_by: second.written_by.as_ref(),
+                record: EntryRecord {
+                    written_by: second.written_by.clone(),
+                    ..EntryRecord::default()
+                },
                 ..NewEntry::new(&s, &[chunk(10)], 4)
             },
         )

@@ -411,7 +411,7 @@ impl Cache {
                 key = %LogSafe(e.key.as_str()),
                 version = %LogSafe(e.version.as_str()),
                 size = e.size,
-                run_id = %listed.written_by.as_ref().map_or("", |p| p.run_id.as_str()),
+                run_id = %listed.record.written_by.as_ref().map_or("", |p| p.run_id.as_str()),
                 restore_records_deleted = disposal == Disposal::DeleteWithRestoreRecords,
             );
             purge.add(e);

@@ -15,8 +15,8 @@ use futures_util::StreamExt;
 use crate::auth::Identity;
 use crate::meta::{EntryState, MetaError, NewEntry};
 use crate::model::{
-    CacheKey, CallerKind, EntryFilter, EntryId, EntryPage, ListedEntry, LogSafe, Millis, Promotion,
-    RefClass, RepoId, Scope, ScopeClass, Slot, Version,
+    CacheKey, CallerKind, EntryFilter, EntryId, EntryPage, EntryRecord, ListedEntry, LogSafe,
+    Millis, Promotion, RefClass, RepoId, Scope, ScopeClass, Slot, Version,
 };
 
 use super::{Cache, CacheError};
@@ -216,11 +216,12 @@ impl Cache {
         let new = NewEntry {
             key: &entry.key,
             repository_name: &source.repository_name,
-            written_by: source.written_by.as_ref(),
-            digest: &source.digest,
+            record: EntryRecord {
+                promotion: Some(promotion.clone()),
+                ..source.record.clone()
+            },
             family: &family,
             ref_class: RefClass::of_caller(Some(request.to_scope), &[]),
-            promotion: Some(promotion),
             ..NewEntry::new(&slot, &chunks, self.clock.now())
         };
         match self.meta.finalize(None, new).await {
@@ -245,7 +246,7 @@ impl Cache {
 /// The source entry's writer as a caller writing to `scope`: what the write policy judges (a
 /// rule for some kinds of caller applies as it would to that writer's own save).
 fn writer_in(source: &ListedEntry, scope: &Scope) -> Identity {
-    let writer = source.written_by.as_ref();
+    let writer = source.record.written_by.as_ref();
     Identity {
         repository: source.entry.repository.clone(),
         repository_name: source.repository_name.clone(),

@@ -16,7 +16,7 @@ use crate::model::{
     entry_digest, BlobName, BlockId, BlockRef, ByteStream, CacheKey, EntryId, LogSafe, Millis,
     Provenance, Slot, Upload, UploadBlocks, UploadId, Version,
 };
-use crate::model::{RefClass, ScopeClass};
+use crate::model::{EntryRecord, RefClass, ScopeClass};
 
 /// An upload as a signed link found it: the upload and its blocks.
 #[derive(Debug, Clone)]
@@ -395,8 +395,11 @@ impl Cache {
                 let new = NewEntry {
                     key: &upload.key,
                     repository_name: &who.repository_name,
-                    written_by: upload.written_by.as_ref(),
-                    digest: digest.as_deref().unwrap_or(""),
+                    record: EntryRecord {
+                        written_by: upload.written_by.clone(),
+                        digest: digest.clone().unwrap_or_default(),
+                        ..EntryRecord::default()
+                    },
                     scope_class: class,
                     family: &family,
                     ref_class,

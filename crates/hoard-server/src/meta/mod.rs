@@ -53,12 +53,14 @@ pub use timed::Timed;
 pub use crate::model::RestoreQuery;
 use crate::model::RestoreRecord;
 use crate::model::{
-    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, Promotion, Provenance,
-    QuotaUsage, RefClass, RemovalCause, RepoId, Scope, ScopeClass, Slot, Upload, UploadBlocks,
-    UploadId, Version,
+    BlobName, BlockId, Candidate, Chunk, Entry, EntryId, EntryUse, Millis, Provenance, QuotaUsage,
+    RefClass, RemovalCause, RepoId, Scope, ScopeClass, Slot, Upload, UploadBlocks, UploadId,
+    Version,
 };
 use crate::model::{Counters, StatsKey, StatsQuery, StatsRow, StoredFamily};
-use crate::model::{EntryFilter, EntryOrder, EntryPage, EntrySelection, RepositoryUsage, Totals};
+use crate::model::{
+    EntryFilter, EntryOrder, EntryPage, EntryRecord, EntrySelection, RepositoryUsage, Totals,
+};
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum MetaError {
@@ -198,25 +200,21 @@ pub struct NewEntry<'a> {
     /// operators see names, not numbers. An empty name leaves a known one alone.
     pub repository_name: &'a str,
     pub chunks: &'a [Chunk],
-    /// The upload's writer (`None` for an upload reserved before hoard recorded it).
-    pub written_by: Option<&'a Provenance>,
-    /// See [`crate::model::entry_digest`].
-    pub digest: &'a str,
+    /// What the entry keeps of its writer, digest and origin, as a listing shows it again.
+    pub record: EntryRecord,
     /// The entry's class, as the domain decided it ([`ScopeClass::of`] its scope): kept with
     /// the entry and counted in its repository's usage.
     pub scope_class: ScopeClass,
     /// Its key family and the class of the saver's ref (see [`crate::model::family`]).
     pub family: &'a str,
     pub ref_class: RefClass,
-    /// Set for an entry promoted from another scope (see [`SaveStore::finalize`]).
-    pub promotion: Option<&'a Promotion>,
     pub now: Millis,
 }
 
 impl<'a> NewEntry<'a> {
     /// The entry of `chunks` in `slot` at `now`, with nothing known beyond them: the key as the
-    /// slot folds it, no repository name, writer, digest or family, the slot's class, saved from
-    /// the default branch. Tests and imports set what they need on top
+    /// slot folds it, no repository name, an empty record, no family, the slot's class, saved
+    /// from the default branch. Tests and imports set what they need on top
     /// (`NewEntry { family, ..NewEntry::new(slot, chunks, now) }`), so a new field touches them
     /// only where they care.
     pub fn new(slot: &'a Slot, chunks: &'a [Chunk], now: Millis) -> Self {
@@ -225,12 +223,10 @@ impl<'a> NewEntry<'a> {
             key: slot.key.as_str(),
             repository_name: "",
             chunks,
-            written_by: None,
-            digest: "",
+            record: EntryRecord::default(),
             scope_class: ScopeClass::of(&slot.scope),
             family: "",
             ref_class: RefClass::DefaultBranch,
-            promotion: None,
             now,
         }
     }

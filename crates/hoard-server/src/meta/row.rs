@@ -107,6 +107,17 @@ impl Table {
             .join(", ")
     }
 
+    /// `alias.name, …` of every column but the networked ones: what a statement selects for
+    /// the reader [`table!`] generates (`EntryRow::read`), the same on every backend.
+    pub fn selected(&self, alias: &str) -> String {
+        self.columns
+            .iter()
+            .filter(|c| c.source != Source::Networked)
+            .map(|c| format!("{alias}.{}", c.name))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// `INSERT INTO table (columns) VALUES (…)`, one parameter per inserted column.
     pub fn insert(&self, backend: Backend) -> &str {
         self.inserts[backend as usize].get_or_init(|| {
@@ -310,6 +321,19 @@ pub fn not_selected(name: &str) -> MetaError {
     MetaError::Internal(format!("no column {name} in the row"))
 }
 
+/// The value of column `col` of a row that selects [`Table::selected`]: a networked column is
+/// not selected there, and reads as empty.
+pub fn read_selected<T: Value + Default>(
+    r: &(impl SqlRow + ?Sized),
+    col: Col<T>,
+    source: Source,
+) -> Result<T, MetaError> {
+    match source {
+        Source::Networked => Ok(T::default()),
+        Source::Written | Source::Database => T::read(r, col.name),
+    }
+}
+
 /// Where a declared column's value comes from (`table!`'s `= database` and `= networked`).
 macro_rules! column_source {
     () => {
@@ -358,6 +382,23 @@ macro_rules! table {
                     source: $crate::meta::row::column_source!($($source)?),
                 },)*],
             );
+        }
+
+        #[allow(dead_code)]
+        impl $row {
+            /// The row from a result row that selects [`Table::selected`] of its table (the
+            /// networked columns stay empty): a new column is read where it is declared.
+            pub fn read(
+                r: &(impl $crate::meta::row::SqlRow + ?Sized),
+            ) -> Result<Self, $crate::meta::MetaError> {
+                Ok(Self {
+                    $( $col: $crate::meta::row::read_selected(
+                        r,
+                        $table::$col,
+                        $crate::meta::row::column_source!($($source)?),
+                    )?, )*
+                })
+            }
         }
 
         impl $crate::meta::row::Row for $row {

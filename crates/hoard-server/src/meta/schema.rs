@@ -10,8 +10,11 @@
 use super::dialect::Backend;
 use super::hashes::{bucket, slot_hash};
 use super::row::{table, Table};
-use super::{EntryChunk, NewEntry, NewUpload};
-use crate::model::{BlockId, Chunk, Millis, Provenance, Slot, UploadState};
+use super::{EntryChunk, MetaError, NewEntry, NewUpload};
+use crate::model::{
+    BlockId, CallerKind, Chunk, Entry, EntryId, EntryRecord, ListedEntry, Millis, Promotion,
+    Provenance, Quarantine, RepoId, Scope, Slot, UploadState,
+};
 
 table! {
     /// A reservation and, after its finalize, which entry it became.
@@ -409,9 +412,10 @@ impl EntryRow {
     /// The row a finalize inserts on `backend` (its id and hits come from the database; the
     /// networked columns are filled only where the backend has them).
     pub fn from_new(new: &NewEntry<'_>, backend: Backend) -> Self {
-        let slot = new.slot;
+        let (slot, record) = (new.slot, &new.record);
+        let promotion = record.promotion.as_ref();
         let [writer_kind, writer_issuer, writer_subject, writer_run_id, writer_job_id, writer_address] =
-            writer_columns(new.written_by);
+            writer_columns(new.record.written_by.as_ref());
         Self {
             repository: slot.repository.as_str().to_owned(),
             scope: slot.scope.as_str().to_owned(),
@@ -432,18 +436,56 @@ impl EntryRow {
             writer_run_id,
             writer_job_id,
             writer_address,
-            digest: new.digest.to_owned(),
+            digest: record.digest.clone(),
             scope_class: new.scope_class.code(),
             family: new.family.to_owned(),
             ref_class: new.ref_class.code(),
-            promoted_from: new
-                .promotion
-                .map_or("", |p| p.from_scope.as_str())
-                .to_owned(),
-            promoted_by: new.promotion.map_or("", |p| &p.by).to_owned(),
-            promoted_for: new.promotion.map_or("", |p| &p.cause).to_owned(),
+            promoted_from: promotion.map_or("", |p| p.from_scope.as_str()).to_owned(),
+            promoted_by: promotion.map_or("", |p| &p.by).to_owned(),
+            promoted_for: promotion.map_or("", |p| &p.cause).to_owned(),
             ..Self::default()
         }
+    }
+
+    /// The entry as an operator's listing shows it (read by [`EntryRow::read`]); the inverse of
+    /// [`EntryRow::from_new`] for what a listing shows.
+    pub fn listed(
+        self,
+        repository_name: String,
+        quarantine: Option<Quarantine>,
+    ) -> Result<ListedEntry, MetaError> {
+        let written_by = writer_of([
+            self.writer_kind,
+            self.writer_issuer,
+            self.writer_subject,
+            self.writer_run_id,
+            self.writer_job_id,
+            self.writer_address,
+        ])?;
+        Ok(ListedEntry {
+            entry: Entry {
+                id: EntryId::new(self.id),
+                repository: RepoId::new(self.repository),
+                scope: Scope::new(self.scope),
+                key: self.key,
+                version: self.version,
+                size: self.size.max(0) as u64,
+                created_at: self.created_at,
+                last_used_at: self.last_used_at,
+                hits: self.hits.max(0) as u64,
+            },
+            repository_name,
+            record: EntryRecord {
+                written_by,
+                digest: self.digest,
+                promotion: (!self.promoted_by.is_empty()).then(|| Promotion {
+                    from_scope: Scope::new(self.promoted_from),
+                    by: self.promoted_by,
+                    cause: self.promoted_for,
+                }),
+            },
+            quarantine,
+        })
     }
 
     /// The row of an entry stored in bulk (`SqliteStore::import`): as a finalize with no writer,
@@ -452,7 +494,10 @@ impl EntryRow {
         let scope_class = crate::model::ScopeClass::of(&slot.scope);
         Self::from_new(
             &NewEntry {
-                digest: &crate::model::entry_digest(chunks).unwrap_or_default(),
+                record: EntryRecord {
+                    digest: crate::model::entry_digest(chunks).unwrap_or_default(),
+                    ..EntryRecord::default()
+                },
                 scope_class,
                 ref_class: crate::model::RefClass::OtherBranch,
                 ..NewEntry::new(slot, chunks, at)
@@ -460,6 +505,27 @@ impl EntryRow {
             backend,
         )
     }
+}
+
+/// A writer from its columns in [`writer_columns`]' order; `None` when the kind is empty
+/// (written before hoard recorded it).
+pub(super) fn writer_of(
+    [kind, issuer, subject, run_id, job_id, address]: [String; 6],
+) -> Result<Option<Provenance>, MetaError> {
+    if kind.is_empty() {
+        return Ok(None);
+    }
+    let kind: CallerKind = kind
+        .parse()
+        .map_err(|e: crate::model::InvalidInput| MetaError::Corrupt(e.0))?;
+    Ok(Some(Provenance {
+        kind,
+        issuer,
+        subject,
+        run_id,
+        job_id,
+        address,
+    }))
 }
 
 /// `value()` on a backend whose tables have the networked columns, else nothing.

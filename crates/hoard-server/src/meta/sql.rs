@@ -6,12 +6,13 @@ use super::dialect::{Backend, Shared, Upsert};
 use super::row::{stored_count, Column, Row as _};
 pub(super) use super::row::{Param, SqlRow};
 use super::schema::{
-    entries, entry_chunks, quarantined_entries, repository_usage, restores, uploads, RestoreRow,
+    entries, entry_chunks, quarantined_entries, repository_usage, restores, uploads, EntryRow,
+    RestoreRow,
 };
 use super::MetaError;
 use crate::model::{
-    BlobName, BlockId, CallerKind, Chunk, Entry, EntryId, EntryUse, Provenance, RepoId, Scope,
-    Upload, UploadBlocks, UploadId, UploadState,
+    BlobName, BlockId, Chunk, Entry, EntryId, EntryUse, Provenance, RepoId, Scope, Upload,
+    UploadBlocks, UploadId, UploadState,
 };
 
 /// A chunk's stored columns, re-validated: the name must be one the server makes.
@@ -168,16 +169,8 @@ pub(super) const CANDIDATE: &[&str] = &[
     entries::promoted_by.name,
 ];
 
-/// The writer's columns of `entries` and of `uploads` (whose subject is the older `created_by`),
-/// in [`provenance_from_row`]'s order.
-const ENTRY_WRITER: [&str; 6] = [
-    entries::writer_kind.name,
-    entries::writer_issuer.name,
-    entries::writer_subject.name,
-    entries::writer_run_id.name,
-    entries::writer_job_id.name,
-    entries::writer_address.name,
-];
+/// The writer's columns of `uploads` (whose subject is the older `created_by`), in
+/// [`provenance_from_row`]'s order.
 const UPLOAD_WRITER: [&str; 6] = [
     uploads::writer_kind.name,
     uploads::writer_issuer.name,
@@ -187,21 +180,13 @@ const UPLOAD_WRITER: [&str; 6] = [
     uploads::writer_address.name,
 ];
 
-/// The columns of a promoted entry's origin, as [`listed_from_row`] reads them.
-const PROMOTION: [&str; 3] = [
-    entries::promoted_from.name,
-    entries::promoted_by.name,
-    entries::promoted_for.name,
-];
-
-/// The select list of every listing statement, as [`listed_from_row`] reads it; `u` is the
-/// entry's repository's `repository_usage` row.
+/// The select list of every listing statement, as [`listed_from_row`] reads it: every column
+/// [`EntryRow::read`] reads (quarantined entries have them all), the name from `u`, the entry's
+/// repository's `repository_usage` row, and the quarantine's columns.
 fn listed_columns(quarantined: bool) -> String {
     format!(
-        "{}, COALESCE(u.name, '') AS repository_name, {}, e.digest, {}{}",
-        columns("e", ENTRY),
-        columns("e", &ENTRY_WRITER),
-        columns("e", &PROMOTION),
+        "{}, COALESCE(u.name, '') AS repository_name{}",
+        entries::TABLE.selected("e"),
         if quarantined {
             ", e.quarantine_reason, e.quarantined_at"
         } else {
@@ -471,32 +456,13 @@ pub(super) fn upload_from_row(r: &impl SqlRow) -> Result<Upload, MetaError> {
     })
 }
 
-/// A writer from its columns, named in the order kind, issuer, subject, run, job, address;
-/// `None` when the kind is empty (written before hoard recorded it).
-fn provenance_from_row(
-    r: &impl SqlRow,
-    [kind, issuer, subject, run_id, job_id, address]: [&str; 6],
-) -> Result<Option<Provenance>, MetaError> {
-    let kind = r.text(kind)?;
-    if kind.is_empty() {
-        return Ok(None);
+/// A writer from its columns, named in the order kind, issuer, subject, run, job, address.
+fn provenance_from_row(r: &impl SqlRow, names: [&str; 6]) -> Result<Option<Provenance>, MetaError> {
+    let mut values = [const { String::new() }; 6];
+    for (value, name) in values.iter_mut().zip(names) {
+        *value = r.text(name)?;
     }
-    let kind: CallerKind = kind
-        .parse()
-        .map_err(|e: crate::model::InvalidInput| MetaError::Corrupt(e.0))?;
-    Ok(Some(Provenance {
-        kind,
-        issuer: r.text(issuer)?,
-        subject: r.text(subject)?,
-        run_id: r.text(run_id)?,
-        job_id: r.text(job_id)?,
-        address: r.text(address)?,
-    }))
-}
-
-/// The writer of an entry, from its writer columns.
-pub(super) fn entry_writer(r: &impl SqlRow) -> Result<Option<Provenance>, MetaError> {
-    provenance_from_row(r, ENTRY_WRITER)
+    super::schema::writer_of(values)
 }
 
 /// An entry from its [`ENTRY`] columns.
@@ -730,28 +696,15 @@ pub(super) fn entry_chunk_from_row(r: &impl SqlRow) -> Result<super::EntryChunk,
 
 /// A row of a listing statement ([`listed_columns`]).
 pub(super) fn listed_from_row(r: &impl SqlRow) -> Result<crate::model::ListedEntry, MetaError> {
-    Ok(crate::model::ListedEntry {
-        entry: entry_from_row(r)?,
-        repository_name: r.text("repository_name")?,
-        written_by: entry_writer(r)?,
-        digest: r.read(entries::digest)?,
-        // Live entries select a time of -1.
-        quarantine: match r.int(quarantined_entries::quarantined_at.name)? {
-            at if at < 0 => None,
-            at => Some(crate::model::Quarantine {
-                reason: r.read(quarantined_entries::quarantine_reason)?,
-                at,
-            }),
-        },
-        promotion: match r.read(entries::promoted_by)? {
-            by if by.is_empty() => None,
-            by => Some(crate::model::Promotion {
-                from_scope: crate::model::Scope::new(r.read(entries::promoted_from)?),
-                by,
-                cause: r.read(entries::promoted_for)?,
-            }),
-        },
-    })
+    // Live entries select a time of -1.
+    let quarantine = match r.int(quarantined_entries::quarantined_at.name)? {
+        at if at < 0 => None,
+        at => Some(crate::model::Quarantine {
+            reason: r.read(quarantined_entries::quarantine_reason)?,
+            at,
+        }),
+    };
+    EntryRow::read(r)?.listed(r.text("repository_name")?, quarantine)
 }
 
 /// A `repository_usage` row.

@@ -138,7 +138,10 @@ async fn every_statement_uses_an_index_at_a_hundred_thousand_entries() {
     let chunks = vec![c.clone()];
     let entry = NewEntry {
         key: "key-new",
-        written_by: upload.written_by.as_ref(),
+        record: crate::model::EntryRecord {
+            written_by: upload.written_by.clone(),
+            ..Default::default()
+        },
         ..NewEntry::new(&s, &chunks, 200_003)
     };
     let new_id = store.finalize(Some(&upload), entry).await.unwrap();
