@@ -957,6 +957,9 @@ fn entry_text(e: &wire::Cache) -> String {
             },
         );
     }
+    if let Some(tool) = &e.tool {
+        field("tool", tool);
+    }
     field("created", &e.created_at);
     field("last used", &e.last_accessed_at);
     field("hits", &e.hits.to_string());

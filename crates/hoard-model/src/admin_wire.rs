@@ -52,6 +52,10 @@ pub struct Cache {
     /// Where it came from, if it was promoted from another ref (schema `Promoted`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub promoted: Option<Promoted>,
+    /// The build tool that wrote it through its own protocol (`turbo`); `None` (null) for an
+    /// Actions cache entry.
+    #[serde(default)]
+    pub tool: Option<String>,
 }
 
 /// A promoted entry's origin (schema `Promoted`): see [`crate::Promotion`].
@@ -441,6 +445,7 @@ impl From<&ListedEntry> for Cache {
             quarantine_reason: listed.quarantine.as_ref().map(|q| q.reason.clone()),
             quarantine_expires_at: None,
             promoted: record.promotion.as_ref().map(Promoted::from),
+            tool: record.tool.as_ref().map(|t| t.tool.as_str().to_owned()),
         }
     }
 }

@@ -15,7 +15,7 @@ pub mod units;
 
 pub use listing::{
     EntryFilter, EntryOrder, EntryPage, EntryRecord, EntrySelection, ListedEntry, Quarantine,
-    RepositoryUsage, RestoreQuery, Totals,
+    RepositoryUsage, RestoreQuery, Tool, ToolObject, Totals,
 };
 pub use provenance::{
     entry_digest, CallerKind, Promotion, Provenance, RestoreRecord, RestoringJob,

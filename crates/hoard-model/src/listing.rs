@@ -139,6 +139,79 @@ pub struct EntryRecord {
     pub digest: String,
     /// Where it came from, if it was promoted from another scope.
     pub promotion: Option<crate::Promotion>,
+    /// Set for an object a build tool wrote through its own protocol.
+    pub tool: Option<ToolObject>,
+}
+
+/// A build tool whose own cache protocol hoard speaks (issue #60).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tool {
+    /// Turborepo's remote cache API (`/v8/artifacts`).
+    Turbo,
+}
+
+impl Tool {
+    pub const ALL: [Tool; 1] = [Tool::Turbo];
+
+    /// The name stored, listed and filtered by.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Turbo => "turbo",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == name)
+    }
+}
+
+/// What an entry written by a build tool keeps of it: the tool, and the headers the tool sent
+/// with the object and reads back with it (`name: value` lines, such as Turborepo's
+/// `x-artifact-duration`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolObject {
+    pub tool: Tool,
+    pub headers: String,
+}
+
+impl ToolObject {
+    /// The longest `headers` kept (the columns' width on MySQL).
+    pub const MAX_HEADERS: usize = 2048;
+
+    /// `headers` (names and values) as stored; `None` if they would not fit, or hold a line
+    /// break or a name with a colon, which could not be read back as they were.
+    pub fn new<'h>(
+        tool: Tool,
+        headers: impl IntoIterator<Item = (&'h str, &'h str)>,
+    ) -> Option<Self> {
+        let mut stored = String::new();
+        for (name, value) in headers {
+            if name.contains([':', '\n', '\r']) || value.contains(['\n', '\r']) {
+                return None;
+            }
+            stored.push_str(&format!("{name}: {value}\n"));
+        }
+        (stored.len() <= Self::MAX_HEADERS).then_some(Self {
+            tool,
+            headers: stored,
+        })
+    }
+
+    /// The object as its two columns hold it: `None` for an Actions entry (no tool), or one of
+    /// a tool this version does not know.
+    pub fn stored(tool: String, headers: String) -> Option<Self> {
+        Some(Self {
+            tool: Tool::from_name(&tool)?,
+            headers,
+        })
+    }
+
+    /// The headers, in the order the tool sent them.
+    pub fn headers(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.headers
+            .lines()
+            .filter_map(|line| line.split_once(": "))
+    }
 }
 
 /// Why and since when an entry is in quarantine: out of every lookup, kept for examination.

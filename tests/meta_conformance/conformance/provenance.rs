@@ -10,6 +10,7 @@ pub async fn run(store: &dyn MetaStore) {
     restore_records_name_the_readers_and_outlive_the_entry(store).await;
     an_entry_keeps_its_most_recent_readers(store).await;
     an_entry_without_a_record_has_none(store).await;
+    a_build_tools_object_keeps_its_tool_and_headers_in_and_out_of_quarantine(store).await;
     an_entry_awaiting_its_digest_gets_it_once(store).await;
     restore_records_are_forgotten_with_their_entries_on_request(store).await;
     // Last: a bound over all repositories drops the other checks' records.
@@ -675,4 +676,85 @@ async fn restore_records_are_bounded_oldest_first(store: &dyn MetaStore) {
     );
     assert_eq!(runs(records_of(store, &[a, b]).await), ["a-0"]);
     assert_eq!(runs(records_of(store, &[q]).await), ["q-1"]);
+}
+
+async fn a_build_tools_object_keeps_its_tool_and_headers_in_and_out_of_quarantine(
+    store: &dyn MetaStore,
+) {
+    use hoard::model::{RemovalCause, Tool, ToolObject};
+    let object = ToolObject::new(
+        Tool::Turbo,
+        [
+            ("x-artifact-duration", "1234"),
+            ("x-artifact-tag", "c2ln: bmF0dXJl"),
+        ],
+    )
+    .unwrap();
+    let s = slot("prov-tool", "turbo/team/0123456789abcdef");
+    let chunks = [chunk(5)];
+    let new = NewEntry {
+        record: EntryRecord {
+            tool: Some(object.clone()),
+            ..EntryRecord::default()
+        },
+        ..NewEntry::new(&s, &chunks, 40)
+    };
+    let id = store.finalize(None, new).await.unwrap();
+    let listed = |quarantined| EntryFilter {
+        id: Some(id),
+        quarantined,
+        ..EntryFilter::default()
+    };
+    let found = listed_where(store, listed(false)).await;
+    assert_eq!(
+        found[0].record.tool.as_ref(),
+        Some(&object),
+        "listed with its tool"
+    );
+    let headers: Vec<_> = found[0].record.tool.as_ref().unwrap().headers().collect();
+    assert_eq!(
+        headers,
+        [
+            ("x-artifact-duration", "1234"),
+            ("x-artifact-tag", "c2ln: bmF0dXJl")
+        ],
+        "the headers read back as they were sent, in order"
+    );
+
+    let cause = RemovalCause::Quarantined("conformance".into());
+    let removal = Removal {
+        from: EntryState::Live,
+        cause: &cause,
+        now: 41,
+        delete_at: 1041,
+    };
+    store
+        .move_entries(&[id], EntryMove::Remove(removal))
+        .await
+        .unwrap();
+    let found = listed_where(store, listed(true)).await;
+    assert_eq!(
+        found[0].record.tool.as_ref(),
+        Some(&object),
+        "quarantine keeps it"
+    );
+    store.move_entries(&[id], EntryMove::Release).await.unwrap();
+    let found = listed_where(store, listed(false)).await;
+    assert_eq!(
+        found[0].record.tool.as_ref(),
+        Some(&object),
+        "and so does a release"
+    );
+
+    // An Actions entry has none.
+    let plain = save_by(store, &slot("prov-tool", "plain"), None, "", 42).await;
+    let found = listed_where(
+        store,
+        EntryFilter {
+            id: Some(plain),
+            ..EntryFilter::default()
+        },
+    )
+    .await;
+    assert_eq!(found[0].record.tool, None);
 }

@@ -13,7 +13,7 @@ use super::row::{table, Table};
 use super::{EntryChunk, MetaError, NewEntry, NewUpload};
 use crate::model::{
     BlockId, CallerKind, Chunk, Entry, EntryId, EntryRecord, ListedEntry, Millis, Promotion,
-    Provenance, Quarantine, RepoId, Scope, Slot, UploadState,
+    Provenance, Quarantine, RepoId, Scope, Slot, ToolObject, UploadState,
 };
 
 table! {
@@ -103,6 +103,9 @@ table! {
         promoted_from: String,
         promoted_by: String,
         promoted_for: String,
+        /// A build tool's object ([`crate::model::ToolObject`]); empty for an Actions entry.
+        tool: String,
+        tool_headers: String,
     }
 }
 
@@ -139,6 +142,9 @@ table! {
         promoted_from: String,
         promoted_by: String,
         promoted_for: String,
+        /// A build tool's object ([`crate::model::ToolObject`]); empty for an Actions entry.
+        tool: String,
+        tool_headers: String,
     }
 }
 
@@ -443,6 +449,12 @@ impl EntryRow {
             promoted_from: promotion.map_or("", |p| p.from_scope.as_str()).to_owned(),
             promoted_by: promotion.map_or("", |p| &p.by).to_owned(),
             promoted_for: promotion.map_or("", |p| &p.cause).to_owned(),
+            tool: record
+                .tool
+                .as_ref()
+                .map_or("", |t| t.tool.as_str())
+                .to_owned(),
+            tool_headers: record.tool.as_ref().map_or("", |t| &t.headers).to_owned(),
             ..Self::default()
         }
     }
@@ -483,6 +495,7 @@ impl EntryRow {
                     by: self.promoted_by,
                     cause: self.promoted_for,
                 }),
+                tool: ToolObject::stored(self.tool, self.tool_headers),
             },
             quarantine,
         })
