@@ -2240,3 +2240,234 @@ async fn merge_queue_and_pull_request_caches_survive_the_merge_for_the_real_clie
         );
     }
 }
+
+/// A small npm monorepo of two packages whose `build` writes `dist/out.txt` with the time it
+/// ran (so a replayed output is told from a rebuilt one), committed to git as turbo expects.
+struct Monorepo {
+    dir: tempfile::TempDir,
+}
+
+impl Monorepo {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let write = |rel: &str, text: &str| {
+            let path = root.join(rel);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        };
+        write(
+            "package.json",
+            r#"{"name":"mono","private":true,"packageManager":"npm@10.8.2","workspaces":["packages/*"]}"#,
+        );
+        write(
+            "turbo.json",
+            r#"{"tasks":{"build":{"outputs":["dist/**"]}}}"#,
+        );
+        write(".gitignore", "dist\n.turbo\nnode_modules\n");
+        for name in ["app", "lib"] {
+            write(
+                &format!("packages/{name}/package.json"),
+                &format!(
+                    r#"{{"name":"{name}","version":"1.0.0","scripts":{{"build":"node -e \"require('fs').mkdirSync('dist',{{recursive:true}});require('fs').writeFileSync('dist/out.txt','{name} '+process.hrtime.bigint())\""}}}}"#
+                ),
+            );
+        }
+        for args in [
+            &["init", "-q", "."][..],
+            &["add", "-A"],
+            &[
+                "-c",
+                "user.email=ci@example.com",
+                "-c",
+                "user.name=ci",
+                "commit",
+                "-qm",
+                "init",
+            ],
+        ] {
+            let status = Command::new("git")
+                .args(args)
+                .current_dir(root)
+                .status()
+                .unwrap();
+            assert!(status.success(), "git {args:?}");
+        }
+        Self { dir }
+    }
+
+    /// `turbo run build` from clean local state (no outputs, no local cache) against hoard's
+    /// remote cache only, as `team` with `token`: how many of the 2 tasks were cache hits, and
+    /// the outputs.
+    fn build(&self, server: &str, token: &str, team: &str) -> (usize, Vec<String>) {
+        let root = self.dir.path();
+        for dir in ["packages/app/dist", "packages/lib/dist", ".turbo"] {
+            let _ = std::fs::remove_dir_all(root.join(dir));
+        }
+        let turbo = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/node_modules/.bin/turbo");
+        assert!(
+            turbo.exists(),
+            "turbo is not installed: run `npm ci --prefix tests/e2e` (scripts/test does)"
+        );
+        let out = Command::new(turbo)
+            .args(["run", "build", "--cache=remote:rw"])
+            .arg(format!("--api={server}"))
+            .arg(format!("--token={token}"))
+            .arg(format!("--team={team}"))
+            .current_dir(root)
+            .env("TURBO_TELEMETRY_DISABLED", "1")
+            .env("DO_NOT_TRACK", "1")
+            .env("NO_COLOR", "1")
+            .env_remove("TURBO_API")
+            .env_remove("TURBO_TOKEN")
+            .env_remove("TURBO_TEAM")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "turbo failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cached = stdout
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("Cached:"))
+            .and_then(|l| l.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no Cached: line in\n{stdout}"));
+        let outputs = ["app", "lib"]
+            .iter()
+            .map(|p| {
+                std::fs::read_to_string(root.join(format!("packages/{p}/dist/out.txt"))).unwrap()
+            })
+            .collect();
+        (cached, outputs)
+    }
+}
+
+/// Issue #60, Turborepo: the real `turbo` 2.x with `--api` at hoard and the job's runtime token
+/// as `--token`. A second build from clean local state replays every task from hoard with the
+/// first build's outputs; a pull request's artifacts are invisible to main while the pull
+/// request reads main's; a read-only token writes nothing; the artifacts are entries of their
+/// own kind in the admin listing, counted as hits, and go by the usual purge filters.
+#[test]
+fn turbo_caches_its_tasks_in_hoard_under_githubs_scopes() {
+    const TOOLS_ADMIN: &str = "build-tools-admin-token-0123456789";
+    const PR: &str = "refs/pull/8/merge";
+    let data = tempfile::tempdir().unwrap();
+    let secret = common::secret_file(data.path());
+    let hoard = Hoard::start_with(
+        data.path(),
+        &[
+            "--token-hs256-secret-file",
+            secret.to_str().unwrap(),
+            "--admin-token",
+            TOOLS_ADMIN,
+        ],
+    );
+    let srv = hoard.base.as_str();
+    let main = token("1", &[(MAIN, 3)]);
+    let pull = token("1", &[(PR, 3), (MAIN, 1)]);
+    let read_only = token("1", &[(MAIN, 1)]);
+    let repo = Monorepo::new();
+
+    let (cached, first) = repo.build(srv, &main, "web");
+    assert_eq!(cached, 0, "a cold cache");
+    let (cached, second) = repo.build(srv, &main, "web");
+    assert_eq!(cached, 2, "every task a remote hit");
+    assert_eq!(second, first, "the outputs replayed, not rebuilt");
+
+    // A pull request reads main's artifacts; what it writes stays in its own scope.
+    assert_eq!(
+        repo.build(srv, &pull, "web").0,
+        2,
+        "main's artifacts serve the PR"
+    );
+    assert_eq!(repo.build(srv, &pull, "pr-team").0, 0);
+    assert_eq!(
+        repo.build(srv, &pull, "pr-team").0,
+        2,
+        "the PR reads its own"
+    );
+    assert_eq!(
+        repo.build(srv, &main, "pr-team").0,
+        0,
+        "main never reads a pull request's artifacts"
+    );
+    // A read-only token reads and writes nothing (turbo goes on, building).
+    assert_eq!(repo.build(srv, &read_only, "ro-team").0, 0);
+    assert_eq!(
+        repo.build(srv, &read_only, "ro-team").0,
+        0,
+        "nothing was written"
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (status, error) = rt.block_on(async {
+        let res = reqwest::Client::new()
+            .put(format!("{srv}/v8/artifacts/0123456789abcdef?slug=ro-team"))
+            .bearer_auth(&read_only)
+            .body("x")
+            .send()
+            .await
+            .unwrap();
+        common::json_of(res).await
+    });
+    assert_eq!(status, 403, "{error}");
+    assert!(error["error"]["message"].is_string(), "{error}");
+
+    // Entries of their own kind: listed with their tool, their hits counted.
+    let admin = |method: reqwest::Method, path: &str| -> Value {
+        let (status, answer) = rt.block_on(async {
+            let res = reqwest::Client::new()
+                .request(method, format!("{srv}/_hoard/api/v1/{path}"))
+                .bearer_auth(TOOLS_ADMIN)
+                .send()
+                .await
+                .unwrap();
+            common::json_of(res).await
+        });
+        assert_eq!(status, 200, "{path}: {answer}");
+        answer
+    };
+    let listed = admin(reqwest::Method::GET, "caches?repository=1&per_page=100");
+    let entries = listed["actions_caches"].as_array().unwrap();
+    let web: Vec<&Value> = entries
+        .iter()
+        .filter(|e| e["key"].as_str().unwrap().starts_with("turbo/web/"))
+        .collect();
+    assert_eq!(web.len(), 2, "{listed}");
+    for e in &web {
+        assert_eq!(e["tool"], "turbo");
+        assert_eq!(e["ref"], MAIN);
+        assert_eq!(e["hits"], 2, "read by the second build and the PR's: {e}");
+    }
+    // The pull request's two, and main's own two written after its misses.
+    let in_ref = |team: &str, scope: &str| {
+        entries
+            .iter()
+            .filter(|e| {
+                e["key"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with(&format!("turbo/{team}/"))
+            })
+            .filter(|e| e["ref"] == scope)
+            .count()
+    };
+    assert_eq!((in_ref("pr-team", PR), in_ref("pr-team", MAIN)), (2, 2));
+    assert!(
+        !entries
+            .iter()
+            .any(|e| e["key"].as_str().unwrap().starts_with("turbo/ro-team/")),
+        "{listed}"
+    );
+
+    // The usual purge filters: main's artifacts go, and the next build rebuilds.
+    let deleted = admin(
+        reqwest::Method::DELETE,
+        "caches?repository=1&key=turbo/web/",
+    );
+    assert_eq!(deleted["deleted"], 2, "{deleted}");
+    let (cached, rebuilt) = repo.build(srv, &main, "web");
+    assert_eq!(cached, 0, "purged artifacts are gone");
+    assert_ne!(rebuilt, first);
+}

@@ -25,6 +25,7 @@ pub mod range;
 mod router;
 mod state;
 mod transfer;
+mod turbo;
 mod twirp;
 mod webhooks;
 

@@ -10,7 +10,7 @@ use axum::routing::{any, get};
 use axum::Router;
 
 use super::origin::ClientAddress;
-use super::{admin, azure, blob, json_response, legacy, links, ops, twirp, AppState};
+use super::{admin, azure, blob, json_response, legacy, links, ops, turbo, twirp, AppState};
 
 const TWIRP_ROUTE: &str = "/twirp/github.actions.results.api.v1.CacheService/{method}";
 const LEGACY_ROUTE: &str = "/_apis/artifactcache/{*rest}";
@@ -41,6 +41,10 @@ pub fn route_label(path: &str) -> &'static str {
         "/_hoard" => "/_hoard",
         "/_hoard/" => "/_hoard/",
         "/_hoard/webhooks/github" => "/_hoard/webhooks/github",
+        turbo::BASE => turbo::BASE,
+        "/v8/artifacts/status" => "/v8/artifacts/status",
+        "/v8/artifacts/events" => "/v8/artifacts/events",
+        _ if path.starts_with("/v8/artifacts/") => "/v8/artifacts/{hash}",
         _ if path.starts_with("/_hoard/api/v1/") => "/_hoard/api/v1/{*rest}",
         _ if path.starts_with("/_hoard/") => "/_hoard/{*rest}",
         _ if path.starts_with(twirp::SERVICE_PATH) => TWIRP_ROUTE,
@@ -52,7 +56,10 @@ pub fn route_label(path: &str) -> &'static str {
 /// Whether a request under `label` (from [`route_label`]) is one of the cache's protocols, as
 /// opposed to the operator's (admin API, dashboard, metrics, health).
 pub fn is_cache_route(label: &str) -> bool {
-    label.starts_with("/twirp/") || label.starts_with("/_blob/") || label.starts_with("/_apis/")
+    label.starts_with("/twirp/")
+        || label.starts_with("/_blob/")
+        || label.starts_with("/_apis/")
+        || label.starts_with(turbo::BASE)
 }
 
 /// Every label [`route_label`] gives, so that metrics keep their handles (see
@@ -70,6 +77,10 @@ pub const ROUTE_LABELS: &[&str] = &[
     "/_apis/artifactcache/clean",
     TWIRP_ROUTE,
     LEGACY_ROUTE,
+    turbo::BASE,
+    "/v8/artifacts/{hash}",
+    "/v8/artifacts/status",
+    "/v8/artifacts/events",
     "/healthz",
     "/readyz",
     "/metrics",
@@ -101,6 +112,8 @@ pub fn router(state: AppState) -> Router {
             &format!("{}{{id}}", links::DOWNLOAD_PREFIX),
             any(blob::download),
         )
+        .route(turbo::BASE, any(turbo::serve))
+        .route("/v8/artifacts/{*rest}", any(turbo::serve))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))

@@ -28,6 +28,7 @@ mod ranges;
 pub mod recent;
 mod restore;
 mod save;
+pub mod tools;
 pub mod upload;
 pub mod usage;
 pub mod webhooks;

@@ -98,7 +98,7 @@ impl Cache {
             UploadState::Finalized => {}
             UploadState::Open => self.commit_tiled(&linked, size).await?,
         }
-        retry_stale(|_| self.try_finalize(who, &slot, size, Some(id))).await
+        retry_stale(|_| self.try_finalize(who, &slot, size, Some(id), None)).await
     }
 
     async fn commit_tiled(&self, linked: &LinkedUpload, size: u64) -> Result<(), CacheError> {

@@ -16,7 +16,7 @@ use crate::model::{
     entry_digest, BlobName, BlockId, BlockRef, ByteStream, CacheKey, EntryId, LogSafe, Millis,
     Provenance, Slot, Upload, UploadBlocks, UploadId, Version,
 };
-use crate::model::{EntryRecord, RefClass, ScopeClass};
+use crate::model::{EntryRecord, RefClass, ScopeClass, ToolObject};
 
 /// An upload as a signed link found it: the upload and its blocks.
 #[derive(Debug, Clone)]
@@ -358,17 +358,19 @@ impl Cache {
         if size > self.policy.max_entry_size {
             return Err(CacheError::TooLarge(self.policy.max_entry_size));
         }
-        retry_stale(|_| self.try_finalize(who, &slot, size, None)).await
+        retry_stale(|_| self.try_finalize(who, &slot, size, None, None)).await
     }
 
     /// Finalizes the slot's open upload; with `expected`, only if it is that upload (a v1
-    /// commit names its upload, and must never finalize a later reservation of the slot).
+    /// commit names its upload, and must never finalize a later reservation of the slot);
+    /// with `tool`, as that build tool's object.
     pub(super) async fn try_finalize(
         &self,
         who: &Identity,
         slot: &Slot,
         size: u64,
         expected: Option<UploadId>,
+        tool: Option<&ToolObject>,
     ) -> Result<EntryId, CacheError> {
         let state = self.meta.slot_state(slot, SlotRead::Finalize).await?;
         let now = self.clock.now();
@@ -398,6 +400,7 @@ impl Cache {
                     record: EntryRecord {
                         written_by: upload.written_by.clone(),
                         digest: digest.clone().unwrap_or_default(),
+                        tool: tool.cloned(),
                         ..EntryRecord::default()
                     },
                     scope_class: class,
@@ -463,7 +466,12 @@ impl Cache {
     }
 
     /// The slot a write of `who` goes to, if the token and the write policy allow the write.
-    fn write_slot(&self, who: &Identity, key: &str, version: &str) -> Result<Slot, CacheError> {
+    pub(super) fn write_slot(
+        &self,
+        who: &Identity,
+        key: &str,
+        version: &str,
+    ) -> Result<Slot, CacheError> {
         let key = CacheKey::parse(key)?;
         let version = Version::parse(version)?;
         let scope = who.write_scope.clone().ok_or(CacheError::WriteDenied)?;

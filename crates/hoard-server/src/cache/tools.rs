@@ -1,0 +1,113 @@
+//! Build tools' objects (issue #60): a tool's own cache protocol (Turborepo's remote cache API)
+//! on hoard's entries. An object is an entry of the caller's repository under the key
+//! `<tool>/<name>` and a version of the tool's own, so it takes GitHub's isolation as an
+//! Actions cache does: it is written in the job's scope and found in the scopes the job's token
+//! reads (its own, then its base branch's), and a pull request never writes what `main` reads.
+//! Quotas, eviction, expiry, purges, quarantine, provenance and statistics treat it as any entry;
+//! its record names the tool ([`ToolObject`]) and keeps the headers the tool reads back.
+
+use std::sync::Arc;
+
+use super::restore::OpenEntry;
+use super::{retry_stale, Cache, CacheError};
+use crate::auth::Identity;
+use crate::model::{ByteStream, EntryFilter, EntryId, EntryPage, Lookup, Tool, ToolObject};
+
+/// An object found: its bytes, and what it keeps of its tool.
+#[derive(Debug, Clone)]
+pub struct ToolHit {
+    pub open: Arc<OpenEntry>,
+    /// `None` for an entry of the key written by something else than the tool.
+    pub object: Option<ToolObject>,
+}
+
+/// What a save did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolSave {
+    Saved(EntryId),
+    /// The job's scope holds the object already (or another request is writing it): objects
+    /// are named by their content's hash, so the one there is as good.
+    Present,
+}
+
+/// The key an object `name` of `tool` is kept under.
+fn object_key(tool: Tool, name: &str) -> String {
+    format!("{}/{name}", tool.as_str())
+}
+
+/// The version every object of `tool` is kept under: no Actions cache version (a 64-digit
+/// hash) looks like it.
+fn object_version(tool: Tool) -> &'static str {
+    match tool {
+        Tool::Turbo => "hoard-tool-turbo",
+    }
+}
+
+impl Cache {
+    /// Object `name` of `tool` as `who` may read it (its scopes in order, as a lookup's), and
+    /// counted as a lookup is: a hit or a miss in the statistics, a restore record by `who`.
+    pub async fn find_tool_object(
+        &self,
+        who: &Identity,
+        address: Option<std::net::IpAddr>,
+        tool: Tool,
+        name: &str,
+    ) -> Result<Option<ToolHit>, CacheError> {
+        let key = object_key(tool, name);
+        let lookup = Lookup::parse(&key, &[], object_version(tool))?;
+        let Some(hit) = self.lookup(who, address, &lookup).await? else {
+            return Ok(None);
+        };
+        // A lookup also matches a longer key that starts with this one: not this object.
+        if !hit.matched_key.eq_ignore_ascii_case(&key) {
+            return Ok(None);
+        }
+        let open = match self.readable_entry(who, hit.entry.id).await {
+            Err(CacheError::EntryNotFound) => return Ok(None), // Removed meanwhile.
+            other => other?,
+        };
+        let filter = EntryFilter {
+            id: Some(hit.entry.id),
+            ..EntryFilter::default()
+        };
+        let object = self
+            .meta
+            .select_entries(&EntryPage::by_creation(&filter, 1))
+            .await?
+            .entries
+            .into_iter()
+            .next()
+            .and_then(|listed| listed.record.tool);
+        Ok(Some(ToolHit { open, object }))
+    }
+
+    /// Saves `body` (`len` bytes) as object `name` of `object.tool` in `who`'s write scope,
+    /// under the same rules as an Actions cache save (write policy, quotas, entry size).
+    pub async fn save_tool_object(
+        &self,
+        who: &Identity,
+        address: Option<std::net::IpAddr>,
+        object: &ToolObject,
+        name: &str,
+        body: ByteStream,
+        len: u64,
+    ) -> Result<ToolSave, CacheError> {
+        let key = object_key(object.tool, name);
+        let version = object_version(object.tool);
+        if len > self.policy.max_entry_size {
+            return Err(CacheError::TooLarge(self.policy.max_entry_size));
+        }
+        let link = match self.reserve(who, address, &key, version).await {
+            Err(CacheError::Conflict) => return Ok(ToolSave::Present),
+            other => other?,
+        };
+        self.put_blob(link, body, Some(len)).await?;
+        let slot = self.write_slot(who, &key, version)?;
+        let finalized =
+            retry_stale(|_| self.try_finalize(who, &slot, len, Some(link.id), Some(object))).await;
+        match finalized {
+            Err(CacheError::Conflict) => Ok(ToolSave::Present),
+            other => Ok(ToolSave::Saved(other?)),
+        }
+    }
+}
