@@ -143,20 +143,43 @@ pub struct EntryRecord {
     pub tool: Option<ToolObject>,
 }
 
-/// A build tool whose own cache protocol hoard speaks (issue #60).
+/// A build tool whose own cache protocol hoard speaks (issue #60), or the protocol several
+/// tools share (WebDAV: sccache's and ccache's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Tool {
     /// Turborepo's remote cache API (`/v8/artifacts`).
     Turbo,
+    /// Nx's self-hosted remote cache API (`/v1/cache`).
+    Nx,
+    /// Files over WebDAV (`/_dav/`): sccache's `webdav` backend, ccache's `http` storage.
+    WebDav,
+    /// Bazel's HTTP cache, action results (`/_bazel/ac/`).
+    BazelAc,
+    /// Bazel's HTTP cache, content-addressed blobs checked on write (`/_bazel/cas/`).
+    BazelCas,
+    /// Go's build cache through `hoard gocache` (`GOCACHEPROG`).
+    Go,
 }
 
 impl Tool {
-    pub const ALL: [Tool; 1] = [Tool::Turbo];
+    pub const ALL: [Tool; 6] = [
+        Tool::Turbo,
+        Tool::Nx,
+        Tool::WebDav,
+        Tool::BazelAc,
+        Tool::BazelCas,
+        Tool::Go,
+    ];
 
     /// The name stored, listed and filtered by.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Turbo => "turbo",
+            Self::Nx => "nx",
+            Self::WebDav => "webdav",
+            Self::BazelAc => "bazel-ac",
+            Self::BazelCas => "bazel-cas",
+            Self::Go => "go",
         }
     }
 

@@ -12,10 +12,14 @@
 
 pub mod admin;
 mod azure;
+mod bazel;
 mod blob;
 pub mod blocklist;
+mod dav;
 mod legacy;
 mod links;
+mod nx;
+mod objects;
 mod ops;
 pub mod origin;
 pub mod proto;

@@ -10,7 +10,9 @@ use axum::routing::{any, get};
 use axum::Router;
 
 use super::origin::ClientAddress;
-use super::{admin, azure, blob, json_response, legacy, links, ops, turbo, twirp, AppState};
+use super::{
+    admin, azure, bazel, blob, dav, json_response, legacy, links, nx, ops, turbo, twirp, AppState,
+};
 
 const TWIRP_ROUTE: &str = "/twirp/github.actions.results.api.v1.CacheService/{method}";
 const LEGACY_ROUTE: &str = "/_apis/artifactcache/{*rest}";
@@ -41,6 +43,10 @@ pub fn route_label(path: &str) -> &'static str {
         "/_hoard" => "/_hoard",
         "/_hoard/" => "/_hoard/",
         "/_hoard/webhooks/github" => "/_hoard/webhooks/github",
+        _ if path.starts_with(nx::BASE) => "/v1/cache/{hash}",
+        _ if path.starts_with(dav::BASE) => "/_dav/{*path}",
+        _ if path.starts_with("/_bazel/ac/") => "/_bazel/ac/{sha256}",
+        _ if path.starts_with("/_bazel/cas/") => "/_bazel/cas/{sha256}",
         turbo::BASE => turbo::BASE,
         "/v8/artifacts/status" => "/v8/artifacts/status",
         "/v8/artifacts/events" => "/v8/artifacts/events",
@@ -60,6 +66,9 @@ pub fn is_cache_route(label: &str) -> bool {
         || label.starts_with("/_blob/")
         || label.starts_with("/_apis/")
         || label.starts_with(turbo::BASE)
+        || label.starts_with(nx::BASE)
+        || label.starts_with(dav::BASE)
+        || label.starts_with(bazel::BASE)
 }
 
 /// Every label [`route_label`] gives, so that metrics keep their handles (see
@@ -81,6 +90,10 @@ pub const ROUTE_LABELS: &[&str] = &[
     "/v8/artifacts/{hash}",
     "/v8/artifacts/status",
     "/v8/artifacts/events",
+    "/v1/cache/{hash}",
+    "/_dav/{*path}",
+    "/_bazel/ac/{sha256}",
+    "/_bazel/cas/{sha256}",
     "/healthz",
     "/readyz",
     "/metrics",
@@ -114,6 +127,11 @@ pub fn router(state: AppState) -> Router {
         )
         .route(turbo::BASE, any(turbo::serve))
         .route("/v8/artifacts/{*rest}", any(turbo::serve))
+        .route("/v1/cache/{hash}", any(nx::serve))
+        .route("/_dav", any(dav::serve))
+        .route("/_dav/", any(dav::serve))
+        .route("/_dav/{*path}", any(dav::serve))
+        .route("/_bazel/{*rest}", any(bazel::serve))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))

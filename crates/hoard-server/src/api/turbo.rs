@@ -7,14 +7,14 @@
 
 use axum::body::{to_bytes, Body};
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 
 use super::origin::ClientAddress;
 use super::query::Query;
-use super::{transfer, AppState};
+use super::{objects, AppState};
 use crate::auth::{Caller, CallerError};
 use crate::cache::tools::{ToolHit, ToolSave};
 use crate::cache::CacheError;
@@ -74,49 +74,20 @@ impl IntoResponse for TurboError {
 
 impl From<CallerError> for TurboError {
     fn from(e: CallerError) -> Self {
-        match e {
-            CallerError::Token(e) => {
-                Self::new(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string())
-            }
-            CallerError::Forgejo(e) => Self::new(StatusCode::FORBIDDEN, "forbidden", e.to_string()),
-            CallerError::UnknownPrefix => Self::not_found(),
-        }
+        Self::new(objects::caller_status(&e), "unauthorized", e.to_string())
     }
 }
 
 impl From<CacheError> for TurboError {
     fn from(e: CacheError) -> Self {
-        match e {
-            CacheError::WriteDenied
-            | CacheError::ReadDenied
-            | CacheError::WriteDeniedByPolicy(_)
-            | CacheError::ReadDeniedByPolicy(_) => {
-                Self::new(StatusCode::FORBIDDEN, "forbidden", e.to_string())
-            }
-            CacheError::EntryNotFound => Self::not_found(),
-            CacheError::TooLarge(_) => {
-                Self::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", e.to_string())
-            }
-            CacheError::StorageFull => Self::new(
-                StatusCode::INSUFFICIENT_STORAGE,
-                "storage_full",
-                e.to_string(),
-            ),
-            ref e if e.is_transient() => Self::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                e.client_message(),
-            ),
-            CacheError::Storage(_) | CacheError::Meta(_) => {
-                tracing::error!(error = %e, "turbo request failed");
-                Self::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    "internal error",
-                )
-            }
-            other => Self::bad_request(other.to_string()),
-        }
+        let status = objects::status_of(&e);
+        let code = match status {
+            StatusCode::FORBIDDEN => "forbidden",
+            StatusCode::NOT_FOUND => "not_found",
+            StatusCode::BAD_REQUEST => "bad_request",
+            _ => "unavailable",
+        };
+        Self::new(status, code, objects::message_of(&e))
     }
 }
 
@@ -231,30 +202,13 @@ async fn get(
     name: &str,
     headers: &HeaderMap,
 ) -> Result<Response, TurboError> {
-    let found = app
-        .cache()
-        .find_tool_object(&caller.identity, caller.address, Tool::Turbo, name)
-        .await?;
-    let Some(ToolHit { open, object }) = found else {
-        return Err(TurboError::not_found());
-    };
-    let mut response = transfer::serve_entry(app, method, &open, headers)
-        .await
-        .into_response();
-    let kept = object.as_ref().into_iter().flat_map(ToolObject::headers);
-    for (name, value) in kept {
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(value),
-        ) {
-            response.headers_mut().insert(name, value);
-        }
-    }
-    Ok(response)
+    objects::serve(app, caller, Tool::Turbo, name, method, headers)
+        .await?
+        .ok_or_else(TurboError::not_found)
 }
 
-/// `PUT /v8/artifacts/{hash}`: stores the artifact in the job's scope. `Content-Length` is
-/// required (turbo always sends it): the size is checked before a byte is stored.
+/// `PUT /v8/artifacts/{hash}`: stores the artifact in the job's scope, with the headers turbo
+/// reads back.
 async fn put(
     app: &AppState,
     caller: &Caller,
@@ -262,20 +216,13 @@ async fn put(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, TurboError> {
-    let len = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-        .ok_or_else(|| {
-            TurboError::new(
-                StatusCode::LENGTH_REQUIRED,
-                "length_required",
-                "an artifact is sent with its Content-Length",
-            )
-        })?;
-    let sent = KEPT_HEADERS.iter().filter_map(|name| {
-        let value = headers.get(*name)?.to_str().ok()?;
-        Some((*name, value))
-    });
+    let len = objects::declared_length(headers).ok_or_else(|| {
+        TurboError::new(
+            StatusCode::LENGTH_REQUIRED,
+            "length_required",
+            "an artifact is sent with its Content-Length",
+        )
+    })?;
     if let Some(duration) = headers.get("x-artifact-duration") {
         // turbo reads it back as a whole number of milliseconds.
         if duration
@@ -289,23 +236,18 @@ async fn put(
             ));
         }
     }
+    let sent = KEPT_HEADERS.iter().filter_map(|name| {
+        let value = headers.get(*name)?.to_str().ok()?;
+        Some((*name, value))
+    });
     let object = ToolObject::new(Tool::Turbo, sent)
         .ok_or_else(|| TurboError::bad_request("the x-artifact-* headers are too long to keep"))?;
-    let idle = app.config().limits.idle_timeout;
-    let stream = transfer::body_stream(body, idle);
-    let saved = app
-        .cache()
-        .save_tool_object(&caller.identity, caller.address, &object, name, stream, len)
-        .await?;
-    let urls = json!([format!(
-        "{BASE}/{}",
-        name.rsplit('/').next().unwrap_or(name)
-    )]);
+    let saved = objects::take(app, caller, &object, name, (body, len), None).await?;
+    let hash = name.rsplit('/').next().unwrap_or(name);
+    let answer = json!({ "urls": [format!("{BASE}/{hash}")] });
     Ok(match saved {
-        ToolSave::Saved(_) => ok(json!({ "urls": urls })),
-        ToolSave::Present => {
-            super::json_response(StatusCode::ACCEPTED, &json!({ "urls": urls }), None)
-        }
+        ToolSave::Saved(_) => ok(answer),
+        ToolSave::Present => super::json_response(StatusCode::ACCEPTED, &answer, None),
     })
 }
 

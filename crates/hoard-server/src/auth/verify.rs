@@ -198,14 +198,20 @@ impl Verifier {
         unix_seconds(self.clock.as_ref())
     }
 
-    /// Reads the `Authorization` header value (`Bearer <jwt>`).
+    /// Reads the `Authorization` header value: `Bearer <jwt>`, or Basic credentials whose
+    /// password (or user, without a password) is the token, as ccache sends the credentials of
+    /// its storage URL.
     pub async fn identify(&self, authorization: Option<&str>) -> Result<Arc<Identity>, TokenError> {
         let header = authorization.ok_or(TokenError::Missing)?;
-        let token = header
-            .strip_prefix("Bearer ")
-            .or_else(|| header.strip_prefix("bearer "))
-            .ok_or(TokenError::Missing)?
-            .trim();
+        let basic = basic_token(header);
+        let token = match &basic {
+            Some(token) => token.as_str(),
+            None => header
+                .strip_prefix("Bearer ")
+                .or_else(|| header.strip_prefix("bearer "))
+                .ok_or(TokenError::Missing)?,
+        }
+        .trim();
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let now = self.now();
         if let Some(identity) = self.remembered(&digest, now) {
@@ -492,6 +498,20 @@ fn decode(
     jsonwebtoken::decode::<serde_json::Value>(token, key, validation)
         .map(|d| d.claims)
         .map_err(map_jwt_error)
+}
+
+/// The token of `Basic` credentials: the password, or the user when the password is empty.
+fn basic_token(header: &str) -> Option<String> {
+    use base64::Engine as _;
+    let encoded = header
+        .strip_prefix("Basic ")
+        .or_else(|| header.strip_prefix("basic "))?;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .ok()?;
+    let credentials = String::from_utf8(decoded).ok()?;
+    let (user, password) = credentials.split_once(':').unwrap_or((&credentials, ""));
+    Some(if password.is_empty() { user } else { password }.to_owned())
 }
 
 #[cfg(test)]

@@ -78,6 +78,8 @@ pub enum CacheError {
     #[error("the link names no upload or entry")]
     NoSuchLink,
     /// The request body was longer or shorter than its declared length; nothing was stored.
+    #[error("the body's SHA-256 is {actual}, not the {expected} it is stored under")]
+    ContentMismatch { expected: String, actual: String },
     #[error("body length {actual} does not match the declared {declared}")]
     BodyLengthMismatch { declared: u64, actual: u64 },
     /// The request body ended early or failed (the client hung up, or went idle); nothing was

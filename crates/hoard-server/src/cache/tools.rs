@@ -8,6 +8,9 @@
 
 use std::sync::Arc;
 
+use futures_util::StreamExt;
+use sha2::{Digest, Sha256};
+
 use super::restore::OpenEntry;
 use super::{retry_stale, Cache, CacheError};
 use crate::auth::Identity;
@@ -40,6 +43,11 @@ fn object_key(tool: Tool, name: &str) -> String {
 fn object_version(tool: Tool) -> &'static str {
     match tool {
         Tool::Turbo => "hoard-tool-turbo",
+        Tool::Nx => "hoard-tool-nx",
+        Tool::WebDav => "hoard-tool-webdav",
+        Tool::BazelAc => "hoard-tool-bazel-ac",
+        Tool::BazelCas => "hoard-tool-bazel-cas",
+        Tool::Go => "hoard-tool-go",
     }
 }
 
@@ -82,7 +90,9 @@ impl Cache {
     }
 
     /// Saves `body` (`len` bytes) as object `name` of `object.tool` in `who`'s write scope,
-    /// under the same rules as an Actions cache save (write policy, quotas, entry size).
+    /// under the same rules as an Actions cache save (write policy, quotas, entry size). With
+    /// `sha256`, only a body of that SHA-256 is kept (a content-addressed object).
+    #[allow(clippy::too_many_arguments)]
     pub async fn save_tool_object(
         &self,
         who: &Identity,
@@ -91,6 +101,7 @@ impl Cache {
         name: &str,
         body: ByteStream,
         len: u64,
+        sha256: Option<[u8; 32]>,
     ) -> Result<ToolSave, CacheError> {
         let key = object_key(object.tool, name);
         let version = object_version(object.tool);
@@ -101,7 +112,31 @@ impl Cache {
             Err(CacheError::Conflict) => return Ok(ToolSave::Present),
             other => other?,
         };
-        self.put_blob(link, body, Some(len)).await?;
+        let hashed = Arc::new(std::sync::Mutex::new(Sha256::new()));
+        let body = match sha256 {
+            None => body,
+            Some(_) => hashing(body, hashed.clone()),
+        };
+        let stored = self.put_blob(link, body, Some(len)).await;
+        let mismatch = sha256.and_then(|expected| {
+            let actual: [u8; 32] = hashed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .finalize()
+                .into();
+            (actual != expected).then(|| CacheError::ContentMismatch {
+                expected: hex::encode(expected),
+                actual: hex::encode(actual),
+            })
+        });
+        if let Some(refused) = stored.err().or(mismatch) {
+            // Nothing of it is kept, and a retry is not taken for a write in progress.
+            if let Err(e) = self.abandon(link.id).await {
+                tracing::warn!(error = %e, "cannot end a refused object's upload; it is swept when abandoned");
+            }
+            return Err(refused);
+        }
         let slot = self.write_slot(who, &key, version)?;
         let finalized =
             retry_stale(|_| self.try_finalize(who, &slot, len, Some(link.id), Some(object))).await;
@@ -110,4 +145,17 @@ impl Cache {
             other => Ok(ToolSave::Saved(other?)),
         }
     }
+}
+
+/// `body`, each piece added to `hasher` as it passes.
+fn hashing(body: ByteStream, hasher: Arc<std::sync::Mutex<Sha256>>) -> ByteStream {
+    Box::pin(body.map(move |piece| {
+        if let Ok(bytes) = &piece {
+            hasher
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .update(bytes);
+        }
+        piece
+    }))
 }

@@ -1,0 +1,76 @@
+//! Nx's self-hosted remote cache API (`/v1/cache/<hash>`), as `nx` 20.8 and later call it
+//! with `NX_SELF_HOSTED_REMOTE_CACHE_SERVER=<hoard's URL>` and the job's runtime token as
+//! `NX_SELF_HOSTED_REMOTE_CACHE_ACCESS_TOKEN`: `GET` a task's outputs (404 when absent) and
+//! `PUT` them (200; 409 when the job's scope holds them already, 403 for a token that writes
+//! nowhere, both of which nx passes over). Each is an object of the job's repository and scope
+//! ([`crate::cache::tools`]).
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::Response;
+
+use super::origin::ClientAddress;
+use super::{objects, AppState};
+use crate::cache::tools::ToolSave;
+use crate::model::{Tool, ToolObject};
+
+pub const BASE: &str = "/v1/cache/";
+
+/// The longest hash taken (nx's are decimal digits).
+const MAX_HASH: usize = 128;
+
+pub async fn serve(
+    State(app): State<AppState>,
+    method: Method,
+    uri: Uri,
+    ClientAddress(address): ClientAddress,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let hash = uri.path().strip_prefix(BASE).unwrap_or_default();
+    let valid = !hash.is_empty()
+        && hash.len() <= MAX_HASH
+        && hash
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if !valid {
+        return objects::plain(
+            StatusCode::BAD_REQUEST,
+            "a hash is 1 to 128 letters, digits, '.', '_' or '-'",
+        );
+    }
+    let caller = match app.identify(&headers, "", address).await {
+        Ok(caller) => caller,
+        Err(e) => return objects::plain_caller_refusal(e),
+    };
+    match method {
+        Method::GET | Method::HEAD => {
+            match objects::serve(&app, &caller, Tool::Nx, hash, &method, &headers).await {
+                Ok(Some(found)) => found,
+                Ok(None) => objects::plain(StatusCode::NOT_FOUND, "The record was not found"),
+                Err(e) => objects::plain_refusal(e),
+            }
+        }
+        Method::PUT => {
+            let Some(len) = objects::declared_length(&headers) else {
+                return objects::plain(StatusCode::LENGTH_REQUIRED, "Content-Length is required");
+            };
+            let object = ToolObject {
+                tool: Tool::Nx,
+                headers: String::new(),
+            };
+            match objects::take(&app, &caller, &object, hash, (body, len), None).await {
+                Ok(ToolSave::Saved(_)) => objects::plain(StatusCode::OK, ""),
+                Ok(ToolSave::Present) => {
+                    objects::plain(StatusCode::CONFLICT, "Cannot override an existing record")
+                }
+                Err(e) => objects::plain_refusal(e),
+            }
+        }
+        _ => objects::plain(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("{method} is not part of Nx's remote cache API"),
+        ),
+    }
+}

@@ -1,0 +1,141 @@
+//! What every build tool's protocol does with an object ([`crate::cache::tools`]): identify
+//! the caller, serve an object found with the headers it was saved with, take one whose length
+//! is declared, and say why not with the status codes the tools read. The protocols (Turborepo,
+//! Nx, WebDAV, Bazel) differ only in their paths, names and error bodies.
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+use super::{transfer, AppState};
+use crate::auth::{Caller, CallerError};
+use crate::cache::tools::{ToolHit, ToolSave};
+use crate::cache::CacheError;
+use crate::model::{Tool, ToolObject};
+
+/// The body's declared length: every tool sends one (the size is checked before a byte is
+/// stored, as a save's is).
+pub(super) fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// Object `name` of `tool` as `caller` may read it, served as any download is (`HEAD`,
+/// ranges) with the headers it was saved with; `None` on a miss.
+pub(super) async fn serve(
+    app: &AppState,
+    caller: &Caller,
+    tool: Tool,
+    name: &str,
+    method: &Method,
+    headers: &HeaderMap,
+) -> Result<Option<Response>, CacheError> {
+    let found = app
+        .cache()
+        .find_tool_object(&caller.identity, caller.address, tool, name)
+        .await?;
+    let Some(ToolHit { open, object }) = found else {
+        return Ok(None);
+    };
+    let mut response = transfer::serve_entry(app, method, &open, headers)
+        .await
+        .into_response();
+    let kept = object.as_ref().into_iter().flat_map(ToolObject::headers);
+    for (name, value) in kept {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            response.headers_mut().insert(name, value);
+        }
+    }
+    Ok(Some(response))
+}
+
+/// Takes `body` (`len` bytes) as object `name` in `caller`'s write scope; with `sha256`, only
+/// if that is its content's digest.
+pub(super) async fn take(
+    app: &AppState,
+    caller: &Caller,
+    object: &ToolObject,
+    name: &str,
+    (body, len): (Body, u64),
+    sha256: Option<[u8; 32]>,
+) -> Result<ToolSave, CacheError> {
+    let idle = app.config().limits.idle_timeout;
+    let stream = transfer::body_stream(body, idle);
+    app.cache()
+        .save_tool_object(
+            &caller.identity,
+            caller.address,
+            object,
+            name,
+            stream,
+            len,
+            sha256,
+        )
+        .await
+}
+
+/// The status a refused call answers, the same for every tool.
+pub(super) fn status_of(e: &CacheError) -> StatusCode {
+    match e {
+        CacheError::WriteDenied
+        | CacheError::ReadDenied
+        | CacheError::WriteDeniedByPolicy(_)
+        | CacheError::ReadDeniedByPolicy(_) => StatusCode::FORBIDDEN,
+        CacheError::EntryNotFound => StatusCode::NOT_FOUND,
+        CacheError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+        CacheError::StorageFull => StatusCode::INSUFFICIENT_STORAGE,
+        e if e.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
+        CacheError::Storage(_) | CacheError::Meta(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        // Invalid names, a body shorter or longer than declared or not of its digest.
+        _ => StatusCode::BAD_REQUEST,
+    }
+}
+
+/// The words a refused call answers: what went wrong, except for failures of hoard's own
+/// stores, which are logged and not shown.
+pub(super) fn message_of(e: &CacheError) -> String {
+    match status_of(e) {
+        StatusCode::INTERNAL_SERVER_ERROR => {
+            tracing::error!(error = %e, "build tool request failed");
+            "internal error".into()
+        }
+        StatusCode::SERVICE_UNAVAILABLE => e.client_message(),
+        _ => e.to_string(),
+    }
+}
+
+/// The status of a caller refused.
+pub(super) fn caller_status(e: &CallerError) -> StatusCode {
+    match e {
+        CallerError::Token(_) => StatusCode::UNAUTHORIZED,
+        CallerError::Forgejo(_) => StatusCode::FORBIDDEN,
+        CallerError::UnknownPrefix => StatusCode::NOT_FOUND,
+    }
+}
+
+/// A refusal in plain text, for the tools that read only the status (Nx, Bazel, WebDAV).
+pub(super) fn plain(status: StatusCode, message: impl Into<String>) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        message.into(),
+    )
+        .into_response()
+}
+
+/// [`plain`] for a refused call.
+pub(super) fn plain_refusal(e: CacheError) -> Response {
+    plain(status_of(&e), message_of(&e))
+}
+
+/// [`plain`] for a refused caller.
+pub(super) fn plain_caller_refusal(e: CallerError) -> Response {
+    plain(caller_status(&e), e.to_string())
+}
