@@ -2242,7 +2242,8 @@ async fn merge_queue_and_pull_request_caches_survive_the_merge_for_the_real_clie
 }
 
 /// A small npm monorepo of two packages whose `build` writes `dist/out.txt` with the time it
-/// ran (so a replayed output is told from a rebuilt one), committed to git as turbo expects.
+/// ran (so a replayed output is told from a rebuilt one), set up for turbo and for nx, and
+/// committed to git as both expect.
 struct Monorepo {
     dir: tempfile::TempDir,
 }
@@ -2264,12 +2265,19 @@ impl Monorepo {
             "turbo.json",
             r#"{"tasks":{"build":{"outputs":["dist/**"]}}}"#,
         );
-        write(".gitignore", "dist\n.turbo\nnode_modules\n");
+        write("nx.json", r#"{"targetDefaults":{"build":{"cache":true}}}"#);
+        // nx runs from the workspace's own modules: those installed in tests/e2e.
+        std::os::unix::fs::symlink(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/node_modules"),
+            root.join("node_modules"),
+        )
+        .unwrap();
+        write(".gitignore", "dist\n.turbo\n.nx\nnode_modules\n");
         for name in ["app", "lib"] {
             write(
                 &format!("packages/{name}/package.json"),
                 &format!(
-                    r#"{{"name":"{name}","version":"1.0.0","scripts":{{"build":"node -e \"require('fs').mkdirSync('dist',{{recursive:true}});require('fs').writeFileSync('dist/out.txt','{name} '+process.hrtime.bigint())\""}}}}"#
+                    r#"{{"name":"{name}","version":"1.0.0","scripts":{{"build":"node -e \"require('fs').mkdirSync('dist',{{recursive:true}});require('fs').writeFileSync('dist/out.txt','{name} '+process.hrtime.bigint())\""}},"nx":{{"targets":{{"build":{{"cache":true,"outputs":["{{projectRoot}}/dist"]}}}}}}}}"#
                 ),
             );
         }
@@ -2296,20 +2304,78 @@ impl Monorepo {
         Self { dir }
     }
 
+    /// Removes the outputs and both tools' local caches.
+    fn clean(&self) {
+        for dir in ["packages/app/dist", "packages/lib/dist", ".turbo", ".nx"] {
+            let _ = std::fs::remove_dir_all(self.dir.path().join(dir));
+        }
+    }
+
+    /// The outputs of both packages.
+    fn outputs(&self) -> Vec<String> {
+        ["app", "lib"]
+            .iter()
+            .map(|p| {
+                let out = self.dir.path().join(format!("packages/{p}/dist/out.txt"));
+                std::fs::read_to_string(out).unwrap()
+            })
+            .collect()
+    }
+
+    /// A tool installed in tests/e2e.
+    fn tool(name: &str) -> PathBuf {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/e2e/node_modules/.bin")
+            .join(name);
+        assert!(
+            path.exists(),
+            "{name} is not installed: run `npm ci --prefix tests/e2e` (scripts/test does)"
+        );
+        path
+    }
+
+    /// `nx run-many -t build` from clean local state with hoard as its self-hosted remote
+    /// cache and `token` as its access token: how many of the 2 tasks were remote cache hits,
+    /// and the outputs.
+    fn nx(&self, server: &str, token: &str) -> (usize, Vec<String>) {
+        self.clean();
+        let out = Command::new(Self::tool("nx"))
+            .args(["run-many", "-t", "build"])
+            .current_dir(self.dir.path())
+            .env("NX_SELF_HOSTED_REMOTE_CACHE_SERVER", server)
+            .env("NX_SELF_HOSTED_REMOTE_CACHE_ACCESS_TOKEN", token)
+            // Its local cache would otherwise outlive `clean` (in ~/.nx).
+            .env("NX_CACHE_DIRECTORY", self.dir.path().join(".nx/cache"))
+            .env(
+                "NX_WORKSPACE_DATA_DIRECTORY",
+                self.dir.path().join(".nx/data"),
+            )
+            .env("NX_DAEMON", "false")
+            .env("NX_NO_CLOUD", "true")
+            .env("NX_TUI", "false")
+            .env("NO_COLOR", "1")
+            .env_remove("CI")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "nx failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // "✔  nx run app:build  [remote cache]"
+        let hits = stdout.matches("[remote cache]").count();
+        assert!(stdout.contains("Cache:"), "no summary in\n{stdout}");
+        (hits, self.outputs())
+    }
+
     /// `turbo run build` from clean local state (no outputs, no local cache) against hoard's
     /// remote cache only, as `team` with `token`: how many of the 2 tasks were cache hits, and
     /// the outputs.
     fn build(&self, server: &str, token: &str, team: &str) -> (usize, Vec<String>) {
+        self.clean();
         let root = self.dir.path();
-        for dir in ["packages/app/dist", "packages/lib/dist", ".turbo"] {
-            let _ = std::fs::remove_dir_all(root.join(dir));
-        }
-        let turbo = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/node_modules/.bin/turbo");
-        assert!(
-            turbo.exists(),
-            "turbo is not installed: run `npm ci --prefix tests/e2e` (scripts/test does)"
-        );
-        let out = Command::new(turbo)
+        let out = Command::new(Self::tool("turbo"))
             .args(["run", "build", "--cache=remote:rw"])
             .arg(format!("--api={server}"))
             .arg(format!("--token={token}"))
@@ -2334,13 +2400,7 @@ impl Monorepo {
             .find_map(|l| l.trim().strip_prefix("Cached:"))
             .and_then(|l| l.split_whitespace().next()?.parse().ok())
             .unwrap_or_else(|| panic!("no Cached: line in\n{stdout}"));
-        let outputs = ["app", "lib"]
-            .iter()
-            .map(|p| {
-                std::fs::read_to_string(root.join(format!("packages/{p}/dist/out.txt"))).unwrap()
-            })
-            .collect();
-        (cached, outputs)
+        (cached, self.outputs())
     }
 }
 
@@ -2470,4 +2530,67 @@ fn turbo_caches_its_tasks_in_hoard_under_githubs_scopes() {
     let (cached, rebuilt) = repo.build(srv, &main, "web");
     assert_eq!(cached, 0, "purged artifacts are gone");
     assert_ne!(rebuilt, first);
+}
+
+/// Issue #60, Nx: the real `nx` with hoard as its self-hosted remote cache
+/// (`NX_SELF_HOSTED_REMOTE_CACHE_SERVER`) and the job's runtime token as its access token. A
+/// second run from clean local state replays both tasks from hoard; a pull request reads main's
+/// and its own writes never reach main; the records are listed as nx's.
+#[test]
+fn nx_caches_its_tasks_in_hoard_under_githubs_scopes() {
+    const NX_ADMIN: &str = "nx-tools-admin-token-0123456789";
+    let data = tempfile::tempdir().unwrap();
+    let secret = common::secret_file(data.path());
+    let hoard = Hoard::start_with(
+        data.path(),
+        &[
+            "--token-hs256-secret-file",
+            secret.to_str().unwrap(),
+            "--admin-token",
+            NX_ADMIN,
+        ],
+    );
+    let srv = hoard.base.as_str();
+    let repo = Monorepo::new();
+    let (hits, first) = repo.nx(srv, &token("1", &[(MAIN, 3)]));
+    assert_eq!(hits, 0, "a cold cache");
+    let (hits, second) = repo.nx(srv, &token("1", &[(MAIN, 3)]));
+    assert_eq!(hits, 2, "every task a remote hit");
+    assert_eq!(second, first, "the outputs replayed, not rebuilt");
+    // In another repository: a pull request writes its own; main never reads them.
+    let pull = token("2", &[("refs/pull/3/merge", 3), (MAIN, 1)]);
+    let main_2 = token("2", &[(MAIN, 3)]);
+    assert_eq!(
+        repo.nx(srv, &pull).0,
+        0,
+        "another repository's records are not read"
+    );
+    assert_eq!(repo.nx(srv, &pull).0, 2, "the pull request reads its own");
+    assert_eq!(
+        repo.nx(srv, &main_2).0,
+        0,
+        "main never reads a pull request's records"
+    );
+    assert_eq!(
+        repo.nx(srv, &pull).0,
+        2,
+        "and the pull request reads main's too"
+    );
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (status, listed) = rt.block_on(async {
+        let res = reqwest::Client::new()
+            .get(format!("{srv}/_hoard/api/v1/caches?repository=1"))
+            .bearer_auth(NX_ADMIN)
+            .send()
+            .await
+            .unwrap();
+        common::json_of(res).await
+    });
+    assert_eq!(status, 200, "{listed}");
+    let entries = listed["actions_caches"].as_array().unwrap();
+    assert_eq!(entries.len(), 2, "{listed}");
+    assert!(entries
+        .iter()
+        .all(|e| e["tool"] == "nx" && e["key"].as_str().unwrap().starts_with("nx/")));
 }
