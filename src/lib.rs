@@ -5,5 +5,5 @@
 //! puts them under one name, for the binary and the integration tests.
 
 pub use hoard_bench as bench;
-pub use hoard_cli::{admin_cli, doctor, health, runner};
+pub use hoard_cli::{admin_cli, doctor, gocache, health, runner};
 pub use hoard_server::*;

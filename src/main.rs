@@ -59,6 +59,12 @@ enum Command {
         #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
         timeout: std::time::Duration,
     },
+    /// Go's build cache program: `GOCACHEPROG="hoard gocache"` in a job.
+    ///
+    /// Speaks Go's GOCACHEPROG protocol on stdin and stdout (Go 1.24 and later): outputs are
+    /// kept in a local directory and shared through hoard at --url (HOARD_URL) under the job's
+    /// scope, with the job's ACTIONS_RUNTIME_TOKEN. hoard unreachable: misses, never failures.
+    Gocache(hoard::gocache::GocacheArgs),
     /// Point a GitHub Actions runner at hoard without patching it, check it, or undo it.
     ///
     /// `setup` writes a Node preload and a job-started hook under the runner's .hoard/ and adds
@@ -161,6 +167,13 @@ fn main() -> ExitCode {
             }
         }
         Command::Health { url, timeout } => runtime.block_on(health(url, timeout)),
+        Command::Gocache(args) => match runtime.block_on(hoard::gocache::run(args)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("hoard gocache: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Runner { command } => runner(&runtime, command),
         Command::Caches { server, command } => print_or_fail(
             "hoard",

@@ -447,3 +447,108 @@ async fn nx_remote_cache_api_keeps_scopes_apart() {
         .unwrap();
     assert_eq!(res.status(), 401);
 }
+
+/// `go build -x` of the program in `w` (its `main.go` says `word`) from a clean `GOCACHE` and a
+/// clean local directory for `hoard gocache`, with hoard at `base` and `token`: how many
+/// packages the compiler was run for, and what the program prints.
+fn go_build(base: &str, w: &Path, token: &str, word: &str) -> (usize, String) {
+    std::fs::write(w.join("go.mod"), "module example.com/hello\n\ngo 1.24\n").unwrap();
+    std::fs::write(
+        w.join("main.go"),
+        format!(
+            "package main\n\nimport (\n\t\"fmt\"\n\t\"strings\"\n)\n\nfunc main() {{ fmt.Println(strings.ToUpper({word:?})) }}\n"
+        ),
+    )
+    .unwrap();
+    for dir in ["gocache", "local", "hello"] {
+        let _ = std::fs::remove_dir_all(w.join(dir));
+        let _ = std::fs::remove_file(w.join(dir));
+    }
+    let mut cmd = Command::new("go");
+    clean_env(&mut cmd)
+        .current_dir(w)
+        .args(["build", "-x", "-o", "hello", "."])
+        .env("GOCACHE", w.join("gocache"))
+        .env(
+            "GOCACHEPROG",
+            format!("{} gocache", env!("CARGO_BIN_EXE_hoard")),
+        )
+        .env("HOARD_URL", base)
+        .env("ACTIONS_RUNTIME_TOKEN", token)
+        .env("HOARD_GOCACHE_DIR", w.join("local"))
+        .env("GOTOOLCHAIN", "local")
+        .env("GOPROXY", "off")
+        .env("GOFLAGS", "-trimpath");
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{}", all_of(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let compiles = stderr
+        .lines()
+        .filter(|l| l.contains("/compile ") && l.contains("-p "))
+        .count();
+    let run = Command::new(w.join("hello")).output().unwrap();
+    (
+        compiles,
+        String::from_utf8_lossy(&run.stdout).trim().to_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn go_builds_through_gocacheprog_take_every_output_from_hoard() {
+    let Some(_) = or_skip(
+        "go",
+        Command::new("go")
+            .arg("version")
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .ok_or_else(|| "there is no go".to_owned()),
+    ) else {
+        return;
+    };
+    let srv = TestServer::start().await;
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path().to_owned();
+    let build = |token: String, word: &'static str| {
+        let (base, w) = (srv.base.clone(), w.clone());
+        tokio::task::spawn_blocking(move || go_build(&base, &w, &token, word))
+    };
+    let (cold, said) = build(main_token(), "hello").await.unwrap();
+    assert!(
+        cold > 10,
+        "a cold build compiles the standard library: {cold}"
+    );
+    assert_eq!(said, "HELLO");
+    let (warm, said) = build(main_token(), "hello").await.unwrap();
+    assert_eq!(
+        (warm, said.as_str()),
+        (0, "HELLO"),
+        "every package from hoard"
+    );
+
+    // A pull request takes main's; its own change stays its own.
+    assert_eq!(build(pull_token(), "hello").await.unwrap().0, 0);
+    assert_eq!(
+        build(pull_token(), "pull").await.unwrap(),
+        (1, "PULL".into())
+    );
+    assert_eq!(build(pull_token(), "pull").await.unwrap().0, 0);
+    assert_eq!(
+        build(main_token(), "pull").await.unwrap().0,
+        1,
+        "main never reads it"
+    );
+    // A read-only token writes nothing.
+    assert_eq!(build(read_only_token(), "read").await.unwrap().0, 1);
+    assert_eq!(build(main_token(), "read").await.unwrap().0, 1);
+
+    // hoard unreachable: the build goes on, compiling.
+    let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nowhere = format!("http://{}", gone.local_addr().unwrap());
+    drop(gone);
+    let (compiles, said) =
+        tokio::task::spawn_blocking(move || go_build(&nowhere, &w, &main_token(), "hello"))
+            .await
+            .unwrap();
+    assert!(compiles > 10 && said == "HELLO", "{compiles} {said}");
+}

@@ -4,5 +4,6 @@
 
 pub mod admin_cli;
 pub mod doctor;
+pub mod gocache;
 pub mod health;
 pub mod runner;

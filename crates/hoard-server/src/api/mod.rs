@@ -16,6 +16,7 @@ mod bazel;
 mod blob;
 pub mod blocklist;
 mod dav;
+mod gocache;
 mod legacy;
 mod links;
 mod nx;

@@ -11,7 +11,8 @@ use axum::Router;
 
 use super::origin::ClientAddress;
 use super::{
-    admin, azure, bazel, blob, dav, json_response, legacy, links, nx, ops, turbo, twirp, AppState,
+    admin, azure, bazel, blob, dav, gocache, json_response, legacy, links, nx, ops, turbo, twirp,
+    AppState,
 };
 
 const TWIRP_ROUTE: &str = "/twirp/github.actions.results.api.v1.CacheService/{method}";
@@ -47,6 +48,8 @@ pub fn route_label(path: &str) -> &'static str {
         _ if path.starts_with(dav::BASE) => "/_dav/{*path}",
         _ if path.starts_with("/_bazel/ac/") => "/_bazel/ac/{sha256}",
         _ if path.starts_with("/_bazel/cas/") => "/_bazel/cas/{sha256}",
+        _ if path.starts_with("/_gocache/a/") => "/_gocache/a/{action}",
+        _ if path.starts_with("/_gocache/o/") => "/_gocache/o/{output}",
         turbo::BASE => turbo::BASE,
         "/v8/artifacts/status" => "/v8/artifacts/status",
         "/v8/artifacts/events" => "/v8/artifacts/events",
@@ -69,6 +72,7 @@ pub fn is_cache_route(label: &str) -> bool {
         || label.starts_with(nx::BASE)
         || label.starts_with(dav::BASE)
         || label.starts_with(bazel::BASE)
+        || label.starts_with(gocache::BASE)
 }
 
 /// Every label [`route_label`] gives, so that metrics keep their handles (see
@@ -94,6 +98,8 @@ pub const ROUTE_LABELS: &[&str] = &[
     "/_dav/{*path}",
     "/_bazel/ac/{sha256}",
     "/_bazel/cas/{sha256}",
+    "/_gocache/a/{action}",
+    "/_gocache/o/{output}",
     "/healthz",
     "/readyz",
     "/metrics",
@@ -132,6 +138,7 @@ pub fn router(state: AppState) -> Router {
         .route("/_dav/", any(dav::serve))
         .route("/_dav/{*path}", any(dav::serve))
         .route("/_bazel/{*rest}", any(bazel::serve))
+        .route("/_gocache/{*rest}", any(gocache::serve))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))

@@ -1,0 +1,88 @@
+//! Go's build cache under `/_gocache/`, as `hoard gocache` (Go's `GOCACHEPROG`) uses it: an
+//! action's record at `/_gocache/a/<action id>` (the output's id and size, a few bytes) and an
+//! output at `/_gocache/o/<output id>`, kept only if its body's SHA-256 is its id (Go's output
+//! ids are the SHA-256 of their content). Both are objects of the job's repository and scope
+//! ([`crate::cache::tools`]); answers are plain text.
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::Response;
+
+use super::origin::ClientAddress;
+use super::{objects, AppState};
+use crate::model::{Tool, ToolObject};
+
+pub const BASE: &str = "/_gocache/";
+
+/// The most an action's record holds (an output id and a size).
+const MAX_RECORD: u64 = 256;
+
+pub async fn serve(
+    State(app): State<AppState>,
+    method: Method,
+    uri: Uri,
+    ClientAddress(address): ClientAddress,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let rest = uri.path().strip_prefix(BASE).unwrap_or_default();
+    let Some((output, name)) = parse(rest) else {
+        return objects::plain(
+            StatusCode::NOT_FOUND,
+            "Go's cache is /_gocache/a/<action id> and /_gocache/o/<output id>, each 64 \
+             lowercase hex digits",
+        );
+    };
+    let caller = match app.identify(&headers, "", address).await {
+        Ok(caller) => caller,
+        Err(e) => return objects::plain_caller_refusal(e),
+    };
+    match method {
+        Method::GET | Method::HEAD => {
+            match objects::serve(&app, &caller, Tool::Go, name, &method, &headers).await {
+                Ok(Some(found)) => found,
+                Ok(None) => objects::plain(StatusCode::NOT_FOUND, "not found"),
+                Err(e) => objects::plain_refusal(e),
+            }
+        }
+        Method::PUT => {
+            let Some(len) = objects::declared_length(&headers) else {
+                return objects::plain(StatusCode::LENGTH_REQUIRED, "Content-Length is required");
+            };
+            if !output && len > MAX_RECORD {
+                return objects::plain(
+                    StatusCode::BAD_REQUEST,
+                    format!("an action's record is at most {MAX_RECORD} bytes"),
+                );
+            }
+            let sha256 = output
+                .then(|| hex::decode(&name[2..]).ok()?.try_into().ok())
+                .flatten();
+            let object = ToolObject {
+                tool: Tool::Go,
+                headers: String::new(),
+            };
+            match objects::take(&app, &caller, &object, name, (body, len), sha256).await {
+                Ok(_) => objects::plain(StatusCode::OK, ""),
+                Err(e) => objects::plain_refusal(e),
+            }
+        }
+        _ => objects::plain(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("{method} is not part of Go's cache"),
+        ),
+    }
+}
+
+/// `a/<hex>` or `o/<hex>`: whether it is an output, and the object's name (the whole path).
+fn parse(rest: &str) -> Option<(bool, &str)> {
+    let (kind, id) = rest.split_once('/')?;
+    let output = match kind {
+        "a" => false,
+        "o" => true,
+        _ => return None,
+    };
+    let is_id = id.len() == 64 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    is_id.then_some((output, rest))
+}
