@@ -2521,6 +2521,41 @@ fn turbo_caches_its_tasks_in_hoard_under_githubs_scopes() {
         "{listed}"
     );
 
+    // Counted per tool in the statistics: the artifacts' family is the tool's and team's (a row
+    // per class of ref: main's builds and the pull request's).
+    let web = |families: &Value, field: &str| -> u64 {
+        families["families"].as_array().map_or(0, |all| {
+            all.iter()
+                .filter(|f| f["family"] == "turbo/web/")
+                .map(|f| f[field].as_u64().unwrap())
+                .sum()
+        })
+    };
+    let families = rt.block_on(common::poll(
+        Duration::from_secs(20),
+        async || {
+            let res = reqwest::Client::new()
+                .get(format!(
+                    "{srv}/_hoard/api/v1/stats/families?repository=1&since=24h"
+                ))
+                .bearer_auth(TOOLS_ADMIN)
+                .send()
+                .await
+                .unwrap();
+            common::json_of(res).await.1
+        },
+        |families| web(families, "exact_hits") == 4,
+    ));
+    assert_eq!(
+        (
+            web(&families, "exact_hits"),
+            web(&families, "misses"),
+            web(&families, "saves")
+        ),
+        (4, 2, 2),
+        "{families}"
+    );
+
     // The usual purge filters: main's artifacts go, and the next build rebuilds.
     let deleted = admin(
         reqwest::Method::DELETE,

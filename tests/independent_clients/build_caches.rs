@@ -552,3 +552,66 @@ async fn go_builds_through_gocacheprog_take_every_output_from_hoard() {
             .unwrap();
     assert!(compiles > 10 && said == "HELLO", "{compiles} {said}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn quota_pressure_evicts_build_tools_objects_as_entries_are_evicted() {
+    use reqwest::Method;
+    let srv = TestServer::start_with(&["--repo-quota", "100KiB"]).await;
+    let main = main_token();
+    let object = |i: u64| (format!("/v1/cache/{i}"), random_bytes(40_000, 70 + i));
+    let (first, first_body) = object(1);
+    assert_eq!(
+        call(&srv, Method::PUT, &first, &main, Some(first_body.clone()))
+            .await
+            .0,
+        200
+    );
+    let (second, second_body) = object(2);
+    assert_eq!(
+        call(&srv, Method::PUT, &second, &main, Some(second_body))
+            .await
+            .0,
+        200
+    );
+    // The first is read: the second is now the least recently used.
+    assert_eq!(
+        call(&srv, Method::GET, &first, &main, None).await,
+        (200, first_body)
+    );
+    // A third (and a fourth object of another tool) go over the quota: the least recently used
+    // goes, whatever its tool.
+    let (third, third_body) = object(3);
+    assert_eq!(
+        call(&srv, Method::PUT, &third, &main, Some(third_body))
+            .await
+            .0,
+        200
+    );
+    let dav = "/_dav/sccache/a/b/c/abc";
+    assert_eq!(
+        call(
+            &srv,
+            Method::PUT,
+            dav,
+            &main,
+            Some(random_bytes(10_000, 80))
+        )
+        .await
+        .0,
+        201
+    );
+    let status = |path: String| {
+        let (srv, main) = (&srv, &main);
+        async move { call(srv, Method::GET, &path, main, None).await.0 }
+    };
+    let gone = poll(
+        Duration::from_secs(20),
+        async || status(second.clone()).await,
+        |s| *s == 404,
+    )
+    .await;
+    assert_eq!(gone, 404, "the least recently used object is evicted");
+    assert_eq!(status(first).await, 200);
+    assert_eq!(status(third).await, 200);
+    assert_eq!(status(dav.to_owned()).await, 200);
+}
