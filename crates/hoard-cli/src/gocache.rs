@@ -62,6 +62,9 @@ struct Response {
     output_id: Option<Vec<u8>>,
     #[serde(skip_serializing_if = "is_zero")]
     size: u64,
+    /// When the output was put (RFC 3339): `go clean -testcache` compares it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    time: Option<String>,
     #[serde(skip_serializing_if = "String::is_empty")]
     disk_path: String,
 }
@@ -109,11 +112,11 @@ impl Local {
         self.dir.join("o").join(output)
     }
 
-    /// The output of `action` if both its record and its file are here.
-    fn find(&self, action: &str) -> Option<(String, u64)> {
-        let (output, size) = parse_record(&std::fs::read_to_string(self.record(action)).ok()?)?;
-        let on_disk = std::fs::metadata(self.output(&output)).ok()?.len();
-        (on_disk == size).then_some((output, size))
+    /// The record of `action` if both it and its output's file are here.
+    fn find(&self, action: &str) -> Option<Record> {
+        let record = Record::parse(&std::fs::read_to_string(self.record(action)).ok()?)?;
+        let on_disk = std::fs::metadata(self.output(&record.output)).ok()?.len();
+        (on_disk == record.size).then_some(record)
     }
 
     /// Writes `bytes` to `path` whole or not at all (a reader never sees half a file).
@@ -127,14 +130,65 @@ impl Local {
     }
 }
 
-/// `<output hex> <size>`.
-fn parse_record(text: &str) -> Option<(String, u64)> {
-    let (output, size) = text.trim().split_once(' ')?;
-    let valid = output.len() == 64 && output.bytes().all(|b| b.is_ascii_hexdigit());
-    Some((
-        valid.then(|| output.to_ascii_lowercase())?,
-        size.parse().ok()?,
-    ))
+/// What an action's record says: its output, the output's size and when it was put.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Record {
+    output: String,
+    size: u64,
+    /// Nanoseconds since the Unix epoch (0: not known).
+    put_at: u64,
+}
+
+impl Record {
+    /// `<output hex> <size> <put at>`.
+    fn parse(text: &str) -> Option<Self> {
+        let mut parts = text.split_whitespace();
+        let output = parts.next()?;
+        let valid = output.len() == 64 && output.bytes().all(|b| b.is_ascii_hexdigit());
+        Some(Self {
+            output: valid.then(|| output.to_ascii_lowercase())?,
+            size: parts.next()?.parse().ok()?,
+            put_at: parts.next().and_then(|t| t.parse().ok()).unwrap_or(0),
+        })
+    }
+
+    fn text(&self) -> String {
+        format!("{} {} {}", self.output, self.size, self.put_at)
+    }
+
+    /// The put time as Go reads it (RFC 3339 with nanoseconds, UTC).
+    fn time(&self) -> Option<String> {
+        (self.put_at > 0).then(|| rfc3339_nanos(self.put_at))
+    }
+}
+
+/// `nanos` since the Unix epoch as RFC 3339 in UTC with nanoseconds.
+fn rfc3339_nanos(nanos: u64) -> String {
+    let secs = (nanos / 1_000_000_000) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // The civil date of a day number (Howard Hinnant's days_from_civil, inverted).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:09}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        nanos % 1_000_000_000
+    )
+}
+
+fn now_nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// hoard's `/_gocache/`.
@@ -144,6 +198,9 @@ struct Remote {
     token: Option<String>,
     /// Said once on stderr when hoard cannot be reached; the build goes on without it.
     warned: bool,
+    /// hoard could not be reached once: not asked again by this process (each request would
+    /// wait its time-out while Go waits).
+    gone: bool,
 }
 
 impl Remote {
@@ -167,14 +224,23 @@ impl Remote {
         }
     }
 
+    /// hoard cannot be reached: said once, and not asked again.
+    fn unreachable(&mut self, e: reqwest::Error) {
+        self.warn("hoard cannot be reached", e);
+        self.gone = true;
+    }
+
     /// The body at `path`, `None` if hoard has none (or cannot say).
     async fn get(&mut self, path: &str) -> Option<Vec<u8>> {
+        if self.gone {
+            return None;
+        }
         let answer = self.request(reqwest::Method::GET, path).send().await;
         match answer {
             Ok(res) if res.status().is_success() => match res.bytes().await {
                 Ok(bytes) => Some(bytes.to_vec()),
                 Err(e) => {
-                    self.warn("reading from hoard failed", e);
+                    self.unreachable(e);
                     None
                 }
             },
@@ -184,13 +250,16 @@ impl Remote {
                 None
             }
             Err(e) => {
-                self.warn("hoard cannot be reached", e);
+                self.unreachable(e);
                 None
             }
         }
     }
 
     async fn put(&mut self, path: &str, body: Vec<u8>) {
+        if self.gone {
+            return;
+        }
         let answer = self
             .request(reqwest::Method::PUT, path)
             .body(body)
@@ -201,7 +270,7 @@ impl Remote {
             // A token that writes nowhere (a read-only job): reads still help.
             Ok(res) if res.status() == reqwest::StatusCode::FORBIDDEN => {}
             Ok(res) => self.warn("hoard refused a write", res.status()),
-            Err(e) => self.warn("hoard cannot be reached", e),
+            Err(e) => self.unreachable(e),
         }
     }
 }
@@ -212,14 +281,23 @@ pub async fn run(args: GocacheArgs) -> Result<(), String> {
         Some(dir) => dir,
         None => default_dir()?,
     };
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    // Go takes only absolute paths for its outputs.
+    let dir = dir
+        .canonicalize()
+        .map_err(|e| format!("cannot resolve {}: {e}", dir.display()))?;
     let local = Local { dir };
-    std::fs::create_dir_all(&local.dir)
-        .map_err(|e| format!("cannot create {}: {e}", local.dir.display()))?;
+    let http = reqwest::Client::builder()
+        .connect_timeout(std::time::Duration::from_secs(3))
+        .read_timeout(std::time::Duration::from_secs(30))
+        .build()
+        .map_err(|e| format!("cannot make an HTTP client: {e}"))?;
     let mut remote = Remote {
-        http: reqwest::Client::new(),
+        http,
         base: args.url.as_str().trim_end_matches('/').to_owned(),
         token: args.token.filter(|t| !t.is_empty()),
         warned: false,
+        gone: false,
     };
     // Go waits for each answer's line: plain blocking reads and writes between requests.
     let mut stdin = std::io::stdin().lock().lines();
@@ -293,11 +371,12 @@ async fn answer(local: &Local, remote: &mut Remote, request: Request, body: Vec<
             ..Response::default()
         },
         ("get", Some(action)) => match get(local, remote, &action).await {
-            Some((output, size)) => Response {
+            Some(record) => Response {
                 id,
-                output_id: hex::decode(&output).ok(),
-                size,
-                disk_path: local.output(&output).display().to_string(),
+                output_id: hex::decode(&record.output).ok(),
+                size: record.size,
+                time: record.time(),
+                disk_path: local.output(&record.output).display().to_string(),
                 ..Response::default()
             },
             None => Response {
@@ -325,14 +404,15 @@ async fn answer(local: &Local, remote: &mut Remote, request: Request, body: Vec<
     }
 }
 
-/// The output of `action`: here, or fetched from hoard and kept here.
-async fn get(local: &Local, remote: &mut Remote, action: &str) -> Option<(String, u64)> {
+/// The record of `action`: here, or fetched from hoard with its output and kept here.
+async fn get(local: &Local, remote: &mut Remote, action: &str) -> Option<Record> {
     if let Some(found) = local.find(action) {
         return Some(found);
     }
-    let record = remote.get(&format!("a/{action}")).await?;
-    let (output, size) = parse_record(std::str::from_utf8(&record).ok()?)?;
-    if std::fs::metadata(local.output(&output))
+    let text = remote.get(&format!("a/{action}")).await?;
+    let record = Record::parse(std::str::from_utf8(&text).ok()?)?;
+    let (output, size) = (&record.output, record.size);
+    if std::fs::metadata(local.output(output))
         .map(|m| m.len())
         .ok()
         != Some(size)
@@ -343,13 +423,13 @@ async fn get(local: &Local, remote: &mut Remote, action: &str) -> Option<(String
             remote.get(&format!("o/{output}")).await?
         };
         // An output is named by its SHA-256: anything else is not it.
-        if bytes.len() as u64 != size || hex::encode(Sha256::digest(&bytes)) != output {
+        if bytes.len() as u64 != size || hex::encode(Sha256::digest(&bytes)) != *output {
             return None;
         }
-        Local::write(&local.output(&output), &bytes).ok()?;
+        Local::write(&local.output(output), &bytes).ok()?;
     }
-    Local::write(&local.record(action), format!("{output} {size}").as_bytes()).ok()?;
-    Some((output, size))
+    Local::write(&local.record(action), record.text().as_bytes()).ok()?;
+    Some(record)
 }
 
 /// Keeps `body` as the output of `action` here, and sends both to hoard.
@@ -361,17 +441,48 @@ async fn put(
     body: Vec<u8>,
 ) -> Result<PathBuf, String> {
     let path = local.output(output);
-    let size = body.len() as u64;
-    let record = format!("{output} {size}");
+    let record = Record {
+        output: output.to_owned(),
+        size: body.len() as u64,
+        put_at: now_nanos(),
+    };
     Local::write(&path, &body).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    Local::write(&local.record(action), record.as_bytes())
+    Local::write(&local.record(action), record.text().as_bytes())
         .map_err(|e| format!("cannot write the record of {action}: {e}"))?;
     // Go names an output by its content's SHA-256, as hoard checks.
-    if size > 0 && hex::encode(Sha256::digest(&body)) == output {
+    if record.size > 0 && hex::encode(Sha256::digest(&body)) == output {
         remote.put(&format!("o/{output}"), body).await;
     }
     remote
-        .put(&format!("a/{action}"), record.into_bytes())
+        .put(&format!("a/{action}"), record.text().into_bytes())
         .await;
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_read_back_and_times_are_rfc_3339() {
+        let record = Record {
+            output: "ab".repeat(32),
+            size: 42,
+            put_at: 1_700_000_000_123_456_789,
+        };
+        assert_eq!(Record::parse(&record.text()), Some(record.clone()));
+        assert_eq!(
+            record.time().as_deref(),
+            Some("2023-11-14T22:13:20.123456789Z")
+        );
+        assert_eq!(rfc3339_nanos(0), "1970-01-01T00:00:00.000000000Z");
+        assert_eq!(
+            rfc3339_nanos(951_782_400_000_000_000),
+            "2000-02-29T00:00:00.000000000Z"
+        );
+        // Records of earlier versions had no time.
+        let old = Record::parse(&format!("{} 7", "cd".repeat(32))).unwrap();
+        assert_eq!((old.size, old.time()), (7, None));
+        assert_eq!(Record::parse("not-hex 7 1"), None);
+    }
 }

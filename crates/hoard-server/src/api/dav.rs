@@ -5,6 +5,8 @@
 //! caller may write) and `PROPFIND` (a file's size, or a directory). Each file is an object of
 //! the job's repository and scope ([`crate::cache::tools`]); the job's runtime token is the
 //! bearer credential, or the password of Basic credentials (ccache sends those from the URL).
+//! Paths are matched case-insensitively, as cache keys are: `Foo` and `foo` are one file (the
+//! tools name files by lower-case hashes).
 
 use axum::body::Body;
 use axum::extract::State;

@@ -41,9 +41,18 @@ pub(super) async fn serve(
     let Some(ToolHit { open, object }) = found else {
         return Ok(None);
     };
-    let mut response = transfer::serve_entry(app, method, &open, headers)
-        .await
-        .into_response();
+    let mut response = match transfer::stream_entry(app, method, &open, headers).await {
+        Ok(response) => response,
+        // A precondition or range that does not hold, or the bytes unreadable now: the status
+        // says which, in the tools' plain words rather than Azure's XML.
+        Err(e) => {
+            let status = e.into_response().status();
+            let said = status
+                .canonical_reason()
+                .unwrap_or("the object cannot be served");
+            return Ok(Some(plain(status, said)));
+        }
+    };
     let kept = object.as_ref().into_iter().flat_map(ToolObject::headers);
     for (name, value) in kept {
         if let (Ok(name), Ok(value)) = (
@@ -90,6 +99,9 @@ pub(super) fn status_of(e: &CacheError) -> StatusCode {
         | CacheError::ReadDeniedByPolicy(_) => StatusCode::FORBIDDEN,
         CacheError::EntryNotFound => StatusCode::NOT_FOUND,
         CacheError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+        CacheError::TooManyUploads => StatusCode::TOO_MANY_REQUESTS,
+        // A finalize that lost a race: a retry decides again.
+        CacheError::UploadClosed => StatusCode::SERVICE_UNAVAILABLE,
         CacheError::StorageFull => StatusCode::INSUFFICIENT_STORAGE,
         e if e.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
         CacheError::Storage(_) | CacheError::Meta(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -130,9 +142,22 @@ pub(super) fn plain(status: StatusCode, message: impl Into<String>) -> Response 
         .into_response()
 }
 
-/// [`plain`] for a refused call.
+/// [`plain`] for a refused call, with `Retry-After` where a retry is the answer.
 pub(super) fn plain_refusal(e: CacheError) -> Response {
-    plain(status_of(&e), message_of(&e))
+    with_retry_after(plain(status_of(&e), message_of(&e)))
+}
+
+/// `response` with `Retry-After` if its status asks for a retry (429, 503).
+pub(super) fn with_retry_after(mut response: Response) -> Response {
+    let seconds = match response.status() {
+        StatusCode::TOO_MANY_REQUESTS => "60",
+        StatusCode::SERVICE_UNAVAILABLE => "1",
+        _ => return response,
+    };
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static(seconds));
+    response
 }
 
 /// [`plain`] for a refused caller.

@@ -159,6 +159,19 @@ pub(super) async fn serve_entry(
             }
         }
     }
+    stream_entry(app, method, open, headers).await
+}
+
+/// [`serve_entry`] without the redirect: the bytes from hoard itself (the build tools' clients
+/// read headers that a storage service's answer would not carry, and Bazel follows no
+/// redirect).
+pub(super) async fn stream_entry(
+    app: &AppState,
+    method: &Method,
+    open: &OpenEntry,
+    headers: &HeaderMap,
+) -> Result<Response, AzureError> {
+    let cache = app.cache();
     let size = open.entry.size;
     let etag = format!(
         "\"0x{:X}{:04X}\"",

@@ -68,26 +68,36 @@ impl TurboError {
 impl IntoResponse for TurboError {
     fn into_response(self) -> Response {
         let body = json!({ "error": { "code": self.code, "message": self.message } });
-        super::json_response(self.status, &body, None)
+        objects::with_retry_after(super::json_response(self.status, &body, None))
+    }
+}
+
+/// The error code of a status, as Vercel's API names them.
+fn code_of(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::UNAUTHORIZED => "unauthorized",
+        StatusCode::FORBIDDEN => "forbidden",
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+        StatusCode::TOO_MANY_REQUESTS => "rate_limited",
+        StatusCode::INSUFFICIENT_STORAGE => "storage_full",
+        StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+        StatusCode::INTERNAL_SERVER_ERROR => "internal",
+        _ => "bad_request",
     }
 }
 
 impl From<CallerError> for TurboError {
     fn from(e: CallerError) -> Self {
-        Self::new(objects::caller_status(&e), "unauthorized", e.to_string())
+        let status = objects::caller_status(&e);
+        Self::new(status, code_of(status), e.to_string())
     }
 }
 
 impl From<CacheError> for TurboError {
     fn from(e: CacheError) -> Self {
         let status = objects::status_of(&e);
-        let code = match status {
-            StatusCode::FORBIDDEN => "forbidden",
-            StatusCode::NOT_FOUND => "not_found",
-            StatusCode::BAD_REQUEST => "bad_request",
-            _ => "unavailable",
-        };
-        Self::new(status, code, objects::message_of(&e))
+        Self::new(status, code_of(status), objects::message_of(&e))
     }
 }
 

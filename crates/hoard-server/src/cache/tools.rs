@@ -13,8 +13,11 @@ use sha2::{Digest, Sha256};
 
 use super::restore::OpenEntry;
 use super::{retry_stale, Cache, CacheError};
-use crate::auth::Identity;
-use crate::model::{ByteStream, EntryFilter, EntryId, EntryPage, Lookup, Tool, ToolObject};
+use crate::auth::{Identity, LinkTarget};
+use crate::meta::SlotRead;
+use crate::model::{
+    ByteStream, EntryFilter, EntryId, EntryPage, Lookup, Slot, Tool, ToolObject, UploadId,
+};
 
 /// An object found: its bytes, and what it keeps of its tool.
 #[derive(Debug, Clone)]
@@ -108,42 +111,108 @@ impl Cache {
         if len > self.policy.max_entry_size {
             return Err(CacheError::TooLarge(self.policy.max_entry_size));
         }
+        let slot = self.write_slot(who, &key, version)?;
         let link = match self.reserve(who, address, &key, version).await {
-            Err(CacheError::Conflict) => return Ok(ToolSave::Present),
+            // The job's scope has the object, or another request is writing it: then a
+            // retry, once that one is done or abandoned, finds it.
+            Err(CacheError::Conflict) => {
+                let read = SlotRead::Reserve {
+                    live_since: self.clock.now(),
+                };
+                let state = self.meta.slot_state(&slot, read).await?;
+                return match state.entry_exists {
+                    true => Ok(ToolSave::Present),
+                    false => Err(CacheError::Busy),
+                };
+            }
             other => other?,
         };
+        // Dropped with the request (its client gone), the guard abandons the upload.
+        let mut guard = AbandonUnlessFinalized {
+            cache: Some(self.clone()),
+            id: link.id,
+        };
+        let stored = self
+            .store_object(who, &slot, object, link, body, len, sha256)
+            .await;
+        match stored {
+            Ok(id) => {
+                guard.cache = None;
+                Ok(ToolSave::Saved(id))
+            }
+            // Nothing of it is kept, and no open upload is left for a retry to be told
+            // "present" by: abandoned before the answer.
+            Err(refused) => {
+                if let Err(e) = self.abandon(link.id).await {
+                    tracing::warn!(error = %e, "cannot end an unfinished object's upload; it is swept when abandoned");
+                }
+                guard.cache = None;
+                match refused {
+                    // Another request's copy became the object.
+                    CacheError::Conflict => Ok(ToolSave::Present),
+                    refused => Err(refused),
+                }
+            }
+        }
+    }
+
+    /// Stores the body through the reserved `link` and finalizes it as `object`; with
+    /// `sha256`, only a body of that digest.
+    #[allow(clippy::too_many_arguments)]
+    async fn store_object(
+        &self,
+        who: &Identity,
+        slot: &Slot,
+        object: &ToolObject,
+        link: LinkTarget<UploadId>,
+        body: ByteStream,
+        len: u64,
+        sha256: Option<[u8; 32]>,
+    ) -> Result<EntryId, CacheError> {
         let hashed = Arc::new(std::sync::Mutex::new(Sha256::new()));
         let body = match sha256 {
             None => body,
             Some(_) => hashing(body, hashed.clone()),
         };
-        let stored = self.put_blob(link, body, Some(len)).await;
-        let mismatch = sha256.and_then(|expected| {
+        self.put_blob(link, body, Some(len)).await?;
+        if let Some(expected) = sha256 {
             let actual: [u8; 32] = hashed
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone()
                 .finalize()
                 .into();
-            (actual != expected).then(|| CacheError::ContentMismatch {
-                expected: hex::encode(expected),
-                actual: hex::encode(actual),
-            })
-        });
-        if let Some(refused) = stored.err().or(mismatch) {
-            // Nothing of it is kept, and a retry is not taken for a write in progress.
-            if let Err(e) = self.abandon(link.id).await {
-                tracing::warn!(error = %e, "cannot end a refused object's upload; it is swept when abandoned");
+            if actual != expected {
+                return Err(CacheError::ContentMismatch {
+                    expected: hex::encode(expected),
+                    actual: hex::encode(actual),
+                });
             }
-            return Err(refused);
         }
-        let slot = self.write_slot(who, &key, version)?;
-        let finalized =
-            retry_stale(|_| self.try_finalize(who, &slot, len, Some(link.id), Some(object))).await;
-        match finalized {
-            Err(CacheError::Conflict) => Ok(ToolSave::Present),
-            other => Ok(ToolSave::Saved(other?)),
-        }
+        retry_stale(|_| self.try_finalize(who, slot, len, Some(link.id), Some(object))).await
+    }
+}
+
+/// Abandons an object's upload unless its finalize succeeded: after an error, and when the
+/// request is dropped (its client gone), so that no upload is left open for a retry to be told
+/// "present" by, nor counted against the repository's open uploads.
+struct AbandonUnlessFinalized {
+    cache: Option<Cache>,
+    id: UploadId,
+}
+
+impl Drop for AbandonUnlessFinalized {
+    fn drop(&mut self) {
+        let (Some(cache), Ok(runtime)) = (self.cache.take(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let id = self.id;
+        runtime.spawn(async move {
+            if let Err(e) = cache.abandon(id).await {
+                tracing::warn!(error = %e, "cannot end an unfinished object's upload; it is swept when abandoned");
+            }
+        });
     }
 }
 
