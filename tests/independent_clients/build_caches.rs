@@ -615,3 +615,121 @@ async fn quota_pressure_evicts_build_tools_objects_as_entries_are_evicted() {
     assert_eq!(status(third).await, 200);
     assert_eq!(status(dav.to_owned()).await, 200);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_requests_to_the_tools_endpoints_get_clear_refusals_and_store_nothing() {
+    use reqwest::Method;
+    // A body that stops short is given up on after the idle time-out.
+    let srv = TestServer::start_with(&["--idle-timeout", "1s"]).await;
+    let main = main_token();
+    let hex64 = "ab".repeat(32);
+    // Names that are no names: refused before anything is looked up or stored.
+    for (method, path, status) in [
+        // (A literal `..` segment is resolved by the client's URL parser before it is sent.)
+        (Method::GET, "/_dav/a%2F..%2Fb".to_owned(), 400),
+        (Method::PUT, "/_dav/a b".to_owned(), 400),
+        (Method::GET, "/v8/artifacts/..%2Fx".to_owned(), 400),
+        (
+            Method::GET,
+            format!("/v8/artifacts/{}", "a".repeat(129)),
+            400,
+        ),
+        (Method::GET, "/v1/cache/a..b%00".to_owned(), 400),
+        (Method::GET, "/_gocache/x/".to_owned() + &hex64, 404),
+        (Method::GET, "/_gocache/a/".to_owned() + &hex64[..63], 404),
+        (Method::DELETE, "/v1/cache/123".to_owned(), 405),
+        (Method::DELETE, "/_dav/x".to_owned(), 405),
+    ] {
+        let (got, body) = call(&srv, method.clone(), &path, &main, None).await;
+        assert_eq!(
+            got,
+            status,
+            "{method} {path}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        assert!(!body.is_empty(), "{method} {path} says why");
+    }
+    // A body shorter than its declared length is refused, and nothing is kept; a retry with the
+    // whole body is taken.
+    let short = srv
+        .http
+        .put(format!("{}/v1/cache/77", srv.base))
+        .bearer_auth(&main)
+        .header("content-length", "100")
+        .body(vec![1u8; 10])
+        .send()
+        .await;
+    // The connection may be cut instead of answered: either way, nothing is stored.
+    if let Ok(res) = short {
+        assert!(res.status().is_client_error(), "{}", res.status());
+    }
+    assert_eq!(
+        call(&srv, Method::GET, "/v1/cache/77", &main, None).await.0,
+        404
+    );
+    let whole = vec![1u8; 100];
+    assert_eq!(
+        call(
+            &srv,
+            Method::PUT,
+            "/v1/cache/77",
+            &main,
+            Some(whole.clone())
+        )
+        .await
+        .0,
+        200
+    );
+    assert_eq!(
+        call(&srv, Method::GET, "/v1/cache/77", &main, None).await,
+        (200, whole)
+    );
+    // Headers turbo would misread later are refused now.
+    let res = srv
+        .http
+        .put(format!("{}/v8/artifacts/0123456789abcdef", srv.base))
+        .bearer_auth(&main)
+        .header("x-artifact-duration", "soon")
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 400);
+    let said: serde_json::Value = res.json().await.unwrap();
+    assert!(said["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("x-artifact-duration"));
+    // Go's records are small, and its outputs are their digest.
+    let big = vec![b'x'; 300];
+    let (status, _) = call(
+        &srv,
+        Method::PUT,
+        &format!("/_gocache/a/{hex64}"),
+        &main,
+        Some(big),
+    )
+    .await;
+    assert_eq!(status, 400);
+    let (status, _) = call(
+        &srv,
+        Method::PUT,
+        &format!("/_gocache/o/{hex64}"),
+        &main,
+        Some(b"not it".to_vec()),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        call(
+            &srv,
+            Method::GET,
+            &format!("/_gocache/o/{hex64}"),
+            &main,
+            None
+        )
+        .await
+        .0,
+        404
+    );
+}
