@@ -1,5 +1,6 @@
-//! Build tools' objects (issue #60): a tool's own cache protocol (Turborepo's remote cache API)
-//! on hoard's entries. An object is an entry of the caller's repository under the key
+//! Build tools' objects (issue #60): the tools' own cache protocols (Turborepo, Nx, WebDAV for
+//! sccache and ccache, Bazel, Go's through `hoard gocache`; `api/objects.rs` and one module per
+//! protocol) on hoard's entries. An object is an entry of the caller's repository under the key
 //! `<tool>/<name>` and a version of the tool's own, so it takes GitHub's isolation as an
 //! Actions cache does: it is written in the job's scope and found in the scopes the job's token
 //! reads (its own, then its base branch's), and a pull request never writes what `main` reads.
@@ -31,8 +32,9 @@ pub struct ToolHit {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ToolSave {
     Saved(EntryId),
-    /// The job's scope holds the object already (or another request is writing it): objects
-    /// are named by their content's hash, so the one there is as good.
+    /// The job's scope holds the object already: objects are named by their content's hash,
+    /// so the one there is as good. (One that another request is still writing is
+    /// [`CacheError::Busy`]: a retry finds it written, or writes it.)
     Present,
 }
 
