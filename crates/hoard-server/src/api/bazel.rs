@@ -33,36 +33,26 @@ pub async fn serve(
              64 lowercase hex digits",
         );
     };
-    let caller = match app.identify(&headers, "", address).await {
+    let caller = match objects::plain_caller(&app, &headers, address).await {
         Ok(caller) => caller,
-        Err(e) => return objects::plain_caller_refusal(e),
+        Err(refused) => return refused,
     };
-    match method {
-        Method::GET | Method::HEAD => {
-            match objects::serve(&app, &caller, tool, hash, &method, &headers).await {
-                Ok(Some(found)) => found,
-                Ok(None) => objects::plain(StatusCode::NOT_FOUND, "not found"),
-                Err(e) => objects::plain_refusal(e),
-            }
-        }
-        Method::PUT => {
-            let Some(len) = objects::declared_length(&headers) else {
-                return objects::plain(StatusCode::LENGTH_REQUIRED, "Content-Length is required");
-            };
-            // Names are checked hex: the digest always decodes.
-            let sha256 = (tool == Tool::BazelCas)
-                .then(|| hex::decode(hash).ok()?.try_into().ok())
-                .flatten();
-            let object = ToolObject {
-                tool,
-                headers: String::new(),
-            };
-            match objects::take(&app, &caller, &object, hash, (body, len), sha256).await {
-                Ok(_) => objects::plain(StatusCode::OK, ""),
-                Err(e) => objects::plain_refusal(e),
-            }
-        }
-        _ => objects::plain(
+    // Names are checked hex: a CAS name always decodes to its digest.
+    let sha256 = (tool == Tool::BazelCas)
+        .then(|| hex::decode(hash).ok()?.try_into().ok())
+        .flatten();
+    let object = ToolObject {
+        tool,
+        headers: String::new(),
+    };
+    let taken = objects::Taken {
+        saved: StatusCode::OK,
+        present: StatusCode::OK,
+    };
+    let request = (&method, &headers, body);
+    match objects::plain_object(&app, &caller, &object, hash, request, taken, sha256).await {
+        Some(answer) => answer,
+        None => objects::plain(
             StatusCode::METHOD_NOT_ALLOWED,
             format!("{method} is not part of Bazel's HTTP cache"),
         ),

@@ -49,31 +49,26 @@ pub async fn serve(
         )
             .into_response();
     }
-    let caller = match app.identify(&headers, "", address).await {
+    let caller = match objects::plain_caller(&app, &headers, address).await {
         Ok(caller) => caller,
-        Err(e) => return objects::plain_caller_refusal(e),
+        Err(refused) => return refused,
     };
     let not_found = || objects::plain(StatusCode::NOT_FOUND, "not found");
     match (method.as_str(), target) {
-        ("GET" | "HEAD", Target::File(name)) => {
-            match objects::serve(&app, &caller, Tool::WebDav, name, &method, &headers).await {
-                Ok(Some(found)) => found,
-                Ok(None) => not_found(),
-                Err(e) => objects::plain_refusal(e),
-            }
-        }
-        ("PUT", Target::File(name)) => {
-            let Some(len) = objects::declared_length(&headers) else {
-                return objects::plain(StatusCode::LENGTH_REQUIRED, "Content-Length is required");
-            };
+        ("GET" | "HEAD" | "PUT", Target::File(name)) => {
             let object = ToolObject {
                 tool: Tool::WebDav,
                 headers: String::new(),
             };
-            match objects::take(&app, &caller, &object, name, (body, len), None).await {
-                Ok(_) => objects::plain(StatusCode::CREATED, ""),
-                Err(e) => objects::plain_refusal(e),
-            }
+            // A file written anew, or one that was there (WebDAV's answer to a replacement).
+            let taken = objects::Taken {
+                saved: StatusCode::CREATED,
+                present: StatusCode::NO_CONTENT,
+            };
+            let request = (&method, &headers, body);
+            objects::plain_object(&app, &caller, &object, name, request, taken, None)
+                .await
+                .unwrap_or_else(not_found)
         }
         ("MKCOL", _) => match caller.identity.write_scope {
             Some(_) => objects::plain(StatusCode::CREATED, ""),

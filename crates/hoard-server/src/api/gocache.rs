@@ -34,41 +34,37 @@ pub async fn serve(
              lowercase hex digits",
         );
     };
-    let caller = match app.identify(&headers, "", address).await {
-        Ok(caller) => caller,
-        Err(e) => return objects::plain_caller_refusal(e),
-    };
-    match method {
-        Method::GET | Method::HEAD => {
-            match objects::serve(&app, &caller, Tool::Go, name, &method, &headers).await {
-                Ok(Some(found)) => found,
-                Ok(None) => objects::plain(StatusCode::NOT_FOUND, "not found"),
-                Err(e) => objects::plain_refusal(e),
-            }
-        }
-        Method::PUT => {
-            let Some(len) = objects::declared_length(&headers) else {
-                return objects::plain(StatusCode::LENGTH_REQUIRED, "Content-Length is required");
-            };
-            if !output && len > MAX_RECORD {
+    if !output && method == Method::PUT {
+        match objects::declared_length(&headers) {
+            Some(len) if len > MAX_RECORD => {
                 return objects::plain(
                     StatusCode::BAD_REQUEST,
                     format!("an action's record is at most {MAX_RECORD} bytes"),
-                );
+                )
             }
-            let sha256 = output
-                .then(|| hex::decode(&name[2..]).ok()?.try_into().ok())
-                .flatten();
-            let object = ToolObject {
-                tool: Tool::Go,
-                headers: String::new(),
-            };
-            match objects::take(&app, &caller, &object, name, (body, len), sha256).await {
-                Ok(_) => objects::plain(StatusCode::OK, ""),
-                Err(e) => objects::plain_refusal(e),
-            }
+            _ => {}
         }
-        _ => objects::plain(
+    }
+    let caller = match objects::plain_caller(&app, &headers, address).await {
+        Ok(caller) => caller,
+        Err(refused) => return refused,
+    };
+    // Names are checked hex: an output's always decodes to its digest.
+    let sha256 = output
+        .then(|| hex::decode(&name[2..]).ok()?.try_into().ok())
+        .flatten();
+    let object = ToolObject {
+        tool: Tool::Go,
+        headers: String::new(),
+    };
+    let taken = objects::Taken {
+        saved: StatusCode::OK,
+        present: StatusCode::OK,
+    };
+    let request = (&method, &headers, body);
+    match objects::plain_object(&app, &caller, &object, name, request, taken, sha256).await {
+        Some(answer) => answer,
+        None => objects::plain(
             StatusCode::METHOD_NOT_ALLOWED,
             format!("{method} is not part of Go's cache"),
         ),

@@ -12,7 +12,6 @@ use axum::response::Response;
 
 use super::origin::ClientAddress;
 use super::{objects, AppState};
-use crate::cache::tools::ToolSave;
 use crate::model::{Tool, ToolObject};
 
 pub const BASE: &str = "/v1/cache/";
@@ -40,35 +39,23 @@ pub async fn serve(
             "a hash is 1 to 128 letters, digits, '.', '_' or '-'",
         );
     }
-    let caller = match app.identify(&headers, "", address).await {
+    let caller = match objects::plain_caller(&app, &headers, address).await {
         Ok(caller) => caller,
-        Err(e) => return objects::plain_caller_refusal(e),
+        Err(refused) => return refused,
     };
-    match method {
-        Method::GET | Method::HEAD => {
-            match objects::serve(&app, &caller, Tool::Nx, hash, &method, &headers).await {
-                Ok(Some(found)) => found,
-                Ok(None) => objects::plain(StatusCode::NOT_FOUND, "The record was not found"),
-                Err(e) => objects::plain_refusal(e),
-            }
-        }
-        Method::PUT => {
-            let Some(len) = objects::declared_length(&headers) else {
-                return objects::plain(StatusCode::LENGTH_REQUIRED, "Content-Length is required");
-            };
-            let object = ToolObject {
-                tool: Tool::Nx,
-                headers: String::new(),
-            };
-            match objects::take(&app, &caller, &object, hash, (body, len), None).await {
-                Ok(ToolSave::Saved(_)) => objects::plain(StatusCode::OK, ""),
-                Ok(ToolSave::Present) => {
-                    objects::plain(StatusCode::CONFLICT, "Cannot override an existing record")
-                }
-                Err(e) => objects::plain_refusal(e),
-            }
-        }
-        _ => objects::plain(
+    let object = ToolObject {
+        tool: Tool::Nx,
+        headers: String::new(),
+    };
+    // Nx passes over a 409 (and a 403): the record is there, or cannot be written.
+    let taken = objects::Taken {
+        saved: StatusCode::OK,
+        present: StatusCode::CONFLICT,
+    };
+    let request = (&method, &headers, body);
+    match objects::plain_object(&app, &caller, &object, hash, request, taken, None).await {
+        Some(answer) => answer,
+        None => objects::plain(
             StatusCode::METHOD_NOT_ALLOWED,
             format!("{method} is not part of Nx's remote cache API"),
         ),

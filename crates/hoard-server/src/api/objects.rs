@@ -160,6 +160,64 @@ pub(super) fn with_retry_after(mut response: Response) -> Response {
     response
 }
 
+/// The caller of a request to a plain-text protocol, or the refusal to answer.
+pub(super) async fn plain_caller(
+    app: &AppState,
+    headers: &HeaderMap,
+    address: Option<std::net::IpAddr>,
+) -> Result<Caller, Response> {
+    app.identify(headers, "", address)
+        .await
+        .map_err(plain_caller_refusal)
+}
+
+/// What a plain-text protocol answers for a `PUT` taken: a new object, or one the job's scope
+/// had already.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Taken {
+    pub saved: StatusCode,
+    pub present: StatusCode,
+}
+
+/// `GET`, `HEAD` and `PUT` of object `name` of `tool` for the protocols whose clients read only
+/// the status (Nx, Bazel, WebDAV, Go): the object or 404, or the body taken (its
+/// `Content-Length` required; with `sha256`, only a body of that digest). `None` for any other
+/// method, which the protocol answers itself.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn plain_object(
+    app: &AppState,
+    caller: &Caller,
+    object: &ToolObject,
+    name: &str,
+    (method, headers, body): (&Method, &HeaderMap, Body),
+    taken: Taken,
+    sha256: Option<[u8; 32]>,
+) -> Option<Response> {
+    Some(match *method {
+        Method::GET | Method::HEAD => {
+            match serve(app, caller, object.tool, name, method, headers).await {
+                Ok(Some(found)) => found,
+                Ok(None) => plain(StatusCode::NOT_FOUND, "not found"),
+                Err(e) => plain_refusal(e),
+            }
+        }
+        Method::PUT => {
+            let Some(len) = declared_length(headers) else {
+                return Some(plain(
+                    StatusCode::LENGTH_REQUIRED,
+                    "Content-Length is required",
+                ));
+            };
+            match take(app, caller, object, name, (body, len), sha256).await {
+                Ok(ToolSave::Saved(_)) => plain(taken.saved, ""),
+                Ok(ToolSave::Present) => plain(taken.present, ""),
+                Err(e) => plain_refusal(e),
+            }
+        }
+        _ => return None,
+    })
+}
+
 /// [`plain`] for a refused caller.
 pub(super) fn plain_caller_refusal(e: CallerError) -> Response {
     plain(caller_status(&e), e.to_string())
