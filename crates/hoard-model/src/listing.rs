@@ -220,6 +220,14 @@ impl ToolObject {
         })
     }
 
+    /// An object of `tool` that keeps no headers.
+    pub fn bare(tool: Tool) -> Self {
+        Self {
+            tool,
+            headers: String::new(),
+        }
+    }
+
     /// The object as its two columns hold it: `None` for an Actions entry (no tool), or one of
     /// a tool this version does not know.
     pub fn stored(tool: String, headers: String) -> Option<Self> {

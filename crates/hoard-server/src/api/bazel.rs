@@ -41,14 +41,8 @@ pub async fn serve(
     let sha256 = (tool == Tool::BazelCas)
         .then(|| hex::decode(hash).ok()?.try_into().ok())
         .flatten();
-    let object = ToolObject {
-        tool,
-        headers: String::new(),
-    };
-    let taken = objects::Taken {
-        saved: StatusCode::OK,
-        present: StatusCode::OK,
-    };
+    let object = ToolObject::bare(tool);
+    let taken = objects::Taken::OK;
     let request = (&method, &headers, body);
     match objects::plain_object(&app, &caller, &object, hash, request, taken, sha256).await {
         Some(answer) => answer,

@@ -56,10 +56,7 @@ pub async fn serve(
     let not_found = || objects::plain(StatusCode::NOT_FOUND, "not found");
     match (method.as_str(), target) {
         ("GET" | "HEAD" | "PUT", Target::File(name)) => {
-            let object = ToolObject {
-                tool: Tool::WebDav,
-                headers: String::new(),
-            };
+            let object = ToolObject::bare(Tool::WebDav);
             // A file written anew, or one that was there (WebDAV's answer to a replacement).
             let taken = objects::Taken {
                 saved: StatusCode::CREATED,

@@ -53,14 +53,8 @@ pub async fn serve(
     let sha256 = output
         .then(|| hex::decode(&name[2..]).ok()?.try_into().ok())
         .flatten();
-    let object = ToolObject {
-        tool: Tool::Go,
-        headers: String::new(),
-    };
-    let taken = objects::Taken {
-        saved: StatusCode::OK,
-        present: StatusCode::OK,
-    };
+    let object = ToolObject::bare(Tool::Go);
+    let taken = objects::Taken::OK;
     let request = (&method, &headers, body);
     match objects::plain_object(&app, &caller, &object, name, request, taken, sha256).await {
         Some(answer) => answer,

@@ -43,10 +43,7 @@ pub async fn serve(
         Ok(caller) => caller,
         Err(refused) => return refused,
     };
-    let object = ToolObject {
-        tool: Tool::Nx,
-        headers: String::new(),
-    };
+    let object = ToolObject::bare(Tool::Nx);
     // Nx passes over a 409 (and a 403): the record is there, or cannot be written.
     let taken = objects::Taken {
         saved: StatusCode::OK,

@@ -179,6 +179,14 @@ pub(super) struct Taken {
     pub present: StatusCode,
 }
 
+impl Taken {
+    /// 200 either way (Bazel, Go).
+    pub const OK: Self = Self {
+        saved: StatusCode::OK,
+        present: StatusCode::OK,
+    };
+}
+
 /// `GET`, `HEAD` and `PUT` of object `name` of `tool` for the protocols whose clients read only
 /// the status (Nx, Bazel, WebDAV, Go): the object or 404, or the body taken (its
 /// `Content-Length` required; with `sha256`, only a body of that digest). `None` for any other
