@@ -63,7 +63,8 @@ enum Command {
     ///
     /// Speaks Go's GOCACHEPROG protocol on stdin and stdout (Go 1.24 and later): outputs are
     /// kept in a local directory and shared through hoard at --url (HOARD_URL) under the job's
-    /// scope, with the job's ACTIONS_RUNTIME_TOKEN. hoard unreachable: misses, never failures.
+    /// scope, with the job's HOARD_TOOL_TOKEN (or ACTIONS_RUNTIME_TOKEN). hoard unreachable:
+    /// misses, never failures.
     Gocache(hoard::gocache::GocacheArgs),
     /// Point a GitHub Actions runner at hoard without patching it, check it, or undo it.
     ///

@@ -733,3 +733,119 @@ async fn bad_requests_to_the_tools_endpoints_get_clear_refusals_and_store_nothin
         404
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tool_token_does_what_its_job_could_and_nothing_more() {
+    use reqwest::Method;
+    let srv = TestServer::start().await;
+    let mint = |runtime: String| {
+        let srv = &srv;
+        async move {
+            let res = srv
+                .http
+                .post(format!("{}/_hoard/tools/token", srv.base))
+                .bearer_auth(runtime)
+                .send()
+                .await
+                .unwrap();
+            let status = res.status().as_u16();
+            (
+                status,
+                res.json::<serde_json::Value>().await.unwrap_or_default(),
+            )
+        }
+    };
+    let (status, minted) = mint(main_token()).await;
+    assert_eq!(status, 200, "{minted}");
+    let main = minted["token"].as_str().unwrap().to_owned();
+    assert!(main.starts_with("hoardtool."), "{main}");
+    // It expires with the runtime token it came from (the test tokens' `exp`: an hour).
+    let expires = minted["expires_at"].as_str().unwrap();
+    assert!(expires.ends_with('Z') && expires.len() == 24, "{expires}");
+
+    // The job's identity: it writes and reads the job's scope, here and over Basic credentials.
+    assert_eq!(
+        call(
+            &srv,
+            Method::PUT,
+            "/v1/cache/1",
+            &main,
+            Some(b"one".to_vec())
+        )
+        .await
+        .0,
+        200
+    );
+    assert_eq!(
+        call(&srv, Method::GET, "/v1/cache/1", &main_token(), None).await,
+        (200, b"one".to_vec())
+    );
+    let basic = srv
+        .http
+        .get(format!("{}/v1/cache/1", srv.base))
+        .basic_auth("job", Some(&main))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(basic.status(), 200);
+
+    // A pull request's writes its scope only; a read-only job's writes nothing.
+    let pull = mint(pull_token()).await.1["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        call(
+            &srv,
+            Method::PUT,
+            "/v1/cache/2",
+            &pull,
+            Some(b"two".to_vec())
+        )
+        .await
+        .0,
+        200
+    );
+    assert_eq!(
+        call(&srv, Method::GET, "/v1/cache/2", &main, None).await.0,
+        404
+    );
+    assert_eq!(
+        call(&srv, Method::GET, "/v1/cache/1", &pull, None).await.0,
+        200
+    );
+    let read_only = mint(read_only_token()).await.1["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        call(
+            &srv,
+            Method::PUT,
+            "/v1/cache/3",
+            &read_only,
+            Some(b"x".to_vec())
+        )
+        .await
+        .0,
+        403
+    );
+
+    // Changed, it is refused; it is not exchanged again; without a token, nothing is minted.
+    let mut forged = main.clone();
+    forged.insert(12, 'x');
+    assert_eq!(
+        call(&srv, Method::GET, "/v1/cache/1", &forged, None)
+            .await
+            .0,
+        401
+    );
+    assert_eq!(mint(main.clone()).await.0, 401);
+    let bare = srv
+        .http
+        .post(format!("{}/_hoard/tools/token", srv.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bare.status(), 401);
+}

@@ -3,7 +3,7 @@
 //! action's output, `put` one, `close`. Outputs live in a local directory, as Go needs a file
 //! on disk for each; what is not there is fetched from hoard, and what Go puts is sent to it,
 //! under the job's scope (`/_gocache/`: an action's record names its output, an output is
-//! named by its SHA-256). hoard unreachable or refusing: a miss, and the build goes on.
+//! named by its SHA-256), with the job's tool token (`HOARD_TOOL_TOKEN`) or runtime token. hoard unreachable or refusing: a miss, and the build goes on.
 
 use std::io::{BufRead as _, Write as _};
 use std::path::{Path, PathBuf};
@@ -18,8 +18,9 @@ pub struct GocacheArgs {
     /// hoard's address, such as http://hoard:3000.
     #[arg(long, env = "HOARD_URL")]
     pub url: url::Url,
-    /// The job's runtime token (what `actions/cache` sends).
-    #[arg(long, env = "ACTIONS_RUNTIME_TOKEN", hide_env_values = true)]
+    /// The job's tool token (`POST /_hoard/tools/token`, docs/build-tools/), else its
+    /// runtime token from ACTIONS_RUNTIME_TOKEN.
+    #[arg(long, env = "HOARD_TOOL_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// The local directory of outputs (default: hoard-gocache under the user's cache
     /// directory).
@@ -295,7 +296,10 @@ pub async fn run(args: GocacheArgs) -> Result<(), String> {
     let mut remote = Remote {
         http,
         base: args.url.as_str().trim_end_matches('/').to_owned(),
-        token: args.token.filter(|t| !t.is_empty()),
+        token: args
+            .token
+            .or_else(|| std::env::var("ACTIONS_RUNTIME_TOKEN").ok())
+            .filter(|t| !t.is_empty()),
         warned: false,
         gone: false,
     };

@@ -230,3 +230,52 @@ pub(super) async fn plain_object(
 pub(super) fn plain_caller_refusal(e: CallerError) -> Response {
     plain(caller_status(&e), e.to_string())
 }
+
+/// The longest a tool token lives when its runtime token names no expiry (tokens are read
+/// unverified, `--insecure-skip-token-validation`): a job's longest run on GitHub.
+const TOOL_TOKEN_FALLBACK_LIFETIME: u64 = 6 * 3600;
+
+/// `POST /_hoard/tools/token` with the job's runtime token: a tool token for the job's build
+/// tools (`auth/tool_token.rs`), `{"token", "expires_at"}`. Only a runtime token is exchanged:
+/// a tool token, a namespace or an anonymous caller has none to derive from.
+pub async fn mint_tool_token(
+    axum::extract::State(app): axum::extract::State<AppState>,
+    super::origin::ClientAddress(address): super::origin::ClientAddress,
+    headers: HeaderMap,
+) -> Response {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(crate::auth::verify::credential)
+        .map(|t| t.trim().to_owned());
+    let Some(runtime) = presented.filter(|t| !t.starts_with(crate::auth::tool_token::PREFIX))
+    else {
+        return plain(
+            StatusCode::UNAUTHORIZED,
+            "send the job's runtime token (ACTIONS_RUNTIME_TOKEN) as the bearer token",
+        );
+    };
+    let caller = match plain_caller(&app, &headers, address).await {
+        Ok(caller) if caller.how == "token" => caller,
+        Ok(_) => return plain(StatusCode::FORBIDDEN, "only a runtime token is exchanged"),
+        Err(refused) => return refused,
+    };
+    let signer = app.signer();
+    let exp = crate::auth::tool_token::jwt_expiry(&runtime)
+        .unwrap_or_else(|| signer.now() + TOOL_TOKEN_FALLBACK_LIFETIME);
+    let token = signer.tool_token(&caller.identity, exp);
+    tracing::info!(
+        target: "hoard::audit",
+        action = "tool_token",
+        repository = %crate::model::LogSafe(caller.identity.display_repository()),
+        subject = %crate::model::LogSafe(&caller.identity.subject),
+        exp,
+    );
+    let expires_at =
+        crate::model::rfc3339_millis(exp.saturating_mul(1000).min(i64::MAX as u64) as i64);
+    super::json_response(
+        StatusCode::OK,
+        &serde_json::json!({ "token": token, "expires_at": expires_at }),
+        None,
+    )
+}

@@ -6,13 +6,13 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get};
+use axum::routing::{any, get, post};
 use axum::Router;
 
 use super::origin::ClientAddress;
 use super::{
-    admin, azure, bazel, blob, dav, gocache, json_response, legacy, links, nx, ops, turbo, twirp,
-    AppState,
+    admin, azure, bazel, blob, dav, gocache, json_response, legacy, links, nx, objects, ops, turbo,
+    twirp, AppState,
 };
 
 const TWIRP_ROUTE: &str = "/twirp/github.actions.results.api.v1.CacheService/{method}";
@@ -44,6 +44,7 @@ pub fn route_label(path: &str) -> &'static str {
         "/_hoard" => "/_hoard",
         "/_hoard/" => "/_hoard/",
         "/_hoard/webhooks/github" => "/_hoard/webhooks/github",
+        "/_hoard/tools/token" => "/_hoard/tools/token",
         _ if path.starts_with(nx::BASE) => "/v1/cache/{hash}",
         _ if path.starts_with(dav::BASE) => "/_dav/{*path}",
         _ if path.starts_with("/_bazel/ac/") => "/_bazel/ac/{sha256}",
@@ -107,6 +108,7 @@ pub const ROUTE_LABELS: &[&str] = &[
     "/_hoard/",
     "/_hoard/api/v1/{*rest}",
     "/_hoard/webhooks/github",
+    "/_hoard/tools/token",
     "/_hoard/{*rest}",
     "other",
 ];
@@ -146,6 +148,7 @@ pub fn router(state: AppState) -> Router {
         .route("/_hoard/", get(admin::dashboard))
         .route("/_hoard/api/v1/{*rest}", any(admin::api))
         .route("/_hoard/webhooks/github", any(super::webhooks::github))
+        .route("/_hoard/tools/token", post(objects::mint_tool_token))
         .route("/_hoard/{*rest}", any(admin::dashboard))
         .fallback(fallback)
         .with_state(state)

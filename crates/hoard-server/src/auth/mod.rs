@@ -7,6 +7,7 @@ pub mod namespaces;
 pub mod scope;
 pub mod signing;
 pub mod token;
+pub mod tool_token;
 pub mod verify;
 
 pub use callers::{Caller, CallerError, Callers};

@@ -23,7 +23,7 @@ use sha2::Sha256;
 use crate::model::{Clock, EntryId, SystemClock, UploadId};
 use crate::secret::Secret;
 
-type HmacSha256 = Hmac<Sha256>;
+pub(super) type HmacSha256 = Hmac<Sha256>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Purpose {
@@ -103,6 +103,11 @@ impl UrlSigner {
             keyed: HmacSha256::new_from_slice(key.expose()).expect("HMAC takes keys of any length"),
             clock: Arc::new(SystemClock),
         }
+    }
+
+    /// The keyed MAC, for the other things signed with this key (`tool_token.rs`).
+    pub(super) fn keyed(&self) -> HmacSha256 {
+        self.keyed.clone()
     }
 
     /// The same signer measuring expiry on `clock` (tests move a `ManualClock`).

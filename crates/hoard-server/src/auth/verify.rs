@@ -203,15 +203,8 @@ impl Verifier {
     /// its storage URL.
     pub async fn identify(&self, authorization: Option<&str>) -> Result<Arc<Identity>, TokenError> {
         let header = authorization.ok_or(TokenError::Missing)?;
-        let basic = basic_token(header);
-        let token = match &basic {
-            Some(token) => token.as_str(),
-            None => header
-                .strip_prefix("Bearer ")
-                .or_else(|| header.strip_prefix("bearer "))
-                .ok_or(TokenError::Missing)?,
-        }
-        .trim();
+        let credential = credential(header).ok_or(TokenError::Missing)?;
+        let token = credential.trim();
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let now = self.now();
         if let Some(identity) = self.remembered(&digest, now) {
@@ -500,9 +493,16 @@ fn decode(
         .map_err(map_jwt_error)
 }
 
-/// The token of `Basic` credentials: the password, or the user when the password is empty.
-fn basic_token(header: &str) -> Option<String> {
+/// The token an `Authorization` value carries: after `Bearer`, or the password of Basic
+/// credentials (the user, when the password is empty).
+pub fn credential(header: &str) -> Option<std::borrow::Cow<'_, str>> {
     use base64::Engine as _;
+    if let Some(token) = header
+        .strip_prefix("Bearer ")
+        .or_else(|| header.strip_prefix("bearer "))
+    {
+        return Some(token.into());
+    }
     let encoded = header
         .strip_prefix("Basic ")
         .or_else(|| header.strip_prefix("basic "))?;
@@ -511,7 +511,11 @@ fn basic_token(header: &str) -> Option<String> {
         .ok()?;
     let credentials = String::from_utf8(decoded).ok()?;
     let (user, password) = credentials.split_once(':').unwrap_or((&credentials, ""));
-    Some(if password.is_empty() { user } else { password }.to_owned())
+    Some(
+        if password.is_empty() { user } else { password }
+            .to_owned()
+            .into(),
+    )
 }
 
 #[cfg(test)]
