@@ -849,3 +849,64 @@ async fn a_tool_token_does_what_its_job_could_and_nothing_more() {
         .unwrap();
     assert_eq!(bare.status(), 401);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_put_of_an_object_already_there_keeps_the_connection() {
+    use std::io::{Read, Write};
+    let srv = TestServer::start().await;
+    let main = main_token();
+    let body = random_bytes(1 << 20, 90);
+    let (status, _) = call(
+        &srv,
+        reqwest::Method::PUT,
+        "/v1/cache/9",
+        &main,
+        Some(body.clone()),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let addr = srv.addr;
+    let answers = tokio::task::spawn_blocking(move || {
+        let mut conn = std::net::TcpStream::connect(addr).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        // The tool puts what it has without asking: the same megabyte again, then a read on
+        // the same connection.
+        let put = format!(
+            "PUT /v1/cache/9 HTTP/1.1\r\nHost: hoard\r\nAuthorization: Bearer {main}\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        conn.write_all(put.as_bytes()).unwrap();
+        conn.write_all(&body).unwrap();
+        let first = read_head(&mut conn);
+        let get = format!("GET /v1/cache/9 HTTP/1.1\r\nHost: hoard\r\nAuthorization: Bearer {main}\r\n\r\n");
+        conn.write_all(get.as_bytes()).unwrap();
+        let second = read_head(&mut conn);
+        (first, second)
+    })
+    .await
+    .unwrap();
+    assert!(answers.0.starts_with("HTTP/1.1 409"), "{}", answers.0);
+    assert!(answers.1.starts_with("HTTP/1.1 200"), "{}", answers.1);
+
+    /// The status line and headers of the next answer, its body read and dropped.
+    fn read_head(conn: &mut std::net::TcpStream) -> String {
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            conn.read_exact(&mut byte).unwrap();
+            head.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&head).into_owned();
+        let len: usize = head
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length: ")
+                    .map(|v| v.trim().parse().unwrap())
+            })
+            .unwrap_or(0);
+        let mut rest = vec![0u8; len];
+        conn.read_exact(&mut rest).unwrap();
+        head
+    }
+}

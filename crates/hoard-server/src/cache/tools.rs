@@ -122,6 +122,11 @@ impl Cache {
                     live_since: self.clock.now(),
                 };
                 let state = self.meta.slot_state(&slot, read).await?;
+                // The client is sending the body all the same: read to its end, it keeps its
+                // connection (tools put what they have without asking first).
+                if len <= MAX_DRAINED {
+                    drain(body).await;
+                }
                 return match state.entry_exists {
                     true => Ok(ToolSave::Present),
                     false => Err(CacheError::Busy),
@@ -216,6 +221,15 @@ impl Drop for AbandonUnlessFinalized {
             }
         });
     }
+}
+
+/// The largest body of an object already there that is read and dropped rather than left
+/// unread (which closes the client's connection as it sends).
+const MAX_DRAINED: u64 = 64 << 20;
+
+/// Reads `body` to its end (or its first error), keeping nothing.
+async fn drain(mut body: ByteStream) {
+    while let Some(Ok(_)) = body.next().await {}
 }
 
 /// `body`, each piece added to `hasher` as it passes.
