@@ -1654,15 +1654,18 @@ const ADMIN: &str = "provenance-admin-token-0123456789";
 /// An admin API call: its status and JSON answer.
 fn admin(method: reqwest::Method, base: &str, path: &str) -> (u16, Value) {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let res = reqwest::Client::new()
-            .request(method, format!("{base}/_hoard/api/v1/{path}"))
-            .bearer_auth(ADMIN)
-            .send()
-            .await
-            .unwrap();
-        common::json_of(res).await
-    })
+    rt.block_on(admin_call(method, base, path))
+}
+
+/// [`admin`] on the caller's runtime.
+async fn admin_call(method: reqwest::Method, base: &str, path: &str) -> (u16, Value) {
+    let res = reqwest::Client::new()
+        .request(method, format!("{base}/_hoard/api/v1/{path}"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    common::json_of(res).await
 }
 
 /// The listed entries of repository `repo`, by key.
@@ -2411,7 +2414,6 @@ impl Monorepo {
 /// own kind in the admin listing, counted as hits, and go by the usual purge filters.
 #[test]
 fn turbo_caches_its_tasks_in_hoard_under_githubs_scopes() {
-    const TOOLS_ADMIN: &str = "build-tools-admin-token-0123456789";
     const PR: &str = "refs/pull/8/merge";
     let data = tempfile::tempdir().unwrap();
     let secret = common::secret_file(data.path());
@@ -2421,7 +2423,7 @@ fn turbo_caches_its_tasks_in_hoard_under_githubs_scopes() {
             "--token-hs256-secret-file",
             secret.to_str().unwrap(),
             "--admin-token",
-            TOOLS_ADMIN,
+            ADMIN,
         ],
     );
     let srv = hoard.base.as_str();
@@ -2487,21 +2489,36 @@ fn turbo_caches_its_tasks_in_hoard_under_githubs_scopes() {
     assert_eq!(status, 403, "{error}");
     assert!(error["error"]["message"].is_string(), "{error}");
 
-    // Entries of their own kind: listed with their tool, their hits counted.
+    // Entries of their own kind: listed with their tool, their hits counted (written within a
+    // second of the reads).
     let admin = |method: reqwest::Method, path: &str| -> Value {
-        let (status, answer) = rt.block_on(async {
-            let res = reqwest::Client::new()
-                .request(method, format!("{srv}/_hoard/api/v1/{path}"))
-                .bearer_auth(TOOLS_ADMIN)
-                .send()
-                .await
-                .unwrap();
-            common::json_of(res).await
-        });
+        let (status, answer) = rt.block_on(admin_call(method, srv, path));
         assert_eq!(status, 200, "{path}: {answer}");
         answer
     };
-    let listed = admin(reqwest::Method::GET, "caches?repository=1&per_page=100");
+    let web_hits = |listed: &Value| -> Vec<u64> {
+        listed["actions_caches"]
+            .as_array()
+            .map_or(Vec::new(), |all| {
+                all.iter()
+                    .filter(|e| e["key"].as_str().unwrap().starts_with("turbo/web/"))
+                    .map(|e| e["hits"].as_u64().unwrap())
+                    .collect()
+            })
+    };
+    let listed = rt.block_on(common::poll(
+        Duration::from_secs(20),
+        async || {
+            admin_call(
+                reqwest::Method::GET,
+                srv,
+                "caches?repository=1&per_page=100",
+            )
+            .await
+            .1
+        },
+        |listed| web_hits(listed) == [2, 2],
+    ));
     let entries = listed["actions_caches"].as_array().unwrap();
     let web: Vec<&Value> = entries
         .iter()
@@ -2547,15 +2564,8 @@ fn turbo_caches_its_tasks_in_hoard_under_githubs_scopes() {
     let families = rt.block_on(common::poll(
         Duration::from_secs(20),
         async || {
-            let res = reqwest::Client::new()
-                .get(format!(
-                    "{srv}/_hoard/api/v1/stats/families?repository=1&since=24h"
-                ))
-                .bearer_auth(TOOLS_ADMIN)
-                .send()
-                .await
-                .unwrap();
-            common::json_of(res).await.1
+            let path = "stats/families?repository=1&since=24h";
+            admin_call(reqwest::Method::GET, srv, path).await.1
         },
         |families| web(families, "exact_hits") == 4,
     ));
@@ -2586,7 +2596,6 @@ fn turbo_caches_its_tasks_in_hoard_under_githubs_scopes() {
 /// and its own writes never reach main; the records are listed as nx's.
 #[test]
 fn nx_caches_its_tasks_in_hoard_under_githubs_scopes() {
-    const NX_ADMIN: &str = "nx-tools-admin-token-0123456789";
     let data = tempfile::tempdir().unwrap();
     let secret = common::secret_file(data.path());
     let hoard = Hoard::start_with(
@@ -2595,7 +2604,7 @@ fn nx_caches_its_tasks_in_hoard_under_githubs_scopes() {
             "--token-hs256-secret-file",
             secret.to_str().unwrap(),
             "--admin-token",
-            NX_ADMIN,
+            ADMIN,
         ],
     );
     let srv = hoard.base.as_str();
@@ -2625,16 +2634,7 @@ fn nx_caches_its_tasks_in_hoard_under_githubs_scopes() {
         "and the pull request reads main's too"
     );
 
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let (status, listed) = rt.block_on(async {
-        let res = reqwest::Client::new()
-            .get(format!("{srv}/_hoard/api/v1/caches?repository=1"))
-            .bearer_auth(NX_ADMIN)
-            .send()
-            .await
-            .unwrap();
-        common::json_of(res).await
-    });
+    let (status, listed) = admin(reqwest::Method::GET, srv, "caches?repository=1");
     assert_eq!(status, 200, "{listed}");
     let entries = listed["actions_caches"].as_array().unwrap();
     assert_eq!(entries.len(), 2, "{listed}");
