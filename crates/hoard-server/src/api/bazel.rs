@@ -33,10 +33,6 @@ pub async fn serve(
              64 lowercase hex digits",
         );
     };
-    let caller = match objects::plain_caller(&app, &headers, address).await {
-        Ok(caller) => caller,
-        Err(refused) => return refused,
-    };
     // Names are checked hex: a CAS name always decodes to its digest.
     let sha256 = (tool == Tool::BazelCas)
         .then(|| hex::decode(hash).ok()?.try_into().ok())
@@ -44,13 +40,17 @@ pub async fn serve(
     let object = ToolObject::bare(tool);
     let taken = objects::Taken::OK;
     let request = (&method, &headers, body);
-    match objects::plain_object(&app, &caller, &object, hash, request, taken, sha256).await {
-        Some(answer) => answer,
-        None => objects::plain(
-            StatusCode::METHOD_NOT_ALLOWED,
-            format!("{method} is not part of Bazel's HTTP cache"),
-        ),
-    }
+    objects::plain_request(
+        &app,
+        address,
+        request,
+        &object,
+        hash,
+        taken,
+        sha256,
+        "Bazel's HTTP cache",
+    )
+    .await
 }
 
 /// `ac/<sha256>` or `cas/<sha256>`: the tool and the digest.

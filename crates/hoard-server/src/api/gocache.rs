@@ -45,10 +45,6 @@ pub async fn serve(
             _ => {}
         }
     }
-    let caller = match objects::plain_caller(&app, &headers, address).await {
-        Ok(caller) => caller,
-        Err(refused) => return refused,
-    };
     // Names are checked hex: an output's always decodes to its digest.
     let sha256 = output
         .then(|| hex::decode(&name[2..]).ok()?.try_into().ok())
@@ -56,13 +52,17 @@ pub async fn serve(
     let object = ToolObject::bare(Tool::Go);
     let taken = objects::Taken::OK;
     let request = (&method, &headers, body);
-    match objects::plain_object(&app, &caller, &object, name, request, taken, sha256).await {
-        Some(answer) => answer,
-        None => objects::plain(
-            StatusCode::METHOD_NOT_ALLOWED,
-            format!("{method} is not part of Go's cache"),
-        ),
-    }
+    objects::plain_request(
+        &app,
+        address,
+        request,
+        &object,
+        name,
+        taken,
+        sha256,
+        "Go's cache",
+    )
+    .await
 }
 
 /// `a/<hex>` or `o/<hex>`: whether it is an output, and the object's name (the whole path).

@@ -39,10 +39,6 @@ pub async fn serve(
             "a hash is 1 to 128 letters, digits, '.', '_' or '-'",
         );
     }
-    let caller = match objects::plain_caller(&app, &headers, address).await {
-        Ok(caller) => caller,
-        Err(refused) => return refused,
-    };
     let object = ToolObject::bare(Tool::Nx);
     // Nx passes over a 409 (and a 403): the record is there, or cannot be written.
     let taken = objects::Taken {
@@ -50,11 +46,15 @@ pub async fn serve(
         present: StatusCode::CONFLICT,
     };
     let request = (&method, &headers, body);
-    match objects::plain_object(&app, &caller, &object, hash, request, taken, None).await {
-        Some(answer) => answer,
-        None => objects::plain(
-            StatusCode::METHOD_NOT_ALLOWED,
-            format!("{method} is not part of Nx's remote cache API"),
-        ),
-    }
+    objects::plain_request(
+        &app,
+        address,
+        request,
+        &object,
+        hash,
+        taken,
+        None,
+        "Nx's remote cache API",
+    )
+    .await
 }

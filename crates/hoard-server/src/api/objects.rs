@@ -226,6 +226,33 @@ pub(super) async fn plain_object(
     })
 }
 
+/// A whole request of a plain-text protocol for object `name` (Nx, Bazel, Go): the caller
+/// identified, then [`plain_object`]; any other method is refused, naming `protocol`.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn plain_request(
+    app: &AppState,
+    address: Option<std::net::IpAddr>,
+    (method, headers, body): (&Method, &HeaderMap, Body),
+    object: &ToolObject,
+    name: &str,
+    taken: Taken,
+    sha256: Option<[u8; 32]>,
+    protocol: &str,
+) -> Response {
+    let caller = match plain_caller(app, headers, address).await {
+        Ok(caller) => caller,
+        Err(refused) => return refused,
+    };
+    let request = (method, headers, body);
+    match plain_object(app, &caller, object, name, request, taken, sha256).await {
+        Some(answer) => answer,
+        None => plain(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("{method} is not part of {protocol}"),
+        ),
+    }
+}
+
 /// [`plain`] for a refused caller.
 pub(super) fn plain_caller_refusal(e: CallerError) -> Response {
     plain(caller_status(&e), e.to_string())
