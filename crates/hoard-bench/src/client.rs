@@ -51,6 +51,18 @@ impl Client {
         }
     }
 
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
     /// The same connections, sending another token (another job's identity).
     pub fn with_token(&self, token: &str) -> Self {
         Self {

@@ -53,6 +53,8 @@ struct State {
     entries: Mutex<Index<u64>>,
     identities: Identities,
     by_id: Mutex<HashMap<u64, Arc<Vec<Part>>>>,
+    /// The tools phase's objects (Bazel's and Turborepo's), a file each, by path and query.
+    objects: Mutex<HashMap<String, Arc<Vec<Part>>>>,
 }
 
 /// Query value `name`, percent-decoded.
@@ -190,7 +192,48 @@ async fn handle(
     if path == "/healthz" || path == "/readyz" {
         return Ok(json(serde_json::json!({ "status": "ok" })));
     }
-    Ok(full(StatusCode::NOT_FOUND, "text/plain", "not found"))
+    Ok(object(&state, req).await)
+}
+
+/// Any other path is a build tool's object: PUT keeps the body in a file of its own, GET
+/// streams it back.
+async fn object(state: &State, req: Request<Incoming>) -> Response<Body> {
+    let name = req.uri().to_string();
+    if req.method() == hyper::Method::PUT {
+        let id = state.next.fetch_add(1, Ordering::Relaxed);
+        let file = state.dir.join(format!("object-{id}"));
+        return match write_body(req.into_body(), file.clone()).await {
+            Ok(len) => {
+                let parts = Arc::new(vec![Part { path: file, len }]);
+                state
+                    .objects
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(name, parts);
+                full(StatusCode::OK, "text/plain", "")
+            }
+            Err(e) => full(StatusCode::BAD_REQUEST, "text/plain", e.to_string()),
+        };
+    }
+    let parts = state
+        .objects
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&name)
+        .cloned();
+    let Some(parts) = parts else {
+        return full(StatusCode::NOT_FOUND, "text/plain", "not found");
+    };
+    // Small objects are read whole, in one read of their length.
+    let path = parts[0].path.clone();
+    match tokio::task::spawn_blocking(move || std::fs::read(path)).await {
+        Ok(Ok(bytes)) => full(StatusCode::OK, "application/octet-stream", bytes),
+        _ => full(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "text/plain",
+            "unreadable",
+        ),
+    }
 }
 
 fn twirp(
@@ -338,6 +381,7 @@ pub async fn run(listen: SocketAddr, dir: &Path) -> std::io::Result<()> {
         entries: Mutex::default(),
         identities: Identities::default(),
         by_id: Mutex::default(),
+        objects: Mutex::default(),
     });
     reference::serve(listen, "disk floor", move |req| handle(state.clone(), req)).await
 }

@@ -12,6 +12,7 @@ mod reference;
 pub mod report;
 mod scenarios;
 pub mod stats;
+mod tools;
 
 use std::io::Write;
 use std::net::TcpListener;
@@ -64,7 +65,7 @@ pub struct BenchArgs {
     pub scale: f64,
 
     /// The phases to run, in their fixed order: upload, download1, download2, lookups, small,
-    /// fleet [default: all but fleet]. A download or lookups phase without the upload before it
+    /// tools, fleet [default: all but tools and fleet]. A download or lookups phase without the upload before it
     /// uploads its entries untimed first (download2 likewise downloads once untimed).
     #[arg(long, value_delimiter = ',', value_name = "PHASE,…")]
     pub phases: Vec<Phase>,
@@ -72,6 +73,12 @@ pub struct BenchArgs {
     /// The same as `--phases small`.
     #[arg(long, hide = true, conflicts_with = "phases")]
     pub only_small: bool,
+
+    /// Tools phase: the build tools' APIs a target speaks, as LABEL=API[,API…] (`bazel` at the
+    /// root, `bazel:/PREFIX`, `turbo`, `none`; repeatable) [default: hoard's, `bazel:/_bazel,turbo`].
+    /// Spawned servers find the token the bench sends them in HOARD_BENCH_TOKEN.
+    #[arg(long = "tool-api", value_name = "LABEL=API")]
+    pub tool_apis: Vec<String>,
 
     /// Fleet phase: jobs at once.
     #[arg(long, default_value_t = 64, value_name = "N")]
@@ -136,6 +143,8 @@ struct Target {
     secret: Option<Vec<u8>>,
     /// Whether the fleet's entries are stored on this target yet.
     fleet_seeded: bool,
+    /// What the tools phase speaks to it.
+    tool_apis: Vec<tools::ToolApi>,
     /// Keeps a spawned server's data directory alive until the end.
     _data: Option<tempfile::TempDir>,
     /// The SQLite database of a hoard the bench started, and what was preloaded into it.
@@ -350,6 +359,7 @@ fn target(label: String, base: String, verify_content: bool) -> Target {
         token: None,
         secret: None,
         fleet_seeded: false,
+        tool_apis: tools::ToolApi::hoard(),
         _data: None,
         database: None,
         preloaded: None,
@@ -425,7 +435,12 @@ async fn prepare_targets(args: &BenchArgs) -> Result<Vec<Target>, BenchFailure> 
             .ok_or_else(|| usage(format!("--spawn {label} needs --health {label}=URL")))?;
         let mut cmd = Command::new("sh");
         cmd.args(["-c", &format!("exec {command}")]);
-        targets.push(spawned(label, cmd, &health, true).await?);
+        // The token the bench sends it, for servers that are told theirs (Turborepo's anchor).
+        let token = args.token.clone().unwrap_or_else(unsigned_token);
+        cmd.env("HOARD_BENCH_TOKEN", &token);
+        let mut t = spawned(label, cmd, &health, true).await?;
+        t.token = Some(token);
+        targets.push(t);
     }
     for raw in &args.targets {
         let (label, url) = split_label(raw, "--target")?;
@@ -441,6 +456,14 @@ async fn prepare_targets(args: &BenchArgs) -> Result<Vec<Target>, BenchFailure> 
             .find(|t| t.label == label)
             .ok_or_else(|| usage(format!("--pid names {label:?}, which is not a target")))?;
         t.pid = Some(pid);
+    }
+    for raw in &args.tool_apis {
+        let (label, apis) = split_label(raw, "--tool-api")?;
+        let t = targets
+            .iter_mut()
+            .find(|t| t.label == label)
+            .ok_or_else(|| usage(format!("--tool-api names {label:?}, which is not a target")))?;
+        t.tool_apis = tools::ToolApi::parse_list(&apis).map_err(usage)?;
     }
     if args.preload > 0 && !targets.iter().any(|t| t.database.is_some()) {
         return Err(usage(
@@ -550,10 +573,27 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
     } else {
         None
     };
+    let tool_apis: Vec<&'static str> = {
+        let mut names: Vec<&'static str> = targets
+            .iter()
+            .flat_map(|t| t.tool_apis.iter().map(tools::ToolApi::name))
+            .collect();
+        names.dedup();
+        names.sort_unstable();
+        names.dedup();
+        names
+    };
     let sampler = procstat::PeakSampler::start(targets.iter().filter_map(|t| t.pid).collect());
     let bench_started = Instant::now();
     let client_cpu_start = procstat::self_cpu_seconds();
     for round in 0..args.rounds {
+        let objects = has(Phase::Tools).then(|| {
+            tools::Objects::generate(
+                plan.tool_objects,
+                &format!("{run_id}-{round}"),
+                PAYLOAD_SEED + round as u64,
+            )
+        });
         // A B, then B A: whatever the machine does over time, every target runs as often early
         // as late, and none is always the first after the servers started.
         let mut order: Vec<usize> = (0..targets.len()).collect();
@@ -576,6 +616,17 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
             let mut result = scenarios::run_round(&client, &plan, &data, &tag, &phases, &progress)
                 .await
                 .map_err(failed)?;
+            if let Some(objects) = &objects {
+                for api in &t.tool_apis {
+                    scenarios::drain_writeback().await;
+                    let figures = tools::run(&client, api, objects, &progress)
+                        .await
+                        .map_err(failed)?;
+                    result.moved_bytes += 2 * objects.bytes();
+                    result.verified_bytes += objects.bytes();
+                    result.tools.push((api.name(), figures));
+                }
+            }
             if let Some(fleet) = &fleet {
                 let secret = t.secret.clone();
                 let sign =
@@ -763,6 +814,30 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
             med(&|r| r.small_per_s),
         ));
     }
+    for api in &tool_apis {
+        let figure = |f: fn(&tools::ApiFigures) -> f64| -> Vec<Option<f64>> {
+            targets
+                .iter()
+                .map(|t| {
+                    let values: Vec<f64> = t
+                        .rounds
+                        .iter()
+                        .flat_map(|r| r.tools.iter())
+                        .filter(|(name, _)| name == api)
+                        .map(|(_, figures)| f(figures))
+                        .collect();
+                    stats::median(&values)
+                })
+                .collect()
+        };
+        let [put, put_p99, get, get_p99] = tools::row_labels(api);
+        rows.extend([
+            row(put, "/s", Better::Higher, figure(|f| f.put_per_s)),
+            row(put_p99, "ms", Better::Lower, figure(|f| f.put_p99_ms)),
+            row(get, "/s", Better::Higher, figure(|f| f.get_per_s)),
+            row(get_p99, "ms", Better::Lower, figure(|f| f.get_p99_ms)),
+        ]);
+    }
     if fleet.is_some() {
         rows.extend([
             row(
@@ -845,7 +920,10 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
             .collect::<Vec<_>>()
             .join(", ")
     )];
-    if phases.iter().any(|p| *p != Phase::Fleet) {
+    if phases
+        .iter()
+        .any(|p| !matches!(p, Phase::Fleet | Phase::Tools))
+    {
         notes.push(format!(
             "entries: {} × {:.1} MiB; lookups: {}; small: {} × {} KiB",
             plan.entries,
@@ -853,6 +931,13 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
             plan.lookups,
             plan.small_ops,
             plan.small_size / 1024
+        ));
+    }
+    if has(Phase::Tools) {
+        notes.push(format!(
+            "tools: {} objects of 1–64 KiB per API and round, PUT then GET at {} concurrent",
+            plan.tool_objects,
+            tools::CONCURRENCY
         ));
     }
     if let Some(fleet) = &fleet {

@@ -25,6 +25,8 @@ struct State {
     /// (restore keys by prefix, newest first) and downloads have the right length.
     sizes: Mutex<Index<u64>>,
     identities: Identities,
+    /// The tools phase's objects' sizes (Bazel's and Turborepo's), by path and query.
+    objects: Mutex<std::collections::HashMap<String, u64>>,
 }
 
 async fn drain(mut body: Incoming) -> Result<u64, hyper::Error> {
@@ -81,6 +83,9 @@ async fn handle(
             _ => bad_route(),
         });
     }
+    if !path.starts_with("/null/") && path != "/healthz" && path != "/readyz" {
+        return Ok(object(&state, req).await);
+    }
     if path.starts_with("/null/upload/") {
         return Ok(match drain(req.into_body()).await {
             Ok(_) => created(),
@@ -109,6 +114,29 @@ async fn handle(
         return Ok(json(serde_json::json!({ "status": "ok" })));
     }
     Ok(full(StatusCode::NOT_FOUND, "text/plain", "not found"))
+}
+
+/// Any other path is a build tool's object: a PUT's length is kept, a GET gets that many zeros.
+async fn object(state: &State, req: Request<Incoming>) -> Response<Body> {
+    let name = req.uri().to_string();
+    let objects = || state.objects.lock().unwrap_or_else(|p| p.into_inner());
+    if req.method() == hyper::Method::PUT {
+        return match drain(req.into_body()).await {
+            Ok(len) => {
+                objects().insert(name, len);
+                full(StatusCode::OK, "text/plain", "")
+            }
+            Err(_) => full(StatusCode::BAD_REQUEST, "text/plain", "body"),
+        };
+    }
+    let Some(size) = objects().get(&name).copied() else {
+        return full(StatusCode::NOT_FOUND, "text/plain", "not found");
+    };
+    let body = match ZEROS.get(..size as usize) {
+        Some(zeros) => Bytes::from_static(zeros),
+        None => Bytes::from(vec![0u8; size as usize]),
+    };
+    full(StatusCode::OK, "application/octet-stream", body)
 }
 
 /// Serves until the process is stopped.

@@ -29,6 +29,8 @@ pub enum Phase {
     Lookups,
     /// Small save+restores at 32 concurrent.
     Small,
+    /// Build tools' small objects (opt-in): PUT then GET, Bazel's and Turborepo's APIs.
+    Tools,
     /// A CI fleet (opt-in): see `--fleet-jobs`.
     Fleet,
 }
@@ -50,6 +52,7 @@ impl Phase {
             Phase::Download2 => "download2",
             Phase::Lookups => "lookups",
             Phase::Small => "small",
+            Phase::Tools => "tools",
             Phase::Fleet => "fleet",
         }
     }
@@ -72,6 +75,8 @@ pub struct Plan {
     pub small_ops: usize,
     pub small_size: usize,
     pub small_concurrency: usize,
+    /// Objects of the tools phase, per API and round.
+    pub tool_objects: usize,
 }
 
 impl Plan {
@@ -89,6 +94,7 @@ impl Plan {
             small_ops: size(300, 8),
             small_size: size(256 * 1024, 4 * 1024),
             small_concurrency: 32,
+            tool_objects: size(2_000, 50),
         }
     }
 }
@@ -142,6 +148,8 @@ pub struct RoundResult {
     pub moved_bytes: u64,
     /// The fleet phase's figures, when it ran.
     pub fleet: Option<FleetResult>,
+    /// The tools phase's figures, by API name, when it ran.
+    pub tools: Vec<(&'static str, super::tools::ApiFigures)>,
 }
 
 fn mib_per_s(bytes: usize, started: Instant) -> f64 {

@@ -186,6 +186,12 @@ impl Tool {
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|t| t.as_str() == name)
     }
+
+    /// Whether its objects keep headers to send back (Turborepo's `x-artifact-*`): only then
+    /// does a hit read them.
+    pub fn keeps_headers(self) -> bool {
+        matches!(self, Self::Turbo)
+    }
 }
 
 /// What an entry written by a build tool keeps of it: the tool, and the headers the tool sent

@@ -79,6 +79,12 @@ impl Cache {
             Err(CacheError::EntryNotFound) => return Ok(None), // Removed meanwhile.
             other => other?,
         };
+        if !tool.keeps_headers() {
+            return Ok(Some(ToolHit {
+                open,
+                object: Some(ToolObject::bare(tool)),
+            }));
+        }
         let filter = EntryFilter {
             id: Some(hit.entry.id),
             ..EntryFilter::default()
