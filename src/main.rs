@@ -85,6 +85,15 @@ enum Command {
         #[command(subcommand)]
         command: hoard::admin_cli::CachesCommand,
     },
+    /// Issue a token for one repository's build tools outside Actions (a developer's machine).
+    ///
+    /// Talks to the admin API like `hoard caches`. Read-only unless --write.
+    Tokens {
+        #[command(flatten)]
+        server: hoard::admin_cli::ServerArgs,
+        #[command(subcommand)]
+        command: hoard::admin_cli::TokensCommand,
+    },
     /// A running server's version, uptime, backends, storage, limits, lookups and warnings.
     ///
     /// Talks to the admin API like `hoard caches`.
@@ -179,6 +188,10 @@ fn main() -> ExitCode {
         Command::Caches { server, command } => print_or_fail(
             "hoard",
             runtime.block_on(hoard::admin_cli::caches(&server, &command)),
+        ),
+        Command::Tokens { server, command } => print_or_fail(
+            "hoard",
+            runtime.block_on(hoard::admin_cli::tokens(&server, &command)),
         ),
         Command::Status { server } => {
             print_or_fail("hoard", runtime.block_on(hoard::admin_cli::status(&server)))

@@ -1053,3 +1053,119 @@ async fn a_promotion_makes_a_queues_entries_readable_in_main_without_a_byte_copi
         assert!(e["message"].is_string(), "{e}");
     }
 }
+
+/// A build-tool object request (Nx's API) with `token`: its status and body.
+async fn object(
+    srv: &TestServer,
+    method: reqwest::Method,
+    hash: &str,
+    token: &str,
+    body: Option<&[u8]>,
+) -> (u16, Vec<u8>) {
+    let mut request = srv
+        .http
+        .request(method, srv.url(&format!("/v1/cache/{hash}")))
+        .bearer_auth(token);
+    if let Some(body) = body {
+        request = request.body(body.to_vec());
+    }
+    let res = request.send().await.unwrap();
+    let status = res.status().as_u16();
+    (status, res.bytes().await.unwrap().to_vec())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tokens_for_developers_read_one_ref_of_one_repository_and_write_only_when_asked() {
+    use reqwest::Method;
+    let clock = common::manual_clock();
+    let srv = TestServer::start_with_clock(&["--admin-token", ADMIN], clock.clone()).await;
+    let main = token_of("10", "octo/alpha", MAIN);
+    let pull = token_of("10", "octo/alpha", "refs/pull/3/merge");
+    let other = token_of("20", "octo/beta", MAIN);
+    for (token, hash, body) in [
+        (&main, "aa01", b"main's".as_slice()),
+        (&pull, "bb02", b"the pull request's"),
+        (&other, "cc03", b"another repository's"),
+    ] {
+        assert_eq!(
+            object(&srv, Method::PUT, hash, token, Some(body)).await.0,
+            200
+        );
+    }
+
+    // Read-only unless asked, main unless another ref is named.
+    let (status, issued) = admin(
+        &srv,
+        Method::POST,
+        "tokens?repository=octo%2Falpha&subject=alice",
+    )
+    .await;
+    assert_eq!(status, 200, "{issued}");
+    assert_eq!(issued["repository_id"], "10");
+    assert_eq!(issued["repository"], "octo/alpha");
+    assert_eq!(issued["read_refs"], json!([MAIN]));
+    assert_eq!(issued["write_ref"], Value::Null);
+    assert_eq!(issued["subject"], "developer:alice");
+    let read = issued["token"].as_str().unwrap().to_owned();
+    assert_eq!(
+        object(&srv, Method::GET, "aa01", &read, None).await,
+        (200, b"main's".to_vec())
+    );
+    // Not a pull request's objects, not another repository's; no writes.
+    assert_eq!(object(&srv, Method::GET, "bb02", &read, None).await.0, 404);
+    assert_eq!(object(&srv, Method::GET, "cc03", &read, None).await.0, 404);
+    assert_eq!(
+        object(&srv, Method::PUT, "dd04", &read, Some(b"x")).await.0,
+        403
+    );
+
+    // With write=true it writes its ref, recorded as the developer's; for an hour if asked.
+    let (status, issued) = admin(
+        &srv,
+        Method::POST,
+        "tokens?repository=10&ref=refs%2Fheads%2Fmain&write=true&ttl=1h&subject=alice",
+    )
+    .await;
+    assert_eq!(status, 200, "{issued}");
+    assert_eq!(issued["write_ref"], MAIN);
+    let write = issued["token"].as_str().unwrap().to_owned();
+    assert_eq!(
+        object(&srv, Method::PUT, "dd04", &write, Some(b"built here"))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        object(&srv, Method::GET, "dd04", &main, None).await,
+        (200, b"built here".to_vec())
+    );
+    let (_, listing) = get(&srv, "caches?key=nx%2Fdd04").await;
+    let entry = &listing["actions_caches"][0];
+    assert_eq!(entry["written_by"]["kind"], "developer", "{listing}");
+    assert_eq!(entry["written_by"]["subject"], "developer:alice");
+    let (_, listing) = get(&srv, "caches?kind=developer").await;
+    assert_eq!(keys(&listing), ["nx/dd04"]);
+
+    // It expires; the 30-day one does not yet.
+    clock.advance(std::time::Duration::from_secs(2 * 3600));
+    assert_eq!(object(&srv, Method::GET, "dd04", &write, None).await.0, 401);
+    assert_eq!(object(&srv, Method::GET, "dd04", &read, None).await.0, 200);
+    clock.advance(std::time::Duration::from_secs(31 * 24 * 3600));
+    assert_eq!(object(&srv, Method::GET, "aa01", &read, None).await.0, 401);
+
+    // What cannot be issued is refused with a reason.
+    for (path, status) in [
+        ("tokens", 400),
+        ("tokens?repository=octo%2Fnobody", 404),
+        ("tokens?repository=10&ttl=400d", 400),
+        ("tokens?repository=10&ttl=soon", 400),
+        ("tokens?repository=10&write=maybe", 400),
+        ("tokens?repository=10&scope=refs%2Fheads%2Fmain", 400),
+    ] {
+        let (got, body) = admin(&srv, Method::POST, path).await;
+        assert_eq!(got, status, "{path}: {body}");
+        assert!(body["message"].as_str().is_some_and(|m| !m.is_empty()));
+    }
+    let (got, _) = get(&srv, "tokens").await;
+    assert_eq!(got, 405);
+}

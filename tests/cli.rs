@@ -634,3 +634,74 @@ async fn promote_makes_a_refs_entries_readable_in_another_and_rm_undoes_it() {
     assert!(srv.restore(&main, "deps-pr", VERSION).await.is_none());
     assert!(srv.restore(&pr, "deps-pr", VERSION).await.is_some());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tokens_create_prints_a_token_alone_that_reads_the_repository() {
+    let (srv, _) = server_with_entries().await;
+    let base = srv.base.clone();
+    let mut c = claims("77", &[(MAIN, 3)]);
+    c["repository"] = json!("octo/cli");
+    let job = sign_hs256(&c);
+    let put = srv
+        .http
+        .put(srv.url("/v1/cache/abc123"))
+        .bearer_auth(&job)
+        .body("an nx output")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 200);
+
+    let out = hoard(
+        &base,
+        Some(ADMIN),
+        &["tokens", "create", "--repository", "octo/cli"],
+    )
+    .await;
+    let printed = stdout(&out);
+    let token = printed.trim_end();
+    assert_eq!(printed.lines().count(), 1, "{printed}");
+    assert!(token.starts_with("hoardtool."), "{printed}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("octo/cli") && said.contains("read-only"),
+        "{said}"
+    );
+    let get = srv
+        .http
+        .get(srv.url("/v1/cache/abc123"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(get.status(), 200);
+    assert_eq!(get.text().await.unwrap(), "an nx output");
+
+    let json = json_out(
+        &hoard(
+            &base,
+            Some(ADMIN),
+            &[
+                "tokens",
+                "create",
+                "--repository",
+                "77",
+                "--write",
+                "--ttl",
+                "2h",
+                "--json",
+            ],
+        )
+        .await,
+    );
+    assert_eq!(json["write_ref"], MAIN, "{json}");
+    let err = failure(
+        &hoard(
+            &base,
+            Some(ADMIN),
+            &["tokens", "create", "--repository", "octo/none"],
+        )
+        .await,
+    );
+    assert!(err.contains("no such repository"), "{err}");
+}

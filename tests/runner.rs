@@ -1356,3 +1356,138 @@ async fn actions_cache_mode_passes_through_the_preload_and_the_hook_untouched() 
         );
     }
 }
+
+/// A JavaScript action of `job` that does nothing itself (the preload runs before it), with the
+/// step's variables, `GITHUB_ENV` at `github_env`, and `extra`: what it printed.
+async fn empty_action(job: &Job, github_env: &Path, extra: &[(&str, &str)]) -> String {
+    let mut cmd = job.base_command(&job.runner.join("externals/node20/bin/node"));
+    cmd.args(["-e", ""])
+        .envs(job.step_env.iter().map(|(k, v)| (k, v)))
+        .env("GITHUB_ENV", github_env)
+        .env("GITHUB_REPOSITORY_OWNER", "octo")
+        .envs(extra.iter().copied());
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    stdout
+}
+
+/// `NAME=value` lines of a `GITHUB_ENV` file.
+fn exported(path: &Path) -> BTreeMap<String, String> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn build_tools_get_hoard_and_a_token_of_the_jobs_own_once_per_job() {
+    let srv = TestServer::start().await;
+    let runner = fixture("");
+    let out = setup(
+        runner.path(),
+        &srv.base,
+        &["--allow-loopback", "--cache-only", "--build-tools", "all"],
+    )
+    .await;
+    let (said, err) = text(&out);
+    assert!(out.status.success(), "{said}{err}");
+    assert!(said.contains("build tools: turbo,nx,sccache,ccache,go"), "{said}");
+    let env = dotenv(runner.path());
+    assert_eq!(env["HOARD_BUILD_TOOLS"], "turbo,nx,sccache,ccache,go");
+    let gocacheprog = env["HOARD_GOCACHEPROG"].clone();
+    assert!(gocacheprog.ends_with("/hoard gocache"), "{gocacheprog}");
+
+    let job = Job::new(runner.path(), "http://127.0.0.1:9");
+    let (code, hook_said) = job.hook().await;
+    assert_eq!(code, 0, "{hook_said}");
+    let github_env = job.temp.path().join("github_env_1");
+    // The workflow sets Nx's server itself: that one stays.
+    let printed = empty_action(
+        &job,
+        &github_env,
+        &[("NX_SELF_HOSTED_REMOTE_CACHE_SERVER", "http://nx.example")],
+    )
+    .await;
+    let vars = exported(&github_env);
+    let token = vars["HOARD_TOOL_TOKEN"].clone();
+    assert!(token.starts_with("hoardtool."), "{vars:?}");
+    assert!(
+        printed.lines().any(|l| l == format!("::add-mask::{token}")),
+        "the token is masked before anything else can print it: {printed}"
+    );
+    assert!(!token.contains(job.token()), "not the runtime token");
+    let base = srv.base.trim_end_matches('/');
+    for (name, value) in [
+        ("HOARD_URL", base.to_owned()),
+        ("TURBO_API", base.to_owned()),
+        ("TURBO_TOKEN", token.clone()),
+        ("TURBO_TEAM", "octo".to_owned()),
+        ("NX_SELF_HOSTED_REMOTE_CACHE_ACCESS_TOKEN", token.clone()),
+        ("SCCACHE_WEBDAV_ENDPOINT", format!("{base}/_dav/sccache")),
+        ("SCCACHE_WEBDAV_TOKEN", token.clone()),
+        (
+            "CCACHE_REMOTE_STORAGE",
+            format!(
+                "http://job:{token}@{}/_dav/ccache|layout=subdirs",
+                base.trim_start_matches("http://")
+            ),
+        ),
+        ("GOCACHEPROG", gocacheprog.clone()),
+    ] {
+        assert_eq!(vars.get(name), Some(&value), "{name}: {vars:?}");
+    }
+    assert!(!vars.contains_key("NX_SELF_HOSTED_REMOTE_CACHE_SERVER"));
+
+    // The token is the job's: it writes the job's scope, which the job's runtime token reads.
+    let put = srv
+        .http
+        .put(format!("{base}/v1/cache/0a1b"))
+        .bearer_auth(&token)
+        .body("from a build tool")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    let got = srv
+        .http
+        .get(format!("{base}/v1/cache/0a1b"))
+        .bearer_auth(job.token())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(got.text().await.unwrap(), "from a build tool");
+
+    // Once per job: the next action exports nothing.
+    let later = job.temp.path().join("github_env_2");
+    let printed = empty_action(&job, &later, &[]).await;
+    assert!(exported(&later).is_empty(), "{printed}");
+
+    // A job that falls back to GitHub (hoard down when it started) gets nothing either.
+    let down = Job::new(runner.path(), "http://127.0.0.1:9");
+    std::fs::write(down.temp.path().join(".hoard-fallback"), "all\n").unwrap();
+    let none = down.temp.path().join("github_env");
+    empty_action(&down, &none, &[]).await;
+    assert!(exported(&none).is_empty());
+
+    // hoard refusing the exchange: a warning, and the tools build without it.
+    let refused = Job::new(runner.path(), "http://127.0.0.1:9");
+    let none = refused.temp.path().join("github_env");
+    let printed = empty_action(&refused, &none, &[("ACTIONS_RUNTIME_TOKEN", "not-a-token")]).await;
+    assert!(exported(&none).is_empty());
+    assert!(
+        printed
+            .lines()
+            .any(|l| l.starts_with("::warning::hoard: no token for the build tools") && l.contains("401")),
+        "{printed}"
+    );
+
+    // Set up again without them: the variables are gone from .env.
+    let out = setup(runner.path(), &srv.base, &["--allow-loopback", "--cache-only"]).await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    let env = dotenv(runner.path());
+    assert!(!env.contains_key("HOARD_BUILD_TOOLS") && !env.contains_key("HOARD_GOCACHEPROG"));
+}

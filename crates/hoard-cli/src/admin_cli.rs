@@ -80,6 +80,75 @@ pub enum CachesCommand {
     },
 }
 
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum TokensCommand {
+    /// A token that reads one ref of one repository (and writes there with --write) at hoard's
+    /// build-tool endpoints: printed alone, for `export TURBO_TOKEN=$(hoard tokens create …)`.
+    Create(Box<TokenArgs>),
+}
+
+/// What `hoard tokens create` asks for.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TokenArgs {
+    /// The repository (owner/name or id).
+    #[arg(long)]
+    pub repository: String,
+    /// The ref it reads, and writes with --write [default: refs/heads/main].
+    #[arg(long = "ref")]
+    pub scope: Option<String>,
+    /// Also write into that ref (a token for a machine that builds the default branch).
+    #[arg(long)]
+    pub write: bool,
+    /// How long it lives, such as 12h or 30d (at most 366d) [default: 30d].
+    #[arg(long)]
+    pub ttl: Option<String>,
+    /// Who it is for: its writes record developer:<SUBJECT> as their writer.
+    #[arg(long)]
+    pub subject: Option<String>,
+}
+
+/// Runs `hoard tokens …`; returns what to print.
+pub async fn tokens(server: &ServerArgs, command: &TokensCommand) -> Result<String, CliError> {
+    let client = Client::new(server)?;
+    let TokensCommand::Create(args) = command;
+    let mut query = url::form_urlencoded::Serializer::new(String::new());
+    query.append_pair("repository", &args.repository);
+    for (name, value) in [
+        ("ref", &args.scope),
+        ("ttl", &args.ttl),
+        ("subject", &args.subject),
+    ] {
+        if let Some(value) = value {
+            query.append_pair(name, value);
+        }
+    }
+    if args.write {
+        query.append_pair("write", "true");
+    }
+    let answer: wire::ToolToken = client
+        .call(reqwest::Method::POST, &format!("tokens?{}", query.finish()))
+        .await?;
+    if server.json {
+        return Ok(pretty(&answer));
+    }
+    // The token alone on standard output; what it may do on standard error, for people.
+    let what = match &answer.write_ref {
+        Some(scope) => format!("reads and writes {}", TermSafe(scope)),
+        None => format!("reads {} (read-only)", TermSafe(&answer.read_refs.join(", "))),
+    };
+    let repository = if answer.repository.is_empty() {
+        &answer.repository_id
+    } else {
+        &answer.repository
+    };
+    eprintln!(
+        "A token for {}: {what}, until {}.",
+        TermSafe(repository),
+        TermSafe(&answer.expires_at)
+    );
+    Ok(format!("{}\n", answer.token))
+}
+
 /// What `hoard caches promote` promotes.
 #[derive(Debug, Clone, clap::Args)]
 pub struct PromoteArgs {

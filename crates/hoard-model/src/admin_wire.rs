@@ -97,6 +97,23 @@ pub struct PromotionResult {
     pub refused: u64,
 }
 
+/// A token issued for one repository's build tools outside Actions (schema `ToolToken`):
+/// `POST tokens`. It reads `read_refs` (and writes `write_ref`, if any) of the repository at
+/// hoard's build-tool endpoints and cache API, until `expires_at`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolToken {
+    pub token: String,
+    pub repository_id: String,
+    /// Owner/name, empty if no caller named it.
+    pub repository: String,
+    pub read_refs: Vec<String>,
+    /// `None` (null) for a read-only token, the default.
+    pub write_ref: Option<String>,
+    /// Who it is for: recorded as the writer (`written_by.subject`) and in the audit log.
+    pub subject: String,
+    pub expires_at: String,
+}
+
 /// One promoted entry (schema `PromotedEntry`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PromotedEntry {

@@ -23,16 +23,20 @@ pub enum CallerKind {
     Namespace,
     /// A request without credentials, with anonymous access on.
     Anonymous,
+    /// A token the admin API issued for one repository (`POST tokens`): a developer's machine
+    /// or another system outside Actions.
+    Developer,
 }
 
 impl CallerKind {
-    pub const ALL: [CallerKind; 6] = [
+    pub const ALL: [CallerKind; 7] = [
         Self::Github,
         Self::Ghes,
         Self::Hs256,
         Self::Forgejo,
         Self::Namespace,
         Self::Anonymous,
+        Self::Developer,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -43,6 +47,7 @@ impl CallerKind {
             Self::Forgejo => "forgejo",
             Self::Namespace => "namespace",
             Self::Anonymous => "anonymous",
+            Self::Developer => "developer",
         }
     }
 }
@@ -62,7 +67,7 @@ impl FromStr for CallerKind {
             .find(|k| k.as_str() == s)
             .ok_or_else(|| {
                 super::InvalidInput(format!(
-                    "{:?} is no caller kind (github, ghes, hs256, forgejo, namespace or anonymous)",
+                    "{:?} is no caller kind (github, ghes, hs256, forgejo, namespace, anonymous or developer)",
                     LogSafe(s).to_string()
                 ))
             })

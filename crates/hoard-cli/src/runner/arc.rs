@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 
 use super::env_file::{
-    CACHE_URL, CUSTOM_CACHE_URL, CUSTOM_RESULTS_URL, HOOK, NODE_OPTIONS, RESULTS_URL,
+    BUILD_TOOLS, CACHE_URL, CUSTOM_CACHE_URL, CUSTOM_RESULTS_URL, HOOK, NODE_OPTIONS, RESULTS_URL,
 };
 use super::files;
 
@@ -36,7 +36,11 @@ fn quoted(s: &str) -> String {
 }
 
 /// Two YAML documents: the ConfigMap, and the part of the scale set's values file.
-pub fn render(results_url: Option<&str>, cache_url: Option<&str>) -> String {
+pub fn render(
+    results_url: Option<&str>,
+    cache_url: Option<&str>,
+    build_tools: Option<&str>,
+) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -72,6 +76,9 @@ pub fn render(results_url: Option<&str>, cache_url: Option<&str>) -> String {
     }
     if let Some(url) = cache_url {
         env.push((CUSTOM_CACHE_URL, url.to_owned()));
+    }
+    if let Some(tools) = build_tools {
+        env.push((BUILD_TOOLS, tools.to_owned()));
     }
     env.push((
         NODE_OPTIONS,

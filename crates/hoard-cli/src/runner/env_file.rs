@@ -29,6 +29,10 @@ pub const CACHE_URL: &str = "HOARD_CACHE_URL";
 /// (the preload makes them follow the job to GitHub when hoard is down).
 pub const CUSTOM_RESULTS_URL: &str = "CUSTOM_ACTIONS_RESULTS_URL";
 pub const CUSTOM_CACHE_URL: &str = "CUSTOM_ACTIONS_CACHE_URL";
+/// The build tools the preload sets up in each job (`--build-tools`), comma-separated.
+pub const BUILD_TOOLS: &str = "HOARD_BUILD_TOOLS";
+/// The command line the preload gives Go as `GOCACHEPROG`: this hoard's `gocache`.
+pub const GOCACHEPROG: &str = "HOARD_GOCACHEPROG";
 
 /// What `setup` puts in `.env`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +45,10 @@ pub struct EnvChange {
     pub results_url: Option<String>,
     /// hoard's URL for `ACTIONS_CACHE_URL` (cache v1, GHES).
     pub cache_url: Option<String>,
+    /// The build tools the preload sets up (`turbo,nx,…`), if any.
+    pub build_tools: Option<String>,
+    /// `GOCACHEPROG`'s command line, with `go` among them.
+    pub gocacheprog: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -275,6 +283,12 @@ pub fn setup(text: &str, change: &EnvChange) -> Result<String, EnvError> {
     if let Some(url) = &change.cache_url {
         line(format!("{CUSTOM_CACHE_URL}={url}"));
     }
+    if let Some(tools) = &change.build_tools {
+        line(format!("{BUILD_TOOLS}={tools}"));
+    }
+    if let Some(command) = &change.gocacheprog {
+        line(format!("{GOCACHEPROG}={command}"));
+    }
     let node_options = merge_node_options(
         last_value(&clean, NODE_OPTIONS).unwrap_or(""),
         &change.require,
@@ -329,6 +343,8 @@ mod tests {
             hook: "/r/.hoard/job-started.sh".into(),
             results_url: Some("http://cache.internal:3000/".into()),
             cache_url: Some("http://cache.internal:3000/".into()),
+            build_tools: None,
+            gocacheprog: None,
         }
     }
 

@@ -62,6 +62,66 @@ pub struct SetupArgs {
     /// for an actions-runner-controller gha-runner-scale-set values file.
     #[arg(long)]
     pub arc: bool,
+    /// Point these build tools at hoard in every job, with a token of the job's own
+    /// (docs/build-tools/): turbo, nx, sccache, ccache, go, or all. The first JavaScript action
+    /// of each job exchanges the job's runtime token for a tool token and exports the tools'
+    /// variables to the later steps, unless the workflow sets them itself. `go` sets
+    /// GOCACHEPROG to this hoard binary's `gocache`.
+    #[arg(long, value_delimiter = ',', value_name = "TOOL,…")]
+    pub build_tools: Vec<BuildTool>,
+}
+
+/// A build tool `--build-tools` sets up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum BuildTool {
+    Turbo,
+    Nx,
+    Sccache,
+    Ccache,
+    Go,
+    All,
+}
+
+impl BuildTool {
+    const EACH: [BuildTool; 5] = [Self::Turbo, Self::Nx, Self::Sccache, Self::Ccache, Self::Go];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Turbo => "turbo",
+            Self::Nx => "nx",
+            Self::Sccache => "sccache",
+            Self::Ccache => "ccache",
+            Self::Go => "go",
+            Self::All => "all",
+        }
+    }
+}
+
+/// `--build-tools` as `.env` carries it (`turbo,nx,…`), each once, in a fixed order; `None`
+/// for none.
+fn build_tools(asked: &[BuildTool]) -> Option<String> {
+    let mut tools: Vec<BuildTool> = if asked.contains(&BuildTool::All) {
+        BuildTool::EACH.to_vec()
+    } else {
+        asked.to_vec()
+    };
+    tools.sort_unstable();
+    tools.dedup();
+    (!tools.is_empty()).then(|| tools.iter().map(|t| t.name()).collect::<Vec<_>>().join(","))
+}
+
+/// `GOCACHEPROG` for this hoard binary: `<path> gocache`, which Go splits as a shell would.
+fn gocacheprog() -> Result<String, Refusal> {
+    let exe = std::env::current_exe()
+        .and_then(|p| p.canonicalize())
+        .map_err(|e| Refusal(format!("cannot find this hoard binary for GOCACHEPROG: {e}")))?;
+    let path = exe.to_string_lossy();
+    if path.chars().any(|c| c.is_whitespace() || "'\"\\".contains(c)) {
+        return refuse(format!(
+            "--build-tools go: this hoard binary's path ({path}) has a space or a quote, which GOCACHEPROG cannot carry; install hoard elsewhere (such as /usr/local/bin/hoard)"
+        ));
+    }
+    Ok(format!("{path} gocache"))
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -196,9 +256,20 @@ pub async fn setup(args: &SetupArgs) -> Result<String, Refusal> {
             // The cluster's address often does not resolve here: a note in a YAML comment.
             report.push_str(&format!("# {note}\n"));
         }
+        if args.build_tools.contains(&BuildTool::Go) {
+            return refuse("--build-tools go needs the hoard binary in the runner container, which --arc does not put there; name the other tools, and set GOCACHEPROG in the runner image (docs/build-tools/go.md)");
+        }
+        let tools = build_tools(&args.build_tools).map(|t| {
+            // `all`, without go.
+            t.split(',')
+                .filter(|t| *t != "go")
+                .collect::<Vec<_>>()
+                .join(",")
+        });
         report.push_str(&arc::render(
             results.as_ref().map(Url::as_str),
             Some(cache.as_str()),
+            tools.as_deref(),
         ));
         return Ok(report);
     }
@@ -232,11 +303,18 @@ pub async fn setup(args: &SetupArgs) -> Result<String, Refusal> {
             runner.root.display()
         ))
     })?;
+    let tools = build_tools(&args.build_tools);
+    let gocacheprog = match &tools {
+        Some(t) if t.split(',').any(|t| t == "go") => Some(gocacheprog()?),
+        _ => None,
+    };
     let change = EnvChange {
         require,
         hook: hook_path.to_string_lossy().into_owned(),
         results_url: results.as_ref().map(|u| u.to_string()),
         cache_url: Some(cache.to_string()),
+        build_tools: tools.clone(),
+        gocacheprog: gocacheprog.clone(),
     };
     let env_path = runner.env_file();
     // As root in a directory the runner's user controls: nothing is followed (dir_fs).
@@ -304,6 +382,18 @@ pub async fn setup(args: &SetupArgs) -> Result<String, Refusal> {
             report,
             "undo with: hoard runner undo --runner-dir {}",
             runner.root.display()
+        );
+    }
+    if let Some(tools) = &tools {
+        let _ = writeln!(
+            report,
+            "build tools: {tools} use hoard in each job, with a token of the job's own, from its first JavaScript action on (docs/build-tools/)"
+        );
+    }
+    if let Some(command) = &gocacheprog {
+        let _ = writeln!(
+            report,
+            "go: GOCACHEPROG runs {command}: keep this binary there, readable by the runner's user"
         );
     }
     if !runner.configured {

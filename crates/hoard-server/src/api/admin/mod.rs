@@ -12,7 +12,7 @@ mod query;
 mod stats;
 pub use hoard_model::admin_wire as wire;
 
-use std::time::UNIX_EPOCH;
+use std::time::{Duration, UNIX_EPOCH};
 
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
@@ -246,6 +246,7 @@ async fn route(
         (&Method::GET, "restores") => &[RESTORES],
         (&Method::DELETE, "caches") => &[FILTER, DELETION],
         (&Method::POST, "promotions") => &[&["repository", "from_ref", "to_ref", "dry_run"]],
+        (&Method::POST, "tokens") => &[&["repository", "ref", "write", "ttl", "subject"]],
         (&Method::DELETE, _) if one.is_some() => &[&["dry_run", "quarantine", "restores"]],
         _ => &[],
     };
@@ -278,6 +279,7 @@ async fn route(
         (&Method::GET, "restores") => ok(&restores(app, &query).await?),
         (&Method::DELETE, "caches") => ok(&delete_matching(app, &query).await?),
         (&Method::POST, "promotions") => ok(&promote(app, &query).await?),
+        (&Method::POST, "tokens") => ok(&issue_token(app, &query).await?),
         (&Method::GET, _) if one.is_some() => ok(&detail(app, one).await?),
         (&Method::DELETE, _) if one.is_some() => ok(&delete_one(app, one, &query).await?),
         // A known endpoint, another method.
@@ -292,6 +294,7 @@ async fn route(
                     | "stats"
                     | "stats/families"
                     | "promotions"
+                    | "tokens"
             ) =>
         {
             Err(AdminError(
@@ -706,6 +709,82 @@ async fn promote(app: &AppState, query: &Query) -> Result<wire::PromotionResult,
             .collect(),
         present: report.present,
         refused: report.refused,
+    })
+}
+
+/// How long an issued token lives unless asked otherwise, and at most.
+const TOKEN_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+const TOKEN_TTL_MAX: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// `POST tokens`: a token for one repository's build tools outside Actions (a developer's
+/// machine): it reads one ref (`ref`, refs/heads/main unless named) and, with `write=true`
+/// only, writes there, until it expires (`ttl`). Signed with the signing key like the tokens
+/// jobs exchange (`auth/tool_token.rs`): rotating the key revokes every one.
+async fn issue_token(app: &AppState, query: &Query) -> Result<wire::ToolToken, AdminError> {
+    let wanted = query
+        .param("repository")
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| AdminError::bad("repository is required"))?;
+    let scope = Scope::new(query.param("ref").unwrap_or("refs/heads/main"));
+    if scope.as_str().is_empty() || scope.as_str().len() > 255 {
+        return Err(AdminError::bad("ref must be a ref name, such as refs/heads/main"));
+    }
+    let write = query.flag("write")?;
+    let ttl = match query.param("ttl") {
+        None => TOKEN_TTL,
+        Some(raw) => humantime::parse_duration(raw)
+            .ok()
+            .filter(|d| !d.is_zero() && *d <= TOKEN_TTL_MAX)
+            .ok_or_else(|| {
+                AdminError::bad(format!(
+                    "ttl must be a duration such as 12h or 30d, of at most 366d, not {:?}",
+                    LogSafe(raw).to_string()
+                ))
+            })?,
+    };
+    let subject = match query.param("subject") {
+        None | Some("") => "developer".to_owned(),
+        Some(s) if s.len() <= 100 && !s.chars().any(char::is_control) => format!("developer:{s}"),
+        Some(_) => return Err(AdminError::bad("subject must be a name of at most 100 characters")),
+    };
+    let repository = app.cache().one_repository(wanted).await?.ok_or_else(|| {
+        AdminError::not_found(format!(
+            "no such repository: {:?} (hoard knows a repository once a job has used it)",
+            LogSafe(wanted).to_string()
+        ))
+    })?;
+    let who = crate::auth::token::Identity {
+        repository: repository.repository.clone(),
+        repository_name: repository.name.clone(),
+        read_scopes: vec![scope.clone()],
+        write_scope: write.then(|| scope.clone()),
+        kind: crate::model::CallerKind::Developer,
+        issuer: String::new(),
+        subject,
+        run_id: String::new(),
+        job_id: String::new(),
+    };
+    let signer = app.signer();
+    let exp = signer.now() + ttl.as_secs();
+    let token = signer.tool_token(&who, exp);
+    tracing::info!(
+        target: "hoard::audit",
+        action = "issue_token",
+        repository = %LogSafe(who.display_repository()),
+        scope = %LogSafe(scope.as_str()),
+        write,
+        subject = %LogSafe(&who.subject),
+        expires = exp,
+        "a token was issued for a repository's build tools"
+    );
+    Ok(wire::ToolToken {
+        token,
+        repository_id: who.repository.as_str().to_owned(),
+        repository: who.repository_name.clone(),
+        read_refs: vec![scope.as_str().to_owned()],
+        write_ref: who.write_scope.as_ref().map(|s| s.as_str().to_owned()),
+        subject: who.subject.clone(),
+        expires_at: wire::time(exp as i64 * 1000),
     })
 }
 

@@ -302,6 +302,29 @@ mod tests {
                     }),
                 ],
             ),
+            (
+                "ToolToken",
+                vec![
+                    sent(ToolToken {
+                        token: "hoardtool.eyJy….c2ln".into(),
+                        repository_id: "1296269".into(),
+                        repository: "octo/hello".into(),
+                        read_refs: vec!["refs/heads/main".into()],
+                        write_ref: None,
+                        subject: "developer:alice".into(),
+                        expires_at: "2027-01-05T10:00:00.000Z".into(),
+                    }),
+                    sent(ToolToken {
+                        token: "hoardtool.eyJy….c2ln".into(),
+                        repository_id: "1296269".into(),
+                        repository: String::new(),
+                        read_refs: vec!["refs/heads/main".into()],
+                        write_ref: Some("refs/heads/main".into()),
+                        subject: "developer".into(),
+                        expires_at: "2027-01-05T10:00:00.000Z".into(),
+                    }),
+                ],
+            ),
             ("WrittenBy", vec![sent(cache().written_by.unwrap())]),
             ("PolicyPromotion", vec![sent(policy_promotion())]),
             (
@@ -730,6 +753,7 @@ mod tests {
                 "/caches/{id}/release",
                 "/restores",
                 "/promotions",
+                "/tokens",
                 "/openapi.json"
             ])
         );
