@@ -1159,6 +1159,9 @@ async fn tokens_for_developers_read_one_ref_of_one_repository_and_write_only_whe
         ("tokens?repository=octo%2Fnobody", 404),
         ("tokens?repository=10&ttl=400d", 400),
         ("tokens?repository=10&ttl=soon", 400),
+        ("tokens?repository=10&ttl=500ms", 400),
+        ("tokens?repository=10&ref=main", 400),
+        ("tokens?repository=10&ref=refs%2Fheads%2Fa%0Ab", 400),
         ("tokens?repository=10&write=maybe", 400),
         ("tokens?repository=10&scope=refs%2Fheads%2Fmain", 400),
     ] {

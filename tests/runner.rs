@@ -1395,7 +1395,10 @@ async fn build_tools_get_hoard_and_a_token_of_the_jobs_own_once_per_job() {
     .await;
     let (said, err) = text(&out);
     assert!(out.status.success(), "{said}{err}");
-    assert!(said.contains("build tools: turbo,nx,sccache,ccache,go"), "{said}");
+    assert!(
+        said.contains("build tools: turbo,nx,sccache,ccache,go"),
+        "{said}"
+    );
     let env = dotenv(runner.path());
     assert_eq!(env["HOARD_BUILD_TOOLS"], "turbo,nx,sccache,ccache,go");
     let gocacheprog = env["HOARD_GOCACHEPROG"].clone();
@@ -1426,7 +1429,6 @@ async fn build_tools_get_hoard_and_a_token_of_the_jobs_own_once_per_job() {
         ("TURBO_API", base.to_owned()),
         ("TURBO_TOKEN", token.clone()),
         ("TURBO_TEAM", "octo".to_owned()),
-        ("NX_SELF_HOSTED_REMOTE_CACHE_ACCESS_TOKEN", token.clone()),
         ("SCCACHE_WEBDAV_ENDPOINT", format!("{base}/_dav/sccache")),
         ("SCCACHE_WEBDAV_TOKEN", token.clone()),
         (
@@ -1440,7 +1442,12 @@ async fn build_tools_get_hoard_and_a_token_of_the_jobs_own_once_per_job() {
     ] {
         assert_eq!(vars.get(name), Some(&value), "{name}: {vars:?}");
     }
-    assert!(!vars.contains_key("NX_SELF_HOSTED_REMOTE_CACHE_SERVER"));
+    // Nx is the workflow's: none of its variables, so hoard's token goes to no other server.
+    assert!(
+        !vars.contains_key("NX_SELF_HOSTED_REMOTE_CACHE_SERVER")
+            && !vars.contains_key("NX_SELF_HOSTED_REMOTE_CACHE_ACCESS_TOKEN"),
+        "{vars:?}"
+    );
 
     // The token is the job's: it writes the job's scope, which the job's runtime token reads.
     let put = srv
@@ -1466,6 +1473,25 @@ async fn build_tools_get_hoard_and_a_token_of_the_jobs_own_once_per_job() {
     let printed = empty_action(&job, &later, &[]).await;
     assert!(exported(&later).is_empty(), "{printed}");
 
+    // A workflow that points Turborepo elsewhere (Vercel) keeps all of it: no hoard token there.
+    let vercel = Job::new(runner.path(), "http://127.0.0.1:9");
+    let theirs = vercel.temp.path().join("github_env");
+    empty_action(&vercel, &theirs, &[("TURBO_TOKEN", "vercel-secret")]).await;
+    let vars = exported(&theirs);
+    assert!(vars.contains_key("SCCACHE_WEBDAV_ENDPOINT"), "{vars:?}");
+    assert!(!vars.keys().any(|k| k.starts_with("TURBO_")), "{vars:?}");
+
+    // Nor does a pull_request_target job (the base branch's token, the pull request's code).
+    let target = Job::new(runner.path(), "http://127.0.0.1:9");
+    let none = target.temp.path().join("github_env");
+    empty_action(
+        &target,
+        &none,
+        &[("GITHUB_EVENT_NAME", "pull_request_target")],
+    )
+    .await;
+    assert!(exported(&none).is_empty());
+
     // A job that falls back to GitHub (hoard down when it started) gets nothing either.
     let down = Job::new(runner.path(), "http://127.0.0.1:9");
     std::fs::write(down.temp.path().join(".hoard-fallback"), "all\n").unwrap();
@@ -1479,14 +1505,20 @@ async fn build_tools_get_hoard_and_a_token_of_the_jobs_own_once_per_job() {
     let printed = empty_action(&refused, &none, &[("ACTIONS_RUNTIME_TOKEN", "not-a-token")]).await;
     assert!(exported(&none).is_empty());
     assert!(
-        printed
-            .lines()
-            .any(|l| l.starts_with("::warning::hoard: no token for the build tools") && l.contains("401")),
+        printed.lines().any(
+            |l| l.starts_with("::warning::hoard: no token for the build tools")
+                && l.contains("401")
+        ),
         "{printed}"
     );
 
     // Set up again without them: the variables are gone from .env.
-    let out = setup(runner.path(), &srv.base, &["--allow-loopback", "--cache-only"]).await;
+    let out = setup(
+        runner.path(),
+        &srv.base,
+        &["--allow-loopback", "--cache-only"],
+    )
+    .await;
     assert!(out.status.success(), "{:?}", text(&out));
     let env = dotenv(runner.path());
     assert!(!env.contains_key("HOARD_BUILD_TOOLS") && !env.contains_key("HOARD_GOCACHEPROG"));

@@ -618,7 +618,10 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
                 .map_err(failed)?;
             if let Some(objects) = &objects {
                 for api in &t.tool_apis {
+                    // Each API from cold connections and a settled server, as every target.
+                    scenarios::settle(&client).await;
                     scenarios::drain_writeback().await;
+                    let client = Client::new(&t.base, token, t.verify_content);
                     let figures = tools::run(&client, api, objects, &progress)
                         .await
                         .map_err(failed)?;

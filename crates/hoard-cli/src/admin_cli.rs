@@ -134,7 +134,10 @@ pub async fn tokens(server: &ServerArgs, command: &TokensCommand) -> Result<Stri
     // The token alone on standard output; what it may do on standard error, for people.
     let what = match &answer.write_ref {
         Some(scope) => format!("reads and writes {}", TermSafe(scope)),
-        None => format!("reads {} (read-only)", TermSafe(&answer.read_refs.join(", "))),
+        None => format!(
+            "reads {} (read-only)",
+            TermSafe(&answer.read_refs.join(", "))
+        ),
     };
     let repository = if answer.repository.is_empty() {
         &answer.repository_id
@@ -207,8 +210,8 @@ pub struct FilterArgs {
     /// Entries written by callers with this token subject (`written_by.subject`).
     #[arg(long)]
     pub subject: Option<String>,
-    /// Entries written by this kind of caller: github, ghes, hs256, forgejo, namespace or
-    /// anonymous.
+    /// Entries written by this kind of caller: github, ghes, hs256, forgejo, namespace,
+    /// anonymous or developer (a token from `hoard tokens create`).
     #[arg(long)]
     pub kind: Option<String>,
     /// Entries written at or after this time (RFC 3339, such as 2026-05-04T12:00:00Z).

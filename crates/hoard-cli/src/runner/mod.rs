@@ -112,11 +112,22 @@ fn build_tools(asked: &[BuildTool]) -> Option<String> {
 
 /// `GOCACHEPROG` for this hoard binary: `<path> gocache`, which Go splits as a shell would.
 fn gocacheprog() -> Result<String, Refusal> {
-    let exe = std::env::current_exe()
-        .and_then(|p| p.canonicalize())
-        .map_err(|e| Refusal(format!("cannot find this hoard binary for GOCACHEPROG: {e}")))?;
-    let path = exe.to_string_lossy();
-    if path.chars().any(|c| c.is_whitespace() || "'\"\\".contains(c)) {
+    // The path the system runs this binary by (Linux reads it from /proc/self/exe).
+    let exe = std::env::current_exe().map_err(|e| {
+        Refusal(format!(
+            "cannot find this hoard binary for GOCACHEPROG: {e}"
+        ))
+    })?;
+    let path = exe.to_str().ok_or_else(|| {
+        Refusal(format!(
+            "--build-tools go: this hoard binary's path ({}) is not UTF-8, which GOCACHEPROG cannot carry; install hoard elsewhere (such as /usr/local/bin/hoard)",
+            exe.display()
+        ))
+    })?;
+    if path
+        .chars()
+        .any(|c| c.is_whitespace() || "'\"\\".contains(c))
+    {
         return refuse(format!(
             "--build-tools go: this hoard binary's path ({path}) has a space or a quote, which GOCACHEPROG cannot carry; install hoard elsewhere (such as /usr/local/bin/hoard)"
         ));
@@ -241,6 +252,9 @@ async fn resolves_for_containers(flag: &str, url: &Url, allow: bool) -> Result<(
 /// `hoard runner setup`: the report, or why it refused.
 pub async fn setup(args: &SetupArgs) -> Result<String, Refusal> {
     let (results, cache) = urls(args)?;
+    if args.arc && args.build_tools.contains(&BuildTool::Go) {
+        return refuse("--build-tools go needs the hoard binary in the runner container, which --arc does not put there; name the other tools, and set GOCACHEPROG in the runner image (docs/build-tools/go.md)");
+    }
     if let Some(url) = &results {
         resolves_for_containers("--url", url, args.allow_loopback).await?;
     }
@@ -256,11 +270,8 @@ pub async fn setup(args: &SetupArgs) -> Result<String, Refusal> {
             // The cluster's address often does not resolve here: a note in a YAML comment.
             report.push_str(&format!("# {note}\n"));
         }
-        if args.build_tools.contains(&BuildTool::Go) {
-            return refuse("--build-tools go needs the hoard binary in the runner container, which --arc does not put there; name the other tools, and set GOCACHEPROG in the runner image (docs/build-tools/go.md)");
-        }
         let tools = build_tools(&args.build_tools).map(|t| {
-            // `all`, without go.
+            // `all`, without go (said in the docs).
             t.split(',')
                 .filter(|t| *t != "go")
                 .collect::<Vec<_>>()

@@ -84,12 +84,17 @@ fetch(process.env.HOARD_EXCHANGE_URL, {
   headers: { authorization: 'Bearer ' + process.env.HOARD_EXCHANGE_TOKEN },
   signal: AbortSignal.timeout(4000),
 }).then(async (r) => {
-  const body = (await r.text()).slice(0, 2000);
+  const body = (await r.text()).slice(0, 65536);
   process.stdout.write(JSON.stringify({ status: r.status, body }));
-}, (e) => process.stdout.write(JSON.stringify({ error: String((e && (e.cause || e).code) || (e && e.message) || e) })));
+}, (e) => process.stdout.write(JSON.stringify({
+  error: e && e.name === 'TimeoutError' ? 'no answer within 4 s' : String((e && e.cause && e.cause.code) || (e && e.message) || e),
+})));
 `;
   const tools = env.HOARD_BUILD_TOOLS.split(',').map((t) => t.trim()).filter(Boolean);
   if (!tools.length || !env.ACTIONS_RUNTIME_TOKEN || !env.GITHUB_ENV || !env.RUNNER_TEMP) return;
+  // pull_request_target runs with the base branch's token, often on the pull request's code:
+  // its run: steps get no token that writes the base branch's cache.
+  if (env.GITHUB_EVENT_NAME === 'pull_request_target') return;
   const fs = require('fs');
   try {
     // Once per job: the first action that gets here makes the exchange, and no other tries.
@@ -102,6 +107,10 @@ fetch(process.env.HOARD_EXCHANGE_URL, {
     // Not this process's environment: NODE_OPTIONS would load this preload again.
     env: {
       PATH: env.PATH || '',
+      // A private CA, as the job-started hook's own Node gets it.
+      NODE_EXTRA_CA_CERTS: env.NODE_EXTRA_CA_CERTS || '',
+      SSL_CERT_FILE: env.SSL_CERT_FILE || '',
+      SSL_CERT_DIR: env.SSL_CERT_DIR || '',
       HOARD_EXCHANGE_URL: origin + '/_hoard/tools/token',
       HOARD_EXCHANGE_TOKEN: env.ACTIONS_RUNTIME_TOKEN,
     },
@@ -114,31 +123,47 @@ fetch(process.env.HOARD_EXCHANGE_URL, {
   let token = '';
   try { token = answer.status === 200 ? JSON.parse(answer.body).token || '' : ''; } catch (e) { /* said below */ }
   if (!/^hoardtool\.[A-Za-z0-9_.-]+$/.test(token)) {
-    const why = answer.status ? 'hoard answered ' + answer.status + ' ' + String(answer.body || '').slice(0, 200)
+    const why = answer.status === 200 ? 'hoard answered 200 without a token'
+      : answer.status ? 'hoard answered ' + answer.status + ' ' + String(answer.body || '').slice(0, 200)
       : answer.error ? 'hoard is unreachable: ' + answer.error : 'hoard did not answer within 5 s';
     process.stdout.write('::warning::' + escapeCommand('hoard: no token for the build tools of this job (' + why + '); they build without hoard\'s cache') + '\n');
     return;
   }
   process.stdout.write('::add-mask::' + token + '\n');
-  const vars = [['HOARD_URL', origin], ['HOARD_TOOL_TOKEN', token]];
   const url = new URL(origin);
-  if (tools.includes('turbo')) {
-    vars.push(['TURBO_API', origin], ['TURBO_TOKEN', token], ['TURBO_TEAM', env.GITHUB_REPOSITORY_OWNER || 'hoard']);
-  }
-  if (tools.includes('nx')) {
-    vars.push(['NX_SELF_HOSTED_REMOTE_CACHE_SERVER', origin], ['NX_SELF_HOSTED_REMOTE_CACHE_ACCESS_TOKEN', token]);
-  }
-  if (tools.includes('sccache')) {
-    vars.push(['SCCACHE_WEBDAV_ENDPOINT', origin + '/_dav/sccache'], ['SCCACHE_WEBDAV_TOKEN', token]);
-  }
-  if (tools.includes('ccache')) {
+  // Each tool's variables, and the ones that say the workflow points it elsewhere already
+  // (Vercel's remote cache, Nx Cloud, another sccache or ccache storage): then that tool is
+  // left to the workflow, all its variables, so that no token of one server goes to another.
+  const each = {
+    turbo: [[['TURBO_API', origin], ['TURBO_TOKEN', token], ['TURBO_TEAM', env.GITHUB_REPOSITORY_OWNER || 'hoard']],
+      ['TURBO_TEAMID']],
+    nx: [[['NX_SELF_HOSTED_REMOTE_CACHE_SERVER', origin], ['NX_SELF_HOSTED_REMOTE_CACHE_ACCESS_TOKEN', token]],
+      ['NX_CLOUD_ACCESS_TOKEN', 'NX_CLOUD_AUTH_TOKEN']],
+    sccache: [[['SCCACHE_WEBDAV_ENDPOINT', origin + '/_dav/sccache'], ['SCCACHE_WEBDAV_TOKEN', token]],
+      ['SCCACHE_WEBDAV_USERNAME', 'SCCACHE_WEBDAV_PASSWORD', 'SCCACHE_WEBDAV_KEY_PREFIX', 'SCCACHE_GHA_ENABLED', 'SCCACHE_BUCKET',
+        'SCCACHE_GCS_BUCKET', 'SCCACHE_AZURE_CONNECTION_STRING', 'SCCACHE_REDIS', 'SCCACHE_REDIS_ENDPOINT', 'SCCACHE_MEMCACHED',
+        'SCCACHE_MEMCACHED_ENDPOINT', 'SCCACHE_CONF']],
     // ccache sends a URL's credentials as Basic; hoard takes the token as the password.
-    vars.push(['CCACHE_REMOTE_STORAGE', url.protocol + '//job:' + token + '@' + url.host + '/_dav/ccache|layout=subdirs']);
+    ccache: [[['CCACHE_REMOTE_STORAGE', url.protocol + '//job:' + token + '@' + url.host + '/_dav/ccache|layout=subdirs']],
+      ['CCACHE_SECONDARY_STORAGE', 'CCACHE_CONFIGPATH']],
+    go: [[], []],
+  };
+  // Go stops if it cannot start GOCACHEPROG: only a hoard binary this job can run.
+  const prog = (env.HOARD_GOCACHEPROG || '').split(' ')[0];
+  if (prog && tools.includes('go')) {
+    try {
+      fs.accessSync(prog, fs.constants.X_OK);
+      each.go[0].push(['GOCACHEPROG', env.HOARD_GOCACHEPROG]);
+    } catch (e) {
+      process.stdout.write('::warning::' + escapeCommand('hoard: ' + prog + ' cannot be run, so Go builds in this job do not use hoard (GOCACHEPROG is not set)') + '\n');
+    }
   }
-  if (tools.includes('go') && env.HOARD_GOCACHEPROG) {
-    vars.push(['GOCACHEPROG', env.HOARD_GOCACHEPROG]);
+  const vars = [['HOARD_URL', origin], ['HOARD_TOOL_TOKEN', token]].filter(([name]) => !env[name]);
+  for (const tool of tools) {
+    const [mine, elsewhere] = each[tool] || [[], []];
+    if (mine.some(([name]) => env[name]) || elsewhere.some((name) => env[name])) continue;
+    vars.push(...mine);
   }
-  // The workflow's own settings win.
-  const lines = vars.filter(([name]) => !env[name]).map(([name, value]) => name + '=' + value + '\n');
+  const lines = vars.map(([name, value]) => name + '=' + value + '\n');
   fs.appendFileSync(env.GITHUB_ENV, lines.join(''));
 }

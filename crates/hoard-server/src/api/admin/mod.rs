@@ -715,6 +715,7 @@ async fn promote(app: &AppState, query: &Query) -> Result<wire::PromotionResult,
 /// How long an issued token lives unless asked otherwise, and at most.
 const TOKEN_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 const TOKEN_TTL_MAX: Duration = Duration::from_secs(366 * 24 * 3600);
+const TOKEN_TTL_MIN: Duration = Duration::from_secs(60);
 
 /// `POST tokens`: a token for one repository's build tools outside Actions (a developer's
 /// machine): it reads one ref (`ref`, refs/heads/main unless named) and, with `write=true`
@@ -726,18 +727,24 @@ async fn issue_token(app: &AppState, query: &Query) -> Result<wire::ToolToken, A
         .filter(|v| !v.is_empty())
         .ok_or_else(|| AdminError::bad("repository is required"))?;
     let scope = Scope::new(query.param("ref").unwrap_or("refs/heads/main"));
-    if scope.as_str().is_empty() || scope.as_str().len() > 255 {
-        return Err(AdminError::bad("ref must be a ref name, such as refs/heads/main"));
+    let name = scope.as_str();
+    if !name.starts_with("refs/")
+        || name.len() > 255
+        || name.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(AdminError::bad(
+            "ref must be a full ref name, such as refs/heads/main",
+        ));
     }
     let write = query.flag("write")?;
     let ttl = match query.param("ttl") {
         None => TOKEN_TTL,
         Some(raw) => humantime::parse_duration(raw)
             .ok()
-            .filter(|d| !d.is_zero() && *d <= TOKEN_TTL_MAX)
+            .filter(|d| *d >= TOKEN_TTL_MIN && *d <= TOKEN_TTL_MAX)
             .ok_or_else(|| {
                 AdminError::bad(format!(
-                    "ttl must be a duration such as 12h or 30d, of at most 366d, not {:?}",
+                    "ttl must be a duration such as 12h or 30d, from 1m to 366d, not {:?}",
                     LogSafe(raw).to_string()
                 ))
             })?,
@@ -745,7 +752,11 @@ async fn issue_token(app: &AppState, query: &Query) -> Result<wire::ToolToken, A
     let subject = match query.param("subject") {
         None | Some("") => "developer".to_owned(),
         Some(s) if s.len() <= 100 && !s.chars().any(char::is_control) => format!("developer:{s}"),
-        Some(_) => return Err(AdminError::bad("subject must be a name of at most 100 characters")),
+        Some(_) => {
+            return Err(AdminError::bad(
+                "subject must be a name of at most 100 characters",
+            ))
+        }
     };
     let repository = app.cache().one_repository(wanted).await?.ok_or_else(|| {
         AdminError::not_found(format!(
@@ -775,6 +786,8 @@ async fn issue_token(app: &AppState, query: &Query) -> Result<wire::ToolToken, A
         write,
         subject = %LogSafe(&who.subject),
         expires = exp,
+        // Names the token in later questions without being it.
+        fingerprint = %hex::encode(&<sha2::Sha256 as sha2::Digest>::digest(token.as_bytes())[..6]),
         "a token was issued for a repository's build tools"
     );
     Ok(wire::ToolToken {
