@@ -13,8 +13,8 @@ use crate::auth::{Identity, LinkTarget};
 use crate::blob::BlobError;
 use crate::meta::{BlockState, MetaError, NewEntry, NewUpload, SlotRead, UploadChange, UploadRead};
 use crate::model::{
-    entry_digest, BlobName, BlockId, BlockRef, ByteStream, CacheKey, EntryId, LogSafe, Millis,
-    Provenance, Slot, Upload, UploadBlocks, UploadId, Version,
+    entry_digest, BlobName, BlockId, BlockRef, ByteStream, CacheKey, Chunk, EntryId, LogSafe,
+    Millis, Provenance, Slot, Upload, UploadBlocks, UploadId, Version,
 };
 use crate::model::{EntryRecord, RefClass, ScopeClass, ToolObject};
 
@@ -23,6 +23,20 @@ use crate::model::{EntryRecord, RefClass, ScopeClass, ToolObject};
 pub struct LinkedUpload {
     pub upload: Upload,
     pub(super) blocks: UploadBlocks,
+}
+
+/// What a commit makes an entry of: stored chunks, and who wrote them.
+pub(super) struct Commit<'a> {
+    pub who: &'a Identity,
+    pub slot: &'a Slot,
+    /// The key as the writer spelled it.
+    pub key: &'a str,
+    pub written_by: Option<Provenance>,
+    pub chunks: &'a [Chunk],
+    /// What was stored: checked by the caller.
+    pub size: u64,
+    /// A build tool's object, with what it keeps.
+    pub tool: Option<&'a ToolObject>,
 }
 
 /// An upload as a Put Block found it: the upload, what its staged blocks add up to and the
@@ -385,65 +399,16 @@ impl Cache {
                 chunks,
                 garbage,
             } => {
-                // Without a digest until the digest pass has hashed its large chunks.
-                let digest = entry_digest(&chunks);
-                let class = ScopeClass::of(&slot.scope);
-                let family =
-                    self.stats
-                        .family_of_save(&slot.repository, &upload.key, &slot.key.folded());
-                let ref_class = RefClass::of_caller(who.write_scope.as_ref(), &who.read_scopes);
-                // What a save knows on top of the slot and chunks; a column the save does not
-                // fill (such as a promotion's origin) stays as `NewEntry::new` leaves it.
-                let new = NewEntry {
-                    key: &upload.key,
-                    repository_name: &who.repository_name,
-                    record: EntryRecord {
-                        written_by: upload.written_by.clone(),
-                        digest: digest.clone().unwrap_or_default(),
-                        tool: tool.cloned(),
-                        ..EntryRecord::default()
-                    },
-                    scope_class: class,
-                    family: &family,
-                    ref_class,
-                    ..NewEntry::new(slot, &chunks, now)
-                };
-                let started = self.entries.generation();
-                let forget = ForgetIfDropped::new(self);
-                let entry = match self.meta.finalize(Some(upload), new).await {
-                    Err(MetaError::Conflict) => return Err(CacheError::Conflict),
-                    other => other?,
-                };
-                forget.disarm();
-                // The next flush's record must cover this entry, even if no chunk comes after it.
-                self.blobs.note_committed();
-                self.stats
-                    .saved(&slot.repository, &family, ref_class, size, now);
-                // `size` is what was stored: the decision checked it.
-                audit_finalize(
+                let commit = Commit {
                     who,
                     slot,
-                    entry,
-                    upload.written_by.as_ref(),
-                    digest.as_deref(),
+                    key: &upload.key,
+                    written_by: upload.written_by.clone(),
+                    chunks: &chunks,
                     size,
-                );
-                if digest.is_none() {
-                    self.digests.push(entry);
-                }
-                self.lookups.invalidate();
-                let open = OpenEntry::new(entry, slot, &upload.key, &chunks, now);
-                self.entries.put(entry, started, now, Arc::new(open));
-                self.collect(garbage).await;
-                // The entry is saved whatever happens here; a failed eviction is retried by
-                // the next finalize of the repository.
-                if let Err(e) = self
-                    .enforce_quota(&slot.repository, entry, class, size)
-                    .await
-                {
-                    tracing::warn!(repository = %LogSafe(slot.repository.as_str()), error = %e, "could not enforce the repository quota");
-                }
-                Ok(entry)
+                    tool,
+                };
+                self.commit_entry(commit, Some(upload), garbage).await
             }
             Finalizing::AlreadyDone(entry) => Ok(entry),
             Finalizing::NoUpload => Err(CacheError::NoReservation),
@@ -463,6 +428,85 @@ impl Cache {
                 })
             }
         }
+    }
+
+    /// Makes `commit` an entry, finalizing `upload` if the bytes came through one (a build
+    /// tool's object comes without); then what every new entry is owed: the statistics, the
+    /// audit, the digest pass, the caches, the quota. `garbage` goes once it is committed.
+    pub(super) async fn commit_entry(
+        &self,
+        commit: Commit<'_>,
+        upload: Option<&Upload>,
+        garbage: Vec<BlobName>,
+    ) -> Result<EntryId, CacheError> {
+        let Commit {
+            who,
+            slot,
+            key,
+            written_by,
+            chunks,
+            size,
+            tool,
+        } = commit;
+        let now = self.clock.now();
+        // Without a digest until the digest pass has hashed its large chunks.
+        let digest = entry_digest(chunks);
+        let class = ScopeClass::of(&slot.scope);
+        let family = self
+            .stats
+            .family_of_save(&slot.repository, key, &slot.key.folded());
+        let ref_class = RefClass::of_caller(who.write_scope.as_ref(), &who.read_scopes);
+        // What a save knows on top of the slot and chunks; a column the save does not fill
+        // (such as a promotion's origin) stays as `NewEntry::new` leaves it.
+        let new = NewEntry {
+            key,
+            repository_name: &who.repository_name,
+            record: EntryRecord {
+                written_by: written_by.clone(),
+                digest: digest.clone().unwrap_or_default(),
+                tool: tool.cloned(),
+                ..EntryRecord::default()
+            },
+            scope_class: class,
+            family: &family,
+            ref_class,
+            ..NewEntry::new(slot, chunks, now)
+        };
+        let started = self.entries.generation();
+        let forget = ForgetIfDropped::new(self);
+        let entry = match self.meta.finalize(upload, new).await {
+            Err(MetaError::Conflict) => return Err(CacheError::Conflict),
+            other => other?,
+        };
+        forget.disarm();
+        // The next flush's record must cover this entry, even if no chunk comes after it.
+        self.blobs.note_committed();
+        self.stats
+            .saved(&slot.repository, &family, ref_class, size, now);
+        audit_finalize(
+            who,
+            slot,
+            entry,
+            written_by.as_ref(),
+            digest.as_deref(),
+            size,
+        );
+        if digest.is_none() {
+            self.digests.push(entry);
+        }
+        self.lookups.invalidate();
+        let open = OpenEntry::new(entry, slot, key, chunks, now);
+        self.entries.put(entry, started, now, Arc::new(open));
+        self.collect(garbage).await;
+        // The entry is saved whatever happens here; a failed eviction is retried by the next
+        // finalize of the repository.
+        if let Err(e) = self
+            .enforce_quota(&slot.repository, entry, class, size)
+            .await
+        {
+            tracing::warn!(repository = %LogSafe(slot.repository.as_str()), error = %e, "could not enforce the repository quota");
+        }
+        Ok(entry)
     }
 
     /// The slot a write of `who` goes to, if the token and the write policy allow the write.
@@ -494,6 +538,26 @@ impl Cache {
         body: ByteStream,
         declared_len: Option<u64>,
     ) -> Result<crate::model::Chunk, CacheError> {
+        let stored = self.put_chunk(name, body, declared_len).await;
+        if let Err(CacheError::StorageFull) = stored {
+            tracing::warn!(
+                upload = upload.id.get(),
+                "storage full: abandoning the upload and freeing its chunks"
+            );
+            if let Err(e) = self.abandon(upload.id).await {
+                tracing::warn!(upload = upload.id.get(), error = %e, "could not abandon the upload");
+            }
+        }
+        stored
+    }
+
+    /// Stores one chunk, refusing bodies larger than an entry may be, declared or not.
+    pub(super) async fn put_chunk(
+        &self,
+        name: &BlobName,
+        body: ByteStream,
+        declared_len: Option<u64>,
+    ) -> Result<crate::model::Chunk, CacheError> {
         let max = self.policy.max_entry_size;
         if declared_len.is_some_and(|len| len > max) {
             return Err(CacheError::TooLarge(max));
@@ -503,10 +567,7 @@ impl Cache {
                 Err(CacheError::TooLarge(max))
             }
             Err(e) if e.is_storage_full() => {
-                tracing::warn!(upload = upload.id.get(), error = %e, "storage full: abandoning the upload and freeing its chunks");
-                if let Err(e) = self.abandon(upload.id).await {
-                    tracing::warn!(upload = upload.id.get(), error = %e, "could not abandon the upload");
-                }
+                tracing::warn!(error = %e, "storage full");
                 Err(CacheError::StorageFull)
             }
             other => {

@@ -13,11 +13,12 @@ use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 
 use super::restore::OpenEntry;
-use super::{retry_stale, Cache, CacheError};
-use crate::auth::{Identity, LinkTarget};
+use super::save::Commit;
+use super::{Cache, CacheError};
+use crate::auth::Identity;
 use crate::meta::SlotRead;
 use crate::model::{
-    ByteStream, EntryFilter, EntryId, EntryPage, Lookup, Slot, Tool, ToolObject, UploadId,
+    BlobName, ByteStream, EntryFilter, EntryId, EntryPage, Lookup, Tool, ToolObject,
 };
 
 /// An object found: its bytes, and what it keeps of its tool.
@@ -33,8 +34,7 @@ pub struct ToolHit {
 pub enum ToolSave {
     Saved(EntryId),
     /// The job's scope holds the object already: objects are named by their content's hash,
-    /// so the one there is as good. (One that another request is still writing is
-    /// [`CacheError::Busy`]: a retry finds it written, or writes it.)
+    /// so the one there is as good.
     Present,
 }
 
@@ -103,6 +103,11 @@ impl Cache {
     /// Saves `body` (`len` bytes) as object `name` of `object.tool` in `who`'s write scope,
     /// under the same rules as an Actions cache save (write policy, quotas, entry size). With
     /// `sha256`, only a body of that SHA-256 is kept (a content-addressed object).
+    ///
+    /// An object arrives whole in one request, so it needs no reservation: its bytes are
+    /// stored, then made an entry in one write (two concurrent writers of one object both
+    /// store, the first commit wins and the other's copy goes). A crash in between leaves an
+    /// unreferenced young chunk, which garbage collection removes, as for any upload.
     #[allow(clippy::too_many_arguments)]
     pub async fn save_tool_object(
         &self,
@@ -120,74 +125,29 @@ impl Cache {
             return Err(CacheError::TooLarge(self.policy.max_entry_size));
         }
         let slot = self.write_slot(who, &key, version)?;
-        let link = match self.reserve(who, address, &key, version).await {
-            // The job's scope has the object, or another request is writing it: then a
-            // retry, once that one is done or abandoned, finds it.
-            Err(CacheError::Conflict) => {
-                let read = SlotRead::Reserve {
-                    live_since: self.clock.now(),
-                };
-                let state = self.meta.slot_state(&slot, read).await?;
+        // A large object the scope has already is not stored again: asked first. A small one
+        // costs less to store and drop than a question costs every new one.
+        if len > ASK_FIRST {
+            let read = SlotRead::Reserve {
+                live_since: self.clock.now(),
+            };
+            if self.meta.slot_state(&slot, read).await?.entry_exists {
                 // The client is sending the body all the same: read to its end, it keeps its
                 // connection (tools put what they have without asking first).
                 if len <= MAX_DRAINED {
                     drain(body).await;
                 }
-                return match state.entry_exists {
-                    true => Ok(ToolSave::Present),
-                    false => Err(CacheError::Busy),
-                };
-            }
-            other => other?,
-        };
-        // Dropped with the request (its client gone), the guard abandons the upload.
-        let mut guard = AbandonUnlessFinalized {
-            cache: Some(self.clone()),
-            id: link.id,
-        };
-        let stored = self
-            .store_object(who, &slot, object, link, body, len, sha256)
-            .await;
-        match stored {
-            Ok(id) => {
-                guard.cache = None;
-                Ok(ToolSave::Saved(id))
-            }
-            // Nothing of it is kept, and no open upload is left for a retry to be told
-            // "present" by: abandoned before the answer.
-            Err(refused) => {
-                if let Err(e) = self.abandon(link.id).await {
-                    tracing::warn!(error = %e, "cannot end an unfinished object's upload; it is swept when abandoned");
-                }
-                guard.cache = None;
-                match refused {
-                    // Another request's copy became the object.
-                    CacheError::Conflict => Ok(ToolSave::Present),
-                    refused => Err(refused),
-                }
+                return Ok(ToolSave::Present);
             }
         }
-    }
-
-    /// Stores the body through the reserved `link` and finalizes it as `object`; with
-    /// `sha256`, only a body of that digest.
-    #[allow(clippy::too_many_arguments)]
-    async fn store_object(
-        &self,
-        who: &Identity,
-        slot: &Slot,
-        object: &ToolObject,
-        link: LinkTarget<UploadId>,
-        body: ByteStream,
-        len: u64,
-        sha256: Option<[u8; 32]>,
-    ) -> Result<EntryId, CacheError> {
+        self.make_room().await?;
         let hashed = Arc::new(std::sync::Mutex::new(Sha256::new()));
         let body = match sha256 {
             None => body,
             Some(_) => hashing(body, hashed.clone()),
         };
-        self.put_blob(link, body, Some(len)).await?;
+        let blob = BlobName::random();
+        let chunk = self.put_chunk(&blob, body, Some(len)).await?;
         if let Some(expected) = sha256 {
             let actual: [u8; 32] = hashed
                 .lock()
@@ -196,38 +156,38 @@ impl Cache {
                 .finalize()
                 .into();
             if actual != expected {
+                self.collect(vec![blob]).await;
                 return Err(CacheError::ContentMismatch {
                     expected: hex::encode(expected),
                     actual: hex::encode(actual),
                 });
             }
         }
-        retry_stale(|_| self.try_finalize(who, slot, len, Some(link.id), Some(object))).await
-    }
-}
-
-/// Abandons an object's upload unless its finalize succeeded: after an error, and when the
-/// request is dropped (its client gone), so that no upload is left open for a retry to be told
-/// "present" by, nor counted against the repository's open uploads.
-struct AbandonUnlessFinalized {
-    cache: Option<Cache>,
-    id: UploadId,
-}
-
-impl Drop for AbandonUnlessFinalized {
-    fn drop(&mut self) {
-        let (Some(cache), Ok(runtime)) = (self.cache.take(), tokio::runtime::Handle::try_current())
-        else {
-            return;
+        let commit = Commit {
+            who,
+            slot: &slot,
+            key: &key,
+            written_by: Some(who.provenance(address)),
+            chunks: std::slice::from_ref(&chunk),
+            size: len,
+            tool: Some(object),
         };
-        let id = self.id;
-        runtime.spawn(async move {
-            if let Err(e) = cache.abandon(id).await {
-                tracing::warn!(error = %e, "cannot end an unfinished object's upload; it is swept when abandoned");
+        match self.commit_entry(commit, None, Vec::new()).await {
+            Ok(id) => Ok(ToolSave::Saved(id)),
+            // The scope holds the object (another request's copy): this copy goes.
+            Err(CacheError::Conflict) => {
+                self.collect(vec![blob]).await;
+                Ok(ToolSave::Present)
             }
-        });
+            // Whether the write happened is not known: the chunk stays for garbage collection
+            // to decide on.
+            Err(e) => Err(e),
+        }
     }
 }
+
+/// Objects above this size are looked for before they are stored.
+const ASK_FIRST: u64 = 1 << 20;
 
 /// The largest body of an object already there that is read and dropped rather than left
 /// unread (which closes the client's connection as it sends).
