@@ -357,3 +357,42 @@ fn a_phase_selection_runs_only_what_it_names() {
         "{stderr}"
     );
 }
+
+#[test]
+fn the_tools_phase_puts_and_gets_every_object_through_both_apis() {
+    let (report, _, stderr) = bench_logged(
+        &[
+            "--baseline",
+            "--baseline-disk",
+            "--scale",
+            "0.02",
+            "--rounds",
+            "1",
+            "--phases",
+            "tools",
+        ],
+        "info",
+    );
+    assert_eq!(
+        report["targets"],
+        serde_json::json!(["hoard", "baseline", "disk floor"])
+    );
+    for api in ["Bazel CAS", "Turborepo"] {
+        for what in ["PUT", "PUT p99", "GET", "GET p99"] {
+            let values = row_values(&report, &format!("Tools: {api} {what}"));
+            assert!(
+                values.iter().all(|v| *v > 0.0 && v.is_finite()),
+                "{api} {what}: {values:?}"
+            );
+        }
+        // Every object went through on every target (50 at this scale, the least).
+        assert!(
+            stderr.contains(&format!("tools: {api} GET: 50 objects")),
+            "{stderr}"
+        );
+    }
+    assert!(notes(&report)
+        .iter()
+        .any(|n| n.contains("50 objects of 1–64 KiB per API")));
+    assert!(!metrics(&report).iter().any(|m| m.starts_with("Lookup")));
+}

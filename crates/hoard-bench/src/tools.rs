@@ -152,94 +152,108 @@ pub async fn run(
         .iter()
         .map(|b| url(client.base(), api, b))
         .collect();
-    let n = objects.bodies.len();
-    let bar = progress.phase(&format!("tools: {} PUT", api.name()), n as u64, "objects");
-    let started = Instant::now();
-    let put_ms: Vec<f64> = futures_util::stream::iter(urls.iter().zip(&objects.bodies))
-        .map(|(url, body)| {
-            let bar = &bar;
-            async move {
-                let t = Instant::now();
-                let res = client
-                    .http()
-                    .put(url)
-                    .bearer_auth(client.token())
-                    .header("content-type", "application/octet-stream")
-                    .header("x-artifact-duration", "120")
-                    .body(body.clone())
-                    .send()
-                    .await?;
-                let status = res.status();
-                // Read to the end, so that the connection is reused.
-                let text = res.bytes().await?;
-                if !status.is_success() {
-                    return Err(BenchError::Protocol(format!(
-                        "PUT {url}: HTTP {status}: {}",
-                        String::from_utf8_lossy(&text[..text.len().min(300)])
-                    )));
-                }
-                bar.inc(1);
-                Ok::<_, BenchError>(t.elapsed().as_secs_f64() * 1000.0)
+    let label = |method: &str| format!("tools: {} {method}", api.name());
+    let (put_per_s, put_p99_ms) = timed(
+        &label("PUT"),
+        &urls,
+        objects,
+        progress,
+        |url, body| async move {
+            let res = client
+                .http()
+                .put(url)
+                .bearer_auth(client.token())
+                .header("content-type", "application/octet-stream")
+                .header("x-artifact-duration", "120")
+                .body(body.clone())
+                .send()
+                .await?;
+            let status = res.status();
+            // Read to the end, so that the connection is reused.
+            let text = res.bytes().await?;
+            if !status.is_success() {
+                return Err(BenchError::Protocol(format!(
+                    "PUT {url}: HTTP {status}: {}",
+                    String::from_utf8_lossy(&text[..text.len().min(300)])
+                )));
             }
-        })
-        .buffer_unordered(CONCURRENCY)
-        .try_collect()
-        .await?;
-    let put_per_s = n as f64 / started.elapsed().as_secs_f64();
-    let put_p99_ms = percentile(&put_ms, 99.0).unwrap_or(0.0);
-    bar.finish(&format!(
-        "{n} objects, {} at once: {}/s, p99 {} ms",
-        CONCURRENCY,
-        format_value(put_per_s, "/s"),
-        format_value(put_p99_ms, "ms")
-    ));
-
-    let bar = progress.phase(&format!("tools: {} GET", api.name()), n as u64, "objects");
-    let started = Instant::now();
-    let get_ms: Vec<f64> = futures_util::stream::iter(urls.iter().zip(&objects.bodies))
-        .map(|(url, body)| {
-            let bar = &bar;
-            async move {
-                let t = Instant::now();
-                let res = client
-                    .http()
-                    .get(url)
-                    .bearer_auth(client.token())
-                    .send()
-                    .await?;
-                let status = res.status();
-                let got = res.bytes().await?;
-                if status != 200 {
-                    return Err(BenchError::Protocol(format!("GET {url}: HTTP {status}")));
-                }
-                if got.len() != body.len() || (client.verify_content && got != *body) {
-                    return Err(BenchError::Protocol(format!(
-                        "GET {url}: {} bytes that are not the {} PUT",
-                        got.len(),
-                        body.len()
-                    )));
-                }
-                bar.inc(1);
-                Ok::<_, BenchError>(t.elapsed().as_secs_f64() * 1000.0)
+            Ok(())
+        },
+    )
+    .await?;
+    let (get_per_s, get_p99_ms) = timed(
+        &label("GET"),
+        &urls,
+        objects,
+        progress,
+        |url, body| async move {
+            let res = client
+                .http()
+                .get(url)
+                .bearer_auth(client.token())
+                .send()
+                .await?;
+            let status = res.status();
+            let got = res.bytes().await?;
+            if status != 200 {
+                return Err(BenchError::Protocol(format!("GET {url}: HTTP {status}")));
             }
-        })
-        .buffer_unordered(CONCURRENCY)
-        .try_collect()
-        .await?;
-    let get_per_s = n as f64 / started.elapsed().as_secs_f64();
-    let get_p99_ms = percentile(&get_ms, 99.0).unwrap_or(0.0);
-    bar.finish(&format!(
-        "{n} objects, {} at once: {}/s, p99 {} ms",
-        CONCURRENCY,
-        format_value(get_per_s, "/s"),
-        format_value(get_p99_ms, "ms")
-    ));
+            if got.len() != body.len() || (client.verify_content && got != *body) {
+                return Err(BenchError::Protocol(format!(
+                    "GET {url}: {} bytes that are not the {} PUT",
+                    got.len(),
+                    body.len()
+                )));
+            }
+            Ok(())
+        },
+    )
+    .await?;
     Ok(ApiFigures {
         put_per_s,
         put_p99_ms,
         get_per_s,
         get_p99_ms,
     })
+}
+
+/// `request` for every object at [`CONCURRENCY`] at once: requests per second and the p99 in
+/// milliseconds.
+async fn timed<'a, F, Fut>(
+    name: &str,
+    urls: &'a [String],
+    objects: &'a Objects,
+    progress: &Progress,
+    request: F,
+) -> Result<(f64, f64)>
+where
+    F: Fn(&'a str, &'a Bytes) -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let n = urls.len();
+    let bar = progress.phase(name, n as u64, "objects");
+    let started = Instant::now();
+    let latencies: Vec<f64> = futures_util::stream::iter(urls.iter().zip(&objects.bodies))
+        .map(|(url, body)| {
+            let (bar, request) = (&bar, &request);
+            async move {
+                let t = Instant::now();
+                request(url, body).await?;
+                bar.inc(1);
+                Ok::<_, BenchError>(t.elapsed().as_secs_f64() * 1000.0)
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .try_collect()
+        .await?;
+    let per_s = n as f64 / started.elapsed().as_secs_f64();
+    let p99_ms = percentile(&latencies, 99.0).unwrap_or(0.0);
+    bar.finish(&format!(
+        "{n} objects, {CONCURRENCY} at once: {}/s, p99 {} ms",
+        format_value(per_s, "/s"),
+        format_value(p99_ms, "ms")
+    ));
+    Ok((per_s, p99_ms))
 }
 
 #[cfg(test)]
