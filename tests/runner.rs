@@ -1512,6 +1512,44 @@ async fn build_tools_get_hoard_and_a_token_of_the_jobs_own_once_per_job() {
         "{printed}"
     );
 
+    // The doctor names them, and a Go cache program that is gone; jobs then leave GOCACHEPROG
+    // unset, with a warning, rather than break every Go build.
+    let dir = runner.path().to_str().unwrap().to_owned();
+    let (stdout, _) = text(&doctor(&dir).await);
+    assert!(
+        stdout.contains("build tools: turbo,nx,sccache,ccache,go")
+            && stdout.contains(&format!("GOCACHEPROG runs {gocacheprog}")),
+        "{stdout}"
+    );
+    set_env_line(
+        runner.path(),
+        "HOARD_GOCACHEPROG",
+        "/nonexistent/hoard gocache",
+    );
+    let out = doctor(&dir).await;
+    let (stdout, _) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.contains("FAIL") && l.contains("/nonexistent/hoard")),
+        "{stdout}"
+    );
+    let gone = Job::new(runner.path(), "http://127.0.0.1:9");
+    let vars_file = gone.temp.path().join("github_env");
+    let printed = empty_action(&gone, &vars_file, &[]).await;
+    let vars = exported(&vars_file);
+    assert!(
+        vars.contains_key("TURBO_API") && !vars.contains_key("GOCACHEPROG"),
+        "{vars:?}"
+    );
+    assert!(
+        printed
+            .lines()
+            .any(|l| l.starts_with("::warning::hoard: /nonexistent/hoard cannot be run")),
+        "{printed}"
+    );
+
     // Set up again without them: the variables are gone from .env.
     let out = setup(
         runner.path(),

@@ -163,6 +163,7 @@ pub async fn run(dir: &Path) -> Report {
         }
     }
 
+    findings.extend(build_tools_findings(&env));
     let results = env_file::last_value(&env, RESULTS_URL).map(str::to_owned);
     let cache = env_file::last_value(&env, CACHE_URL).map(str::to_owned);
     for (name, raw) in [(RESULTS_URL, &results), (CACHE_URL, &cache)] {
@@ -218,6 +219,35 @@ pub async fn run(dir: &Path) -> Report {
         )),
     }
     Report { findings }
+}
+
+/// Findings about `--build-tools`: which tools jobs hand hoard to, and whether Go's cache
+/// program is there to run (Go stops a build whose GOCACHEPROG cannot start; the preload then
+/// leaves it unset, with a warning in each job).
+fn build_tools_findings(env: &str) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let Some(tools) = env_file::last_value(env, env_file::BUILD_TOOLS) else {
+        return out;
+    };
+    out.push(Finding::ok(format!(
+        "build tools: {tools} get hoard and a token of the job's own in each job"
+    )));
+    if let Some(command) = env_file::last_value(env, env_file::GOCACHEPROG) {
+        let program = command.split(' ').next().unwrap_or_default();
+        let runnable = std::fs::metadata(program).is_ok_and(|m| {
+            use std::os::unix::fs::PermissionsExt;
+            m.is_file() && m.permissions().mode() & 0o111 != 0
+        });
+        if runnable {
+            out.push(Finding::ok(format!("GOCACHEPROG runs {command}")));
+        } else {
+            out.push(Finding::fail(
+                format!("{program} (GOCACHEPROG for go) is not an executable file: Go builds in jobs do not use hoard"),
+                "install hoard there again, or run hoard runner setup --build-tools again with the hoard binary that stays",
+            ));
+        }
+    }
+    out
 }
 
 /// Findings about one of the URLs in `.env`.
