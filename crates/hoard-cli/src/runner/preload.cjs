@@ -103,17 +103,18 @@ fetch(process.env.HOARD_EXCHANGE_URL, {
     return;
   }
   const origin = new URL(hoardUrl).origin;
+  // Not this process's environment: NODE_OPTIONS would load this preload again.
+  const childEnv = {
+    PATH: env.PATH || '',
+    HOARD_EXCHANGE_URL: origin + '/_hoard/tools/token',
+    HOARD_EXCHANGE_TOKEN: env.ACTIONS_RUNTIME_TOKEN,
+  };
+  // A private CA, as the job-started hook's own Node gets it.
+  for (const name of ['NODE_EXTRA_CA_CERTS', 'SSL_CERT_FILE', 'SSL_CERT_DIR']) {
+    if (env[name]) childEnv[name] = env[name];
+  }
   const child = require('child_process').spawnSync(process.execPath, ['-e', EXCHANGE], {
-    // Not this process's environment: NODE_OPTIONS would load this preload again.
-    env: {
-      PATH: env.PATH || '',
-      // A private CA, as the job-started hook's own Node gets it.
-      NODE_EXTRA_CA_CERTS: env.NODE_EXTRA_CA_CERTS || '',
-      SSL_CERT_FILE: env.SSL_CERT_FILE || '',
-      SSL_CERT_DIR: env.SSL_CERT_DIR || '',
-      HOARD_EXCHANGE_URL: origin + '/_hoard/tools/token',
-      HOARD_EXCHANGE_TOKEN: env.ACTIONS_RUNTIME_TOKEN,
-    },
+    env: childEnv,
     encoding: 'utf8',
     timeout: 5000,
     stdio: ['ignore', 'pipe', 'ignore'],
