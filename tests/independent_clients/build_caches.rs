@@ -556,7 +556,11 @@ async fn go_builds_through_gocacheprog_take_every_output_from_hoard() {
 #[tokio::test(flavor = "multi_thread")]
 async fn quota_pressure_evicts_build_tools_objects_as_entries_are_evicted() {
     use reqwest::Method;
-    let srv = TestServer::start_with(&["--repo-quota", "100KiB"]).await;
+    // Saves and reads a second apart: uses are ordered by the millisecond, and a fast machine
+    // does all of this within one.
+    let clock = manual_clock();
+    let tick = || clock.advance(Duration::from_secs(1));
+    let srv = TestServer::start_with_clock(&["--repo-quota", "100KiB"], clock.clone()).await;
     let main = main_token();
     let object = |i: u64| (format!("/v1/cache/{i}"), random_bytes(40_000, 70 + i));
     let (first, first_body) = object(1);
@@ -566,6 +570,7 @@ async fn quota_pressure_evicts_build_tools_objects_as_entries_are_evicted() {
             .0,
         200
     );
+    tick();
     let (second, second_body) = object(2);
     assert_eq!(
         call(&srv, Method::PUT, &second, &main, Some(second_body))
@@ -574,12 +579,14 @@ async fn quota_pressure_evicts_build_tools_objects_as_entries_are_evicted() {
         200
     );
     // The first is read: the second is now the least recently used.
+    tick();
     assert_eq!(
         call(&srv, Method::GET, &first, &main, None).await,
         (200, first_body)
     );
     // A third (and a fourth object of another tool) go over the quota: the least recently used
     // goes, whatever its tool.
+    tick();
     let (third, third_body) = object(3);
     assert_eq!(
         call(&srv, Method::PUT, &third, &main, Some(third_body))
