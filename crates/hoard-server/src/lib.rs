@@ -181,9 +181,11 @@ pub async fn build_state(
     Ok(AppState::new(
         api,
         cache,
-        signer,
+        signer.clone(),
         Callers {
-            tokens: Verifier::new(config.tokens.clone()).with_clock(config.clock.clone()),
+            tokens: Verifier::new(config.tokens.clone())
+                .with_clock(config.clock.clone())
+                .with_tool_tokens(signer),
             forgejo: config.forgejo.clone(),
             namespaces: config.namespaces.clone(),
             anonymous: config.anonymous,

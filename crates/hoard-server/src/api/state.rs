@@ -109,20 +109,7 @@ impl AppState {
         prefix: &str,
         address: Option<std::net::IpAddr>,
     ) -> Result<crate::auth::Caller, crate::auth::CallerError> {
-        let caller = match tool_token_of(headers) {
-            // A tool token: the job's identity as hoard signed it (`auth/tool_token.rs`).
-            Some(token) => self
-                .signer()
-                .verify_tool_token(&token)
-                .map(|identity| crate::auth::Caller {
-                    identity: Arc::new(identity),
-                    forgejo: None,
-                    how: "token",
-                    address,
-                })
-                .map_err(crate::auth::CallerError::Token),
-            None => self.0.callers.identify(headers, prefix, address).await,
-        };
+        let caller = self.0.callers.identify(headers, prefix, address).await;
         let metrics = self.cache().metrics();
         match &caller {
             Ok(c) => metrics.caller(c.how),
@@ -133,19 +120,6 @@ impl AppState {
         }
         caller
     }
-}
-
-/// The tool token the request's `Authorization` carries, if it carries one.
-fn tool_token_of(headers: &HeaderMap) -> Option<String> {
-    let header = headers
-        .get(axum::http::header::AUTHORIZATION)?
-        .to_str()
-        .ok()?;
-    let token = crate::auth::verify::credential(header)?;
-    let token = token.trim();
-    token
-        .starts_with(crate::auth::tool_token::PREFIX)
-        .then(|| token.to_owned())
 }
 
 /// Whether an `Authorization` value is `token`, alone or after any scheme (`Bearer`, `token`,

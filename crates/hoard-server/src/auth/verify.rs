@@ -95,6 +95,8 @@ pub struct Verifier {
     /// Where `exp`, `nbf` and the refresh interval are measured: the machine's clock unless
     /// [`Verifier::with_clock`].
     clock: Arc<dyn Clock>,
+    /// Checks the tool tokens hoard signs (`tool_token.rs`), when this verifier takes them.
+    tool_tokens: Option<super::signing::UrlSigner>,
 }
 
 impl std::fmt::Debug for Verifier {
@@ -185,6 +187,15 @@ impl Verifier {
             http: std::sync::OnceLock::new(),
             verified: Mutex::new(foldhash::HashMap::default()),
             clock: Arc::new(SystemClock),
+            tool_tokens: None,
+        }
+    }
+
+    /// The same verifier also taking the tool tokens `signer` signs.
+    pub fn with_tool_tokens(self, signer: super::signing::UrlSigner) -> Self {
+        Self {
+            tool_tokens: Some(signer),
+            ..self
         }
     }
 
@@ -205,6 +216,14 @@ impl Verifier {
         let header = authorization.ok_or(TokenError::Missing)?;
         let credential = credential(header).ok_or(TokenError::Missing)?;
         let token = credential.trim();
+        if token.starts_with(super::tool_token::PREFIX) {
+            // hoard's own signature, checked with one MAC: nothing to remember.
+            let signer = self
+                .tool_tokens
+                .as_ref()
+                .ok_or_else(|| TokenError::Rejected("tool tokens are not taken here".into()))?;
+            return signer.verify_tool_token(token).map(Arc::new);
+        }
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let now = self.now();
         if let Some(identity) = self.remembered(&digest, now) {
