@@ -147,7 +147,7 @@ impl Cache {
             Some(_) => hashing(body, hashed.clone()),
         };
         let blob = BlobName::random();
-        let chunk = self.put_chunk(&blob, body, Some(len)).await?;
+        let mut chunk = self.put_chunk(&blob, body, Some(len)).await?;
         if let Some(expected) = sha256 {
             let actual: [u8; 32] = hashed
                 .lock()
@@ -155,6 +155,8 @@ impl Cache {
                 .clone()
                 .finalize()
                 .into();
+            // The chunk's digest, known now: the digest pass need not read it back.
+            chunk.sha256.get_or_insert(actual);
             if actual != expected {
                 self.collect(vec![blob]).await;
                 return Err(CacheError::ContentMismatch {
