@@ -578,7 +578,6 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
             .iter()
             .flat_map(|t| t.tool_apis.iter().map(tools::ToolApi::name))
             .collect();
-        names.dedup();
         names.sort_unstable();
         names.dedup();
         names

@@ -97,9 +97,8 @@ impl BuildTool {
     }
 }
 
-/// `--build-tools` as `.env` carries it (`turbo,nx,…`), each once, in a fixed order; `None`
-/// for none.
-fn build_tools(asked: &[BuildTool]) -> Option<String> {
+/// `--build-tools` as chosen: each once, in a fixed order (`all` is every one).
+fn chosen_tools(asked: &[BuildTool]) -> Vec<BuildTool> {
     let mut tools: Vec<BuildTool> = if asked.contains(&BuildTool::All) {
         BuildTool::EACH.to_vec()
     } else {
@@ -107,6 +106,11 @@ fn build_tools(asked: &[BuildTool]) -> Option<String> {
     };
     tools.sort_unstable();
     tools.dedup();
+    tools
+}
+
+/// `tools` as `.env` carries them (`turbo,nx,…`); `None` for none.
+fn tools_line(tools: &[BuildTool]) -> Option<String> {
     (!tools.is_empty()).then(|| tools.iter().map(|t| t.name()).collect::<Vec<_>>().join(","))
 }
 
@@ -270,13 +274,10 @@ pub async fn setup(args: &SetupArgs) -> Result<String, Refusal> {
             // The cluster's address often does not resolve here: a note in a YAML comment.
             report.push_str(&format!("# {note}\n"));
         }
-        let tools = build_tools(&args.build_tools).map(|t| {
-            // `all`, without go (said in the docs).
-            t.split(',')
-                .filter(|t| *t != "go")
-                .collect::<Vec<_>>()
-                .join(",")
-        });
+        // `all`, without go (said in the docs).
+        let mut tools = chosen_tools(&args.build_tools);
+        tools.retain(|t| *t != BuildTool::Go);
+        let tools = tools_line(&tools);
         report.push_str(&arc::render(
             results.as_ref().map(Url::as_str),
             Some(cache.as_str()),
@@ -314,11 +315,12 @@ pub async fn setup(args: &SetupArgs) -> Result<String, Refusal> {
             runner.root.display()
         ))
     })?;
-    let tools = build_tools(&args.build_tools);
-    let gocacheprog = match &tools {
-        Some(t) if t.split(',').any(|t| t == "go") => Some(gocacheprog()?),
-        _ => None,
+    let chosen = chosen_tools(&args.build_tools);
+    let gocacheprog = match chosen.contains(&BuildTool::Go) {
+        true => Some(gocacheprog()?),
+        false => None,
     };
+    let tools = tools_line(&chosen);
     let change = EnvChange {
         require,
         hook: hook_path.to_string_lossy().into_owned(),

@@ -34,16 +34,14 @@ pub async fn serve(
              lowercase hex digits",
         );
     };
-    if !output && method == Method::PUT {
-        match objects::declared_length(&headers) {
-            Some(len) if len > MAX_RECORD => {
-                return objects::plain(
-                    StatusCode::BAD_REQUEST,
-                    format!("an action's record is at most {MAX_RECORD} bytes"),
-                )
-            }
-            _ => {}
-        }
+    if !output
+        && method == Method::PUT
+        && objects::declared_length(&headers).is_some_and(|len| len > MAX_RECORD)
+    {
+        return objects::plain(
+            StatusCode::BAD_REQUEST,
+            format!("an action's record is at most {MAX_RECORD} bytes"),
+        );
     }
     // Names are checked hex: an output's always decodes to its digest.
     let sha256 = output
