@@ -20,6 +20,14 @@ struct Cli {
 enum Command {
     /// Run the cache server.
     Serve(Box<ServeArgs>),
+    /// Run an edge: a byte cache on this machine's disk, beside the runners, in front of a hoard.
+    ///
+    /// Every lookup and save is decided by the origin (--origin, a hoard server or its
+    /// replicas); the edge serves entries' bytes from its own disk (at most --max-bytes, the
+    /// least recently used removed first), fetching each from the origin once. Runners point
+    /// at the edge as they would at hoard. Origin down: lookups are misses within
+    /// --lookup-timeout and saves are refused, so jobs go on.
+    Edge(Box<hoard::edge::EdgeArgs>),
     /// Run one maintenance pass now (expiry, eviction, abandoned uploads, garbage collection).
     ///
     /// Aborts abandoned uploads, expires and evicts entries, and deletes chunks whose grace period
@@ -163,6 +171,7 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Serve(args) => runtime.block_on(serve(*args)),
+        Command::Edge(args) => runtime.block_on(edge(*args)),
         Command::Gc(args) => runtime.block_on(gc(*args)),
         Command::Verify(args) => runtime.block_on(verify(*args)),
         Command::Doctor { timeout } => {
@@ -352,6 +361,25 @@ async fn serve(args: ServeArgs) -> ExitCode {
         Ok(()) => {
             tracing::info!("stopped");
             ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn edge(args: hoard::edge::EdgeArgs) -> ExitCode {
+    let stop = CancellationToken::new();
+    tokio::spawn(stop_on_signal(stop.clone()));
+    match hoard::edge::run(args, stop).await {
+        Ok(()) => {
+            tracing::info!("stopped");
+            ExitCode::SUCCESS
+        }
+        Err(hoard::edge::EdgeError::Config(e)) => {
+            tracing::error!("{e}");
+            ExitCode::from(2)
         }
         Err(e) => {
             tracing::error!("{e}");

@@ -502,10 +502,14 @@ fn the_server_depends_on_neither_the_clients_nor_the_benchmark() {
         hoard_dependencies(&crates.join("hoard-cli")),
         ["hoard-model"]
     );
-    // The benchmark drives and preloads a server, and is the only crate beside the binary
-    // that may.
+    // The benchmark drives and preloads a server, and the edge speaks its protocols (their
+    // paths, ranges, the transfer memory): the only crates beside the binary that may.
     assert_eq!(
         hoard_dependencies(&crates.join("hoard-bench")),
+        ["hoard-model", "hoard-server"]
+    );
+    assert_eq!(
+        hoard_dependencies(&crates.join("hoard-edge")),
         ["hoard-model", "hoard-server"]
     );
 }

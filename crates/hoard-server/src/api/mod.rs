@@ -37,6 +37,14 @@ mod webhooks;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+/// The paths of the cache services and of the links hoard hands out, for `hoard edge`, which
+/// forwards them to a hoard.
+pub mod paths {
+    pub use super::legacy::BASE as LEGACY_BASE;
+    pub use super::links::{blob_route, LinkKind, DOWNLOAD_PREFIX, UPLOAD_PREFIX};
+    pub use super::twirp::SERVICE_PATH as TWIRP_SERVICE_PATH;
+}
+
 pub use router::{is_cache_route, metrics_router, route_label, router, ROUTE_LABELS};
 pub use state::{ApiConfig, AppState};
 

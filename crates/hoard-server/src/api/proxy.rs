@@ -106,7 +106,7 @@ impl Upstream {
 }
 
 /// Removes hop-by-hop headers, and those the `Connection` header names.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()

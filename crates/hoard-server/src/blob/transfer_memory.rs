@@ -73,6 +73,11 @@ impl Block {
         self.buf.len() == self.buf.capacity()
     }
 
+    /// Drops the bytes past `len`.
+    pub fn truncate(&mut self, len: usize) {
+        self.buf.truncate(len);
+    }
+
     /// Copies as much of `frame` as there is room for, and advances it past what was copied.
     pub fn fill(&mut self, frame: &mut Bytes) {
         let n = frame.len().min(self.buf.capacity() - self.buf.len());

@@ -1,0 +1,233 @@
+//! The cache services' calls through the edge: the origin decides every lookup and every save
+//! (tokens, scopes, policies, quarantine stay there and take effect at once); the edge only
+//! points the links in the origin's answers at itself, so that the bytes pass through it, and
+//! answers for an origin that cannot: a lookup it does not answer within `--lookup-timeout` is
+//! a miss, a save it cannot take is the write-denied answer, so that jobs go on without a cache.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::response::Response;
+use serde_json::{json, Value};
+
+use crate::forward::{answer_of, outgoing};
+use crate::Edge;
+
+/// The most of a cache call's body the edge reads (they are a few hundred bytes).
+const CALL_BODY_LIMIT: usize = 1 << 20;
+/// How long a call other than a lookup may wait for the origin.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+const DENIED: &str = "cache write denied: this hoard edge cannot reach its origin";
+
+/// The cache service's calls the edge takes part in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    /// v2 `GetCacheEntryDownloadURL`.
+    Lookup,
+    /// v2 `CreateCacheEntry`.
+    Reserve,
+    /// v2 `FinalizeCacheEntryUpload`.
+    Finalize,
+    /// v1 `GET …/_apis/artifactcache/cache`.
+    LegacyLookup,
+    /// v1 `POST …/_apis/artifactcache/caches`.
+    LegacyReserve,
+}
+
+impl Call {
+    /// The call a request makes, if it is one of these (under any path prefix, as hoard serves
+    /// them).
+    pub fn of(method: &Method, path: &str) -> Option<Self> {
+        use hoard_server::api::paths::{LEGACY_BASE, TWIRP_SERVICE_PATH};
+        if let Some(at) = path.find(TWIRP_SERVICE_PATH) {
+            return match &path[at + TWIRP_SERVICE_PATH.len()..] {
+                "GetCacheEntryDownloadURL" => Some(Self::Lookup),
+                "CreateCacheEntry" => Some(Self::Reserve),
+                "FinalizeCacheEntryUpload" => Some(Self::Finalize),
+                _ => None,
+            };
+        }
+        let at = path.find(LEGACY_BASE)?;
+        match (method, &path[at + LEGACY_BASE.len()..]) {
+            (&Method::GET, "cache") => Some(Self::LegacyLookup),
+            (&Method::POST, "caches") => Some(Self::LegacyReserve),
+            _ => None,
+        }
+    }
+
+    fn is_lookup(self) -> bool {
+        matches!(self, Self::Lookup | Self::LegacyLookup)
+    }
+
+    /// The link field of the origin's answer that the edge points at itself.
+    fn link_field(self) -> Option<&'static str> {
+        match self {
+            Self::Lookup => Some("signed_download_url"),
+            Self::Reserve => Some("signed_upload_url"),
+            Self::LegacyLookup => Some("archiveLocation"),
+            Self::Finalize | Self::LegacyReserve => None,
+        }
+    }
+}
+
+fn json_answer(status: StatusCode, body: &Value) -> Response {
+    let mut response = Response::new(Body::from(body.to_string()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// What the client is told when the origin cannot decide.
+fn undecided(call: Call) -> Response {
+    match call {
+        // A quiet miss (PROTOCOL.md §2.7, §5.2).
+        Call::Lookup => json_answer(StatusCode::OK, &json!({ "ok": false })),
+        Call::LegacyLookup => {
+            let mut response = Response::new(Body::empty());
+            *response.status_mut() = StatusCode::NO_CONTENT;
+            response
+        }
+        // `cache write denied:` is a warning and the job goes on (§2.4).
+        Call::Reserve => json_answer(StatusCode::OK, &json!({ "ok": false, "message": DENIED })),
+        Call::Finalize => json_answer(StatusCode::OK, &json!({ "ok": false, "message": DENIED })),
+        // v1 retries 5xx; any other refusal ends the save at once.
+        Call::LegacyReserve => json_answer(StatusCode::FORBIDDEN, &json!({ "message": DENIED })),
+    }
+}
+
+/// `link`, one of the origin's blob links, pointing at `edge_base` instead; `None` for other
+/// links (a Forgejo runner's proxy), which are left as they are.
+pub fn pointed_at(link: &str, edge_base: &str) -> Option<String> {
+    let url = url::Url::parse(link).ok()?;
+    let path = url.path();
+    // From the blob prefix on: an origin behind a path prefix has it before.
+    let at = path.find("/_blob/")?;
+    let mut out = String::with_capacity(edge_base.len() + link.len());
+    out.push_str(edge_base);
+    out.push_str(&path[at..]);
+    if let Some(query) = url.query() {
+        out.push('?');
+        out.push_str(query);
+    }
+    Some(out)
+}
+
+/// Takes part in `call`: forwards it, points the answer's link at the edge, and answers for an
+/// origin that cannot.
+pub async fn call(
+    edge: &Edge,
+    call: Call,
+    uri: &Uri,
+    incoming: &HeaderMap,
+    client: Option<SocketAddr>,
+    body: Body,
+) -> Response {
+    let body = match axum::body::to_bytes(body, CALL_BODY_LIMIT).await {
+        Ok(body) => body,
+        Err(_) => {
+            return json_answer(
+                StatusCode::BAD_REQUEST,
+                &json!({"code": "malformed", "msg": "the request body could not be read"}),
+            )
+        }
+    };
+    let method = if call == Call::LegacyLookup {
+        Method::GET
+    } else {
+        Method::POST
+    };
+    let within = if call.is_lookup() {
+        edge.lookup_timeout
+    } else {
+        CALL_TIMEOUT
+    };
+    let path_and_query = uri.path_and_query().map_or("/", |p| p.as_str());
+    let answer = edge
+        .origin
+        .send(
+            method,
+            path_and_query,
+            &outgoing(incoming, client),
+            body,
+            within,
+        )
+        .await;
+    let counters = &edge.counters;
+    let answer = match answer {
+        // A server error is the origin unable to decide, as much as silence is.
+        Ok(answer) if answer.status().is_server_error() && call != Call::Finalize => {
+            tracing::warn!(
+                status = answer.status().as_u16(),
+                ?call,
+                "the origin could not decide a cache call"
+            );
+            None
+        }
+        Ok(answer) => Some(answer),
+        Err(e) => {
+            tracing::warn!(error = %e, ?call, "the origin did not answer a cache call");
+            None
+        }
+    };
+    let Some(answer) = answer else {
+        if call.is_lookup() {
+            counters.lookups_unanswered.fetch_add(1, Ordering::Relaxed);
+        } else {
+            counters.saves_refused.fetch_add(1, Ordering::Relaxed);
+        }
+        return undecided(call);
+    };
+    let Some(field) = call
+        .link_field()
+        .filter(|_| answer.status() == StatusCode::OK)
+    else {
+        if call.is_lookup() {
+            counters.lookups_miss.fetch_add(1, Ordering::Relaxed);
+        }
+        return answer_of(answer);
+    };
+    let status = answer.status();
+    let mut headers = answer.headers().clone();
+    hoard_server::api::proxy::strip_hop_by_hop(&mut headers);
+    let mut value: Value = match answer.bytes().await.map(|b| serde_json::from_slice(&b)) {
+        Ok(Ok(value)) => value,
+        _ => {
+            if call.is_lookup() {
+                counters.lookups_unanswered.fetch_add(1, Ordering::Relaxed);
+            } else {
+                counters.saves_refused.fetch_add(1, Ordering::Relaxed);
+            }
+            return undecided(call);
+        }
+    };
+    let link = value.get(field).and_then(Value::as_str);
+    let hit = link.is_some_and(|l| !l.is_empty());
+    if call.is_lookup() {
+        let counter = if hit {
+            &counters.lookups_hit
+        } else {
+            &counters.lookups_miss
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+    if let Some(pointed) = link
+        .zip(edge.base_for(incoming))
+        .and_then(|(l, base)| pointed_at(l, &base))
+    {
+        value[field] = Value::String(pointed);
+    }
+    headers.remove(header::CONTENT_LENGTH);
+    let mut response = json_answer(status, &value);
+    for (name, v) in &headers {
+        if name != header::CONTENT_TYPE {
+            response.headers_mut().insert(name.clone(), v.clone());
+        }
+    }
+    response
+}

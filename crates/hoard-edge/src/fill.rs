@@ -1,0 +1,314 @@
+//! Copies being fetched from the origin: one fetch per entry however many clients ask for it at
+//! once. The fetch runs in a task of its own, writing the copy's file as the bytes arrive; every
+//! client that wants the entry meanwhile (the first one too) reads that file as it grows, so a
+//! client that goes away stops nothing, and the others are served at the origin's pace.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use hoard_server::blob::transfer_memory::{Block, TransferMemory};
+use hoard_server::model::ByteStream;
+use tokio::sync::watch;
+
+use crate::metrics::Counters;
+use crate::store::{BlockSums, Reservation, Store};
+
+/// How far a fetch has come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Progress {
+    /// This many bytes are in the file.
+    Writing(u64),
+    /// The copy is whole (and published).
+    Done,
+    /// The fetch stopped; the bytes written so far are still sound.
+    Failed(u64),
+}
+
+/// One entry being fetched.
+pub struct Fill {
+    file: Arc<File>,
+    size: u64,
+    progress: watch::Receiver<Progress>,
+}
+
+/// The fetches under way, by copy.
+#[derive(Default)]
+pub struct Fills {
+    running: Mutex<HashMap<String, Arc<Fill>>>,
+}
+
+/// What a fetch needs besides its answer.
+pub struct Source {
+    pub store: Arc<Store>,
+    pub memory: Arc<TransferMemory>,
+    pub counters: Arc<Counters>,
+    /// Silence from the origin for this long ends the fetch.
+    pub idle: Duration,
+}
+
+impl Fills {
+    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Fill>>> {
+        // Nothing panics while holding it.
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The fetch of `key` under way, if any.
+    pub fn joined(&self, key: &str) -> Option<Arc<Fill>> {
+        self.running().get(key).cloned()
+    }
+
+    /// Starts fetching `key` (`size` bytes) from `answer`, the origin's answer to a GET of it,
+    /// or joins the fetch another request started meanwhile. `None` if the copy cannot be
+    /// written (a disk error).
+    pub fn start(
+        self: &Arc<Self>,
+        key: &str,
+        size: u64,
+        reservation: Reservation,
+        answer: reqwest::Response,
+        source: Source,
+    ) -> Option<Arc<Fill>> {
+        let mut running = self.running();
+        if let Some(fill) = running.get(key) {
+            return Some(fill.clone());
+        }
+        let (tmp, file) = match source.store.create_tmp(key) {
+            Ok(created) => created,
+            Err(e) => {
+                tracing::warn!(copy = key, error = %e, "cannot create an edge copy; streaming from the origin");
+                return None;
+            }
+        };
+        let file = Arc::new(file);
+        let (tx, progress) = watch::channel(Progress::Writing(0));
+        let fill = Arc::new(Fill {
+            file: file.clone(),
+            size,
+            progress,
+        });
+        running.insert(key.to_owned(), fill.clone());
+        drop(running);
+        let fills = self.clone();
+        let key = key.to_owned();
+        tokio::spawn(async move {
+            let outcome = fetch(&file, size, answer, &source, &tx).await;
+            let published = match outcome {
+                Ok(sums) => {
+                    let store = source.store.clone();
+                    let key = key.clone();
+                    let tmp2 = tmp.clone();
+                    tokio::task::spawn_blocking(move || {
+                        file.write_all_at(&sums, size)?;
+                        store.publish(reservation, &tmp2, &key)
+                    })
+                    .await
+                    .map_err(io::Error::other)
+                    .and_then(|r| r)
+                }
+                Err(e) => Err(e),
+            };
+            // Removed before the end is told, so a request that sees the end finds the copy.
+            fills.running().remove(&key);
+            match published {
+                Ok(()) => {
+                    let _ = tx.send(Progress::Done);
+                }
+                Err(e) => {
+                    tracing::warn!(copy = %key, error = %e, "fetching an entry from the origin failed");
+                    let _ = std::fs::remove_file(&tmp);
+                    tx.send_modify(|p| {
+                        if let Progress::Writing(n) = *p {
+                            *p = Progress::Failed(n);
+                        }
+                    });
+                }
+            }
+        });
+        Some(fill)
+    }
+}
+
+/// Writes the answer's bytes into `file` block by block, telling each block; the checks of
+/// the copy once it is whole.
+async fn fetch(
+    file: &Arc<File>,
+    size: u64,
+    answer: reqwest::Response,
+    source: &Source,
+    tx: &watch::Sender<Progress>,
+) -> io::Result<Vec<u8>> {
+    let mut body = answer.bytes_stream();
+    let mut sums = BlockSums::default();
+    let mut written = 0u64;
+    let mut received = 0u64;
+    let mut block: Option<Block> = None;
+    loop {
+        let frame = match tokio::time::timeout(source.idle, body.next()).await {
+            Ok(Some(frame)) => frame.map_err(io::Error::other)?,
+            Ok(None) => break,
+            Err(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the origin sent nothing for too long",
+                ))
+            }
+        };
+        source
+            .counters
+            .bytes_from_origin
+            .fetch_add(frame.len() as u64, Ordering::Relaxed);
+        received += frame.len() as u64;
+        if received > size {
+            return Err(io::Error::other(format!(
+                "the origin sent more than the entry's {size} bytes"
+            )));
+        }
+        let mut frame = frame;
+        while !frame.is_empty() {
+            let left = size.saturating_sub(written).max(1);
+            let current = match block.take() {
+                Some(b) => b,
+                None => source.memory.block(left).await,
+            };
+            let mut current = current;
+            current.fill(&mut frame);
+            if current.is_full() {
+                let (b, s) = write(file.clone(), current, written, sums).await?;
+                written += b.bytes().len() as u64;
+                sums = s;
+                source.memory.keep(b);
+                let _ = tx.send(Progress::Writing(written));
+            } else {
+                block = Some(current);
+            }
+        }
+    }
+    if let Some(last) = block.take() {
+        let (b, s) = write(file.clone(), last, written, sums).await?;
+        written += b.bytes().len() as u64;
+        sums = s;
+        source.memory.keep(b);
+        let _ = tx.send(Progress::Writing(written));
+    }
+    if written != size {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("the origin sent {written} bytes of an entry of {size}"),
+        ));
+    }
+    Ok(sums.finish(size))
+}
+
+async fn write(
+    file: Arc<File>,
+    block: Block,
+    at: u64,
+    mut sums: BlockSums,
+) -> io::Result<(Block, BlockSums)> {
+    tokio::task::spawn_blocking(move || {
+        file.write_all_at(block.bytes(), at)?;
+        sums.update(block.bytes());
+        Ok((block, sums))
+    })
+    .await
+    .map_err(io::Error::other)?
+}
+
+impl Fill {
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Bytes `start..start + len` of the copy as the fetch writes them; an error if the fetch
+    /// stops before it wrote them.
+    pub fn follow(
+        self: Arc<Self>,
+        memory: Arc<TransferMemory>,
+        start: u64,
+        len: u64,
+    ) -> ByteStream {
+        let end = (start + len).min(self.size);
+        let progress = self.progress.clone();
+        Box::pin(futures_util::stream::unfold(
+            (Some((self, progress)), start),
+            move |(state, pos)| {
+                let memory = memory.clone();
+                async move {
+                    let (fill, mut progress) = state?;
+                    if pos >= end {
+                        return None;
+                    }
+                    loop {
+                        let written = match *progress.borrow_and_update() {
+                            Progress::Writing(n) => n,
+                            Progress::Done => fill.size,
+                            Progress::Failed(n) if pos < n => n,
+                            Progress::Failed(_) => {
+                                let e = io::Error::other("the fetch from the origin stopped");
+                                return Some((Err(e), (None, pos)));
+                            }
+                        };
+                        if pos < written {
+                            let upto = written.min(end);
+                            let block = memory.block(upto - pos).await;
+                            let file = fill.file.clone();
+                            let read = tokio::task::spawn_blocking(move || {
+                                read_at(&file, block, pos, upto)
+                            })
+                            .await
+                            .map_err(io::Error::other)
+                            .and_then(|r| r);
+                            return match read {
+                                Ok(block) => {
+                                    let bytes = memory.filled(block);
+                                    let next = pos + bytes.len() as u64;
+                                    Some((Ok(bytes), (Some((fill, progress)), next)))
+                                }
+                                Err(e) => Some((Err(e), (None, pos))),
+                            };
+                        }
+                        if progress.changed().await.is_err() {
+                            // The fetch's task is gone without a word: treated as stopped.
+                            let e = io::Error::other("the fetch from the origin stopped");
+                            return Some((Err(e), (None, pos)));
+                        }
+                    }
+                }
+            },
+        ))
+    }
+}
+
+/// Reads `pos..upto` of `file`, as much as `block` holds.
+fn read_at(file: &File, mut block: Block, pos: u64, upto: u64) -> io::Result<Block> {
+    let want = (upto - pos).min(block.capacity() as u64);
+    let mut reader = PositionedReader { file, at: pos };
+    let n = block.read_to_end(&mut io::Read::take(&mut reader, want))? as u64;
+    if n != want {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the copy being written is shorter than told",
+        ));
+    }
+    Ok(block)
+}
+
+/// A reader at a position of a file shared with a writer (no shared cursor).
+struct PositionedReader<'a> {
+    file: &'a File,
+    at: u64,
+}
+
+impl io::Read for PositionedReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.file.read_at(buf, self.at)?;
+        self.at += n as u64;
+        Ok(n)
+    }
+}

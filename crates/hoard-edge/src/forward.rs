@@ -1,0 +1,98 @@
+//! Requests the edge does not answer itself go to the origin as they came (method, path,
+//! query, headers with `Authorization`, body), and the answer comes back as it went, both
+//! streamed: uploads, the build tools' protocols, the admin API. Only hop-by-hop headers are
+//! dropped, and the client's address is added as `X-Forwarded-For`.
+
+use std::net::SocketAddr;
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::response::Response;
+use futures_util::TryStreamExt;
+use hoard_server::api::proxy::strip_hop_by_hop;
+
+use crate::Edge;
+
+/// The client's headers as the origin should see them.
+pub fn outgoing(headers: &HeaderMap, client: Option<SocketAddr>) -> HeaderMap {
+    let mut out = headers.clone();
+    strip_hop_by_hop(&mut out);
+    out.remove(header::HOST);
+    if let Some(client) = client {
+        let chain = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+            Some(earlier) => format!("{earlier}, {}", client.ip()),
+            None => client.ip().to_string(),
+        };
+        if let Ok(v) = HeaderValue::from_str(&chain) {
+            out.insert("x-forwarded-for", v);
+        }
+    }
+    out
+}
+
+/// The origin's answer as the client gets it, its body streamed.
+pub fn answer_of(answer: reqwest::Response) -> Response {
+    let status = answer.status();
+    let mut headers = answer.headers().clone();
+    strip_hop_by_hop(&mut headers);
+    let body = Body::from_stream(answer.bytes_stream().map_err(std::io::Error::other));
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response
+}
+
+/// Forwards one request to the origin and streams its answer back; a 502 in the shape of the
+/// protocol the path belongs to if no replica answers.
+pub async fn forward(
+    edge: &Edge,
+    method: Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    client: Option<SocketAddr>,
+    body: Body,
+) -> Response {
+    let path_and_query = uri.path_and_query().map_or("/", |p| p.as_str());
+    let body = reqwest::Body::wrap_stream(body.into_data_stream());
+    match edge
+        .origin
+        .stream(method, path_and_query, outgoing(headers, client), body)
+        .await
+    {
+        Ok(answer) => answer_of(answer),
+        Err(e) => {
+            tracing::warn!(path = uri.path(), error = %e, "a request could not be forwarded to the origin");
+            unreachable(uri.path())
+        }
+    }
+}
+
+/// 502 for a path whose origin cannot be reached, in its protocol's error shape (Azure's XML
+/// under `/_blob/`, Twirp's JSON, JSON with a `message` elsewhere).
+pub fn unreachable(path: &str) -> Response {
+    const WHY: &str = "this hoard edge cannot reach its origin";
+    let (content_type, body) = if path.starts_with("/_blob/") {
+        (
+            "application/xml",
+            format!(
+                "<?xml version=\"1.0\" encoding=\"utf-8\"?><Error><Code>ServerBusy</Code><Message>{WHY}</Message></Error>"
+            ),
+        )
+    } else if path.contains("/twirp/") {
+        (
+            "application/json",
+            serde_json::json!({"code": "unavailable", "msg": WHY}).to_string(),
+        )
+    } else {
+        (
+            "application/json",
+            serde_json::json!({ "message": WHY }).to_string(),
+        )
+    };
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = StatusCode::BAD_GATEWAY;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}

@@ -1,0 +1,235 @@
+//! The origin: a central hoard, one replica or many (`--origin`, repeated or comma-separated).
+//! Requests go to the replicas in turn; one that refuses a connection or does not answer in
+//! time is left aside until its `/readyz` answers again (checked every [`CHECK_EVERY`]), so an
+//! origin that is down costs a lookup nothing once it is known to be down.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::http::{HeaderMap, Method};
+use bytes::Bytes;
+use url::Url;
+
+/// How often each replica's `/readyz` is asked.
+pub const CHECK_EVERY: Duration = Duration::from_secs(2);
+/// How long a connection to a replica may take: the origin is near (a data centre's network).
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+struct Replica {
+    /// Its URL without a trailing slash; request paths are appended.
+    base: String,
+    up: AtomicBool,
+}
+
+/// The origin could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum Unanswered {
+    #[error("no origin replica is reachable")]
+    AllDown,
+    #[error("the origin did not answer within {0:?}")]
+    Late(Duration),
+    #[error("the origin could not be reached: {0}")]
+    Failed(String),
+}
+
+/// The replicas and the HTTP clients that reach them.
+pub struct Origin {
+    replicas: Vec<Replica>,
+    next: AtomicUsize,
+    /// For the cache API: the origin's answer as it is (no redirect followed).
+    api: reqwest::Client,
+    /// For entries' bytes: follows the origin's redirect to its object store
+    /// (`--direct-downloads`).
+    bytes: reqwest::Client,
+}
+
+impl std::fmt::Debug for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.replicas.iter().map(|r| &r.base))
+            .finish()
+    }
+}
+
+impl Origin {
+    /// `idle`: silence from a replica for this long while it sends a body ends the transfer.
+    pub fn new(bases: &[Url], idle: Duration) -> Result<Self, String> {
+        if bases.is_empty() {
+            return Err("--origin (HOARD_ORIGIN) names no origin".into());
+        }
+        let mut replicas = Vec::with_capacity(bases.len());
+        for base in bases {
+            if !matches!(base.scheme(), "http" | "https") || base.host_str().is_none() {
+                return Err(format!(
+                    "--origin {base} must be an http:// or https:// URL of a hoard server"
+                ));
+            }
+            replicas.push(Replica {
+                base: base.as_str().trim_end_matches('/').to_owned(),
+                up: AtomicBool::new(true),
+            });
+        }
+        let client = |redirects| {
+            reqwest::Client::builder()
+                .connect_timeout(CONNECT_TIMEOUT)
+                .read_timeout(idle)
+                .redirect(redirects)
+                .build()
+                .map_err(|e| format!("cannot build the HTTP client for the origin: {e}"))
+        };
+        Ok(Self {
+            replicas,
+            next: AtomicUsize::new(0),
+            api: client(reqwest::redirect::Policy::none())?,
+            bytes: client(reqwest::redirect::Policy::limited(3))?,
+        })
+    }
+
+    /// Each replica's URL and whether it answered its last check.
+    pub fn states(&self) -> Vec<(String, bool)> {
+        self.replicas
+            .iter()
+            .map(|r| (r.base.clone(), r.up.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    pub fn any_up(&self) -> bool {
+        self.replicas.iter().any(|r| r.up.load(Ordering::Relaxed))
+    }
+
+    /// The replicas that are up, starting with the next in turn.
+    fn in_turn(&self) -> impl Iterator<Item = &Replica> {
+        let n = self.replicas.len();
+        let first = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        (0..n)
+            .map(move |i| &self.replicas[(first + i) % n])
+            .filter(|r| r.up.load(Ordering::Relaxed))
+    }
+
+    fn mark_down(&self, replica: &Replica, why: &str) {
+        if replica.up.swap(false, Ordering::Relaxed) {
+            tracing::warn!(origin = %replica.base, reason = why, "an origin replica is left aside until it answers /readyz");
+        }
+    }
+
+    /// Sends a request whose body is in memory to the replicas in turn (the next one when a
+    /// connection is refused) within `within`.
+    pub async fn send(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+        within: Duration,
+    ) -> Result<reqwest::Response, Unanswered> {
+        let tries = async {
+            let mut last = Unanswered::AllDown;
+            for replica in self.in_turn() {
+                let request = self
+                    .api
+                    .request(method.clone(), format!("{}{path_and_query}", replica.base))
+                    .headers(headers.clone())
+                    .body(body.clone());
+                match request.send().await {
+                    Ok(answer) => return Ok(answer),
+                    Err(e) => {
+                        self.mark_down(replica, &e.to_string());
+                        last = Unanswered::Failed(e.to_string());
+                    }
+                }
+            }
+            Err(last)
+        };
+        match tokio::time::timeout(within, tries).await {
+            Ok(answer) => answer,
+            Err(_) => Err(Unanswered::Late(within)),
+        }
+    }
+
+    /// Sends a request with a streamed body to the next replica that is up (one try: a body
+    /// cannot be sent twice).
+    pub async fn stream(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        headers: HeaderMap,
+        body: reqwest::Body,
+    ) -> Result<reqwest::Response, Unanswered> {
+        let replica = self.in_turn().next().ok_or(Unanswered::AllDown)?;
+        self.api
+            .request(method, format!("{}{path_and_query}", replica.base))
+            .headers(headers)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| {
+                if e.is_connect() {
+                    self.mark_down(replica, &e.to_string());
+                }
+                Unanswered::Failed(e.to_string())
+            })
+    }
+
+    /// GETs an entry's bytes (a download link's path and query), following the origin's
+    /// redirect to its object store; `range` asks for bytes `from..end` only.
+    pub async fn fetch(
+        &self,
+        path_and_query: &str,
+        range: Option<(u64, u64)>,
+        within: Duration,
+    ) -> Result<reqwest::Response, Unanswered> {
+        let tries = async {
+            let mut last = Unanswered::AllDown;
+            for replica in self.in_turn() {
+                let mut request = self.bytes.get(format!("{}{path_and_query}", replica.base));
+                if let Some((from, end)) = range {
+                    request = request.header("range", format!("bytes={from}-{}", end - 1));
+                }
+                match request.send().await {
+                    Ok(answer) => return Ok(answer),
+                    Err(e) => {
+                        if e.is_connect() {
+                            self.mark_down(replica, &e.to_string());
+                        }
+                        last = Unanswered::Failed(e.to_string());
+                    }
+                }
+            }
+            Err(last)
+        };
+        match tokio::time::timeout(within, tries).await {
+            Ok(answer) => answer,
+            Err(_) => Err(Unanswered::Late(within)),
+        }
+    }
+
+    /// Asks each replica's `/readyz` every [`CHECK_EVERY`] until `stop`, marking it up or down.
+    pub async fn check_until(&self, stop: tokio_util::sync::CancellationToken) {
+        let mut every = tokio::time::interval(CHECK_EVERY);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = every.tick() => {}
+            }
+            for replica in &self.replicas {
+                let asked = self
+                    .api
+                    .get(format!("{}/readyz", replica.base))
+                    .timeout(Duration::from_secs(1))
+                    .send()
+                    .await;
+                match asked {
+                    Ok(answer) if answer.status().is_success() => {
+                        if !replica.up.swap(true, Ordering::Relaxed) {
+                            tracing::info!(origin = %replica.base, "an origin replica answers again");
+                        }
+                    }
+                    Ok(answer) => {
+                        self.mark_down(replica, &format!("/readyz answered {}", answer.status()))
+                    }
+                    Err(e) => self.mark_down(replica, &e.to_string()),
+                }
+            }
+        }
+    }
+}
