@@ -2642,3 +2642,228 @@ fn nx_caches_its_tasks_in_hoard_under_githubs_scopes() {
         .iter()
         .all(|e| e["tool"] == "nx" && e["key"].as_str().unwrap().starts_with("nx/")));
 }
+
+/// The signing key an origin's replicas share in the edge test.
+const EDGE_ORIGIN_KEY: &str = "edge-origin-replicas-share-this-key-0123456789";
+
+/// One replica of the edge test's origin, on a fixed port so that it can be stopped and
+/// started again where the edges look for it.
+fn origin_replica(backend: &Backend, data: &Path, port: u16) -> Hoard {
+    let secret = common::secret_file(data);
+    let listen = format!("127.0.0.1:{port}");
+    let mut args = vec![
+        "--listen",
+        listen.as_str(),
+        "--token-hs256-secret-file",
+        secret.to_str().unwrap(),
+        "--signing-key",
+        EDGE_ORIGIN_KEY,
+        "--admin-token",
+        ADMIN,
+    ];
+    args.extend(backend.args());
+    Hoard::start_with_env(data, &args, backend.env())
+}
+
+/// A sample of an edge's `/metrics`.
+fn edge_metric(edge: &Hoard, name: &str) -> f64 {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(metric(&reqwest::Client::new(), &edge.base, name))
+}
+
+/// Saves `data` under `key` through `base` by the protocol's calls, and returns its download
+/// link as a lookup through `base` answers it.
+async fn saved_through(
+    http: &reqwest::Client,
+    base: &str,
+    t: &str,
+    key: &str,
+    data: Vec<u8>,
+) -> String {
+    let size = data.len();
+    let link = reserve_at(http, base, t, key).await;
+    assert!(
+        link.starts_with(base),
+        "the upload goes through the edge: {link}"
+    );
+    let put = http
+        .put(&link)
+        .header("x-ms-blob-type", "BlockBlob")
+        .body(data)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 201);
+    let link = finalize_and_find(http, base, t, key, size).await;
+    assert!(
+        link.starts_with(base),
+        "the download goes through the edge: {link}"
+    );
+    link
+}
+
+/// Issue #59: three edges in front of an origin of two replicas on PostgreSQL and S3, the real
+/// client through each. An entry saved through edge A restores byte for byte through B and C,
+/// and a second restore on an edge reads nothing from the origin; a copy damaged on an edge's
+/// disk is never served and is fetched again; what the origin purges or quarantines no edge
+/// serves afterwards, though it holds the bytes; with the origin stopped, jobs go on (misses,
+/// saves refused) and once it is back the edges serve again.
+#[test]
+fn edges_serve_what_the_origin_decides_fetching_each_entry_once() {
+    let Some(backend) = on_s3(Server::Postgres) else {
+        return;
+    };
+    let ports = [emulators::free_port(), emulators::free_port()];
+    let origin_dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let mut replicas: Vec<Hoard> = (0..2)
+        .map(|i| origin_replica(&backend, origin_dirs[i].path(), ports[i]))
+        .collect();
+    let origins = format!(
+        "http://127.0.0.1:{},http://127.0.0.1:{}",
+        ports[0], ports[1]
+    );
+    let edge_dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let edges: Vec<Hoard> = edge_dirs
+        .iter()
+        .map(|dir| Hoard::start_edge(dir.path(), &["--origin", &origins, "--max-bytes", "1GiB"]))
+        .collect();
+    let (a, b, c) = (&edges[0], &edges[1], &edges[2]);
+    let t = main_token();
+
+    // Saved through A, restored through B and C, byte for byte.
+    let ws = Workspace::new();
+    let sum = ws.write_random("edge/data.bin", 24 * MIB, 90);
+    saved_id(
+        &ws.save(&a.base, &t, "edge-big", &["edge"]).0,
+        "save through edge A",
+    );
+    for edge in [b, c] {
+        ws.remove("edge");
+        let (res, out) = ws.restore(&edge.base, &t, "edge-big", &[], &["edge"]);
+        assert_eq!(res, "edge-big", "{out}");
+        assert_eq!(sha256_file(&ws.path("edge/data.bin")), sum);
+    }
+    // The second restore on B reads nothing from the origin.
+    let from_origin = edge_metric(b, "hoard_edge_bytes_from_origin_total");
+    assert!(
+        from_origin >= (24 * MIB) as f64 * 0.9,
+        "B fetched the entry once: {from_origin}"
+    );
+    let hits = edge_metric(b, "hoard_edge_hits_total");
+    ws.remove("edge");
+    let (res, out) = ws.restore(&b.base, &t, "edge-big", &[], &["edge"]);
+    assert_eq!(res, "edge-big", "{out}");
+    assert_eq!(sha256_file(&ws.path("edge/data.bin")), sum);
+    assert_eq!(
+        edge_metric(b, "hoard_edge_bytes_from_origin_total"),
+        from_origin
+    );
+    assert_eq!(edge_metric(b, "hoard_edge_hits_total"), hits + 1.0);
+
+    // A copy damaged on B's disk is never served: the restore is still right, the copy is
+    // dropped, and the next restore fetches it again.
+    let copies = files_under(&edge_dirs[1].path().join("copies"));
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    {
+        use std::io::{Seek, SeekFrom};
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&copies[0])
+            .unwrap();
+        file.seek(SeekFrom::Start(5 * MIB as u64 + 123)).unwrap();
+        file.write_all(b"not what was saved").unwrap();
+    }
+    for _ in 0..2 {
+        ws.remove("edge");
+        let (res, out) = ws.restore(&b.base, &t, "edge-big", &[], &["edge"]);
+        assert_eq!(res, "edge-big", "{out}");
+        assert_eq!(sha256_file(&ws.path("edge/data.bin")), sum);
+    }
+    assert_eq!(edge_metric(b, "hoard_edge_damaged_copies_total"), 1.0);
+    assert!(edge_metric(b, "hoard_edge_bytes_from_origin_total") > from_origin);
+
+    // A purge and a quarantine at the origin take effect on every edge at once, though the
+    // edges hold the bytes: the lookup misses and a link handed out before opens nothing.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let http = reqwest::Client::new();
+    for (key, quarantine) in [("edge-purged", false), ("edge-quarantined", true)] {
+        let data = random_bytes(3 * MIB, 91);
+        let link = rt.block_on(saved_through(&http, &a.base, &t, key, data.clone()));
+        let got =
+            rt.block_on(async { http.get(&link).send().await.unwrap().bytes().await.unwrap() });
+        assert_eq!(got.as_ref(), &data[..], "served through A");
+        let query = format!(
+            "caches?repository=1&key={key}{}",
+            if quarantine { "&quarantine=true" } else { "" }
+        );
+        let (status, answer) = admin(reqwest::Method::DELETE, &replicas[0].base, &query);
+        assert_eq!(
+            (status, answer["deleted"].as_u64()),
+            (200, Some(1)),
+            "{answer}"
+        );
+        // Replicas see each other's changes within their lookup cache's TTL (1 s): asked
+        // through each edge until then, never longer.
+        for edge in &edges {
+            let (looked, old) = rt.block_on(common::poll(
+                Duration::from_secs(3),
+                async || {
+                    let body = serde_json::json!({"key": key, "version": common::VERSION});
+                    let looked =
+                        twirp(&http, &edge.base, &t, "GetCacheEntryDownloadURL", body).await;
+                    let old = http
+                        .get(&link.replace(&a.base, &edge.base))
+                        .send()
+                        .await
+                        .unwrap();
+                    (looked, old.status().as_u16())
+                },
+                |(looked, old)| looked["ok"] != true && matches!(old, 403 | 404),
+            ));
+            assert_ne!(looked["ok"], true, "{key}: no edge finds it: {looked}");
+            // The origin tells a link to nothing from a forged one no better (403).
+            assert!(
+                matches!(old, 403 | 404),
+                "{key}: a link handed out before opens nothing on any edge: {old}"
+            );
+        }
+    }
+
+    // The origin stopped: lookups are misses and saves are refused, within the bound, and the
+    // jobs succeed; started again, the edges serve as before.
+    let before_stop = edge_metric(a, "hoard_edge_lookups_total{outcome=\"unanswered\"}");
+    for replica in &mut replicas {
+        replica.kill_in_place();
+    }
+    let started = std::time::Instant::now();
+    ws.remove("edge");
+    let (res, out) = ws.restore(&a.base, &t, "edge-big", &[], &["edge"]);
+    assert_eq!(res, Value::Null, "a miss while the origin is down: {out}");
+    ws.write_random("small/data.bin", 1000, 92);
+    let (res, out) = ws.save(&a.base, &t, "edge-while-down", &["small"]);
+    assert_eq!(res, -1, "the save is refused, the job goes on: {out}");
+    assert!(out.contains("cache write denied"), "{out}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "no retries: {:?}",
+        started.elapsed()
+    );
+    assert!(edge_metric(a, "hoard_edge_lookups_total{outcome=\"unanswered\"}") > before_stop);
+    let replicas: Vec<Hoard> = (0..2)
+        .map(|i| origin_replica(&backend, origin_dirs[i].path(), ports[i]))
+        .collect();
+    let ready = rt.block_on(common::poll(
+        Duration::from_secs(30),
+        async || {
+            let asked = http.get(format!("{}/readyz", a.base)).send().await;
+            asked.map(|r| r.status().as_u16()).unwrap_or(0)
+        },
+        |status| *status == 200,
+    ));
+    assert_eq!(ready, 200, "the edge sees the origin again");
+    ws.remove("edge");
+    let (res, out) = ws.restore(&a.base, &t, "edge-big", &[], &["edge"]);
+    assert_eq!(res, "edge-big", "{out}");
+    assert_eq!(sha256_file(&ws.path("edge/data.bin")), sum);
+    drop(replicas);
+}

@@ -56,13 +56,27 @@ impl Hoard {
     /// `hoard serve` on `data` with `extra`, run by `command`: the binary itself, or a program
     /// that ends by executing the arguments it is given after its own (the process started is
     /// the one killed).
-    pub fn start_command(mut command: Command, data: &Path, extra: &[&str]) -> Self {
+    pub fn start_command(command: Command, data: &Path, extra: &[&str]) -> Self {
+        Self::start_mode(command, "serve", data, extra)
+    }
+
+    /// `hoard edge` on `data` with `extra` (`--origin` among them).
+    pub fn start_edge(data: &Path, extra: &[&str]) -> Self {
+        Self::start_mode(hoard_command(), "edge", data, extra)
+    }
+
+    /// `hoard MODE` on `data` with `extra`, on a free port unless `extra` has a `--listen`.
+    fn start_mode(mut command: Command, mode: &str, data: &Path, extra: &[&str]) -> Self {
         let is_hoard = command.get_program() == env!("CARGO_BIN_EXE_hoard");
         if !is_hoard {
             command.arg(env!("CARGO_BIN_EXE_hoard"));
         }
+        command.arg(mode);
+        if !extra.contains(&"--listen") {
+            command.args(["--listen", "127.0.0.1:0"]);
+        }
         let mut child = command
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg("--data-dir")
             .arg(data)
             .args(extra)
             // Also when `command` is a wrapper that runs the binary.
