@@ -2812,7 +2812,7 @@ fn edges_serve_what_the_origin_decides_fetching_each_entry_once() {
                     let looked =
                         twirp(&http, &edge.base, &t, "GetCacheEntryDownloadURL", body).await;
                     let old = http
-                        .get(&link.replace(&a.base, &edge.base))
+                        .get(link.replace(&a.base, &edge.base))
                         .send()
                         .await
                         .unwrap();

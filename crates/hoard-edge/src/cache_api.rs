@@ -231,3 +231,70 @@ pub async fn call(
     }
     response
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_origins_blob_links_point_at_the_edge_and_others_stay() {
+        let edge = "http://10.0.0.7:3000";
+        for (link, pointed) in [
+            (
+                "https://cache.example/_blob/entries/12.1700000000000?se=2026-12-07T10%3A00%3A00Z&sig=abc",
+                Some("http://10.0.0.7:3000/_blob/entries/12.1700000000000?se=2026-12-07T10%3A00%3A00Z&sig=abc"),
+            ),
+            // An origin behind a path prefix: the link is the edge's from the blob prefix on.
+            (
+                "https://cache.example/hoard/_blob/uploads/3.5?se=x&sig=y",
+                Some("http://10.0.0.7:3000/_blob/uploads/3.5?se=x&sig=y"),
+            ),
+            // A Forgejo runner's proxy link is the runner's business.
+            ("http://runner:4000/run-1/_apis/artifactcache/artifacts/4", None),
+            ("not a link", None),
+        ] {
+            assert_eq!(pointed_at(link, edge).as_deref(), pointed, "{link}");
+        }
+    }
+
+    #[test]
+    fn calls_are_known_under_any_prefix_and_nothing_else_is() {
+        let twirp = "/twirp/github.actions.results.api.v1.CacheService/";
+        for (method, path, call) in [
+            (
+                Method::POST,
+                format!("{twirp}GetCacheEntryDownloadURL"),
+                Some(Call::Lookup),
+            ),
+            (
+                Method::POST,
+                format!("/ns/x{twirp}CreateCacheEntry"),
+                Some(Call::Reserve),
+            ),
+            (
+                Method::POST,
+                format!("{twirp}FinalizeCacheEntryUpload"),
+                Some(Call::Finalize),
+            ),
+            (Method::POST, format!("{twirp}DeleteCacheEntry"), None),
+            (
+                Method::GET,
+                "/_apis/artifactcache/cache".to_owned(),
+                Some(Call::LegacyLookup),
+            ),
+            (
+                Method::POST,
+                "/p/_apis/artifactcache/caches".to_owned(),
+                Some(Call::LegacyReserve),
+            ),
+            (
+                Method::PATCH,
+                "/_apis/artifactcache/caches/4".to_owned(),
+                None,
+            ),
+            (Method::GET, "/_blob/entries/1.2".to_owned(), None),
+        ] {
+            assert_eq!(Call::of(&method, &path), call, "{method} {path}");
+        }
+    }
+}

@@ -430,3 +430,127 @@ impl Copy {
         (self, result)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::StreamExt;
+
+    /// Writes a whole copy of `data` as a fetch does.
+    fn put(store: &Arc<Store>, key: &str, data: &[u8]) {
+        let reservation = store.reserve(data.len() as u64).unwrap();
+        let (tmp, file) = store.create_tmp(key).unwrap();
+        let mut sums = BlockSums::default();
+        sums.update(data);
+        use std::io::Write as _;
+        let mut file = file;
+        file.write_all(data).unwrap();
+        file.write_all(&sums.finish(data.len() as u64)).unwrap();
+        store.publish(reservation, &tmp, key).unwrap();
+    }
+
+    async fn read_all(
+        store: &Arc<Store>,
+        key: &str,
+        size: u64,
+        start: u64,
+        len: u64,
+    ) -> std::io::Result<Vec<u8>> {
+        let copy = store
+            .open_copy(key, size)
+            .ok_or_else(|| damaged("no copy"))?;
+        let mut out = Vec::new();
+        let mut stream = copy.read(TransferMemory::new(4 << 20), start, len);
+        while let Some(bytes) = stream.next().await {
+            out.extend_from_slice(&bytes?);
+        }
+        Ok(out)
+    }
+
+    fn data(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 31 % 251) as u8).collect()
+    }
+
+    #[tokio::test]
+    async fn any_range_of_a_copy_reads_back_and_a_damaged_block_is_never_handed_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), 64 << 20).unwrap();
+        let bytes = data(3 * BLOCK as usize + 1000);
+        let size = bytes.len() as u64;
+        put(&store, "1.2", &bytes);
+        for (start, len) in [
+            (0, size),
+            (1, 10),
+            (BLOCK - 1, 2),
+            (BLOCK * 3, 1000),
+            (5, BLOCK * 2 + 7),
+        ] {
+            let got = read_all(&store, "1.2", size, start, len).await.unwrap();
+            assert_eq!(
+                got,
+                &bytes[start as usize..(start + len) as usize],
+                "{start}+{len}"
+            );
+        }
+        // One byte of the third block changed on disk: the first two are served, then an error.
+        {
+            use std::os::unix::fs::FileExt;
+            let file = File::options()
+                .write(true)
+                .open(dir.path().join("copies/1.2"))
+                .unwrap();
+            file.write_all_at(b"!", 2 * BLOCK + 17).unwrap();
+        }
+        let copy = store.open_copy("1.2", size).unwrap();
+        let mut stream = copy.read(TransferMemory::new(2 << 20), 0, size);
+        let mut good = 0;
+        let failure = loop {
+            match stream.next().await.unwrap() {
+                Ok(bytes) => good += bytes.len() as u64,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(failure.kind(), io::ErrorKind::InvalidData);
+        assert!(good <= 2 * BLOCK, "nothing of the damaged block: {good}");
+        // A copy of another size (a trailer that does not match) is dropped on opening.
+        assert!(store.open_copy("1.2", size + 1).is_none());
+        assert_eq!(store.usage(), (0, 0));
+        assert!(!dir.path().join("copies/1.2").exists());
+    }
+
+    #[test]
+    fn room_is_made_by_the_least_recently_used_and_a_copy_too_large_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let each = disk_size(1000);
+        let store = Store::open(dir.path(), 3 * each).unwrap();
+        for key in ["1.1", "2.2", "3.3"] {
+            put(&store, key, &data(1000));
+        }
+        // 1.1 used again: 2.2 is now the least recently used.
+        assert!(store.open_copy("1.1", 1000).is_some());
+        put(&store, "4.4", &data(1000));
+        assert!(store.open_copy("2.2", 1000).is_none());
+        assert!(store.open_copy("1.1", 1000).is_some());
+        assert_eq!(store.usage(), (3 * each, 3));
+        assert!(
+            store.reserve(3 * each).is_none(),
+            "larger than the whole disk"
+        );
+        // Reopened: the same copies, within the bound.
+        drop(store);
+        let store = Store::open(dir.path(), 2 * each).unwrap();
+        assert_eq!(store.usage(), (2 * each, 2));
+    }
+
+    #[test]
+    fn names_are_ids_and_creation_times_only() {
+        for good in ["1.2", "12345.1700000000000"] {
+            assert!(is_key(good), "{good}");
+        }
+        for bad in [
+            "", "1", "1.", ".2", "1.2.3", "../1.2", "1.2/x", "a.2", "1.2 ",
+        ] {
+            assert!(!is_key(bad), "{bad}");
+        }
+    }
+}
