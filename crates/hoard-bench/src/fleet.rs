@@ -420,17 +420,18 @@ async fn job(client: &Client, fleet: &Fleet, data: &Payloads, job: &Job) -> JobR
 }
 
 /// Runs `jobs` with `fleet.plan.jobs` at once; `done` is called as each job ends.
+/// Runs `jobs`, each through one of `clients` in turn (a server, or edges in front of one).
 pub async fn run(
-    client: &Client,
+    clients: &[Client],
     fleet: &Fleet,
     data: &Payloads,
     jobs: &[Job],
     done: &(dyn Fn() + Sync),
 ) -> FleetResult {
     let started = Instant::now();
-    let results: Vec<JobResult> = futures_util::stream::iter(jobs)
-        .map(|j| async move {
-            let r = job(client, fleet, data, j).await;
+    let results: Vec<JobResult> = futures_util::stream::iter(jobs.iter().enumerate())
+        .map(|(i, j)| async move {
+            let r = job(&clients[i % clients.len()], fleet, data, j).await;
             done();
             r
         })
@@ -456,6 +457,8 @@ pub async fn run(
         miss_pct: share(Outcome::Miss),
         up,
         down,
+        origin_egress: None,
+        edge_hit_pct: Vec::new(),
         first_errors: errors.into_iter().take(3).collect(),
     }
 }

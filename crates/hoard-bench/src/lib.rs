@@ -2,6 +2,7 @@
 //! side by side, plus a null baseline, alternating targets round by round and reporting medians.
 
 mod client;
+mod edges;
 pub mod fleet;
 pub mod floor;
 pub mod null;
@@ -16,7 +17,7 @@ mod tools;
 
 use std::io::Write;
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -88,6 +89,13 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3, value_name = "N")]
     pub fleet_rounds: usize,
 
+    /// Also measure N edges (`hoard edge`) in front of a hoard of their own, which the bench
+    /// starts as it starts its own: a target `edges` whose phases go through the first edge and
+    /// whose fleet jobs go to the edges in turn. The report adds what the origin sent (origin
+    /// egress) and each edge's hit ratio.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub edges: usize,
+
     /// Store this many small entries, across 1,000 repositories, in the database of the hoard
     /// the bench starts, before it starts: lookups and saves then run against a large database.
     /// The report gives the database and write-ahead log sizes before and after the phases.
@@ -147,6 +155,11 @@ struct Target {
     tool_apis: Vec<tools::ToolApi>,
     /// Keeps a spawned server's data directory alive until the end.
     _data: Option<tempfile::TempDir>,
+    /// The edges a target of edges spreads its fleet over (the first is `base`).
+    edges: Vec<String>,
+    /// Processes the target needs besides its own (the edges' origin, further edges): stopped
+    /// with it.
+    helpers: Vec<Target>,
     /// The SQLite database of a hoard the bench started, and what was preloaded into it.
     database: Option<PathBuf>,
     preloaded: Option<Preloaded>,
@@ -360,6 +373,8 @@ fn target(label: String, base: String, verify_content: bool) -> Target {
         secret: None,
         fleet_seeded: false,
         tool_apis: tools::ToolApi::hoard(),
+        edges: Vec::new(),
+        helpers: Vec::new(),
         _data: None,
         database: None,
         preloaded: None,
@@ -384,6 +399,40 @@ async fn spawned(
     Ok(t)
 }
 
+/// This hoard binary on SQLite and a temporary directory, tokens verified as in production
+/// (HS256 with a secret only this run knows), with `preload` small entries stored first.
+async fn own_hoard(exe: &Path, label: &str, preload_entries: u64) -> Result<Target, BenchFailure> {
+    let dir = tempfile::tempdir().map_err(|e| usage(e.to_string()))?;
+    let database = dir.path().join("data").join("hoard.db");
+    let preloaded = match preload_entries {
+        0 => None,
+        n => Some(preload(&database, n).await?),
+    };
+    let port = free_port()?;
+    let secret = hoard_model::BlobName::random().as_str().repeat(2);
+    let secret_file = dir.path().join("bench-token-secret");
+    std::fs::write(&secret_file, &secret).map_err(|e| usage(e.to_string()))?;
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        "serve",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--data-dir",
+    ])
+    .arg(dir.path().join("data"))
+    .arg("--token-hs256-secret-file")
+    .arg(&secret_file);
+    cmd.env("RUST_LOG", "warn");
+    let health = format!("http://127.0.0.1:{port}/healthz");
+    let mut t = spawned(label.into(), cmd, &health, true).await?;
+    t.token = Some(token_for(Some(secret.as_bytes()), "bench", BENCH_AC).map_err(usage)?);
+    t.secret = Some(secret.into_bytes());
+    t._data = Some(dir);
+    t.database = Some(database);
+    t.preloaded = preloaded;
+    Ok(t)
+}
+
 async fn prepare_targets(args: &BenchArgs) -> Result<Vec<Target>, BenchFailure> {
     let mut targets = Vec::new();
     let exe =
@@ -391,36 +440,10 @@ async fn prepare_targets(args: &BenchArgs) -> Result<Vec<Target>, BenchFailure> 
 
     // No target given: measure this hoard binary itself on SQLite and a temporary directory.
     if args.targets.is_empty() && args.spawns.is_empty() {
-        let dir = tempfile::tempdir().map_err(|e| usage(e.to_string()))?;
-        let database = dir.path().join("data").join("hoard.db");
-        let preloaded = match args.preload {
-            0 => None,
-            n => Some(preload(&database, n).await?),
-        };
-        let port = free_port()?;
-        // Tokens are verified as in production: HS256 with a secret only this run knows.
-        let secret = hoard_model::BlobName::random().as_str().repeat(2);
-        let secret_file = dir.path().join("bench-token-secret");
-        std::fs::write(&secret_file, &secret).map_err(|e| usage(e.to_string()))?;
-        let mut cmd = Command::new(&exe);
-        cmd.args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
-        .arg(dir.path().join("data"))
-        .arg("--token-hs256-secret-file")
-        .arg(&secret_file);
-        cmd.env("RUST_LOG", "warn");
-        let health = format!("http://127.0.0.1:{port}/healthz");
-        let mut t = spawned("hoard".into(), cmd, &health, true).await?;
-        t.token = Some(token_for(Some(secret.as_bytes()), "bench", BENCH_AC).map_err(usage)?);
-        t.secret = Some(secret.into_bytes());
-        t._data = Some(dir);
-        t.database = Some(database);
-        t.preloaded = preloaded;
-        targets.push(t);
+        targets.push(own_hoard(&exe, "hoard", args.preload).await?);
+    }
+    if args.edges > 0 {
+        targets.push(edges::target(&exe, args.edges).await?);
     }
     for raw in &args.spawns {
         let (label, command) = split_label(raw, "--spawn")?;
@@ -652,7 +675,34 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
                 let jobs = fleet.jobs(round, &tag, &sign).map_err(failed)?;
                 scenarios::drain_writeback().await;
                 let bar = progress.phase("fleet", jobs.len() as u64, "jobs");
-                let r = fleet::run(&client, fleet, &data, &jobs, &|| bar.inc(1)).await;
+                // A target of edges: the jobs go to the edges in turn.
+                let clients: Vec<Client> = if t.edges.is_empty() {
+                    vec![client.clone()]
+                } else {
+                    t.edges
+                        .iter()
+                        .map(|base| Client::new(base, token, t.verify_content))
+                        .collect()
+                };
+                let http = reqwest::Client::new();
+                let before = futures_util::future::join_all(
+                    t.edges.iter().map(|e| edges::Counters::of(&http, e)),
+                )
+                .await;
+                let mut r = fleet::run(&clients, fleet, &data, &jobs, &|| bar.inc(1)).await;
+                if t.edges.is_empty() {
+                    // Every byte restored came from the server.
+                    r.origin_egress = Some(r.down);
+                } else {
+                    let after = futures_util::future::join_all(
+                        t.edges.iter().map(|e| edges::Counters::of(&http, e)),
+                    )
+                    .await;
+                    let seen: Vec<(f64, Option<f64>)> =
+                        before.iter().zip(after).map(|(b, a)| b.until(a)).collect();
+                    r.origin_egress = Some(seen.iter().map(|s| s.0).sum::<f64>() as u64);
+                    r.edge_hit_pct = seen.iter().map(|s| s.1).collect();
+                }
                 bar.finish(&format!(
                     "{} jobs, {} at once: {} MiB/s, {}/s, job p50 {} s, p99 {} s, {} lookups/s, \
                      {} errors; exact {:.1}%, restore key {:.1}%, miss {:.1}%",
@@ -903,6 +953,33 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
                 Better::Neither,
                 fleet_med(|f| f.miss_pct),
             ),
+            row(
+                "Fleet: origin egress",
+                "MiB",
+                Better::Lower,
+                fleet_med(|f| f.origin_egress.unwrap_or(0) as f64 / (1 << 20) as f64),
+            ),
+            row(
+                "Fleet: edge hit ratio",
+                "%",
+                Better::Higher,
+                targets
+                    .iter()
+                    .map(|t| {
+                        let means: Vec<f64> = t
+                            .rounds
+                            .iter()
+                            .filter_map(|r| r.fleet.as_ref())
+                            .filter_map(|f| {
+                                stats::mean(
+                                    &f.edge_hit_pct.iter().flatten().copied().collect::<Vec<_>>(),
+                                )
+                            })
+                            .collect();
+                        stats::median(&means)
+                    })
+                    .collect(),
+            ),
         ]);
     }
     rows.push(row(
@@ -957,6 +1034,27 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
             kib(p.large.1),
             kib(p.small.0),
             kib(p.small.1),
+        ));
+    }
+    for t in targets.iter().filter(|t| !t.edges.is_empty()) {
+        let per_round: Vec<String> = t
+            .rounds
+            .iter()
+            .filter_map(|r| r.fleet.as_ref())
+            .map(|f| {
+                let each: Vec<String> = f
+                    .edge_hit_pct
+                    .iter()
+                    .map(|p| p.map_or("–".to_owned(), |p| format!("{p:.0}%")))
+                    .collect();
+                each.join(" ")
+            })
+            .collect();
+        notes.push(format!(
+            "{}: {} edges (`hoard edge`) in front of a hoard of their own, fleet jobs to the edges in turn, memory and CPU of the first edge; each edge's fleet hit ratio by round: {}",
+            t.label,
+            t.edges.len(),
+            if per_round.is_empty() { "no fleet".to_owned() } else { per_round.join("; ") }
         ));
     }
     notes.push(format!(

@@ -411,6 +411,11 @@ pub struct FleetResult {
     pub miss_pct: f64,
     pub up: u64,
     pub down: u64,
+    /// Bytes of entries the server behind the clients sent: all that was restored, or through
+    /// edges, what the origin sent them.
+    pub origin_egress: Option<u64>,
+    /// Through edges: each edge's downloads served from its own disk, in percent.
+    pub edge_hit_pct: Vec<Option<f64>>,
     /// The first few errors, for the report's notes.
     pub first_errors: Vec<String>,
 }

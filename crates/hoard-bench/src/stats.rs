@@ -50,3 +50,8 @@ mod tests {
         assert_eq!(median(&[]), None);
     }
 }
+
+/// The mean of `values`; `None` if there are none.
+pub fn mean(values: &[f64]) -> Option<f64> {
+    (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+}
