@@ -52,6 +52,8 @@ pub struct Counters {
     pub from_origin: f64,
     pub hits: f64,
     pub misses: f64,
+    /// Lookups answered as misses because the origin did not answer in time.
+    pub unanswered: f64,
 }
 
 impl Counters {
@@ -70,17 +72,19 @@ impl Counters {
             from_origin: value("hoard_edge_bytes_from_origin_total"),
             hits: value("hoard_edge_hits_total"),
             misses: value("hoard_edge_misses_total"),
+            unanswered: value("hoard_edge_lookups_total{outcome=\"unanswered\"}"),
         }
     }
 
-    /// What happened between `self` and `later`: bytes from the origin, and the hit ratio in
-    /// percent (`None` without a download).
-    pub fn until(self, later: Self) -> (f64, Option<f64>) {
+    /// What happened between `self` and `later`: bytes from the origin, the hit ratio in
+    /// percent (`None` without a download), and lookups the origin did not answer in time.
+    pub fn until(self, later: Self) -> (f64, Option<f64>, f64) {
         let hits = later.hits - self.hits;
         let downloads = hits + later.misses - self.misses;
         (
             later.from_origin - self.from_origin,
             (downloads > 0.0).then(|| 100.0 * hits / downloads),
+            later.unanswered - self.unanswered,
         )
     }
 }

@@ -459,6 +459,7 @@ pub async fn run(
         down,
         origin_egress: None,
         edge_hit_pct: Vec::new(),
+        edge_unanswered: 0,
         first_errors: errors.into_iter().take(3).collect(),
     }
 }

@@ -698,10 +698,11 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
                         t.edges.iter().map(|e| edges::Counters::of(&http, e)),
                     )
                     .await;
-                    let seen: Vec<(f64, Option<f64>)> =
+                    let seen: Vec<(f64, Option<f64>, f64)> =
                         before.iter().zip(after).map(|(b, a)| b.until(a)).collect();
                     r.origin_egress = Some(seen.iter().map(|s| s.0).sum::<f64>() as u64);
                     r.edge_hit_pct = seen.iter().map(|s| s.1).collect();
+                    r.edge_unanswered = seen.iter().map(|s| s.2).sum::<f64>() as u64;
                 }
                 bar.finish(&format!(
                     "{} jobs, {} at once: {} MiB/s, {}/s, job p50 {} s, p99 {} s, {} lookups/s, \
@@ -953,11 +954,22 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
                 Better::Neither,
                 fleet_med(|f| f.miss_pct),
             ),
+            // Summed: through edges, the first round fetches and the later ones hit.
             row(
-                "Fleet: origin egress",
+                "Fleet: origin egress (all rounds)",
                 "MiB",
                 Better::Lower,
-                fleet_med(|f| f.origin_egress.unwrap_or(0) as f64 / (1 << 20) as f64),
+                targets
+                    .iter()
+                    .map(|t| {
+                        let sent: Vec<u64> = t
+                            .rounds
+                            .iter()
+                            .filter_map(|r| r.fleet.as_ref()?.origin_egress)
+                            .collect();
+                        (!sent.is_empty()).then(|| mib(sent.iter().sum()))
+                    })
+                    .collect(),
             ),
             row(
                 "Fleet: edge hit ratio",
@@ -1050,8 +1062,14 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
                 each.join(" ")
             })
             .collect();
+        let unanswered: u64 = t
+            .rounds
+            .iter()
+            .filter_map(|r| r.fleet.as_ref())
+            .map(|f| f.edge_unanswered)
+            .sum();
         notes.push(format!(
-            "{}: {} edges (`hoard edge`) in front of a hoard of their own, fleet jobs to the edges in turn, memory and CPU of the first edge; each edge's fleet hit ratio by round: {}",
+            "{}: {} edges (`hoard edge`) in front of a hoard of their own, fleet jobs to the edges in turn, memory and CPU of the first edge; each edge's fleet hit ratio by round: {}; fleet lookups the origin did not answer in time (told as misses): {unanswered}",
             t.label,
             t.edges.len(),
             if per_round.is_empty() { "no fleet".to_owned() } else { per_round.join("; ") }

@@ -416,6 +416,8 @@ pub struct FleetResult {
     pub origin_egress: Option<u64>,
     /// Through edges: each edge's downloads served from its own disk, in percent.
     pub edge_hit_pct: Vec<Option<f64>>,
+    /// Through edges: lookups the origin did not answer in time.
+    pub edge_unanswered: u64,
     /// The first few errors, for the report's notes.
     pub first_errors: Vec<String>,
 }

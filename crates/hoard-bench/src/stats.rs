@@ -26,6 +26,11 @@ pub fn median(values: &[f64]) -> Option<f64> {
     })
 }
 
+/// The mean of `values`; `None` if there are none.
+pub fn mean(values: &[f64]) -> Option<f64> {
+    (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -49,9 +54,4 @@ mod tests {
         assert_eq!(median(&[5.0]), Some(5.0));
         assert_eq!(median(&[]), None);
     }
-}
-
-/// The mean of `values`; `None` if there are none.
-pub fn mean(values: &[f64]) -> Option<f64> {
-    (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
 }

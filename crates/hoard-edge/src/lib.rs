@@ -15,6 +15,7 @@ mod fill;
 mod forward;
 mod metrics;
 mod origin;
+mod serve;
 mod store;
 
 use std::net::SocketAddr;
@@ -176,16 +177,7 @@ pub async fn run(args: EdgeArgs, stop: CancellationToken) -> Result<(), EdgeErro
         let stop = stop.clone();
         tokio::spawn(async move { edge.origin.check_until(stop).await });
     }
-    use axum::serve::ListenerExt as _;
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(
-        listener,
-        router(edge).into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(stop.cancelled_owned())
-    .await?;
+    serve::serve(listener, router(edge), stop).await;
     Ok(())
 }
 
