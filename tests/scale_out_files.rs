@@ -90,7 +90,7 @@ fn repo_file(path: &str) -> String {
 fn help(subcommand: &'static str) -> &'static str {
     static HELPS: OnceLock<BTreeMap<&'static str, String>> = OnceLock::new();
     let helps = HELPS.get_or_init(|| {
-        ["serve", "gc", "caches"]
+        ["serve", "gc", "caches", "edge"]
             .into_iter()
             .map(|sub| {
                 let out = Command::new(env!("CARGO_BIN_EXE_hoard"))
@@ -212,17 +212,27 @@ fn assert_none(problems: &[String], what: &str) {
     assert!(problems.is_empty(), "{what}:\n{}", problems.join("\n"));
 }
 
-/// Checks variables set for hoard: `HOARD_*` must be options of `hoard serve`, cloud
-/// variables must be in [`CLOUD_VARIABLES`].
+/// Checks variables set for `hoard serve`: `HOARD_*` must be its options, cloud variables
+/// must be in [`CLOUD_VARIABLES`].
 fn check_variables<'a>(
+    names: impl IntoIterator<Item = &'a String>,
+    whose: &str,
+    problems: &mut Vec<String>,
+) {
+    check_variables_of("serve", names, whose, problems);
+}
+
+/// [`check_variables`] for `hoard <mode>`.
+fn check_variables_of<'a>(
+    mode: &'static str,
     names: impl IntoIterator<Item = &'a String>,
     whose: &str,
     problems: &mut Vec<String>,
 ) {
     for name in names {
         if name.starts_with("HOARD_") {
-            if !has_variable(help("serve"), name) {
-                problems.push(format!("{whose}: {name} is not a variable of hoard serve"));
+            if !has_variable(help(mode), name) {
+                problems.push(format!("{whose}: {name} is not a variable of hoard {mode}"));
             }
         } else if CLOUD_PREFIXES.iter().any(|p| name.starts_with(p))
             && !CLOUD_VARIABLES.contains(&name.as_str())
@@ -234,12 +244,17 @@ fn check_variables<'a>(
     }
 }
 
-/// Checks the flags among the words passed to hoard.
+/// Checks the flags among the words passed to `hoard serve`.
 fn check_flags(args: &[String], whose: &str, problems: &mut Vec<String>) {
+    check_flags_of("serve", args, whose, problems);
+}
+
+/// [`check_flags`] for `hoard <mode>`.
+fn check_flags_of(mode: &'static str, args: &[String], whose: &str, problems: &mut Vec<String>) {
     for arg in args.iter().filter(|a| a.starts_with("--")) {
         let flag = arg.split_once('=').map_or(arg.as_str(), |(f, _)| f);
-        if !has_flag(help("serve"), flag) {
-            problems.push(format!("{whose}: {flag} is not a flag of hoard serve"));
+        if !has_flag(help(mode), flag) {
+            problems.push(format!("{whose}: {flag} is not a flag of hoard {mode}"));
         }
     }
 }
@@ -309,20 +324,33 @@ fn built_image() -> String {
     format!("localhost/hoard:{}", env!("CARGO_PKG_VERSION"))
 }
 
-/// Replicas are the services that run the image `scripts/image` builds.
-fn replicas(services: &[ComposeService]) -> Vec<&ComposeService> {
+/// Services that run the image `scripts/image` builds.
+fn of_image(services: &[ComposeService]) -> impl Iterator<Item = &ComposeService> {
     services
         .iter()
         .filter(|s| text(&s.body["image"]).is_some_and(|i| i.starts_with("localhost/hoard:")))
+}
+
+/// Replicas are the services that run the image `scripts/image` builds as a server.
+fn replicas(services: &[ComposeService]) -> Vec<&ComposeService> {
+    of_image(services)
+        .filter(|s| s.command.first().map(String::as_str) != Some("edge"))
         .collect()
 }
 
-/// The replicas run the image as built, as its user, on a read-only root, and their health
-/// check is the image's own shell-free `hoard health`.
+/// Edges are the services that run it as `hoard edge`.
+fn edges(services: &[ComposeService]) -> Vec<&ComposeService> {
+    of_image(services)
+        .filter(|s| s.command.first().map(String::as_str) == Some("edge"))
+        .collect()
+}
+
+/// The replicas and the edge run the image as built, as its user, on a read-only root, and
+/// their health check is the image's own shell-free `hoard health`.
 #[test]
 fn the_compose_replicas_run_the_built_image_read_only_with_its_health_check() {
     let services = compose_services();
-    let replicas = replicas(&services);
+    let replicas: Vec<&ComposeService> = of_image(&services).collect();
     assert!(!replicas.is_empty(), "no service runs the hoard image");
     for replica in replicas {
         let body = &replica.body;
@@ -373,6 +401,37 @@ fn the_compose_file_sets_only_real_options_and_cloud_variables() {
         );
     }
     assert_none(&problems, "compose.yaml");
+}
+
+/// The edge runs `hoard edge` with only its real options, in front of the load balancer (a
+/// service of the file, on the port it publishes), keeping its copies in a volume at the
+/// image's data directory.
+#[test]
+fn the_compose_edge_sets_only_real_options_and_points_at_the_load_balancer() {
+    let services = compose_services();
+    let edges = edges(&services);
+    assert_eq!(edges.len(), 1, "one edge");
+    let edge = edges[0];
+    let mut problems = Vec::new();
+    check_variables_of("edge", edge.env.keys(), &edge.name, &mut problems);
+    check_flags_of("edge", &edge.command[1..], &edge.name, &mut problems);
+    assert_none(&problems, "compose.yaml");
+    let origin = edge
+        .env
+        .get("HOARD_ORIGIN")
+        .expect("the edge names its origin");
+    let url = url::Url::parse(origin).unwrap();
+    let host = url.host_str().unwrap();
+    assert!(
+        services.iter().any(|s| s.name == host),
+        "{origin}: no service {host}"
+    );
+    assert_eq!(url.port(), Some(3000), "{origin}: the load balancer's port");
+    let volumes = words(&edge.body["volumes"]);
+    assert!(
+        volumes.iter().any(|v| v.ends_with(":/data")),
+        "the copies are in a volume at /data: {volumes:?}"
+    );
 }
 
 /// Three replicas share one database (PostgreSQL), one bucket (S3) and one signing key, and in
@@ -703,6 +762,71 @@ fn the_kubernetes_probes_ask_healthz_and_readyz_on_hoards_port() {
             "{probe} execs {exec:?}"
         );
     }
+}
+
+/// The edge's DaemonSet runs `hoard edge` with only its real options, in front of the
+/// replicas' Service, with its probes on its port, as the image's user on a read-only root,
+/// its copies in a volume at the image's data directory.
+#[test]
+fn the_kubernetes_edge_runs_on_every_node_in_front_of_the_service() {
+    let docs = kubernetes_documents();
+    let daemonset = named(&docs, "DaemonSet", "hoard-edge");
+    let pod = &daemonset["spec"]["template"]["spec"];
+    let containers = list(&pod["containers"]);
+    assert_eq!(containers.len(), 1, "one container");
+    let container = &containers[0];
+    let env = container_env(&docs, container);
+    let args = words(&container["args"]);
+    assert_eq!(args.first().map(String::as_str), Some("edge"));
+    let mut problems = Vec::new();
+    check_variables_of("edge", env.keys(), "the DaemonSet", &mut problems);
+    check_flags_of("edge", &args[1..], "the DaemonSet", &mut problems);
+    assert_none(&problems, "kubernetes.yaml");
+
+    let origin = url::Url::parse(&env["HOARD_ORIGIN"]).unwrap();
+    let service = named(&docs, "Service", "hoard");
+    let namespace = text(&service["metadata"]["namespace"]).unwrap();
+    assert_eq!(
+        origin.host_str(),
+        Some(format!("hoard.{namespace}.svc").as_str()),
+        "the edge's origin is the Service"
+    );
+    let service_ports: Vec<i64> = list(&service["spec"]["ports"])
+        .iter()
+        .filter_map(|p| p["port"].as_i64())
+        .collect();
+    assert!(service_ports.contains(&i64::from(origin.port().unwrap_or(80))));
+
+    let port = listen_port(&env);
+    let http = list(&container["ports"])
+        .iter()
+        .find(|p| text(&p["name"]).as_deref() == Some("http"))
+        .expect("a port named http");
+    assert_eq!(http["containerPort"].as_i64(), Some(i64::from(port)));
+    assert!(
+        http["hostPort"].as_i64().is_some(),
+        "runners reach it on the node's address"
+    );
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        let get = &container[probe]["httpGet"];
+        assert_eq!(text(&get["path"]).as_deref(), Some(path), "{probe}");
+        assert_eq!(text(&get["port"]).as_deref(), Some("http"), "{probe}");
+    }
+    assert_eq!(
+        pod["securityContext"]["runAsUser"].as_i64(),
+        Some(i64::from(dockerfile_user()))
+    );
+    assert_eq!(
+        container["securityContext"]["readOnlyRootFilesystem"].as_bool(),
+        Some(true)
+    );
+    let mounts = list(&container["volumeMounts"]);
+    assert!(
+        mounts
+            .iter()
+            .any(|m| text(&m["mountPath"]).as_deref() == Some("/data")),
+        "the copies in a volume at the image's data directory"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

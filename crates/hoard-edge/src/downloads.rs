@@ -156,7 +156,15 @@ async fn bytes_of(
         counters.misses.fetch_add(1, Ordering::Relaxed);
         return Some(fill.follow(edge.memory.clone(), start, len));
     }
-    let Some(reservation) = edge.store.reserve(size) else {
+    // Making room removes files: off the async threads.
+    let reserved = {
+        let store = edge.store.clone();
+        tokio::task::spawn_blocking(move || store.reserve(size))
+            .await
+            .ok()
+            .flatten()
+    };
+    let Some(reservation) = reserved else {
         counters.passed.fetch_add(1, Ordering::Relaxed);
         return None;
     };
