@@ -893,6 +893,69 @@ async fn arc_output_is_yaml_whose_env_names_what_it_mounts() {
     let _ = Yaml::Null;
 }
 
+/// `--arc --edge-port`: each runner pod uses the edge on its own node (issue #59): the node's
+/// address comes from the pod's status before the URLs that name it, and --url (the origin)
+/// is still what set-up checks.
+#[tokio::test]
+async fn arc_output_points_each_runner_at_its_nodes_edge() {
+    use yaml_rust2::YamlLoader;
+    let upstream = Results::start().await;
+    let srv = forwarding_hoard(&upstream.base).await;
+    let args = [
+        "runner",
+        "setup",
+        "--arc",
+        "--edge-port",
+        "3100",
+        "--url",
+        &srv.base,
+        "--allow-loopback",
+    ];
+    let out = hoard(&args).await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("is ready and forwards"),
+        "the origin was checked: {stdout}"
+    );
+    let docs = YamlLoader::load_from_str(&stdout).unwrap();
+    let env = docs[1]["template"]["spec"]["containers"][0]["env"]
+        .as_vec()
+        .unwrap();
+    let names: Vec<&str> = env.iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert_eq!(names[0], "HOARD_NODE_IP", "{names:?}");
+    assert_eq!(
+        env[0]["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
+        Some("status.hostIP")
+    );
+    let value = |name: &str| {
+        env.iter()
+            .find(|e| e["name"].as_str() == Some(name))
+            .and_then(|e| e["value"].as_str())
+            .unwrap_or_else(|| panic!("{name} in {stdout}"))
+    };
+    for name in [
+        "HOARD_RESULTS_URL",
+        "HOARD_CACHE_URL",
+        "CUSTOM_ACTIONS_RESULTS_URL",
+    ] {
+        assert_eq!(value(name), "http://$(HOARD_NODE_IP):3100/", "{name}");
+    }
+    // Only with --arc.
+    let out = hoard(&[
+        "runner",
+        "setup",
+        "--edge-port",
+        "3100",
+        "--url",
+        &srv.base,
+        "--runner-dir",
+        "/nonexistent",
+    ])
+    .await;
+    assert!(!out.status.success());
+}
+
 // Set-up run as root (sudo) in a runner directory its user controls: a job runs as that user and
 // may plant links there between two set-ups (issue 57).
 

@@ -16,6 +16,15 @@ pub const NAME: &str = "hoard-runner";
 /// Where the runner container mounts the ConfigMap.
 pub const MOUNT: &str = "/home/runner/.hoard";
 
+/// The variable the runner container gets its node's address in (`status.hostIP`).
+pub const NODE_IP: &str = "HOARD_NODE_IP";
+
+/// The URL of the edge on the runner's node, listening on host port `port`, as the container's
+/// env spells it (Kubernetes puts the node's address in `$(HOARD_NODE_IP)`).
+pub fn node_edge(port: u16) -> String {
+    format!("http://$({NODE_IP}):{port}/")
+}
+
 /// A YAML block scalar of `text` at `indent` spaces (`text` ends with one newline).
 fn block(text: &str, indent: usize) -> String {
     let pad = " ".repeat(indent);
@@ -64,6 +73,17 @@ pub fn render(
         let _ = write!(out, "  {name}: {}", block(&text, 4));
     }
     let _ = writeln!(out, "---\ntemplate:\n  spec:\n    containers:\n      - name: runner\n        image: ghcr.io/actions/actions-runner:latest\n        command: [\"/home/runner/run.sh\"]\n        env:");
+    // The node's address first: later values may name it as $(HOARD_NODE_IP).
+    let node_edge = [results_url, cache_url]
+        .iter()
+        .flatten()
+        .any(|url| url.contains(&format!("$({NODE_IP})")));
+    if node_edge {
+        let _ = writeln!(
+            out,
+            "          - name: {NODE_IP}\n            valueFrom:\n              fieldRef:\n                fieldPath: status.hostIP"
+        );
+    }
     let mut env = Vec::new();
     if let Some(url) = results_url {
         env.push((RESULTS_URL, url.to_owned()));
@@ -102,6 +122,18 @@ pub fn render(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_runner_at_its_nodes_edge_gets_the_nodes_address_first() {
+        let edge = node_edge(3100);
+        let out = render(Some(&edge), Some(&edge), None);
+        let at = |needle: &str| {
+            out.find(needle)
+                .unwrap_or_else(|| panic!("{needle}:\n{out}"))
+        };
+        assert!(at("fieldPath: status.hostIP") < at("http://$(HOARD_NODE_IP):3100/"));
+        assert!(!render(Some("http://hoard:3000/"), None, None).contains(NODE_IP));
+    }
 
     #[test]
     fn block_scalars_keep_the_text() {

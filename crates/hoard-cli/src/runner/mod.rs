@@ -62,6 +62,12 @@ pub struct SetupArgs {
     /// for an actions-runner-controller gha-runner-scale-set values file.
     #[arg(long)]
     pub arc: bool,
+    /// With --arc: point each runner pod at the hoard edge on its own node (docs/edges.md: the
+    /// DaemonSet of contrib/scale-out/kubernetes.yaml, with this host port), at
+    /// http://<the node's address>:PORT/, instead of at --url. --url is then the origin the
+    /// edges are in front of, which set-up checks.
+    #[arg(long, requires = "arc", value_name = "PORT")]
+    pub edge_port: Option<u16>,
     /// Point these build tools at hoard in every job, with a token of the job's own
     /// (docs/build-tools/): turbo, nx, sccache, ccache, go, or all. The first JavaScript action
     /// of each job exchanges the job's runtime token for a tool token and exports the tools'
@@ -278,11 +284,13 @@ pub async fn setup(args: &SetupArgs) -> Result<String, Refusal> {
         let mut tools = chosen_tools(&args.build_tools);
         tools.retain(|t| *t != BuildTool::Go);
         let tools = tools_line(&tools);
-        report.push_str(&arc::render(
-            results.as_ref().map(Url::as_str),
-            Some(cache.as_str()),
-            tools.as_deref(),
-        ));
+        // Each runner at its node's edge: the node's address is known only in the pod.
+        let edge = args.edge_port.map(arc::node_edge);
+        let (results, cache) = match &edge {
+            Some(edge) => (results.as_ref().map(|_| edge.as_str()), edge.as_str()),
+            None => (results.as_ref().map(Url::as_str), cache.as_str()),
+        };
+        report.push_str(&arc::render(results, Some(cache), tools.as_deref()));
         return Ok(report);
     }
     let Some(dir) = &args.runner_dir else {
