@@ -96,6 +96,11 @@ async fn concurrent_misses_fetch_an_entry_once_and_the_copies_stay_within_max_by
         counter(&edge, "hoard_edge_bytes_served_total").await,
         8.0 * data.len() as f64
     );
+    // None of them streamed from the origin on its own: each followed the one fetch.
+    assert_eq!(counter(&edge, "hoard_edge_passed_total").await, 0.0);
+    let downloads = counter(&edge, "hoard_edge_hits_total").await
+        + counter(&edge, "hoard_edge_misses_total").await;
+    assert_eq!(downloads, 8.0);
     // A range of the copy.
     let res = reqwest::Client::new()
         .get(&link)

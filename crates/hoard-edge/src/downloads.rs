@@ -116,16 +116,33 @@ pub async fn serve(
     if method == Method::HEAD || len == 0 {
         return response;
     }
-    let Some(bytes) = bytes_of(edge, &key, &path_and_query, size, start, len).await else {
-        return forward(edge, method, uri, headers, client, Body::empty()).await;
-    };
     let recovering = Recovering {
         edge: edge.clone(),
         key,
         path_and_query,
         end: start + len,
     };
-    *response.body_mut() = Body::from_stream(recovering.around(bytes, start));
+    let leg = match bytes_of(
+        edge,
+        &recovering.key,
+        &recovering.path_and_query,
+        size,
+        start,
+        len,
+    )
+    .await
+    {
+        Some(bytes) => Leg::Local(bytes),
+        // Not kept here: straight from the origin, counted all the same.
+        None => match recovering.rest_from(start).await {
+            Ok(bytes) => Leg::Origin(bytes),
+            Err(e) => {
+                tracing::warn!(copy = %recovering.key, error = %e, "cannot stream an entry from the origin");
+                return unreachable(uri.path());
+            }
+        },
+    };
+    *response.body_mut() = Body::from_stream(recovering.around(leg, start));
     response
 }
 
@@ -152,55 +169,19 @@ async fn bytes_of(
         counters.hits.fetch_add(1, Ordering::Relaxed);
         return Some(copy.read(edge.memory.clone(), start, len));
     }
-    if let Some(fill) = edge.fills.joined(key).filter(|f| f.size() == size) {
-        counters.misses.fetch_add(1, Ordering::Relaxed);
-        return Some(fill.follow(edge.memory.clone(), start, len));
-    }
-    // Making room removes files: off the async threads.
-    let reserved = {
-        let store = edge.store.clone();
-        tokio::task::spawn_blocking(move || store.reserve(size))
-            .await
-            .ok()
-            .flatten()
-    };
-    let Some(reservation) = reserved else {
+    if !edge.store.could_keep(size) {
         counters.passed.fetch_add(1, Ordering::Relaxed);
         return None;
-    };
-    let answer = match edge
-        .origin
-        .fetch(path_and_query, None, DECIDE_TIMEOUT)
-        .await
-    {
-        Ok(answer)
-            if answer.status() == StatusCode::OK
-                && answer.content_length().is_none_or(|n| n == size) =>
-        {
-            answer
-        }
-        Ok(answer) => {
-            tracing::warn!(
-                copy = key,
-                status = answer.status().as_u16(),
-                "the origin answered a fetch of an entry it had just confirmed otherwise"
-            );
-            counters.passed.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        Err(e) => {
-            tracing::warn!(copy = key, error = %e, "cannot fetch an entry from the origin");
-            counters.passed.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-    };
+    }
     let source = Source {
+        origin: edge.origin.clone(),
         store: edge.store.clone(),
         memory: edge.memory.clone(),
         counters: edge.counters.clone(),
+        start_within: DECIDE_TIMEOUT,
         idle: edge.idle,
     };
-    match edge.fills.start(key, size, reservation, answer, source) {
+    match edge.fills.join_or_start(key, size, path_and_query, source) {
         Some(fill) => {
             counters.misses.fetch_add(1, Ordering::Relaxed);
             Some(fill.follow(edge.memory.clone(), start, len))
@@ -226,12 +207,12 @@ enum Leg {
 }
 
 impl Recovering {
-    /// `bytes` (from `start`), counted as served; on an error of theirs, the rest from the
-    /// origin by range.
-    fn around(self, bytes: ByteStream, start: u64) -> ByteStream {
+    /// The bytes of `leg` (from `start`), counted as served; on an error of the edge's own, the
+    /// rest from the origin by range.
+    fn around(self, leg: Leg, start: u64) -> ByteStream {
         let this = Arc::new(self);
         Box::pin(futures_util::stream::unfold(
-            (Some(Leg::Local(bytes)), start),
+            (Some(leg), start),
             move |(leg, pos)| {
                 let this = this.clone();
                 async move {

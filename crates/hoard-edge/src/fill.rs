@@ -17,7 +17,8 @@ use hoard_server::model::ByteStream;
 use tokio::sync::watch;
 
 use crate::metrics::Counters;
-use crate::store::{BlockSums, Reservation, Store};
+use crate::origin::Origin;
+use crate::store::{BlockSums, Store};
 
 /// How far a fetch has come.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,11 +44,14 @@ pub struct Fills {
     running: Mutex<HashMap<String, Arc<Fill>>>,
 }
 
-/// What a fetch needs besides its answer.
+/// What a fetch needs.
 pub struct Source {
+    pub origin: Arc<Origin>,
     pub store: Arc<Store>,
     pub memory: Arc<TransferMemory>,
     pub counters: Arc<Counters>,
+    /// How long the origin may take to start sending.
+    pub start_within: Duration,
     /// Silence from the origin for this long ends the fetch.
     pub idle: Duration,
 }
@@ -58,20 +62,15 @@ impl Fills {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The fetch of `key` under way, if any.
-    pub fn joined(&self, key: &str) -> Option<Arc<Fill>> {
-        self.running().get(key).cloned()
-    }
-
-    /// Starts fetching `key` (`size` bytes) from `answer`, the origin's answer to a GET of it,
-    /// or joins the fetch another request started meanwhile. `None` if the copy cannot be
-    /// written (a disk error).
-    pub fn start(
+    /// The fetch of `key` (`size` bytes, at the download link `path_and_query`) under way, or
+    /// a new one: one per entry, however many ask at once. `None` if the copy's file cannot be
+    /// created. A fetch that cannot keep a copy (no room left, the origin refusing) stops at
+    /// once, and those following it take the entry from the origin by range.
+    pub fn join_or_start(
         self: &Arc<Self>,
         key: &str,
         size: u64,
-        reservation: Reservation,
-        answer: reqwest::Response,
+        path_and_query: &str,
         source: Source,
     ) -> Option<Arc<Fill>> {
         let mut running = self.running();
@@ -92,27 +91,14 @@ impl Fills {
             size,
             progress,
         });
+        // In the map before anything is asked of the origin: a request meanwhile joins it.
         running.insert(key.to_owned(), fill.clone());
         drop(running);
         let fills = self.clone();
         let key = key.to_owned();
+        let path_and_query = path_and_query.to_owned();
         tokio::spawn(async move {
-            let outcome = fetch(&file, size, answer, &source, &tx).await;
-            let published = match outcome {
-                Ok(sums) => {
-                    let store = source.store.clone();
-                    let key = key.clone();
-                    let tmp2 = tmp.clone();
-                    tokio::task::spawn_blocking(move || {
-                        file.write_all_at(&sums, size)?;
-                        store.publish(reservation, &tmp2, &key)
-                    })
-                    .await
-                    .map_err(io::Error::other)
-                    .and_then(|r| r)
-                }
-                Err(e) => Err(e),
-            };
+            let published = fill_copy(&file, &tmp, &key, size, &path_and_query, &source, &tx).await;
             // Removed before the end is told, so a request that sees the end finds the copy.
             fills.running().remove(&key);
             match published {
@@ -120,7 +106,7 @@ impl Fills {
                     let _ = tx.send(Progress::Done);
                 }
                 Err(e) => {
-                    tracing::warn!(copy = %key, error = %e, "fetching an entry from the origin failed");
+                    tracing::warn!(copy = %key, error = %e, "no copy of an entry was kept");
                     let _ = std::fs::remove_file(&tmp);
                     tx.send_modify(|p| {
                         if let Progress::Writing(n) = *p {
@@ -132,6 +118,53 @@ impl Fills {
         });
         Some(fill)
     }
+}
+
+/// Makes room for the copy, fetches the entry into `file` and publishes it.
+async fn fill_copy(
+    file: &Arc<File>,
+    tmp: &std::path::Path,
+    key: &str,
+    size: u64,
+    path_and_query: &str,
+    source: &Source,
+    tx: &watch::Sender<Progress>,
+) -> io::Result<()> {
+    // Making room removes files: off the async threads.
+    let reservation = {
+        let store = source.store.clone();
+        tokio::task::spawn_blocking(move || store.reserve(size))
+            .await
+            .map_err(io::Error::other)?
+            .ok_or_else(|| io::Error::other("no room for the copy: copies being written hold it"))?
+    };
+    let answer = source
+        .origin
+        .fetch(path_and_query, None, source.start_within)
+        .await
+        .map_err(io::Error::other)?;
+    if answer.status() != reqwest::StatusCode::OK
+        || answer.content_length().is_some_and(|n| n != size)
+    {
+        return Err(io::Error::other(format!(
+            "the origin answered {} ({:?} bytes) to a fetch of an entry of {size} bytes it had just confirmed",
+            answer.status(),
+            answer.content_length()
+        )));
+    }
+    let sums = fetch(file, size, answer, source, tx).await?;
+    let (file, store, key, tmp) = (
+        file.clone(),
+        source.store.clone(),
+        key.to_owned(),
+        tmp.to_owned(),
+    );
+    tokio::task::spawn_blocking(move || {
+        file.write_all_at(&sums, size)?;
+        store.publish(reservation, &tmp, &key)
+    })
+    .await
+    .map_err(io::Error::other)?
 }
 
 /// Writes the answer's bytes into `file` block by block, telling each block; the checks of
@@ -221,10 +254,6 @@ async fn write(
 }
 
 impl Fill {
-    pub fn size(&self) -> u64 {
-        self.size
-    }
-
     /// Bytes `start..start + len` of the copy as the fetch writes them; an error if the fetch
     /// stops before it wrote them.
     pub fn follow(

@@ -70,7 +70,7 @@ pub struct EdgeArgs {
 
 /// What the edge's handlers share.
 pub struct Edge {
-    origin: Origin,
+    origin: Arc<Origin>,
     store: Arc<Store>,
     fills: Arc<fill::Fills>,
     memory: Arc<TransferMemory>,
@@ -149,7 +149,7 @@ pub async fn run(args: EdgeArgs, stop: CancellationToken) -> Result<(), EdgeErro
             })?
     };
     let edge = Arc::new(Edge {
-        origin,
+        origin: Arc::new(origin),
         store,
         fills: Arc::default(),
         memory: TransferMemory::new(args.transfer_memory),

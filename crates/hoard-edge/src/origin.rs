@@ -112,8 +112,34 @@ impl Origin {
         }
     }
 
-    /// Sends a request whose body is in memory to the replicas in turn (the next one when a
-    /// connection is refused) within `within`.
+    /// The first answer of the replicas in turn to `request` (the next one is asked when a
+    /// replica cannot be reached), within `within`.
+    async fn first_answer(
+        &self,
+        within: Duration,
+        request: impl Fn(&Replica) -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, Unanswered> {
+        let tries = async {
+            let mut last = Unanswered::AllDown;
+            for replica in self.in_turn() {
+                match request(replica).send().await {
+                    Ok(answer) => return Ok(answer),
+                    Err(e) => {
+                        if e.is_connect() || e.is_timeout() {
+                            self.mark_down(replica, &e.to_string());
+                        }
+                        last = Unanswered::Failed(e.to_string());
+                    }
+                }
+            }
+            Err(last)
+        };
+        tokio::time::timeout(within, tries)
+            .await
+            .unwrap_or(Err(Unanswered::Late(within)))
+    }
+
+    /// Sends a request whose body is in memory.
     pub async fn send(
         &self,
         method: Method,
@@ -122,28 +148,13 @@ impl Origin {
         body: Bytes,
         within: Duration,
     ) -> Result<reqwest::Response, Unanswered> {
-        let tries = async {
-            let mut last = Unanswered::AllDown;
-            for replica in self.in_turn() {
-                let request = self
-                    .api
-                    .request(method.clone(), format!("{}{path_and_query}", replica.base))
-                    .headers(headers.clone())
-                    .body(body.clone());
-                match request.send().await {
-                    Ok(answer) => return Ok(answer),
-                    Err(e) => {
-                        self.mark_down(replica, &e.to_string());
-                        last = Unanswered::Failed(e.to_string());
-                    }
-                }
-            }
-            Err(last)
-        };
-        match tokio::time::timeout(within, tries).await {
-            Ok(answer) => answer,
-            Err(_) => Err(Unanswered::Late(within)),
-        }
+        self.first_answer(within, |replica| {
+            self.api
+                .request(method.clone(), format!("{}{path_and_query}", replica.base))
+                .headers(headers.clone())
+                .body(body.clone())
+        })
+        .await
     }
 
     /// Sends a request with a streamed body to the next replica that is up (one try: a body
@@ -178,29 +189,14 @@ impl Origin {
         range: Option<(u64, u64)>,
         within: Duration,
     ) -> Result<reqwest::Response, Unanswered> {
-        let tries = async {
-            let mut last = Unanswered::AllDown;
-            for replica in self.in_turn() {
-                let mut request = self.bytes.get(format!("{}{path_and_query}", replica.base));
-                if let Some((from, end)) = range {
-                    request = request.header("range", format!("bytes={from}-{}", end - 1));
-                }
-                match request.send().await {
-                    Ok(answer) => return Ok(answer),
-                    Err(e) => {
-                        if e.is_connect() {
-                            self.mark_down(replica, &e.to_string());
-                        }
-                        last = Unanswered::Failed(e.to_string());
-                    }
-                }
+        self.first_answer(within, |replica| {
+            let request = self.bytes.get(format!("{}{path_and_query}", replica.base));
+            match range {
+                Some((from, end)) => request.header("range", format!("bytes={from}-{}", end - 1)),
+                None => request,
             }
-            Err(last)
-        };
-        match tokio::time::timeout(within, tries).await {
-            Ok(answer) => answer,
-            Err(_) => Err(Unanswered::Late(within)),
-        }
+        })
+        .await
     }
 
     /// Asks each replica's `/readyz` every [`CHECK_EVERY`] until `stop`, marking it up or down.

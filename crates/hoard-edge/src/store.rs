@@ -215,6 +215,11 @@ impl Store {
         fits
     }
 
+    /// Whether a copy of `size` bytes could be kept at all (it fits in `--max-bytes`).
+    pub fn could_keep(&self, size: u64) -> bool {
+        disk_size(size) <= self.max_bytes
+    }
+
     /// Room for a copy of `size` bytes, making it by removing the least recently used copies;
     /// `None` if a copy that large cannot be kept at all.
     pub fn reserve(self: &Arc<Self>, size: u64) -> Option<Reservation> {
