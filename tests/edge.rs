@@ -318,3 +318,51 @@ fn an_edge_without_a_usable_origin_does_not_start() {
         assert!(said.contains("--origin"), "{bad}: {said}");
     }
 }
+
+/// Twirp's binary encoding through the edge: the lookup's link is pointed at the edge too, and
+/// with the origin away the miss is an empty message, as the client can read it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protobuf_lookups_are_answered_in_protobuf() {
+    use hoard::api::proto::{GetCacheEntryDownloadUrlRequest, GetCacheEntryDownloadUrlResponse};
+    use prost::Message as _;
+    let origin = TestServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let edge = start_edge(dir.path(), &origin.base, "64MiB");
+    let data = random_bytes(1000, 6);
+    save_through(&edge.base, "binary", &data).await;
+    let ask = || async {
+        let request = GetCacheEntryDownloadUrlRequest {
+            key: "binary".into(),
+            version: VERSION.into(),
+            ..Default::default()
+        };
+        let res = reqwest::Client::new()
+            .post(format!(
+                "{}{}GetCacheEntryDownloadURL",
+                edge.base,
+                common::SERVICE
+            ))
+            .bearer_auth(main_token())
+            .header("content-type", "application/protobuf")
+            .body(request.encode_to_vec())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        assert_eq!(res.headers()["content-type"], "application/protobuf");
+        GetCacheEntryDownloadUrlResponse::decode(res.bytes().await.unwrap()).unwrap()
+    };
+    let found = ask().await;
+    assert!(found.ok);
+    assert!(
+        found.signed_download_url.starts_with(&edge.base),
+        "{found:?}"
+    );
+    assert_eq!(get(&found.signed_download_url).await, data);
+    origin.stop().await;
+    let missed = ask().await;
+    assert!(
+        !missed.ok && missed.signed_download_url.is_empty(),
+        "{missed:?}"
+    );
+}

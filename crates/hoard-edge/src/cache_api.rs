@@ -83,8 +83,17 @@ fn json_answer(status: StatusCode, body: &Value) -> Response {
     response
 }
 
-/// What the client is told when the origin cannot decide.
-fn undecided(call: Call) -> Response {
+/// What the client is told when the origin cannot decide; `protobuf` when it asked in
+/// Twirp's binary encoding (where an empty message is `ok: false`).
+fn undecided(call: Call, protobuf: bool) -> Response {
+    if protobuf && matches!(call, Call::Lookup | Call::Reserve | Call::Finalize) {
+        let mut response = Response::new(Body::empty());
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/protobuf"),
+        );
+        return response;
+    }
     match call {
         // A quiet miss (PROTOCOL.md §2.7, §5.2).
         Call::Lookup => json_answer(StatusCode::OK, &json!({ "ok": false })),
@@ -147,6 +156,7 @@ pub async fn call(
     } else {
         CALL_TIMEOUT
     };
+    let protobuf_asked = is_protobuf(incoming);
     let path_and_query = uri.path_and_query().map_or("/", |p| p.as_str());
     let answer = edge
         .origin
@@ -181,7 +191,7 @@ pub async fn call(
         } else {
             counters.saves_refused.fetch_add(1, Ordering::Relaxed);
         }
-        return undecided(call);
+        return undecided(call, protobuf_asked);
     };
     let Some(field) = call
         .link_field()
@@ -195,19 +205,21 @@ pub async fn call(
     let status = answer.status();
     let mut headers = answer.headers().clone();
     hoard_server::api::proxy::strip_hop_by_hop(&mut headers);
-    let mut value: Value = match answer.bytes().await.map(|b| serde_json::from_slice(&b)) {
-        Ok(Ok(value)) => value,
-        _ => {
-            if call.is_lookup() {
-                counters.lookups_unanswered.fetch_add(1, Ordering::Relaxed);
-            } else {
-                counters.saves_refused.fetch_add(1, Ordering::Relaxed);
-            }
-            return undecided(call);
-        }
+    headers.remove(header::CONTENT_LENGTH);
+    let base = edge.base_for(incoming);
+    let pointed = match answer.bytes().await {
+        Ok(body) if is_protobuf(&headers) => pointed_protobuf(call, &body, base.as_deref()),
+        Ok(body) => pointed_json(field, &body, base.as_deref()),
+        Err(_) => None,
     };
-    let link = value.get(field).and_then(Value::as_str);
-    let hit = link.is_some_and(|l| !l.is_empty());
+    let Some((body, hit)) = pointed else {
+        if call.is_lookup() {
+            counters.lookups_unanswered.fetch_add(1, Ordering::Relaxed);
+        } else {
+            counters.saves_refused.fetch_add(1, Ordering::Relaxed);
+        }
+        return undecided(call, protobuf_asked);
+    };
     if call.is_lookup() {
         let counter = if hit {
             &counters.lookups_hit
@@ -216,20 +228,58 @@ pub async fn call(
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
-    if let Some(pointed) = link
-        .zip(edge.base_for(incoming))
-        .and_then(|(l, base)| pointed_at(l, &base))
-    {
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response
+}
+
+fn is_protobuf(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().to_ascii_lowercase())
+        .is_some_and(|v| {
+            v.starts_with("application/protobuf") || v.starts_with("application/x-protobuf")
+        })
+}
+
+/// A JSON answer with its link `field` pointed at `base`, and whether it has a link; `None` if
+/// it is not JSON.
+fn pointed_json(field: &str, body: &[u8], base: Option<&str>) -> Option<(Vec<u8>, bool)> {
+    let mut value: Value = serde_json::from_slice(body).ok()?;
+    let link = value.get(field).and_then(Value::as_str);
+    let hit = link.is_some_and(|l| !l.is_empty());
+    if let Some(pointed) = link.zip(base).and_then(|(l, base)| pointed_at(l, base)) {
         value[field] = Value::String(pointed);
     }
-    headers.remove(header::CONTENT_LENGTH);
-    let mut response = json_answer(status, &value);
-    for (name, v) in &headers {
-        if name != header::CONTENT_TYPE {
-            response.headers_mut().insert(name.clone(), v.clone());
+    Some((value.to_string().into_bytes(), hit))
+}
+
+/// [`pointed_json`] for a protobuf answer (Twirp's binary encoding).
+fn pointed_protobuf(call: Call, body: &[u8], base: Option<&str>) -> Option<(Vec<u8>, bool)> {
+    use hoard_server::api::proto::{CreateCacheEntryResponse, GetCacheEntryDownloadUrlResponse};
+    use prost::Message as _;
+    let point = |link: &mut String| {
+        if let Some(pointed) = base.and_then(|base| pointed_at(link, base)) {
+            *link = pointed;
         }
+    };
+    match call {
+        Call::Lookup => {
+            let mut answer = GetCacheEntryDownloadUrlResponse::decode(body).ok()?;
+            let hit = !answer.signed_download_url.is_empty();
+            point(&mut answer.signed_download_url);
+            Some((answer.encode_to_vec(), hit))
+        }
+        Call::Reserve => {
+            let mut answer = CreateCacheEntryResponse::decode(body).ok()?;
+            let hit = !answer.signed_upload_url.is_empty();
+            point(&mut answer.signed_upload_url);
+            Some((answer.encode_to_vec(), hit))
+        }
+        _ => None,
     }
-    response
 }
 
 #[cfg(test)]
