@@ -5,6 +5,8 @@
 //! and the `object_store` crate's own parsers.
 #![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Command;
@@ -79,6 +81,10 @@ const OTHER_PROGRAMS_FLAGS: &[&str] = &[
     // podman run's, for the container image.
     "--name",
     "--read-only",
+    // helm install's, for the chart.
+    "--namespace",
+    "--create-namespace",
+    "--set",
 ];
 
 fn repo_file(path: &str) -> String {
@@ -827,6 +833,159 @@ fn the_kubernetes_edge_runs_on_every_node_in_front_of_the_service() {
             .any(|m| text(&m["mountPath"]).as_deref() == Some("/data")),
         "the copies in a volume at the image's data directory"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helm
+
+/// `helm` as scripts/clients builds it (from its Go module).
+fn helm() -> std::path::PathBuf {
+    let helm = common::clients::clients_dir().join("bin/helm");
+    let runs = Command::new(&helm)
+        .arg("version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        runs,
+        "{} does not run: run scripts/clients (scripts/test does)",
+        helm.display()
+    );
+    helm
+}
+
+/// `helm ARGS` on the chart; its standard output.
+fn helm_on_chart(args: &[&str]) -> String {
+    let out = Command::new(helm())
+        .args(args)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib/helm/hoard"))
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "helm {args:?}:\n{said}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The chart rendered as `helm install hoard` into namespace `ci` would, with `set`.
+fn rendered(set: &[&str]) -> Vec<Yaml> {
+    let mut args = vec!["template", "hoard", "--namespace", "ci"];
+    for s in set {
+        args.extend(["--set", s]);
+    }
+    // The chart's path comes last: `helm template NAME … CHART`.
+    let text = helm_on_chart(&args);
+    YamlLoader::load_from_str(&text)
+        .unwrap()
+        .into_iter()
+        .filter(|d| !d.is_null())
+        .collect()
+}
+
+/// The chart (contrib/helm/hoard) lints clean and renders an origin of replicas and an edge on
+/// every node that name only real options, share their settings from one Secret, run as the
+/// image's user on a read-only root with probes on their port, and the edge in front of the
+/// Service; switches do what they say.
+#[test]
+#[cfg_attr(
+    not(feature = "full-tests"),
+    ignore = "full tier (scripts/test): needs helm from scripts/clients"
+)]
+fn the_helm_chart_lints_and_renders_the_origin_and_an_edge_on_every_node() {
+    helm_on_chart(&["lint", "--strict"]);
+    let docs = rendered(&[]);
+    let deployment = named(&docs, "Deployment", "hoard");
+    let daemonset = named(&docs, "DaemonSet", "hoard-edge");
+    let service = named(&docs, "Service", "hoard");
+    let mut problems = Vec::new();
+    for (workload, mode) in [(deployment, "serve"), (daemonset, "edge")] {
+        let pod = &workload["spec"]["template"]["spec"];
+        let containers = list(&pod["containers"]);
+        assert_eq!(containers.len(), 1, "{mode}: one container");
+        let container = &containers[0];
+        let args = words(&container["args"]);
+        assert_eq!(args, [mode]);
+        let env = container_env(&docs, container);
+        check_variables_of(mode, env.keys(), mode, &mut problems);
+        let port = listen_port(&env);
+        let http = list(&container["ports"])
+            .iter()
+            .find(|p| text(&p["name"]).as_deref() == Some("http"))
+            .unwrap_or_else(|| panic!("{mode}: a port named http"));
+        assert_eq!(
+            http["containerPort"].as_i64(),
+            Some(i64::from(port)),
+            "{mode}"
+        );
+        for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+            let get = &container[probe]["httpGet"];
+            assert_eq!(text(&get["path"]).as_deref(), Some(path), "{mode}: {probe}");
+            assert_eq!(
+                text(&get["port"]).as_deref(),
+                Some("http"),
+                "{mode}: {probe}"
+            );
+        }
+        assert_eq!(
+            pod["securityContext"]["runAsUser"].as_i64(),
+            Some(i64::from(dockerfile_user())),
+            "{mode}: the image's user"
+        );
+        assert_eq!(pod["securityContext"]["runAsNonRoot"].as_bool(), Some(true));
+        assert_eq!(
+            container["securityContext"]["readOnlyRootFilesystem"].as_bool(),
+            Some(true),
+            "{mode}"
+        );
+        let image = text(&container["image"]).unwrap();
+        assert!(
+            image.ends_with(&format!("/hoard:{}", env!("CARGO_PKG_VERSION"))),
+            "{image}"
+        );
+        if mode == "serve" {
+            assert!(env["HOARD_DATABASE_URL"].starts_with("postgres://"));
+            assert!(env["HOARD_SIGNING_KEY"].len() >= 32);
+            assert!(env["HOARD_STORAGE_URL"].starts_with("s3://"));
+        } else {
+            let origin = url::Url::parse(&env["HOARD_ORIGIN"]).unwrap();
+            assert_eq!(
+                origin.host_str(),
+                Some("hoard.ci.svc"),
+                "the edge's origin is the Service"
+            );
+            let ports: Vec<i64> = list(&service["spec"]["ports"])
+                .iter()
+                .filter_map(|p| p["port"].as_i64())
+                .collect();
+            assert!(ports.contains(&i64::from(origin.port().unwrap_or(80))));
+            assert!(
+                http["hostPort"].as_i64().is_some(),
+                "runners reach it on the node's address"
+            );
+            let mounts = list(&container["volumeMounts"]);
+            assert!(mounts
+                .iter()
+                .any(|m| text(&m["mountPath"]).as_deref() == Some("/data")));
+        }
+    }
+    assert_none(&problems, "the chart");
+    assert_eq!(deployment["spec"]["replicas"].as_i64(), Some(3));
+
+    // Switches.
+    let docs = rendered(&[
+        "edge.enabled=false",
+        "origin.existingSecret=mine",
+        "origin.replicas=5",
+    ]);
+    assert!(of_kind(&docs, "DaemonSet").is_empty(), "no edge");
+    assert!(of_kind(&docs, "Secret").is_empty(), "the user's own Secret");
+    let deployment = named(&docs, "Deployment", "hoard");
+    assert_eq!(deployment["spec"]["replicas"].as_i64(), Some(5));
+    let container = &list(&deployment["spec"]["template"]["spec"]["containers"])[0];
+    let from = &list(&container["envFrom"])[0]["secretRef"]["name"];
+    assert_eq!(text(from).as_deref(), Some("mine"));
 }
 
 // ---------------------------------------------------------------------------------------------
