@@ -68,6 +68,22 @@ async fn save_through(base: &str, key: &str, data: &[u8]) -> String {
     link
 }
 
+/// Saves `data` under `key` at the origin itself, and returns its download link as a lookup
+/// through the edge at `edge` answers it: an entry the edge has no copy of.
+async fn saved_at_origin(origin: &TestServer, edge: &str, key: &str, data: &[u8]) -> String {
+    let t = main_token();
+    let upload = origin.reserve(&t, key, VERSION).await;
+    assert_eq!(origin.put_blob(&upload, data.to_vec()).await.status(), 201);
+    let (_, done) = origin.finalize(&t, key, VERSION, data.len()).await;
+    assert_eq!(done["ok"], true, "{done}");
+    let http = reqwest::Client::new();
+    let body = json!({"key": key, "version": VERSION});
+    let (_, found) = twirp_at(&http, edge, &t, "GetCacheEntryDownloadURL", body).await;
+    let link = found["signed_download_url"].as_str().unwrap().to_owned();
+    assert!(link.starts_with(edge), "{found}");
+    link
+}
+
 async fn get(link: &str) -> Vec<u8> {
     let res = reqwest::get(link).await.unwrap();
     assert_eq!(res.status(), 200);
@@ -81,7 +97,7 @@ async fn concurrent_misses_fetch_an_entry_once_and_the_copies_stay_within_max_by
     let edge = start_edge(dir.path(), &origin.base, "8MiB");
 
     let data = random_bytes(3 * MIB + 5, 1);
-    let link = save_through(&edge.base, "one", &data).await;
+    let link = saved_at_origin(&origin, &edge.base, "one", &data).await;
     // Eight clients at once, none of which the edge has served before: one fetch.
     let all = futures_util::future::join_all((0..8).map(|_| get(&link))).await;
     assert!(
@@ -118,7 +134,7 @@ async fn concurrent_misses_fetch_an_entry_once_and_the_copies_stay_within_max_by
     let mut last = String::new();
     for i in 0..4 {
         let data = random_bytes(3 * MIB, 10 + i);
-        last = save_through(&edge.base, &format!("more-{i}"), &data).await;
+        last = saved_at_origin(&origin, &edge.base, &format!("more-{i}"), &data).await;
         assert_eq!(get(&last).await, data);
     }
     let on_disk: u64 = common::files_under(&dir.path().join("copies"))
@@ -268,7 +284,7 @@ async fn links_the_origin_did_not_sign_open_nothing_on_the_edge() {
     let dir = tempfile::tempdir().unwrap();
     let edge = start_edge(dir.path(), &origin.base, "64MiB");
     let data = random_bytes(MIB, 5);
-    let link = save_through(&edge.base, "signed", &data).await;
+    let link = saved_at_origin(&origin, &edge.base, "signed", &data).await;
     assert_eq!(get(&link).await, data);
     let (path, query) = link.split_once('?').unwrap();
     let forged = format!("{path}?{}", query.replace("sig=", "sig=A"));
@@ -364,5 +380,89 @@ async fn protobuf_lookups_are_answered_in_protobuf() {
     assert!(
         !missed.ok && missed.signed_download_url.is_empty(),
         "{missed:?}"
+    );
+}
+
+/// A save through the edge leaves its copy there: the restore after it reads nothing from the
+/// origin. An upload in blocks, or one whose reservation did not go through the edge, streams
+/// through without a copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_save_through_the_edge_leaves_its_copy_there() {
+    let origin = TestServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let edge = start_edge(dir.path(), &origin.base, "64MiB");
+    let data = random_bytes(2 * MIB + 3, 7);
+    let link = save_through(&edge.base, "kept-from-save", &data).await;
+    assert_eq!(get(&link).await, data);
+    assert_eq!(
+        counter(&edge, "hoard_edge_bytes_from_origin_total").await,
+        0.0
+    );
+    assert_eq!(counter(&edge, "hoard_edge_hits_total").await, 1.0);
+    assert_eq!(counter(&edge, "hoard_edge_copies").await, 1.0);
+
+    // In blocks: through, without a copy.
+    let http = reqwest::Client::new();
+    let t = main_token();
+    let body = json!({"key": "in-blocks", "version": VERSION});
+    let (_, reserved) = twirp_at(&http, &edge.base, &t, "CreateCacheEntry", body).await;
+    let upload = reserved["signed_upload_url"].as_str().unwrap();
+    let put = http
+        .put(format!("{upload}&comp=block&blockid=QUFBQQ%3D%3D"))
+        .body(data.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 201);
+    let list = "<?xml version=\"1.0\" encoding=\"utf-8\"?><BlockList><Latest>QUFBQQ==</Latest></BlockList>";
+    let put = http
+        .put(format!("{upload}&comp=blocklist"))
+        .body(list)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 201);
+    let body =
+        json!({"key": "in-blocks", "version": VERSION, "size_bytes": data.len().to_string()});
+    let (_, done) = twirp_at(&http, &edge.base, &t, "FinalizeCacheEntryUpload", body).await;
+    assert_eq!(done["ok"], true, "{done}");
+    let body = json!({"key": "in-blocks", "version": VERSION});
+    let (_, found) = twirp_at(&http, &edge.base, &t, "GetCacheEntryDownloadURL", body).await;
+    assert_eq!(
+        get(found["signed_download_url"].as_str().unwrap()).await,
+        data
+    );
+    assert_eq!(
+        counter(&edge, "hoard_edge_bytes_from_origin_total").await,
+        data.len() as f64
+    );
+
+    // Reserved at the origin, uploaded through the edge: not kept.
+    let upload = origin.reserve(&t, "elsewhere", VERSION).await;
+    let through_edge = upload.replace(&origin.base, &edge.base);
+    let put = http
+        .put(&through_edge)
+        .header("x-ms-blob-type", "BlockBlob")
+        .body(data.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 201);
+    assert_eq!(
+        origin
+            .finalize(&t, "elsewhere", VERSION, data.len())
+            .await
+            .1["ok"],
+        true
+    );
+    let body = json!({"key": "elsewhere", "version": VERSION});
+    let (_, found) = twirp_at(&http, &edge.base, &t, "GetCacheEntryDownloadURL", body).await;
+    assert_eq!(
+        get(found["signed_download_url"].as_str().unwrap()).await,
+        data
+    );
+    assert_eq!(
+        counter(&edge, "hoard_edge_bytes_from_origin_total").await,
+        2.0 * data.len() as f64
     );
 }

@@ -14,6 +14,7 @@ use axum::response::Response;
 use serde_json::{json, Value};
 
 use crate::forward::{answer_of, outgoing};
+use crate::saves::caller_of;
 use crate::Edge;
 
 /// The most of a cache call's body the edge reads (they are a few hundred bytes).
@@ -164,7 +165,7 @@ pub async fn call(
             method,
             path_and_query,
             &outgoing(incoming, client),
-            body,
+            body.clone(),
             within,
         )
         .await;
@@ -193,6 +194,9 @@ pub async fn call(
         }
         return undecided(call, protobuf_asked);
     };
+    if call == Call::Finalize && answer.status() == StatusCode::OK {
+        return finalized(edge, incoming, &body, protobuf_asked, answer).await;
+    }
     let Some(field) = call
         .link_field()
         .filter(|_| answer.status() == StatusCode::OK)
@@ -212,7 +216,7 @@ pub async fn call(
         Ok(body) => pointed_json(field, &body, base.as_deref()),
         Err(_) => None,
     };
-    let Some((body, hit)) = pointed else {
+    let Some((answer_body, link)) = pointed else {
         if call.is_lookup() {
             counters.lookups_unanswered.fetch_add(1, Ordering::Relaxed);
         } else {
@@ -220,6 +224,7 @@ pub async fn call(
         }
         return undecided(call, protobuf_asked);
     };
+    let hit = link.as_deref().is_some_and(|l| !l.is_empty());
     if call.is_lookup() {
         let counter = if hit {
             &counters.lookups_hit
@@ -227,6 +232,86 @@ pub async fn call(
             &counters.lookups_miss
         };
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+    if call == Call::Reserve {
+        // Its upload may be kept on the way (saves.rs).
+        let upload = link.as_deref().and_then(upload_of);
+        if let Some(((key, version), upload)) = saving_of(call, &body, protobuf_asked).zip(upload) {
+            let caller = caller_of(incoming.get(header::AUTHORIZATION).map(|v| v.as_bytes()));
+            edge.saves.reserved(caller, &key, &version, &upload);
+        }
+    }
+    let mut response = Response::new(Body::from(answer_body));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response
+}
+
+/// The upload link segment of one of the origin's upload links.
+fn upload_of(link: &str) -> Option<String> {
+    use hoard_server::api::paths::{blob_route, LinkKind};
+    let url = url::Url::parse(link).ok()?;
+    let path = url.path();
+    match blob_route(&path[path.find("/_blob/")?..])? {
+        (LinkKind::Upload, segment) => Some(segment.into_owned()),
+        _ => None,
+    }
+}
+
+/// The key and version a reservation or a finalize names.
+fn saving_of(call: Call, request: &[u8], protobuf: bool) -> Option<(String, String)> {
+    use hoard_server::api::proto::{CreateCacheEntryRequest, FinalizeCacheEntryUploadRequest};
+    use prost::Message as _;
+    if !protobuf {
+        let value: Value = serde_json::from_slice(request).ok()?;
+        let text = |name: &str| value.get(name)?.as_str().map(str::to_owned);
+        return text("key").zip(text("version"));
+    }
+    match call {
+        Call::Reserve => CreateCacheEntryRequest::decode(request)
+            .ok()
+            .map(|r| (r.key, r.version)),
+        Call::Finalize => FinalizeCacheEntryUploadRequest::decode(request)
+            .ok()
+            .map(|r| (r.key, r.version)),
+        _ => None,
+    }
+}
+
+/// A finalize the origin answered: passed on as it came; an entry it made from an upload the
+/// edge kept is noted, so that its first download takes the copy.
+async fn finalized(
+    edge: &Edge,
+    incoming: &HeaderMap,
+    request: &[u8],
+    protobuf: bool,
+    answer: reqwest::Response,
+) -> Response {
+    use hoard_server::api::proto::FinalizeCacheEntryUploadResponse;
+    use prost::Message as _;
+    let status = answer.status();
+    let mut headers = answer.headers().clone();
+    hoard_server::api::proxy::strip_hop_by_hop(&mut headers);
+    let Ok(body) = answer.bytes().await else {
+        return undecided(Call::Finalize, protobuf);
+    };
+    let entry = if is_protobuf(&headers) {
+        FinalizeCacheEntryUploadResponse::decode(body.as_ref())
+            .ok()
+            .filter(|f| f.ok)
+            .map(|f| f.entry_id)
+    } else {
+        serde_json::from_slice::<Value>(&body)
+            .ok()
+            .filter(|v| v["ok"] == true)
+            .and_then(|v| match &v["entry_id"] {
+                Value::String(id) => id.parse::<i64>().ok(),
+                id => id.as_i64(),
+            })
+    };
+    if let Some((entry, (key, version))) = entry.zip(saving_of(Call::Finalize, request, protobuf)) {
+        let caller = caller_of(incoming.get(header::AUTHORIZATION).map(|v| v.as_bytes()));
+        edge.saves.finalized(caller, &key, &version, entry);
     }
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
@@ -244,20 +329,27 @@ fn is_protobuf(headers: &HeaderMap) -> bool {
         })
 }
 
-/// A JSON answer with its link `field` pointed at `base`, and whether it has a link; `None` if
-/// it is not JSON.
-fn pointed_json(field: &str, body: &[u8], base: Option<&str>) -> Option<(Vec<u8>, bool)> {
+/// A JSON answer with its link `field` pointed at `base`, and the link as the origin gave it;
+/// `None` if it is not JSON.
+fn pointed_json(field: &str, body: &[u8], base: Option<&str>) -> Option<(Vec<u8>, Option<String>)> {
     let mut value: Value = serde_json::from_slice(body).ok()?;
-    let link = value.get(field).and_then(Value::as_str);
-    let hit = link.is_some_and(|l| !l.is_empty());
-    if let Some(pointed) = link.zip(base).and_then(|(l, base)| pointed_at(l, base)) {
+    let link = value.get(field).and_then(Value::as_str).map(str::to_owned);
+    if let Some(pointed) = link
+        .as_deref()
+        .zip(base)
+        .and_then(|(l, base)| pointed_at(l, base))
+    {
         value[field] = Value::String(pointed);
     }
-    Some((value.to_string().into_bytes(), hit))
+    Some((value.to_string().into_bytes(), link))
 }
 
 /// [`pointed_json`] for a protobuf answer (Twirp's binary encoding).
-fn pointed_protobuf(call: Call, body: &[u8], base: Option<&str>) -> Option<(Vec<u8>, bool)> {
+fn pointed_protobuf(
+    call: Call,
+    body: &[u8],
+    base: Option<&str>,
+) -> Option<(Vec<u8>, Option<String>)> {
     use hoard_server::api::proto::{CreateCacheEntryResponse, GetCacheEntryDownloadUrlResponse};
     use prost::Message as _;
     let point = |link: &mut String| {
@@ -268,15 +360,15 @@ fn pointed_protobuf(call: Call, body: &[u8], base: Option<&str>) -> Option<(Vec<
     match call {
         Call::Lookup => {
             let mut answer = GetCacheEntryDownloadUrlResponse::decode(body).ok()?;
-            let hit = !answer.signed_download_url.is_empty();
+            let link = answer.signed_download_url.clone();
             point(&mut answer.signed_download_url);
-            Some((answer.encode_to_vec(), hit))
+            Some((answer.encode_to_vec(), Some(link)))
         }
         Call::Reserve => {
             let mut answer = CreateCacheEntryResponse::decode(body).ok()?;
-            let hit = !answer.signed_upload_url.is_empty();
+            let link = answer.signed_upload_url.clone();
             point(&mut answer.signed_upload_url);
-            Some((answer.encode_to_vec(), hit))
+            Some((answer.encode_to_vec(), Some(link)))
         }
         _ => None,
     }

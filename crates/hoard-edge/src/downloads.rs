@@ -157,13 +157,18 @@ async fn bytes_of(
     len: u64,
 ) -> Option<ByteStream> {
     let counters = &edge.counters;
-    let store = edge.store.clone();
     let opened = {
-        let key = key.to_owned();
-        tokio::task::spawn_blocking(move || store.open_copy(&key, size))
-            .await
-            .ok()
-            .flatten()
+        let (edge, key) = (edge.clone(), key.to_owned());
+        tokio::task::spawn_blocking(move || {
+            // A save through this edge may have left the entry's copy (saves.rs).
+            if let Some((id, created)) = id_and_creation(&key) {
+                edge.saves.adopt(&edge.store, id, &key, size, created);
+            }
+            edge.store.open_copy(&key, size)
+        })
+        .await
+        .ok()
+        .flatten()
     };
     if let Some(copy) = opened {
         counters.hits.fetch_add(1, Ordering::Relaxed);
@@ -191,6 +196,13 @@ async fn bytes_of(
             None
         }
     }
+}
+
+/// The entry id and row creation time a copy's name (`<id>.<created>`, milliseconds) gives.
+fn id_and_creation(key: &str) -> Option<(i64, std::time::SystemTime)> {
+    let (id, created) = key.split_once('.')?;
+    let created = std::time::Duration::from_millis(created.parse().ok()?);
+    Some((id.parse().ok()?, std::time::UNIX_EPOCH + created))
 }
 
 /// What a download needs to finish from the origin when its copy or its fetch fails.

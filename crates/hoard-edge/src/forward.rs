@@ -11,6 +11,7 @@ use axum::response::Response;
 use futures_util::TryStreamExt;
 use hoard_server::api::proxy::strip_hop_by_hop;
 
+use crate::saves::{teed, Writer};
 use crate::Edge;
 
 /// The client's headers as the origin should see them.
@@ -62,6 +63,69 @@ pub async fn forward(
         Ok(answer) => answer_of(answer),
         Err(e) => {
             tracing::warn!(path = uri.path(), error = %e, "a request could not be forwarded to the origin");
+            unreachable(uri.path())
+        }
+    }
+}
+
+/// A single-shot upload (Put Blob) to the link `upload`, forwarded as [`forward`] does, and
+/// written to a copy on the way when its reservation went through this edge and there is room:
+/// kept once the origin took it (see [`crate::saves`]).
+pub async fn upload_keeping(
+    edge: &Edge,
+    upload: &str,
+    uri: &Uri,
+    headers: &HeaderMap,
+    client: Option<SocketAddr>,
+    body: Body,
+) -> Response {
+    let size = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let writer = match size {
+        Some(size) if size > 0 && edge.saves.wanted(upload) => {
+            let (store, upload) = (edge.store.clone(), upload.to_owned());
+            tokio::task::spawn_blocking(move || Writer::start(&store, &upload, size))
+                .await
+                .ok()
+                .flatten()
+        }
+        _ => None,
+    };
+    let Some(writer) = writer else {
+        return forward(edge, Method::PUT, uri, headers, client, body).await;
+    };
+    // A few pieces in flight between the network and the disk.
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let writing = tokio::task::spawn_blocking(move || writer.run(rx));
+    let body = reqwest::Body::wrap_stream(teed(body.into_data_stream(), tx));
+    let path_and_query = uri.path_and_query().map_or("/", |p| p.as_str());
+    let answer = edge
+        .origin
+        .stream(Method::PUT, path_and_query, outgoing(headers, client), body)
+        .await;
+    let finished = tokio::time::timeout(std::time::Duration::from_secs(30), writing)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .flatten();
+    match answer {
+        Ok(answer) => {
+            if let Some(finished) = finished {
+                if answer.status() == StatusCode::CREATED {
+                    finished.keep(&edge.saves, upload);
+                } else {
+                    finished.drop_copy();
+                }
+            }
+            answer_of(answer)
+        }
+        Err(e) => {
+            if let Some(finished) = finished {
+                finished.drop_copy();
+            }
+            tracing::warn!(path = uri.path(), error = %e, "an upload could not be forwarded to the origin");
             unreachable(uri.path())
         }
     }

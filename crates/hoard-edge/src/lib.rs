@@ -15,6 +15,7 @@ mod fill;
 mod forward;
 mod metrics;
 mod origin;
+mod saves;
 mod serve;
 mod store;
 
@@ -73,6 +74,7 @@ pub struct Edge {
     origin: Arc<Origin>,
     store: Arc<Store>,
     fills: Arc<fill::Fills>,
+    saves: saves::Saves,
     memory: Arc<TransferMemory>,
     counters: Arc<Counters>,
     lookup_timeout: Duration,
@@ -152,6 +154,7 @@ pub async fn run(args: EdgeArgs, stop: CancellationToken) -> Result<(), EdgeErro
         origin: Arc::new(origin),
         store,
         fills: Arc::default(),
+        saves: saves::Saves::default(),
         memory: TransferMemory::new(args.transfer_memory),
         counters: Arc::default(),
         lookup_timeout: args.lookup_timeout,
@@ -239,13 +242,21 @@ async fn dispatch(
     if let Some(call) = cache_api::Call::of(&method, path) {
         return cache_api::call(&edge, call, &uri, &headers, client, body).await;
     }
-    if method == Method::GET || method == Method::HEAD {
-        if let Some((LinkKind::Download, segment)) = blob_route(path) {
-            if store::is_key(&segment) {
-                let key = segment.into_owned();
-                return downloads::serve(&edge, key, method, &uri, &headers, client).await;
-            }
+    match (blob_route(path), &method) {
+        (Some((LinkKind::Download, segment)), &Method::GET | &Method::HEAD)
+            if store::is_key(&segment) =>
+        {
+            let key = segment.into_owned();
+            return downloads::serve(&edge, key, method, &uri, &headers, client).await;
         }
+        // A single-shot upload (no `comp=block` or `comp=blocklist`).
+        (Some((LinkKind::Upload, segment)), &Method::PUT)
+            if !uri.query().unwrap_or_default().contains("comp=") =>
+        {
+            let upload = segment.into_owned();
+            return forward::upload_keeping(&edge, &upload, &uri, &headers, client, body).await;
+        }
+        _ => {}
     }
     forward::forward(&edge, method, &uri, &headers, client, body).await
 }
