@@ -1032,6 +1032,9 @@ fn entry_text(e: &wire::Cache) -> String {
     if let Some(tool) = &e.tool {
         field("tool", tool);
     }
+    if let Some(from) = &e.read_through {
+        field("read through", from);
+    }
     field("created", &e.created_at);
     field("last used", &e.last_accessed_at);
     field("hits", &e.hits.to_string());

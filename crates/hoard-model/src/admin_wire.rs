@@ -56,6 +56,10 @@ pub struct Cache {
     /// Actions cache entry.
     #[serde(default)]
     pub tool: Option<String>,
+    /// Where it was read from (the upstream cache's host), for an entry stored on a local miss
+    /// from the upstream cache; absent for every other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_through: Option<String>,
 }
 
 /// A promoted entry's origin (schema `Promoted`): see [`crate::Promotion`].
@@ -463,6 +467,7 @@ impl From<&ListedEntry> for Cache {
             quarantine_expires_at: None,
             promoted: record.promotion.as_ref().map(Promoted::from),
             tool: record.tool.as_ref().map(|t| t.tool.as_str().to_owned()),
+            read_through: record.read_through.clone(),
         }
     }
 }

@@ -141,6 +141,9 @@ pub struct EntryRecord {
     pub promotion: Option<crate::Promotion>,
     /// Set for an object a build tool wrote through its own protocol.
     pub tool: Option<ToolObject>,
+    /// Where an entry stored on a local miss was read from (the upstream cache's host,
+    /// `--upstream-cache`); `None` for every other.
+    pub read_through: Option<String>,
 }
 
 /// A build tool whose own cache protocol hoard speaks (issue #60), or the protocol several

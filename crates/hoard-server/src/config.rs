@@ -72,6 +72,27 @@ pub struct ServeArgs {
     #[arg(long, env = "HOARD_UPSTREAM_RESULTS_URL")]
     pub upstream_results_url: Option<String>,
 
+    /// Read through to this cache service on a local miss (Twirp v2, such as GitHub's results
+    /// service, https://results-receiver.actions.githubusercontent.com/): hoard asks it with
+    /// the job's own token, stores a hit in the job's own scope (not at all for a read-only
+    /// job) and serves it, so a team switching to hoard starts warm [default: off].
+    #[arg(long, env = "HOARD_UPSTREAM_CACHE")]
+    pub upstream_cache: Option<String>,
+
+    /// How long the upstream cache may take to answer a lookup, and to start sending an entry;
+    /// later, the lookup is a miss.
+    #[arg(long, env = "HOARD_UPSTREAM_CACHE_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub upstream_cache_timeout: Duration,
+
+    /// The largest entry read through from the upstream cache; a larger hit is handed to the
+    /// client as the upstream's own link, not stored.
+    #[arg(long, env = "HOARD_UPSTREAM_CACHE_MAX_SIZE", default_value = "10GiB", value_parser = parse_size)]
+    pub upstream_cache_max_size: u64,
+
+    /// Entries read through from the upstream cache at once; past it, a local miss is a miss.
+    #[arg(long, env = "HOARD_UPSTREAM_CACHE_FETCHES", default_value_t = 4)]
+    pub upstream_cache_fetches: usize,
+
     /// How long a signed upload link stays valid.
     #[arg(long, env = "HOARD_UPLOAD_URL_TTL", default_value = "6h", value_parser = humantime::parse_duration)]
     pub upload_url_ttl: Duration,
@@ -363,6 +384,8 @@ pub struct Config {
     pub direct_downloads: bool,
     pub public_url: Option<Url>,
     pub upstream_results_url: Option<Url>,
+    /// Read-through to an upstream cache (`--upstream-cache`).
+    pub upstream_cache: Option<UpstreamCache>,
     /// HTTPS certificate and key; `None` serves plain HTTP.
     pub tls: Option<TlsFiles>,
     pub upload_url_ttl: Duration,
@@ -471,6 +494,29 @@ impl ServeArgs {
             .as_deref()
             .map(|raw| http_url("--upstream-results-url", "HOARD_UPSTREAM_RESULTS_URL", raw))
             .transpose()?;
+        let upstream_cache = match self.upstream_cache.as_deref() {
+            None => None,
+            Some(raw) => {
+                let url = http_url("--upstream-cache", "HOARD_UPSTREAM_CACHE", raw)?;
+                if self.upstream_cache_fetches == 0 {
+                    return Err(ConfigError(
+                        "--upstream-cache-fetches (HOARD_UPSTREAM_CACHE_FETCHES) must be at least 1.".into(),
+                    ));
+                }
+                if self.upstream_cache_timeout.is_zero() {
+                    return Err(ConfigError(
+                        "--upstream-cache-timeout (HOARD_UPSTREAM_CACHE_TIMEOUT) must be above 0."
+                            .into(),
+                    ));
+                }
+                Some(UpstreamCache {
+                    url,
+                    timeout: self.upstream_cache_timeout,
+                    max_size: self.upstream_cache_max_size,
+                    fetches: self.upstream_cache_fetches,
+                })
+            }
+        };
         for (flag, env, value) in [
             (
                 "--upload-url-ttl",
@@ -626,6 +672,7 @@ impl ServeArgs {
             direct_downloads: self.direct_downloads,
             public_url,
             upstream_results_url,
+            upstream_cache,
             tls,
             upload_url_ttl: self.upload_url_ttl,
             download_url_ttl: self.download_url_ttl,
@@ -828,6 +875,15 @@ fn public_url(raw: &str) -> Result<Url, ConfigError> {
 }
 
 /// An http(s) URL with a host and no query or fragment, for option `flag` (variable `env`).
+/// Read-through to an upstream cache (`--upstream-cache` and its limits).
+#[derive(Debug, Clone)]
+pub struct UpstreamCache {
+    pub url: Url,
+    pub timeout: Duration,
+    pub max_size: u64,
+    pub fetches: usize,
+}
+
 fn http_url(flag: &str, env: &str, raw: &str) -> Result<Url, ConfigError> {
     let url = Url::parse(raw)
         .map_err(|e| ConfigError(format!("{flag} ({env}) is not a URL ({e}): {raw:?}.")))?;

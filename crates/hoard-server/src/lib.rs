@@ -170,6 +170,13 @@ pub async fn build_state(
         },
         direct_downloads: config.direct_downloads,
         trusted_proxies: api::origin::TrustedProxies::new(config.trusted_proxies.clone()),
+        upstream_cache: match &config.upstream_cache {
+            Some(upstream) => Some(Arc::new(
+                api::read_through::UpstreamCache::new(upstream, config.limits.idle_timeout)
+                    .map_err(ServeError::Upstream)?,
+            )),
+            None => None,
+        },
         upstream: match &config.upstream_results_url {
             Some(url) => Some(
                 api::proxy::Upstream::new(url.clone(), config.limits.idle_timeout)

@@ -10,7 +10,7 @@ pub async fn run(store: &dyn MetaStore) {
     restore_records_name_the_readers_and_outlive_the_entry(store).await;
     an_entry_keeps_its_most_recent_readers(store).await;
     an_entry_without_a_record_has_none(store).await;
-    a_build_tools_object_keeps_its_tool_and_headers_in_and_out_of_quarantine(store).await;
+    a_tools_object_and_a_read_through_keep_their_records_in_and_out_of_quarantine(store).await;
     an_entry_awaiting_its_digest_gets_it_once(store).await;
     restore_records_are_forgotten_with_their_entries_on_request(store).await;
     // Last: a bound over all repositories drops the other checks' records.
@@ -678,7 +678,7 @@ async fn restore_records_are_bounded_oldest_first(store: &dyn MetaStore) {
     assert_eq!(runs(records_of(store, &[q]).await), ["q-1"]);
 }
 
-async fn a_build_tools_object_keeps_its_tool_and_headers_in_and_out_of_quarantine(
+async fn a_tools_object_and_a_read_through_keep_their_records_in_and_out_of_quarantine(
     store: &dyn MetaStore,
 ) {
     use hoard::model::{RemovalCause, Tool, ToolObject};
@@ -692,9 +692,12 @@ async fn a_build_tools_object_keeps_its_tool_and_headers_in_and_out_of_quarantin
     .unwrap();
     let s = slot("prov-tool", "turbo/team/0123456789abcdef");
     let chunks = [chunk(5)];
+    // Both at once, which no save makes, so that each is seen to be kept on its own column.
+    let from = Some("results-receiver.actions.githubusercontent.com".to_owned());
     let new = NewEntry {
         record: EntryRecord {
             tool: Some(object.clone()),
+            read_through: from.clone(),
             ..EntryRecord::default()
         },
         ..NewEntry::new(&s, &chunks, 40)
@@ -732,12 +735,14 @@ async fn a_build_tools_object_keeps_its_tool_and_headers_in_and_out_of_quarantin
         .move_entries(&[id], EntryMove::Remove(removal))
         .await
         .unwrap();
+    assert_eq!(found[0].record.read_through, from, "listed with its origin");
     let found = listed_where(store, listed(true)).await;
     assert_eq!(
         found[0].record.tool.as_ref(),
         Some(&object),
         "quarantine keeps it"
     );
+    assert_eq!(found[0].record.read_through, from, "quarantine keeps it");
     store.move_entries(&[id], EntryMove::Release).await.unwrap();
     let found = listed_where(store, listed(false)).await;
     assert_eq!(
@@ -745,6 +750,7 @@ async fn a_build_tools_object_keeps_its_tool_and_headers_in_and_out_of_quarantin
         Some(&object),
         "and so does a release"
     );
+    assert_eq!(found[0].record.read_through, from, "and so does a release");
 
     // An Actions entry has none.
     let plain = save_by(store, &slot("prov-tool", "plain"), None, "", 42).await;
@@ -757,4 +763,5 @@ async fn a_build_tools_object_keeps_its_tool_and_headers_in_and_out_of_quarantin
     )
     .await;
     assert_eq!(found[0].record.tool, None);
+    assert_eq!(found[0].record.read_through, None);
 }

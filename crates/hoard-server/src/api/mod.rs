@@ -27,6 +27,7 @@ pub mod proto;
 pub mod proxy;
 mod query;
 pub mod range;
+pub mod read_through;
 mod router;
 mod state;
 mod transfer;

@@ -28,6 +28,8 @@ pub struct ApiConfig {
     pub tls: bool,
     /// Where requests that are not hoard's own go; `None` answers them with 404.
     pub upstream: Option<proxy::Upstream>,
+    /// The cache a local miss is read through (`--upstream-cache`).
+    pub upstream_cache: Option<Arc<super::read_through::UpstreamCache>>,
     /// Turns on the admin API and dashboard (`None`: both answer 404).
     pub admin_token: Option<Secret>,
     /// Turns on the GitHub webhook receiver (`None`: it answers 404).

@@ -361,8 +361,13 @@ async fn lookup(
     let lookup =
         Lookup::parse(&req.key, &req.restore_keys, &req.version).map_err(CacheError::from)?;
     match app.cache().lookup(who, address, &lookup).await? {
-        // A miss is 200 {"ok":false}: a 404 would make the client print a warning (§2.7).
-        None => Ok(GetCacheEntryDownloadUrlResponse::default()),
+        // A miss is 200 {"ok":false}: a 404 would make the client print a warning (§2.7). With
+        // --upstream-cache, the upstream is asked first.
+        None => Ok(
+            super::read_through::on_miss(app, who, address, headers, &req, &lookup)
+                .await
+                .unwrap_or_default(),
+        ),
         Some(hit) => Ok(GetCacheEntryDownloadUrlResponse {
             ok: true,
             signed_download_url: links::signed(app, headers, hit.entry)?,

@@ -25,6 +25,7 @@ mod pacing;
 pub mod policy;
 pub mod promotion;
 mod ranges;
+mod read_through;
 pub mod recent;
 mod restore;
 mod save;

@@ -37,6 +37,8 @@ pub(super) struct Commit<'a> {
     pub size: u64,
     /// A build tool's object, with what it keeps.
     pub tool: Option<&'a ToolObject>,
+    /// Where an entry stored on a local miss was read from (`read_through.rs`).
+    pub read_through: Option<&'a str>,
 }
 
 /// An upload as a Put Block found it: the upload, what its staged blocks add up to and the
@@ -407,6 +409,7 @@ impl Cache {
                     chunks: &chunks,
                     size,
                     tool,
+                    read_through: None,
                 };
                 self.commit_entry(commit, Some(upload), garbage).await
             }
@@ -447,6 +450,7 @@ impl Cache {
             chunks,
             size,
             tool,
+            read_through,
         } = commit;
         let now = self.clock.now();
         // Without a digest until the digest pass has hashed its large chunks.
@@ -465,6 +469,7 @@ impl Cache {
                 written_by: written_by.clone(),
                 digest: digest.clone().unwrap_or_default(),
                 tool: tool.cloned(),
+                read_through: read_through.map(str::to_owned),
                 ..EntryRecord::default()
             },
             scope_class: class,

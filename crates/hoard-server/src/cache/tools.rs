@@ -173,6 +173,7 @@ impl Cache {
             chunks: std::slice::from_ref(&chunk),
             size: len,
             tool: Some(object),
+            read_through: None,
         };
         match self.commit_entry(commit, None, Vec::new()).await {
             Ok(id) => Ok(ToolSave::Saved(id)),

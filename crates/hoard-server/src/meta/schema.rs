@@ -106,6 +106,8 @@ table! {
         /// A build tool's object ([`crate::model::ToolObject`]); empty for an Actions entry.
         tool: String,
         tool_headers: String,
+        /// Where a read-through entry was read from; empty for every other.
+        read_through: String,
     }
 }
 
@@ -145,6 +147,8 @@ table! {
         /// A build tool's object ([`crate::model::ToolObject`]); empty for an Actions entry.
         tool: String,
         tool_headers: String,
+        /// Where a read-through entry was read from; empty for every other.
+        read_through: String,
     }
 }
 
@@ -455,6 +459,7 @@ impl EntryRow {
                 .map_or("", |t| t.tool.as_str())
                 .to_owned(),
             tool_headers: record.tool.as_ref().map_or("", |t| &t.headers).to_owned(),
+            read_through: record.read_through.clone().unwrap_or_default(),
             ..Self::default()
         }
     }
@@ -496,6 +501,7 @@ impl EntryRow {
                     cause: self.promoted_for,
                 }),
                 tool: ToolObject::stored(self.tool, self.tool_headers),
+                read_through: (!self.read_through.is_empty()).then_some(self.read_through),
             },
             quarantine,
         })

@@ -72,6 +72,14 @@ mod tests {
         }
     }
 
+    /// An entry read through from the upstream cache.
+    fn read_through_cache() -> Cache {
+        Cache {
+            read_through: Some("results-receiver.actions.githubusercontent.com".into()),
+            ..cache()
+        }
+    }
+
     fn promoted_entry(id: Option<i64>) -> PromotedEntry {
         PromotedEntry {
             id,
@@ -270,6 +278,7 @@ mod tests {
                     sent(unrecorded_cache()),
                     sent(quarantined_cache()),
                     sent(promoted_cache()),
+                    sent(read_through_cache()),
                 ],
             ),
             ("Promoted", vec![sent(promoted_cache().promoted.unwrap())]),
@@ -336,6 +345,10 @@ mod tests {
                     }),
                     sent(CacheDetail {
                         cache: unrecorded_cache(),
+                        restored_by: vec![],
+                    }),
+                    sent(CacheDetail {
+                        cache: read_through_cache(),
                         restored_by: vec![],
                     }),
                 ],
@@ -680,6 +693,8 @@ mod tests {
         "CacheDetail.quarantine_expires_at",
         "Cache.promoted",
         "CacheDetail.promoted",
+        "Cache.read_through",
+        "CacheDetail.read_through",
     ];
 
     #[test]

@@ -1208,6 +1208,7 @@ function fillFacts(list, e) {
   fields.push(['Written at', e.created_at],
     ['Digest', e.digest, e.digest && filterLink('digest', e.digest, 'Every entry of these bytes, under any key')]);
   if (e.tool) fields.push(['Build tool', e.tool]);
+  if (e.read_through) fields.push(['Read through', e.read_through]);
   const p = isObject(e.promoted) ? e.promoted : null;
   if (p) {
     fields.push(['Promoted from', p.from_ref],

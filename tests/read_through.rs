@@ -1,0 +1,193 @@
+//! Read-through to an upstream cache (`--upstream-cache`, issue #59): a local miss asks the
+//! upstream with the job's own token, stores a hit in the job's own scope and serves it; the
+//! next restore is local. The upstream here is another hoard, which speaks GitHub's v2 protocol.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{json_of, main_token, random_bytes, token, TestServer, MAIN, VERSION};
+use serde_json::{json, Value};
+
+const ADMIN: &str = "read-through-admin-token-0123456789";
+
+async fn lookup(srv: &TestServer, token: &str, key: &str) -> Value {
+    let body = json!({"key": key, "version": VERSION});
+    let (status, found) = srv.twirp("GetCacheEntryDownloadURL", token, body).await;
+    assert_eq!(status, 200, "{found}");
+    found
+}
+
+async fn download(link: &str) -> Vec<u8> {
+    let res = reqwest::get(link).await.unwrap();
+    assert_eq!(res.status(), 200);
+    res.bytes().await.unwrap().to_vec()
+}
+
+/// The entries of repository 1 at `srv`, by key, as the admin API lists them.
+async fn listed(srv: &TestServer) -> Vec<Value> {
+    let res = srv
+        .http
+        .get(srv.url("/_hoard/api/v1/caches?repository=1&per_page=100"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    let (status, list) = json_of(res).await;
+    assert_eq!(status, 200, "{list}");
+    list["actions_caches"].as_array().unwrap().clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_miss_reads_through_the_upstream_into_the_jobs_own_scope() {
+    let upstream = TestServer::start().await;
+    let data = random_bytes(3 << 20, 1);
+    upstream.save(&main_token(), "deps-1", VERSION, &data).await;
+    upstream
+        .save(&main_token(), "shared", VERSION, b"main's")
+        .await;
+    let local =
+        TestServer::start_with(&["--upstream-cache", &upstream.base, "--admin-token", ADMIN]).await;
+
+    // Main: missing here, found upstream, stored here, served from here.
+    let found = lookup(&local, &main_token(), "deps-1").await;
+    assert_eq!(
+        (found["ok"].as_bool(), found["matched_key"].as_str()),
+        (Some(true), Some("deps-1")),
+        "{found}"
+    );
+    let link = found["signed_download_url"].as_str().unwrap();
+    assert!(link.starts_with(&local.base), "served by hoard: {link}");
+    assert_eq!(download(link).await, data);
+    let entries = listed(&local).await;
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0]["ref"], MAIN, "the job's own scope");
+    assert_eq!(
+        entries[0]["read_through"], "127.0.0.1",
+        "where it came from: {}",
+        entries[0]
+    );
+
+    // A pull request: what it reads through lands in its own scope, never main's.
+    let pull = token("1", &[("refs/pull/7/merge", 3), (MAIN, 1)]);
+    let found = lookup(&local, &pull, "shared").await;
+    assert_eq!(found["ok"], true, "{found}");
+    assert!(found["signed_download_url"]
+        .as_str()
+        .unwrap()
+        .starts_with(&local.base));
+    // A read-only job stores nothing: it gets the upstream's own link.
+    let reader = token("1", &[(MAIN, 1)]);
+    let found = lookup(&local, &reader, "shared").await;
+    assert_eq!(found["ok"], true, "{found}");
+    let link = found["signed_download_url"].as_str().unwrap();
+    assert!(
+        link.starts_with(&upstream.base),
+        "the upstream's link: {link}"
+    );
+    assert_eq!(download(link).await, b"main's");
+    let refs: Vec<String> = listed(&local)
+        .await
+        .iter()
+        .map(|e| e["ref"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        refs.iter().filter(|r| *r == "refs/pull/7/merge").count(),
+        1,
+        "{refs:?}"
+    );
+    assert_eq!(refs.len(), 2, "{refs:?}");
+
+    // The upstream gone: what was read through is local; main never sees the pull request's.
+    upstream.stop().await;
+    let found = lookup(&local, &main_token(), "deps-1").await;
+    assert_eq!(
+        download(found["signed_download_url"].as_str().unwrap()).await,
+        data
+    );
+    let found = lookup(&local, &main_token(), "shared").await;
+    assert_ne!(
+        found["ok"], true,
+        "main's tokens never read the pull request's copy: {found}"
+    );
+    let found = lookup(&local, &pull, "shared").await;
+    assert_eq!(found["ok"], true, "{found}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_is_down_or_silent_is_a_miss_within_the_bound() {
+    // Accepts connections and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!("http://{}", silent.local_addr().unwrap());
+    // Refuses them.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    for upstream in [silent_url, closed] {
+        let local = TestServer::start_with(&[
+            "--upstream-cache",
+            &upstream,
+            "--upstream-cache-timeout",
+            "500ms",
+        ])
+        .await;
+        let started = Instant::now();
+        let found = lookup(&local, &main_token(), "anything").await;
+        assert_ne!(found["ok"], true, "{upstream}: a miss: {found}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{upstream}: {:?}",
+            started.elapsed()
+        );
+        local.stop().await;
+    }
+    drop(silent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hoards_own_tokens_never_go_upstream() {
+    // An upstream that records what it is asked.
+    let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let app = {
+        let asked = asked.clone();
+        axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
+            let asked = asked.clone();
+            async move {
+                let auth = headers
+                    .get("authorization")
+                    .map(|v| v.to_str().unwrap().to_owned());
+                asked.lock().unwrap().push(auth.unwrap_or_default());
+                axum::Json(json!({"ok": false}))
+            }
+        })
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let local = TestServer::start_with(&["--upstream-cache", &upstream]).await;
+
+    let runtime = main_token();
+    lookup(&local, &runtime, "a").await;
+    // A tool token, which hoard signs: it stays here.
+    let (status, minted) = json_of(
+        local
+            .http
+            .post(local.url("/_hoard/tools/token"))
+            .bearer_auth(&runtime)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 200, "{minted}");
+    let tool = minted["token"].as_str().unwrap();
+    lookup(&local, tool, "b").await;
+    let seen = asked.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [format!("Bearer {runtime}")],
+        "only the runtime token went upstream"
+    );
+}
