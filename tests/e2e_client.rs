@@ -2867,3 +2867,99 @@ fn edges_serve_what_the_origin_decides_fetching_each_entry_once() {
     assert_eq!(sha256_file(&ws.path("edge/data.bin")), sum);
     drop(replicas);
 }
+
+/// Issue #59, read-through: the real client restores through a hoard with `--upstream-cache`
+/// naming another hoard that stands in for GitHub's cache (v2, its download links redirected to
+/// Azure Blob on Azurite by `--direct-downloads`). The first restore misses here, hits upstream
+/// and is byte for byte the saved archive; the second is local (the upstream is gone); a pull
+/// request's read-through copy is never seen by main's token; with the upstream silent, the
+/// restore is a miss within the bound.
+#[test]
+fn the_real_client_restores_through_hoard_from_the_upstream_cache() {
+    let azurite = emulators::azurite();
+    let storage = format!("az://{}", azurite.container());
+    let upstream_dir = tempfile::tempdir().unwrap();
+    let secret = common::secret_file(upstream_dir.path());
+    let upstream = Hoard::start_with_env(
+        upstream_dir.path(),
+        &[
+            "--token-hs256-secret-file",
+            secret.to_str().unwrap(),
+            "--storage-url",
+            &storage,
+            "--direct-downloads",
+        ],
+        &azurite.env(),
+    );
+    let t = main_token();
+    let pull = token("1", &[("refs/pull/9/merge", 3), (MAIN, 1)]);
+    let ws = Workspace::new();
+    let sum = ws.write_random("deps/data.bin", 6 * MIB, 95);
+    saved_id(
+        &ws.save(&upstream.base, &t, "upstream-deps", &["deps"]).0,
+        "save upstream",
+    );
+    let other = ws.write_random("pr/data.bin", MIB, 96);
+    saved_id(
+        &ws.save(&upstream.base, &t, "upstream-pr", &["pr"]).0,
+        "save upstream",
+    );
+
+    let local_dir = tempfile::tempdir().unwrap();
+    let secret = common::secret_file(local_dir.path());
+    let local = Hoard::start_with(
+        local_dir.path(),
+        &[
+            "--token-hs256-secret-file",
+            secret.to_str().unwrap(),
+            "--upstream-cache",
+            &upstream.base,
+        ],
+    );
+    ws.remove("deps");
+    let (res, out) = ws.restore(&local.base, &t, "upstream-deps", &[], &["deps"]);
+    assert_eq!(res, "upstream-deps", "{out}");
+    assert_eq!(sha256_file(&ws.path("deps/data.bin")), sum);
+    ws.remove("pr");
+    let (res, out) = ws.restore(&local.base, &pull, "upstream-pr", &[], &["pr"]);
+    assert_eq!(res, "upstream-pr", "{out}");
+    assert_eq!(sha256_file(&ws.path("pr/data.bin")), other);
+
+    // The upstream gone: main's entry is here; the pull request's copy is not main's.
+    drop(upstream);
+    ws.remove("deps");
+    let (res, out) = ws.restore(&local.base, &t, "upstream-deps", &[], &["deps"]);
+    assert_eq!(res, "upstream-deps", "local now: {out}");
+    assert_eq!(sha256_file(&ws.path("deps/data.bin")), sum);
+    let (res, out) = ws.restore(&local.base, &t, "upstream-pr", &[], &["pr"]);
+    assert_eq!(
+        res,
+        Value::Null,
+        "main never reads the pull request's copy: {out}"
+    );
+
+    // A silent upstream: a miss within the bound, the job goes on.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!("http://{}", silent.local_addr().unwrap());
+    let quiet_dir = tempfile::tempdir().unwrap();
+    let secret = common::secret_file(quiet_dir.path());
+    let quiet = Hoard::start_with(
+        quiet_dir.path(),
+        &[
+            "--token-hs256-secret-file",
+            secret.to_str().unwrap(),
+            "--upstream-cache",
+            &silent_url,
+            "--upstream-cache-timeout",
+            "1s",
+        ],
+    );
+    let started = std::time::Instant::now();
+    let (res, out) = ws.restore(&quiet.base, &t, "upstream-deps", &[], &["deps"]);
+    assert_eq!(res, Value::Null, "{out}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+}
