@@ -2925,8 +2925,15 @@ fn the_real_client_restores_through_hoard_from_the_upstream_cache() {
     assert_eq!(res, "upstream-pr", "{out}");
     assert_eq!(sha256_file(&ws.path("pr/data.bin")), other);
 
-    // The upstream gone: main's entry is here; the pull request's copy is not main's.
+    // The upstream gone: main's entry is here (stored as the first restore read it, committed
+    // once its last byte passed); the pull request's copy is not main's.
     drop(upstream);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let lookup_only = ["restore", "upstream-deps", "--lookup-only", "deps"];
+    let stored = rt.block_on(common::eventually(Duration::from_secs(15), || {
+        ws.run(&local.base, &t, &lookup_only).0 == "upstream-deps"
+    }));
+    assert!(stored, "the read-through copy is stored");
     ws.remove("deps");
     let (res, out) = ws.restore(&local.base, &t, "upstream-deps", &[], &["deps"]);
     assert_eq!(res, "upstream-deps", "local now: {out}");

@@ -57,10 +57,21 @@ async fn a_local_miss_reads_through_the_upstream_into_the_jobs_own_scope() {
         (Some(true), Some("deps-1")),
         "{found}"
     );
-    let link = found["signed_download_url"].as_str().unwrap();
+    let link = found["signed_download_url"].as_str().unwrap().to_owned();
     assert!(link.starts_with(&local.base), "served by hoard: {link}");
-    assert_eq!(download(link).await, data);
-    let entries = listed(&local).await;
+    // Another job missing the same meanwhile reads the upstream's copy: one fetch each.
+    let again = lookup(&local, &main_token(), "deps-1").await;
+    let upstream_link = again["signed_download_url"].as_str().unwrap();
+    assert!(upstream_link.starts_with(&upstream.base), "{again}");
+    assert_eq!(download(upstream_link).await, data);
+    // The first download streams the upstream's bytes and stores them as they pass.
+    assert_eq!(download(&link).await, data);
+    let entries = common::poll(
+        Duration::from_secs(10),
+        async || listed(&local).await,
+        |e| e.len() == 1,
+    )
+    .await;
     assert_eq!(entries.len(), 1, "{entries:?}");
     assert_eq!(entries[0]["ref"], MAIN, "the job's own scope");
     assert_eq!(
@@ -73,10 +84,11 @@ async fn a_local_miss_reads_through_the_upstream_into_the_jobs_own_scope() {
     let pull = token("1", &[("refs/pull/7/merge", 3), (MAIN, 1)]);
     let found = lookup(&local, &pull, "shared").await;
     assert_eq!(found["ok"], true, "{found}");
-    assert!(found["signed_download_url"]
-        .as_str()
-        .unwrap()
-        .starts_with(&local.base));
+    let link = found["signed_download_url"].as_str().unwrap();
+    assert!(link.starts_with(&local.base), "{found}");
+    assert_eq!(download(link).await, b"main's");
+    // A link opens one download.
+    assert_eq!(reqwest::get(link).await.unwrap().status(), 404);
     // A read-only job stores nothing: it gets the upstream's own link.
     let reader = token("1", &[(MAIN, 1)]);
     let found = lookup(&local, &reader, "shared").await;
@@ -87,8 +99,13 @@ async fn a_local_miss_reads_through_the_upstream_into_the_jobs_own_scope() {
         "the upstream's link: {link}"
     );
     assert_eq!(download(link).await, b"main's");
-    let refs: Vec<String> = listed(&local)
-        .await
+    let entries = common::poll(
+        Duration::from_secs(10),
+        async || listed(&local).await,
+        |e| e.len() == 2,
+    )
+    .await;
+    let refs: Vec<String> = entries
         .iter()
         .map(|e| e["ref"].as_str().unwrap().to_owned())
         .collect();
@@ -190,4 +207,52 @@ async fn hoards_own_tokens_never_go_upstream() {
         [format!("Bearer {runtime}")],
         "only the runtime token went upstream"
     );
+}
+
+/// A read-through download cut short stores nothing: the next lookup reads through again, and
+/// a whole download stores the entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_through_cut_short_stores_nothing() {
+    let upstream = TestServer::start().await;
+    let data = random_bytes(16 << 20, 2);
+    upstream.save(&main_token(), "big", VERSION, &data).await;
+    let local =
+        TestServer::start_with(&["--upstream-cache", &upstream.base, "--admin-token", ADMIN]).await;
+    let found = lookup(&local, &main_token(), "big").await;
+    let link = found["signed_download_url"].as_str().unwrap().to_owned();
+    assert!(link.starts_with(&local.base), "{found}");
+    {
+        let mut res = reqwest::get(&link).await.unwrap();
+        assert_eq!(res.status(), 200);
+        res.chunk().await.unwrap().unwrap();
+        // Dropped here, most of the entry unread.
+    }
+    let landed = common::poll(
+        Duration::from_secs(10),
+        async || lookup(&local, &main_token(), "big").await,
+        |found| {
+            found["signed_download_url"]
+                .as_str()
+                .is_some_and(|l| l.starts_with(&local.base))
+        },
+    )
+    .await;
+    assert!(
+        listed(&local).await.is_empty(),
+        "nothing of a cut download is stored"
+    );
+    let link = landed["signed_download_url"].as_str().unwrap();
+    assert!(
+        link.starts_with(&local.base),
+        "read through again: {landed}"
+    );
+    assert_eq!(download(link).await, data);
+    let entries = common::poll(
+        Duration::from_secs(10),
+        async || listed(&local).await,
+        |e| e.len() == 1,
+    )
+    .await;
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0]["size_in_bytes"], data.len() as u64);
 }

@@ -164,7 +164,11 @@ pub fn host_from_authority(headers: &mut HeaderMap, uri: &axum::http::Uri) {
 
 /// Appends the scheme and authority (and any path prefix of `--public-url`), without a trailing
 /// slash.
-fn push_base_url(app: &AppState, headers: &HeaderMap, out: &mut String) -> Result<(), NoLinkBase> {
+pub(super) fn push_base_url(
+    app: &AppState,
+    headers: &HeaderMap,
+    out: &mut String,
+) -> Result<(), NoLinkBase> {
     if let Some(public) = &app.config().public_url {
         out.push_str(public.as_str().trim_end_matches('/'));
         return Ok(());

@@ -1,10 +1,13 @@
 //! Read-through to an upstream cache (`--upstream-cache`, issue #59): on a local miss of a v2
-//! lookup, hoard asks the upstream (GitHub's cache service) with the job's own token. A hit is
-//! fetched and stored in the job's own scope (`cache/read_through.rs`), and the client gets
-//! hoard's link to it, so the next restore is local; a job that may not write there, or an
-//! entry larger than `--upstream-cache-max-size`, gets the upstream's own link. Upstream errors
-//! and time-outs are misses, never failures. At most `--upstream-cache-fetches` run at once,
-//! and concurrent misses of one lookup make one fetch.
+//! lookup, hoard asks the upstream (GitHub's cache service) with the job's own token. On a hit
+//! the client gets a link of hoard's (`/_blob/through/<ticket>`) whose download streams the
+//! upstream's bytes to it while storing them in the job's own scope (`cache/read_through.rs`),
+//! so the first restore goes at the upstream's pace and the next is local. A job that may not
+//! write there gets the upstream's own link; so does a second miss of the same lookup while the
+//! first is being read through (one fetch each). An entry larger than
+//! `--upstream-cache-max-size`, of no stated length, or asked by range is streamed, not stored.
+//! Upstream errors and time-outs are misses, never failures; at most `--upstream-cache-fetches`
+//! run at once. Nothing is stored but a whole entry of the length the upstream stated.
 //!
 //! Only a runtime token an issuer gave the job goes upstream, never one of hoard's own (tool
 //! and developer tokens), and nothing of a token is logged.
@@ -21,7 +24,7 @@ use super::proto::{GetCacheEntryDownloadUrlRequest, GetCacheEntryDownloadUrlResp
 use super::AppState;
 use crate::auth::Identity;
 use crate::config;
-use crate::model::{CallerKind, LogSafe, Lookup};
+use crate::model::{CallerKind, LogSafe};
 
 /// The upstream cache and what bounds its use.
 #[derive(Debug)]
@@ -36,9 +39,29 @@ pub struct UpstreamCache {
     timeout: Duration,
     max_size: u64,
     fetches: Arc<Semaphore>,
-    /// One lock per lookup being read through: concurrent misses wait for the first.
-    flights: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The read-throughs handed out and not yet taken, by ticket.
+    tickets: Mutex<HashMap<String, Arc<Ticket>>>,
+    /// The lookups being read through (their questions): a second miss meanwhile is sent
+    /// upstream.
+    flights: Mutex<std::collections::HashSet<String>>,
 }
+
+/// A read-through handed to a client: what its download fetches and stores.
+#[derive(Debug)]
+struct Ticket {
+    link: String,
+    who: Identity,
+    address: Option<std::net::IpAddr>,
+    key: String,
+    version: String,
+    question: String,
+    at: std::time::Instant,
+}
+
+/// How long a ticket waits for its download.
+const TICKET_TTL: Duration = Duration::from_secs(600);
+/// The most tickets waiting at once; past it, clients get the upstream's links.
+const MOST_TICKETS: usize = 1024;
 
 impl UpstreamCache {
     pub fn new(config: &config::UpstreamCache, idle: Duration) -> Result<Self, String> {
@@ -58,6 +81,7 @@ impl UpstreamCache {
             timeout: config.timeout,
             max_size: config.max_size,
             fetches: Arc::new(Semaphore::new(config.fetches)),
+            tickets: Mutex::default(),
             flights: Mutex::default(),
         })
     }
@@ -66,15 +90,44 @@ impl UpstreamCache {
         &self.host
     }
 
-    /// The lock of one lookup's read-through; dropped from the map once nobody holds it.
-    fn flight(&self, question: String) -> Flight<'_> {
+    /// Starts reading `question` through, unless it is already: false then.
+    fn take_flight(&self, question: &str) -> bool {
         let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
-        let lock = flights.entry(question.clone()).or_default().clone();
-        Flight {
-            cache: self,
-            question,
-            lock,
+        flights.insert(question.to_owned())
+    }
+
+    fn land(&self, question: &str) {
+        let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+        flights.remove(question);
+    }
+
+    /// Hands out a ticket for `ticket`; `None` when too many wait.
+    fn issue(&self, ticket: Ticket) -> Option<String> {
+        let mut tickets = self.tickets.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        let stale: Vec<String> = tickets
+            .iter()
+            .filter(|(_, t)| now.duration_since(t.at) > TICKET_TTL)
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in stale {
+            if let Some(t) = tickets.remove(&name) {
+                self.land(&t.question);
+            }
         }
+        if tickets.len() >= MOST_TICKETS {
+            return None;
+        }
+        // Unguessable: holding it is what opens the download, as a signed link's signature.
+        let name = crate::model::BlobName::random().as_str().to_owned();
+        tickets.insert(name.clone(), Arc::new(ticket));
+        Some(name)
+    }
+
+    /// The ticket `name`, taken: a ticket opens one download.
+    fn take(&self, name: &str) -> Option<Arc<Ticket>> {
+        let mut tickets = self.tickets.lock().unwrap_or_else(|p| p.into_inner());
+        tickets.remove(name)
     }
 
     /// The upstream's answer to `req` with the job's `authorization`, if it is a hit.
@@ -131,23 +184,6 @@ impl UpstreamCache {
     }
 }
 
-/// A held read-through lock of one lookup.
-struct Flight<'a> {
-    cache: &'a UpstreamCache,
-    question: String,
-    lock: Arc<tokio::sync::Mutex<()>>,
-}
-
-impl Drop for Flight<'_> {
-    fn drop(&mut self) {
-        let mut flights = self.cache.flights.lock().unwrap_or_else(|p| p.into_inner());
-        // The map's own reference and this one: nobody else waits.
-        if Arc::strong_count(&self.lock) <= 2 {
-            flights.remove(&self.question);
-        }
-    }
-}
-
 /// Whether the caller's credentials may go upstream: a runtime token an issuer gave the job.
 fn may_go_upstream(who: &Identity, headers: &HeaderMap) -> Option<header::HeaderValue> {
     let authorization = headers.get(header::AUTHORIZATION)?;
@@ -159,93 +195,211 @@ fn may_go_upstream(who: &Identity, headers: &HeaderMap) -> Option<header::Header
     (issued && !token.starts_with(crate::auth::tool_token::PREFIX)).then(|| authorization.clone())
 }
 
-/// A lookup that missed here, read through the upstream cache: hoard's answer with its own
-/// link once stored, the upstream's answer with its link when it cannot be stored here, `None`
-/// for a miss.
+/// A lookup that missed here, read through the upstream cache: a link of hoard's whose download
+/// streams and stores the upstream's hit, or the upstream's own link when it cannot be stored
+/// here; `None` for a miss.
 pub(super) async fn on_miss(
     app: &AppState,
     who: &Identity,
     address: Option<std::net::IpAddr>,
     headers: &HeaderMap,
     req: &GetCacheEntryDownloadUrlRequest,
-    lookup: &Lookup,
 ) -> Option<GetCacheEntryDownloadUrlResponse> {
     let upstream = app.config().upstream_cache.as_ref()?;
     let authorization = may_go_upstream(who, headers)?;
-    let question = format!(
-        "{}\0{}\0{}\0{}\0{}",
-        who.repository.as_str(),
-        who.write_scope.as_ref().map_or("", |s| s.as_str()),
-        req.key,
-        req.restore_keys.join("\0"),
-        req.version
-    );
-    let flight = upstream.flight(question);
-    let _one = flight.lock.lock().await;
-    // Another request may have stored it while this one waited.
-    if let Ok(Some(hit)) = app.cache().lookup(who, address, lookup).await {
-        return local_answer(app, headers, hit);
-    }
-    let Ok(_fetching) = upstream.fetches.clone().try_acquire_owned() else {
-        tracing::info!(upstream = %upstream.host, "read-throughs at their bound (--upstream-cache-fetches): a miss");
-        return None;
-    };
     let found = upstream.ask(&authorization, req).await?;
     if !app.cache().may_store(who, &found.matched_key, &req.version) {
         // Read-only here: the client reads the upstream's copy itself.
         return Some(found);
     }
+    let question = format!(
+        "{}\0{}\0{}\0{}",
+        who.repository.as_str(),
+        who.write_scope.as_ref().map_or("", |s| s.as_str()),
+        found.matched_key,
+        req.version
+    );
+    if !upstream.take_flight(&question) {
+        // Being read through for another job: this one reads the upstream's copy.
+        return Some(found);
+    }
+    let ticket = Ticket {
+        link: found.signed_download_url.clone(),
+        who: who.clone(),
+        address,
+        key: found.matched_key.clone(),
+        version: req.version.clone(),
+        question: question.clone(),
+        at: std::time::Instant::now(),
+    };
+    let Some(name) = upstream.issue(ticket) else {
+        upstream.land(&question);
+        return Some(found);
+    };
+    let mut link = String::with_capacity(128);
+    if super::links::push_base_url(app, headers, &mut link).is_err() {
+        upstream.take(&name);
+        upstream.land(&question);
+        return Some(found);
+    }
+    // Three path segments and a query, as every client's link parser wants (links.rs).
+    link.push_str(THROUGH_PREFIX);
+    link.push_str(&name);
+    link.push_str("?through=1");
+    Some(GetCacheEntryDownloadUrlResponse {
+        ok: true,
+        signed_download_url: link,
+        matched_key: found.matched_key,
+    })
+}
+
+/// Where read-through downloads are served.
+pub const THROUGH_PREFIX: &str = "/_blob/through/";
+
+/// `GET /_blob/through/<ticket>`: the upstream's bytes, streamed to the client and, when they
+/// can be, stored as they pass.
+pub async fn download(
+    app: &AppState,
+    method: &axum::http::Method,
+    name: &str,
+    headers: &HeaderMap,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let not_found = || super::azure::AzureError::not_found().into_response();
+    let Some(upstream) = app.config().upstream_cache.as_ref() else {
+        return not_found();
+    };
+    if method != axum::http::Method::GET {
+        return super::azure::AzureError::new(
+            axum::http::StatusCode::METHOD_NOT_ALLOWED,
+            "UnsupportedHttpVerb",
+            format!("{method} is not supported on read-through links."),
+        )
+        .into_response();
+    }
+    let Some(ticket) = upstream.take(name) else {
+        return not_found();
+    };
+    let landed = Landing {
+        upstream: upstream.clone(),
+        question: ticket.question.clone(),
+    };
+    let Ok(_fetching) = upstream.fetches.clone().try_acquire_owned() else {
+        tracing::info!(upstream = %upstream.host, "read-throughs at their bound (--upstream-cache-fetches): the client is sent upstream");
+        return redirect(&ticket.link);
+    };
+    let ranged = headers.contains_key(header::RANGE) || headers.contains_key("x-ms-range");
+    if ranged {
+        return redirect(&ticket.link);
+    }
     let fetched = upstream
         .bytes
-        .get(&found.signed_download_url)
+        .get(&ticket.link)
         .timeout(upstream.timeout)
         .send()
         .await;
     let fetched = match fetched {
-        Ok(answer) if answer.status().is_success() => answer,
+        Ok(answer) if answer.status() == reqwest::StatusCode::OK => answer,
         Ok(answer) => {
-            tracing::warn!(upstream = %upstream.host, status = answer.status().as_u16(), "the upstream cache's link answered an error: the client gets the link");
-            return Some(found);
+            tracing::warn!(upstream = %upstream.host, status = answer.status().as_u16(), "the upstream cache's link answered an error");
+            return super::azure::AzureError::new(
+                axum::http::StatusCode::BAD_GATEWAY,
+                "ServerBusy",
+                "the upstream cache did not send the entry",
+            )
+            .into_response();
         }
         Err(e) => {
-            tracing::warn!(upstream = %upstream.host, error = %LogSafe(&e.to_string()), "the upstream cache's link did not answer: the client gets the link");
-            return Some(found);
+            tracing::warn!(upstream = %upstream.host, error = %LogSafe(&e.to_string()), "the upstream cache's link did not answer");
+            return super::azure::AzureError::new(
+                axum::http::StatusCode::BAD_GATEWAY,
+                "ServerBusy",
+                "the upstream cache did not send the entry",
+            )
+            .into_response();
         }
     };
-    let Some(len) = fetched.content_length().filter(|n| *n <= upstream.max_size) else {
-        return Some(found);
-    };
-    let body = Box::pin(fetched.bytes_stream().map_err(std::io::Error::other));
-    let stored = app
-        .cache()
-        .save_read_through(
-            who,
-            address,
-            &found.matched_key,
-            &req.version,
-            body,
-            len,
-            &upstream.host,
-        )
-        .await;
-    if let Err(e) = stored {
-        tracing::warn!(upstream = %upstream.host, key = %LogSafe(&found.matched_key), error = %e, "an entry read through from the upstream cache was not stored: the client gets its link");
-        return Some(found);
+    let len = fetched.content_length();
+    let bytes = fetched.bytes_stream().map_err(std::io::Error::other);
+    let mut response = axum::response::Response::new(axum::body::Body::empty());
+    let out = response.headers_mut();
+    out.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/octet-stream"),
+    );
+    if let Some(len) = len {
+        out.insert(header::CONTENT_LENGTH, header::HeaderValue::from(len));
     }
-    match app.cache().lookup(who, address, lookup).await {
-        Ok(Some(hit)) => local_answer(app, headers, hit),
-        _ => Some(found),
+    let keep = len.filter(|n| *n > 0 && *n <= upstream.max_size);
+    let Some(len) = keep else {
+        *response.body_mut() = axum::body::Body::from_stream(bytes);
+        return response;
+    };
+    // The store reads what the client is sent, as it is sent: the client's pace, bounded.
+    let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(8);
+    let stored: crate::model::ByteStream =
+        Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|b| (Ok(b), rx))
+        }));
+    {
+        let (app, ticket, host) = (app.clone(), ticket.clone(), upstream.host.clone());
+        tokio::spawn(async move {
+            let _landed = landed;
+            let saved = app
+                .cache()
+                .save_read_through(
+                    &ticket.who,
+                    ticket.address,
+                    &ticket.key,
+                    &ticket.version,
+                    stored,
+                    len,
+                    &host,
+                )
+                .await;
+            if let Err(e) = saved {
+                tracing::info!(upstream = %host, key = %LogSafe(&ticket.key), error = %e, "an entry read through from the upstream cache was not stored");
+            }
+        });
+    }
+    let mut tx = Some(tx);
+    let teed = futures_util::StreamExt::then(bytes, move |piece| {
+        let copy = match &piece {
+            Ok(b) => tx.clone().map(|tx| (tx, b.clone())),
+            Err(_) => {
+                // A failed stream is not stored: the store sees it end short.
+                tx = None;
+                None
+            }
+        };
+        async move {
+            if let Some((tx, b)) = copy {
+                let _ = tx.send(b).await;
+            }
+            piece
+        }
+    });
+    *response.body_mut() = axum::body::Body::from_stream(teed);
+    response
+}
+
+/// Ends a lookup's read-through when dropped, whatever happened to it.
+struct Landing {
+    upstream: Arc<UpstreamCache>,
+    question: String,
+}
+
+impl Drop for Landing {
+    fn drop(&mut self) {
+        self.upstream.land(&self.question);
     }
 }
 
-fn local_answer(
-    app: &AppState,
-    headers: &HeaderMap,
-    hit: crate::cache::Hit,
-) -> Option<GetCacheEntryDownloadUrlResponse> {
-    Some(GetCacheEntryDownloadUrlResponse {
-        ok: true,
-        signed_download_url: super::links::signed(app, headers, hit.entry).ok()?,
-        matched_key: hit.matched_key,
-    })
+fn redirect(link: &str) -> axum::response::Response {
+    let mut response = axum::response::Response::new(axum::body::Body::empty());
+    *response.status_mut() = axum::http::StatusCode::TEMPORARY_REDIRECT;
+    if let Ok(location) = header::HeaderValue::from_str(link) {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    response
 }

@@ -191,6 +191,9 @@ async fn fallback(
         };
         return legacy::dispatch(&app, prefix, rest, request, body).await;
     }
+    if let Some(ticket) = path.strip_prefix(super::read_through::THROUGH_PREFIX) {
+        return super::read_through::download(&app, &method, ticket, &headers).await;
+    }
     // Blob paths with an encoded `/` (the Go SDK's, by host name): matched decoded.
     if path.starts_with("/_blob") || path.starts_with("/%5") {
         match links::blob_route(path) {

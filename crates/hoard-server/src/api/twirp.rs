@@ -364,7 +364,7 @@ async fn lookup(
         // A miss is 200 {"ok":false}: a 404 would make the client print a warning (§2.7). With
         // --upstream-cache, the upstream is asked first.
         None => Ok(
-            super::read_through::on_miss(app, who, address, headers, &req, &lookup)
+            super::read_through::on_miss(app, who, address, headers, &req)
                 .await
                 .unwrap_or_default(),
         ),
