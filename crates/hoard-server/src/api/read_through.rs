@@ -253,6 +253,9 @@ pub(super) async fn on_miss(
     })
 }
 
+/// Bytes (in KiB) that may wait between a read-through's client and its store.
+const IN_FLIGHT_KIB: usize = 8 << 10;
+
 /// Where read-through downloads are served.
 pub const THROUGH_PREFIX: &str = "/_blob/through/";
 
@@ -335,11 +338,16 @@ pub async fn download(
         *response.body_mut() = axum::body::Body::from_stream(bytes);
         return response;
     };
-    // The store reads what the client is sent, as it is sent: the client's pace, bounded.
-    let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(8);
+    // The store reads what the client is sent, as it is sent. Up to IN_FLIGHT bytes wait
+    // between the two, so that neither waits for each write of the other; past it, the client
+    // is slowed to the store's pace.
+    let room = Arc::new(Semaphore::new(IN_FLIGHT_KIB));
+    let (tx, rx) =
+        tokio::sync::mpsc::unbounded_channel::<(bytes::Bytes, tokio::sync::OwnedSemaphorePermit)>();
     let stored: crate::model::ByteStream =
         Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|b| (Ok(b), rx))
+            // The room is given back as the store takes the piece (it copies it into its blocks).
+            rx.recv().await.map(|(piece, _room)| (Ok(piece), rx))
         }));
     {
         let (app, ticket, host) = (app.clone(), ticket.clone(), upstream.host.clone());
@@ -362,19 +370,22 @@ pub async fn download(
             }
         });
     }
-    let mut tx = Some(tx);
+    let mut copy = Some(tx);
     let teed = futures_util::StreamExt::then(bytes, move |piece| {
-        let copy = match &piece {
-            Ok(b) => tx.clone().map(|tx| (tx, b.clone())),
+        let send = match &piece {
+            Ok(b) => copy.clone().map(|tx| (tx, b.clone(), room.clone())),
             Err(_) => {
                 // A failed stream is not stored: the store sees it end short.
-                tx = None;
+                copy = None;
                 None
             }
         };
         async move {
-            if let Some((tx, b)) = copy {
-                let _ = tx.send(b).await;
+            if let Some((tx, piece, room)) = send {
+                let kib = (piece.len() >> 10).clamp(1, IN_FLIGHT_KIB) as u32;
+                if let Ok(permit) = room.acquire_many_owned(kib).await {
+                    let _ = tx.send((piece, permit));
+                }
             }
             piece
         }
