@@ -370,28 +370,88 @@ pub async fn download(
             }
         });
     }
-    let mut copy = Some(tx);
-    let teed = futures_util::StreamExt::then(bytes, move |piece| {
-        let send = match &piece {
-            Ok(b) => copy.clone().map(|tx| (tx, b.clone(), room.clone())),
-            Err(_) => {
+    let tee = Tee {
+        bytes: Box::pin(bytes),
+        store: Some(tx),
+        room,
+        batch: bytes::BytesMut::new(),
+        left: len,
+    };
+    let teed = futures_util::stream::unfold(tee, |mut tee| async move {
+        match futures_util::StreamExt::next(&mut tee.bytes).await {
+            Some(Ok(piece)) => {
+                tee.keep(&piece).await;
+                Some((Ok(piece), tee))
+            }
+            Some(Err(e)) => {
                 // A failed stream is not stored: the store sees it end short.
-                copy = None;
+                tee.store = None;
+                Some((Err(e), tee))
+            }
+            None => {
+                tee.flush().await;
                 None
             }
-        };
-        async move {
-            if let Some((tx, piece, room)) = send {
-                let kib = (piece.len() >> 10).clamp(1, IN_FLIGHT_KIB) as u32;
-                if let Ok(permit) = room.acquire_many_owned(kib).await {
-                    let _ = tx.send((piece, permit));
-                }
-            }
-            piece
         }
     });
     *response.body_mut() = axum::body::Body::from_stream(teed);
     response
+}
+
+/// What a read-through download sends the client, and hands its store in batches of
+/// [`BATCH`] bytes (the network's pieces are small: one wake-up of the store per piece would
+/// set the pace).
+struct Tee {
+    bytes:
+        std::pin::Pin<Box<dyn futures_util::Stream<Item = std::io::Result<bytes::Bytes>> + Send>>,
+    store: Option<
+        tokio::sync::mpsc::UnboundedSender<(bytes::Bytes, tokio::sync::OwnedSemaphorePermit)>,
+    >,
+    room: Arc<Semaphore>,
+    batch: bytes::BytesMut,
+    /// Bytes of the entry still to come: the client's connection stops reading the upstream
+    /// once the stated length has passed, so the end is known by it, not by the stream's end.
+    left: u64,
+}
+
+/// What the store is handed at once.
+const BATCH: usize = 1 << 20;
+
+impl Tee {
+    async fn keep(&mut self, piece: &[u8]) {
+        if self.store.is_none() {
+            return;
+        }
+        self.batch.extend_from_slice(piece);
+        self.left = self.left.saturating_sub(piece.len() as u64);
+        if self.batch.len() >= BATCH || self.left == 0 {
+            self.flush().await;
+        }
+        if self.left == 0 {
+            // The whole entry is handed over: the store learns the end as its channel closes.
+            self.store = None;
+        }
+    }
+
+    /// Hands the batch to the store once there is room for it.
+    async fn flush(&mut self) {
+        let Some(store) = &self.store else {
+            return;
+        };
+        if self.batch.is_empty() {
+            return;
+        }
+        let batch = self.batch.split().freeze();
+        let kib = (batch.len() >> 10).clamp(1, IN_FLIGHT_KIB) as u32;
+        let sent = match self.room.clone().acquire_many_owned(kib).await {
+            Ok(permit) => store.send((batch, permit)).is_ok(),
+            Err(_) => false,
+        };
+        if !sent {
+            // The store stopped (refused, failed): nothing more is kept.
+            self.store = None;
+        }
+    }
 }
 
 /// Ends a lookup's read-through when dropped, whatever happened to it.
