@@ -8,6 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{json_of, main_token, random_bytes, token, TestServer, MAIN, VERSION};
+use futures_util::StreamExt as _;
 use serde_json::{json, Value};
 
 const ADMIN: &str = "read-through-admin-token-0123456789";
@@ -255,4 +256,72 @@ async fn a_read_through_cut_short_stores_nothing() {
     .await;
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0]["size_in_bytes"], data.len() as u64);
+}
+
+/// The timeout bounds the upstream's answer, not its whole transfer: an entry that takes
+/// longer than the timeout to arrive, while it keeps coming, is read through whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_slower_than_the_timeout_but_steady_is_read_through_whole() {
+    use axum::routing::{get, post};
+    let data = random_bytes(4 << 20, 3);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = format!("http://{}", listener.local_addr().unwrap());
+    let app = {
+        let (data, upstream) = (data.clone(), upstream.clone());
+        axum::Router::new()
+            .route(
+                "/twirp/github.actions.results.api.v1.CacheService/GetCacheEntryDownloadURL",
+                post(move || {
+                    let link = format!("{upstream}/slow/blob?sig=x");
+                    async move {
+                        axum::Json(
+                            json!({"ok": true, "signed_download_url": link, "matched_key": "slow"}),
+                        )
+                    }
+                }),
+            )
+            .route(
+                "/slow/blob",
+                get(move || {
+                    let data = data.clone();
+                    async move {
+                        // 4 MiB in 16 pieces, 50 ms apart: 0.8 s in all.
+                        let pieces = futures_util::stream::iter(
+                            data.chunks(256 << 10)
+                                .map(bytes::Bytes::copy_from_slice)
+                                .collect::<Vec<_>>(),
+                        )
+                        .then(|piece| async move {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            Ok::<_, std::io::Error>(piece)
+                        });
+                        axum::response::Response::builder()
+                            .header("content-length", data.len())
+                            .body(axum::body::Body::from_stream(pieces))
+                            .unwrap()
+                    }
+                }),
+            )
+    };
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let local = TestServer::start_with(&[
+        "--upstream-cache",
+        &upstream,
+        "--upstream-cache-timeout",
+        "300ms",
+        "--admin-token",
+        ADMIN,
+    ])
+    .await;
+    let found = lookup(&local, &main_token(), "slow").await;
+    let link = found["signed_download_url"].as_str().unwrap();
+    assert!(link.starts_with(&local.base), "{found}");
+    assert_eq!(download(link).await, data);
+    let entries = common::poll(
+        Duration::from_secs(10),
+        async || listed(&local).await,
+        |e| e.len() == 1,
+    )
+    .await;
+    assert_eq!(entries.len(), 1, "stored whole");
 }

@@ -295,32 +295,24 @@ pub async fn download(
     if ranged {
         return redirect(&ticket.link);
     }
-    let fetched = upstream
-        .bytes
-        .get(&ticket.link)
-        .timeout(upstream.timeout)
-        .send()
-        .await;
+    // The bound is on the answer's start; its body may take as long as it keeps coming (the
+    // client's read timeout, the idle timeout, ends a silence).
+    let failed = |why: String| {
+        tracing::warn!(upstream = %upstream.host, reason = %LogSafe(&why), "the upstream cache's link did not send the entry");
+        super::azure::AzureError::new(
+            axum::http::StatusCode::BAD_GATEWAY,
+            "ServerBusy",
+            "the upstream cache did not send the entry",
+        )
+        .into_response()
+    };
+    let fetched =
+        tokio::time::timeout(upstream.timeout, upstream.bytes.get(&ticket.link).send()).await;
     let fetched = match fetched {
-        Ok(answer) if answer.status() == reqwest::StatusCode::OK => answer,
-        Ok(answer) => {
-            tracing::warn!(upstream = %upstream.host, status = answer.status().as_u16(), "the upstream cache's link answered an error");
-            return super::azure::AzureError::new(
-                axum::http::StatusCode::BAD_GATEWAY,
-                "ServerBusy",
-                "the upstream cache did not send the entry",
-            )
-            .into_response();
-        }
-        Err(e) => {
-            tracing::warn!(upstream = %upstream.host, error = %LogSafe(&e.to_string()), "the upstream cache's link did not answer");
-            return super::azure::AzureError::new(
-                axum::http::StatusCode::BAD_GATEWAY,
-                "ServerBusy",
-                "the upstream cache did not send the entry",
-            )
-            .into_response();
-        }
+        Ok(Ok(answer)) if answer.status() == reqwest::StatusCode::OK => answer,
+        Ok(Ok(answer)) => return failed(format!("it answered {}", answer.status())),
+        Ok(Err(e)) => return failed(e.to_string()),
+        Err(_) => return failed(format!("no answer within {:?}", upstream.timeout)),
     };
     let len = fetched.content_length();
     let bytes = fetched.bytes_stream().map_err(std::io::Error::other);
