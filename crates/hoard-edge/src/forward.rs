@@ -96,9 +96,9 @@ pub async fn upload_keeping(
     let Some(writer) = writer else {
         return forward(edge, Method::PUT, uri, headers, client, body).await;
     };
-    // Pieces in flight between the network and the disk (each at most a read buffer, 64 KiB),
-    // so that neither waits for each step of the other.
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    // Pieces in flight between the network and the disk (each at most a read buffer, 64 KiB:
+    // 1 MiB an upload), so that neither waits for each step of the other.
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
     let writing = tokio::task::spawn_blocking(move || writer.run(rx));
     let body = reqwest::Body::wrap_stream(teed(body.into_data_stream(), tx));
     let path_and_query = uri.path_and_query().map_or("/", |p| p.as_str());
