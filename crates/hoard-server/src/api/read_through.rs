@@ -41,9 +41,10 @@ pub struct UpstreamCache {
     fetches: Arc<Semaphore>,
     /// The read-throughs handed out and not yet taken, by ticket.
     tickets: Mutex<HashMap<String, Arc<Ticket>>>,
-    /// The lookups being read through (their questions): a second miss meanwhile is sent
-    /// upstream.
-    flights: Mutex<std::collections::HashSet<String>>,
+    /// The lookups being read through (their questions) and since when: a second miss
+    /// meanwhile is sent upstream. One older than [`TICKET_TTL`] no longer counts (its ticket
+    /// was never used, as after a lookup-only restore).
+    flights: Mutex<HashMap<String, std::time::Instant>>,
 }
 
 /// A read-through handed to a client: what its download fetches and stores.
@@ -93,7 +94,13 @@ impl UpstreamCache {
     /// Starts reading `question` through, unless it is already: false then.
     fn take_flight(&self, question: &str) -> bool {
         let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
-        flights.insert(question.to_owned())
+        let now = std::time::Instant::now();
+        flights.retain(|_, since| now.duration_since(*since) <= TICKET_TTL);
+        if flights.contains_key(question) {
+            return false;
+        }
+        flights.insert(question.to_owned(), now);
+        true
     }
 
     fn land(&self, question: &str) {
