@@ -84,9 +84,15 @@ fn json_answer(status: StatusCode, body: &Value) -> Response {
     response
 }
 
-/// What the client is told when the origin cannot decide; `protobuf` when it asked in
-/// Twirp's binary encoding (where an empty message is `ok: false`).
-fn undecided(call: Call, protobuf: bool) -> Response {
+/// What the client is told when the origin cannot decide (counted); `protobuf` when it asked
+/// in Twirp's binary encoding (where an empty message is `ok: false`).
+fn undecided(call: Call, protobuf: bool, counters: &crate::metrics::Counters) -> Response {
+    let counter = if call.is_lookup() {
+        &counters.lookups_unanswered
+    } else {
+        &counters.saves_refused
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
     if protobuf && matches!(call, Call::Lookup | Call::Reserve | Call::Finalize) {
         let mut response = Response::new(Body::empty());
         response.headers_mut().insert(
@@ -187,12 +193,7 @@ pub async fn call(
         }
     };
     let Some(answer) = answer else {
-        if call.is_lookup() {
-            counters.lookups_unanswered.fetch_add(1, Ordering::Relaxed);
-        } else {
-            counters.saves_refused.fetch_add(1, Ordering::Relaxed);
-        }
-        return undecided(call, protobuf_asked);
+        return undecided(call, protobuf_asked, counters);
     };
     if call == Call::Finalize && answer.status() == StatusCode::OK {
         return finalized(edge, incoming, &body, protobuf_asked, answer).await;
@@ -217,12 +218,7 @@ pub async fn call(
         Err(_) => None,
     };
     let Some((answer_body, link)) = pointed else {
-        if call.is_lookup() {
-            counters.lookups_unanswered.fetch_add(1, Ordering::Relaxed);
-        } else {
-            counters.saves_refused.fetch_add(1, Ordering::Relaxed);
-        }
-        return undecided(call, protobuf_asked);
+        return undecided(call, protobuf_asked, counters);
     };
     let hit = link.as_deref().is_some_and(|l| !l.is_empty());
     if call.is_lookup() {
@@ -293,7 +289,7 @@ async fn finalized(
     let mut headers = answer.headers().clone();
     hoard_server::api::proxy::strip_hop_by_hop(&mut headers);
     let Ok(body) = answer.bytes().await else {
-        return undecided(Call::Finalize, protobuf);
+        return undecided(Call::Finalize, protobuf, &edge.counters);
     };
     let entry = if is_protobuf(&headers) {
         FinalizeCacheEntryUploadResponse::decode(body.as_ref())

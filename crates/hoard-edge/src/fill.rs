@@ -177,8 +177,11 @@ async fn fetch(
     tx: &watch::Sender<Progress>,
 ) -> io::Result<Vec<u8>> {
     let mut body = answer.bytes_stream();
-    let mut sums = BlockSums::default();
-    let mut written = 0u64;
+    let mut copy = Copy {
+        file,
+        sums: BlockSums::default(),
+        written: 0,
+    };
     let mut received = 0u64;
     let mut block: Option<Block> = None;
     loop {
@@ -204,38 +207,61 @@ async fn fetch(
         }
         let mut frame = frame;
         while !frame.is_empty() {
-            let left = size.saturating_sub(written).max(1);
-            let current = match block.take() {
+            let mut current = match block.take() {
                 Some(b) => b,
-                None => source.memory.block(left).await,
+                None => {
+                    source
+                        .memory
+                        .block(size.saturating_sub(copy.written).max(1))
+                        .await
+                }
             };
-            let mut current = current;
             current.fill(&mut frame);
             if current.is_full() {
-                let (b, s) = write(file.clone(), current, written, sums).await?;
-                written += b.bytes().len() as u64;
-                sums = s;
-                source.memory.keep(b);
-                let _ = tx.send(Progress::Writing(written));
+                copy.append(current, source, tx).await?;
             } else {
                 block = Some(current);
             }
         }
     }
     if let Some(last) = block.take() {
-        let (b, s) = write(file.clone(), last, written, sums).await?;
-        written += b.bytes().len() as u64;
-        sums = s;
-        source.memory.keep(b);
-        let _ = tx.send(Progress::Writing(written));
+        copy.append(last, source, tx).await?;
     }
-    if written != size {
+    if copy.written != size {
         return Err(io::Error::new(
             io::ErrorKind::UnexpectedEof,
-            format!("the origin sent {written} bytes of an entry of {size}"),
+            format!(
+                "the origin sent {} bytes of an entry of {size}",
+                copy.written
+            ),
         ));
     }
-    Ok(sums.finish(size))
+    Ok(copy.sums.finish(size))
+}
+
+/// A copy being written: how far, and the checks of what is written.
+struct Copy<'a> {
+    file: &'a Arc<File>,
+    sums: BlockSums,
+    written: u64,
+}
+
+impl Copy<'_> {
+    /// Writes `block` at the end of the copy, keeps its buffer, and tells who follows.
+    async fn append(
+        &mut self,
+        block: Block,
+        source: &Source,
+        tx: &watch::Sender<Progress>,
+    ) -> io::Result<()> {
+        let sums = std::mem::take(&mut self.sums);
+        let (block, sums) = write(self.file.clone(), block, self.written, sums).await?;
+        self.sums = sums;
+        self.written += block.bytes().len() as u64;
+        source.memory.keep(block);
+        let _ = tx.send(Progress::Writing(self.written));
+        Ok(())
+    }
 }
 
 async fn write(
