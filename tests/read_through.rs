@@ -215,7 +215,8 @@ async fn hoards_own_tokens_never_go_upstream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_through_cut_short_stores_nothing() {
     let upstream = TestServer::start().await;
-    let data = random_bytes(16 << 20, 2);
+    // Larger than what loopback's socket buffers hold, so the cut comes before the end.
+    let data = random_bytes(64 << 20, 2);
     upstream.save(&main_token(), "big", VERSION, &data).await;
     let local =
         TestServer::start_with(&["--upstream-cache", &upstream.base, "--admin-token", ADMIN]).await;
@@ -285,14 +286,14 @@ async fn an_entry_slower_than_the_timeout_but_steady_is_read_through_whole() {
                 get(move || {
                     let data = data.clone();
                     async move {
-                        // 4 MiB in 16 pieces, 50 ms apart: 0.8 s in all.
+                        // 4 MiB in 16 pieces, 100 ms apart: 1.6 s in all, above the 1 s bound.
                         let pieces = futures_util::stream::iter(
                             data.chunks(256 << 10)
                                 .map(bytes::Bytes::copy_from_slice)
                                 .collect::<Vec<_>>(),
                         )
                         .then(|piece| async move {
-                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            tokio::time::sleep(Duration::from_millis(100)).await;
                             Ok::<_, std::io::Error>(piece)
                         });
                         axum::response::Response::builder()
@@ -308,7 +309,7 @@ async fn an_entry_slower_than_the_timeout_but_steady_is_read_through_whole() {
         "--upstream-cache",
         &upstream,
         "--upstream-cache-timeout",
-        "300ms",
+        "1s",
         "--admin-token",
         ADMIN,
     ])
