@@ -294,7 +294,7 @@ pub async fn download(
         upstream: upstream.clone(),
         question: ticket.question.clone(),
     };
-    let Ok(_fetching) = upstream.fetches.clone().try_acquire_owned() else {
+    let Ok(fetching) = upstream.fetches.clone().try_acquire_owned() else {
         tracing::info!(upstream = %upstream.host, "read-throughs at their bound (--upstream-cache-fetches): the client is sent upstream");
         return redirect(&ticket.link);
     };
@@ -351,7 +351,9 @@ pub async fn download(
     {
         let (app, ticket, host) = (app.clone(), ticket.clone(), upstream.host.clone());
         tokio::spawn(async move {
-            let _landed = landed;
+            // Held until the entry is stored: the bound counts read-throughs under way, not
+            // only their start.
+            let (_landed, _fetching) = (landed, fetching);
             let saved = app
                 .cache()
                 .save_read_through(
