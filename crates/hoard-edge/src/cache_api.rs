@@ -13,7 +13,10 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::Response;
 use serde_json::{json, Value};
 
-use crate::forward::{answer_of, outgoing};
+use hoard_server::api::proxy::strip_hop_by_hop;
+
+use crate::forward::{answered, outgoing};
+use crate::origin::Answer;
 use crate::saves::caller_of;
 use crate::Edge;
 
@@ -120,18 +123,17 @@ fn undecided(call: Call, protobuf: bool, counters: &crate::metrics::Counters) ->
 /// `link`, one of the origin's blob links, pointing at `edge_base` instead; `None` for other
 /// links (a Forgejo runner's proxy), which are left as they are.
 pub fn pointed_at(link: &str, edge_base: &str) -> Option<String> {
-    let url = url::Url::parse(link).ok()?;
-    let path = url.path();
-    // From the blob prefix on: an origin behind a path prefix has it before.
-    let at = path.find("/_blob/")?;
-    let mut out = String::with_capacity(edge_base.len() + link.len());
-    out.push_str(edge_base);
-    out.push_str(&path[at..]);
-    if let Some(query) = url.query() {
-        out.push('?');
-        out.push_str(query);
+    // Read by hand rather than parsed as a URL: every hit of every lookup passes here, and
+    // the origin's links are its own (absolute, nothing to normalise).
+    let (scheme, rest) = link.split_once("://")?;
+    if !matches!(scheme, "http" | "https") {
+        return None;
     }
-    Some(out)
+    let from_path = &rest[rest.find('/')?..];
+    let path_end = from_path.find(['?', '#']).unwrap_or(from_path.len());
+    // From the blob prefix on: an origin behind a path prefix has it before.
+    let at = from_path[..path_end].find("/_blob/")?;
+    Some(format!("{edge_base}{}", &from_path[at..]))
 }
 
 /// Takes part in `call`: forwards it, points the answer's link at the edge, and answers for an
@@ -140,7 +142,7 @@ pub async fn call(
     edge: &Edge,
     call: Call,
     uri: &Uri,
-    incoming: &HeaderMap,
+    incoming: HeaderMap,
     client: Option<SocketAddr>,
     body: Body,
 ) -> Response {
@@ -163,7 +165,10 @@ pub async fn call(
     } else {
         CALL_TIMEOUT
     };
-    let protobuf_asked = is_protobuf(incoming);
+    let protobuf_asked = is_protobuf(&incoming);
+    let base = edge.base_for(&incoming);
+    let caller = matches!(call, Call::Reserve | Call::Finalize)
+        .then(|| caller_of(incoming.get(header::AUTHORIZATION).map(|v| v.as_bytes())));
     let path_and_query = uri.path_and_query().map_or("/", |p| p.as_str());
     let answer = edge
         .origin
@@ -196,7 +201,13 @@ pub async fn call(
         return undecided(call, protobuf_asked, counters);
     };
     if call == Call::Finalize && answer.status() == StatusCode::OK {
-        return finalized(edge, incoming, &body, protobuf_asked, answer).await;
+        if let Some(((key, version), entry)) =
+            saving_of(call, &body, protobuf_asked).zip(finalized_entry(&answer))
+        {
+            edge.saves
+                .finalized(caller.unwrap_or_default(), &key, &version, entry);
+        }
+        return answered(answer);
     }
     let Some(field) = call
         .link_field()
@@ -205,17 +216,15 @@ pub async fn call(
         if call.is_lookup() {
             counters.lookups_miss.fetch_add(1, Ordering::Relaxed);
         }
-        return answer_of(answer);
+        return answered(answer);
     };
-    let status = answer.status();
-    let mut headers = answer.headers().clone();
-    hoard_server::api::proxy::strip_hop_by_hop(&mut headers);
-    headers.remove(header::CONTENT_LENGTH);
-    let base = edge.base_for(incoming);
-    let pointed = match answer.bytes().await {
-        Ok(body) if is_protobuf(&headers) => pointed_protobuf(call, &body, base.as_deref()),
-        Ok(body) => pointed_json(field, &body, base.as_deref()),
-        Err(_) => None,
+    let (mut parts, answer_body) = answer.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let pointed = if is_protobuf(&parts.headers) {
+        pointed_protobuf(call, &answer_body, base.as_deref())
+    } else {
+        pointed_json(field, &answer_body, base.as_deref())
     };
     let Some((answer_body, link)) = pointed else {
         return undecided(call, protobuf_asked, counters);
@@ -233,14 +242,11 @@ pub async fn call(
         // Its upload may be kept on the way (saves.rs).
         let upload = link.as_deref().and_then(upload_of);
         if let Some(((key, version), upload)) = saving_of(call, &body, protobuf_asked).zip(upload) {
-            let caller = caller_of(incoming.get(header::AUTHORIZATION).map(|v| v.as_bytes()));
-            edge.saves.reserved(caller, &key, &version, &upload);
+            edge.saves
+                .reserved(caller.unwrap_or_default(), &key, &version, &upload);
         }
     }
-    let mut response = Response::new(Body::from(answer_body));
-    *response.status_mut() = status;
-    *response.headers_mut() = headers;
-    response
+    Response::from_parts(parts, Body::from(answer_body))
 }
 
 /// The upload link segment of one of the origin's upload links.
@@ -274,45 +280,24 @@ fn saving_of(call: Call, request: &[u8], protobuf: bool) -> Option<(String, Stri
     }
 }
 
-/// A finalize the origin answered: passed on as it came; an entry it made from an upload the
-/// edge kept is noted, so that its first download takes the copy.
-async fn finalized(
-    edge: &Edge,
-    incoming: &HeaderMap,
-    request: &[u8],
-    protobuf: bool,
-    answer: reqwest::Response,
-) -> Response {
+/// The entry a finalize the origin answered made, so that an upload the edge kept on the way
+/// becomes that entry's copy.
+fn finalized_entry(answer: &Answer) -> Option<i64> {
     use hoard_server::api::proto::FinalizeCacheEntryUploadResponse;
     use prost::Message as _;
-    let status = answer.status();
-    let mut headers = answer.headers().clone();
-    hoard_server::api::proxy::strip_hop_by_hop(&mut headers);
-    let Ok(body) = answer.bytes().await else {
-        return undecided(Call::Finalize, protobuf, &edge.counters);
-    };
-    let entry = if is_protobuf(&headers) {
-        FinalizeCacheEntryUploadResponse::decode(body.as_ref())
+    if is_protobuf(answer.headers()) {
+        return FinalizeCacheEntryUploadResponse::decode(answer.body().as_ref())
             .ok()
             .filter(|f| f.ok)
-            .map(|f| f.entry_id)
-    } else {
-        serde_json::from_slice::<Value>(&body)
-            .ok()
-            .filter(|v| v["ok"] == true)
-            .and_then(|v| match &v["entry_id"] {
-                Value::String(id) => id.parse::<i64>().ok(),
-                id => id.as_i64(),
-            })
-    };
-    if let Some((entry, (key, version))) = entry.zip(saving_of(Call::Finalize, request, protobuf)) {
-        let caller = caller_of(incoming.get(header::AUTHORIZATION).map(|v| v.as_bytes()));
-        edge.saves.finalized(caller, &key, &version, entry);
+            .map(|f| f.entry_id);
     }
-    let mut response = Response::new(Body::from(body));
-    *response.status_mut() = status;
-    *response.headers_mut() = headers;
-    response
+    serde_json::from_slice::<Value>(answer.body())
+        .ok()
+        .filter(|v| v["ok"] == true)
+        .and_then(|v| match &v["entry_id"] {
+            Value::String(id) => id.parse::<i64>().ok(),
+            id => id.as_i64(),
+        })
 }
 
 fn is_protobuf(headers: &HeaderMap) -> bool {
@@ -328,6 +313,9 @@ fn is_protobuf(headers: &HeaderMap) -> bool {
 /// A JSON answer with its link `field` pointed at `base`, and the link as the origin gave it;
 /// `None` if it is not JSON.
 fn pointed_json(field: &str, body: &[u8], base: Option<&str>) -> Option<(Vec<u8>, Option<String>)> {
+    if let Some(spliced) = spliced_json(field, body, base) {
+        return Some(spliced);
+    }
     let mut value: Value = serde_json::from_slice(body).ok()?;
     let link = value.get(field).and_then(Value::as_str).map(str::to_owned);
     if let Some(pointed) = link
@@ -338,6 +326,30 @@ fn pointed_json(field: &str, body: &[u8], base: Option<&str>) -> Option<(Vec<u8>
         value[field] = Value::String(pointed);
     }
     Some((value.to_string().into_bytes(), link))
+}
+
+/// [`pointed_json`] without parsing the answer, for the shape hoard writes (`"field":"link"`,
+/// the link free of escapes): the link's bytes are replaced where they are. `None` for any
+/// other shape, which is parsed instead.
+fn spliced_json(field: &str, body: &[u8], base: Option<&str>) -> Option<(Vec<u8>, Option<String>)> {
+    let text = std::str::from_utf8(body).ok()?;
+    // The field's name between quotes and then `:"` occurs nowhere else: inside a string
+    // every quote is escaped.
+    let needle = format!("\"{field}\":\"");
+    let start = text.find(&needle)? + needle.len();
+    let len = text[start..].find('"')?;
+    let link = &text[start..start + len];
+    if link.contains('\\') || text[start + len..].contains(&needle) {
+        return None;
+    }
+    let Some(pointed) = base.and_then(|base| pointed_at(link, base)) else {
+        return Some((body.to_vec(), Some(link.to_owned())));
+    };
+    let mut out = Vec::with_capacity(body.len() + pointed.len());
+    out.extend_from_slice(&body[..start]);
+    out.extend_from_slice(pointed.as_bytes());
+    out.extend_from_slice(&body[start + len..]);
+    Some((out, Some(link.to_owned())))
 }
 
 /// [`pointed_json`] for a protobuf answer (Twirp's binary encoding).
@@ -390,9 +402,39 @@ mod tests {
             // A Forgejo runner's proxy link is the runner's business.
             ("http://runner:4000/run-1/_apis/artifactcache/artifacts/4", None),
             ("not a link", None),
+            ("http://o:1/p?then=/_blob/entries/1.2", None),
+            ("ftp://o/_blob/entries/1.2", None),
+            ("http://o:1", None),
         ] {
             assert_eq!(pointed_at(link, edge).as_deref(), pointed, "{link}");
         }
+    }
+
+    #[test]
+    fn a_json_answer_gets_the_edges_link_spliced_or_parsed_alike() {
+        let base = Some("http://edge:3000");
+        let field = "signed_download_url";
+        for body in [
+            r#"{"ok":true,"signed_download_url":"http://o:1/_blob/entries/1.2?sig=a%2Fb","matched_key":"k"}"#,
+            // Shapes the splice leaves to the parser: spaces, an escaped slash, a nested twin.
+            r#"{"ok": true, "signed_download_url": "http://o:1/_blob/entries/1.2?sig=a%2Fb", "matched_key": "k"}"#,
+            r#"{"ok":true,"signed_download_url":"http:\/\/o:1\/_blob\/entries\/1.2?sig=a%2Fb","matched_key":"k"}"#,
+            r#"{"ok":true,"matched_key":"\"signed_download_url\":\"x","signed_download_url":"http://o:1/_blob/entries/1.2?sig=a%2Fb"}"#,
+        ] {
+            let (out, link) = pointed_json(field, body.as_bytes(), base).expect(body);
+            let out: Value = serde_json::from_slice(&out).expect(body);
+            assert_eq!(
+                out[field], "http://edge:3000/_blob/entries/1.2?sig=a%2Fb",
+                "{body}"
+            );
+            assert_eq!(link.as_deref(), Some("http://o:1/_blob/entries/1.2?sig=a%2Fb"));
+            let original: Value = serde_json::from_str(body).unwrap();
+            assert_eq!(out["matched_key"], original["matched_key"], "{body}");
+        }
+        // A miss has no link; a foreign link stays.
+        let (out, link) = pointed_json(field, br#"{"ok":false,"signed_download_url":""}"#, base).unwrap();
+        assert_eq!((out.as_slice(), link.as_deref()), (&br#"{"ok":false,"signed_download_url":""}"#[..], Some("")));
+        assert!(pointed_json(field, b"not json", base).is_none());
     }
 
     #[test]

@@ -21,7 +21,7 @@ use hoard_server::api::range::{self, RangeRequest};
 use hoard_server::model::ByteStream;
 
 use crate::fill::Source;
-use crate::forward::{answer_of, forward, outgoing, unreachable};
+use crate::forward::{answered, forward, outgoing, unreachable};
 use crate::Edge;
 
 /// How long the origin may take to say whether a link opens an entry, and to start sending it.
@@ -47,7 +47,7 @@ pub async fn serve(
 ) -> Response {
     let path_and_query = uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
     // The range is the edge's to answer; preconditions are the origin's.
-    let mut asking = outgoing(headers, client);
+    let mut asking = outgoing(headers.clone(), client);
     asking.remove(header::RANGE);
     asking.remove("x-ms-range");
     let decided = edge
@@ -70,7 +70,7 @@ pub async fn serve(
     if decided.status() != StatusCode::OK {
         // Refused, gone, a precondition unmet: the origin's own answer, body and all.
         return if method == Method::HEAD {
-            answer_of(decided)
+            answered(decided)
         } else {
             forward(edge, method, uri, headers, client, Body::empty()).await
         };

@@ -11,24 +11,31 @@ use axum::response::Response;
 use futures_util::TryStreamExt;
 use hoard_server::api::proxy::strip_hop_by_hop;
 
+use crate::origin::Answer;
 use crate::saves::{teed, Writer};
 use crate::Edge;
 
 /// The client's headers as the origin should see them.
-pub fn outgoing(headers: &HeaderMap, client: Option<SocketAddr>) -> HeaderMap {
-    let mut out = headers.clone();
-    strip_hop_by_hop(&mut out);
-    out.remove(header::HOST);
+pub fn outgoing(mut headers: HeaderMap, client: Option<SocketAddr>) -> HeaderMap {
+    strip_hop_by_hop(&mut headers);
+    headers.remove(header::HOST);
     if let Some(client) = client {
         let chain = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
             Some(earlier) => format!("{earlier}, {}", client.ip()),
             None => client.ip().to_string(),
         };
         if let Ok(v) = HeaderValue::from_str(&chain) {
-            out.insert("x-forwarded-for", v);
+            headers.insert("x-forwarded-for", v);
         }
     }
-    out
+    headers
+}
+
+/// The origin's answer to a call as the client gets it.
+pub fn answered(answer: Answer) -> Response {
+    let (mut parts, body) = answer.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    Response::from_parts(parts, Body::from(body))
 }
 
 /// The origin's answer as the client gets it, its body streamed.
@@ -57,7 +64,7 @@ pub async fn forward(
     let body = reqwest::Body::wrap_stream(body.into_data_stream());
     match edge
         .origin
-        .stream(method, path_and_query, outgoing(headers, client), body)
+        .stream(method, path_and_query, outgoing(headers.clone(), client), body)
         .await
     {
         Ok(answer) => answer_of(answer),
@@ -104,7 +111,7 @@ pub async fn upload_keeping(
     let path_and_query = uri.path_and_query().map_or("/", |p| p.as_str());
     let answer = edge
         .origin
-        .stream(Method::PUT, path_and_query, outgoing(headers, client), body)
+        .stream(Method::PUT, path_and_query, outgoing(headers.clone(), client), body)
         .await;
     let finished = tokio::time::timeout(std::time::Duration::from_secs(30), writing)
         .await

@@ -25,8 +25,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{ConnectInfo, State};
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -229,18 +229,16 @@ async fn metrics_text(State(edge): State<Arc<Edge>>) -> Response {
     response
 }
 
-async fn dispatch(
-    State(edge): State<Arc<Edge>>,
-    ConnectInfo(client): ConnectInfo<SocketAddr>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let client = Some(client);
+async fn dispatch(State(edge): State<Arc<Edge>>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let client = parts
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(client)| *client);
+    let (method, uri, headers) = (parts.method, parts.uri, parts.headers);
     let path = uri.path();
     if let Some(call) = cache_api::Call::of(&method, path) {
-        return cache_api::call(&edge, call, &uri, &headers, client, body).await;
+        return cache_api::call(&edge, call, &uri, headers, client, body).await;
     }
     match (blob_route(path), &method) {
         (Some((LinkKind::Download, segment)), &Method::GET | &Method::HEAD)
