@@ -33,6 +33,8 @@ pub struct Client {
     /// Compare downloaded bytes with what was uploaded (false for the null baseline, which
     /// serves zeros: only the length is checked there).
     pub verify_content: bool,
+    /// Servers behind this one (an edge's origin): their background work is the target's too.
+    behind: Vec<String>,
 }
 
 impl Client {
@@ -48,7 +50,14 @@ impl Client {
             base: base.trim_end_matches('/').to_owned(),
             token: token.to_owned(),
             verify_content,
+            behind: Vec::new(),
         }
+    }
+
+    /// This client, for a target with `servers` behind it (an edge's origin).
+    pub fn behind(mut self, servers: Vec<String>) -> Self {
+        self.behind = servers;
+        self
     }
 
     pub fn base(&self) -> &str {
@@ -274,15 +283,16 @@ impl Client {
         Ok(pos as u64)
     }
 
-    /// Entries the server has yet to digest in the background (`hoard_digests_pending` in its
-    /// metrics), or `None` for a server that does not say.
+    /// Entries the server, and those behind it, have yet to digest in the background
+    /// (`hoard_digests_pending` in their metrics); `None` if none of them reports it.
     pub async fn digests_pending(&self) -> Option<u64> {
-        let res = self
-            .http
-            .get(format!("{}/metrics", self.base))
-            .send()
-            .await
-            .ok()?;
+        let servers = std::iter::once(&self.base).chain(&self.behind);
+        let pending = futures_util::future::join_all(servers.map(|s| self.digests_pending_at(s)));
+        pending.await.into_iter().flatten().reduce(|a, b| a + b)
+    }
+
+    async fn digests_pending_at(&self, base: &str) -> Option<u64> {
+        let res = self.http.get(format!("{base}/metrics")).send().await.ok()?;
         if !res.status().is_success() {
             return None;
         }

@@ -629,7 +629,8 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
                 .as_deref()
                 .or(t.token.as_deref())
                 .unwrap_or(&default_token);
-            let client = Client::new(&t.base, token, t.verify_content);
+            let behind = t.helpers.iter().map(|h| h.base.clone()).collect();
+            let client = Client::new(&t.base, token, t.verify_content).behind(behind);
             let progress = progress::Progress::new(&t.label, round + 1, args.rounds);
             let tag = format!("{run_id}-{round}");
             let failed = |e| BenchFailure::Target(format!("{}: round {}: {e}", t.label, round + 1));

@@ -266,6 +266,10 @@ pub async fn run_round(
     }
 
     if has(Phase::Lookups) {
+        // The phases before wrote and left entries to digest: the lookups are not theirs to pay
+        // for (nor, behind an edge, for the origin's share of them).
+        settle(client).await;
+        drain_writeback().await;
         lookups(client, plan, tag, progress, &mut out).await?;
     }
     if has(Phase::Small) {

@@ -427,13 +427,20 @@ mod tests {
                 out[field], "http://edge:3000/_blob/entries/1.2?sig=a%2Fb",
                 "{body}"
             );
-            assert_eq!(link.as_deref(), Some("http://o:1/_blob/entries/1.2?sig=a%2Fb"));
+            assert_eq!(
+                link.as_deref(),
+                Some("http://o:1/_blob/entries/1.2?sig=a%2Fb")
+            );
             let original: Value = serde_json::from_str(body).unwrap();
             assert_eq!(out["matched_key"], original["matched_key"], "{body}");
         }
         // A miss has no link; a foreign link stays.
-        let (out, link) = pointed_json(field, br#"{"ok":false,"signed_download_url":""}"#, base).unwrap();
-        assert_eq!((out.as_slice(), link.as_deref()), (&br#"{"ok":false,"signed_download_url":""}"#[..], Some("")));
+        let (out, link) =
+            pointed_json(field, br#"{"ok":false,"signed_download_url":""}"#, base).unwrap();
+        assert_eq!(
+            (out.as_slice(), link.as_deref()),
+            (&br#"{"ok":false,"signed_download_url":""}"#[..], Some(""))
+        );
         assert!(pointed_json(field, b"not json", base).is_none());
     }
 

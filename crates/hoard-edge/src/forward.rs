@@ -64,7 +64,12 @@ pub async fn forward(
     let body = reqwest::Body::wrap_stream(body.into_data_stream());
     match edge
         .origin
-        .stream(method, path_and_query, outgoing(headers.clone(), client), body)
+        .stream(
+            method,
+            path_and_query,
+            outgoing(headers.clone(), client),
+            body,
+        )
         .await
     {
         Ok(answer) => answer_of(answer),
@@ -111,7 +116,12 @@ pub async fn upload_keeping(
     let path_and_query = uri.path_and_query().map_or("/", |p| p.as_str());
     let answer = edge
         .origin
-        .stream(Method::PUT, path_and_query, outgoing(headers.clone(), client), body)
+        .stream(
+            Method::PUT,
+            path_and_query,
+            outgoing(headers.clone(), client),
+            body,
+        )
         .await;
     let finished = tokio::time::timeout(std::time::Duration::from_secs(30), writing)
         .await

@@ -107,8 +107,8 @@ impl Origin {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
         connector.set_nodelay(true);
-        let calls = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
-            .build(connector);
+        let calls =
+            hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector);
         Ok(Self {
             replicas,
             next: AtomicUsize::new(0),
