@@ -16,13 +16,17 @@ use axum::http::{HeaderMap, Method, Request, Response, Uri};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use url::Url;
 
 /// How often each replica's `/readyz` is asked.
 pub const CHECK_EVERY: Duration = Duration::from_secs(2);
 /// How long a connection to a replica may take: the origin is near (a data centre's network).
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long a connection to a replica stays pooled unused: below hoard's own `--idle-timeout`
+/// (60 s by default), so that the edge never sends a request down a connection the origin is
+/// closing.
+const POOL_IDLE: Duration = Duration::from_secs(30);
 /// The most of a call's answer the edge reads (they are a few hundred bytes).
 const ANSWER_LIMIT: usize = 1 << 20;
 
@@ -99,6 +103,7 @@ impl Origin {
         let client = |redirects| {
             reqwest::Client::builder()
                 .connect_timeout(CONNECT_TIMEOUT)
+                .pool_idle_timeout(POOL_IDLE)
                 .read_timeout(idle)
                 .redirect(redirects)
                 .build()
@@ -107,8 +112,10 @@ impl Origin {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
         connector.set_nodelay(true);
-        let calls =
-            hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector);
+        let calls = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(POOL_IDLE)
+            .build(connector);
         Ok(Self {
             replicas,
             next: AtomicUsize::new(0),
