@@ -1,6 +1,7 @@
 //! HTTPS served by hoard itself (`--tls-cert`, `--tls-key`): the real `@actions/cache` client
 //! saves and restores over it with a test CA, links are `https`, HTTP/2 is offered by ALPN, and
-//! a certificate replaced on disk is served after SIGHUP.
+//! a certificate replaced on disk is served after SIGHUP. An edge reaches such an origin, and
+//! only when it trusts the origin's certificate.
 #![allow(clippy::unwrap_used)] // Test helpers fail loudly by design.
 
 mod common;
@@ -276,4 +277,91 @@ fn a_bad_certificate_or_a_key_alone_stops_start_up_with_one_sentence() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
+}
+
+/// Saves `data` under `key` through the edge at `edge` and reads it back through it; `None`
+/// where the edge cannot have the save decided (it answers `cache write denied`).
+async fn saved_and_restored_through(edge: &str, key: &str, data: &[u8]) -> Option<Vec<u8>> {
+    let http = reqwest::Client::new();
+    let token = common::main_token();
+    let body = serde_json::json!({ "key": key, "version": common::VERSION });
+    let (_, reserved) =
+        common::twirp_at(&http, edge, &token, "CreateCacheEntry", body.clone()).await;
+    if reserved["ok"] != true {
+        let message = reserved["message"].as_str().unwrap_or_default();
+        assert!(message.starts_with("cache write denied:"), "{reserved}");
+        let (_, found) =
+            common::twirp_at(&http, edge, &token, "GetCacheEntryDownloadURL", body).await;
+        assert_eq!(found["ok"], false, "{found}");
+        return None;
+    }
+    let upload = reserved["signed_upload_url"].as_str().unwrap();
+    assert!(upload.starts_with(edge), "{reserved}");
+    let put = http
+        .put(upload)
+        .header("x-ms-blob-type", "BlockBlob")
+        .body(data.to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 201);
+    let mut done = body.clone();
+    done["size_bytes"] = data.len().to_string().into();
+    let (_, done) = common::twirp_at(&http, edge, &token, "FinalizeCacheEntryUpload", done).await;
+    assert_eq!(done["ok"], true, "{done}");
+    let (_, found) = common::twirp_at(&http, edge, &token, "GetCacheEntryDownloadURL", body).await;
+    let link = found["signed_download_url"].as_str().unwrap();
+    assert!(link.starts_with(edge), "{found}");
+    let got = http.get(link).send().await.unwrap();
+    assert_eq!(got.status(), 200);
+    Some(got.bytes().await.unwrap().to_vec())
+}
+
+/// The edge's calls to an `https://` origin take their own path (not hyper's plain client):
+/// through an edge that trusts the origin's CA (the system's store, `SSL_CERT_FILE`), a save
+/// is decided and restores byte for byte; an edge that does not trust it decides nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_reaches_an_origin_over_https_only_when_it_trusts_its_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pki, other) = (
+        make_pki(dir.path(), "origin"),
+        make_pki(dir.path(), "other"),
+    );
+    let data = tempfile::tempdir().unwrap();
+    let secret = common::secret_file(data.path());
+    let origin = Hoard::start_with(
+        data.path(),
+        &[
+            "--token-hs256-secret-file",
+            secret.to_str().unwrap(),
+            "--tls-cert",
+            pki.cert.to_str().unwrap(),
+            "--tls-key",
+            pki.key.to_str().unwrap(),
+        ],
+    );
+    let origin_base = origin.base.replace("http://", "https://");
+    let edge_trusting = |ca: &Path, dir: &Path| {
+        let mut command = common::process::hoard_command();
+        command.env("SSL_CERT_FILE", ca).env_remove("SSL_CERT_DIR");
+        Hoard::start_edge_command(command, dir, &["--origin", &origin_base])
+    };
+
+    let trusting_dir = tempfile::tempdir().unwrap();
+    let trusting = edge_trusting(&pki.ca, trusting_dir.path());
+    let payload = common::random_bytes(300 << 10, 59);
+    let restored = saved_and_restored_through(&trusting.base, "edge-tls", &payload).await;
+    assert!(
+        restored.as_deref() == Some(payload.as_slice()),
+        "a save through an edge that trusts the origin restores byte for byte"
+    );
+
+    let wary_dir = tempfile::tempdir().unwrap();
+    let wary = edge_trusting(&other.ca, wary_dir.path());
+    assert!(
+        saved_and_restored_through(&wary.base, "edge-tls-2", &payload)
+            .await
+            .is_none(),
+        "an edge that does not trust the origin's certificate sends it nothing"
+    );
 }

@@ -65,6 +65,11 @@ impl Hoard {
         Self::start_mode(hoard_command(), "edge", data, extra)
     }
 
+    /// Like [`Hoard::start_edge`], run by `command` (the binary with an environment of its own).
+    pub fn start_edge_command(command: Command, data: &Path, extra: &[&str]) -> Self {
+        Self::start_mode(command, "edge", data, extra)
+    }
+
     /// `hoard MODE` on `data` with `extra`, on a free port unless `extra` has a `--listen`.
     fn start_mode(mut command: Command, mode: &str, data: &Path, extra: &[&str]) -> Self {
         let is_hoard = command.get_program() == env!("CARGO_BIN_EXE_hoard");

@@ -6,7 +6,7 @@
 //! Calls (lookups, reservations, the `HEAD` before a download) to a replica reached over plain
 //! HTTP, as inside a cluster, go through hyper's own client: every lookup of every runner of a
 //! node passes here, and `reqwest` costs each one a URL parse and copies of its headers (a
-//! third of the edge's CPU for a lookup). Replicas behind TLS, and every streamed body, go
+//! fifth of the edge's CPU for a lookup). Replicas behind TLS, and every streamed body, go
 //! through `reqwest`.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
