@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::process::Hoard;
-use common::{main_token, random_bytes, twirp_at, TestServer, VERSION};
+use common::{main_token, random_bytes, save_through, twirp_at, TestServer, VERSION};
 use serde_json::json;
 
 const MIB: usize = 1 << 20;
@@ -21,51 +21,6 @@ fn start_edge(dir: &std::path::Path, origin: &str, max: &str) -> Hoard {
 /// An edge's counter (summed over its labels).
 async fn counter(edge: &Hoard, name: &str) -> f64 {
     common::metric(&reqwest::Client::new(), &edge.base, name).await
-}
-
-/// Saves `data` under `key` through `base` (the edge) and returns its download link as a
-/// lookup through `base` answers it.
-async fn save_through(base: &str, key: &str, data: &[u8]) -> String {
-    let http = reqwest::Client::new();
-    let t = main_token();
-    let (_, reserved) = twirp_at(
-        &http,
-        base,
-        &t,
-        "CreateCacheEntry",
-        json!({"key": key, "version": VERSION}),
-    )
-    .await;
-    let upload = reserved["signed_upload_url"].as_str().unwrap();
-    assert!(
-        upload.starts_with(base),
-        "uploads pass through the edge: {reserved}"
-    );
-    let put = http
-        .put(upload)
-        .header("x-ms-blob-type", "BlockBlob")
-        .body(data.to_vec())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(put.status(), 201);
-    let body = json!({"key": key, "version": VERSION, "size_bytes": data.len().to_string()});
-    let (_, done) = twirp_at(&http, base, &t, "FinalizeCacheEntryUpload", body).await;
-    assert_eq!(done["ok"], true, "{done}");
-    let (_, found) = twirp_at(
-        &http,
-        base,
-        &t,
-        "GetCacheEntryDownloadURL",
-        json!({"key": key, "version": VERSION}),
-    )
-    .await;
-    let link = found["signed_download_url"].as_str().unwrap().to_owned();
-    assert!(
-        link.starts_with(base),
-        "downloads pass through the edge: {found}"
-    );
-    link
 }
 
 /// Saves `data` under `key` at the origin itself, and returns its download link as a lookup

@@ -481,3 +481,49 @@ pub async fn poll<T>(
 pub async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
     poll(timeout, async || check(), |held| *held).await
 }
+
+/// Saves `data` under `key` through `base` (an edge) and returns its download link as a
+/// lookup through `base` answers it.
+pub async fn save_through(base: &str, key: &str, data: &[u8]) -> String {
+    let http = reqwest::Client::new();
+    let t = main_token();
+    let (_, reserved) = twirp_at(
+        &http,
+        base,
+        &t,
+        "CreateCacheEntry",
+        serde_json::json!({"key": key, "version": VERSION}),
+    )
+    .await;
+    let upload = reserved["signed_upload_url"].as_str().unwrap();
+    assert!(
+        upload.starts_with(base),
+        "uploads pass through the edge: {reserved}"
+    );
+    let put = http
+        .put(upload)
+        .header("x-ms-blob-type", "BlockBlob")
+        .body(data.to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 201);
+    let body =
+        serde_json::json!({"key": key, "version": VERSION, "size_bytes": data.len().to_string()});
+    let (_, done) = twirp_at(&http, base, &t, "FinalizeCacheEntryUpload", body).await;
+    assert_eq!(done["ok"], true, "{done}");
+    let (_, found) = twirp_at(
+        &http,
+        base,
+        &t,
+        "GetCacheEntryDownloadURL",
+        serde_json::json!({"key": key, "version": VERSION}),
+    )
+    .await;
+    let link = found["signed_download_url"].as_str().unwrap().to_owned();
+    assert!(
+        link.starts_with(base),
+        "downloads pass through the edge: {found}"
+    );
+    link
+}
