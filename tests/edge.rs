@@ -9,7 +9,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::process::Hoard;
-use common::{main_token, random_bytes, save_through, twirp_at, TestServer, VERSION};
+use common::{
+    download_link_at, main_token, put_blob_at, random_bytes, save_through, twirp_at, TestServer,
+    VERSION,
+};
 use serde_json::json;
 
 const MIB: usize = 1 << 20;
@@ -31,12 +34,7 @@ async fn saved_at_origin(origin: &TestServer, edge: &str, key: &str, data: &[u8]
     assert_eq!(origin.put_blob(&upload, data.to_vec()).await.status(), 201);
     let (_, done) = origin.finalize(&t, key, VERSION, data.len()).await;
     assert_eq!(done["ok"], true, "{done}");
-    let http = reqwest::Client::new();
-    let body = json!({"key": key, "version": VERSION});
-    let (_, found) = twirp_at(&http, edge, &t, "GetCacheEntryDownloadURL", body).await;
-    let link = found["signed_download_url"].as_str().unwrap().to_owned();
-    assert!(link.starts_with(edge), "{found}");
-    link
+    download_link_at(edge, key).await
 }
 
 async fn get(link: &str) -> Vec<u8> {
@@ -381,10 +379,8 @@ async fn a_save_through_the_edge_leaves_its_copy_there() {
         json!({"key": "in-blocks", "version": VERSION, "size_bytes": data.len().to_string()});
     let (_, done) = twirp_at(&http, &edge.base, &t, "FinalizeCacheEntryUpload", body).await;
     assert_eq!(done["ok"], true, "{done}");
-    let body = json!({"key": "in-blocks", "version": VERSION});
-    let (_, found) = twirp_at(&http, &edge.base, &t, "GetCacheEntryDownloadURL", body).await;
     assert_eq!(
-        get(found["signed_download_url"].as_str().unwrap()).await,
+        get(&download_link_at(&edge.base, "in-blocks").await).await,
         data
     );
     assert_eq!(
@@ -395,13 +391,7 @@ async fn a_save_through_the_edge_leaves_its_copy_there() {
     // Reserved at the origin, uploaded through the edge: not kept.
     let upload = origin.reserve(&t, "elsewhere", VERSION).await;
     let through_edge = upload.replace(&origin.base, &edge.base);
-    let put = http
-        .put(&through_edge)
-        .header("x-ms-blob-type", "BlockBlob")
-        .body(data.clone())
-        .send()
-        .await
-        .unwrap();
+    let put = put_blob_at(&http, &through_edge, data.clone()).await;
     assert_eq!(put.status(), 201);
     assert_eq!(
         origin
@@ -410,10 +400,8 @@ async fn a_save_through_the_edge_leaves_its_copy_there() {
             .1["ok"],
         true
     );
-    let body = json!({"key": "elsewhere", "version": VERSION});
-    let (_, found) = twirp_at(&http, &edge.base, &t, "GetCacheEntryDownloadURL", body).await;
     assert_eq!(
-        get(found["signed_download_url"].as_str().unwrap()).await,
+        get(&download_link_at(&edge.base, "elsewhere").await).await,
         data
     );
     assert_eq!(

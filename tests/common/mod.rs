@@ -296,13 +296,7 @@ impl TestServer {
     }
 
     pub async fn put_blob(&self, url: &str, data: Vec<u8>) -> reqwest::Response {
-        self.http
-            .put(url)
-            .header("x-ms-blob-type", "BlockBlob")
-            .body(data)
-            .send()
-            .await
-            .unwrap()
+        put_blob_at(&self.http, url, data).await
     }
 
     pub async fn put_block(&self, url: &str, block_id: &str, data: Vec<u8>) -> reqwest::Response {
@@ -482,6 +476,30 @@ pub async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> b
     poll(timeout, async || check(), |held| *held).await
 }
 
+/// A whole upload in one request (Azure's Put Blob) of `data` to the link `url`.
+pub async fn put_blob_at(http: &reqwest::Client, url: &str, data: Vec<u8>) -> reqwest::Response {
+    http.put(url)
+        .header("x-ms-blob-type", "BlockBlob")
+        .body(data)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// The download link a lookup of `key` (main's token) through `base` answers; it points at
+/// `base` (an edge hands out its own links).
+pub async fn download_link_at(base: &str, key: &str) -> String {
+    let http = reqwest::Client::new();
+    let body = serde_json::json!({"key": key, "version": VERSION});
+    let (_, found) = twirp_at(&http, base, &main_token(), "GetCacheEntryDownloadURL", body).await;
+    let link = found["signed_download_url"].as_str().unwrap().to_owned();
+    assert!(
+        link.starts_with(base),
+        "downloads pass through {base}: {found}"
+    );
+    link
+}
+
 /// Saves `data` under `key` through `base` (an edge) and returns its download link as a
 /// lookup through `base` answers it.
 pub async fn save_through(base: &str, key: &str, data: &[u8]) -> String {
@@ -500,30 +518,11 @@ pub async fn save_through(base: &str, key: &str, data: &[u8]) -> String {
         upload.starts_with(base),
         "uploads pass through the edge: {reserved}"
     );
-    let put = http
-        .put(upload)
-        .header("x-ms-blob-type", "BlockBlob")
-        .body(data.to_vec())
-        .send()
-        .await
-        .unwrap();
+    let put = put_blob_at(&http, upload, data.to_vec()).await;
     assert_eq!(put.status(), 201);
     let body =
         serde_json::json!({"key": key, "version": VERSION, "size_bytes": data.len().to_string()});
     let (_, done) = twirp_at(&http, base, &t, "FinalizeCacheEntryUpload", body).await;
     assert_eq!(done["ok"], true, "{done}");
-    let (_, found) = twirp_at(
-        &http,
-        base,
-        &t,
-        "GetCacheEntryDownloadURL",
-        serde_json::json!({"key": key, "version": VERSION}),
-    )
-    .await;
-    let link = found["signed_download_url"].as_str().unwrap().to_owned();
-    assert!(
-        link.starts_with(base),
-        "downloads pass through the edge: {found}"
-    );
-    link
+    download_link_at(base, key).await
 }

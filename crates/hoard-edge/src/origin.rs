@@ -41,11 +41,20 @@ struct Replica {
     up: AtomicBool,
 }
 
-/// Why one replica gave no answer to a call.
+/// Why one replica gave no answer.
 struct Failure {
     /// It could not be reached at all (it is left aside).
     unreachable: bool,
     message: String,
+}
+
+impl Failure {
+    fn of_reqwest(e: reqwest::Error) -> Self {
+        Self {
+            unreachable: e.is_connect() || e.is_timeout(),
+            message: e.to_string(),
+        }
+    }
 }
 
 /// The origin could not answer.
@@ -152,23 +161,26 @@ impl Origin {
         }
     }
 
-    /// The first answer of the replicas in turn to `request` (the next one is asked when a
-    /// replica cannot be reached), within `within`.
-    async fn first_answer(
+    /// The first answer of the replicas in turn to `attempt` (the next one is asked when a
+    /// replica gives none; one that cannot be reached is left aside), within `within`.
+    async fn first_answer<T, F>(
         &self,
         within: Duration,
-        request: impl Fn(&Replica) -> reqwest::RequestBuilder,
-    ) -> Result<reqwest::Response, Unanswered> {
+        attempt: impl Fn(&Replica) -> F,
+    ) -> Result<T, Unanswered>
+    where
+        F: std::future::Future<Output = Result<T, Failure>>,
+    {
         let tries = async {
             let mut last = Unanswered::AllDown;
             for replica in self.in_turn() {
-                match request(replica).send().await {
+                match attempt(replica).await {
                     Ok(answer) => return Ok(answer),
-                    Err(e) => {
-                        if e.is_connect() || e.is_timeout() {
-                            self.mark_down(replica, &e.to_string());
+                    Err(failure) => {
+                        if failure.unreachable {
+                            self.mark_down(replica, &failure.message);
                         }
-                        last = Unanswered::Failed(e.to_string());
+                        last = Unanswered::Failed(failure.message);
                     }
                 }
             }
@@ -189,31 +201,18 @@ impl Origin {
         body: Bytes,
         within: Duration,
     ) -> Result<Answer, Unanswered> {
-        let tries = async {
-            let mut last = Unanswered::AllDown;
-            for replica in self.in_turn() {
-                let url = format!("{}{path_and_query}", replica.base);
-                let (method, headers, body) = (method.clone(), headers.clone(), body.clone());
-                let answer = if replica.plain {
+        self.first_answer(within, |replica| {
+            let (url, plain) = (format!("{}{path_and_query}", replica.base), replica.plain);
+            let (method, headers, body) = (method.clone(), headers.clone(), body.clone());
+            async move {
+                if plain {
                     self.call_plain(method, url, headers, body).await
                 } else {
                     self.call_tls(method, url, headers, body).await
-                };
-                match answer {
-                    Ok(answer) => return Ok(answer),
-                    Err(failure) => {
-                        if failure.unreachable {
-                            self.mark_down(replica, &failure.message);
-                        }
-                        last = Unanswered::Failed(failure.message);
-                    }
                 }
             }
-            Err(last)
-        };
-        tokio::time::timeout(within, tries)
-            .await
-            .unwrap_or(Err(Unanswered::Late(within)))
+        })
+        .await
     }
 
     async fn call_plain(
@@ -245,17 +244,8 @@ impl Origin {
         headers: HeaderMap,
         body: Bytes,
     ) -> Result<Answer, Failure> {
-        let answer = self
-            .api
-            .request(method, url)
-            .headers(headers)
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| Failure {
-                unreachable: e.is_connect() || e.is_timeout(),
-                message: e.to_string(),
-            })?;
+        let request = self.api.request(method, url).headers(headers).body(body);
+        let answer = request.send().await.map_err(Failure::of_reqwest)?;
         read_whole(Response::from(answer)).await
     }
 
@@ -293,10 +283,11 @@ impl Origin {
     ) -> Result<reqwest::Response, Unanswered> {
         self.first_answer(within, |replica| {
             let request = self.bytes.get(format!("{}{path_and_query}", replica.base));
-            match range {
+            let request = match range {
                 Some((from, end)) => request.header("range", format!("bytes={from}-{}", end - 1)),
                 None => request,
-            }
+            };
+            async move { request.send().await.map_err(Failure::of_reqwest) }
         })
         .await
     }
