@@ -40,6 +40,17 @@ async fn listed(srv: &TestServer) -> Vec<Value> {
     list["actions_caches"].as_array().unwrap().clone()
 }
 
+/// [`listed`] once it holds `n` entries (a read-through entry is stored as its download ends),
+/// or as it is after 10 s.
+async fn listed_when(srv: &TestServer, n: usize) -> Vec<Value> {
+    common::poll(
+        Duration::from_secs(10),
+        async || listed(srv).await,
+        |e| e.len() == n,
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_local_miss_reads_through_the_upstream_into_the_jobs_own_scope() {
     let upstream = TestServer::start().await;
@@ -67,12 +78,7 @@ async fn a_local_miss_reads_through_the_upstream_into_the_jobs_own_scope() {
     assert_eq!(download(upstream_link).await, data);
     // The first download streams the upstream's bytes and stores them as they pass.
     assert_eq!(download(&link).await, data);
-    let entries = common::poll(
-        Duration::from_secs(10),
-        async || listed(&local).await,
-        |e| e.len() == 1,
-    )
-    .await;
+    let entries = listed_when(&local, 1).await;
     assert_eq!(entries.len(), 1, "{entries:?}");
     assert_eq!(entries[0]["ref"], MAIN, "the job's own scope");
     assert_eq!(
@@ -100,12 +106,7 @@ async fn a_local_miss_reads_through_the_upstream_into_the_jobs_own_scope() {
         "the upstream's link: {link}"
     );
     assert_eq!(download(link).await, b"main's");
-    let entries = common::poll(
-        Duration::from_secs(10),
-        async || listed(&local).await,
-        |e| e.len() == 2,
-    )
-    .await;
+    let entries = listed_when(&local, 2).await;
     let refs: Vec<String> = entries
         .iter()
         .map(|e| e["ref"].as_str().unwrap().to_owned())
@@ -249,12 +250,7 @@ async fn a_read_through_cut_short_stores_nothing() {
         "read through again: {landed}"
     );
     assert_eq!(download(link).await, data);
-    let entries = common::poll(
-        Duration::from_secs(10),
-        async || listed(&local).await,
-        |e| e.len() == 1,
-    )
-    .await;
+    let entries = listed_when(&local, 1).await;
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0]["size_in_bytes"], data.len() as u64);
 }
@@ -318,11 +314,6 @@ async fn an_entry_slower_than_the_timeout_but_steady_is_read_through_whole() {
     let link = found["signed_download_url"].as_str().unwrap();
     assert!(link.starts_with(&local.base), "{found}");
     assert_eq!(download(link).await, data);
-    let entries = common::poll(
-        Duration::from_secs(10),
-        async || listed(&local).await,
-        |e| e.len() == 1,
-    )
-    .await;
+    let entries = listed_when(&local, 1).await;
     assert_eq!(entries.len(), 1, "stored whole");
 }
