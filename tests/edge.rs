@@ -17,8 +17,18 @@ use serde_json::json;
 
 const MIB: usize = 1 << 20;
 
+/// An edge whose lookups wait for the origin as long as a loaded machine may need (tests of an
+/// origin that is away or silent say so themselves).
 fn start_edge(dir: &std::path::Path, origin: &str, max: &str) -> Hoard {
-    Hoard::start_edge(dir, &["--origin", origin, "--max-bytes", max])
+    let args = [
+        "--origin",
+        origin,
+        "--max-bytes",
+        max,
+        "--lookup-timeout",
+        "30s",
+    ];
+    Hoard::start_edge(dir, &args)
 }
 
 /// An edge's counter (summed over its labels).
@@ -90,6 +100,14 @@ async fn concurrent_misses_fetch_an_entry_once_and_the_copies_stay_within_max_by
         last = saved_at_origin(&origin, &edge.base, &format!("more-{i}"), &data).await;
         assert_eq!(get(&last).await, data);
     }
+    // The last copy is published once its checks are written, just after its last byte went.
+    let copies = common::poll(
+        Duration::from_secs(10),
+        async || counter(&edge, "hoard_edge_copies").await,
+        |n| *n == 2.0,
+    )
+    .await;
+    assert_eq!(copies, 2.0);
     let on_disk: u64 = common::files_under(&dir.path().join("copies"))
         .iter()
         .map(|f| f.metadata().unwrap().len())
@@ -148,7 +166,11 @@ async fn a_restarted_edge_keeps_its_copies_and_drops_what_was_left_half_written(
 async fn with_the_origin_away_lookups_miss_at_once_and_saves_are_refused() {
     let origin = TestServer::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let edge = start_edge(dir.path(), &origin.base, "64MiB");
+    // The default --lookup-timeout (1 s), the bound this test holds the edge to.
+    let edge = Hoard::start_edge(
+        dir.path(),
+        &["--origin", &origin.base, "--max-bytes", "64MiB"],
+    );
     let data = random_bytes(MIB, 4);
     let link = save_through(&edge.base, "before", &data).await;
     assert_eq!(get(&link).await, data);

@@ -324,7 +324,11 @@ async fn an_edge_reaches_an_origin_over_https_only_when_it_trusts_its_certificat
     let edge_trusting = |ca: &Path, dir: &Path| {
         let mut command = common::process::hoard_command();
         command.env("SSL_CERT_FILE", ca).env_remove("SSL_CERT_DIR");
-        Hoard::start_edge_command(command, dir, &["--origin", &origin_base])
+        Hoard::start_edge_command(
+            command,
+            dir,
+            &["--origin", &origin_base, "--lookup-timeout", "30s"],
+        )
     };
 
     let trusting_dir = tempfile::tempdir().unwrap();

@@ -62,7 +62,7 @@ impl Hoard {
 
     /// `hoard edge` on `data` with `extra` (`--origin` among them).
     pub fn start_edge(data: &Path, extra: &[&str]) -> Self {
-        Self::start_mode(hoard_command(), "edge", data, extra)
+        Self::start_edge_command(hoard_command(), data, extra)
     }
 
     /// Like [`Hoard::start_edge`], run by `command` (the binary with an environment of its own).

@@ -20,7 +20,7 @@ use futures_util::{StreamExt, TryStreamExt};
 use hoard_server::api::range::{self, RangeRequest};
 use hoard_server::model::ByteStream;
 
-use crate::fill::Source;
+use crate::fill::{Joined, Source};
 use crate::forward::{answered, forward, outgoing, unreachable};
 use crate::Edge;
 
@@ -187,11 +187,25 @@ async fn bytes_of(
         idle: edge.idle,
     };
     match edge.fills.join_or_start(key, size, path_and_query, source) {
-        Some(fill) => {
+        Joined::Fill(fill) => {
             counters.misses.fetch_add(1, Ordering::Relaxed);
             Some(fill.follow(edge.memory.clone(), start, len))
         }
-        None => {
+        Joined::Kept => {
+            let (store, key) = (edge.store.clone(), key.to_owned());
+            let copy = tokio::task::spawn_blocking(move || store.open_copy(&key, size))
+                .await
+                .ok()
+                .flatten();
+            let counter = if copy.is_some() {
+                &counters.hits
+            } else {
+                &counters.passed
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            copy.map(|copy| copy.read(edge.memory.clone(), start, len))
+        }
+        Joined::Unkept => {
             counters.passed.fetch_add(1, Ordering::Relaxed);
             None
         }

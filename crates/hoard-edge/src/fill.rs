@@ -31,6 +31,16 @@ enum Progress {
     Failed(u64),
 }
 
+/// What a request for an entry the edge had no copy of joins.
+pub enum Joined {
+    /// The fetch of it, started now or earlier.
+    Fill(Arc<Fill>),
+    /// Its copy, published since the request looked.
+    Kept,
+    /// Nothing: no copy can be written (the origin streams it).
+    Unkept,
+}
+
 /// One entry being fetched.
 pub struct Fill {
     file: Arc<File>,
@@ -72,16 +82,21 @@ impl Fills {
         size: u64,
         path_and_query: &str,
         source: Source,
-    ) -> Option<Arc<Fill>> {
+    ) -> Joined {
         let mut running = self.running();
         if let Some(fill) = running.get(key) {
-            return Some(fill.clone());
+            return Joined::Fill(fill.clone());
+        }
+        // A fetch that ended since the caller looked for the copy published it before leaving
+        // the map: no second fetch for it.
+        if source.store.holds(key) {
+            return Joined::Kept;
         }
         let (tmp, file) = match source.store.create_tmp(key) {
             Ok(created) => created,
             Err(e) => {
                 tracing::warn!(copy = key, error = %e, "cannot create an edge copy; streaming from the origin");
-                return None;
+                return Joined::Unkept;
             }
         };
         let file = Arc::new(file);
@@ -116,7 +131,7 @@ impl Fills {
                 }
             }
         });
-        Some(fill)
+        Joined::Fill(fill)
     }
 }
 

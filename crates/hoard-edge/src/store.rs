@@ -267,6 +267,11 @@ impl Store {
         Ok(())
     }
 
+    /// Whether a copy of `key` is kept (not whether it is sound: [`Store::open_copy`] says).
+    pub fn holds(&self, key: &str) -> bool {
+        self.index().copies.contains_key(key)
+    }
+
     /// The copy of `key` if there is a sound one of `size` bytes (blocking: reads its checks).
     /// A copy whose trailer or size is wrong is dropped.
     pub fn open_copy(&self, key: &str, size: u64) -> Option<Copy> {
