@@ -132,6 +132,12 @@ impl UpstreamCache {
     }
 
     /// The ticket `name`, taken: a ticket opens one download.
+    /// The ticket `name`, left for the download it was issued for.
+    fn peek(&self, name: &str) -> Option<Arc<Ticket>> {
+        let tickets = self.tickets.lock().unwrap_or_else(|p| p.into_inner());
+        tickets.get(name).cloned()
+    }
+
     fn take(&self, name: &str) -> Option<Arc<Ticket>> {
         let mut tickets = self.tickets.lock().unwrap_or_else(|p| p.into_inner());
         tickets.remove(name)
@@ -279,6 +285,15 @@ pub async fn download(
     let Some(upstream) = app.config().upstream_cache.as_ref() else {
         return not_found();
     };
+    // A HEAD (an Azure SDK's Get Properties) or a range is the upstream's to answer; the
+    // ticket stays for the download that reads the whole entry through.
+    let ranged = headers.contains_key(header::RANGE) || headers.contains_key("x-ms-range");
+    if method == axum::http::Method::HEAD || ranged {
+        return match upstream.peek(name) {
+            Some(ticket) => redirect(&ticket.link),
+            None => not_found(),
+        };
+    }
     if method != axum::http::Method::GET {
         return super::azure::AzureError::new(
             axum::http::StatusCode::METHOD_NOT_ALLOWED,
@@ -298,10 +313,6 @@ pub async fn download(
         tracing::info!(upstream = %upstream.host, "read-throughs at their bound (--upstream-cache-fetches): the client is sent upstream");
         return redirect(&ticket.link);
     };
-    let ranged = headers.contains_key(header::RANGE) || headers.contains_key("x-ms-range");
-    if ranged {
-        return redirect(&ticket.link);
-    }
     // The bound is on the answer's start; its body may take as long as it keeps coming (the
     // client's read timeout, the idle timeout, ends a silence).
     let failed = |why: String| {
@@ -318,11 +329,14 @@ pub async fn download(
     let fetched = match fetched {
         Ok(Ok(answer)) if answer.status() == reqwest::StatusCode::OK => answer,
         Ok(Ok(answer)) => return failed(format!("it answered {}", answer.status())),
-        Ok(Err(e)) => return failed(e.to_string()),
+        // Without the link: its query is a credential.
+        Ok(Err(e)) => return failed(e.without_url().to_string()),
         Err(_) => return failed(format!("no answer within {:?}", upstream.timeout)),
     };
     let len = fetched.content_length();
-    let bytes = fetched.bytes_stream().map_err(std::io::Error::other);
+    let bytes = fetched
+        .bytes_stream()
+        .map_err(|e| std::io::Error::other(e.without_url()));
     let mut response = axum::response::Response::new(axum::body::Body::empty());
     let out = response.headers_mut();
     out.insert(
@@ -468,10 +482,8 @@ impl Drop for Landing {
 }
 
 fn redirect(link: &str) -> axum::response::Response {
-    let mut response = axum::response::Response::new(axum::body::Body::empty());
-    *response.status_mut() = axum::http::StatusCode::TEMPORARY_REDIRECT;
-    if let Ok(location) = header::HeaderValue::from_str(link) {
-        response.headers_mut().insert(header::LOCATION, location);
-    }
-    response
+    // A link no header can carry (the upstream would have to send one) opens nothing.
+    super::transfer::redirect_to(link).unwrap_or_else(|| {
+        axum::response::IntoResponse::into_response(super::azure::AzureError::not_found())
+    })
 }

@@ -147,19 +147,24 @@ pub(super) async fn serve_entry(
                 tracing::warn!(entry = open.entry.id.get(), error = %e, "cannot presign a direct download link; streaming instead");
                 None
             });
-        if let Some(link) = link {
-            if let Ok(location) = HeaderValue::from_str(link.as_str()) {
-                let mut response = Response::new(Body::empty());
-                *response.status_mut() = StatusCode::TEMPORARY_REDIRECT;
-                response.headers_mut().insert(header::LOCATION, location);
-                response
-                    .headers_mut()
-                    .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-                return Ok(response);
-            }
+        if let Some(response) = link.and_then(|link| redirect_to(link.as_str())) {
+            return Ok(response);
         }
     }
     stream_entry(app, method, open, headers).await
+}
+
+/// A redirect to `link` (a signed link elsewhere, not to be cached); `None` if it cannot be a
+/// header.
+pub(super) fn redirect_to(link: &str) -> Option<Response> {
+    let location = HeaderValue::from_str(link).ok()?;
+    let mut response = Response::new(Body::empty());
+    *response.status_mut() = StatusCode::TEMPORARY_REDIRECT;
+    response.headers_mut().insert(header::LOCATION, location);
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Some(response)
 }
 
 /// [`serve_entry`] without the redirect: the bytes from hoard itself (the build tools' clients
