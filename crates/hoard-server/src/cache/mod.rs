@@ -313,19 +313,25 @@ impl Cache {
             .unwrap_or_default()
     }
 
-    /// Refuses a write of `who` to `scope` that the write policy does not allow.
-    fn check_write_policy(&self, who: &Identity, scope: &Scope) -> Result<(), CacheError> {
+    /// Why the write policy does not allow a write of `who` to `scope`, if it does not; nothing
+    /// is recorded (see [`Cache::check_write_policy`]).
+    fn write_policy_refusal(&self, who: &Identity, scope: &Scope) -> Option<policy::Refusal> {
         // Names are looked up only while a policy is in force: lookups without one pay nothing.
         let decided = self.write_policy.with(|p| {
             self.names
                 .with_name(who, |name| p.check_write_as(who, name, scope))
         });
-        match decided {
-            Some(Err(refused)) => {
+        decided.and_then(Result::err)
+    }
+
+    /// Refuses a write of `who` to `scope` that the write policy does not allow.
+    fn check_write_policy(&self, who: &Identity, scope: &Scope) -> Result<(), CacheError> {
+        match self.write_policy_refusal(who, scope) {
+            Some(refused) => {
                 audit_refusal("write_denied", who, &refused);
                 Err(CacheError::WriteDeniedByPolicy(refused))
             }
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 

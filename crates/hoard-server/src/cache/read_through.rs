@@ -7,13 +7,19 @@
 use super::save::Commit;
 use super::{Cache, CacheError};
 use crate::auth::Identity;
-use crate::model::{BlobName, ByteStream, EntryId};
+use crate::model::{BlobName, ByteStream, CacheKey, EntryId, Version};
 
 impl Cache {
     /// Whether `who` may store an entry of `key` and `version` (its token writes a scope, and
-    /// the write policy allows it).
+    /// the write policy allows it). A question asked on a lookup: a refusal is neither audited
+    /// nor counted as a refused save, as [`Cache::write_slot`]'s is.
     pub fn may_store(&self, who: &Identity, key: &str, version: &str) -> bool {
-        self.write_slot(who, key, version).is_ok()
+        CacheKey::parse(key).is_ok()
+            && Version::parse(version).is_ok()
+            && who
+                .write_scope
+                .as_ref()
+                .is_some_and(|scope| self.write_policy_refusal(who, scope).is_none())
     }
 
     /// Stores `body` (`len` bytes) as the entry `key`/`version` of `who`'s write scope, read
