@@ -953,7 +953,10 @@ async fn arc_output_points_each_runner_at_its_nodes_edge() {
         "/nonexistent",
     ])
     .await;
-    assert!(!out.status.success());
+    // Refused as usage (2) naming --arc, before the runner directory is looked at.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--arc"), "{stderr}");
 }
 
 // Set-up run as root (sudo) in a runner directory its user controls: a job runs as that user and

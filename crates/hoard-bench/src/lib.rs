@@ -629,7 +629,14 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchFailure> {
                 .as_deref()
                 .or(t.token.as_deref())
                 .unwrap_or(&default_token);
-            let behind = t.helpers.iter().map(|h| h.base.clone()).collect();
+            // The servers with background work of their own behind this one (an edge's origin;
+            // the other edges have none to wait for).
+            let behind = t
+                .helpers
+                .iter()
+                .filter(|h| !t.edges.contains(&h.base))
+                .map(|h| h.base.clone())
+                .collect();
             let client = Client::new(&t.base, token, t.verify_content).behind(behind);
             let progress = progress::Progress::new(&t.label, round + 1, args.rounds);
             let tag = format!("{run_id}-{round}");
