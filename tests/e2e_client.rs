@@ -2671,37 +2671,6 @@ fn edge_metric(edge: &Hoard, name: &str) -> f64 {
     rt.block_on(metric(&reqwest::Client::new(), &edge.base, name))
 }
 
-/// Saves `data` under `key` through `base` by the protocol's calls, and returns its download
-/// link as a lookup through `base` answers it.
-async fn saved_through(
-    http: &reqwest::Client,
-    base: &str,
-    t: &str,
-    key: &str,
-    data: Vec<u8>,
-) -> String {
-    let size = data.len();
-    let link = reserve_at(http, base, t, key).await;
-    assert!(
-        link.starts_with(base),
-        "the upload goes through the edge: {link}"
-    );
-    let put = http
-        .put(&link)
-        .header("x-ms-blob-type", "BlockBlob")
-        .body(data)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(put.status(), 201);
-    let link = finalize_and_find(http, base, t, key, size).await;
-    assert!(
-        link.starts_with(base),
-        "the download goes through the edge: {link}"
-    );
-    link
-}
-
 /// Issue #59: three edges in front of an origin of two replicas on PostgreSQL and S3, the real
 /// client through each. An entry saved through edge A restores byte for byte through B and C,
 /// and a second restore on an edge reads nothing from the origin; a copy damaged on an edge's
@@ -2725,7 +2694,19 @@ fn edges_serve_what_the_origin_decides_fetching_each_entry_once() {
     let edge_dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let edges: Vec<Hoard> = edge_dirs
         .iter()
-        .map(|dir| Hoard::start_edge(dir.path(), &["--origin", &origins, "--max-bytes", "1GiB"]))
+        .map(|dir| {
+            // Lookups wait for the origin as long as a loaded machine may need; a stopped
+            // origin refuses connections, a miss at once all the same.
+            let args = [
+                "--origin",
+                &origins,
+                "--max-bytes",
+                "1GiB",
+                "--lookup-timeout",
+                "30s",
+            ];
+            Hoard::start_edge(dir.path(), &args)
+        })
         .collect();
     let (a, b, c) = (&edges[0], &edges[1], &edges[2]);
     let t = main_token();
@@ -2788,7 +2769,7 @@ fn edges_serve_what_the_origin_decides_fetching_each_entry_once() {
     let http = reqwest::Client::new();
     for (key, quarantine) in [("edge-purged", false), ("edge-quarantined", true)] {
         let data = random_bytes(3 * MIB, 91);
-        let link = rt.block_on(saved_through(&http, &a.base, &t, key, data.clone()));
+        let link = rt.block_on(common::save_through(&a.base, key, &data));
         let got =
             rt.block_on(async { http.get(&link).send().await.unwrap().bytes().await.unwrap() });
         assert_eq!(got.as_ref(), &data[..], "served through A");
