@@ -301,12 +301,16 @@ fn finalized_entry(answer: &Answer) -> Option<i64> {
 }
 
 fn is_protobuf(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| v.trim().to_ascii_lowercase())
-        .is_some_and(|v| {
-            v.starts_with("application/protobuf") || v.starts_with("application/x-protobuf")
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return false;
+    };
+    let value = value.as_bytes().trim_ascii_start();
+    ["application/protobuf", "application/x-protobuf"]
+        .iter()
+        .any(|kind| {
+            value
+                .get(..kind.len())
+                .is_some_and(|v| v.eq_ignore_ascii_case(kind.as_bytes()))
         })
 }
 

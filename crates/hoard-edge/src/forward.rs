@@ -8,8 +8,7 @@ use std::net::SocketAddr;
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::Response;
-use futures_util::TryStreamExt;
-use hoard_server::api::proxy::strip_hop_by_hop;
+use hoard_server::api::proxy::{relayed, strip_hop_by_hop};
 
 use crate::origin::Answer;
 use crate::saves::{teed, Writer};
@@ -33,21 +32,12 @@ pub fn outgoing(mut headers: HeaderMap, client: Option<SocketAddr>) -> HeaderMap
 
 /// The origin's answer to a call as the client gets it.
 pub fn answered(answer: Answer) -> Response {
-    let (mut parts, body) = answer.into_parts();
-    strip_hop_by_hop(&mut parts.headers);
-    Response::from_parts(parts, Body::from(body))
+    relayed(answer.map(http_body_util::Full::new))
 }
 
 /// The origin's answer as the client gets it, its body streamed.
 pub fn answer_of(answer: reqwest::Response) -> Response {
-    let status = answer.status();
-    let mut headers = answer.headers().clone();
-    strip_hop_by_hop(&mut headers);
-    let body = Body::from_stream(answer.bytes_stream().map_err(std::io::Error::other));
-    let mut response = Response::new(body);
-    *response.status_mut() = status;
-    *response.headers_mut() = headers;
-    response
+    relayed(axum::http::Response::from(answer))
 }
 
 /// Forwards one request to the origin and streams its answer back; a 502 in the shape of the

@@ -11,7 +11,6 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderName, Method, StatusCode, Uri};
 use axum::response::Response;
-use futures_util::TryStreamExt;
 use url::Url;
 
 /// Where requests that are not hoard's own go.
@@ -94,15 +93,23 @@ impl Upstream {
             }
         };
         tracing::info!(%method, path = %LogSafe(uri.path()), status = answer.status().as_u16(), "forwarded to the upstream results service");
-        let status = answer.status();
-        let mut headers = answer.headers().clone();
-        strip_hop_by_hop(&mut headers);
-        let stream = answer.bytes_stream().map_err(std::io::Error::other);
-        let mut response = Response::new(Body::from_stream(stream));
-        *response.status_mut() = status;
-        *response.headers_mut() = headers;
-        response
+        relayed(axum::http::Response::from(answer))
     }
+}
+
+/// An answer from another server as the client gets it: its status, its headers but the
+/// hop-by-hop ones, its body streamed.
+pub fn relayed<B>(answer: axum::http::Response<B>) -> Response
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    let (parts, body) = answer.into_parts();
+    let mut response = Response::new(Body::new(body));
+    *response.status_mut() = parts.status;
+    *response.headers_mut() = parts.headers;
+    strip_hop_by_hop(response.headers_mut());
+    response
 }
 
 /// Removes hop-by-hop headers, and those the `Connection` header names.

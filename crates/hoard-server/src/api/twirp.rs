@@ -363,11 +363,13 @@ async fn lookup(
     match app.cache().lookup(who, address, &lookup).await? {
         // A miss is 200 {"ok":false}: a 404 would make the client print a warning (§2.7). With
         // --upstream-cache, the upstream is asked first.
-        None => Ok(
-            super::read_through::on_miss(app, who, address, headers, &req)
-                .await
-                .unwrap_or_default(),
-        ),
+        // Boxed: its state (a request upstream) stays out of every other call's future.
+        None if app.config().upstream_cache.is_some() => Ok(Box::pin(
+            super::read_through::on_miss(app, who, address, headers, &req),
+        )
+        .await
+        .unwrap_or_default()),
+        None => Ok(GetCacheEntryDownloadUrlResponse::default()),
         Some(hit) => Ok(GetCacheEntryDownloadUrlResponse {
             ok: true,
             signed_download_url: links::signed(app, headers, hit.entry)?,
