@@ -89,7 +89,8 @@ pub struct ServeArgs {
     #[arg(long, env = "HOARD_UPSTREAM_CACHE_MAX_SIZE", default_value = "10GiB", value_parser = parse_size)]
     pub upstream_cache_max_size: u64,
 
-    /// Entries read through from the upstream cache at once; past it, a local miss is a miss.
+    /// Entries read through from the upstream cache at once; past it, the client is sent to the
+    /// upstream's link.
     #[arg(long, env = "HOARD_UPSTREAM_CACHE_FETCHES", default_value_t = 4)]
     pub upstream_cache_fetches: usize,
 
